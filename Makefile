@@ -1,0 +1,37 @@
+# The README's promise: `make run` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch 2.13.0 is the CPU build that installs from local disk on the project machines;
+# the package metadata itself accepts any torch>=2.2.
+TORCH_PIN ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test test-slow lint bench-schemes clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev,arviz]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/nrpt run --out runs/default
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench-schemes: $(STAMP)
+	$(PY) benchmarks/schemes.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

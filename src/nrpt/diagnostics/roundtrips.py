@@ -1,0 +1,330 @@
+"""Round-trip and restart counting for parallel tempering index processes.
+
+Vocabulary
+----------
+There are ``P`` slots ``p = 0..P-1``: slot ``0`` is the target (coldest chain) and
+slot ``P-1`` is the reference (hottest chain).  Replicas move between slots through
+swaps; the *index process* is ``slot_of[replica]`` recorded at every iteration.  An
+optional leading dimension ``R`` holds independent PT systems, so one iteration's
+index is a ``[R, P]`` integer array whose rows are permutations of ``0..P-1`` and a
+recorded index process is ``[K, R, P]`` (iterations first).
+
+Three event counts are provided, per replica and per system (sum over replicas):
+
+**Restart** (Syed et al., 2021, "Non-reversible parallel tempering: a scalable
+highly parallel MCMC scheme", JRSS-B, Sec. 3.3).  A replica that has visited the
+reference slot ``P-1`` and afterwards arrives at the target slot ``0`` performs a
+restart: it carries a fresh, independent sample from the reference down to the
+target.  Only the *first* arrival at ``0`` after a visit to ``P-1`` counts.
+
+**Round trip (Syed et al.)**.  A replica that did a restart (``P-1 -> 0``) and then
+arrives back at ``P-1``.  Both counts are driven by one per-replica state machine
+with phase in ``{NONE, AT_TOP_SIDE, DOWN_DONE}``::
+
+    at slot P-1:  if phase == DOWN_DONE: round_trips += 1
+                  phase = AT_TOP_SIDE
+    at slot 0:    if phase == AT_TOP_SIDE: restarts += 1
+                  if phase != NONE: phase = DOWN_DONE
+
+The initial state is applied: a replica that starts at ``P-1`` begins in
+``AT_TOP_SIDE``; every other replica (including one starting at slot ``0``, which has
+not come from the reference) begins in ``NONE``.  A visit to slot ``0`` before the
+first visit to ``P-1`` leaves the phase at ``NONE``: it is not a restart, so the
+replica's first subsequent arrival at ``P-1`` is not a round trip either (a round
+trip always contains a restart, whatever slot the replica started in).
+
+**Round trip (Deng et al., AAAI 2023, "Non-reversible parallel tempering for deep
+posterior approximation", Appendix A.5)**.  "A particle at its original index ``p``
+hits both index boundaries (slot ``0`` and slot ``P-1``) and returns to its original
+index ``p``."  Each replica keeps its origin (its slot when tracking began; it is
+unchanged after each completed round trip) and two flags ``hit0`` / ``hit_top``
+(already set at the start if the replica begins on that end).  A round trip is
+counted when both flags are set and the replica is at its origin; the flags are then
+cleared, except that the flag of the end the origin lies on is set again (the
+replica is standing on it).
+
+:class:`RoundTripTracker` maintains all counters online with a constant number of
+batched tensor operations per iteration; :func:`count_round_trips` is a plain,
+loop-based reference implementation over a recorded index process.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+
+__all__ = ["RoundTripTracker", "count_round_trips"]
+
+# Phases of the Syed et al. restart / round-trip state machine.
+NONE = 0
+"""The replica has not visited the reference slot ``P-1`` yet."""
+AT_TOP_SIDE = 1
+"""The last end slot the replica visited is the reference slot ``P-1``."""
+DOWN_DONE = 2
+"""The replica visited slot ``0`` after slot ``P-1`` (a restart happened)."""
+
+_STATE_KEYS = (
+    "phase",
+    "restarts",
+    "round_trips",
+    "round_trips_a5",
+    "origin",
+    "hit0",
+    "hit_top",
+)
+
+
+def _check_n_slots(n_slots) -> int:
+    try:
+        n = operator.index(n_slots)
+    except TypeError:
+        raise ValueError(f"n_slots must be an integer >= 2, got {n_slots!r}") from None
+    if n < 2:
+        raise ValueError(f"n_slots must be an integer >= 2, got {n}")
+    return n
+
+
+class RoundTripTracker:
+    """Batched online restart / round-trip counters for ``R`` PT systems of ``P`` slots.
+
+    All ``R * P`` replicas are updated together with a fixed number of tensor
+    operations per iteration; :meth:`update` never synchronises with the host, so
+    it can be called inside a CUDA sampling loop without stalls.
+
+    Parameters
+    ----------
+    slot_of:
+        Initial index, integer tensor ``[R, P]`` (``slot_of[r, i]`` is the slot of
+        replica ``i`` in system ``r``); each row must be a permutation of
+        ``0..P-1``.  A 1-D ``[P]`` index is treated as a single system (``R = 1``).
+        The tracker's tensors live on this tensor's device.
+    n_slots:
+        Number of slots ``P`` (at least 2).
+
+    Counts (see the module docstring for the definitions)
+    -----------------------------------------------------
+    ``restarts``, ``round_trips`` (Syed et al. 2021) and ``round_trips_a5`` (Deng et
+    al. 2023, App. A.5) are per-system ``int64`` tensors ``[R]``;
+    :meth:`per_replica` gives the ``[R, P]`` per-replica counters.
+    """
+
+    def __init__(self, slot_of: torch.Tensor, n_slots: int) -> None:
+        self.n_slots = _check_n_slots(n_slots)
+        s = torch.as_tensor(slot_of)
+        if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool:
+            raise ValueError(f"slot_of must be an integer tensor, got dtype {s.dtype}")
+        s = s.to(torch.long)
+        if s.dim() == 1:
+            s = s.unsqueeze(0)
+        if s.dim() != 2 or s.shape[-1] != self.n_slots:
+            raise ValueError(
+                f"slot_of must have shape [R, n_slots] or [n_slots] with n_slots="
+                f"{self.n_slots}, got {tuple(torch.as_tensor(slot_of).shape)}"
+            )
+        # One-off validation (host sync is fine in the constructor, not in update()).
+        expected = torch.arange(self.n_slots, device=s.device).expand_as(s)
+        if not torch.equal(torch.sort(s, dim=-1).values, expected):
+            raise ValueError("slot_of: every row must be a permutation of 0..n_slots-1")
+
+        self._shape = tuple(s.shape)
+        self._top = self.n_slots - 1
+        at0 = s == 0
+        at_top = s == self._top
+        phase = torch.full(self._shape, NONE, dtype=torch.int8, device=s.device)
+        self._phase = phase.masked_fill(at_top, AT_TOP_SIDE)
+        self._restarts = torch.zeros(self._shape, dtype=torch.long, device=s.device)
+        self._round_trips = torch.zeros_like(self._restarts)
+        self._round_trips_a5 = torch.zeros_like(self._restarts)
+        self._origin = s.clone()
+        self._hit0 = at0
+        self._hit_top = at_top
+        self._n_updates = 0
+
+    # ------------------------------------------------------------------ update
+    @property
+    def device(self) -> torch.device:
+        """Device holding the counters."""
+        return self._origin.device
+
+    @property
+    def n_systems(self) -> int:
+        """Number ``R`` of independent PT systems."""
+        return self._shape[0]
+
+    @property
+    def n_updates(self) -> int:
+        """Number of :meth:`update` calls since construction (or loaded state)."""
+        return self._n_updates
+
+    def update(self, slot_of: torch.Tensor) -> None:
+        """Advance all counters by one iteration given the new index ``[R, P]``.
+
+        The index is not re-validated as a permutation (that would require a host
+        sync); only its shape is checked.
+        """
+        s = torch.as_tensor(slot_of, device=self.device)
+        if s.dim() == 1:
+            s = s.unsqueeze(0)
+        if tuple(s.shape) != self._shape:
+            raise ValueError(f"slot_of must have shape {self._shape}, got {tuple(s.shape)}")
+        if s.dtype != torch.long:
+            s = s.to(torch.long)
+        at0 = s == 0
+        at_top = s == self._top
+
+        # Syed et al. state machine: restarts on the first arrival at 0 after P-1,
+        # round trips on the first arrival at P-1 after such a restart.
+        phase = self._phase
+        self._round_trips += at_top & (phase == DOWN_DONE)
+        self._restarts += at0 & (phase == AT_TOP_SIDE)
+        # NONE stays NONE at slot 0 (no restart without a prior visit to P-1).
+        self._phase = phase.masked_fill(at_top, AT_TOP_SIDE).masked_fill(
+            at0 & (phase != NONE), DOWN_DONE
+        )
+
+        # Deng et al. App. A.5: both ends hit, then back at the origin slot.
+        hit0 = self._hit0 | at0
+        hit_top = self._hit_top | at_top
+        done = hit0 & hit_top & (s == self._origin)
+        self._round_trips_a5 += done
+        # After a completed trip, clear both flags except the end the origin lies on.
+        self._hit0 = hit0 & ~(done & (self._origin != 0))
+        self._hit_top = hit_top & ~(done & (self._origin != self._top))
+        self._n_updates += 1
+
+    # ----------------------------------------------------------------- results
+    @property
+    def restarts(self) -> torch.Tensor:
+        """Restarts per system, ``int64 [R]`` (Syed et al. 2021)."""
+        return self._restarts.sum(dim=-1)
+
+    @property
+    def round_trips(self) -> torch.Tensor:
+        """Round trips ``P-1 -> 0 -> P-1`` per system, ``int64 [R]`` (Syed et al. 2021)."""
+        return self._round_trips.sum(dim=-1)
+
+    @property
+    def round_trips_a5(self) -> torch.Tensor:
+        """Origin-to-origin round trips per system, ``int64 [R]`` (Deng et al. 2023, A.5)."""
+        return self._round_trips_a5.sum(dim=-1)
+
+    def per_replica(self) -> dict[str, torch.Tensor]:
+        """Per-replica counters, each ``int64 [R, P]`` indexed by replica (not slot)."""
+        return {
+            "restarts": self._restarts.clone(),
+            "round_trips": self._round_trips.clone(),
+            "round_trips_a5": self._round_trips_a5.clone(),
+        }
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Checkpointable state (tensors only; copies, safe to mutate)."""
+        state = {
+            "phase": self._phase,
+            "restarts": self._restarts,
+            "round_trips": self._round_trips,
+            "round_trips_a5": self._round_trips_a5,
+            "origin": self._origin,
+            "hit0": self._hit0,
+            "hit_top": self._hit_top,
+        }
+        state = {k: v.clone() for k, v in state.items()}
+        state["n_slots"] = torch.tensor(self.n_slots, dtype=torch.long)
+        state["n_updates"] = torch.tensor(self._n_updates, dtype=torch.long)
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore counters from :meth:`state_dict` (moved to this tracker's device)."""
+        missing = [k for k in (*_STATE_KEYS, "n_slots", "n_updates") if k not in state]
+        if missing:
+            raise KeyError(f"state dict is missing keys {missing}")
+        n_slots = int(state["n_slots"])
+        if n_slots != self.n_slots:
+            raise ValueError(f"state has n_slots={n_slots}, tracker has {self.n_slots}")
+        dtypes = {"phase": torch.int8, "hit0": torch.bool, "hit_top": torch.bool}
+        loaded = {}
+        for key in _STATE_KEYS:
+            value = torch.as_tensor(state[key])
+            if tuple(value.shape) != self._shape:
+                raise ValueError(
+                    f"state[{key!r}] has shape {tuple(value.shape)}, expected {self._shape}"
+                )
+            loaded[key] = value.to(device=self.device, dtype=dtypes.get(key, torch.long)).clone()
+        self._phase = loaded["phase"]
+        self._restarts = loaded["restarts"]
+        self._round_trips = loaded["round_trips"]
+        self._round_trips_a5 = loaded["round_trips_a5"]
+        self._origin = loaded["origin"]
+        self._hit0 = loaded["hit0"]
+        self._hit_top = loaded["hit_top"]
+        self._n_updates = int(state["n_updates"])
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(n_systems={self.n_systems}, n_slots={self.n_slots}, "
+            f"n_updates={self._n_updates})"
+        )
+
+
+def count_round_trips(index: np.ndarray) -> dict[str, np.ndarray]:
+    """Reference (loop-based) restart / round-trip counts of a recorded index process.
+
+    Parameters
+    ----------
+    index:
+        Integer array ``[K, R, P]`` or ``[K, P]`` with ``index[k, r, i]`` the slot of
+        replica ``i`` of system ``r`` at iteration ``k``; row ``0`` is the initial
+        index (the one a :class:`RoundTripTracker` is constructed with).
+
+    Returns
+    -------
+    dict
+        ``{"restarts": [R], "round_trips": [R], "round_trips_a5": [R]}`` as ``int64``
+        numpy arrays (``R = 1`` for a ``[K, P]`` input).  Definitions as in the
+        module docstring: restarts / round trips of Syed et al. (2021) and the
+        origin-to-origin round trips of Deng et al. (2023), Appendix A.5.
+    """
+    idx = np.asarray(index)
+    if idx.ndim == 2:
+        idx = idx[:, None, :]
+    if idx.ndim != 3 or idx.shape[0] < 1 or idx.shape[2] < 2:
+        raise ValueError(f"index must have shape [K, R, P] or [K, P] with P >= 2, got {idx.shape}")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"index must be an integer array, got dtype {idx.dtype}")
+    n_iter, n_systems, n_slots = idx.shape
+    if not np.array_equal(np.sort(idx, axis=-1), np.broadcast_to(np.arange(n_slots), idx.shape)):
+        raise ValueError("index: every [k, r] row must be a permutation of 0..P-1")
+    top = n_slots - 1
+
+    restarts = np.zeros(n_systems, dtype=np.int64)
+    round_trips = np.zeros(n_systems, dtype=np.int64)
+    round_trips_a5 = np.zeros(n_systems, dtype=np.int64)
+    for r in range(n_systems):
+        for replica in range(n_slots):
+            path = [int(p) for p in idx[:, r, replica]]
+
+            # Syed et al. (2021): restarts and P-1 -> 0 -> P-1 round trips.
+            phase = AT_TOP_SIDE if path[0] == top else NONE
+            for slot in path[1:]:
+                if slot == top:
+                    if phase == DOWN_DONE:
+                        round_trips[r] += 1
+                    phase = AT_TOP_SIDE
+                elif slot == 0 and phase != NONE:  # 0 before any visit to P-1: ignored
+                    if phase == AT_TOP_SIDE:
+                        restarts[r] += 1
+                    phase = DOWN_DONE
+
+            # Deng et al. (2023), App. A.5: hit both ends, then return to the origin.
+            origin = path[0]
+            hit0, hit_top = origin == 0, origin == top
+            for slot in path[1:]:
+                hit0 = hit0 or slot == 0
+                hit_top = hit_top or slot == top
+                if hit0 and hit_top and slot == origin:
+                    round_trips_a5[r] += 1
+                    hit0, hit_top = origin == 0, origin == top
+
+    return {"restarts": restarts, "round_trips": round_trips, "round_trips_a5": round_trips_a5}

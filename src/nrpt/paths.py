@@ -1,0 +1,207 @@
+"""Paths: the family of distributions over slots, and the log acceptance ratio of a swap.
+
+Both paths are written in one form.  Each slot p carries a coefficient ``b_p`` (``b_0 = 1`` at
+the target, decreasing along the ladder) and each state x two numbers computed once per move:
+
+* ``V(x)`` — the part that is tempered, and
+* ``base(x)`` — the part that is not,
+
+so that the slot's log density is ``log pi_p(x) = base(x) - b_p V(x)`` (up to a constant).
+
+================  ====================  ======================  =======================
+path              b_p                   V(x)                    base(x)
+================  ====================  ======================  =======================
+temperature       1 / tau_p             U(x) = -log pi(x)       0
+geometric         beta_p                -l(x) (log-likelihood)  log pi_0(x) (reference)
+================  ====================  ======================  =======================
+
+Swapping the states of slots i and j (replicas a at i and c at j) is accepted by Metropolis with
+probability min(1, alpha),
+
+    log alpha = (b_i - b_j) * (V(x_a) - V(x_c))                                     (1)
+
+which for the temperature ladder is the familiar (1/tau_i - 1/tau_j)(U_a - U_c) and for the
+geometric path is (beta_j - beta_i)(l_a - l_c).  The path never needs to re-evaluate a target
+during a swap: ``V`` is cached with each replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .target import path_kind
+
+__all__ = ["Path", "TemperatureLadder", "GeometricPath", "make_path", "swap_log_ratio"]
+
+
+def _as_float_list(name: str, values: Sequence[float]) -> list[float]:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a sequence of numbers; got {values!r}") from err
+    if len(out) < 2:
+        raise ValueError(
+            f"{name} must have at least 2 slots (a ladder needs P >= 2); got {len(out)}")
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{name} must be finite numbers; got {out}")
+    return out
+
+
+def swap_log_ratio(
+    b_lo: torch.Tensor, b_hi: torch.Tensor, v_lo: torch.Tensor, v_hi: torch.Tensor
+) -> torch.Tensor:
+    """Eq. (1): log acceptance ratio of exchanging the replicas at two slots.
+
+    ``b_lo``/``v_lo`` belong to the slot nearer the target (larger ``b``).  Non-finite energies
+    give ``-inf`` (the swap is rejected), never NaN.
+    """
+    out = (b_lo - b_hi) * (v_lo - v_hi)
+    return torch.where(torch.isnan(out), torch.full_like(out, -math.inf), out)
+
+
+class Path:
+    """Base class.  ``schedule`` is the tensor of slot coefficients ``b`` (shape [P])."""
+
+    kind: str = ""
+    has_reference: bool = False
+
+    def __init__(self, schedule: Sequence[float]):
+        self.schedule = torch.tensor(list(schedule), dtype=torch.float64)
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.schedule.numel())
+
+    def components(self, target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(V, base)`` for states ``x[..., dim]`` (leading dims are flattened for the target)."""
+        raise NotImplementedError
+
+    def with_schedule(self, schedule: Sequence[float]) -> Path:
+        return type(self)(self.values_from_schedule(schedule))
+
+    def values_from_schedule(self, schedule: Sequence[float]) -> list[float]:
+        return list(schedule)
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+
+def _flat_call(fn, x: torch.Tensor, what: str) -> torch.Tensor:
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    out = fn(flat)
+    if not isinstance(out, torch.Tensor) or out.shape != (flat.shape[0],):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(
+            f"target.{what}(x) must return shape [n] = [{flat.shape[0]}] for x of shape "
+            f"{list(flat.shape)}; got {shape}"
+        )
+    return out.to(x.dtype).reshape(lead)
+
+
+class TemperatureLadder(Path):
+    """Tempered targets pi_p ∝ exp(-U / tau_p) with tau_0 = 1 < tau_1 < ... < tau_{P-1}."""
+
+    kind = "temperature"
+    has_reference = False
+
+    def __init__(self, temperatures: Sequence[float]):
+        temps = _as_float_list("temperatures", temperatures)
+        if abs(temps[0] - 1.0) > 1e-12:
+            raise ValueError(f"temperatures[0] must be 1 (slot 0 is the target); got {temps[0]}")
+        for i in range(1, len(temps)):
+            if not temps[i] > temps[i - 1]:
+                raise ValueError(
+                    "temperatures must be strictly increasing from 1 (slot 0 = target); got "
+                    f"temperatures[{i - 1}] = {temps[i - 1]} >= temperatures[{i}] = {temps[i]}"
+                )
+        self.temperatures = temps
+        super().__init__([1.0 / t for t in temps])
+
+    @classmethod
+    def geometric(cls, n_slots: int, max_temperature: float) -> TemperatureLadder:
+        """tau_p = max_temperature ** (p / (P - 1))."""
+        if int(n_slots) != n_slots or n_slots < 2:
+            raise ValueError(f"chains must be an integer >= 2; got {n_slots!r}")
+        if not max_temperature > 1.0:
+            raise ValueError(f"max_temperature must be > 1; got {max_temperature!r}")
+        n = int(n_slots)
+        return cls([max_temperature ** (p / (n - 1)) for p in range(n)])
+
+    def values_from_schedule(self, schedule):
+        return [1.0 / float(b) for b in schedule]
+
+    def components(self, target, x):
+        v = _flat_call(target.energy, x, "energy")
+        return v, torch.zeros_like(v)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "temperatures": list(self.temperatures)}
+
+
+class GeometricPath(Path):
+    """pi_beta ∝ pi_0^(1-beta) pi^beta, i.e. log pi_beta = log pi_0 + beta * l, with
+    beta_0 = 1 (target) > beta_1 > ... > beta_{P-1} = 0 (the reference, sampled iid)."""
+
+    kind = "geometric"
+    has_reference = True
+
+    def __init__(self, betas: Sequence[float]):
+        bs = _as_float_list("betas", betas)
+        if abs(bs[0] - 1.0) > 1e-12 or abs(bs[-1]) > 1e-12:
+            raise ValueError(
+                f"betas must run from 1 (slot 0 = target) down to 0 (last slot = reference); got "
+                f"betas[0] = {bs[0]}, betas[-1] = {bs[-1]}"
+            )
+        for i in range(1, len(bs)):
+            if not bs[i] < bs[i - 1]:
+                raise ValueError(
+                    "betas must be strictly decreasing from 1 to 0; got "
+                    f"betas[{i - 1}] = {bs[i - 1]} <= betas[{i}] = {bs[i]}"
+                )
+        self.betas = bs
+        super().__init__(bs)
+
+    @classmethod
+    def linear(cls, n_slots: int) -> GeometricPath:
+        if int(n_slots) != n_slots or n_slots < 2:
+            raise ValueError(f"chains must be an integer >= 2; got {n_slots!r}")
+        n = int(n_slots)
+        return cls([1.0 - p / (n - 1) for p in range(n)])
+
+    def components(self, target, x):
+        v = -_flat_call(target.log_likelihood, x, "log_likelihood")
+        base = _flat_call(target.reference_log_prob, x, "reference_log_prob")
+        return v, base
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "betas": list(self.betas)}
+
+
+def make_path(
+    target,
+    n_slots: int,
+    *,
+    temperatures: Sequence[float] | None = None,
+    betas: Sequence[float] | None = None,
+    max_temperature: float = 10.0,
+) -> Path:
+    """The path a target calls for: geometric if it has a reference, temperature otherwise."""
+    kind = path_kind(target)
+    if kind == "geometric":
+        if temperatures is not None:
+            raise ValueError("temperatures is for energy targets; this target has a reference, "
+                             "give betas instead")
+        path = GeometricPath(betas) if betas is not None else GeometricPath.linear(n_slots)
+    else:
+        if betas is not None:
+            raise ValueError("betas is for targets with a reference (geometric path); this "
+                             "target has only energy(x), give temperatures instead")
+        path = (TemperatureLadder(temperatures) if temperatures is not None
+                else TemperatureLadder.geometric(n_slots, max_temperature))
+    if path.n_slots != n_slots:
+        raise ValueError(f"the ladder has {path.n_slots} slots but chains = {n_slots}")
+    return path

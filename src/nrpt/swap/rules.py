@@ -1,0 +1,94 @@
+"""Swap rules: how a proposed pair decides.
+
+A rule sees the two slot coefficients and the two cached energies of the pair (shapes
+``[R, M]``) and one keyed uniform per pair (owned by the lower slot, so every process that
+holds the energies reaches the same decision), and returns ``(accepted, prob)`` where ``prob``
+is the acceptance probability min(1, alpha) used for rejection-rate statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..paths import swap_log_ratio
+
+__all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate", "RULES", "make_rule"]
+
+
+@dataclass(frozen=True)
+class SwapContext:
+    b_lo: torch.Tensor  # slot coefficient of the lower slot (nearer the target)
+    b_hi: torch.Tensor
+    v_lo: torch.Tensor  # tempered energy of the replica at the lower slot
+    v_hi: torch.Tensor
+    u: torch.Tensor  # Uniform(0, 1)
+    iteration: int
+
+    @property
+    def log_ratio(self) -> torch.Tensor:
+        return swap_log_ratio(self.b_lo, self.b_hi, self.v_lo, self.v_hi)
+
+
+class Rule:
+    name = ""
+    #: False for rules that do not target the tempered product distribution
+    exact = True
+
+    def decide(self, ctx: SwapContext) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"rule": self.name}
+
+
+class Metropolis(Rule):
+    """Exact energies: accept with probability min(1, alpha), Eq. (1) of :mod:`nrpt.paths`."""
+
+    name = "metropolis"
+
+    def decide(self, ctx):
+        lr = ctx.log_ratio
+        return torch.log(ctx.u) < lr, torch.exp(torch.clamp(lr, max=0.0))
+
+
+class AlwaysAccept(Rule):
+    """Every proposed swap is executed.  For testing index-process bookkeeping only."""
+
+    name = "always"
+    exact = False
+
+    def decide(self, ctx):
+        return torch.ones_like(ctx.u, dtype=torch.bool), torch.ones_like(ctx.u)
+
+
+class FixedRate(Rule):
+    """Accept with a fixed probability 1 - r, whatever the states.
+
+    Not a sampler of anything: it makes a ladder whose adjacent rejection rate is exactly ``r``,
+    which isolates the index process to compare schemes against Lemma 1 (benchmarks)."""
+
+    name = "fixed-rate"
+    exact = False
+
+    def __init__(self, rejection: float):
+        if not 0.0 <= float(rejection) < 1.0:
+            raise ValueError(f"rejection must be in [0, 1); got {rejection!r}")
+        self.rejection = float(rejection)
+
+    def decide(self, ctx):
+        p = torch.full_like(ctx.u, 1.0 - self.rejection)
+        return ctx.u < p, p
+
+    def describe(self):
+        return {"rule": self.name, "rejection": self.rejection}
+
+
+RULES = {"metropolis": Metropolis, "always": AlwaysAccept}
+
+
+def make_rule(name: str) -> Rule:
+    if name not in RULES:
+        raise ValueError(f"rule must be one of {sorted(RULES)}; got {name!r}")
+    return RULES[name]()

@@ -1,0 +1,146 @@
+"""Swap schemes: which pairs of slots may attempt a swap at iteration k.
+
+A scheme returns a list of *phases*; each phase is a set of disjoint slot pairs
+``(lo[R, M], hi[R, M], active[R, M])`` decided together from the energies after the previous
+phase.  All schemes but ADJ have one phase per iteration.  Pairs are indexed by their lower slot
+(the one nearer the target); "even pairs" are (0,1), (2,3), ... (the papers' odd-numbered pairs
+(1,2), (3,4), ... in their 1-based counting).
+
+====== ======================================================================================
+ADJ    sequential sweep (0,1), (1,2), ..., (P-2,P-1) in one iteration; each decision sees the
+       outcome of the previous one (P-1 phases)
+SEO    stochastic even-odd: a fair coin per iteration (and per system) picks even or odd pairs
+       (reversible; O(P^2) round trips)
+DEO    deterministic even-odd: even pairs at even k, odd pairs at odd k (non-reversible)
+DEO_W  generalized DEO (Deng et al. 2023, Section 3.1): even pairs during windows with
+       floor(k / W) even, odd pairs otherwise; a pair's gate opens at the start of each window
+       (k mod W == 0) and closes after it swaps, so *at most one swap per pair per window*.
+       W = 1 is DEO.  For W > 1 the stopping time of the gate biases the target marginal
+       (the paper's Section C.2); see docs/architecture.md.
+APE    one pair of slots (i < j, not necessarily adjacent) drawn uniformly per iteration
+====== ======================================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import rng
+
+__all__ = ["Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "SCHEMES", "make_scheme"]
+
+Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _adjacent(R: int, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    lo = torch.arange(P - 1, device=device).expand(R, P - 1)
+    return lo, lo + 1
+
+
+class Scheme:
+    name = ""
+    #: True if a pair's decision must wait for the previous pair's (ADJ)
+    sequential = False
+
+    def init_state(self, R: int, P: int, device) -> dict[str, torch.Tensor]:
+        return {}
+
+    def phases(self, k: int, R: int, P: int, seed: int, systems: torch.Tensor,
+               state: dict) -> list[Phase]:
+        raise NotImplementedError
+
+    def after_phase(self, k: int, state: dict, lo: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Update scheme state after a phase (``accepted[R, M]`` for pairs ``lo[R, M]``)."""
+
+    def describe(self) -> dict:
+        return {"scheme": self.name}
+
+
+class ADJ(Scheme):
+    name = "adj"
+    sequential = True
+
+    def phases(self, k, R, P, seed, systems, state):
+        dev = systems.device
+        ones = torch.ones(R, 1, dtype=torch.bool, device=dev)
+        return [
+            (torch.full((R, 1), p, device=dev), torch.full((R, 1), p + 1, device=dev), ones)
+            for p in range(P - 1)
+        ]
+
+
+class SEO(Scheme):
+    name = "seo"
+
+    def phases(self, k, R, P, seed, systems, state):
+        lo, hi = _adjacent(R, P, systems.device)
+        coin = rng.uniform((R, 1), seed, rng.Stream.SCHEME, k, device=systems.device) < 0.5
+        active = (lo % 2 == 1) == coin
+        return [(lo, hi, active)]
+
+
+class DEOW(Scheme):
+    """Generalized DEO with window ``W`` (``window=1`` is plain DEO)."""
+
+    name = "deo-w"
+
+    def __init__(self, window: int = 1):
+        if isinstance(window, bool) or int(window) != window or window < 1:
+            raise ValueError(f"window must be an integer >= 1 (or 'auto'); got {window!r}")
+        self.window = int(window)
+
+    def init_state(self, R, P, device):
+        return {"gate": torch.ones(R, P - 1, dtype=torch.bool, device=device)}
+
+    def phases(self, k, R, P, seed, systems, state):
+        lo, hi = _adjacent(R, P, systems.device)
+        if k % self.window == 0:
+            state["gate"].fill_(True)
+        parity = (k // self.window) % 2
+        active = (lo % 2 == parity) & state["gate"]
+        return [(lo, hi, active)]
+
+    def after_phase(self, k, state, lo, accepted):
+        state["gate"] &= ~accepted
+
+    def describe(self):
+        return {"scheme": self.name, "window": self.window}
+
+
+class DEO(DEOW):
+    name = "deo"
+
+    def __init__(self, window: int = 1):
+        if window != 1:
+            raise ValueError(f"scheme 'deo' has window 1; use scheme 'deo-w' for window={window}")
+        super().__init__(1)
+
+    def describe(self):
+        return {"scheme": self.name, "window": 1}
+
+
+class APE(Scheme):
+    name = "ape"
+
+    def phases(self, k, R, P, seed, systems, state):
+        dev = systems.device
+        i, j = torch.triu_indices(P, P, offset=1, device=dev)
+        u = rng.uniform((R, 1), seed, rng.Stream.SCHEME, k, device=dev)
+        m = torch.clamp((u * i.numel()).long(), max=i.numel() - 1)
+        return [(i[m], j[m], torch.ones_like(m, dtype=torch.bool))]
+
+
+SCHEMES = {"adj": ADJ, "seo": SEO, "deo": DEO, "deo-w": DEOW, "ape": APE}
+
+
+def make_scheme(name: str, window: int = 1) -> Scheme:
+    if name not in SCHEMES:
+        raise ValueError(f"scheme must be one of {sorted(SCHEMES)}; got {name!r}")
+    if name == "deo-w":
+        return DEOW(window)
+    if name == "deo":
+        return DEO(window)
+    if window != 1:
+        raise ValueError(f"window applies only to schemes 'deo' and 'deo-w'; scheme {name!r} "
+                         f"got window={window}")
+    return SCHEMES[name]()

@@ -1,0 +1,349 @@
+"""Targets: what nrpt samples from, how it is checked, and how it is loaded.
+
+Conventions
+-----------
+Energies are ``U = -log pi`` up to an additive constant (``pi`` need not be normalized).  A batch
+of states ``x`` is a floating tensor of shape ``[n, dim]``; every per-state quantity (energy, log
+likelihood, log density) is a tensor of shape ``[n]``.  Functions are written in differentiable
+torch ops: gradients (for Langevin / HMC explorers) come from autograd, so a target only
+provides values.  Functions work in the dtype and on the device of their input ``x``.  Random
+numbers are only ever drawn from an explicit ``torch.Generator`` argument, never the global RNG.
+
+The target protocol (duck-typed)
+--------------------------------
+A target is any object with an integer attribute ``dim >= 1`` and **one** of
+
+*temperature form* -- used with a temperature ladder ``pi_beta ∝ exp(-beta U)``:
+
+    ``energy(x) -> [n]``
+        ``U(x) = -log pi(x)`` (up to a constant).
+
+*geometric form* -- used with a geometric path ``pi_beta ∝ pi_0 L^beta`` from a reference
+``pi_0`` (``beta = 0``) to the target (``beta = 1``); ``log pi = reference_log_prob +
+log_likelihood``:
+
+    ``log_likelihood(x) -> [n]``
+        ``log L(x) = log pi(x) - log pi_0(x)`` (up to a constant).
+    ``reference_log_prob(x) -> [n]``
+        ``log pi_0(x)``.
+    ``reference_sample(n, generator) -> [n, dim]``
+        iid draws from ``pi_0`` (the ``beta = 0`` chain is refreshed exactly).
+
+If both forms are present the geometric one is used (see :func:`path_kind`).
+
+Optional members:
+
+``name: str``
+    shown in logs and reports.
+``initial_states(n, generator) -> [n, dim]``
+    starting states for the chains (default: zeros, or reference draws for a geometric path).
+``mean``, ``cov``
+    tensors ``[dim]`` and ``[dim, dim]`` with the exact moments of ``pi`` (for error metrics).
+``reference_is_normalized: bool``
+    ``True`` when ``reference_log_prob`` is a normalized log density, so that a normalizing-
+    constant estimate along the path is an absolute ``log Z`` rather than a ratio.
+
+Built-in targets live in :mod:`nrpt.targets`; :data:`BUILTIN_TARGETS` maps their names to
+factories, and :func:`load_target` resolves either a built-in name or ``path/to/file.py:NAME``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+__all__ = [
+    "BUILTIN_TARGETS",
+    "TargetError",
+    "load_target",
+    "path_kind",
+    "validate_target",
+]
+
+PathKind = Literal["temperature", "geometric"]
+
+_PROBE_N = 3
+
+
+class TargetError(ValueError):
+    """A target does not follow the target protocol, or cannot be found / loaded."""
+
+
+# --------------------------------------------------------------------------------------------
+# Protocol checks
+# --------------------------------------------------------------------------------------------
+
+_GEOMETRIC_MEMBERS = {
+    "log_likelihood": "log_likelihood(x): log pi(x) - log pi_0(x) for the path's end point",
+    "reference_log_prob": (
+        "reference_log_prob(x): a geometric path needs the reference log density "
+        "(log target = reference_log_prob + log_likelihood)"
+    ),
+    "reference_sample": (
+        "reference_sample(n, generator): a geometric path needs iid draws from its reference"
+    ),
+}
+
+_REQUIRED_TEXT = (
+    "a target needs an int attribute `dim` and either energy(x) -> [n] (temperature ladder) or "
+    "log_likelihood(x) -> [n], reference_log_prob(x) -> [n] and "
+    "reference_sample(n, generator) -> [n, dim] (geometric path)"
+)
+
+
+def _has_callable(target: Any, member: str) -> bool:
+    return callable(getattr(target, member, None))
+
+
+def _describe(target: Any) -> str:
+    name = getattr(target, "name", None)
+    kind = type(target).__name__
+    return f"{kind} {name!r}" if isinstance(name, str) else kind
+
+
+def path_kind(target: Any) -> PathKind:
+    """``"geometric"`` if ``target`` has the geometric trio, else ``"temperature"`` if it has
+    ``energy``; :class:`TargetError` otherwise.
+
+    A target that defines ``log_likelihood`` (or a ``reference_*`` member) but not the whole
+    trio is an error even when it also has ``energy``: it most likely meant a geometric path and
+    misspelt or forgot a member, and silently falling back to a temperature ladder would hide
+    that.
+    """
+    present = {m: _has_callable(target, m) for m in _GEOMETRIC_MEMBERS}
+    if all(present.values()):
+        return "geometric"
+    if any(present.values()):
+        have = next(m for m, ok in present.items() if ok)
+        missing = next(m for m, ok in present.items() if not ok)
+        why = _GEOMETRIC_MEMBERS[missing]
+        if hasattr(target, missing):
+            raise TargetError(f"target has {have} but its {missing} is not callable: {why}")
+        raise TargetError(f"target has {have} but no {why}")
+    if _has_callable(target, "energy"):
+        return "temperature"
+    if hasattr(target, "energy"):
+        raise TargetError(f"target.energy of {_describe(target)} is not callable; {_REQUIRED_TEXT}")
+    raise TargetError(f"{_describe(target)} is not a target: {_REQUIRED_TEXT}")
+
+
+def _check_dim(target: Any) -> int:
+    if not hasattr(target, "dim"):
+        raise TargetError(f"target has no attribute `dim`; {_REQUIRED_TEXT}")
+    dim = target.dim
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TargetError(f"target.dim must be an int >= 1; got {dim!r} ({type(dim).__name__})")
+    if dim < 1:
+        raise TargetError(f"target.dim must be an int >= 1; got {dim}")
+    return dim
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _call(target: Any, member: str, signature: str, *args: Any) -> Any:
+    try:
+        return getattr(target, member)(*args)
+    except TargetError:
+        raise
+    except Exception as e:  # user code: report which member failed and how
+        raise TargetError(f"target.{signature} raised {type(e).__name__}: {e}") from e
+
+
+def _check_values(out: Any, member: str, dim: int) -> None:
+    n = _PROBE_N
+    if not isinstance(out, torch.Tensor):
+        raise TargetError(
+            f"target.{member}(x) must return a torch.Tensor of shape [n] = [{n}] for x of shape "
+            f"[n, dim] = [{n}, {dim}]; got {type(out).__name__}"
+        )
+    if tuple(out.shape) != (n,):
+        raise TargetError(
+            f"target.{member}(x) must return shape [n] = [{n}] for x of shape "
+            f"[n, dim] = [{n}, {dim}]; got {_shape(out)}"
+        )
+
+
+def _check_states(out: Any, signature: str, dim: int) -> None:
+    n = _PROBE_N
+    if not isinstance(out, torch.Tensor):
+        raise TargetError(
+            f"target.{signature} must return a torch.Tensor of shape [n, dim] = [{n}, {dim}]; "
+            f"got {type(out).__name__}"
+        )
+    if tuple(out.shape) != (n, dim):
+        raise TargetError(
+            f"target.{signature} must return shape [n, dim] = [{n}, {dim}] for n = {n}; "
+            f"got {_shape(out)}"
+        )
+
+
+def _check_moments(target: Any, dim: int) -> None:
+    for member, shape in (("mean", (dim,)), ("cov", (dim, dim))):
+        # only plain attributes: a property may compute exact moments expensively (quadrature),
+        # which a run does not need
+        if isinstance(getattr(type(target), member, None), property) or not hasattr(target,
+                                                                                    member):
+            continue
+        value = getattr(target, member)
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TargetError(
+                f"target.{member} must be a torch.Tensor of shape {list(shape)}; "
+                f"got {type(value).__name__}"
+            )
+        if tuple(value.shape) != shape:
+            raise TargetError(f"target.{member} must have shape {list(shape)}; got {_shape(value)}")
+
+
+def validate_target(
+    target: Any,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str = "cpu",
+) -> PathKind:
+    """Check ``target`` against the target protocol and return its path kind.
+
+    Evaluates every protocol function on a probe batch of ``n = 3`` states (zeros plus small
+    offsets for an energy target; reference draws from a seeded generator for a geometric one)
+    in ``dtype`` on ``device`` and checks the shapes of the results, and checks the optional
+    members that are present (``name``, ``initial_states``, ``mean``, ``cov``).  Non-finite
+    values are allowed (a target may be ``-inf`` somewhere).  Raises :class:`TargetError` with a
+    message naming the offending member.
+    """
+    kind = path_kind(target)
+    dim = _check_dim(target)
+    n = _PROBE_N
+    name = getattr(target, "name", None)
+    if name is not None and not isinstance(name, str):
+        raise TargetError(f"target.name must be a str; got {type(name).__name__}")
+
+    generator = torch.Generator(device=device)
+    generator.manual_seed(20240611)
+    if kind == "geometric":
+        x = _call(target, "reference_sample", "reference_sample(n, generator)", n, generator)
+        _check_states(x, "reference_sample(n, generator)", dim)
+        x = x.detach().to(dtype=dtype, device=device)
+        for member in ("log_likelihood", "reference_log_prob"):
+            _check_values(_call(target, member, f"{member}(x)", x), member, dim)
+    else:
+        steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
+        signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
+        x = 0.1 * steps * signs  # zeros, then small offsets of alternating sign
+        _check_values(_call(target, "energy", "energy(x)", x), "energy", dim)
+
+    if hasattr(target, "initial_states"):
+        if not callable(target.initial_states):
+            raise TargetError("target.initial_states must be callable (n, generator) -> [n, dim]")
+        sig = "initial_states(n, generator)"
+        _check_states(_call(target, "initial_states", sig, n, generator), sig, dim)
+    _check_moments(target, dim)
+    return kind
+
+
+# --------------------------------------------------------------------------------------------
+# Built-ins and loading
+# --------------------------------------------------------------------------------------------
+
+
+def _lazy(attr: str) -> Callable[..., Any]:
+    """A factory that imports :mod:`nrpt.targets` only when called (no import cycle)."""
+
+    def factory(**kwargs: Any) -> Any:
+        module = importlib.import_module("nrpt.targets")
+        return getattr(module, attr)(**kwargs)
+
+    factory.__name__ = attr
+    factory.__qualname__ = attr
+    factory.__doc__ = f"Build the built-in target ``nrpt.targets.{attr}(**kwargs)``."
+    return factory
+
+
+#: Built-in targets: name -> factory(**kwargs) returning a target.
+BUILTIN_TARGETS: dict[str, Callable[..., Any]] = {
+    "twenty-five-modes": _lazy("TwentyFiveModes"),
+    "gaussian": _lazy("gaussian"),
+    "bimodal": _lazy("bimodal_1d"),
+    "mixture-2d": _lazy("mixture_2d"),
+    "geometric-bimodal": _lazy("geometric_bimodal"),
+}
+
+_module_counter = itertools.count()
+
+
+def _load_module(path: Path) -> Any:
+    if not path.is_file():
+        raise TargetError(f"target file not found: {path}")
+    module_name = f"nrpt_user_target_{path.stem}_{next(_module_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses, pickling etc. look the module up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[module_name]
+        raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def load_target(spec: str, **kwargs: Any) -> Any:
+    """Resolve ``spec`` to a target object.
+
+    ``spec`` is either
+
+    * ``"path/to/file.py:NAME"`` -- the file is imported as a fresh module and its attribute
+      ``NAME`` is taken; a class, or a function without a ``dim``, is called with ``kwargs`` to
+      build the target, anything else is returned as it is (``kwargs`` must then be empty);
+    * the name of a built-in target (a key of :data:`BUILTIN_TARGETS`, ``_`` and ``-`` are
+      interchangeable), whose factory is called with ``kwargs``.
+
+    Raises :class:`TargetError` for an unknown name, a missing file or a missing attribute.  The
+    result is not validated; call :func:`validate_target` for that.
+    """
+    head, sep, attr = spec.rpartition(":")
+    if sep and head.endswith(".py"):
+        if not attr:
+            raise TargetError(f"target spec {spec!r} names no attribute; use path/to/file.py:NAME")
+        path = Path(head).expanduser()
+        module = _load_module(path)
+        if not hasattr(module, attr):
+            public = sorted(k for k in vars(module) if not k.startswith("_"))
+            raise TargetError(
+                f"{path} has no attribute {attr!r} (its public names: {', '.join(public)})"
+            )
+        obj = getattr(module, attr)
+        if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "dim")):
+            try:
+                return obj(**kwargs)
+            except TypeError as e:
+                raise TargetError(f"building target {attr} from {path} failed: {e}") from e
+        if kwargs:
+            raise TargetError(
+                f"{path}:{attr} is already a target object; keyword arguments "
+                f"{sorted(kwargs)} cannot be applied to it"
+            )
+        return obj
+
+    if spec.endswith(".py"):
+        raise TargetError(f"target spec {spec!r} names no attribute; use {spec}:NAME")
+    key = spec.strip().lower().replace("_", "-")
+    if key not in BUILTIN_TARGETS:
+        names = ", ".join(sorted(BUILTIN_TARGETS))
+        raise TargetError(
+            f"unknown target {spec!r}: use a built-in name ({names}) or "
+            f"path/to/file.py:NAME for a target defined in your own file"
+        )
+    try:
+        return BUILTIN_TARGETS[key](**kwargs)
+    except TypeError as e:
+        raise TargetError(f"building built-in target {key!r} failed: {e}") from e

@@ -1,0 +1,400 @@
+"""Tests for nrpt.diagnostics: round-trip counting and theoretical formulas."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nrpt.diagnostics import (
+    RoundTripTracker,
+    asymptotic_restart_rate,
+    barrier_from_rejections,
+    count_round_trips,
+    cumulative_barrier,
+    lemma1_round_trip_time,
+    optimal_window,
+    predicted_restart_rate,
+    predicted_round_trips_per_1000,
+    scheme_orders,
+)
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _apply_swaps(slot_of: np.ndarray, swap_lower: np.ndarray) -> np.ndarray:
+    """Swap slots p <-> p+1 for every p with ``swap_lower[..., p]`` (pairs must be disjoint).
+
+    ``slot_of`` is [R, P] (slot of each replica); ``swap_lower`` is a bool [R, P-1].
+    """
+    n_systems, n_slots = slot_of.shape
+    perm = np.broadcast_to(np.arange(n_slots), (n_systems, n_slots)).copy()  # slot -> new slot
+    rows, lower = np.nonzero(swap_lower)
+    perm[rows, lower] = lower + 1
+    perm[rows, lower + 1] = lower
+    return np.take_along_axis(perm, slot_of, axis=1)
+
+
+def _random_index_process(seed: int, n_iter: int, n_systems: int, n_slots: int) -> np.ndarray:
+    """Random index process [n_iter + 1, R, P]: random initial permutations, then at each
+    iteration a random parity's disjoint adjacent pairs each swap with probability 1/2."""
+    rng = np.random.default_rng(seed)
+    slot_of = np.stack([rng.permutation(n_slots) for _ in range(n_systems)])
+    out = [slot_of]
+    lower = np.arange(n_slots - 1)
+    for _ in range(n_iter):
+        parity = rng.integers(0, 2, size=(n_systems, 1))
+        swap = (lower % 2 == parity) & (rng.random((n_systems, n_slots - 1)) < 0.5)
+        slot_of = _apply_swaps(slot_of, swap)
+        out.append(slot_of)
+    return np.stack(out)
+
+
+def _deterministic_deo(initial: np.ndarray, n_iter: int, window: int = 1) -> np.ndarray:
+    """DEO_W process with every swap accepted, [n_iter + 1, R, P].
+
+    Iteration k belongs to window w = k // W; swaps happen only at the first iteration of a
+    window (k % W == 0), on the pairs (p, p+1) with p % 2 == w % 2 (even/odd alternate per
+    window).  W = 1 is plain DEO: at iteration k the pairs with p % 2 == k % 2 swap.
+    """
+    slot_of = np.asarray(initial)
+    n_slots = slot_of.shape[1]
+    lower = np.arange(n_slots - 1)
+    out = [slot_of]
+    for k in range(n_iter):
+        w = k // window
+        swap = (lower % 2 == w % 2) & (k % window == 0)
+        slot_of = _apply_swaps(slot_of, np.broadcast_to(swap, (slot_of.shape[0], n_slots - 1)))
+        out.append(slot_of)
+    return np.stack(out)
+
+
+def _track(index: np.ndarray) -> RoundTripTracker:
+    tracker = RoundTripTracker(torch.as_tensor(index[0]), index.shape[-1])
+    for row in index[1:]:
+        tracker.update(torch.as_tensor(row))
+    return tracker
+
+
+def _tracker_counts(tracker: RoundTripTracker) -> dict[str, np.ndarray]:
+    return {
+        "restarts": tracker.restarts.numpy(),
+        "round_trips": tracker.round_trips.numpy(),
+        "round_trips_a5": tracker.round_trips_a5.numpy(),
+    }
+
+
+KEYS = ("restarts", "round_trips", "round_trips_a5")
+
+# ----------------------------------------------------------------- batched tracker
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_tracker_matches_reference_on_random_processes(seed):
+    index = _random_index_process(seed, n_iter=500, n_systems=3, n_slots=5)
+    expected = count_round_trips(index)
+    got = _tracker_counts(_track(index))
+    for key in KEYS:
+        assert got[key].dtype == np.int64
+        assert got[key].shape == (3,)
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+    # Random processes must actually exercise the counters.
+    assert expected["round_trips"].sum() > 0
+    assert expected["round_trips_a5"].sum() > 0
+
+
+@pytest.mark.parametrize("n_slots", [2, 3])
+def test_tracker_matches_reference_small_p(n_slots):
+    index = _random_index_process(10 + n_slots, n_iter=300, n_systems=2, n_slots=n_slots)
+    expected = count_round_trips(index)
+    got = _tracker_counts(_track(index))
+    for key in KEYS:
+        np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+def test_per_replica_sums_and_state_dict_roundtrip():
+    index = _random_index_process(7, n_iter=400, n_systems=2, n_slots=6)
+    full = _track(index)
+
+    first = _track(index[:201])
+    state = first.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    resumed = RoundTripTracker(torch.as_tensor(index[0]), 6)
+    resumed.load_state_dict(state)
+    for row in index[201:]:
+        resumed.update(torch.as_tensor(row))
+
+    assert resumed.n_updates == full.n_updates == 400
+    full_rep, resumed_rep = full.per_replica(), resumed.per_replica()
+    for key in KEYS:
+        assert full_rep[key].shape == (2, 6)
+        assert torch.equal(full_rep[key], resumed_rep[key])
+        assert torch.equal(full_rep[key].sum(-1), getattr(full, key))
+
+
+def test_tracker_accepts_1d_index_and_validates():
+    index = _random_index_process(3, n_iter=200, n_systems=1, n_slots=4)
+    tracker = RoundTripTracker(torch.as_tensor(index[0, 0]), 4)
+    for row in index[1:]:
+        tracker.update(torch.as_tensor(row[0]))
+    expected = count_round_trips(index[:, 0, :])  # [K, P] input -> R = 1
+    for key in KEYS:
+        np.testing.assert_array_equal(getattr(tracker, key).numpy(), expected[key])
+
+    with pytest.raises(ValueError, match="n_slots"):
+        RoundTripTracker(torch.arange(4), 1)
+    with pytest.raises(ValueError, match="slot_of"):
+        RoundTripTracker(torch.arange(4), 5)
+    with pytest.raises(ValueError, match="permutation"):
+        RoundTripTracker(torch.tensor([0, 0, 1, 2]), 4)
+    with pytest.raises(ValueError, match="shape"):
+        tracker.update(torch.arange(5))
+
+
+def _index_from_path(path: list[int], n_slots: int) -> np.ndarray:
+    """[K, P] index where replica 0 follows ``path``; the other replicas fill the rest."""
+    rows = []
+    for slot in path:
+        others = [q for q in range(n_slots) if q != slot]
+        rows.append([slot, *others])
+    return np.asarray(rows)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        # Starts mid-way; 0 at t=1 precedes any visit to the top, so it is no restart and
+        # the arrival at the top at t=3 is no round trip.  Restart at t=5, round trip at
+        # t=7.  A.5 (origin 1): both ends then back at 1 at t=4 and again at t=8.
+        ([1, 0, 1, 2, 1, 0, 1, 2, 1], (1, 1, 2)),
+        # Starts at 0 (not a restart: it has not come from the reference).  Top at t=2,
+        # restart at t=4, round trip at t=6.  A.5 (origin 0, hit0 pre-set): back at 0 after
+        # the top at t=4; the second excursion is incomplete.
+        ([0, 1, 2, 1, 0, 1, 2], (1, 1, 1)),
+        # Starts at the top: restart at t=2, round trip at t=4, restart at t=6.  A.5 (origin 2,
+        # hit_top pre-set): completes at t=4; staying at the top adds nothing.
+        ([2, 1, 0, 1, 2, 2, 1, 0], (2, 1, 1)),
+    ],
+)
+def test_hand_made_paths(path, expected):
+    index = _index_from_path(path, 3)
+    tracker = _track(index)
+    per = tracker.per_replica()
+    assert tuple(int(per[key][0, 0]) for key in KEYS) == expected
+    # The reference sums over all replicas; compare it with the tracker's totals.
+    reference = count_round_trips(index)
+    for key in KEYS:
+        np.testing.assert_array_equal(getattr(tracker, key).numpy(), reference[key])
+
+
+# ------------------------------------------------------------- exact known counts
+#
+# Deterministic DEO with every swap accepted, P = 4, initial index = identity (replica i at
+# slot i), K = 80 iterations (rows t = 0..80 of the index process).  Every replica moves one
+# slot per iteration until it reaches an end, waits there exactly one iteration (the pair
+# containing the end slot is not active), then turns around: its path is periodic with
+# period 2(P-1) + 2 = 2P = 8, visiting slot 0 at two consecutive times and slot 3 at two
+# consecutive times per period.  Tracing the first iterations gives (t = row index):
+#
+#   replica 0: 0 1 2 3 3 2 1 0 | 0 1 ...  arrivals at 3: t = 3 + 8j,  arrivals at 0: t = 7 + 8j
+#   replica 1: 1 0 0 1 2 3 3 2 | 1 0 ...  arrivals at 0: t = 1 + 8j,  arrivals at 3: t = 5 + 8j
+#   replica 2: 2 3 3 2 1 0 0 1 | 2 3 ...  arrivals at 3: t = 1 + 8j,  arrivals at 0: t = 5 + 8j
+#   replica 3: 3 2 1 0 0 1 2 3 | 3 2 ...  arrivals at 0: t = 3 + 8j,  arrivals at 3: t = 7 + 8j
+#
+# Syed restarts = arrivals at 0 (t <= 80) after the first visit to 3 (t = 0 counts as a visit
+# only for replica 3, which starts there); Syed round trips = arrivals at 3 after a restart.
+#   replica 0: restarts t = 7..79  -> 10;  round trips t = 11..75 -> 9
+#   replica 1: restarts t = 9..73  -> 9;   round trips t = 13..77 -> 9
+#   replica 2: restarts t = 5..77  -> 10;  round trips t = 9..73  -> 9
+#   replica 3: restarts t = 3..75  -> 10;  round trips t = 7..79  -> 10
+# i.e. one round trip (and one restart) every 2P iterations after the first visit to the top.
+# A.5 round trips: every replica is back at its origin with both ends visited exactly once
+# per period.  Replicas 0 and 3 start on an end (flag pre-set) and complete at t = 7 + 8j
+# (t = 7..79 -> 10); replicas 1 and 2 complete at t = 8j (t = 8..80 -> 10).
+EXPECTED_DEO_P4_K80_PER_REPLICA = {
+    "restarts": [10, 9, 10, 10],
+    "round_trips": [9, 9, 9, 10],
+    "round_trips_a5": [10, 10, 10, 10],
+}
+
+
+def _deterministic_initial() -> np.ndarray:
+    # System 0: identity; system 1: reversed (replica i at slot P-1-i), which relabels the
+    # same four trajectories (replica i of system 1 is replica 3-i of system 0).
+    return np.stack([np.arange(4), np.arange(4)[::-1]])
+
+
+def test_deterministic_deo_exact_counts():
+    index = _deterministic_deo(_deterministic_initial(), n_iter=80)
+    # Sanity check of the hand-traced paths of system 0.
+    np.testing.assert_array_equal(index[:9, 0, 0], [0, 1, 2, 3, 3, 2, 1, 0, 0])
+    np.testing.assert_array_equal(index[:9, 0, 1], [1, 0, 0, 1, 2, 3, 3, 2, 1])
+    np.testing.assert_array_equal(index[8:, 0], index[:-8, 0])  # period 2P = 8
+
+    tracker = _track(index)
+    reference = count_round_trips(index)
+    per_replica = tracker.per_replica()
+    for key, per in EXPECTED_DEO_P4_K80_PER_REPLICA.items():
+        per = np.asarray(per)
+        np.testing.assert_array_equal(per_replica[key][0].numpy(), per, err_msg=key)
+        np.testing.assert_array_equal(per_replica[key][1].numpy(), per[::-1], err_msg=key)
+        np.testing.assert_array_equal(getattr(tracker, key).numpy(), [per.sum()] * 2)
+        np.testing.assert_array_equal(reference[key], [per.sum()] * 2)
+    # Totals: 39 restarts, 37 Syed round trips, 40 A.5 round trips per system.
+    np.testing.assert_array_equal(tracker.restarts.numpy(), [39, 39])
+    np.testing.assert_array_equal(tracker.round_trips.numpy(), [37, 37])
+    np.testing.assert_array_equal(tracker.round_trips_a5.numpy(), [40, 40])
+    # Restart rate matches Syed et al.'s formula with r = 0: tau = 1/2 per iteration
+    # (P replicas, one restart each per 2P iterations), here asymptotically 40/80.
+    assert predicted_restart_rate([0.0, 0.0, 0.0]) == 0.5
+
+
+@pytest.mark.parametrize("window", [2, 3, 5])
+def test_deterministic_deo_window_exact_counts(window):
+    # DEO_W with every swap accepted: swaps only at k % W == 0, so row t of the DEO_W process
+    # equals row ceil(t / W) of the W = 1 process (the state after ceil(t/W) swap steps),
+    # each W = 1 state being held for W iterations.  The period becomes 2PW, and since the
+    # counters only fire on *changes* of end/origin status, holding a state W times adds no
+    # events: with K = 80 W iterations the counts are exactly those of DEO with K = 80.
+    n_iter = 80 * window
+    index = _deterministic_deo(_deterministic_initial(), n_iter=n_iter, window=window)
+    base = _deterministic_deo(_deterministic_initial(), n_iter=80)
+    t = np.arange(n_iter + 1)
+    np.testing.assert_array_equal(index, base[-(-t // window)])
+    period = 2 * 4 * window
+    np.testing.assert_array_equal(index[period:], index[:-period])
+
+    tracker = _track(index)
+    reference = count_round_trips(index)
+    for key, per in EXPECTED_DEO_P4_K80_PER_REPLICA.items():
+        np.testing.assert_array_equal(tracker.per_replica()[key][0].numpy(), per, err_msg=key)
+        np.testing.assert_array_equal(getattr(tracker, key).numpy(), [sum(per)] * 2)
+        np.testing.assert_array_equal(reference[key], [sum(per)] * 2)
+
+
+# -------------------------------------------------------------------------- theory
+
+
+@pytest.mark.parametrize("window", [1, 2, 7])
+@pytest.mark.parametrize("n_chains", [2, 5, 16])
+def test_lemma1_no_rejection_is_2wp(n_chains, window):
+    assert lemma1_round_trip_time([0.0] * (n_chains - 1), window) == 2 * window * n_chains
+    assert predicted_round_trips_per_1000([0.0] * (n_chains - 1), window) == pytest.approx(
+        1000 / (2 * window)
+    )
+
+
+def test_lemma1_values_and_monotonicity():
+    # P = 3, W = 1, r = (0.5, 0.5): 2*3 + 2*3*(1 + 1) = 18.
+    assert lemma1_round_trip_time([0.5, 0.5]) == pytest.approx(18.0)
+    # W = 2: r^2 = 0.25 -> 2*2*3 * (1 + 2 * 1/3) = 20.
+    assert lemma1_round_trip_time([0.5, 0.5], window=2) == pytest.approx(20.0)
+    rs = np.linspace(0.0, 0.99, 50)
+    times = [lemma1_round_trip_time([r] * 7) for r in rs]
+    assert np.all(np.diff(times) > 0)
+    # Monotone in each coordinate too.
+    assert lemma1_round_trip_time([0.1, 0.6, 0.2]) > lemma1_round_trip_time([0.1, 0.5, 0.2])
+    assert math.isinf(lemma1_round_trip_time([0.2, 1.0, 0.3]))
+    assert predicted_round_trips_per_1000([0.2, 1.0, 0.3]) == 0.0
+    # Rate identity: P / E[T] at W = 1 equals Syed et al.'s restart rate.
+    r = [0.3, 0.1, 0.45, 0.2]
+    assert predicted_round_trips_per_1000(r) / 1000 == pytest.approx(predicted_restart_rate(r))
+
+
+def test_optimal_window_hand_values():
+    # W* = ceil((log P + log log P) / (-log r)):
+    # P=8,  r=0.5: (2.0794 + 0.7321) / 0.6931 = 4.06 -> 5
+    # P=16, r=0.5: (2.7726 + 1.0198) / 0.6931 = 5.47 -> 6
+    # P=32, r=0.8: (3.4657 + 1.2430) / 0.2231 = 21.10 -> 22
+    # P=4,  r=0.5: (1.3863 + 0.3266) / 0.6931 = 2.47 -> 3
+    # P=8,  r=0.1: 2.8115 / 2.3026 = 1.22 -> 2
+    assert optimal_window(8, 0.5) == 5
+    assert optimal_window(16, 0.5) == 6
+    assert optimal_window(32, 0.8) == 22
+    assert optimal_window(4, 0.5) == 3
+    assert optimal_window(8, 0.1) == 2
+    assert optimal_window(np.int64(8), np.float64(0.5)) == 5
+    # Conventions: P <= 3 -> 1; r <= 0 (never rejected) -> 1; tiny r -> 1.
+    assert optimal_window(2, 0.9) == 1
+    assert optimal_window(3, 0.99) == 1
+    assert optimal_window(100, 0.0) == 1
+    assert optimal_window(100, 1e-12) == 1
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.8])
+@pytest.mark.parametrize("n_chains", [8, 16, 32])
+def test_optimal_window_nearly_minimizes_lemma1(n_chains, rate):
+    # W* is derived from an O(P log P) bound, not by exact minimisation of Lemma 1, so it
+    # need not be the exact argmin.  For these (P, r) it is within 1 of the argmin over
+    # integer W, and Lemma 1 at W* is within 5% of the minimum (worst case: P=8, r=0.5, where
+    # W*=5 vs argmin 4, ratio 98.06/93.87 = 1.045); this is well inside the 15% tolerance.
+    rates = [rate] * (n_chains - 1)
+    w_star = optimal_window(n_chains, rate)
+    times = {w: lemma1_round_trip_time(rates, w) for w in range(1, 80)}
+    w_best = min(times, key=times.get)
+    assert abs(w_star - w_best) <= 1
+    assert times[w_star] <= 1.05 * times[w_best]
+    assert times[w_star] <= 1.15 * times[w_best]
+    # ... and is far better than plain DEO (W = 1).
+    assert times[w_star] < times[1]
+
+
+def test_barrier_and_restart_rates():
+    r = [0.1, 0.2, 0.3]
+    assert barrier_from_rejections(r) == pytest.approx(0.6)
+    np.testing.assert_allclose(cumulative_barrier(r), [0.0, 0.1, 0.3, 0.6])
+    assert cumulative_barrier(r).shape == (4,)
+    expected = 1.0 / (2.0 + 2.0 * (0.1 / 0.9 + 0.2 / 0.8 + 0.3 / 0.7))
+    assert predicted_restart_rate(r) == pytest.approx(expected)
+    assert predicted_restart_rate([0.5, 1.0]) == 0.0
+    assert asymptotic_restart_rate(0.0) == 0.5
+    assert asymptotic_restart_rate(1.5) == pytest.approx(0.2)
+    # Fine schedules: with N equal rates Lambda/N the finite rate tends to 1/(2 + 2 Lambda).
+    lam = 2.0
+    fine = predicted_restart_rate([lam / 10_000] * 10_000)
+    assert fine == pytest.approx(asymptotic_restart_rate(lam), rel=1e-3)
+
+
+def test_scheme_orders():
+    orders = scheme_orders(16, 0.5)
+    assert orders["W_star"] == 6
+    assert orders["DEO"] == pytest.approx(lemma1_round_trip_time([0.5] * 15, 1))
+    assert orders["DEO_star"] == pytest.approx(lemma1_round_trip_time([0.5] * 15, 6))
+    assert orders["DEO_star"] < orders["DEO"]
+    assert orders["P^2"] == 256
+    assert orders["P log P"] == pytest.approx(16 * math.log(16))
+
+
+def test_bad_inputs_raise_value_error_naming_argument():
+    with pytest.raises(ValueError, match="rejection"):
+        lemma1_round_trip_time([0.2, 1.5])
+    with pytest.raises(ValueError, match="rejection"):
+        lemma1_round_trip_time([-0.1])
+    with pytest.raises(ValueError, match="rejection"):
+        lemma1_round_trip_time([])
+    with pytest.raises(ValueError, match="rejection"):
+        lemma1_round_trip_time([0.1, float("nan")])
+    with pytest.raises(ValueError, match="window"):
+        lemma1_round_trip_time([0.2], window=0)
+    with pytest.raises(ValueError, match="window"):
+        predicted_round_trips_per_1000([0.2], window=1.5)
+    with pytest.raises(ValueError, match="n_chains"):
+        optimal_window(1, 0.5)
+    with pytest.raises(ValueError, match="n_chains"):
+        optimal_window(8.5, 0.5)
+    with pytest.raises(ValueError, match="rejection_rate"):
+        optimal_window(8, 1.0)
+    with pytest.raises(ValueError, match="rejection_rate"):
+        optimal_window(8, float("nan"))
+    with pytest.raises(ValueError, match="rejection"):
+        barrier_from_rejections([0.3, 2.0])
+    with pytest.raises(ValueError, match="rejection"):
+        cumulative_barrier([[0.1, 0.2]])
+    with pytest.raises(ValueError, match="rejection"):
+        predicted_restart_rate([1.1])
+    with pytest.raises(ValueError, match="barrier"):
+        asymptotic_restart_rate(-1.0)
+    with pytest.raises(ValueError, match="rejection_rate"):
+        scheme_orders(8, 1.0)

@@ -1,0 +1,278 @@
+"""The batched engine against a plain per-replica loop, exact round-trip counts, DEO_W's
+guarantees, bad input, non-finite targets, reproducibility and resume."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import nrpt
+from nrpt import rng
+from nrpt.explorers import Noise
+from nrpt.swap import AlwaysAccept, make_rule
+
+
+class Quartic:
+    """A 1-D double well U(x) = (x^2 - 4)^2 / 4 (energy target)."""
+
+    dim = 1
+    name = "quartic"
+
+    def energy(self, x):
+        return (x[:, 0] ** 2 - 4.0) ** 2 / 4.0
+
+
+def make_engine(scheme="deo", window=1, R=2, temps=(1.0, 2.0, 4.0, 8.0), step=0.8, seed=3,
+                explorer="rwmh", rule=None, target=None):
+    target = target or Quartic()
+    path = nrpt.TemperatureLadder(list(temps))
+    return nrpt.PTEngine(target, path, nrpt.make_explorer(explorer),
+                         nrpt.make_scheme(scheme, window), rule or make_rule("metropolis"),
+                         step_size=[step * math.sqrt(t) for t in temps], systems=R, seed=seed)
+
+
+# ---------------------------------------------------------------- reference loop
+def reference_run(engine_factory, scheme: str, K: int):
+    """A plain per-system, per-replica, per-pair loop with the same keyed random numbers."""
+    eng = engine_factory()
+    R, P, seed = eng.R, eng.P, eng.seed
+    b = eng.schedule[0].tolist()
+    h = eng.step_size[0].tolist()
+    U = eng.target.energy
+    x = [[eng.state.x[s, r].clone() for r in range(P)] for s in range(R)]
+    slot_of = [list(range(P)) for _ in range(R)]
+    history = []
+    for k in range(K):
+        noise = Noise(seed, k, R, P, "cpu")
+        xi, u = noise.normal(0, (1,), torch.float64), noise.uniform(0, torch.float64)
+        for s in range(R):
+            for r in range(P):
+                bp, hp = b[slot_of[s][r]], h[slot_of[s][r]]
+                prop = x[s][r] + hp * xi[s, r]
+                log_alpha = -bp * U(prop[None])[0] + bp * U(x[s][r][None])[0]
+                if math.log(u[s, r]) < log_alpha:
+                    x[s][r] = prop
+        if scheme == "adj":
+            phases = [[p] for p in range(P - 1)]
+        elif scheme == "deo":
+            phases = [[p for p in range(P - 1) if p % 2 == k % 2]]
+        elif scheme == "seo":
+            coin = rng.uniform((R, 1), seed, rng.Stream.SCHEME, k) < 0.5
+            phases = None
+        for s in range(R):
+            if scheme == "seo":
+                odd = bool(coin[s, 0])
+                sphases = [[p for p in range(P - 1) if (p % 2 == 1) == odd]]
+            else:
+                sphases = phases
+            for ph, pairs in enumerate(sphases):
+                n_cols = P - 1 if scheme != "adj" else 1
+                us = rng.uniform((R, n_cols), seed, rng.Stream.SWAP, k, ph)
+                for p in pairs:
+                    ra, rb = slot_of[s].index(p), slot_of[s].index(p + 1)
+                    ua = us[s, p] if scheme != "adj" else us[s, 0]
+                    lr = (b[p] - b[p + 1]) * (U(x[s][ra][None])[0] - U(x[s][rb][None])[0])
+                    if math.log(ua) < lr:
+                        slot_of[s][ra], slot_of[s][rb] = p + 1, p
+        history.append([row[:] for row in slot_of])
+    return torch.stack([torch.stack(row) for row in x]), np.array(history)
+
+
+@pytest.mark.parametrize("scheme", ["deo", "seo", "adj"])
+def test_batched_engine_matches_reference_loop(scheme):
+    K = 60
+    factory = lambda: make_engine(scheme)  # noqa: E731
+    x_ref, idx_ref = reference_run(factory, scheme, K)
+    eng = factory()
+    hist = []
+    for _ in range(K):
+        eng.step()
+        hist.append(eng.slot_of.clone().numpy())
+    np.testing.assert_array_equal(np.array(hist), idx_ref)
+    torch.testing.assert_close(eng.state.x, x_ref, rtol=1e-12, atol=1e-12)
+    assert (np.array(hist) != np.arange(4)).any(), "no swap happened: the test would be vacuous"
+
+
+# ---------------------------------------------------------------- round trips, always accept
+def _counts(eng):
+    t = eng.tracker
+    return int(t.restarts.sum()), int(t.round_trips.sum()), int(t.round_trips_a5.sum())
+
+
+def test_round_trips_exact_with_always_accept_deo():
+    # With every swap executed, DEO moves each replica one slot per iteration, bouncing at the
+    # ends with period 2P.  For P = 4, K = 80, one system, the counts derived by hand in
+    # tests/test_diagnostics.py are 39 restarts, 37 Syed round trips, 40 A.5 round trips.
+    eng = make_engine("deo", R=1, rule=AlwaysAccept())
+    for _ in range(80):
+        eng.step()
+    assert _counts(eng) == (39, 37, 40)
+    # every replica completes one A.5 round trip per 2P = 8 iterations: 80 / 8 = 10 each
+    assert eng.tracker.per_replica()["round_trips_a5"].tolist() == [[10, 10, 10, 10]]
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_round_trips_exact_with_always_accept_deo_w(window):
+    # A window of W iterations acts like one DEO iteration (one swap per pair, then the gate
+    # closes), so K = 80 W iterations give the same counts as 80 DEO iterations.
+    eng = make_engine("deo-w", window=window, R=1, rule=AlwaysAccept())
+    for _ in range(80 * window):
+        eng.step()
+    assert _counts(eng) == (39, 37, 40)
+
+
+def test_lemma1_matches_always_accept_round_trip_time():
+    # r = 0: Lemma 1 gives E[T] = 2 W P; observed A.5 rate is P / (2 W P) per iteration
+    for W in (1, 2, 4):
+        eng = make_engine("deo-w", window=W, R=1, rule=AlwaysAccept())
+        K = 2 * 4 * W * 25
+        for _ in range(K):
+            eng.step()
+        assert int(eng.tracker.round_trips_a5.sum()) == K * 4 // nrpt.diagnostics.theory \
+            .lemma1_round_trip_time([0.0] * 3, W)
+
+
+# ---------------------------------------------------------------- DEO_W guarantees
+@pytest.mark.parametrize("W", [1, 2, 5])
+def test_deo_w_at_most_one_swap_per_pair_per_window_and_parity(W):
+    eng = make_engine("deo-w", window=W, R=3, temps=(1.0, 1.3, 1.7, 2.2, 3.0, 4.0))
+    P = eng.P
+    swaps_in_window = torch.zeros(3, P - 1, dtype=torch.int64)
+    prev = eng.pair_swaps.clone()
+    total = 0
+    for k in range(40 * W):
+        if k % W == 0:
+            swaps_in_window.zero_()
+        eng.step()
+        new = eng.pair_swaps - prev
+        prev = eng.pair_swaps.clone()
+        parity = (k // W) % 2
+        wrong_parity = torch.arange(P - 1) % 2 != parity
+        assert int(new[:, wrong_parity].sum()) == 0
+        swaps_in_window += new
+        assert int(swaps_in_window.max()) <= 1
+        total += int(new.sum())
+    assert total > 20  # swaps did happen
+
+
+def test_deo_w_window_one_is_deo_bitwise():
+    a, b = make_engine("deo"), make_engine("deo-w", window=1)
+    for _ in range(50):
+        a.step()
+        b.step()
+    assert torch.equal(a.slot_of, b.slot_of) and torch.equal(a.state.x, b.state.x)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(chains=1), "chains must be an integer >= 2"),
+        (dict(temperatures=[1.0, 3.0, 2.0], chains=3), "strictly increasing"),
+        (dict(temperatures=[2.0, 3.0], chains=2), r"temperatures\[0\] must be 1"),
+        (dict(scheme="deo-w", window=0), "window must be an integer >= 1"),
+        (dict(step_size=0.0), "step_size must be > 0"),
+        (dict(step_size=-1.0), "step_size must be > 0"),
+        (dict(scheme="bogus"), "scheme must be one of"),
+        (dict(explorer="gibbs"), "explorer must be one of"),
+        (dict(scheme="seo", window=4), "window applies to scheme 'deo-w'"),
+    ],
+)
+def test_bad_configuration_is_rejected_with_a_clear_message(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        nrpt.sample("twenty-five-modes", iterations=5, **kwargs)
+
+
+def test_bad_path_and_engine_arguments():
+    with pytest.raises(ValueError, match="at least 2 slots"):
+        nrpt.TemperatureLadder([1.0])
+    with pytest.raises(ValueError, match="strictly decreasing"):
+        nrpt.GeometricPath([1.0, 0.2, 0.5, 0.0])
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        nrpt.DEOW(0)
+    with pytest.raises(ValueError, match="step_size must be > 0"):
+        make_engine(step=-0.1)
+
+
+def test_target_with_wrong_output_shape_is_rejected():
+    class Wrong:
+        dim = 2
+
+        def energy(self, x):
+            return (x**2).sum(-1, keepdim=True)  # [n, 1] instead of [n]
+
+    with pytest.raises(ValueError, match=r"shape \[n\]"):
+        nrpt.sample(Wrong(), iterations=5)
+
+
+# ---------------------------------------------------------------- non-finite targets
+class HalfLine:
+    """Standard normal restricted to x > 0: energy +inf (or NaN) outside the support."""
+
+    dim = 1
+    name = "half-normal"
+
+    def __init__(self, bad=math.inf):
+        self.bad = bad
+
+    def energy(self, x):
+        e = 0.5 * x[:, 0] ** 2
+        return torch.where(x[:, 0] > 0, e, torch.full_like(e, self.bad))
+
+    def initial_states(self, n, generator):
+        return torch.rand(n, 1, generator=generator, dtype=torch.float64) + 0.5
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+@pytest.mark.parametrize("explorer", ["rwmh", "mala", "hmc"])
+def test_nonfinite_proposals_are_rejected_counted_and_reported(bad, explorer):
+    res = nrpt.sample(HalfLine(bad), chains=4, iterations=3000, step_size=0.8, max_temperature=4,
+                      explorer=explorer, leapfrog_steps=3, seed=1)
+    assert np.isfinite(res.samples).all() and (res.samples > 0).all()
+    assert res.nonfinite_proposals > 0
+    assert all(a is not None and 0.0 <= a <= 1.0 for a in res.swap_acceptance)
+    # half-normal mean sqrt(2/pi) = 0.798, sd 0.603; loose 5-sigma band with ESS >= 150
+    assert abs(res.samples.mean() - math.sqrt(2 / math.pi)) < 5 * 0.603 / math.sqrt(150)
+
+
+# ---------------------------------------------------------------- reproducibility and resume
+def test_same_seed_same_run_bitwise_and_different_seed_differs():
+    a = nrpt.sample("twenty-five-modes", iterations=300, seed=5)
+    b = nrpt.sample("twenty-five-modes", iterations=300, seed=5)
+    c = nrpt.sample("twenty-five-modes", iterations=300, seed=6)
+    assert np.array_equal(a.samples, b.samples) and np.array_equal(a.index, b.index)
+    assert not np.array_equal(a.samples, c.samples)
+
+
+def test_systems_are_independent_copies_with_their_own_noise():
+    res = nrpt.sample("twenty-five-modes", iterations=200, systems=3, seed=2)
+    assert res.samples.shape == (3, 200, 2) and res.index.shape == (201, 3, 10)
+    assert not np.array_equal(res.samples[0], res.samples[1])
+    assert isinstance(res.round_trips, list) and len(res.round_trips) == 3
+
+
+def test_interrupted_run_resumes_bit_for_bit(tmp_path):
+    full = nrpt.sample("twenty-five-modes", iterations=1200, seed=9, scheme="deo-w", window=3,
+                       out=str(tmp_path / "full"), checkpoint_every=250)
+
+    def interrupt(engine):
+        if engine.k >= 700:
+            raise KeyboardInterrupt
+
+    from nrpt.api import _run
+    from nrpt.config import RunConfig
+
+    cfg = RunConfig(iterations=1200, seed=9, scheme="deo-w", window=3,
+                    out=str(tmp_path / "cut"), checkpoint_every=250)
+    part = _run(cfg, callback=interrupt)
+    assert part.summary["interrupted"] and part.summary["n_iterations"] < 1200
+    resumed = nrpt.resume(tmp_path / "cut")
+    assert resumed.summary["n_iterations"] == 1200
+    assert np.array_equal(resumed.samples, full.samples)
+    assert np.array_equal(resumed.index, full.index)
+    assert resumed.summary["round_trips"] == full.summary["round_trips"]
+    on_disk = np.load(tmp_path / "cut" / "samples.npy")
+    assert np.array_equal(on_disk, full.samples)
