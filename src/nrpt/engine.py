@@ -87,6 +87,9 @@ class PTEngine:
         self.k = 0
         self.reset_statistics()
         self.tracker = RoundTripTracker(self.slot_of, P)
+        #: objects with ``after_iteration(engine, k, decisions)``, called once per iteration
+        #: after the swaps (online adaptors, recorders of extra quantities)
+        self.hooks: list = []
 
     # ------------------------------------------------------------------ set-up helpers
     def _per_slot(self, name: str, value) -> torch.Tensor:
@@ -157,12 +160,16 @@ class PTEngine:
             self._refresh_reference(k)
 
         # 3. swaps: phases of disjoint pairs, each decided from scalars only
-        for phase, (lo, hi, active) in enumerate(
-            self.scheme.phases(k, self.R, self.P, self.seed, self.system_ids, self.scheme_state)
-        ):
+        decisions = [
             self._swap_phase(k, phase, lo, hi, active)
+            for phase, (lo, hi, active) in enumerate(
+                self.scheme.phases(k, self.R, self.P, self.seed, self.system_ids,
+                                   self.scheme_state))
+        ]
 
         self.tracker.update(self.slot_of)
+        for hook in self.hooks:
+            hook.after_iteration(self, k, decisions)
         self.stat_iterations += 1
         self.k += 1
 
@@ -175,7 +182,10 @@ class PTEngine:
                              vr.expand(self.R, self.P), br.expand(self.R, self.P))
         self.state = self.state.where(top, fresh)
 
-    def _swap_phase(self, k: int, phase: int, lo, hi, active) -> None:
+    def _swap_phase(self, k: int, phase: int, lo, hi, active) -> dict[str, torch.Tensor]:
+        """Decide and execute one phase; returns the decision record for hooks: ``lo``,
+        ``hi``, ``active`` (the scheme proposed the pair), ``decision`` (the rule's verdict for
+        every listed pair, active or not), ``accepted`` (executed) and ``prob``, all [R, M]."""
         rep_lo = self.replica_at.gather(1, lo)
         rep_hi = self.replica_at.gather(1, hi)
         ctx = SwapContext(
@@ -185,8 +195,8 @@ class PTEngine:
                           device=self.device),
             iteration=k,
         )
-        accepted, prob = self.rule.decide(ctx)
-        accepted = accepted & active
+        decision, prob = self.rule.decide(ctx)
+        accepted = decision & active
         adjacent = active & (hi - lo == 1)
         self.pair_attempts.scatter_add_(1, lo, adjacent.long())
         self.pair_accept_sum.scatter_add_(1, lo, torch.where(adjacent, prob,
@@ -201,6 +211,8 @@ class PTEngine:
         self.replica_at = torch.empty_like(self.replica_at).scatter_(
             1, self.slot_of, self.replica_ids.expand(self.R, self.P))
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
+        return {"lo": lo, "hi": hi, "active": active, "decision": decision,
+                "accepted": accepted, "prob": prob}
 
     # ------------------------------------------------------------------ views
     def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,18 +236,21 @@ class PTEngine:
     def state_dict(self) -> dict:
         return {
             "k": self.k, "x": self.state.x, "v": self.state.v, "base": self.state.base,
+            "extras": dict(self.state.extras),
             "slot_of": self.slot_of, "schedule": self.schedule, "step_size": self.step_size,
             "scheme_state": dict(self.scheme_state), "tracker": self.tracker.state_dict(),
             "stats": {n: getattr(self, n) for n in (
                 "pair_attempts", "pair_swaps", "pair_accept_sum", "explore_accept_sum",
                 "explore_moves", "nonfinite")},
             "stat_iterations": self.stat_iterations,
+            "hooks": [h.state_dict() if hasattr(h, "state_dict") else None for h in self.hooks],
         }
 
     def load_state_dict(self, sd: dict) -> None:
         dev = self.device
         self.k = int(sd["k"])
-        self.state = ReplicaState(sd["x"].to(dev), sd["v"].to(dev), sd["base"].to(dev))
+        self.state = ReplicaState(sd["x"].to(dev), sd["v"].to(dev), sd["base"].to(dev),
+                                  {k: v.to(dev) for k, v in sd.get("extras", {}).items()})
         self.slot_of = sd["slot_of"].to(dev)
         self.replica_at = torch.empty_like(self.slot_of).scatter_(
             1, self.slot_of, self.replica_ids.expand(self.R, self.P))
@@ -246,3 +261,6 @@ class PTEngine:
         for n, t in sd["stats"].items():
             setattr(self, n, t.to(dev))
         self.stat_iterations = int(sd["stat_iterations"])
+        for h, hs in zip(self.hooks, sd.get("hooks", []), strict=False):
+            if hs is not None and hasattr(h, "load_state_dict"):
+                h.load_state_dict(hs)

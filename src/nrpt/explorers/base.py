@@ -20,7 +20,7 @@ state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -31,17 +31,25 @@ __all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finit
 
 @dataclass(frozen=True)
 class ReplicaState:
+    """Per-replica state.  ``extras`` holds explorer buffers ``[R, P, ...]`` (momentum,
+    preconditioner, ...) that belong to the replica and so travel with it across slots."""
+
     x: torch.Tensor  # [R, P, dim]
     v: torch.Tensor  # [R, P]  tempered part (energy or minus log-likelihood)
     base: torch.Tensor  # [R, P]  untempered part (reference log density, or 0)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def where(self, mask: torch.Tensor, other: ReplicaState) -> ReplicaState:
-        """Take ``other`` where ``mask[R, P]`` is true."""
-        return ReplicaState(
-            x=torch.where(mask[..., None], other.x, self.x),
-            v=torch.where(mask, other.v, self.v),
-            base=torch.where(mask, other.base, self.base),
-        )
+        """Take ``other`` where ``mask[R, P]`` is true (extras of ``self`` kept if absent)."""
+
+        def pick(a, b):
+            m = mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim()))
+            return torch.where(m, b, a)
+
+        extras = {k: pick(v, other.extras[k]) if k in other.extras else v
+                  for k, v in self.extras.items()}
+        return ReplicaState(pick(self.x, other.x), pick(self.v, other.v),
+                            pick(self.base, other.base), extras)
 
     def log_density(self, b: torch.Tensor) -> torch.Tensor:
         return self.base - b * self.v
