@@ -129,3 +129,16 @@ def test_geometric_path_with_iid_reference_is_invariant():
     assert max(dev.values()) < Z, dev
     assert res.summary["path"] == "geometric"
     assert min(res.round_trips) > 0  # replicas do travel through the iid reference
+
+
+def test_deo_w_is_biased_with_exact_energies_as_documented():
+    # docs/architecture.md: the at-most-one-swap gate is a stopping time; with exact energies the
+    # target marginal is biased.  Two chains (tau 1 and 10) on the bimodal target: DEO passes
+    # the moment check, DEO_5 fails it (measured: P(x>0) = 0.617 +- 0.005 vs 0.7 at 20k its).
+    kw = dict(chains=2, temperatures=[1.0, 10.0], iterations=6000, step_size=1.0, systems=R,
+              seed=3)
+    truth = bimodal_truth(bimodal_1d())
+    ok = nrpt.sample(bimodal_1d(), scheme="deo", **kw)
+    assert max(deviations(ok.samples, BIMODAL_F, truth).values()) < Z
+    biased = nrpt.sample(bimodal_1d(), scheme="deo-w", window=5, **kw)
+    assert deviations(biased.samples, BIMODAL_F, truth)["P(x>0)"] > Z
