@@ -276,3 +276,21 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path):
     assert resumed.summary["round_trips"] == full.summary["round_trips"]
     on_disk = np.load(tmp_path / "cut" / "samples.npy")
     assert np.array_equal(on_disk, full.samples)
+
+
+def test_supplied_gradient_is_used_and_matches_autograd():
+    class WithGrad(Quartic):
+        calls = 0
+
+        def grad_energy(self, x):
+            WithGrad.calls += 1
+            return (x**2 - 4.0) * x
+
+    a = make_engine(explorer="mala", target=WithGrad())
+    b = make_engine(explorer="mala", target=Quartic())
+    for _ in range(30):
+        a.step()
+        b.step()
+    assert WithGrad.calls > 0
+    torch.testing.assert_close(a.state.x, b.state.x, rtol=1e-10, atol=1e-10)
+    assert torch.equal(a.slot_of, b.slot_of)

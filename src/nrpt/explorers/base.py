@@ -82,13 +82,36 @@ class Density:
     def with_grad(
         self, x: torch.Tensor, b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(v, base, grad_x (base - b v))``; non-finite gradients are left for the caller."""
+        """``(v, base, grad_x (base - b v))``; non-finite gradients are left for the caller.
+
+        Autograd, unless the target supplies gradients: ``grad_energy(x)`` (temperature
+        ladder) or ``grad_log_likelihood(x)`` and ``grad_reference_log_prob(x)`` (geometric
+        path), each ``[n, dim]`` for ``x[n, dim]``."""
+        supplied = self._supplied_grad(x, b)
+        if supplied is not None:
+            return supplied
         with torch.enable_grad():
             xg = x.detach().requires_grad_(True)
             v, base = self.path.components(self.target, xg)
             logp = base - b * v
             (grad,) = torch.autograd.grad(logp.sum(), xg)
         return v.detach(), base.detach(), grad.detach()
+
+
+    def _supplied_grad(self, x, b):
+        t, kind = self.target, self.path.kind
+        flat = x.reshape(-1, x.shape[-1])
+        if kind == "temperature" and hasattr(t, "grad_energy"):
+            v, base = self(x)
+            g = -b[..., None] * t.grad_energy(flat).to(x.dtype).reshape(x.shape)
+            return v, base, g
+        if (kind == "geometric" and hasattr(t, "grad_log_likelihood")
+                and hasattr(t, "grad_reference_log_prob")):
+            v, base = self(x)
+            g_ref = t.grad_reference_log_prob(flat).to(x.dtype).reshape(x.shape)
+            g_ll = t.grad_log_likelihood(flat).to(x.dtype).reshape(x.shape)
+            return v, base, g_ref + b[..., None] * g_ll
+        return None
 
 
 class Noise:
