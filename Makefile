@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow lint bench-schemes clean
+.PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,18 @@ lint: $(STAMP)
 
 bench-schemes: $(STAMP)
 	$(PY) benchmarks/schemes.py
+
+# Deng et al. (2023) simulations, DEO*-SGD (docs/reproduction/): all, or one of
+# bench-sgpt-fig4a / -fig5 / -fig3 / -c21 / -vr / -r2sgld / -speed
+bench-sgpt: $(STAMP)
+	$(PY) benchmarks/deo_star_sgd.py all
+
+bench-sgpt-%: $(STAMP)
+	$(PY) benchmarks/deo_star_sgd.py $*
+
+# adaptive NRPT against the analytic Gaussian path (docs/benchmarks-adaptive.md)
+bench-adaptive: $(STAMP)
+	$(PY) benchmarks/adaptive.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

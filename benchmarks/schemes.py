@@ -26,7 +26,7 @@ import torch
 
 import nrpt
 from nrpt.diagnostics import theory
-from nrpt.explorers import Explorer, ExploreInfo
+from nrpt.explorers import ExploreInfo, Explorer
 
 
 class Frozen(Explorer):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import RunConfig
+from .config import _SG_EXPLORERS, RunConfig
 from .diagnostics import theory
 from .engine import PTEngine
 from .explorers import make_explorer
@@ -78,6 +78,12 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  barrier Λ̂       {fmt(s['barrier'])}",
         f"  swap acceptance {fmt(acc, '.2f')}",
     ]
+    if s.get("learning_rates") is not None:  # stochastic-gradient runs (nrpt.sgpt)
+        C = s.get("correction")
+        lines.append(f"  rule            {s.get('rule')}"
+                     + (f", correction C = {fmt(C)}" if C is not None else "")
+                     + f", target swap rate S = {s.get('swap_rate_target')}")
+        lines.append(f"  learning rates  {fmt(s['learning_rates'], '.3g')}")
     if s.get("nonfinite_proposals"):
         lines.append(f"  rejected non-finite proposals: {s['nonfinite_proposals']}")
     if s.get("interrupted"):
@@ -89,6 +95,10 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def build_engine(cfg: RunConfig, target=None, rule: Rule | None = None) -> PTEngine:
     """The engine a config describes (``target`` may be given as an object)."""
+    if cfg.explorer in _SG_EXPLORERS:  # stochastic-gradient PT: nrpt.sgpt builds it
+        from .sgpt import build_sg_engine
+
+        return build_sg_engine(cfg, target=target, rule=rule)
     if target is None:
         target = load_target(cfg.target, **cfg.target_options)
     validate_target(target)
@@ -180,6 +190,11 @@ def _atomic_save(obj, path: Path) -> None:
 
 def _run(cfg: RunConfig, *, target=None, rule=None, progress: bool = False,
          resume_from: Path | None = None, callback=None) -> Result:
+    if cfg.rounds is not None:  # round-based adaptive NRPT (Syed et al. 2021): nrpt.rounds
+        from .rounds import run_config
+
+        return run_config(cfg, target=target, rule=rule, progress=progress,
+                          resume_from=resume_from, callback=callback)
     from .record import Recorder
 
     engine = build_engine(cfg, target=target, rule=rule)
@@ -192,6 +207,9 @@ def _run(cfg: RunConfig, *, target=None, rule=None, progress: bool = False,
                         out_dir=out, dtype=np.float64 if cfg.dtype == "float64" else np.float32,
                         resume=resume_from is not None)
     window = cfg.window if cfg.window != "auto" else None
+    sg = getattr(engine, "sg", None)  # stochastic-gradient run (nrpt.sgpt): W fixed at build
+    if sg is not None:
+        window = sg.window
     tune = cfg.window_tune or max(1, cfg.iterations // 10)
     elapsed = 0.0
     if resume_from is not None:
@@ -245,11 +263,16 @@ def _run(cfg: RunConfig, *, target=None, rule=None, progress: bool = False,
     if window is None:  # auto window but the run ended inside the tuning phase
         window = 1
     summary = summarize(engine, cfg, wall, window, interrupted)
+    if sg is not None:
+        summary.update({k: _nan_to_none(v) for k, v in sg.summary(engine).items()})
     if out is not None:
         checkpoint()
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rec = recorder.truncated(engine.k) if interrupted else {
         "samples": recorder.samples, "energies": recorder.energies, "index": recorder.index}
+    if sg is not None and out is not None:
+        sg.write_outputs(out, np.asarray(rec["samples"]), np.asarray(rec["index"]), engine,
+                         summary)
     return Result(samples=np.asarray(rec["samples"]), energies=np.asarray(rec["energies"]),
                   index=np.asarray(rec["index"]), summary=summary, config=cfg, out=out,
                   engine=engine)

@@ -276,6 +276,25 @@ BUILTIN_TARGETS: dict[str, Callable[..., Any]] = {
     "geometric-bimodal": _lazy("geometric_bimodal"),
 }
 
+
+def _lazy_from(module: str, attr: str) -> Callable[..., Any]:
+    """Like :func:`_lazy` for a factory in the submodule ``nrpt.targets.<module>``."""
+
+    def factory(**kwargs: Any) -> Any:
+        return getattr(importlib.import_module(f"nrpt.targets.{module}"), attr)(**kwargs)
+
+    factory.__name__ = factory.__qualname__ = attr
+    factory.__doc__ = f"Build the built-in target ``nrpt.targets.{module}.{attr}(**kwargs)``."
+    return factory
+
+
+# analytic geometric paths and the label-switching mixture (adaptive NRPT, docs/adaptive.md)
+BUILTIN_TARGETS.update({
+    "geometric-gaussian-path": _lazy_from("gaussian_path", "scaled_gaussian_path"),
+    "geometric-shifted-gaussian-path": _lazy_from("gaussian_path", "shifted_gaussian_path"),
+    "geometric-mixture-model": _lazy_from("mixture_model", "mixture_model"),
+})
+
 _module_counter = itertools.count()
 
 

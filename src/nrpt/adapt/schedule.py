@@ -1,0 +1,220 @@
+r"""Round-based schedule adaptation from swap rejection rates (Syed et al. 2021, Sec. 5).
+
+Pure functions of numpy arrays; no engine state.  Conventions follow :mod:`nrpt.paths`: a
+*schedule* is the per-slot coefficient ``b[P]`` with ``b_0 = 1`` at the target (slot 0) and
+``b`` strictly decreasing along the ladder -- ``beta`` for a geometric path (``b_{P-1} = 0``,
+the reference) or ``1 / tau`` for a temperature ladder (``b_{P-1} = 1 / tau_max``).  The
+rejection rate ``r_p`` (``P - 1`` of them) belongs to the adjacent pair ``(p, p + 1)``.
+
+The algorithm (the slides' "outline of schedule optimization", Syed et al. 2021, Alg. 3):
+
+1. the cumulative barrier at the slots, counted from the explorative end of the ladder,
+   ``Lambda(b_{P-1}) = 0`` and ``Lambda(b_p) = sum_{q >= p} r_q``  (their Eq. 32: the estimator of
+   ``Lambda(beta) = ∫_0^beta lambda``);
+2. a monotone interpolant through these points (SciPy's :class:`~scipy.interpolate.
+   PchipInterpolator`, which is monotone whenever the data are, so no overshoot and no negative
+   local barrier);
+3. the new schedule is the inverse image of an equally spaced grid of ``Lambda`` levels, so that
+   every adjacent pair carries the same share ``Lambda / (P - 1)`` of the barrier and hence
+   (to first order) the same rejection rate -- optimal for the restart rate (their Thm. 3).
+
+The local barrier is the derivative ``lambda(b) = dLambda/db`` of the fitted curve.
+
+Degenerate inputs are handled without dividing by zero: rates are clipped to ``[0, 1]``; a pair
+that was never attempted (NaN) gets the mean of the attempted pairs; zero rates give flat
+pieces of ``Lambda``; if every rate is zero (``Lambda = 0``: every swap was accepted) the schedule
+carries no information and is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.interpolate import PchipInterpolator
+
+__all__ = ["BarrierFit", "clean_rejections", "fit_barrier", "equalized_schedule",
+           "update_schedule", "validate_schedule", "restart_rate_curve", "recommended_chains"]
+
+#: smallest gap kept between adjacent coefficients of a new schedule, relative to its span
+_MIN_GAP = 1e-9
+
+
+def validate_schedule(schedule, name: str = "schedule") -> np.ndarray:
+    """A float array ``[P]``, ``P >= 2``, finite and strictly decreasing."""
+    try:
+        b = np.asarray(schedule, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of numbers") from None
+    if b.ndim != 1 or b.size < 2:
+        raise ValueError(f"{name} must be 1-D with at least 2 slots; got shape {b.shape}")
+    if not np.all(np.isfinite(b)):
+        raise ValueError(f"{name} must be finite; got {b.tolist()}")
+    if not np.all(np.diff(b) < 0):
+        raise ValueError(f"{name} must be strictly decreasing from the target slot (b_0) to the "
+                         f"last slot; got {b.tolist()}")
+    return b
+
+
+def clean_rejections(rejection, n_pairs: int | None = None) -> np.ndarray:
+    """Rejection rates ready for fitting: NaN (pair never attempted) -> mean of the attempted
+    pairs (0.5 if none was attempted), then clipped to ``[0, 1]``.  Raises on a wrong length, on
+    infinite values and on values clearly outside ``[0, 1]`` (beyond rounding)."""
+    try:
+        r = np.asarray(rejection, dtype=float).copy()
+    except (TypeError, ValueError):
+        raise ValueError("rejection must be a sequence of rates in [0, 1]") from None
+    if r.ndim != 1 or r.size < 1:
+        raise ValueError(f"rejection must be a non-empty 1-D sequence; got shape {r.shape}")
+    if n_pairs is not None and r.size != n_pairs:
+        raise ValueError(f"rejection must have one rate per adjacent pair ({n_pairs}); "
+                         f"got {r.size}")
+    if np.any(np.isinf(r)):
+        raise ValueError(f"rejection must be finite (or NaN for unattempted pairs); got "
+                         f"{r.tolist()}")
+    seen = ~np.isnan(r)
+    if np.any((r[seen] < -1e-9) | (r[seen] > 1.0 + 1e-9)):
+        raise ValueError(f"rejection rates must lie in [0, 1]; got {r.tolist()}")
+    r[~seen] = float(np.mean(r[seen])) if seen.any() else 0.5
+    return np.clip(r, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class BarrierFit:
+    """The fitted cumulative barrier ``Lambda(b)`` of one ladder.
+
+    ``knots`` are the schedule's coefficients in increasing order (``b_{P-1}, ..., b_0 = 1``) and
+    ``cumulative`` the estimated ``Lambda`` there (``0`` at ``b_{P-1}``, ``total`` at ``b_0``).
+    """
+
+    knots: np.ndarray
+    cumulative: np.ndarray
+    interpolant: PchipInterpolator
+
+    @property
+    def total(self) -> float:
+        """The global barrier estimate ``Lambda-hat = sum_p r_p``."""
+        return float(self.cumulative[-1])
+
+    @property
+    def lo(self) -> float:
+        return float(self.knots[0])
+
+    @property
+    def hi(self) -> float:
+        return float(self.knots[-1])
+
+    def barrier(self, b) -> np.ndarray:
+        """``Lambda(b)`` for ``b`` in ``[lo, hi]`` (clipped there)."""
+        return self.interpolant(np.clip(np.asarray(b, dtype=float), self.lo, self.hi))
+
+    def local(self, b) -> np.ndarray:
+        """The local barrier ``lambda(b) = dLambda/db`` (>= 0) of the fitted curve."""
+        x = np.clip(np.asarray(b, dtype=float), self.lo, self.hi)
+        return np.maximum(self.interpolant.derivative()(x), 0.0)
+
+    def grid(self, n: int = 101) -> tuple[np.ndarray, np.ndarray]:
+        """``(b, lambda(b))`` on ``n`` equally spaced points of ``[lo, hi]``."""
+        b = np.linspace(self.lo, self.hi, int(n))
+        return b, self.local(b)
+
+    def inverse(self, levels) -> np.ndarray:
+        """The smallest ``b`` with ``Lambda(b) >= level``, for levels in ``[0, total]``
+        (vectorized bisection: the curve is monotone but may have flat pieces)."""
+        y = np.clip(np.asarray(levels, dtype=float), 0.0, self.total)
+        lo = np.full(y.shape, self.lo)
+        hi = np.full(y.shape, self.hi)
+        for _ in range(100):  # halves the bracket each time: 2^-100 of the span
+            mid = 0.5 * (lo + hi)
+            below = self.interpolant(mid) < y
+            lo = np.where(below, mid, lo)
+            hi = np.where(below, hi, mid)
+        return hi
+
+
+def fit_barrier(schedule, rejection) -> BarrierFit:
+    """Fit the monotone cumulative barrier through ``(b_p, sum_{q >= p} r_q)``.
+
+    Args:
+        schedule: ``b[P]``, strictly decreasing (``b_0`` is the target slot).
+        rejection: ``r[P-1]`` of the adjacent pairs ``(p, p+1)`` (see :func:`clean_rejections`).
+    """
+    b = validate_schedule(schedule)
+    r = clean_rejections(rejection, b.size - 1)
+    knots = b[::-1].copy()  # increasing: b_{P-1} .. b_0
+    cumulative = np.concatenate([[0.0], np.cumsum(r[::-1])])  # Lambda at the knots
+    return BarrierFit(knots, cumulative, PchipInterpolator(knots, cumulative, extrapolate=True))
+
+
+def equalized_schedule(fit: BarrierFit, n_slots: int) -> np.ndarray:
+    """The schedule ``b[n_slots]`` (decreasing, same end points as the fit) whose slots are
+    equally spaced in the fitted ``Lambda``.  With ``Lambda-hat = 0`` the slots are equally
+    spaced in ``b`` instead (nothing is known about where swaps are hard)."""
+    n = int(n_slots)
+    if n != n_slots or n < 2:
+        raise ValueError(f"n_slots must be an integer >= 2; got {n_slots!r}")
+    if not fit.total > 0.0:
+        new = np.linspace(fit.hi, fit.lo, n)
+    else:
+        levels = fit.total * np.arange(n - 1, -1, -1) / (n - 1)  # decreasing, total .. 0
+        new = fit.inverse(levels)
+    new[0], new[-1] = fit.hi, fit.lo
+    return _strictly_decreasing(new)
+
+
+def _strictly_decreasing(b: np.ndarray) -> np.ndarray:
+    """Keep end points; push interior coefficients apart by at least ``_MIN_GAP`` of the span
+    (a barrier concentrated at one point could otherwise make two of them coincide)."""
+    gap = _MIN_GAP * (b[0] - b[-1])
+    out = b.copy()
+    for p in range(1, out.size - 1):
+        out[p] = min(out[p], out[p - 1] - gap)
+    for p in range(out.size - 2, 0, -1):
+        out[p] = max(out[p], out[p + 1] + gap)
+    return out
+
+
+def update_schedule(schedule, rejection, n_slots: int | None = None) -> np.ndarray:
+    """One adaptation step: the new schedule from the old one and its pairs' rejection rates.
+
+    Returns ``schedule`` unchanged (as a new array) when every rate is zero, since then there is
+    no barrier to equalize.  ``n_slots`` may differ from ``len(schedule)`` (re-sizing a ladder).
+    """
+    b = validate_schedule(schedule)
+    fit = fit_barrier(b, rejection)
+    n = b.size if n_slots is None else n_slots
+    if not fit.total > 0.0 and n == b.size:
+        return b.copy()
+    return equalized_schedule(fit, n)
+
+
+def restart_rate_curve(barrier: float, chains) -> np.ndarray:
+    r"""Predicted DEO restart rate with ``P`` chains on a schedule that equalizes the rejection
+    rates, ``r = Lambda / (P - 1)`` per pair (first order in the spacing):
+
+        tau(P) = 1 / (2 + 2 (P - 1) r / (1 - r)),   0 where r >= 1,
+
+    increasing in ``P`` towards the asymptote ``1 / (2 + 2 Lambda)`` (Syed et al. 2021, Thm. 1 and
+    Cor. 2): the diminishing return of more chains."""
+    lam = float(barrier)
+    if not (math.isfinite(lam) and lam >= 0.0):
+        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
+    p = np.asarray(chains, dtype=float)
+    if np.any(p < 2):
+        raise ValueError("chains must be >= 2")
+    r = lam / (p - 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = 1.0 / (2.0 + 2.0 * (p - 1.0) * r / (1.0 - r))
+    return np.where(r < 1.0, tau, 0.0)
+
+
+def recommended_chains(barrier: float) -> int:
+    """The number of chains suggested by the barrier, ``max(2, ceil(2 Lambda))``: with ``P ~
+    2 Lambda`` equalized pairs reject ``r ~ 1/2`` each and the restart rate is within a factor
+    ~2 of its ``P -> inf`` limit (see :func:`restart_rate_curve` for the whole curve)."""
+    lam = float(barrier)
+    if not (math.isfinite(lam) and lam >= 0.0):
+        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
+    return max(2, math.ceil(2.0 * lam))
+

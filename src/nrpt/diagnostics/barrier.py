@@ -1,0 +1,89 @@
+r"""Local communication barrier: the rejection-based curve and the slides' "Method I".
+
+Syed et al. (2021, JRSS-B, Sec. 4) define the local barrier of a path at coefficient ``b``
+(``beta`` on a geometric path, ``1 / tau`` on a temperature ladder) as
+
+    lambda(b) = (1/2) E |V(X) - V(Y)|,    X, Y iid pi_b,                       ("Method I")
+
+where ``V`` is the tempered part of the log density (``-l`` on a geometric path, the energy
+``U`` on a temperature ladder; ``|V(X) - V(Y)| = |l(X) - l(Y)|``).  It is also the rate at
+which swaps are rejected per unit of ``b``: ``r(b, b + db) = lambda(b) db + O(db^3)``, whence
+the rejection-based estimate ("Method II"): the derivative of the monotone fit of the
+cumulative rejections, :meth:`nrpt.adapt.BarrierFit.local`.  The two use different data (the
+energies seen at each slot vs. the swap acceptance probabilities), so their agreement is a
+cross-check of both.
+
+Method I is computed here from the energies at each slot over a round, kept by
+:class:`SlotEnergyRecorder` (an engine hook).  ``E|V(X) - V(Y)|`` is estimated by the mean
+absolute difference over all pairs of recorded draws (Gini's mean difference, ``O(n log n)``
+after sorting); draws from one Markov chain are dependent, which inflates the variance of the
+estimate but not its limit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["SlotEnergyRecorder", "mean_absolute_difference", "method_one"]
+
+
+def mean_absolute_difference(values: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``(2 / (n (n-1))) sum_{i<j} |x_i - x_j|`` along ``axis``, ignoring non-finite entries
+    (NaN where fewer than two finite values remain)."""
+    x = np.moveaxis(np.asarray(values, dtype=float), axis, 0)
+    x = np.where(np.isfinite(x), x, np.nan)
+    n = np.sum(np.isfinite(x), axis=0)
+    xs = np.sort(x, axis=0)  # NaN sorts last
+    i = np.arange(1, x.shape[0] + 1).reshape((-1,) + (1,) * (x.ndim - 1))
+    weights = 2 * i - n - 1  # coefficient of the i-th smallest of n finite values
+    total = np.nansum(np.where(i <= n, weights * xs, 0.0), axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = 2.0 * total / (n * (n - 1.0))
+    return np.where(n >= 2, out, np.nan)
+
+
+def method_one(slot_energies: np.ndarray) -> np.ndarray:
+    """Method I local barrier ``(1/2) E|V(X) - V(Y)|`` per slot from ``V`` recorded by slot,
+    ``[n, R, P] -> [R, P]`` (or ``[n, P] -> [P]``)."""
+    return 0.5 * mean_absolute_difference(slot_energies, axis=0)
+
+
+class SlotEnergyRecorder:
+    """Engine hook keeping ``V`` of the replica at every slot, ``[n, R, P]``, for one round.
+
+    Call :meth:`start` at the beginning of a round with its length; at most ``max_rows`` rows
+    are kept (every ``ceil(n / max_rows)``-th iteration), preallocated on the engine's device,
+    so memory stays flat however long the round.
+    """
+
+    def __init__(self, systems: int, slots: int, max_rows: int = 4096, dtype=torch.float64,
+                 device="cpu"):
+        if int(max_rows) != max_rows or max_rows < 2:
+            raise ValueError(f"max_rows must be an integer >= 2; got {max_rows!r}")
+        self.R, self.P, self.max_rows = int(systems), int(slots), int(max_rows)
+        self.dtype, self.device = dtype, device
+        self.start(self.max_rows)
+
+    def start(self, n_iterations: int) -> None:
+        self.stride = max(1, math.ceil(int(n_iterations) / self.max_rows))
+        rows = min(self.max_rows, max(1, int(n_iterations)))
+        self.buffer = torch.empty(rows, self.R, self.P, dtype=self.dtype, device=self.device)
+        self.rows = 0
+        self._count = 0
+
+    def after_iteration(self, engine, k, decisions) -> None:
+        if self._count % self.stride == 0 and self.rows < self.buffer.shape[0]:
+            self.buffer[self.rows] = engine.state.v.gather(1, engine.replica_at)
+            self.rows += 1
+        self._count += 1
+
+    def values(self) -> np.ndarray:
+        """The recorded ``V`` by slot, ``[rows, R, P]`` (host copy)."""
+        return self.buffer[:self.rows].detach().cpu().numpy()
+
+    def local_barrier(self) -> np.ndarray:
+        """Method I estimate per slot, ``[R, P]``."""
+        return method_one(self.values())

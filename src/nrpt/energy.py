@@ -1,0 +1,375 @@
+"""Energy estimators for stochastic-gradient parallel tempering.
+
+An estimator returns, for a batch of states ``x[R, P, dim]`` (replica-major, see
+:mod:`nrpt.engine`), an unbiased energy estimate ``Ũ(x)`` ``[R, P]``, a gradient estimate
+``∇Ũ(x)`` ``[R, P, dim]`` and, where it can, an estimate of ``Var Ũ(x)`` ``[R, P]`` (what the
+bias-corrected swap rule of reSGLD needs).  Sign convention: ``U = -log pi`` (energy).
+
+==============================  ============================================================
+:class:`ExactEnergy`            ``U`` and ``∇U`` by autograd, variance 0 (full batch)
+:class:`NoisyOracle`            ``U + sd_e N(0, 1)``, ``∇U + sd_g N(0, I)`` -- the simulation
+                                oracle of Deng et al. (2023, Sec. 5.1), sd 2 on both there
+:class:`MinibatchEnergy`        ``Ũ = (N / n) sum_{i in B} l_i(x) + prior(x)`` over a batch ``B``
+                                of ``n`` of the ``N`` data, drawn per replica and iteration
+:class:`ControlVariateEnergy`   VR-reSGLD (Deng et al. 2021): the minibatch energy with a
+                                control variate at an anchor ``x̂`` refreshed every ``m``
+                                iterations,
+                                ``Ũ_vr(x) = Ũ_B(x) - c (Ũ_B(x̂) - U(x̂))`` (same batch ``B``)
+==============================  ============================================================
+
+Randomness is keyed (:mod:`nrpt.rng`): every call receives ``key = (seed, iteration, sub,
+evaluation)`` and draws full ``[R, P, ...]`` tensors from generators seeded by that key, so a run
+is reproducible and independent of how replicas are laid out.
+
+Per-replica buffers (the control-variate anchor) are returned in ``Estimate.extras`` and stored
+in :attr:`nrpt.explorers.ReplicaState.extras`, so they travel with their replica across slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import rng
+
+__all__ = ["Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle", "MinibatchEnergy",
+           "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad"]
+
+
+class SG_STREAMS:  # noqa: N801 - a namespace of constants, like rng.Stream
+    """Stream tags of the stochastic-gradient code (kept far from other ``Stream.USER`` uses)."""
+
+    ORACLE_ENERGY = rng.Stream.USER + 401
+    ORACLE_GRAD = rng.Stream.USER + 402
+    BATCH = rng.Stream.USER + 403
+
+
+@dataclass
+class Estimate:
+    """``u[R, P]``, ``grad[R, P, dim]`` (None if not requested), ``var[R, P]`` (estimated
+    variance of ``u``; None if unknown) and per-replica ``extras`` to store with the state."""
+
+    u: torch.Tensor
+    grad: torch.Tensor | None
+    var: torch.Tensor | None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _twenty_five_modes(target, x):
+    """Closed-form ``(U, ∇U)`` of :class:`nrpt.targets.TwentyFiveModes` (autograd costs more
+    than the whole SGD step on this 2-D toy); tested against autograd."""
+    r2 = (x * x).sum(-1)
+    ang = (2.0 * math.pi) * x
+    u = 0.2 * r2 - 2.0 * torch.cos(ang).sum(-1)
+    g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang)
+    if target.penalty:
+        over = r2 > 20.0
+        u = u + torch.relu(r2 - 20.0)
+        g = g + 2.0 * x * over.unsqueeze(-1)
+    return u, g
+
+
+def _analytic(target):
+    """A closed-form ``(U, ∇U)`` for ``x[..., dim]`` if there is one: the target's supplied
+    gradient ``grad_energy(x[n, dim]) -> [n, dim]`` (the protocol member the full-batch explorers
+    also use), or a built-in formula."""
+    from .targets.twenty_five_modes import TwentyFiveModes
+
+    if type(target) is TwentyFiveModes and not hasattr(target, "grad_energy"):
+        return lambda x: _twenty_five_modes(target, x)
+    grad = getattr(target, "grad_energy", None)
+    if callable(grad):
+        def fn(x):
+            flat = x.reshape(-1, x.shape[-1])
+            u = target.energy(flat).to(x.dtype)
+            return u.reshape(x.shape[:-1]), grad(flat).to(x.dtype).reshape(x.shape)
+        return fn
+    return None
+
+
+def energy_and_grad(fn, x: torch.Tensor, need_grad: bool = True):
+    """``(fn(x), ∇fn(x))`` for ``fn: [n, dim] -> [n]`` applied to ``x[..., dim]`` (autograd)."""
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, x.shape[-1])
+    if not need_grad:
+        with torch.no_grad():
+            return fn(flat).reshape(lead), None
+    with torch.enable_grad():
+        xg = flat.detach().requires_grad_(True)
+        u = fn(xg)
+        (g,) = torch.autograd.grad(u.sum(), xg)
+    return u.detach().reshape(lead), g.detach().reshape(x.shape)
+
+
+class EnergyEstimator:
+    """Base class.  ``__call__(x, key, extras, need_grad)`` returns an :class:`Estimate`;
+    :meth:`full` is the exact (full-data) energy used for initial states and diagnostics."""
+
+    #: names of ``extras`` entries this estimator needs (created by :meth:`init_extras`)
+    extras_keys: tuple[str, ...] = ()
+
+    def full(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def init_extras(self, x: torch.Tensor, key: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        return {}
+
+    def __call__(self, x, key, extras, need_grad=True) -> Estimate:  # pragma: no cover
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"energy": type(self).__name__}
+
+
+class ExactEnergy(EnergyEstimator):
+    """Full-batch energy ``U`` and gradient ``∇U`` of an energy target (no noise)."""
+
+    def __init__(self, target):
+        self.target = target
+        self._closed_form = _analytic(target)
+
+    def full(self, x):
+        with torch.no_grad():
+            return _flat(self.target.energy, x)
+
+    def exact(self, x, need_grad):
+        if need_grad and self._closed_form is not None:
+            return self._closed_form(x)
+        return energy_and_grad(self.target.energy, x, need_grad)
+
+    def __call__(self, x, key, extras, need_grad=True):
+        u, g = self.exact(x, need_grad)
+        return Estimate(u, g, torch.zeros_like(u))
+
+    def describe(self):
+        return {"energy": "exact"}
+
+
+class NoisyOracle(EnergyEstimator):
+    """Exact ``U`` and ``∇U`` plus independent Gaussian noise (Deng et al. 2023, Sec. 5.1):
+
+        Ũ(x) = U(x) + energy_sd * N(0, 1),     ∇Ũ(x) = ∇U(x) + grad_sd * N(0, I).
+
+    ``var`` is reported exactly (``energy_sd**2``).  Both sds may also be sequences of one value
+    per system (``[R]``, e.g. to study several noise levels in one engine).  The energy and
+    gradient noises are columns of one keyed draw.
+    """
+
+    def __init__(self, target, energy_sd=2.0, grad_sd=None):
+        grad_sd = energy_sd if grad_sd is None else grad_sd
+        self.target = target
+        self.energy_sd, self.grad_sd = _sds("energy_sd", energy_sd), _sds("grad_sd", grad_sd)
+        self._exact = ExactEnergy(target)
+
+    def full(self, x):
+        with torch.no_grad():
+            return _flat(self.target.energy, x)
+
+    def __call__(self, x, key, extras, need_grad=True):
+        u, g = self._exact.exact(x, need_grad)
+        seed, *parts = key
+        # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
+        z = rng.normal((*u.shape, 1 + x.shape[-1]), seed, SG_STREAMS.ORACLE_ENERGY, *parts,
+                       dtype=u.dtype, device=u.device)
+        e_sd, g_sd = self._per_system(self.energy_sd, u), self._per_system(self.grad_sd, u)
+        u = u + e_sd * z[..., 0]
+        if g is not None:
+            g = g + g_sd[..., None] * z[..., 1:]
+        return Estimate(u, g, (e_sd * e_sd).expand_as(u).clone())
+
+    @staticmethod
+    def _per_system(sd, u):
+        if isinstance(sd, float):
+            return torch.full((1,) * u.dim(), sd, dtype=u.dtype, device=u.device)
+        if u.dim() < 1 or sd.numel() != u.shape[0]:
+            raise ValueError(f"{sd.numel()} per-system noise sds for {u.shape[0]} systems")
+        return sd.to(u.dtype).to(u.device).reshape(-1, *([1] * (u.dim() - 1)))
+
+    def describe(self):
+        sd = lambda v: v if isinstance(v, float) else v.tolist()  # noqa: E731
+        return {"energy": "noisy-oracle", "energy_sd": sd(self.energy_sd),
+                "grad_sd": sd(self.grad_sd)}
+
+
+def _sds(name, value):
+    """A noise sd: a finite number >= 0, or a sequence of them (one per system)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        vals, scalar = [float(value)], True
+    else:
+        try:
+            vals, scalar = [float(v) for v in value], False
+        except (TypeError, ValueError):
+            vals, scalar = [], False
+    if not vals or not all(math.isfinite(v) and v >= 0 for v in vals):
+        raise ValueError(f"{name} must be a finite number >= 0 (or one per system); got {value!r}")
+    return vals[0] if scalar else torch.tensor(vals, dtype=torch.float64)
+
+
+def _flat(fn, x):
+    return fn(x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
+
+
+def _batch_indices(shape, n_data: int, batch: int, replacement: bool, key, device):
+    """Keyed minibatch indices ``[*shape, batch]`` (without replacement: the first ``batch``
+    entries of a uniformly random permutation per replica)."""
+    seed, *parts = key
+    g = rng.generator_for(seed, SG_STREAMS.BATCH, *parts, device=device)
+    if replacement:
+        return torch.randint(n_data, (*shape, batch), generator=g, device=device)
+    u = torch.rand((*shape, n_data), generator=g, device=device)
+    if batch == n_data:
+        return u.argsort(-1)
+    return u.topk(batch, dim=-1, largest=False, sorted=False).indices
+
+
+class MinibatchEnergy(EnergyEstimator):
+    """Minibatch energy of a data target (:class:`nrpt.targets.noisy.MinibatchTarget`):
+
+        Ũ_B(x) = (N / n) * sum_{i in B} loss_i(x) + prior(x),      E_B Ũ_B(x) = U(x),
+
+    with a fresh batch ``B`` of ``n = batch_size`` data per replica and evaluation (without
+    replacement unless ``replacement=True``).  ``var`` is the usual plug-in estimate
+    ``N^2 s^2 / n * (1 - n / N)`` from the sample variance ``s^2`` of the batch losses (the factor
+    is the finite-population correction; drop it with replacement).
+    """
+
+    def __init__(self, target, batch_size: int, replacement: bool = False):
+        n_data = int(target.n_data)
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
+        if batch_size > n_data and not replacement:
+            raise ValueError(f"batch_size ({batch_size}) is larger than the data "
+                             f"(N = {n_data}); use batch_size <= {n_data}")
+        if batch_size < 2:
+            raise ValueError("batch_size must be >= 2 to estimate the energy variance")
+        self.target, self.n_data = target, n_data
+        self.batch_size, self.replacement = int(batch_size), bool(replacement)
+
+    def full(self, x):
+        with torch.no_grad():
+            return _flat(self.target.energy, x)
+
+    def batch(self, x, key):
+        idx = _batch_indices(x.shape[:-1], self.n_data, self.batch_size, self.replacement, key,
+                             x.device)
+        return self.target.data[idx]  # [R, P, n, ...]
+
+    def _losses(self, x, data):
+        """Per-datum losses ``[R, P, n]`` and the prior energy ``[R, P]``."""
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        losses = self.target.loss(flat, data.reshape(flat.shape[0], *data.shape[len(lead):]))
+        return losses.reshape(*lead, -1), _flat(self.target.prior_energy, x)
+
+    def _scale_var(self, per_datum: torch.Tensor) -> torch.Tensor:
+        n, N = self.batch_size, self.n_data
+        fpc = 1.0 if self.replacement else (1.0 - n / N)
+        return N * N * per_datum.var(-1) / n * fpc
+
+    def __call__(self, x, key, extras, need_grad=True):
+        data = self.batch(x, key)
+        scale = self.n_data / self.batch_size
+
+        def fn(xx):
+            losses, prior = self._losses(xx, data)
+            return scale * losses.sum(-1) + prior, losses
+
+        if need_grad:
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_(True)
+                u, losses = fn(xg)
+                (g,) = torch.autograd.grad(u.sum(), xg)
+            u, losses, g = u.detach(), losses.detach(), g.detach()
+        else:
+            with torch.no_grad():
+                u, losses = fn(x)
+            g = None
+        return Estimate(u, g, self._scale_var(losses))
+
+    def describe(self):
+        return {"energy": "minibatch", "batch_size": self.batch_size, "n_data": self.n_data,
+                "replacement": self.replacement}
+
+
+class ControlVariateEnergy(MinibatchEnergy):
+    """Variance-reduced minibatch energy (VR-reSGLD, Deng et al. 2021):
+
+        Ũ_vr(x) = (N / n) sum_{i in B} [loss_i(x) - c loss_i(x̂)] + c U_data(x̂) + prior(x),
+
+    unbiased for ``U(x)`` for any ``c`` fixed given the past, since ``E_B (N/n) sum_B loss_i(x̂) =
+    U_data(x̂)``.  The anchor ``x̂`` of each replica is its own state, refreshed every
+    ``anchor_every`` (``m``) iterations (and then ``U_data(x̂)`` over all ``N`` data is paid once);
+    between refreshes the variance is ``O(m^2 eta / n)`` small (the blog's bound).  Only the energy
+    is variance-reduced; the gradient is the plain minibatch gradient.
+
+    ``coefficient``: a number ``c`` (1 is the classical control variate; the blog's ``c`` is our
+    ``-c``), or ``"adaptive"``: ``c = Cov(l(x), l(x̂)) / Var(l(x̂))`` estimated from the previous
+    batch of the same replica (so it does not depend on the current batch, keeping ``Ũ_vr``
+    unbiased), clipped to [0, 2].
+
+    ``extras``: ``cv_anchor [R, P, dim]``, ``cv_anchor_u [R, P]``, ``cv_coef [R, P]`` and
+    ``energy_var_plain [R, P]`` (the variance the plain minibatch estimate would have had at the
+    same batch: ``mean(energy_var_plain) / mean(var)`` is the variance reduction achieved).
+    """
+
+    extras_keys = ("cv_anchor", "cv_anchor_u", "cv_coef")
+
+    def __init__(self, target, batch_size: int, anchor_every: int = 100,
+                 coefficient: float | str = 1.0, replacement: bool = False):
+        super().__init__(target, batch_size, replacement)
+        if isinstance(anchor_every, bool) or int(anchor_every) != anchor_every or anchor_every < 1:
+            raise ValueError(f"anchor_every must be an integer >= 1; got {anchor_every!r}")
+        if coefficient != "adaptive" and not (isinstance(coefficient, int | float)
+                                              and math.isfinite(coefficient)):
+            raise ValueError(f"coefficient must be a number or 'adaptive'; got {coefficient!r}")
+        self.anchor_every = int(anchor_every)
+        self.coefficient = coefficient
+
+    def init_extras(self, x, key):
+        c0 = 1.0 if self.coefficient == "adaptive" else float(self.coefficient)
+        return {"cv_anchor": x.clone(), "cv_anchor_u": self._data_energy(x),
+                "cv_coef": torch.full(x.shape[:-1], c0, dtype=x.dtype, device=x.device)}
+
+    def _data_energy(self, x):
+        """``U_data(x) = sum_i loss_i(x)`` over all data (no prior), ``[R, P]``."""
+        with torch.no_grad():
+            return _flat(self.target.energy, x) - _flat(self.target.prior_energy, x)
+
+    def __call__(self, x, key, extras, need_grad=True):
+        seed, k, *_ = key
+        anchor, anchor_u, coef = extras["cv_anchor"], extras["cv_anchor_u"], extras["cv_coef"]
+        if k % self.anchor_every == 0:  # refresh every m iterations: the anchor is the state
+            anchor, anchor_u = x.detach().clone(), self._data_energy(x)
+        data = self.batch(x, key)
+        scale = self.n_data / self.batch_size
+        with torch.no_grad():
+            anchor_losses, _ = self._losses(anchor, data)
+        if need_grad:
+            with torch.enable_grad():
+                xg = x.detach().requires_grad_(True)
+                losses, prior = self._losses(xg, data)
+                (g,) = torch.autograd.grad((scale * losses.sum(-1) + prior).sum(), xg)
+            losses, prior, g = losses.detach(), prior.detach(), g.detach()
+        else:
+            with torch.no_grad():
+                losses, prior = self._losses(x, data)
+            g = None
+        diff = losses - coef[..., None] * anchor_losses
+        u = scale * diff.sum(-1) + coef * anchor_u + prior
+        new = {"cv_anchor": anchor, "cv_anchor_u": anchor_u,
+               "energy_var_plain": self._scale_var(losses)}
+        if self.coefficient == "adaptive":
+            la = anchor_losses - anchor_losses.mean(-1, keepdim=True)
+            lx = losses - losses.mean(-1, keepdim=True)
+            va = (la * la).sum(-1)
+            c = torch.where(va > 0, (la * lx).sum(-1) / va.clamp_min(1e-300), coef)
+            new["cv_coef"] = c.clamp(0.0, 2.0)
+        else:
+            new["cv_coef"] = coef
+        return Estimate(u, g, self._scale_var(diff), new)
+
+    def describe(self):
+        return {**super().describe(), "energy": "control-variate",
+                "anchor_every": self.anchor_every, "coefficient": self.coefficient}

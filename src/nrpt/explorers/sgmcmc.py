@@ -1,0 +1,249 @@
+"""Stochastic-gradient explorers: SGLD / SGD, SGHMC / momentum SGD, preconditioned SGLD / SGD,
+and a cyclical step-size wrapper -- all batched over replicas with per-slot learning rates.
+
+Conventions (Deng et al. 2023, Eqs. 5-6 and appendix A.1).  ``U = -log pi`` is the energy; each
+replica uses its slot's *learning rate* ``eta`` (the engine's ``step_size`` table) and its slot's
+*noise temperature* ``tau = 1 / b`` (the engine's ``schedule`` table; ``b = inf`` means
+``tau = 0``: no injected noise, i.e. plain SGD).  Slot ``p`` then targets
+``pi^(1/tau_p)`` for Langevin slots, and SGD's approximate invariant law (whose temperature grows
+linearly with ``eta``, Mandt et al. 2017) for ``tau_p = 0``:
+
+====================  =========================================================================
+SGLD (tau > 0)        x <- x - eta ∇Ũ(x) + sqrt(2 eta tau) xi                      (A.1)
+SGD (tau = 0)         x <- x - eta ∇Ũ(x)                                           (Eq. 5)
+SGHMC                 m <- (1 - a) m - eta ∇Ũ(x) + sqrt(2 a eta tau) xi;  x <- x + m
+                      (Chen et al. 2014, friction a = 1 - momentum; tau = 0: momentum SGD)
+pSGLD / pSGD          V <- rho V + (1 - rho) g^2;  G = 1 / (eps + sqrt V)
+                      x <- x - eta G g + sqrt(2 eta tau G) xi   (Li et al. 2016, Gamma term
+                      dropped as in the paper's experiments)
+====================  =========================================================================
+
+where ``xi ~ N(0, I)``.  The paper's DEO*-SGD kernel (Eq. 6) is SGD at every slot with the
+optional Langevin noise ``Xi ~ N(0, 2 eta tau_1)`` at slot 0: a ladder of noise temperatures
+``[tau_1, 0, ..., 0]`` (:class:`nrpt.sgpt.NoiseLadder`).
+
+**One energy evaluation per step.**  After the move, the estimator is evaluated once at the new
+state; its energy ``Ũ(x')`` is what the swap rule reads (``state.v``) and its gradient
+``∇Ũ(x')`` is cached in ``state.extras["sg_grad"]`` for the next move (a gradient of ``U`` does
+not depend on the slot, so the cache stays valid when the replica changes slot).  Momentum and
+preconditioner buffers also live in ``extras`` and travel with their replica.
+
+**Reflection** (r2SGLD): with a :class:`nrpt.domains.Domain`, the proposed position is reflected
+back into the domain before the energy is evaluated (so the energy is never evaluated outside);
+momentum methods then set ``m = x' - x`` (the displacement actually made).
+
+No Metropolis correction is applied: ``info.accept_prob`` is 1.  A step whose new state or
+energy is non-finite is not taken (the replica keeps its state) and is flagged in
+``info.nonfinite``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..energy import EnergyEstimator, ExactEnergy
+from .base import ExploreInfo, Explorer, ReplicaState
+
+__all__ = ["SGExplorer", "SGLD", "SGD", "SGHMC", "MomentumSGD", "PSGLD", "PSGD", "Cyclical",
+           "cyclical_factor"]
+
+
+class SGExplorer(Explorer):
+    """Base class: the energy/gradient oracle, caching, reflection and bookkeeping.
+
+    Args:
+        estimator: an :class:`nrpt.energy.EnergyEstimator`; default the exact energy of the
+            engine's target (full-batch Langevin / gradient descent).
+        domain: optional :class:`nrpt.domains.Domain` to reflect onto.
+    """
+
+    uses_gradient = True
+    #: extras created by the move itself (besides the estimator's)
+    buffers: tuple[str, ...] = ()
+
+    def __init__(self, estimator: EnergyEstimator | None = None, domain=None):
+        if estimator is not None and not callable(estimator):
+            raise ValueError("estimator must be an nrpt.energy.EnergyEstimator")
+        self.estimator = estimator
+        self.domain = domain
+
+    def _estimator(self, density) -> EnergyEstimator:
+        if self.estimator is None:
+            self.estimator = ExactEnergy(density.target)
+        return self.estimator
+
+    def describe(self) -> dict:
+        out = {"name": self.name}
+        if self.estimator is not None:
+            out.update(self.estimator.describe())
+        if self.domain is not None:
+            out["domain"] = self.domain.describe()
+        return out
+
+    # subclasses: (x, grad, eta[R,P,1], tau[R,P,1], extras, xi) -> (x_new, extras_new)
+    def move(self, x, g, eta, tau, extras, xi):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def after_reflection(self, x, x_new, extras):
+        return extras
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        est = self._estimator(density)
+        seed, k = noise.seed, noise.iteration
+        extras = dict(state.extras)
+        if "sg_grad" not in extras or any(key not in extras for key in est.extras_keys):
+            # first step: initialise the estimator's buffers and the gradient at the start
+            extras.update(est.init_extras(state.x, (seed, k, sub, 0)))
+            e0 = est(state.x, (seed, k, sub, 0), extras, need_grad=True)
+            extras.update(e0.extras)
+            extras["sg_grad"] = e0.grad
+        eta = step_size[..., None]
+        tau = torch.reciprocal(b)[..., None]  # b = inf -> tau = 0 (no noise)
+        xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
+        x_new, extras = self.move(state.x, extras["sg_grad"], eta, tau, extras, xi)
+        if self.domain is not None:
+            x_new = self.domain.reflect(state.x, x_new)
+            extras = self.after_reflection(state.x, x_new, extras)
+        e1 = est(x_new, (seed, k, sub, 1), extras, need_grad=True)
+        extras.update(e1.extras)
+        extras["sg_grad"] = e1.grad
+        if e1.var is not None:
+            extras["energy_var"] = e1.var
+        # inf / nan anywhere in a replica's position, energy or gradient makes this sum non-finite
+        ok = torch.isfinite(e1.u + x_new.sum(-1) + e1.grad.sum(-1))
+        new = ReplicaState(x_new, e1.u, torch.zeros_like(e1.u), extras)
+        if not bool(ok.all()):
+            old = ReplicaState(state.x, state.v, state.base,
+                               {key: state.extras.get(key, val) for key, val in extras.items()})
+            new = old.where(ok, new)
+        ones = torch.ones_like(e1.u)
+        return new, ExploreInfo(ones * ok, ok, ~ok)
+
+
+class SGLD(SGExplorer):
+    """Stochastic gradient Langevin dynamics; ``tau = 0`` slots take plain SGD steps."""
+
+    name = "sgld"
+
+    def move(self, x, g, eta, tau, extras, xi):
+        return x - eta * g + torch.sqrt(2.0 * eta * tau) * xi, extras
+
+
+class SGD(SGLD):
+    """SGD with a constant learning rate per slot (Eq. 5); the same update as :class:`SGLD`, the
+    noise temperature of each slot decides whether Langevin noise is added (Eq. 6: only at slot
+    0, optionally).  Kept as its own name for configurations and reports."""
+
+    name = "sgd"
+
+
+class SGHMC(SGExplorer):
+    """Stochastic gradient HMC in the learning-rate / friction form of Chen et al. (2014, Eq. 15),
+    one leapfrog step per iteration; ``momentum`` = ``1 - friction``.  ``tau = 0``: momentum SGD."""
+
+    name = "sghmc"
+    buffers = ("momentum",)
+
+    def __init__(self, estimator=None, domain=None, momentum: float = 0.9):
+        super().__init__(estimator, domain)
+        if not (isinstance(momentum, int | float) and 0.0 <= momentum < 1.0):
+            raise ValueError(f"momentum must be in [0, 1); got {momentum!r}")
+        self.momentum = float(momentum)
+
+    def move(self, x, g, eta, tau, extras, xi):
+        m = extras.get("momentum")
+        if m is None:
+            m = torch.zeros_like(x)
+        a = 1.0 - self.momentum
+        m = self.momentum * m - eta * g + torch.sqrt(2.0 * a * eta * tau) * xi
+        return x + m, {**extras, "momentum": m}
+
+    def after_reflection(self, x, x_new, extras):
+        return {**extras, "momentum": x_new - x}
+
+    def describe(self):
+        return {**super().describe(), "momentum": self.momentum}
+
+
+class MomentumSGD(SGHMC):
+    """Momentum SGD (the paper's mSGD): :class:`SGHMC` on zero-temperature slots."""
+
+    name = "msgd"
+
+
+class PSGLD(SGExplorer):
+    """RMSprop-preconditioned SGLD (Li et al. 2016) without the ``Gamma`` correction term.
+
+    Dropping ``Gamma`` (as Li et al. do in practice) biases the stationary law where the
+    preconditioner follows the state: on ``N(0, 4 I)`` with exact gradients, ``rho = 0.99``
+    inflates the variance by ~30%, ``rho = 0.999`` (a nearly constant ``G``) by ~1%.
+    """
+
+    name = "psgld"
+    buffers = ("precond_sq",)
+
+    def __init__(self, estimator=None, domain=None, rho: float = 0.99, eps: float = 1e-5):
+        super().__init__(estimator, domain)
+        if not (isinstance(rho, int | float) and 0.0 <= rho < 1.0):
+            raise ValueError(f"rho must be in [0, 1); got {rho!r}")
+        if not (isinstance(eps, int | float) and eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a number > 0; got {eps!r}")
+        self.rho, self.eps = float(rho), float(eps)
+
+    def move(self, x, g, eta, tau, extras, xi):
+        v = extras.get("precond_sq")
+        v = g * g if v is None else self.rho * v + (1.0 - self.rho) * g * g
+        G = 1.0 / (self.eps + v.sqrt())
+        x_new = x - eta * G * g + torch.sqrt(2.0 * eta * tau * G) * xi
+        return x_new, {**extras, "precond_sq": v}
+
+    def describe(self):
+        return {**super().describe(), "rho": self.rho, "eps": self.eps}
+
+
+class PSGD(PSGLD):
+    """Preconditioned SGD (the paper's pSGD): :class:`PSGLD` on zero-temperature slots."""
+
+    name = "psgd"
+
+
+def cyclical_factor(k: int, cycles: int, iterations: int) -> float:
+    """Cosine cyclical schedule of Zhang et al. (2020, Eq. 1):
+    ``eta_k / eta_0 = (cos(pi * mod(k, L) / L) + 1) / 2`` with ``L = ceil(iterations / cycles)``."""
+    L = math.ceil(iterations / cycles)
+    return 0.5 * (math.cos(math.pi * (k % L) / L) + 1.0)
+
+
+class Cyclical(Explorer):
+    """cycSGLD / cycSGHMC (Zhang et al. 2020): ``inner`` with its learning rate multiplied by the
+    cosine factor :func:`cyclical_factor` of the iteration.  The samples of the *sampling stage*
+    are those at cycle positions ``mod(k, L) / L >= 1 - sampling_fraction``
+    (:meth:`in_sampling_stage`)."""
+
+    uses_gradient = True
+
+    def __init__(self, inner: SGExplorer, cycles: int, iterations: int,
+                 sampling_fraction: float = 0.25):
+        if int(cycles) != cycles or cycles < 1:
+            raise ValueError(f"cycles must be an integer >= 1; got {cycles!r}")
+        if int(iterations) != iterations or iterations < cycles:
+            raise ValueError(f"iterations must be an integer >= cycles; got {iterations!r}")
+        if not 0.0 < sampling_fraction <= 1.0:
+            raise ValueError(f"sampling_fraction must be in (0, 1]; got {sampling_fraction!r}")
+        self.inner, self.cycles, self.iterations = inner, int(cycles), int(iterations)
+        self.sampling_fraction = float(sampling_fraction)
+        self.name = "cyc" + inner.name
+
+    def in_sampling_stage(self, k: int) -> bool:
+        L = math.ceil(self.iterations / self.cycles)
+        return (k % L) / L >= 1.0 - self.sampling_fraction
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        f = cyclical_factor(noise.iteration, self.cycles, self.iterations)
+        return self.inner.step(state, b, step_size * max(f, 1e-12), density, noise, sub)
+
+    def describe(self):
+        return {**self.inner.describe(), "name": self.name, "cycles": self.cycles,
+                "iterations": self.iterations, "sampling_fraction": self.sampling_fraction}

@@ -1,0 +1,219 @@
+r"""Coordinate-wise slice sampling (Neal 2003, "Slice sampling", Ann. Statist. 31(3)), batched.
+
+One step is a sweep over the coordinates ``j = 0..dim-1``; for each coordinate every replica of
+every system does, at its slot's log density ``f(x) = base(x) - b v(x)`` (:mod:`nrpt.paths`):
+
+    y  = f(x) - E,  E ~ Exp(1)                                  (the slice level; Neal Eq. 2)
+    an interval [L, R] of width w around x_j, w = the slot's step size, at a uniform offset
+    grow it:  "stepping-out"  up to m steps of w, split at random between the two sides
+                                                               (Neal Fig. 3), or
+              "doubling"      up to p doublings on a random side while either end is
+                              inside the slice                  (Neal Fig. 4)
+    shrink:   draw x1 ~ U[L, R]; accept if f(x1) > y (and, for doubling, if the interval
+              grown from x1 would have been the same -- the test of Neal Fig. 6, applied to
+              the grown interval, not the shrunk one); otherwise the side of the (shrinking)
+              interval beyond x1 moves to x1                              (Neal Fig. 5)
+
+All replicas go through the loops together as masked tensor operations; a loop stops as soon
+as no replica needs another pass.  Loop counts are capped (``max_steps`` for growing,
+``max_shrink`` for shrinking); a replica whose shrinkage hits the cap keeps its current
+coordinate.  Both caps keep the kernel reversible: the probability of reaching ``x1`` from
+``x0`` through a given sequence of rejected points equals that of the reverse path, which has
+the same length, so the cap removes the same mass in both directions and the remainder is a
+(reversible) stay.
+
+Points where the density is NaN or ±inf count as outside the slice.  At ``b = 0`` the slot
+density is ``base`` alone (the reference of a geometric path), even where ``v = +inf``.
+
+Random numbers: one keyed block of uniforms ``[R, P, T]`` per (iteration, step, coordinate,
+block), see :mod:`nrpt.rng`; the engine's ``sub`` index separates repeated explorer steps.
+The kernel has no acceptance probability; ``info.accept_prob`` is 1 and ``info.accepted`` says
+whether the replica moved.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import rng
+from .base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+
+__all__ = ["SliceSampler", "slot_log_density"]
+
+METHODS = ("stepping-out", "doubling")
+_BLOCK = 16  # uniforms are drawn in keyed blocks of this many columns
+# columns of the per-coordinate uniforms: 0 the slice level, 1 the interval offset, 2 the
+# stepping-out split; shrinkage proposals from SHRINK0 on, doubling sides from DOUBLE0 on (in
+# blocks of their own, so a typical coordinate draws a single block)
+SHRINK0 = 3
+DOUBLE0 = 1024
+
+
+def slot_log_density(v: torch.Tensor, base: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``base - b v``, with ``base`` alone where ``b == 0`` and ``-inf`` where not finite."""
+    f = torch.where(b == 0, base, base - b * v)
+    return torch.where(torch.isfinite(f), f, torch.full_like(f, -math.inf))
+
+
+class _Uniforms:
+    """Keyed uniforms for one coordinate of one step: column ``i`` of block ``i // _BLOCK``."""
+
+    def __init__(self, noise: Noise, sub: int, coord: int, dtype: torch.dtype):
+        self.noise, self.sub, self.coord, self.dtype = noise, int(sub), int(coord), dtype
+        self._blocks: dict[int, torch.Tensor] = {}
+
+    def __call__(self, i: int) -> torch.Tensor:
+        blk = i // _BLOCK
+        if blk not in self._blocks:
+            n = self.noise
+            self._blocks[blk] = rng.uniform((n.R, n.P, _BLOCK), n.seed, rng.Stream.EXPLORE,
+                                            n.iteration, self.sub, self.coord, blk,
+                                            dtype=self.dtype, device=n.device)
+        return self._blocks[blk][..., i % _BLOCK]
+
+
+class SliceSampler(Explorer):
+    """Batched coordinate-wise slice sampler (see the module docstring).
+
+    Args:
+        method: ``"stepping-out"`` (default) or ``"doubling"``.
+        max_steps: the cap ``m`` on stepping-out steps (default 16) or ``p`` on doublings
+            (default 8, i.e. intervals up to ``256 w``).
+        max_shrink: the cap on shrinkage proposals per coordinate (default 64).
+
+    The initial width ``w`` is the slot's ``step_size``; a width far too small costs extra
+    stepping-out, far too large costs extra shrinkage, but the kernel is exact either way.
+    """
+
+    name = "slice"
+    uses_gradient = False
+    substeps = 1
+
+    def __init__(self, method: str = "stepping-out", max_steps: int | None = None,
+                 max_shrink: int = 64):
+        if method not in METHODS:
+            raise ValueError(f"slice method must be one of {', '.join(METHODS)}; got {method!r}")
+        if max_steps is None:
+            max_steps = 16 if method == "stepping-out" else 8
+        for name, val in (("max_steps", max_steps), ("max_shrink", max_shrink)):
+            if isinstance(val, bool) or int(val) != val or val < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {val!r}")
+        self.method = method
+        self.max_steps = int(max_steps)
+        self.max_shrink = int(max_shrink)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "method": self.method, "max_steps": self.max_steps,
+                "max_shrink": self.max_shrink}
+
+    # ------------------------------------------------------------------ one sweep
+    def step(self, state: ReplicaState, b, step_size, density: Density, noise: Noise, sub=0):
+        x, v, base = state.x, state.v, state.base
+        f0 = slot_log_density(v, base, b)
+        moved = torch.zeros_like(f0, dtype=torch.bool)
+        nonfinite = torch.zeros_like(moved)
+        for j in range(x.shape[-1]):
+            u = _Uniforms(noise, sub, j, x.dtype)
+            xj, v, base, f0, bad = self._coordinate(x, j, v, base, f0, b, step_size, density, u)
+            moved |= xj != x[..., j]
+            nonfinite |= bad
+            x = x.clone()
+            x[..., j] = xj
+        new = ReplicaState(x, v, base, dict(state.extras))
+        info = ExploreInfo(torch.ones_like(f0), moved, nonfinite)
+        return new, info
+
+    def _coordinate(self, x, j, v0, base0, f0, b, w, density, u):
+        x0 = x[..., j]
+
+        def evaluate(values):
+            """Path components at x with coordinate j replaced by ``values`` ([..., R, P])."""
+            pts = x.expand(*values.shape[:-2], *x.shape).clone()
+            pts[..., j] = values
+            v, base = density(pts)
+            return v, base, slot_log_density(v, base, b)
+
+        y = f0 + torch.log1p(-u(0))  # log(1 - U) ~ -Exp(1), finite since U < 1
+        left = x0 - w * u(1)
+        right = left + w
+        if self.method == "stepping-out":
+            left, right = self._step_out(left, right, y, w, u, evaluate)
+        else:
+            left, right = self._double(left, right, y, u, evaluate)
+        grown = (left, right)  # Neal's test (Fig. 6) uses the interval before any shrinking
+        done = torch.zeros_like(y, dtype=torch.bool)
+        bad = torch.zeros_like(done)
+        x_new, v_new, base_new, f_new = x0, v0, base0, f0
+        for i in range(self.max_shrink):
+            x1 = left + u(SHRINK0 + i) * (right - left)
+            v1, base1, f1 = evaluate(x1)
+            bad |= ~done & (f1 == -math.inf)
+            ok = ~done & (f1 > y)
+            if self.method == "doubling":
+                ok = ok & self._accept_doubling(x0, x1, y, *grown, w, evaluate, ok)
+            x_new = torch.where(ok, x1, x_new)
+            v_new, base_new, f_new = (torch.where(ok, v1, v_new), torch.where(ok, base1, base_new),
+                                      torch.where(ok, f1, f_new))
+            done |= ok
+            if bool(done.all()):
+                break
+            shrink = ~done
+            left = torch.where(shrink & (x1 < x0), x1, left)
+            right = torch.where(shrink & (x1 >= x0), x1, right)
+        return x_new, v_new, base_new, f_new, bad
+
+    def _step_out(self, left, right, y, w, u, evaluate):
+        m = self.max_steps
+        n_left = torch.floor(m * u(2)).to(torch.int64)  # J of Neal Fig. 3
+        n_right = (m - 1) - n_left  # K
+        grow_l = n_left > 0
+        grow_r = n_right > 0
+        for _ in range(m):
+            if not bool((grow_l | grow_r).any()):
+                break
+            _, _, f = evaluate(torch.stack([left, right]))
+            grow_l = grow_l & (f[0] > y)
+            grow_r = grow_r & (f[1] > y)
+            left = torch.where(grow_l, left - w, left)
+            right = torch.where(grow_r, right + w, right)
+            n_left = n_left - grow_l.long()
+            n_right = n_right - grow_r.long()
+            grow_l = grow_l & (n_left > 0)
+            grow_r = grow_r & (n_right > 0)
+        return left, right
+
+    def _double(self, left, right, y, u, evaluate):
+        _, _, f = evaluate(torch.stack([left, right]))
+        f_l, f_r = f[0], f[1]
+        for i in range(self.max_steps):
+            grow = (y < f_l) | (y < f_r)
+            if not bool(grow.any()):
+                break
+            to_left = u(DOUBLE0 + i) < 0.5
+            width = right - left
+            new_l = torch.where(grow & to_left, left - width, left)
+            new_r = torch.where(grow & ~to_left, right + width, right)
+            _, _, f_new = evaluate(torch.where(to_left, new_l, new_r))
+            f_l = torch.where(grow & to_left, f_new, f_l)
+            f_r = torch.where(grow & ~to_left, f_new, f_r)
+            left, right = new_l, new_r
+        return left, right
+
+    def _accept_doubling(self, x0, x1, y, left, right, w, evaluate, active):
+        """Neal's Fig. 6: would doubling from ``x1`` have produced ``[left, right]``?"""
+        ok = torch.ones_like(active)
+        differ = torch.zeros_like(active)
+        lo, hi = left, right
+        for _ in range(self.max_steps + 1):
+            halving = active & ok & (hi - lo > 1.1 * w)
+            if not bool(halving.any()):
+                break
+            mid = 0.5 * (lo + hi)
+            differ = differ | (halving & ((x0 < mid) != (x1 < mid)))
+            lo = torch.where(halving & (x1 >= mid), mid, lo)
+            hi = torch.where(halving & (x1 < mid), mid, hi)
+            _, _, f = evaluate(torch.stack([lo, hi]))
+            ok = ok & ~(halving & differ & (y >= f[0]) & (y >= f[1]))
+        return ok

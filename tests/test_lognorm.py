@@ -1,0 +1,128 @@
+"""Stepping-stone log normalizing constants (nrpt.lognorm): the streaming log-sum-exp, the
+engine hook on fixed schedules against closed forms, energies of order 10^6, and ratios.
+
+Statistical checks use R independent PT systems (the engine's system axis): each gives one
+estimate, the standard error is sd / sqrt(R), and |mean - truth| < 4.5 se (for R = 8, a t_7
+tail probability of about 3e-3; seeds are fixed).  The stepping-stone estimator has an O(1/n)
+bias, far below se ~ 1/sqrt(n R) at these sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import nrpt
+from nrpt.lognorm import SteppingStone, StreamingLogSumExp
+from nrpt.targets import Gaussian
+from nrpt.targets.gaussian_path import ScaledGaussianPath, ShiftedGaussianPath
+
+Z = 4.5
+R = 8
+
+
+def test_streaming_logsumexp_matches_batch_logsumexp():
+    g = torch.Generator().manual_seed(0)
+    terms = 1e6 * torch.randn(300, 3, 4, generator=g, dtype=torch.float64)
+    terms[:50, 0, 0] = -math.inf  # weight-0 terms before any finite one
+    terms[:, 1, 1] = -math.inf  # an entry that only ever sees weight 0
+    acc = StreamingLogSumExp((3, 4))
+    for t in terms:
+        acc.add(t)
+    expected = torch.logsumexp(terms, 0)
+    got = acc.value()
+    assert got[1, 1] == -math.inf
+    mask = torch.isfinite(expected)
+    torch.testing.assert_close(got[mask], expected[mask], rtol=1e-14, atol=0)
+    assert acc.n == 300 and int(acc.invalid.sum()) == 0
+    torch.testing.assert_close(acc.log_mean()[mask], (expected - math.log(300))[mask])
+
+
+def test_streaming_logsumexp_skips_and_counts_invalid_terms():
+    acc = StreamingLogSumExp((2,))
+    for t in ([0.0, math.nan], [math.inf, 1.0], [0.0, 1.0]):
+        acc.add(torch.tensor(t, dtype=torch.float64))
+    assert acc.invalid.tolist() == [1, 1]
+    torch.testing.assert_close(acc.value(), torch.tensor([math.log(2.0), 1.0 + math.log(2.0)],
+                                                         dtype=torch.float64))
+
+
+def run_fixed(target, betas, iterations=600, seed=1, step=0.8):
+    """PT on a fixed geometric schedule with a SteppingStone hook; estimates after burn-in."""
+    path = nrpt.GeometricPath(betas)
+    eng = nrpt.PTEngine(target, path, nrpt.make_explorer("rwmh"), nrpt.make_scheme("deo"),
+                        nrpt.make_rule("metropolis"), step_size=step, systems=R, seed=seed)
+    stone = SteppingStone(R, path.n_slots, reference_normalized=True)
+    eng.hooks.append(stone)
+    for _ in range(100):  # burn-in: start the accumulators in (near) stationarity
+        eng.step()
+    stone.reset()
+    for _ in range(iterations):
+        eng.step()
+    return {k: v.numpy() for k, v in stone.estimate().items()}
+
+
+def check(values: np.ndarray, truth: float) -> float:
+    se = values.std(ddof=1) / math.sqrt(len(values))
+    return abs(values.mean() - truth) / se
+
+
+@pytest.mark.parametrize("target,betas", [
+    (ShiftedGaussianPath(dim=2, shift=3.0), np.linspace(1.0, 0.0, 7)),
+    (ScaledGaussianPath(dim=5, c=9.0), ScaledGaussianPath(dim=5, c=9.0).optimal_schedule(6)),
+])
+def test_log_normalizer_and_per_slot_values_match_closed_forms(target, betas):
+    est = run_fixed(target, list(betas))
+    assert check(est["log_normalizer"], target.log_normalizer) < Z
+    # both halves estimate the same quantity
+    assert check(est["forward"], target.log_normalizer) < Z
+    assert check(est["reverse"], target.log_normalizer) < Z
+    # per slot: log Z(beta_p) - log Z(0) = log Z(beta_p)
+    for p in range(1, len(betas) - 1):
+        assert check(est["per_slot"][:, p], target.log_normalizer_at(betas[p])) < Z
+    # negative control: the test has the power to see a 20% error in log Z
+    assert check(est["log_normalizer"], 0.8 * target.log_normalizer) > Z
+
+
+def test_energies_of_order_a_million_do_not_overflow():
+    # offset -1e6 in the log-likelihood shifts every term by (beta_p - beta_{p+1}) * -1e6 and
+    # log Z by exactly -1e6; the estimates of the two runs (same seed) differ by that shift
+    betas = list(np.linspace(1.0, 0.0, 6))
+    plain = run_fixed(ScaledGaussianPath(dim=3, c=4.0), betas, iterations=200)
+    big = run_fixed(ScaledGaussianPath(dim=3, c=4.0, offset=-1e6), betas, iterations=200)
+    for key in ("log_normalizer", "forward", "reverse"):
+        assert np.all(np.isfinite(big[key]))
+        np.testing.assert_allclose(big[key] - plain[key], -1e6, atol=1e-4)
+
+
+def test_temperature_ladder_gives_the_ratio_of_normalizing_constants():
+    # pi ∝ exp(-b U) with U = |x|^2 / 2 in d dims: Z(b) = (2 pi / b)^(d/2), so
+    # log Z(1) - log Z(b_min) = (d/2) log(b_min)
+    d, temps = 3, [1.0, 2.0, 4.0, 8.0, 16.0]
+    target = Gaussian(np.zeros(d), np.eye(d))
+    path = nrpt.TemperatureLadder(temps)
+    eng = nrpt.PTEngine(target, path, nrpt.make_explorer("rwmh"), nrpt.make_scheme("deo"),
+                        nrpt.make_rule("metropolis"),
+                        step_size=[1.2 * math.sqrt(t) for t in temps], systems=R, seed=4)
+    stone = SteppingStone(R, path.n_slots, reference_normalized=False)
+    eng.hooks.append(stone)
+    for _ in range(100):
+        eng.step()
+    stone.reset()
+    for _ in range(800):
+        eng.step()
+    est = stone.estimate()["log_normalizer"].numpy()
+    assert check(est, 0.5 * d * math.log(1 / 16)) < Z
+
+
+def test_hook_state_round_trips_through_a_state_dict():
+    stone = SteppingStone(2, 3, reference_normalized=True)
+    stone.forward.add(torch.ones(2, 2, dtype=torch.float64))
+    stone.reverse.add(torch.zeros(2, 2, dtype=torch.float64))
+    other = SteppingStone(2, 3, reference_normalized=True)
+    other.load_state_dict(stone.state_dict())
+    for k, v in stone.estimate().items():
+        torch.testing.assert_close(other.estimate()[k], v)
