@@ -93,8 +93,12 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_engine(cfg: RunConfig, target=None, rule: Rule | None = None) -> PTEngine:
-    """The engine a config describes (``target`` may be given as an object)."""
+def build_engine(cfg: RunConfig, target=None, rule: Rule | None = None,
+                 initial_states=None) -> PTEngine:
+    """The engine a config describes (``target`` may be given as an object).
+
+    ``initial_states`` is a ``[R, P, dim]`` tensor or a callable ``(target, path) -> tensor``
+    (used by the adaptive driver to start from checked reference draws)."""
     if cfg.explorer in _SG_EXPLORERS:  # stochastic-gradient PT: nrpt.sgpt builds it
         from .sgpt import build_sg_engine
 
@@ -104,17 +108,21 @@ def build_engine(cfg: RunConfig, target=None, rule: Rule | None = None) -> PTEng
     validate_target(target)
     path = make_path(target, cfg.chains, temperatures=cfg.temperatures, betas=cfg.betas,
                      max_temperature=cfg.max_temperature)
-    explorer = make_explorer(cfg.explorer, **(
-        {"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else {}))
+    options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
+               {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
+    explorer = make_explorer(cfg.explorer, **options)
     window = 1 if cfg.window == "auto" else cfg.window
     scheme = make_scheme(cfg.scheme, window)
     step = cfg.step_size
     if path.kind == "temperature" and not isinstance(step, list):
         # a scalar step size is for slot 0; hotter slots are wider by sqrt(tau)
         step = [float(step) * math.sqrt(t) for t in path.temperatures]
+    if callable(initial_states):
+        initial_states = initial_states(target, path)
     return PTEngine(target, path, explorer, scheme, rule or make_rule("metropolis"),
                     step_size=step, systems=cfg.systems, seed=cfg.seed,
-                    n_explore=cfg.n_explore, dtype=_DTYPES[cfg.dtype], device=cfg.device)
+                    n_explore=cfg.n_explore, dtype=_DTYPES[cfg.dtype], device=cfg.device,
+                    initial_states=initial_states)
 
 
 def _per_system(t: torch.Tensor, R: int):

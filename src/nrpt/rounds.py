@@ -49,18 +49,15 @@ from .adapt.schedule import (
     update_schedule,
 )
 from .adapt.step import ACCEPTANCE_ORDER, step_size_factor
-from .api import Result, format_summary, summarize
+from .api import _DTYPES, Result, build_engine, format_summary, summarize
 from .config import RunConfig
 from .diagnostics import theory
 from .diagnostics.barrier import SlotEnergyRecorder
 from .engine import PTEngine
-from .explorers import make_explorer
 from .lognorm import SteppingStone
-from .paths import make_path
 from .record import Recorder
 from .rng import Stream, generator_for
-from .swap import make_rule, make_scheme
-from .target import TargetError, load_target, validate_target
+from .target import TargetError, load_target
 
 __all__ = ["RoundStats", "RoundsResult", "run_rounds", "run_config", "sample_adaptive",
            "build_round_engine", "DEFAULT_ACCEPTANCE", "round_lengths"]
@@ -69,7 +66,6 @@ __all__ = ["RoundStats", "RoundsResult", "run_rounds", "run_config", "sample_ada
 DEFAULT_ACCEPTANCE = {"rwmh": 0.3, "mala": 0.574, "hmc": 0.65}
 _CALLBACK_EVERY = 256
 _SLICE_WIDTH = 2.5
-_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 def round_lengths(n_rounds: int) -> list[int]:
@@ -342,27 +338,20 @@ def build_round_engine(cfg: RunConfig, target=None, rule=None) -> tuple[PTEngine
     ``zero_likelihood_share``)."""
     if target is None:
         target = load_target(cfg.target, **cfg.target_options)
-    validate_target(target)
-    path = make_path(target, cfg.chains, temperatures=cfg.temperatures, betas=cfg.betas,
-                     max_temperature=cfg.max_temperature)
-    options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
-               {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
-    explorer = make_explorer(cfg.explorer, **options)
-    scheme = make_scheme(cfg.scheme, cfg.window)
-    step = cfg.step_size
-    if path.kind == "temperature" and not isinstance(step, list):
-        step = [float(step) * math.sqrt(t) for t in path.temperatures]
-    dtype, device = _DTYPES[cfg.dtype], torch.device(cfg.device)
-    from .explorers import Density
+    facts: dict = {}
 
-    x0, share = _reference_check(target, path, Density(target, path), cfg.systems, cfg.chains,
-                                 cfg.seed, dtype, device)
-    engine = PTEngine(target, path, explorer, scheme, rule or make_rule("metropolis"),
-                      step_size=step, systems=cfg.systems, seed=cfg.seed,
-                      n_explore=cfg.n_explore, dtype=dtype, device=device, initial_states=x0)
-    normalized = path.kind == "geometric" and bool(getattr(target, "reference_is_normalized",
-                                                           False))
-    return engine, {"reference_normalized": normalized, "zero_likelihood_share": share}
+    def checked_start(target, path):
+        from .explorers import Density
+
+        x0, facts["zero_likelihood_share"] = _reference_check(
+            target, path, Density(target, path), cfg.systems, cfg.chains, cfg.seed,
+            _DTYPES[cfg.dtype], torch.device(cfg.device))
+        return x0
+
+    engine = build_engine(cfg, target=target, rule=rule, initial_states=checked_start)
+    facts["reference_normalized"] = engine.path.kind == "geometric" and bool(
+        getattr(engine.target, "reference_is_normalized", False))
+    return engine, facts
 
 
 def _normalizer_note(path_kind: str, normalized: bool) -> tuple[str, str | None]:
