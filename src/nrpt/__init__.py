@@ -10,8 +10,8 @@ from .config import RunConfig
 from .engine import PTEngine
 from .explorers import HMC, MALA, RWMH, make_explorer
 from .explorers.slice import SliceSampler
-from .rounds import sample_adaptive
 from .paths import GeometricPath, TemperatureLadder, make_path
+from .rounds import sample_adaptive
 from .swap import (
                    ADJ,
                    APE,
@@ -29,7 +29,8 @@ from .target import TargetError, load_target, validate_target
 __version__ = "0.1.0"
 
 __all__ = ["sample", "resume", "Result", "RunConfig", "PTEngine", "build_engine", "diagnostics",
-           "rng", "RWMH", "MALA", "HMC", "SliceSampler", "sample_adaptive", "make_explorer", "GeometricPath", "TemperatureLadder",
+           "rng", "RWMH", "MALA", "HMC", "SliceSampler", "sample_adaptive", "make_explorer",
+           "GeometricPath", "TemperatureLadder",
            "make_path", "ADJ", "APE", "DEO", "DEOW", "SEO", "AlwaysAccept", "FixedRate",
            "Metropolis", "make_rule", "make_scheme", "TargetError", "load_target",
            "validate_target", "__version__"]
