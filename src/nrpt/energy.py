@@ -57,28 +57,17 @@ class Estimate:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def _twenty_five_modes(target, x):
-    """Closed-form ``(U, ∇U)`` of :class:`nrpt.targets.TwentyFiveModes` (autograd costs more
-    than the whole SGD step on this 2-D toy); tested against autograd."""
-    r2 = (x * x).sum(-1)
-    ang = (2.0 * math.pi) * x
-    u = 0.2 * r2 - 2.0 * torch.cos(ang).sum(-1)
-    g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang)
-    if target.penalty:
-        over = r2 > 20.0
-        u = u + torch.relu(r2 - 20.0)
-        g = g + 2.0 * x * over.unsqueeze(-1)
-    return u, g
-
-
 def _analytic(target):
-    """A closed-form ``(U, ∇U)`` for ``x[..., dim]`` if there is one: the target's supplied
-    gradient ``grad_energy(x[n, dim]) -> [n, dim]`` (the protocol member the full-batch explorers
-    also use), or a built-in formula."""
-    from .targets.twenty_five_modes import TwentyFiveModes
-
-    if type(target) is TwentyFiveModes and not hasattr(target, "grad_energy"):
-        return lambda x: _twenty_five_modes(target, x)
+    """A closed-form ``(U, ∇U)`` for ``x[..., dim]`` if the target supplies its gradient
+    ``grad_energy(x[n, dim]) -> [n, dim]`` (the protocol member the full-batch explorers also
+    use), or both at once from an optional ``energy_and_grad(x[n, dim]) -> ([n], [n, dim])``;
+    ``None`` means autograd."""
+    fused = getattr(target, "energy_and_grad", None)
+    if callable(fused):
+        def fn_fused(x):
+            u, g = fused(x.reshape(-1, x.shape[-1]))
+            return u.to(x.dtype).reshape(x.shape[:-1]), g.to(x.dtype).reshape(x.shape)
+        return fn_fused
     grad = getattr(target, "grad_energy", None)
     if callable(grad):
         def fn(x):

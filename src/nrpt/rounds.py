@@ -49,7 +49,7 @@ from .adapt.schedule import (
     update_schedule,
 )
 from .adapt.step import ACCEPTANCE_ORDER, step_size_factor
-from .api import _DTYPES, Result, build_engine, format_summary, summarize
+from .api import _DTYPES, Result, _atomic_save, build_engine, format_summary, summarize
 from .config import RunConfig
 from .diagnostics import theory
 from .diagnostics.barrier import SlotEnergyRecorder
@@ -493,12 +493,6 @@ def _atomic_npy(arr: np.ndarray, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _atomic_torch(obj, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def run_config(cfg: RunConfig, *, target=None, rule=None, progress: bool = False,
                resume_from: Path | None = None, callback=None) -> RoundsResult:
     """Run (or resume) the adaptive run ``cfg`` describes (``cfg.rounds`` is set); the branch
@@ -571,7 +565,7 @@ def run_config(cfg: RunConfig, *, target=None, rule=None, progress: bool = False
                     index.flush()
                 for name, arr in draws.items():
                     _atomic_npy(arr, out / f"{name}.npy")
-                _atomic_torch({"engine": boundary, "rounds": [x.to_json() for x in stats],
+                _atomic_save({"engine": boundary, "rounds": [x.to_json() for x in stats],
                                "wall_time_s": elapsed + time.perf_counter() - t0},
                               out / "checkpoint.pt")
     except KeyboardInterrupt:

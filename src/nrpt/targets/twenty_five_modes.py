@@ -98,6 +98,23 @@ class TwentyFiveModes:
             u = u + torch.relu(r2 - _R2_PENALTY)
         return u
 
+    def grad_energy(self, x: torch.Tensor) -> torch.Tensor:
+        """Closed-form ``∇U(x)``, shape ``[n, 2]`` (used by the engine instead of autograd)."""
+        return self.energy_and_grad(x)[1]
+
+    def energy_and_grad(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U(x) [n], ∇U(x) [n, 2])`` in one pass (the stochastic-gradient oracles call this
+        every step; energy and gradient share the trigonometry)."""
+        check_states(x, 2, "TwentyFiveModes.energy_and_grad")
+        ang = 2.0 * math.pi * x
+        r2 = (x * x).sum(dim=1)
+        u = 0.2 * r2 - 2.0 * torch.cos(ang).sum(dim=1)
+        g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang)
+        if self.penalty:
+            u = u + torch.relu(r2 - _R2_PENALTY)
+            g = g + 2.0 * x * (r2 > _R2_PENALTY).unsqueeze(1)
+        return u, g
+
     def initial_states(
         self, n: int, generator: torch.Generator, dtype: torch.dtype = torch.float64
     ) -> torch.Tensor:
