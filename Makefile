@@ -19,13 +19,14 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/nrpt run --out runs/default
+	OMP_NUM_THREADS=1 $(VENV)/bin/nrpt run --out runs/default
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
+# long statistical checks (marked slow); exit code 5 (no test selected) is not a failure
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

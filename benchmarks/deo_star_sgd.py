@@ -36,11 +36,17 @@ import numpy as np
 import torch
 
 import nrpt
-from nrpt import adapt_sa
+from nrpt import plots
+from nrpt.adapt import VarianceTracker
+from nrpt.adapt.sa import window_from_swap_rate
 from nrpt.diagnostics import theory
 from nrpt.energy import ControlVariateEnergy, MinibatchEnergy, NoisyOracle
 from nrpt.explorers import SGLD, Cyclical, Noise
-from nrpt.sgpt import HEADLINE, NoiseLadder, grid_errors, iid_floor, run_chains
+from nrpt.loop import Run
+from nrpt.paths import NoiseLadder
+from nrpt.recorders import SwapStats
+from nrpt.roles import RecorderBase
+from nrpt.sgpt import HEADLINE, grid_errors, iid_floor, run_chains
 from nrpt.swap import BiasCorrected, make_scheme
 from nrpt.targets import TwentyFiveModes
 from nrpt.targets.noisy import MixtureMeanModel
@@ -65,11 +71,60 @@ def headline(**over):
     penalty = over.pop("penalty", True)
     opts["target_options"]["penalty"] = penalty
     opts.update(over)
+    opts.setdefault("figures", False)
     return nrpt.sample(HEADLINE["target"], **opts)
 
 
 def per_system(x):
     return np.atleast_1d(np.asarray(x, dtype=float))
+
+
+class SlotZero(RecorderBase):
+    """Per iteration: the first coordinate of the slot-0 state of every system, ``[K, R]``,
+    and the running sum over iterations of each slot's energy-estimate variance (averaged over
+    systems; ``energy_var`` / ``energy_var_plain`` of the estimator, when it reports them)."""
+
+    name = "slot_zero"
+
+    def __init__(self, K: int, R: int, P: int):
+        self.x = np.empty((K, R))
+        self.var = torch.zeros(P, dtype=torch.float64)
+        self.plain = torch.zeros(P, dtype=torch.float64)
+        self.has_plain = False
+
+    def record(self, it) -> None:
+        rep = it.replica_at[:, :1]
+        self.x[it.k] = it.state.x.gather(1, rep[..., None].expand(-1, 1, it.state.x.shape[-1]))[
+            :, 0, 0].cpu().numpy()
+        ex = it.state.extras
+        if "energy_var" in ex:
+            self.var += it.at_slots(ex["energy_var"]).double().mean(0).cpu()
+        if "energy_var_plain" in ex:
+            self.has_plain = True
+            self.plain += it.at_slots(ex["energy_var_plain"]).double().mean(0).cpu()
+
+
+def run_engine(engine, adaptors, K: int) -> tuple[SlotZero, SwapStats]:
+    """Run ``engine`` for ``K`` iterations in the one loop, recording slot 0 and the swaps."""
+    zero, swaps = SlotZero(K, engine.R, engine.P), SwapStats(engine.R, engine.P)
+    nrpt.execute(Run(engine, adaptors, {"swaps": swaps, "slot_zero": zero}, nrpt.Plan.fixed(K)))
+    return zero, swaps
+
+
+def index_panel(ax, index: np.ndarray, system: int = 0, highlight: int = 0,
+                max_points: int = 4000):
+    """Slots of every replica over the first ``max_points`` iterations (``index[K + 1, R, P]``),
+    one replica highlighted in red."""
+    idx = np.asarray(index)[:, system, :]
+    stop = min(idx.shape[0], max_points)
+    t = np.arange(stop)
+    for r in range(idx.shape[1]):
+        if r != highlight:
+            ax.plot(t, idx[:stop, r], color="0.75", lw=0.5)
+    ax.plot(t, idx[:stop, highlight], color="tab:red", lw=1.0, label=f"replica {highlight}")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("slot")
+    ax.legend(loc="upper right", fontsize=8)
 
 
 def ms(values, digits=1):
@@ -98,43 +153,58 @@ def command_line() -> str:
 def fig4a(args):
     t0 = time.time()
     K, R = args.iterations, args.seeds
+    W_S = window_from_swap_rate(16, 0.4)
     rows, data = [], {"iterations": K, "seeds": R, "windows": list(WINDOWS), "runs": {}}
     for penalty in (True, False):
         windows = WINDOWS if penalty else (1, 8)
         for W in windows:
             res = headline(window=W, systems=R, iterations=K, seed=args.seed, penalty=penalty)
             s = res.summary
-            a5 = per_system(s["round_trips_a5"]) * 1000.0 / K
-            syed = per_system(s["round_trips"]) * 1000.0 / K
-            pred = per_system(s["predicted_round_trips_per_1000"])
-            rej = 1.0 - np.nanmean(np.atleast_2d(np.asarray(s["swap_acceptance"], dtype=float)))
+            row = {"penalty": penalty, "W": W,
+                   "a5": per_system(s["round_trips_a5_per_1000"]),
+                   "a5_exact": per_system(s["predicted_round_trips_a5_per_1000"]),
+                   "restarts": per_system(s["restarts_per_1000"]),
+                   "lemma1": per_system(s["predicted_restarts_per_1000"]),
+                   "syed": per_system(s["round_trips_per_1000"]),
+                   "rej": 1.0 - np.nanmean(np.atleast_2d(np.asarray(s["swap_acceptance"],
+                                                                    dtype=float)))}
             key = f"{'penalty' if penalty else 'no-penalty'}/W={W}"
-            data["runs"][key] = {"a5_per_1000": a5.tolist(), "syed_per_1000": syed.tolist(),
-                                 "lemma1_per_1000": pred.tolist(), "mean_rejection": float(rej),
-                                 "correction": s["correction"]}
-            rows.append((penalty, W, a5, syed, pred, rej))
-            print(key, ms(a5), ms(syed), ms(pred), flush=True)
-    uniform = {W: theory.predicted_round_trips_per_1000([0.6] * 15, W) for W in WINDOWS}
-    data["lemma1_uniform_r0.6"] = uniform
+            data["runs"][key] = {
+                "a5_per_1000": row["a5"].tolist(),
+                "a5_exact_per_1000": row["a5_exact"].tolist(),
+                "restarts_per_1000": row["restarts"].tolist(),
+                "lemma1_restarts_per_1000": row["lemma1"].tolist(),
+                "syed_round_trips_per_1000": row["syed"].tolist(),
+                "mean_rejection": float(row["rej"]), "correction": s["correction"]}
+            rows.append(row)
+            print(key, "A.5", ms(row["a5"]), "exact", ms(row["a5_exact"]), "| restarts",
+                  ms(row["restarts"]), "Lemma 1", ms(row["lemma1"]), flush=True)
+    uniform = {W: theory.predicted_rates([0.6] * 15, "deo-w", W) for W in WINDOWS}
+    data["uniform_r0.6"] = {W: {"lemma1_restarts_per_1000": u["restarts_per_1000"],
+                                "a5_exact_per_1000": u["round_trips_a5_per_1000"]}
+                            for W, u in uniform.items()}
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    pen = [r for r in rows if r[0]]
-    Ws = [r[1] for r in pen]
-    for idx, label, color in ((2, "round trips (A.5)", "tab:blue"),
-                              (3, "round trips (Syed: restart + return)", "tab:green"),
-                              (4, "Lemma 1 (measured r_p)", "tab:orange")):
-        m = np.array([r[idx].mean() for r in pen])
-        sd = np.array([r[idx].std(ddof=1) if R > 1 else 0 for r in pen])
-        ax.errorbar(Ws, m, yerr=sd, marker="o", capsize=3, label=label, color=color)
-    ax.plot(list(WINDOWS), [uniform[W] for W in WINDOWS], "k--", lw=1,
-            label="Lemma 1, r = 1 - S = 0.6")
-    nop = [r for r in rows if not r[0]]
-    ax.plot([r[1] for r in nop], [r[2].mean() for r in nop], "x", color="tab:red", ms=9,
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    pen = [r for r in rows if r["penalty"]]
+    Ws = [r["W"] for r in pen]
+    for key, label, color, style in (
+            ("a5", "A.5 round trips, observed", "tab:blue", "-"),
+            ("a5_exact", "A.5 round trips, exact rate at the measured r_p", "tab:blue", "--"),
+            ("restarts", "restarts (Syed), observed", "tab:green", "-"),
+            ("lemma1", "restarts, Lemma 1 at the measured r_p", "tab:green", "--")):
+        m = np.array([r[key].mean() for r in pen])
+        sd = np.array([r[key].std(ddof=1) if R > 1 else 0 for r in pen])
+        ax.errorbar(Ws, m, yerr=sd, marker="o" if style == "-" else "s", capsize=3, ls=style,
+                    label=label, color=color, ms=4)
+    ax.plot(list(WINDOWS), [uniform[W]["restarts_per_1000"] for W in WINDOWS], "k:", lw=1,
+            label="restarts, Lemma 1 at r = 1 - S = 0.6")
+    nop = [r for r in rows if not r["penalty"]]
+    ax.plot([r["W"] for r in nop], [r["a5"].mean() for r in nop], "x", color="tab:red", ms=9,
             label="A.5, no outer penalty")
-    ax.axvline(adapt_sa.window_from_swap_rate(16, 0.4), color="0.6", lw=0.8, ls=":")
+    ax.axvline(W_S, color="0.6", lw=0.8, ls=":")
     ax.set_xlabel("window W")
-    ax.set_ylabel("round trips per 1000 iterations")
-    ax.set_title("DEO_W-SGD x P16, S = 0.4 (paper: 18 at W = 1, 45 at W = 8)")
+    ax.set_ylabel("events per 1000 iterations")
+    ax.set_title("DEO_W-SGD x P16, S = 0.4 (paper, A.5: 18 at W = 1, 45 at W = 8)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -143,23 +213,31 @@ def fig4a(args):
     lines = header("Fig. 4a: round trips vs window (DEO_W-SGD x P16, S = 0.4)", command_line(),
                    time.time() - t0)
     lines += [f"{K} iterations, {R} seeds (independent systems) per window; every window starts "
-              "from the same geometric learning rates 0.003 ... 0.6 and C_0 = 4. Round trips per "
-              "1000 iterations summed over the 16 replicas, mean ± sd over seeds. 'A.5' counts a "
-              "replica that leaves its slot, touches both ends and returns (the paper's "
-              "appendix A.5); 'Syed' counts a restart (top to bottom) followed by a return to "
-              "the top. Lemma 1 uses the rejection rate measured per pair (1 - executed / "
-              "attempted swaps).", "",
+              "from the same geometric learning rates 0.003 ... 0.6 and C_0 = 4. Events per "
+              "1000 iterations summed over the 16 replicas, mean ± sd over seeds, each beside "
+              "the prediction *of that count* from the rejection rates measured per pair "
+              "(1 - executed / attempted swaps). 'A.5' counts a replica that leaves its slot, "
+              "touches both ends and returns (the paper's appendix A.5, what its Fig. 4a "
+              "reports); its prediction is the exact A.5 rate of the index process with "
+              "independent rejections at the measured rates "
+              "(`nrpt.diagnostics.theory.exact_event_rates`). 'Restarts' (Syed et al.: a "
+              "replica that visited the top arrives at the bottom) are what Lemma 1 "
+              "(1000 P / E[T]) predicts; Syed round trips (a restart, then back at the top) "
+              "have the same long-run rate. Lemma 1 does not predict the A.5 count, which is "
+              "larger for the same rates.", "",
               "![round trips vs window](fig4a_round_trips.png)", "",
-              "| target | W | A.5 | Syed | Lemma 1 (measured r) | mean r | Lemma 1 (r = 0.6) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for penalty, W, a5, syed, pred, rej in rows:
-        lines.append(f"| {'penalized' if penalty else 'no penalty'} | {W} | {ms(a5)} | "
-                     f"{ms(syed)} | {ms(pred)} | {rej:.2f} | {uniform[W]:.1f} |")
-    best = max(pen, key=lambda r: r[2].mean())
-    lines += ["", f"Best window (A.5): W = {best[1]} with {ms(best[2])} round trips per 1000 "
-              f"iterations; W = 1 (DEO) gives {ms(pen[0][2])}. Algorithm 1's W from S is "
-              f"{adapt_sa.window_from_swap_rate(16, 0.4)}. The paper reports 18 (W = 1) and 45 "
-              "(W = 8)."]
+              "| target | W | A.5 observed | A.5 exact (measured r) | restarts observed | "
+              "Lemma 1 (measured r) | Syed round trips | mean r | Lemma 1 (r = 0.6) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {'penalized' if r['penalty'] else 'no penalty'} | {r['W']} | "
+                     f"{ms(r['a5'])} | {ms(r['a5_exact'])} | {ms(r['restarts'])} | "
+                     f"{ms(r['lemma1'])} | {ms(r['syed'])} | {r['rej']:.2f} | "
+                     f"{uniform[r['W']]['restarts_per_1000']:.1f} |")
+    best = max(pen, key=lambda r: r["a5"].mean())
+    lines += ["", f"Best window (A.5): W = {best['W']} with {ms(best['a5'])} round trips per 1000 "
+              f"iterations; W = 1 (DEO) gives {ms(pen[0]['a5'])}. Algorithm 1's W from S is "
+              f"{W_S}. The paper reports 18 (W = 1) and 45 (W = 8)."]
     write("fig4a", lines, data)
 
 
@@ -209,7 +287,8 @@ def fig5(args):
     methods["cycSGLD x T16"] = cyc_sgld_t16(R, K, args.seed, 100, 0.6, 0.1)
     timing["cycSGLD x T16"] = time.time() - t
     runs = {}
-    for name, W in (("DEO-SGD x P16", 1), ("DEO*-SGD x P16", "auto")):
+    # DEO*: W from the target swap rate (Algorithm 1, window "swap-rate")
+    for name, W in (("DEO-SGD x P16", 1), ("DEO*-SGD x P16", "swap-rate")):
         t = time.time()
         res = headline(window=W, systems=R, iterations=K, seed=args.seed)
         timing[name] = time.time() - t
@@ -236,10 +315,7 @@ def fig5(args):
     plt.close(fig)
 
     # Fig. 4b / 4d: per-pair indicator rate and C over time (DEO*, seed 0)
-    arrays = runs["DEO*-SGD x P16"].engine.sg.trace.arrays()
-    from nrpt.plots_sgpt import adaptation_figure, index_panel
-
-    f = adaptation_figure(arrays, 0.4)
+    f = plots.adaptation(**runs["DEO*-SGD x P16"].trace(), swap_rate=0.4)
     f.savefig(OUT / "fig4bd_adaptation.png", dpi=110)
     plt.close(f)
     # Fig. 6: index processes of DEO and DEO*
@@ -252,8 +328,12 @@ def fig5(args):
     fig.savefig(OUT / "fig6_index.png", dpi=110)
     plt.close(fig)
 
-    rt = {n: (per_system(runs[n].summary["round_trips_a5"]) * 1000.0 / K).tolist()
-          for n in runs}
+    rt = {n: per_system(runs[n].summary["round_trips_a5_per_1000"]).tolist() for n in runs}
+    trace = runs["DEO*-SGD x P16"].trace()
+    T = len(trace["k"])
+    late = trace["pair_rate"][T // 2:, 0, :].mean(0)  # seed 0, second half of the run
+    C0 = trace["C"][:, 0]
+    at1000 = int(np.searchsorted(trace["k"], 1000))
     lines = header("Fig. 5 (and 4b/4d, 6): posterior approximation of the 25-mode target",
                    command_line(), time.time() - t0)
     lines += [f"{R} seeds; P = 16; {K} iterations (cycSGLD: one chain, {16 * K} iterations, "
@@ -277,6 +357,10 @@ def fig5(args):
               "Learning rates per slot, the 0/1 swap indicator of every adjacent pair (moving "
               "average; all pairs, active or not, as the adaptors see them) and the buffer C.",
               "", "![adaptation](fig4bd_adaptation.png)", "",
+              "Swap-indicator rate per pair (0,1) ... (14,15), seed 0, mean over the second "
+              "half of the run: " + ", ".join(f"{x:.2f}" for x in late) + ". C of seed 0: "
+              f"{C0[0]:.2f} at iteration {int(trace['k'][0])}, {C0[min(at1000, T - 1)]:.2f} at "
+              f"iteration {int(trace['k'][min(at1000, T - 1)])}, {C0[-1]:.2f} at the end.", "",
               "Final C per seed: " + ", ".join(
                   f"{c:.2f}" for c in per_system(runs["DEO*-SGD x P16"].summary["correction"]))
               + ".", "", "## Fig. 6: index process", "", "![index](fig6_index.png)"]
@@ -298,8 +382,8 @@ def fig3(args):
         errs = [grid_errors(sm[s], xs, ys, probs) for s in range(R)]
         out[S] = {"window": res.summary["window"], "tv": [e["tv"] for e in errs],
                   "kl": [e["kl"] for e in errs],
-                  "round_trips_a5_per_1000": (per_system(res.summary["round_trips_a5"])
-                                              * 1000 / K).tolist()}
+                  "round_trips_a5_per_1000":
+                      per_system(res.summary["round_trips_a5_per_1000"]).tolist()}
         samples0[S] = sm[0]
         print(S, out[S]["window"], ms(out[S]["tv"], 3), flush=True)
     plt = _plt()
@@ -347,15 +431,11 @@ def c21(args):
     res = {}
     for W in (1, 2, 5):
         est = NoisyOracle(target, energy_sd=sd_sys, grad_sd=0.0)
-        rule = BiasCorrected(0.0)
         eng = nrpt.PTEngine(target, NoiseLadder([1.0, 10.0]), SGLD(est),
-                            make_scheme("deo-w", W), rule, step_size=0.003, systems=R,
-                            seed=args.seed)
-        eng.hooks.append(adapt_sa.VarianceTracker(rule, every=1))
-        xs = np.empty((K, R))
-        for k in range(K):
-            eng.step()
-            xs[k] = eng.target_slot()[0][:, 0].numpy()
+                            make_scheme("deo-w", W), BiasCorrected(0.0), step_size=0.003,
+                            systems=R, seed=args.seed)
+        zero, swap_stats = run_engine(eng, [VarianceTracker(every=1)], K)
+        xs = zero.x
         burn = K // 10
         tvs = []
         for s in range(R):
@@ -364,7 +444,7 @@ def c21(args):
             p = np.append(probs, max(0.0, 1 - probs.sum()))
             tvs.append(0.5 * np.abs(q - p).sum())
         left = (xs[burn:] < 0).mean(0)  # mass of the left mode (exact 0.3)
-        swaps = eng.pair_swaps[:, 0].numpy() * 1000.0 / K
+        swaps = swap_stats.swaps[:, 0].numpy() * 1000.0 / K
         res[W] = {str(sd): {"tv": tvs[i * seeds:(i + 1) * seeds],
                             "left_mass": left[i * seeds:(i + 1) * seeds].tolist(),
                             "swaps_per_1000": swaps[i * seeds:(i + 1) * seeds].tolist()}
@@ -424,20 +504,12 @@ def vr(args):
     lrs = [5e-4 * math.sqrt(t) for t in temps]
     for label, est in (("reSGLD", MinibatchEnergy(model, 100)),
                        ("VR-reSGLD (m = 50)", ControlVariateEnergy(model, 100, anchor_every=50))):
-        rule = BiasCorrected(0.0)
         eng = nrpt.PTEngine(model, NoiseLadder(temps), SGLD(est), make_scheme("deo"),
-                            rule, step_size=lrs, systems=R, seed=args.seed)
-        eng.hooks.append(adapt_sa.VarianceTracker(rule, every=50))
-        xs = np.empty((K, R))
-        var = torch.zeros(P, dtype=torch.float64)
-        plain = torch.zeros(P, dtype=torch.float64) if "Control" in type(est).__name__ else None
-        for k in range(K):
-            eng.step()
-            xs[k] = eng.target_slot()[0][:, 0].numpy()
-            ex = eng.state.extras  # per-slot variances of the energy estimates, summed over time
-            var += ex["energy_var"].gather(1, eng.replica_at).mean(0)
-            if plain is not None:
-                plain += ex["energy_var_plain"].gather(1, eng.replica_at).mean(0)
+                            BiasCorrected(0.0), step_size=lrs, systems=R, seed=args.seed)
+        zero, swap_stats = run_engine(eng, [VarianceTracker(every=50)], K)
+        xs = zero.x
+        # per-slot variances of the energy estimates, summed over time
+        var, plain = zero.var, (zero.plain if zero.has_plain else None)
         burn = K // 10
         tvs = []
         for s in range(R):
@@ -445,9 +517,9 @@ def vr(args):
             q = h / (K - burn)
             tvs.append(0.5 * np.abs(q - probs).sum() + 0.5 * (1 - q.sum()))
         var, plain = var[:1] / K, (plain[:1] / K if plain is not None else None)  # slot 0
-        out[label] = {"swaps_per_1000": (eng.pair_swaps[:, 0].numpy() * 1000.0 / K).tolist(),
-                      "swaps_per_1000_all_pairs": (eng.pair_swaps.sum(1).numpy() * 1000.0
-                                                   / K).tolist(),
+        swaps = swap_stats.swaps.double().numpy()
+        out[label] = {"swaps_per_1000": (swaps[:, 0] * 1000.0 / K).tolist(),
+                      "swaps_per_1000_all_pairs": (swaps.sum(1) * 1000.0 / K).tolist(),
                       "right_mode_mass": (xs[burn:] > 10).mean(0).tolist(),
                       "tv": tvs, "energy_sd_slot0": float(var.mean().sqrt()),
                       "variance_reduction": (float(plain.mean() / var.mean())
@@ -500,13 +572,14 @@ def r2sgld(args):
     for label, dom in (("reflected (r2)", f"box:{-lim},{lim}"), ("unreflected", None)):
         opts = {k: v for k, v in HEADLINE.items() if k not in ("target", "target_options")}
         res = nrpt.sample(target, **{**opts, "systems": R, "iterations": K, "seed": args.seed,
+                                     "figures": False,
                                      "domain": dom})
         sm = res.samples[:, burn:]
         errs = [grid_errors(sm[s], xs_, ys_, probs) for s in range(R)]
         out[label] = {"tv": [e["tv"] for e in errs], "kl": [e["kl"] for e in errs],
                       "outside": [float((np.abs(sm[s]) > lim).any(-1).mean()) for s in range(R)],
-                      "round_trips_a5_per_1000": (per_system(res.summary["round_trips_a5"])
-                                                  * 1000 / K).tolist()}
+                      "round_trips_a5_per_1000":
+                      per_system(res.summary["round_trips_a5_per_1000"]).tolist()}
         samples0[label] = sm[0]
         print(label, ms(out[label]["tv"], 3), flush=True)
     plt = _plt()

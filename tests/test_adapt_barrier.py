@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from scipy import integrate, special
 
 import nrpt
-from nrpt.rounds import run_rounds
+from nrpt.adapt import ScheduleAdaptor
+from nrpt.diagnostics import theory
+from nrpt.loop import Plan, Run, execute
+from nrpt.recorders import RoundTrips, SwapStats
+from nrpt.roles import AdaptorBase
 from nrpt.targets import Gaussian
 from nrpt.targets.gaussian_path import ScaledGaussianPath, ShiftedGaussianPath
 
@@ -85,14 +90,78 @@ def test_large_dimension_barrier_grows_like_sqrt_d():
 
 
 # ------------------------------------------------------------------ adaptive rounds
+@dataclass
+class RoundStats:
+    """What one round measured, per system (leading axis ``R``)."""
+
+    iterations: int
+    schedule: np.ndarray  # [R, P] the coefficients b used during the round
+    step_size: np.ndarray  # [R, P]
+    rejection: np.ndarray  # [R, P-1]
+    explorer_acceptance: np.ndarray  # [R, P]
+    restarts: np.ndarray  # [R]
+    log_normalizer: np.ndarray | None  # [R]
+    method_one: np.ndarray | None  # [R, P]
+
+    @property
+    def barrier(self) -> np.ndarray:
+        return np.nansum(self.rejection, axis=1)
+
+    def predicted_restart_rate(self) -> np.ndarray:
+        """Finite-P DEO restart rate 1 / (2 + 2 sum r/(1-r)) per system (Syed et al. Thm 1)."""
+        return np.array([theory.predicted_restart_rate(np.clip(np.nan_to_num(r), 0, 1))
+                         for r in self.rejection])
+
+
+class RoundLog(AdaptorBase):
+    """An adaptor that changes nothing: at the end of every round it keeps the round's
+    per-system statistics from the recorders (the rows of a run hold means over systems)."""
+
+    name = "round-log"
+
+    def __init__(self):
+        self.rounds: list[RoundStats] = []
+
+    def end_segment(self, view):
+        rec = view.recorders
+        np_ = lambda t: t.detach().cpu().double().numpy().copy()  # noqa: E731
+        swaps = rec["swaps"]
+        self.rounds.append(RoundStats(
+            iterations=view.iterations, schedule=np_(view.schedule),
+            step_size=np_(view.step_size), rejection=np_(swaps.rejection()),
+            explorer_acceptance=np_(swaps.explorer_acceptance()),
+            restarts=np_(rec["round_trips"].counts()["restarts"]),
+            log_normalizer=np_(rec["log_z"].estimate()["log_normalizer"]) if "log_z" in rec
+            else None,
+            method_one=rec["slot_energies"].local_barrier() if "slot_energies" in rec
+            else None))
+        return None
+
+
+def rounds_with_log(target, **options) -> tuple[list[RoundStats], list[dict]]:
+    """``nrpt.sample(target, rounds=..., **options)`` assembled by the builder and executed by
+    the run loop, with a :class:`RoundLog` after the run's own adaptors; returns the per-round
+    statistics and the run's rows."""
+    cfg = nrpt.RunConfig(target=getattr(target, "name", type(target).__name__), **options)
+    run = nrpt.build(cfg, target=target)
+    log = RoundLog()
+    run.adaptors.append(log)
+    outcome = execute(run)
+    assert len(log.rounds) == len(outcome.rows) == cfg.rounds
+    for st, row in zip(log.rounds, outcome.rows, strict=True):  # the rows agree
+        assert np.array_equal(np.asarray(row["b"]), st.schedule)
+        assert row["barrier"] == pytest.approx(st.barrier.mean(), rel=1e-12)
+    return log.rounds, outcome.rows
+
+
 @functools.cache
 def adaptive_run(kind: str, dim: int, chains: int, explorer: str, rounds: int = 8,
                  seed: int = 1):
     target = (ScaledGaussianPath(dim, 9.0) if kind == "scaled"
               else ShiftedGaussianPath(dim, 3.0))
-    res = nrpt.sample(target, rounds=rounds, chains=chains, systems=R, seed=seed,
-                      explorer=explorer, step_size=0.5)
-    return target, res.round_stats
+    stats, _ = rounds_with_log(target, rounds=rounds, chains=chains, systems=R, seed=seed,
+                               explorer=explorer, step_size=0.5, figures=False)
+    return target, stats
 
 
 CONFIGS = [("scaled", 2, 5, "slice"), ("scaled", 8, 10, "rwmh"), ("shifted", 3, 6, "mala")]
@@ -179,21 +248,30 @@ def test_temperature_ladder_adaptation_against_closed_forms():
         b1, b2 = b[:-1], b[1:]
         return 1 - 2 * special.betainc(d / 2, d / 2, np.minimum(b1, b2) / (b1 + b2))
 
-    # start from b = 1/tau equally spaced (the geometric ladder would already be optimal)
-    engine = nrpt.PTEngine(Gaussian(np.zeros(d), np.eye(d)),
-                           nrpt.TemperatureLadder(1 / np.linspace(1.0, 1 / tau_max, P)),
-                           nrpt.make_explorer("rwmh"), nrpt.make_scheme("deo"),
-                           nrpt.make_rule("metropolis"), step_size=1.0, systems=R, seed=3)
-    stats = run_rounds(engine, 8, reference_normalized=False)
-    last = stats[-1]
-    assert np.allclose(last.schedule[:, -1], 1 / tau_max) and np.allclose(last.schedule[:, 0], 1)
-    sums = np.array([exact(last.schedule[s]).sum() for s in range(R)])
-    assert zscore(last.barrier - sums, 0.0) < Z
+    # start from b = 1/tau equally spaced (the geometric ladder would already be optimal);
+    # the run's rows hold each round's schedule, its summary the last round's statistics
+    res = nrpt.sample(Gaussian(np.zeros(d), np.eye(d)), rounds=8, chains=P,
+                      temperatures=list(1 / np.linspace(1.0, 1 / tau_max, P)), explorer="rwmh",
+                      step_size=1.0, systems=R, seed=3, figures=False)
+    schedules = np.array([row["b"] for row in res.rows])  # [rounds, R, P]
+    assert len(res.rows) == 8 and res.summary["rounds"] == 8
+    first, last = schedules[0], schedules[-1]
+    assert np.allclose(last[:, -1], 1 / tau_max) and np.allclose(last[:, 0], 1)
+    barrier = np.array(res.summary["barrier"])  # the last round's sum of rejections, [R]
+    np.testing.assert_allclose(barrier, res.recorders["swaps"].barrier().numpy())
+    sums = np.array([exact(last[s]).sum() for s in range(R)])
+    assert zscore(barrier - sums, 0.0) < Z
     assert abs(sums.mean() - kappa * math.log(tau_max)) < 0.1 * kappa * math.log(tau_max)
-    spread = [np.ptp(exact(st.schedule[s])) for st in (stats[0], last) for s in range(R)]
+    spread = [np.ptp(exact(sched[s])) for sched in (first, last) for s in range(R)]
     assert np.mean(spread[:R]) > 0.5 and np.mean(spread[R:]) < 0.3 * np.mean(spread[:R])
     # log Z ratio: log Z(1) - log Z(1/tau_max) = -(d/2) log(tau_max)
-    assert zscore(last.log_normalizer, -0.5 * d * math.log(tau_max)) < Z
+    log_z = np.array(res.summary["log_normalizer"])
+    assert res.summary["log_normalizer_kind"] == "ratio"
+    assert zscore(log_z, -0.5 * d * math.log(tau_max)) < Z
+    # negative controls: the exact sums of the first (linear) schedule, a 20% smaller ratio
+    first_sums = np.array([exact(first[s]).sum() for s in range(R)])
+    assert zscore(barrier - first_sums, 0.0) > Z
+    assert zscore(log_z, -0.4 * d * math.log(tau_max)) > Z
 
 
 class ExactDraws(nrpt.explorers.Explorer):
@@ -224,7 +302,12 @@ def test_observed_restart_rate_matches_the_finite_p_prediction_under_exact_explo
     engine = nrpt.PTEngine(target, nrpt.GeometricPath.linear(8), ExactDraws(10.0),
                            nrpt.make_scheme("deo"), nrpt.make_rule("metropolis"),
                            step_size=1.0, systems=R, seed=6)
-    last = run_rounds(engine, 10)[-1]
+    log = RoundLog()
+    recorders = {"swaps": SwapStats(R, 8), "round_trips": RoundTrips(engine.slot_of, 8)}
+    execute(Run(engine=engine, adaptors=[ScheduleAdaptor(), log], recorders=recorders,
+                plan=Plan.rounds(10)))
+    last = log.rounds[-1]
+    assert last.iterations == 2**10
     observed = last.restarts / last.iterations
     predicted = last.predicted_restart_rate()
     assert zscore(observed - predicted, 0.0) < Z

@@ -1,6 +1,6 @@
 """Schedule adaptation as pure functions (nrpt.adapt.schedule): fit, inversion, degenerate
 rejection rates, and the fixed point reached with the exact rejection rates of the analytic
-Gaussian paths."""
+Gaussian paths; the between-round ScheduleAdaptor built on them; the restart-rate curve."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from nrpt.adapt import (
+    ScheduleAdaptor,
     clean_rejections,
     equalized_schedule,
     fit_barrier,
@@ -17,6 +19,8 @@ from nrpt.adapt import (
     restart_rate_curve,
     update_schedule,
 )
+from nrpt.diagnostics import theory
+from nrpt.roles import SegmentView
 from nrpt.targets.gaussian_path import ScaledGaussianPath, ShiftedGaussianPath
 
 LINEAR = np.linspace(1.0, 0.0, 9)
@@ -126,3 +130,39 @@ def test_restart_rate_curve_rises_to_its_asymptote():
     assert recommended_chains(lam) == 6 and recommended_chains(0.0) == 2
     with pytest.raises(ValueError, match="barrier"):
         restart_rate_curve(-1.0, chains)
+
+
+def test_restart_rate_curve_is_the_finite_p_formula_on_equalized_ladders():
+    # tau(P) is Syed et al.'s finite-P DEO rate with P - 1 equal rates Lambda / (P - 1)
+    lam = 2.5
+    for P in (4, 8, 32):
+        assert restart_rate_curve(lam, [P])[0] == pytest.approx(
+            theory.predicted_restart_rate([lam / (P - 1)] * (P - 1)), rel=1e-12)
+
+
+class _Swaps:
+    def __init__(self, rejection):
+        self._r = torch.as_tensor(rejection, dtype=torch.float64)
+
+    def rejection(self):
+        return self._r
+
+
+def _view(schedule, rejection, last=False):
+    b = torch.as_tensor(schedule, dtype=torch.float64)
+    return SegmentView(index=0, name="round 1", iterations=2, last=last,
+                       recorders={"swaps": _Swaps(rejection)}, schedule=b,
+                       step_size=torch.ones_like(b), params={})
+
+
+def test_schedule_adaptor_updates_every_system_from_its_own_round():
+    # the adaptor is update_schedule per system, fed by the ``swaps`` recorder of the round
+    sched = np.stack([LINEAR, LINEAR])
+    rej = np.array([[0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.9], [0.3] * 8])
+    update = ScheduleAdaptor().end_segment(_view(sched, rej))
+    new = update.schedule.numpy()
+    np.testing.assert_allclose(new[0], update_schedule(LINEAR, rej[0]), rtol=1e-12)
+    np.testing.assert_allclose(new[1], LINEAR, atol=1e-12)  # equal rates: a fixed point
+    assert update.step_size is None and not update.params
+    # the last round's schedule is the one reported: no update after it
+    assert ScheduleAdaptor().end_segment(_view(sched, rej, last=True)) is None

@@ -1,12 +1,15 @@
-"""Between-round step-size tuning (nrpt.adapt.step)."""
+"""Between-round step-size tuning (nrpt.adapt.step) and its adaptor (nrpt.adapt.rounds)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from scipy.special import ndtr
 
-from nrpt.adapt import ACCEPTANCE_ORDER, step_size_factor
+from nrpt.adapt import ACCEPTANCE_ORDER, StepSizeAdaptor, step_size_factor
+from nrpt.adapt.rounds import DEFAULT_ACCEPTANCE
+from nrpt.roles import SegmentView
 
 
 @pytest.mark.parametrize("explorer", sorted(ACCEPTANCE_ORDER))
@@ -28,3 +31,33 @@ def test_factor_is_clipped_and_missing_data_leaves_the_step_alone():
         step_size_factor([0.5], 1.0, 1)
     with pytest.raises(ValueError, match="order must be an integer"):
         step_size_factor([0.5], 0.5, 0)
+
+
+class _Swaps:
+    def __init__(self, acceptance):
+        self._a = torch.as_tensor(acceptance, dtype=torch.float64)
+
+    def explorer_acceptance(self):
+        return self._a
+
+
+def test_step_size_adaptor_applies_the_factor_per_slot_and_system():
+    acc = np.array([[0.05, 0.3, 0.9], [np.nan, 0.6, 0.3]])
+    h = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    view = SegmentView(index=0, name="round 1", iterations=2, last=False,
+                       recorders={"swaps": _Swaps(acc)}, schedule=torch.ones_like(h),
+                       step_size=h, params={})
+    adaptor = StepSizeAdaptor("mala")
+    assert adaptor.target == DEFAULT_ACCEPTANCE["mala"]
+    update = adaptor.end_segment(view)
+    expected = h.numpy() * step_size_factor(acc, DEFAULT_ACCEPTANCE["mala"], 3)
+    np.testing.assert_allclose(update.step_size.numpy(), expected, rtol=1e-12)
+    assert update.step_size[1, 0] == 0.5  # a slot without data keeps its step
+    assert update.schedule is None
+    last = SegmentView(index=1, name="round 2", iterations=4, last=True,
+                       recorders={"swaps": _Swaps(acc)}, schedule=torch.ones_like(h),
+                       step_size=h, params={})
+    assert adaptor.end_segment(last) is None
+    assert StepSizeAdaptor("rwmh", target=0.5).target == 0.5
+    with pytest.raises(ValueError, match="step-size adaptation needs explorer"):
+        StepSizeAdaptor("slice")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import nrpt
 from nrpt.diagnostics import (
     RoundTripTracker,
     asymptotic_restart_rate,
@@ -20,6 +21,11 @@ from nrpt.diagnostics import (
     predicted_round_trips_per_1000,
     scheme_orders,
 )
+from nrpt.diagnostics.theory import exact_event_rates, predicted_rates
+from nrpt.explorers import ExploreInfo
+from nrpt.loop import Plan, Run, Segment, execute
+from nrpt.recorders import RoundTrips, SwapStats
+from nrpt.targets import Gaussian
 
 # --------------------------------------------------------------------------- helpers
 
@@ -249,6 +255,10 @@ def test_deterministic_deo_exact_counts():
     # Restart rate matches Syed et al.'s formula with r = 0: tau = 1/2 per iteration
     # (P replicas, one restart each per 2P iterations), here asymptotically 40/80.
     assert predicted_restart_rate([0.0, 0.0, 0.0]) == 0.5
+    # ... and the exact long-run rates of the index process (Markov chain of a replica's slot
+    # and the counters) are 1/2 for all three counts: 40 A.5 trips in 80 iterations exactly.
+    for key, rate in exact_event_rates([0.0, 0.0, 0.0], "deo").items():
+        assert rate == pytest.approx(0.5, abs=1e-12), key
 
 
 @pytest.mark.parametrize("window", [2, 3, 5])
@@ -272,6 +282,9 @@ def test_deterministic_deo_window_exact_counts(window):
         np.testing.assert_array_equal(tracker.per_replica()[key][0].numpy(), per, err_msg=key)
         np.testing.assert_array_equal(getattr(tracker, key).numpy(), [sum(per)] * 2)
         np.testing.assert_array_equal(reference[key], [sum(per)] * 2)
+    # the exact long-run rates of DEO_W with r = 0: 1 / (2W) per iteration for every count
+    for key, rate in exact_event_rates([0.0] * 3, "deo-w", window).items():
+        assert rate == pytest.approx(0.5 / window, abs=1e-12), key
 
 
 # -------------------------------------------------------------------------- theory
@@ -281,9 +294,13 @@ def test_deterministic_deo_window_exact_counts(window):
 @pytest.mark.parametrize("n_chains", [2, 5, 16])
 def test_lemma1_no_rejection_is_2wp(n_chains, window):
     assert lemma1_round_trip_time([0.0] * (n_chains - 1), window) == 2 * window * n_chains
-    assert predicted_round_trips_per_1000([0.0] * (n_chains - 1), window) == pytest.approx(
-        1000 / (2 * window)
-    )
+    assert predicted_round_trips_per_1000(
+        [0.0] * (n_chains - 1), window, scheme="deo-w"
+    ) == pytest.approx(1000 / (2 * window))
+    if window == 1:
+        assert predicted_round_trips_per_1000(
+            [0.0] * (n_chains - 1), scheme="deo"
+        ) == pytest.approx(500.0)
 
 
 def test_lemma1_values_and_monotonicity():
@@ -297,10 +314,12 @@ def test_lemma1_values_and_monotonicity():
     # Monotone in each coordinate too.
     assert lemma1_round_trip_time([0.1, 0.6, 0.2]) > lemma1_round_trip_time([0.1, 0.5, 0.2])
     assert math.isinf(lemma1_round_trip_time([0.2, 1.0, 0.3]))
-    assert predicted_round_trips_per_1000([0.2, 1.0, 0.3]) == 0.0
+    assert predicted_round_trips_per_1000([0.2, 1.0, 0.3], scheme="deo") == 0.0
     # Rate identity: P / E[T] at W = 1 equals Syed et al.'s restart rate.
     r = [0.3, 0.1, 0.45, 0.2]
-    assert predicted_round_trips_per_1000(r) / 1000 == pytest.approx(predicted_restart_rate(r))
+    assert predicted_round_trips_per_1000(r, scheme="deo") / 1000 == pytest.approx(
+        predicted_restart_rate(r)
+    )
 
 
 def test_optimal_window_hand_values():
@@ -379,7 +398,19 @@ def test_bad_inputs_raise_value_error_naming_argument():
     with pytest.raises(ValueError, match="window"):
         lemma1_round_trip_time([0.2], window=0)
     with pytest.raises(ValueError, match="window"):
-        predicted_round_trips_per_1000([0.2], window=1.5)
+        predicted_round_trips_per_1000([0.2], window=1.5, scheme="deo-w")
+    with pytest.raises(ValueError, match="window"):  # a window only for DEO_W
+        predicted_round_trips_per_1000([0.2], window=2, scheme="seo")
+    with pytest.raises(ValueError, match="scheme"):
+        predicted_round_trips_per_1000([0.2], scheme="deo-x")
+    with pytest.raises(TypeError, match="scheme"):  # no silent DEO default any more
+        predicted_round_trips_per_1000([0.2])
+    with pytest.raises(ValueError, match="scheme"):
+        predicted_rates([0.2], "even-odd")
+    with pytest.raises(ValueError, match="rejection"):
+        exact_event_rates([0.2, 1.2], "deo")
+    with pytest.raises(ValueError, match="rejection"):  # APE: a common rate only
+        exact_event_rates([0.2, 0.3], "ape")
     with pytest.raises(ValueError, match="n_chains"):
         optimal_window(1, 0.5)
     with pytest.raises(ValueError, match="n_chains"):
@@ -398,3 +429,227 @@ def test_bad_inputs_raise_value_error_naming_argument():
         asymptotic_restart_rate(-1.0)
     with pytest.raises(ValueError, match="rejection_rate"):
         scheme_orders(8, 1.0)
+
+
+# ------------------------------------------------- exact event rates vs the index process
+#
+# Lemma 1 of Deng et al. (2023) and Theorem 1 of Syed et al. (2021) predict the rate of
+# *restarts* (= Syed round trips: the two alternate).  The appendix-A.5 count (leave the origin,
+# touch both ends, come back) is a different quantity (for DEO with P = 8, 4-18 % higher
+# depending on r; equal at P = 2; lower for APE); its exact rate
+# comes from the Markov chain of one replica's slot (plus the scheme's clock) and the counter
+# (theory.exact_event_rates).  Both are checked here against the engine's index process under
+# nrpt.FixedRate, which is exactly the model of the theory (every attempted adjacent swap is
+# rejected with probability r, independently).
+#
+# Monte Carlo error: R = 64 independent systems give R per-system rates; se = sd / sqrt(R) and
+# a check passes when |mean - truth| < 4.5 se (seeds fixed).  A burn-in segment (statistics
+# reset after it) removes the transient of the counters, so the expected count over the main
+# segment is exactly its length times the stationary rate.  Each check has a negative control.
+
+Z = 4.5
+
+
+class Frozen(nrpt.explorers.Explorer):
+    """No local move: under a FixedRate rule only the index process matters."""
+
+    name = "frozen"
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        ones = torch.ones_like(state.v)
+        return state, ExploreInfo(ones, ones.bool(), torch.zeros_like(ones, dtype=torch.bool))
+
+
+class Flat:
+    dim = 1
+    name = "flat"
+
+    def energy(self, x):
+        return 0.5 * (x**2).sum(-1)
+
+
+class PairRates(nrpt.swap.Rule):
+    """FixedRate with one rejection rate per adjacent pair (lower slot ``lo``)."""
+
+    name = "pair-rates"
+    exact = False
+
+    def __init__(self, rejection):
+        self.rejection = torch.as_tensor(rejection, dtype=torch.float64)
+
+    def decide(self, ctx):
+        p = 1.0 - self.rejection.to(ctx.u)[ctx.lo]
+        return ctx.u < p, p
+
+
+def simulate(scheme: str, rejection, *, window: int = 1, iterations: int = 3000,
+             systems: int = 64, burn_in: int = 256, seed: int = 0,
+             chains: int = 8) -> dict[str, np.ndarray]:
+    """Per-system events per 1000 iterations of the main segment (after a burn-in segment),
+    through the one run loop with the ``swaps`` and ``round_trips`` recorders.  ``rejection``
+    is a common rate (FixedRate, ``chains`` slots) or one rate per pair."""
+    r = np.atleast_1d(np.asarray(rejection, dtype=float))
+    P = r.size + 1 if r.size > 1 else chains
+    rule = nrpt.FixedRate(float(r[0])) if r.size == 1 else PairRates(r)
+    eng = nrpt.PTEngine(Flat(), nrpt.TemperatureLadder([1.0 + p for p in range(P)]), Frozen(),
+                        nrpt.make_scheme(scheme, window), rule, systems=systems, seed=seed)
+    recorders = {"swaps": SwapStats(systems, P), "round_trips": RoundTrips(eng.slot_of, P)}
+    plan = Plan((Segment("burn-in", burn_in, sample=False), Segment("main", iterations)))
+    execute(Run(engine=eng, adaptors=[], recorders=recorders, plan=plan))
+    out = {k: v.double().numpy() * 1000.0 / iterations
+           for k, v in recorders["round_trips"].counts().items()}
+    out["rejection"] = recorders["swaps"].rejection().numpy()
+    return out
+
+
+def zscore(values: np.ndarray, truth: float) -> float:
+    se = values.std(ddof=1) / math.sqrt(values.size)
+    return float(abs(values.mean() - truth) / se)
+
+
+def test_exact_rates_pair_each_prediction_with_its_quantity():
+    # DEO, P = 8, r = 0.3: Lemma 1 gives 1000 P / E[T] = 125.0 restarts per 1000 iterations;
+    # the exact A.5 rate is 140.84, 12.7 % higher (the number the old report put beside 125)
+    r8 = [0.3] * 7
+    exact = {k: 1000 * v for k, v in exact_event_rates(r8, "deo").items()}
+    assert exact["restarts"] == pytest.approx(125.0, rel=1e-9)
+    assert exact["round_trips"] == pytest.approx(125.0, rel=1e-9)
+    assert exact["round_trips_a5"] == pytest.approx(140.839, abs=1e-3)
+    pred = predicted_rates(r8, "deo")
+    assert pred["restarts_per_1000"] == pytest.approx(125.0, rel=1e-12)
+    assert pred["round_trips_per_1000"] == pred["restarts_per_1000"]
+    assert pred["round_trips_a5_per_1000"] == pytest.approx(exact["round_trips_a5"], rel=1e-12)
+    # A.5 / restarts grows with r and P (1 at P = 2, where the two counts coincide)
+    ratios = [predicted_rates([r] * 7, "deo") for r in (0.1, 0.3, 0.5, 0.9)]
+    ratios = [x["round_trips_a5_per_1000"] / x["restarts_per_1000"] for x in ratios]
+    assert np.all(np.diff(ratios) > 0) and 1.04 < ratios[0] and ratios[-1] < 1.2
+    two = predicted_rates([0.3], "deo")
+    assert two["round_trips_a5_per_1000"] == pytest.approx(two["restarts_per_1000"])
+
+    # SEO, P = 8, r = 0: the old formula (DEO's, whatever the scheme) printed 500; the exact
+    # restart rate is Syed et al.'s reversible one, 1000 / (2 (P - 1)) = 71.43, A.5 84.29
+    assert predicted_round_trips_per_1000([0.0] * 7, scheme="seo") == pytest.approx(1000 / 14)
+    seo = predicted_rates([0.0] * 7, "seo")
+    assert seo["restarts_per_1000"] == pytest.approx(1000 / 14, rel=1e-9)
+    assert seo["round_trips_a5_per_1000"] == pytest.approx(84.29, abs=0.01)
+    assert predicted_round_trips_per_1000([0.0] * 7, scheme="deo") == pytest.approx(500.0)
+
+    # non-uniform rates: DEO and DEO_W restarts are Lemma 1; SEO's the reversible formula
+    r = np.array([0.1, 0.5, 0.2, 0.4, 0.3])
+    P = r.size + 1
+    lemma = 1000 * P / lemma1_round_trip_time(r)
+    assert 1000 * exact_event_rates(r, "deo")["restarts"] == pytest.approx(lemma, rel=1e-9)
+    assert 1000 * exact_event_rates(r, "deo")["restarts"] == pytest.approx(
+        1000 * predicted_restart_rate(r), rel=1e-9)
+    lemma3 = 1000 * P / lemma1_round_trip_time(r, 3)
+    assert 1000 * exact_event_rates(r, "deo-w", 3)["restarts"] == pytest.approx(lemma3, rel=1e-9)
+    reversible = 1000 / (2 * (P - 1) + 2 * np.sum(r / (1 - r)))
+    assert predicted_rates(r, "seo")["restarts_per_1000"] == pytest.approx(reversible, rel=1e-9)
+    # APE: the adjacent rates do not determine the non-adjacent ones
+    assert set(predicted_rates(r, "ape").values()) == {None}
+    # a cut ladder (some r_p = 1): no restarts, no trips, whatever the scheme
+    for scheme in ("deo", "seo", "adj"):
+        assert set(predicted_rates([0.2, 1.0, 0.3], scheme).values()) == {0.0}
+
+
+@pytest.fixture(scope="module")
+def deo_p8_r03():
+    return simulate("deo", 0.3)
+
+
+def test_fixed_rate_restart_rate_matches_lemma1(deo_p8_r03):
+    # (a) Lemma 1's model exactly: the observed restart rate and Syed round-trip rate are 125.0
+    obs = deo_p8_r03
+    np.testing.assert_allclose(obs["rejection"], 0.3, atol=1e-12)
+    lemma = predicted_round_trips_per_1000([0.3] * 7, scheme="deo")
+    assert lemma == pytest.approx(125.0)
+    assert zscore(obs["restarts"], lemma) < Z
+    assert zscore(obs["round_trips"], lemma) < Z
+    # negative control: restarts are not the A.5 count's 140.8
+    assert zscore(obs["restarts"], 1000 * exact_event_rates([0.3] * 7, "deo")["round_trips_a5"]) > Z
+
+
+def test_fixed_rate_a5_count_matches_the_exact_rate_not_lemma1(deo_p8_r03):
+    # (b) the A.5 count runs at the exact A.5 rate 140.8 -- and is NOT what Lemma 1 predicts
+    obs = deo_p8_r03["round_trips_a5"]
+    exact = 1000 * exact_event_rates([0.3] * 7, "deo")["round_trips_a5"]
+    assert exact == pytest.approx(140.84, abs=0.01)
+    assert zscore(obs, exact) < Z
+    assert zscore(obs, predicted_round_trips_per_1000([0.3] * 7, scheme="deo")) > Z  # control
+
+
+def test_seo_prediction_matches_simulation_not_the_deo_formula():
+    # (c) SEO, r = 0, P = 8: restarts at 71.4 and A.5 trips at 84.3 per 1000, not 500
+    obs = simulate("seo", 0.0)
+    pred = predicted_rates([0.0] * 7, "seo")
+    assert predicted_round_trips_per_1000([0.0] * 7, scheme="seo") == pytest.approx(71.43,
+                                                                                 abs=0.01)
+    assert zscore(obs["restarts"], pred["restarts_per_1000"]) < Z
+    assert zscore(obs["round_trips"], pred["round_trips_per_1000"]) < Z
+    assert zscore(obs["round_trips_a5"], pred["round_trips_a5_per_1000"]) < Z
+    # negative controls: the old DEO formula (500) and the restart rate for the A.5 count
+    assert zscore(obs["round_trips_a5"], 500.0) > Z
+    assert zscore(obs["round_trips_a5"], pred["restarts_per_1000"]) > Z
+
+
+@pytest.mark.parametrize(("scheme", "rejection", "window"), [
+    ("adj", 0.3, 1),
+    ("ape", 0.3, 1),
+    ("deo-w", 0.3, 3),
+    ("deo", [0.1, 0.5, 0.2, 0.4, 0.3], 1),
+    ("seo", [0.1, 0.5, 0.2, 0.4, 0.3], 1),
+])
+def test_exact_event_rates_match_the_index_process(scheme, rejection, window):
+    # every scheme's chain in exact_event_rates (ADJ's one-sweep climb, APE's random pair,
+    # DEO_W's window-level chain with r^W, non-uniform rates) against the engine
+    r = np.asarray(rejection, dtype=float)
+    rates = r if r.ndim else np.full(7, float(r))
+    obs = simulate(scheme, rejection, window=window, iterations=2000)
+    exact = {k: 1000 * v for k, v in exact_event_rates(rates, scheme, window).items()}
+    for key, truth in exact.items():
+        assert zscore(obs[key], truth) < Z, (key, obs[key].mean(), truth)
+    # negative control: restarts and A.5 trips are distinguishable at this size
+    assert zscore(obs["round_trips_a5"], exact["restarts"]) > Z
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rejection", [0.1, 0.6])
+@pytest.mark.parametrize("chains", [4, 16])
+@pytest.mark.parametrize(("scheme", "window"), [("deo", 1), ("deo-w", 4), ("seo", 1), ("adj", 1),
+                                                ("ape", 1)])
+def test_exact_event_rates_match_long_runs(scheme, window, chains, rejection):
+    # the same check on a grid of ladders, with long runs (the slow suite).  Where the index
+    # process is nearly deterministic (DEO_4 with r = 0.1: a window fails with r^W = 1e-4) the
+    # burn-in does not randomize the phase of the cycle, every system sits at the same phase and
+    # sd / sqrt(R) misses the phase error of the count: at most about one event per replica at
+    # each end of the counting window, allowed for as 1000 P / K on top of Z se
+    K = 10_000
+    obs = simulate(scheme, rejection, window=window, chains=chains, iterations=K,
+                   systems=32, burn_in=1000, seed=chains)
+    phase = 1000.0 * chains / K
+
+    def close(values, truth):
+        se = values.std(ddof=1) / math.sqrt(values.size)
+        return abs(values.mean() - truth) < Z * se + phase
+
+    exact = exact_event_rates([rejection] * (chains - 1), scheme, window)
+    for key, rate in exact.items():
+        assert close(obs[key], 1000 * rate), (key, obs[key].mean(), 1000 * rate)
+    if scheme in ("deo", "deo-w"):
+        lemma = predicted_round_trips_per_1000([rejection] * (chains - 1), window, scheme=scheme)
+        assert close(obs["restarts"], lemma)
+
+
+def test_run_summary_pairs_each_prediction_with_its_quantity():
+    # the report: restarts beside Lemma 1 / the scheme's exact restart rate, A.5 trips beside
+    # the exact A.5 rate (FixedRate: the measured rejection is exactly r, so the predictions
+    # are exact numbers)
+    target = Gaussian(np.zeros(1), np.eye(1))
+    for scheme, r, restarts, a5 in (("deo", 0.3, 125.0, 140.839), ("seo", 0.0, 71.429, 84.291)):
+        res = nrpt.sample(target, rule=nrpt.FixedRate(r), chains=8, iterations=200,
+                          scheme=scheme, seed=1, figures=False)
+        s = res.summary
+        assert s["predicted_restarts_per_1000"] == pytest.approx(restarts, abs=1e-3), scheme
+        assert s["predicted_round_trips_a5_per_1000"] == pytest.approx(a5, abs=1e-3), scheme
+        for key in ("restarts_per_1000", "round_trips_per_1000", "round_trips_a5_per_1000"):
+            assert key in s

@@ -11,7 +11,11 @@ import torch
 
 import nrpt
 from nrpt import rng
-from nrpt.explorers import Noise
+from nrpt.explorers import HMC, MALA, Noise, ReplicaState
+from nrpt.explorers.base import Explorer
+from nrpt.explorers.metropolis import metropolis_select
+from nrpt.loop import Plan, Run, execute
+from nrpt.recorders import RoundTrips, SwapStats
 from nrpt.swap import AlwaysAccept, make_rule
 
 
@@ -29,7 +33,8 @@ def make_engine(scheme="deo", window=1, R=2, temps=(1.0, 2.0, 4.0, 8.0), step=0.
                 explorer="rwmh", rule=None, target=None):
     target = target or Quartic()
     path = nrpt.TemperatureLadder(list(temps))
-    return nrpt.PTEngine(target, path, nrpt.make_explorer(explorer),
+    ex = nrpt.make_explorer(explorer) if isinstance(explorer, str) else explorer
+    return nrpt.PTEngine(target, path, ex,
                          nrpt.make_scheme(scheme, window), rule or make_rule("metropolis"),
                          step_size=[step * math.sqrt(t) for t in temps], systems=R, seed=seed)
 
@@ -97,9 +102,18 @@ def test_batched_engine_matches_reference_loop(scheme):
 
 
 # ---------------------------------------------------------------- round trips, always accept
-def _counts(eng):
-    t = eng.tracker
-    return int(t.restarts.sum()), int(t.round_trips.sum()), int(t.round_trips_a5.sum())
+def run_recorded(eng, K):
+    """``K`` iterations through the one run loop with the round-trip and swap recorders
+    attached (counters are recorders, not engine fields); returns the recorders."""
+    recs = {"round_trips": RoundTrips(eng.slot_of, eng.P), "swaps": SwapStats(eng.R, eng.P)}
+    outcome = execute(Run(eng, [], recs, Plan.fixed(K)))
+    assert not outcome.interrupted and eng.k == K
+    return recs
+
+
+def _counts(recs):
+    c = recs["round_trips"].counts()
+    return int(c["restarts"].sum()), int(c["round_trips"].sum()), int(c["round_trips_a5"].sum())
 
 
 def test_round_trips_exact_with_always_accept_deo():
@@ -107,11 +121,14 @@ def test_round_trips_exact_with_always_accept_deo():
     # ends with period 2P.  For P = 4, K = 80, one system, the counts derived by hand in
     # tests/test_diagnostics.py are 39 restarts, 37 Syed round trips, 40 A.5 round trips.
     eng = make_engine("deo", R=1, rule=AlwaysAccept())
-    for _ in range(80):
-        eng.step()
-    assert _counts(eng) == (39, 37, 40)
+    recs = run_recorded(eng, 80)
+    assert _counts(recs) == (39, 37, 40)
     # every replica completes one A.5 round trip per 2P = 8 iterations: 80 / 8 = 10 each
-    assert eng.tracker.per_replica()["round_trips_a5"].tolist() == [[10, 10, 10, 10]]
+    per_replica = recs["round_trips"].tracker.per_replica()
+    assert per_replica["round_trips_a5"].tolist() == [[10, 10, 10, 10]]
+    # and every proposed swap was executed: DEO proposes each pair every other iteration
+    assert recs["swaps"].swaps.tolist() == [[40, 40, 40]]
+    assert recs["swaps"].attempts.tolist() == [[40, 40, 40]]
 
 
 @pytest.mark.parametrize("window", [2, 3])
@@ -119,9 +136,7 @@ def test_round_trips_exact_with_always_accept_deo_w(window):
     # A window of W iterations acts like one DEO iteration (one swap per pair, then the gate
     # closes), so K = 80 W iterations give the same counts as 80 DEO iterations.
     eng = make_engine("deo-w", window=window, R=1, rule=AlwaysAccept())
-    for _ in range(80 * window):
-        eng.step()
-    assert _counts(eng) == (39, 37, 40)
+    assert _counts(run_recorded(eng, 80 * window)) == (39, 37, 40)
 
 
 def test_lemma1_matches_always_accept_round_trip_time():
@@ -129,10 +144,8 @@ def test_lemma1_matches_always_accept_round_trip_time():
     for W in (1, 2, 4):
         eng = make_engine("deo-w", window=W, R=1, rule=AlwaysAccept())
         K = 2 * 4 * W * 25
-        for _ in range(K):
-            eng.step()
-        assert int(eng.tracker.round_trips_a5.sum()) == K * 4 // nrpt.diagnostics.theory \
-            .lemma1_round_trip_time([0.0] * 3, W)
+        a5 = _counts(run_recorded(eng, K))[2]
+        assert a5 == K * 4 // nrpt.diagnostics.theory.lemma1_round_trip_time([0.0] * 3, W)
 
 
 # ---------------------------------------------------------------- DEO_W guarantees
@@ -140,15 +153,18 @@ def test_lemma1_matches_always_accept_round_trip_time():
 def test_deo_w_at_most_one_swap_per_pair_per_window_and_parity(W):
     eng = make_engine("deo-w", window=W, R=3, temps=(1.0, 1.3, 1.7, 2.2, 3.0, 4.0))
     P = eng.P
+    swaps = SwapStats(eng.R, P)  # executed swaps per pair, fed one iteration at a time
     swaps_in_window = torch.zeros(3, P - 1, dtype=torch.int64)
-    prev = eng.pair_swaps.clone()
+    prev = swaps.swaps.clone()
     total = 0
     for k in range(40 * W):
         if k % W == 0:
             swaps_in_window.zero_()
-        eng.step()
-        new = eng.pair_swaps - prev
-        prev = eng.pair_swaps.clone()
+        it = eng.step()
+        assert it.k == k
+        swaps.record(it)
+        new = swaps.swaps - prev
+        prev = swaps.swaps.clone()
         parity = (k // W) % 2
         wrong_parity = torch.arange(P - 1) % 2 != parity
         assert int(new[:, wrong_parity].sum()) == 0
@@ -174,11 +190,12 @@ def test_deo_w_window_one_is_deo_bitwise():
         (dict(temperatures=[1.0, 3.0, 2.0], chains=3), "strictly increasing"),
         (dict(temperatures=[2.0, 3.0], chains=2), r"temperatures\[0\] must be 1"),
         (dict(scheme="deo-w", window=0), "window must be an integer >= 1"),
-        (dict(step_size=0.0), "step_size must be > 0"),
-        (dict(step_size=-1.0), "step_size must be > 0"),
+        (dict(step_size=0.0), "step_size must be a finite number > 0"),
+        (dict(step_size=-1.0), "step_size must be a finite number > 0"),
         (dict(scheme="bogus"), "scheme must be one of"),
         (dict(explorer="gibbs"), "explorer must be one of"),
-        (dict(scheme="seo", window=4), "window applies to scheme 'deo-w'"),
+        (dict(scheme="seo", window=4),
+         r"window does not apply to this exact run .*window is for scheme 'deo-w'"),
     ],
 )
 def test_bad_configuration_is_rejected_with_a_clear_message(kwargs, match):
@@ -229,8 +246,9 @@ class HalfLine:
 @pytest.mark.parametrize("bad", [math.inf, math.nan])
 @pytest.mark.parametrize("explorer", ["rwmh", "mala", "hmc"])
 def test_nonfinite_proposals_are_rejected_counted_and_reported(bad, explorer):
+    extra = {"leapfrog_steps": 3} if explorer == "hmc" else {}  # only HMC takes it
     res = nrpt.sample(HalfLine(bad), chains=4, iterations=3000, step_size=0.8, max_temperature=4,
-                      explorer=explorer, leapfrog_steps=3, seed=1)
+                      explorer=explorer, seed=1, **extra)
     assert np.isfinite(res.samples).all() and (res.samples > 0).all()
     assert res.nonfinite_proposals > 0
     assert all(a is not None and 0.0 <= a <= 1.0 for a in res.swap_acceptance)
@@ -262,12 +280,12 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path):
         if engine.k >= 700:
             raise KeyboardInterrupt
 
-    from nrpt.api import _run
+    from nrpt.api import run_config
     from nrpt.config import RunConfig
 
     cfg = RunConfig(iterations=1200, seed=9, scheme="deo-w", window=3,
                     out=str(tmp_path / "cut"), checkpoint_every=250)
-    part = _run(cfg, callback=interrupt)
+    part = run_config(cfg, callback=interrupt)
     assert part.summary["interrupted"] and part.summary["n_iterations"] < 1200
     resumed = nrpt.resume(tmp_path / "cut")
     assert resumed.summary["n_iterations"] == 1200
@@ -294,3 +312,177 @@ def test_supplied_gradient_is_used_and_matches_autograd():
     assert WithGrad.calls > 0
     torch.testing.assert_close(a.state.x, b.state.x, rtol=1e-10, atol=1e-10)
     assert torch.equal(a.slot_of, b.slot_of)
+
+
+# ---------------------------------------------------------------- the gradient cache (MALA, HMC)
+class CountingQuartic(Quartic):
+    """Quartic with a supplied gradient that counts the states it is evaluated at."""
+
+    def __init__(self):
+        self.rows = 0
+
+    def grad_energy(self, x):
+        self.rows += x.shape[0]
+        return (x**2 - 4.0) * x
+
+
+class CountingAutograd(Quartic):
+    """Quartic without a supplied gradient: counts the states of the forward passes made for
+    autograd (inputs that require grad)."""
+
+    def __init__(self):
+        self.rows = 0
+
+    def energy(self, x):
+        if x.requires_grad:
+            self.rows += x.shape[0]
+        return super().energy(x)
+
+
+class CountingGeometric:
+    """A 1-D geometric-form target, N(0, 3^2) reference times a Gaussian likelihood, with
+    supplied gradients that count the states they are evaluated at (both are evaluated
+    together, so one count per state)."""
+
+    dim = 1
+    name = "counting-geometric"
+
+    def __init__(self):
+        self.rows = 0
+
+    def log_likelihood(self, x):
+        return -2.0 * (x[:, 0] - 1.0) ** 2
+
+    def reference_log_prob(self, x):
+        return -0.5 * (x[:, 0] / 3.0) ** 2
+
+    def reference_sample(self, n, generator):
+        return 3.0 * torch.randn(n, 1, generator=generator, dtype=torch.float64)
+
+    def grad_log_likelihood(self, x):
+        self.rows += x.shape[0]
+        return -4.0 * (x - 1.0)
+
+    def grad_reference_log_prob(self, x):
+        return -x / 9.0
+
+
+@pytest.mark.parametrize("explorer,per_step", [("rwmh", 0), ("slice", 0), ("mala", 1),
+                                               ("hmc", 3)])
+@pytest.mark.parametrize("target", [CountingQuartic, CountingAutograd])
+def test_gradient_evaluations_per_step(explorer, per_step, target):
+    # The cache is filled once at init (engine -> explorer.prepare); after that MALA evaluates
+    # one gradient per replica per step (at the proposal) and HMC one per leapfrog step.
+    t = target()
+    R, P, K = 2, 4, 25
+    ex = HMC(leapfrog_steps=3) if explorer == "hmc" else nrpt.make_explorer(explorer)
+    eng = nrpt.PTEngine(t, nrpt.TemperatureLadder([1.0, 2.0, 4.0, 8.0]), ex,
+                        nrpt.make_scheme("deo", 1), make_rule("metropolis"), step_size=0.5,
+                        systems=R, seed=4)
+    at_init = R * P if per_step else 0
+    assert t.rows == at_init
+    for _ in range(K):
+        eng.step()
+    assert t.rows == at_init + K * R * P * per_step
+    assert (eng.slot_of != torch.arange(P)).any()  # replicas changed slot: the cache moved along
+
+
+@pytest.mark.parametrize("explorer,per_step", [("mala", 1), ("hmc", 3)])
+def test_reference_refresh_prepares_the_fresh_draws(explorer, per_step):
+    # On a geometric path the reference slot gets a fresh iid draw every iteration; the engine
+    # fills its gradient cache (one gradient per system) so no stale gradient is ever used.
+    t = CountingGeometric()
+    R, P, K = 3, 4, 20
+    ex = HMC(leapfrog_steps=3) if explorer == "hmc" else MALA()
+    eng = nrpt.PTEngine(t, nrpt.GeometricPath([1.0, 0.6, 0.3, 0.0]), ex,
+                        nrpt.make_scheme("deo", 1), make_rule("metropolis"), step_size=0.4,
+                        systems=R, seed=2)
+    assert t.rows == R * P
+    for _ in range(K):
+        eng.step()
+    assert t.rows == R * P + K * (R * P * per_step + R)
+    # every cached gradient describes its replica's current state
+    torch.testing.assert_close(eng.state.extras["grad_v"], 4.0 * (eng.state.x - 1.0))
+    torch.testing.assert_close(eng.state.extras["grad_base"], -eng.state.x / 9.0)
+
+
+class UncachedMALA(Explorer):
+    """The textbook MALA step: both gradients recomputed at the slot's b every step (two
+    gradient evaluations), no state in ``extras``."""
+
+    name = "mala-uncached"
+    uses_gradient = True
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        h = step_size[..., None]
+        _, _, g = density.with_grad(state.x, b)
+        xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
+        x_new = state.x + 0.5 * h * h * g + h * xi
+        v, base, g_new = density.with_grad(x_new, b)
+        prop = ReplicaState(x_new, v, base)
+        fwd = ((x_new - state.x - 0.5 * h * h * g) ** 2).sum(-1)
+        bwd = ((state.x - x_new - 0.5 * h * h * g_new) ** 2).sum(-1)
+        log_a = prop.log_density(b) - state.log_density(b) + (fwd - bwd) / (2.0 * step_size**2)
+        ok = torch.isfinite(log_a)
+        return metropolis_select(state, prop, log_a, ok, noise, sub)
+
+
+class UncachedHMC(HMC):
+    """The textbook HMC step: the initial gradient recomputed at the slot's b every step."""
+
+    name = "hmc-uncached"
+
+    def prepare(self, state, density):
+        return state
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        fresh = HMC.prepare(self, ReplicaState(state.x, state.v, state.base), density)
+        new, info = super().step(fresh, b, step_size, density, noise, sub)
+        return ReplicaState(new.x, new.v, new.base), info  # keep nothing between steps
+
+
+class ForgetfulMALA(MALA):
+    """Negative control: fills its cache at init only, not for the fresh reference draws."""
+
+    def __init__(self):
+        self.prepared = 0
+
+    def prepare(self, state, density):
+        self.prepared += 1
+        return super().prepare(state, density) if self.prepared == 1 else state
+
+
+def _geometric_engine(explorer, seed=6):
+    return nrpt.PTEngine(CountingGeometric(), nrpt.GeometricPath([1.0, 0.6, 0.3, 0.0]),
+                         explorer, nrpt.make_scheme("deo", 1), make_rule("metropolis"),
+                         step_size=[0.5, 0.7, 1.0, 1.5], systems=3, seed=seed)
+
+
+@pytest.mark.parametrize("kind", ["mala", "hmc"])
+@pytest.mark.parametrize("path", ["temperature", "geometric"])
+def test_gradient_cache_gives_the_uncached_trajectory(kind, path):
+    # The cached step (gradient at x from the cache, combined at the replica's current b) must
+    # make exactly the moves of the textbook step, through swaps (a replica's b changes) and
+    # reference refreshes (states replaced from outside the explorer).
+    cached = MALA() if kind == "mala" else HMC(leapfrog_steps=3)
+    plain = UncachedMALA() if kind == "mala" else UncachedHMC(leapfrog_steps=3)
+    if path == "geometric":
+        a, b = _geometric_engine(cached), _geometric_engine(plain)
+    else:
+        a, b = make_engine(explorer=cached, R=3), make_engine(explorer=plain, R=3)
+    for _ in range(60):
+        a.step()
+        b.step()
+        assert torch.equal(a.slot_of, b.slot_of)
+    torch.testing.assert_close(a.state.x, b.state.x, rtol=1e-10, atol=1e-10)
+    assert (a.slot_of != torch.arange(a.P)).any()
+
+
+def test_negative_control_stale_cache_after_reference_refresh_is_caught():
+    # If the fresh reference draws kept the gradient of the replica they replace, the same
+    # comparison fails: the test above would catch an engine that forgot to prepare them.
+    a, b = _geometric_engine(ForgetfulMALA()), _geometric_engine(UncachedMALA())
+    for _ in range(60):
+        a.step()
+        b.step()
+    assert not torch.allclose(a.state.x, b.state.x, rtol=1e-6, atol=1e-6)

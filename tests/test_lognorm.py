@@ -1,5 +1,5 @@
 """Stepping-stone log normalizing constants (nrpt.lognorm): the streaming log-sum-exp, the
-engine hook on fixed schedules against closed forms, energies of order 10^6, and ratios.
+``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
 
 Statistical checks use R independent PT systems (the engine's system axis): each gives one
 estimate, the standard error is sd / sqrt(R), and |mean - truth| < 4.5 se (for R = 8, a t_7
@@ -17,6 +17,7 @@ import torch
 
 import nrpt
 from nrpt.lognorm import SteppingStone, StreamingLogSumExp
+from nrpt.loop import Plan, Run, Segment, execute
 from nrpt.targets import Gaussian
 from nrpt.targets.gaussian_path import ScaledGaussianPath, ShiftedGaussianPath
 
@@ -51,17 +52,16 @@ def test_streaming_logsumexp_skips_and_counts_invalid_terms():
 
 
 def run_fixed(target, betas, iterations=600, seed=1, step=0.8):
-    """PT on a fixed geometric schedule with a SteppingStone hook; estimates after burn-in."""
+    """PT on a fixed geometric schedule with the ``log_z`` recorder, through the run loop: a
+    burn-in segment, then the main segment, whose start resets the recorder (the estimates
+    use only the main segment's iterations, started in (near) stationarity)."""
     path = nrpt.GeometricPath(betas)
     eng = nrpt.PTEngine(target, path, nrpt.make_explorer("rwmh"), nrpt.make_scheme("deo"),
                         nrpt.make_rule("metropolis"), step_size=step, systems=R, seed=seed)
     stone = SteppingStone(R, path.n_slots, reference_normalized=True)
-    eng.hooks.append(stone)
-    for _ in range(100):  # burn-in: start the accumulators in (near) stationarity
-        eng.step()
-    stone.reset()
-    for _ in range(iterations):
-        eng.step()
+    plan = Plan((Segment("burn-in", 100, sample=False), Segment("main", iterations)))
+    execute(Run(engine=eng, adaptors=[], recorders={stone.name: stone}, plan=plan))
+    assert stone.n == iterations
     return {k: v.numpy() for k, v in stone.estimate().items()}
 
 
@@ -108,17 +108,17 @@ def test_temperature_ladder_gives_the_ratio_of_normalizing_constants():
                         nrpt.make_rule("metropolis"),
                         step_size=[1.2 * math.sqrt(t) for t in temps], systems=R, seed=4)
     stone = SteppingStone(R, path.n_slots, reference_normalized=False)
-    eng.hooks.append(stone)
-    for _ in range(100):
+    for _ in range(100):  # burn-in, not recorded
         eng.step()
-    stone.reset()
-    for _ in range(800):
-        eng.step()
+    stone.start_segment(True, 800)
+    for _ in range(800):  # the recorder contract by hand: record every iteration
+        stone.record(eng.step())
+    assert stone.n == 800
     est = stone.estimate()["log_normalizer"].numpy()
     assert check(est, 0.5 * d * math.log(1 / 16)) < Z
 
 
-def test_hook_state_round_trips_through_a_state_dict():
+def test_recorder_state_round_trips_through_a_state_dict_and_summarizes():
     stone = SteppingStone(2, 3, reference_normalized=True)
     stone.forward.add(torch.ones(2, 2, dtype=torch.float64))
     stone.reverse.add(torch.zeros(2, 2, dtype=torch.float64))
@@ -126,3 +126,13 @@ def test_hook_state_round_trips_through_a_state_dict():
     other.load_state_dict(stone.state_dict())
     for k, v in stone.estimate().items():
         torch.testing.assert_close(other.estimate()[k], v)
+    # forward: log(Z_p / Z_{p+1}) = 1 per pair, reverse: 0 -> log Z = (2 + 0) / 2 = 1
+    s = other.summary()
+    assert s["log_normalizer"] == [1.0, 1.0] and s["log_normalizer_kind"] == "log Z"
+    assert s["log_normalizer_forward"] == [2.0, 2.0] and s["log_normalizer_reverse"] == [0, 0]
+    assert other.segment_row() == {"log_normalizer": 1.0}
+    # a segment that resets starts fresh statistics (a new round's schedule)
+    other.start_segment(False, 10)
+    assert other.n == 1
+    other.start_segment(True, 10)
+    assert other.n == 0

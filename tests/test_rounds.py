@@ -1,6 +1,7 @@
-"""The round-based driver end to end: run folder contract and summary fields, ArviZ export,
-resume at round boundaries (bit for bit), the CLI, explorer tuning between rounds, the
-label-switching mixture example, and bad input (clear messages, no crash mid-run)."""
+"""Adaptive NRPT (``nrpt.sample(target, rounds=N)``: the one run loop with the plan
+``Plan.rounds(N)``) end to end: run folder contract and summary fields, ArviZ export, resume at
+round boundaries (bit for bit), the CLI, explorer tuning between rounds, the label-switching
+mixture example, and bad input (clear messages, no crash mid-run)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.api import _run
+from nrpt.api import run_config
 from nrpt.cli import main
 from nrpt.config import RunConfig
 from nrpt.diagnostics import count_round_trips
+from nrpt.loop import Plan
 from nrpt.report import import_arviz
-from nrpt.rounds import RoundsResult, round_lengths, sample_adaptive
 from nrpt.target import TargetError
 from nrpt.targets import Gaussian
 from nrpt.targets.gaussian_path import ScaledGaussianPath
@@ -27,43 +28,65 @@ from nrpt.targets.mixture_model import mixture_model
 SMALL = {"dim": 3, "c": 4.0}
 
 
+def round_lengths(n: int) -> list[int]:
+    return [seg.iterations for seg in Plan.rounds(n).segments]
+
+
 def test_round_lengths_double():
-    assert round_lengths(4) == [2, 4, 8, 16]
+    plan = Plan.rounds(4)
+    assert round_lengths(4) == [2, 4, 8, 16] and plan.total == 30
+    assert all(seg.reset for seg in plan.segments)  # every round starts fresh statistics
+    assert [seg.sample for seg in plan.segments] == [False, False, False, True]
+    assert plan.sample_start == 14  # the samples are the last round's draws
 
 
 def test_run_folder_contract_summary_and_arviz_export(tmp_path):
     out = tmp_path / "run"
     res = nrpt.sample("geometric-gaussian-path", target_options=SMALL, rounds=6, chains=6,
                       systems=2, explorer="slice", seed=3, out=str(out))
-    assert isinstance(res, RoundsResult)
+    assert isinstance(res, nrpt.Result) and len(res.rows) == 6
+    assert [row["iterations"] for row in res.rows] == round_lengths(6)
     K = sum(round_lengths(6))
     for name in ("config.toml", "summary.json", "samples.npy", "energies.npy", "index.npy",
-                 "rounds.csv", "rounds.json", "report.txt", "checkpoint.pt", "posterior.nc",
+                 "rounds.csv", "report.txt", "checkpoint.pt", "posterior.nc",
                  "index_process.png", "swap_acceptance.png", "local_barrier.png",
                  "schedules.png"):
         assert (out / name).is_file(), name
-    # samples: the last round (64 iterations) of both systems; index: every iteration
-    assert np.load(out / "samples.npy").shape == (2, 64, 3) == res.samples.shape
-    assert np.load(out / "energies.npy").shape == (2, 64)
+    # samples: the last round (64 iterations) of both systems; index: every iteration.  The
+    # files are streamed (nrpt.record): their last 64 draws are the last round's
+    assert res.samples.shape == (2, 64, 3) and res.energies.shape == (2, 64)
+    assert np.array_equal(np.load(out / "samples.npy")[:, -64:], res.samples)
+    assert np.array_equal(np.load(out / "energies.npy")[:, -64:], res.energies)
     index = np.load(out / "index.npy")
     assert index.shape == (K + 1, 2, 6) and np.array_equal(index, res.index)
     s = json.loads((out / "summary.json").read_text())
-    assert s["n_iterations"] == K and s["rounds"] == 6 and "last round" in s["statistics_from"]
+    assert s["n_iterations"] == K and s["rounds"] == 6 and s["rounds_planned"] == 6
+    assert "round 6" in s["statistics_from"]  # the summary describes the last round
     for key in ("log_normalizer", "log_normalizer_forward", "log_normalizer_reverse",
                 "barrier", "restart_rate", "predicted_restart_rate", "asymptotic_restart_rate",
-                "recommended_chains", "log_normalizer_per_slot"):
+                "recommended_chains", "log_normalizer_per_slot", "restarts", "restarts_total"):
         assert len(s[key]) == 2, key  # one per system
-    assert s["log_normalizer_kind"] == "log Z" and s["log_normalizer_note"] is None
+    assert s["log_normalizer_kind"] == "log Z" and s.get("log_normalizer_note") is None
     assert len(s["schedule_per_round"]) == 6 and len(s["schedule_per_round"][0]) == 2
+    # the rows: one per round, with the schedule each round ran on
+    assert [row["b"] for row in res.rows] == s["schedule_per_round"]
+    assert s["round_rows"] == json.loads(json.dumps(res.rows))
+    assert res.rows[-1]["barrier"] == pytest.approx(np.mean(s["barrier"]))
+    assert res.rows[-1]["log_normalizer"] == pytest.approx(np.mean(s["log_normalizer"]))
     assert len(s["local_barrier"]["grid"]) == len(s["local_barrier"]["values"][0]) == 51
-    assert len(s["round_rows"]) == 6 and len((out / "rounds.csv").read_text().splitlines()) == 7
+    assert len((out / "rounds.csv").read_text().splitlines()) == 7
     assert len((out / "report.txt").read_text().splitlines()) == 7
     curve = s["restart_rate_curve"]
     assert len(curve["chains"]) == len(curve["predicted_restart_rate"]) >= 3
-    # the index process on disk reproduces the online restart / round-trip counts
+    # the index process on disk reproduces the online restart / round-trip counts: over the
+    # whole run (``*_total``) and in the last round (the counters run on across rounds)
     counts = count_round_trips(index)
-    assert counts["restarts"].tolist() == s["restarts"]
-    assert counts["round_trips"].tolist() == s["round_trips"]
+    before = count_round_trips(index[:K - 64 + 1])
+    for key in ("restarts", "round_trips"):
+        assert counts[key].tolist() == s[f"{key}_total"], key
+        assert (counts[key] - before[key]).tolist() == s[key], key
+    assert (np.array(s["restarts"]) / 64).tolist() == s["restart_rate"]
+    assert res.rows[-1]["restarts"] == pytest.approx(np.mean(s["restarts"]))
     # what the user sees
     text = str(res)
     assert "log Z" in text and "restart rate" in text and "2Λ̂" in text
@@ -81,25 +104,28 @@ def test_run_folder_contract_summary_and_arviz_export(tmp_path):
 def test_resume_from_a_round_boundary_is_bit_for_bit(tmp_path):
     opts = dict(target="geometric-gaussian-path", target_options=SMALL, rounds=6, chains=5, seed=5,
                 explorer="rwmh", figures=False)
-    full = _run(RunConfig(out=str(tmp_path / "full"), **opts))
+    full = run_config(RunConfig(out=str(tmp_path / "full"), **opts))
 
     def interrupt(engine):  # called at every round's end: stop as round 5 finishes
         if engine.k >= sum(round_lengths(5)):
             raise KeyboardInterrupt
 
-    part = _run(RunConfig(out=str(tmp_path / "cut"), **opts), callback=interrupt)
-    # round 5 did not complete (the interrupt came before it was stored): back to round 4
-    assert part.summary["interrupted"] and part.summary["rounds"] == 4
-    assert part.summary["n_iterations"] == sum(round_lengths(4))
-    assert part.samples.shape == (16, 3)  # the last completed round's draws
+    part = run_config(RunConfig(out=str(tmp_path / "cut"), **opts), callback=interrupt)
+    # the callback runs after round 5 was stored and adapted: 5 rounds done, then the stop
+    assert part.summary["interrupted"] and part.summary["rounds"] == 5
+    assert part.summary["n_iterations"] == sum(round_lengths(5)) and len(part.rows) == 5
+    assert "round 5" in part.summary["statistics_from"]
+    assert [r["b"] for r in part.rows] == [r["b"] for r in full.rows[:5]]
     resumed = nrpt.resume(tmp_path / "cut")
     assert resumed.summary["rounds"] == 6 and not resumed.summary["interrupted"]
     assert np.array_equal(resumed.samples, full.samples)
     assert np.array_equal(resumed.index, full.index)
     assert np.array_equal(np.load(tmp_path / "cut" / "index.npy"), full.index)
     for key in ("log_normalizer", "barrier", "schedule_per_round", "restarts", "round_trips",
-                "local_barrier", "swap_acceptance"):
+                "local_barrier", "swap_acceptance", "restarts_total"):
         assert resumed.summary[key] == full.summary[key], key
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+    assert drop(resumed.rows) == drop(full.rows)
 
 
 def test_cli_rounds_defaults_to_the_slice_explorer(tmp_path, capsys):
@@ -114,7 +140,7 @@ def test_cli_rounds_defaults_to_the_slice_explorer(tmp_path, capsys):
     s = json.loads((out / "summary.json").read_text())
     assert s["rounds"] == 4 and s["n_iterations"] == 30
     assert main(["run", "--rounds", "0", "--no-progress"]) == 2
-    assert "rounds must be an integer >= 1" in capsys.readouterr().err
+    assert "rounds must be an integer in [1, 24]" in capsys.readouterr().err
 
 
 def test_step_sizes_are_tuned_towards_the_target_acceptance():
@@ -122,36 +148,39 @@ def test_step_sizes_are_tuned_towards_the_target_acceptance():
     # 1..8: between rounds the step shrinks until the acceptance is near 0.574
     target = Gaussian(np.zeros(4), np.eye(4))
     res = nrpt.sample(target, rounds=8, chains=4, max_temperature=8.0, explorer="mala",
-                      step_size=6.0, systems=2, seed=2)
-    first = res.round_stats[0]
-    last = res.round_stats[-1]
-    assert np.all(last.step_size < first.step_size)
-    acc = last.explorer_acceptance
+                      step_size=6.0, systems=2, seed=2, figures=False)
+    first = 6.0 * np.sqrt([1, 2, 4, 8])  # round 1: the scalar step times sqrt(temperature)
+    last = np.array(res.summary["step_size"])  # the last round's step sizes [R, P]
+    assert last.shape == (2, 4) and np.all(last < first)
+    acc = np.array(res.summary["explorer_acceptance"])  # the last round's acceptance [R, P]
     assert np.all((acc > 0.4) & (acc < 0.75)), acc
     # switched off: the step size stays put
     fixed = nrpt.sample(target, rounds=4, chains=4, max_temperature=8.0, explorer="mala",
-                        step_size=6.0, adapt_step_size=False, adapt_schedule=False)
-    np.testing.assert_allclose(fixed.round_stats[-1].step_size[0], 6.0 * np.sqrt([1, 2, 4, 8]))
-    assert np.allclose(fixed.round_stats[-1].schedule, fixed.round_stats[0].schedule)
+                        step_size=6.0, adapt_step_size=False, adapt_schedule=False,
+                        figures=False)
+    np.testing.assert_allclose(fixed.summary["step_size"], 6.0 * np.sqrt([1, 2, 4, 8]))
+    assert np.allclose(fixed.rows[-1]["b"], fixed.rows[0]["b"])
+    assert np.all(np.array(fixed.summary["explorer_acceptance"]) < 0.1)  # far off 0.574
 
 
 def test_slice_width_follows_the_spread_of_each_slot():
     # N(0, I / (1 + 9 beta)): the sd of a coordinate is 1 at beta = 0 and 0.32 at beta = 1
-    res = sample_adaptive("geometric-gaussian-path", target_options={"dim": 2, "c": 9.0},
-                          rounds=7, chains=5, seed=1)
-    w = res.round_stats[-1].step_size[0]
-    sd = 1 / np.sqrt(1 + 9.0 * res.round_stats[-2].schedule[0])
+    res = nrpt.sample("geometric-gaussian-path", target_options={"dim": 2, "c": 9.0},
+                      rounds=7, chains=5, seed=1, figures=False)
+    assert res.summary["explorer"] == "slice"  # the default explorer of adaptive runs
+    w = np.array(res.summary["step_size"])  # the last round's widths, set from round 6
+    sd = 1 / np.sqrt(1 + 9.0 * np.array(res.rows[-2]["b"][0]))
     np.testing.assert_allclose(w / sd, 2.5, rtol=0.35)
 
 
 def test_mixture_model_visits_every_label_permutation():
     target = mixture_model()
-    res = sample_adaptive(target, rounds=8, chains=10, seed=0)
+    res = nrpt.sample_adaptive(target, rounds=8, chains=10, seed=0, figures=False)
     perms = target.label_permutation(res.samples)
     # all K! = 6 orderings in the last round (256 draws; seeds 0-5 all give >= 10 of each)
     assert set(perms.tolist()) == set(range(6))
     assert res.barrier > 1.0 and res.restarts > 0
-    assert len(res.summary["schedule_per_round"]) == 8
+    assert len(res.summary["schedule_per_round"]) == 8 == len(res.rows)
     # the sorted means recover the data's component centres (-4, 0, 4) up to noise
     np.testing.assert_allclose(np.sort(res.samples, 1).mean(0), [-4, 0, 4], atol=0.6)
 
@@ -219,8 +248,8 @@ def test_unnormalized_reference_reports_only_a_ratio():
 
     res = nrpt.sample(Unnormalized(2, 3.0), rounds=4, chains=4, explorer="rwmh")
     assert res.summary["log_normalizer_kind"] == "ratio"
-    assert "only the ratio" in res.summary["log_normalizer_note"]
-    assert "log Z ratio" in str(res) and "only the ratio" in str(res)
+    assert "only log(Z_target / Z_reference)" in res.summary["log_normalizer_note"]
+    assert "log Z ratio" in str(res) and "only log(Z_target / Z_reference)" in str(res)
 
 
 def test_temperature_ladder_reports_only_a_ratio():
@@ -231,10 +260,15 @@ def test_temperature_ladder_reports_only_a_ratio():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(rounds=0), "rounds must be an integer >= 1"),
-    (dict(rounds=31), r"rounds must be an integer in \[1, 30\]"),
-    (dict(rounds=3, scheme="deo-w", window="auto"), "window 'auto' is not available"),
-    (dict(rounds=3, target_acceptance=1.0), "target_acceptance must be"),
+    (dict(rounds=0), r"rounds must be an integer in \[1, 24\]"),
+    (dict(rounds=25), r"rounds must be an integer in \[1, 24\]"),
+    (dict(rounds=3, scheme="deo-w", window="auto"), "window 'auto' .*not available with rounds"),
+    (dict(rounds=3, explorer="rwmh", target_acceptance=1.0), "target_acceptance must be"),
+    # settings that do not apply are errors, never silently ignored
+    (dict(rounds=3, iterations=100), "iterations does not apply"),
+    (dict(rounds=3, target_acceptance=0.5), "target_acceptance does not apply"),
+    (dict(iterations=100, adapt_schedule=True), "adapt_schedule does not apply"),
+    (dict(rounds=3, explorer="sgld"), "needs an exact explorer"),
     (dict(rounds=3, slice_method="bracket"), "slice_method must be one of"),
     (dict(rounds=3, adapt_schedule="yes"), "adapt_schedule must be true or false"),
     (dict(rounds=2, thin=8), "thin .* must be <= the last round's length"),

@@ -31,7 +31,12 @@ def test_headline_adapts_c_and_learning_rates_toward_the_swap_rate():
     assert isinstance(s["correction"], float) and s["correction"] < 4.0
     # the C adaptor drives the mean 0/1 indicator over all pairs to S = 0.4; over the last
     # 1000 iterations x 15 pairs the binomial se is ~0.004, the SA fluctuation of C adds more
-    arrays = res.engine.sg.trace.arrays()
+    arrays = res.trace()
+    assert set(arrays) == {"k", "C", "learning_rates", "pair_rate"}
+    assert arrays["C"].shape == (len(arrays["k"]), 1)
+    assert arrays["learning_rates"].shape == (len(arrays["k"]), 1, 16)
+    assert arrays["pair_rate"].shape == (len(arrays["k"]), 1, 15)
+    assert arrays["C"][-1, 0] == pytest.approx(s["correction"])
     late = arrays["pair_rate"][arrays["k"] > 1500].mean()
     assert abs(late - 0.4) < 0.04
     assert res.samples.shape == (2500, 2)
@@ -45,9 +50,11 @@ def test_nrpt_run_defaults_to_the_headline_and_writes_figures(tmp_path, capsys):
     assert code == 0 and "correction C" in stdout and "learning rates" in stdout
     s = json.loads((out / "summary.json").read_text())
     assert s["window"] == 8 and s["chains"] == 16 and s["explorer"] == "sgd"
-    assert s["target"] == "twenty-five-modes-penalized"
+    # the summary names the target as configured: the spec and its options
+    assert s["target"] == "twenty-five-modes" and s["target_options"] == {"penalty": True}
     assert isinstance(s["correction"], float) and len(s["learning_rates"]) == 16
-    for name in ("density.png", "index.png", "adaptation.png", "adaptation.npz"):
+    for name in ("density.png", "index_process.png", "swap_acceptance.png", "adaptation.png",
+                 "adaptation.npz", "config.toml", "checkpoint.pt"):
         assert (out / name).exists(), name
     code = main(["run", "--iterations", "200", "--window", "1", "--out", str(tmp_path / "w1"),
                  "--no-progress"])
@@ -72,9 +79,8 @@ def test_interrupted_sg_run_resumes_bit_for_bit(tmp_path):
         if engine.k >= 300:
             raise KeyboardInterrupt
 
-    from nrpt.api import _run
-
-    part = _run(nrpt.RunConfig(out=str(tmp_path / "cut"), **opts), callback=interrupt)
+    part = nrpt.run_config(nrpt.RunConfig(out=str(tmp_path / "cut"), **opts),
+                           callback=interrupt)
     assert part.summary["interrupted"]
     resumed = nrpt.resume(tmp_path / "cut")
     assert np.array_equal(resumed.samples, full.samples)
@@ -101,7 +107,15 @@ def test_minibatch_run_with_variance_reduction_reports_the_reduction():
     (dict(swap_rate=1.5), "swap_rate"),
     (dict(learning_rates=[0.1, 0.05, 0.2, 0.3]), "strictly increasing"),
     (dict(lr_min=0.5, lr_max=0.1), "lr_max"),
-    (dict(swap_rule="metropolis"), "temperature at every slot"),
+    # an SGD explorer has temperature 0 above slot 0: only the deterministic rule (or always)
+    (dict(swap_rule="metropolis"), "swap_rule must be one of deterministic, always for "
+                                   "explorer 'sgd'"),
+    (dict(swap_rule="bias-corrected"), "where a Metropolis swap is undefined"),
+    # settings that do not apply are errors, never silently ignored
+    (dict(step_size=0.1), "step_size does not apply .* takes learning rates"),
+    (dict(temperatures=[1.0, 2.0, 3.0, 4.0]), "temperatures does not apply"),
+    (dict(variance_every=10), "variance_every does not apply"),
+    (dict(adapt=False, swap_rate=0.3), "swap_rate does not apply"),
     (dict(noise_sd=-1.0), "noise_sd"),
     (dict(domain="box:5,6"), "outside the domain"),
     (dict(batch_size=64), "batch_size needs a data target"),
@@ -120,5 +134,67 @@ def test_batch_larger_than_the_data_through_the_config():
 
 
 def test_exact_explorers_refuse_the_noisy_rules():
-    with pytest.raises(ValueError, match="stochastic-gradient explorers"):
-        nrpt.RunConfig(explorer="rwmh", swap_rule="deterministic")
+    for rule in ("deterministic", "bias-corrected"):
+        with pytest.raises(ValueError, match="swap_rule must be one of metropolis, always for "
+                                             "explorer 'rwmh' \\(exact explorers swap with exact"):
+            nrpt.RunConfig(explorer="rwmh", swap_rule=rule)
+    for name in ("noise_sd", "batch_size", "lr_max"):
+        with pytest.raises(ValueError, match=f"{name} does not apply to this exact run \\(explorer 'rwmh'"):
+            nrpt.RunConfig(explorer="rwmh", **{name: 2.0 if name != "batch_size" else 10})
+
+
+def regression_data(n_data=100, seed=0):
+    """1-D linear regression y_i = 2 a_i + N(0, 1), loss (y_i - a_i x)^2 / 2, flat prior: at a
+    large x the per-datum losses differ like a_i^2 x^2, so their variance grows like x^4."""
+    import torch
+
+    from nrpt.targets.noisy import MinibatchTarget
+
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n_data, generator=g, dtype=torch.float64)
+    y = 2.0 * a + torch.randn(n_data, generator=g, dtype=torch.float64)
+    return MinibatchTarget(torch.stack([a, y], 1),
+                           lambda x, b: 0.5 * (b[..., 1] - b[..., 0] * x[:, :1]) ** 2, dim=1,
+                           name="regression")
+
+
+@pytest.mark.parametrize("case", ["sgd-oracle", "sgld-minibatch", "sgld-control-variate"])
+def test_a_diverging_float32_sg_run_completes_and_reports_it(case, tmp_path):
+    # learning rates far above 2 / curvature: the iterates blow up geometrically until a step
+    # overflows float32; such steps are rejected (the replica keeps its state) and counted.  The
+    # minibatch energies' variance estimates overflow to inf first, which once made the summary
+    # raise "sigma must hold 3 or 4 finite numbers" and lose the run.
+    if case == "sgd-oracle":
+        target, opts = "twenty-five-modes", dict(explorer="sgd", noise_sd=2.0, lr_min=10.0,
+                                                 lr_max=1e4, target_options={"penalty": True})
+    else:
+        target = regression_data()
+        opts = dict(explorer="sgld", batch_size=10, max_temperature=8.0,
+                    learning_rates=[0.1, 1.0, 10.0, 100.0])
+        if case == "sgld-control-variate":
+            opts["vr_every"] = 5
+    out = tmp_path / "run"
+    res = nrpt.sample(target, chains=4, iterations=120, systems=2, dtype="float32",
+                      out=str(out), seed=1, **opts)
+    s = res.summary
+    assert s["n_iterations"] == 120 and not s["interrupted"]
+    assert s["nonfinite_proposals"] > 0
+    assert f"rejected non-finite proposals: {s['nonfinite_proposals']}" in str(res)
+    assert res.samples.shape == (2, 120, target.dim if case != "sgd-oracle" else 2)
+    assert np.isfinite(res.samples).all()  # rejected steps keep the last finite state
+    assert np.abs(res.samples).max() > 1e10  # ... which has diverged
+    if case != "sgd-oracle":
+        # the minibatch variance estimates overflowed (so the test exercises that path) ...
+        assert not bool(res.engine.state.extras["energy_var"].isfinite().all())
+        # ... and the summary gives no chain recommendation instead of raising
+        assert s["recommended_chains_noisy"] == [None, None]
+    # summary.json is written and is strict JSON (non-finite numbers become null)
+    text = (out / "summary.json").read_text()
+
+    def no_constants(name):
+        raise AssertionError(f"summary.json holds {name}")
+
+    on_disk = json.loads(text, parse_constant=no_constants)
+    assert on_disk["nonfinite_proposals"] == s["nonfinite_proposals"]
+    for name in ("config.toml", "checkpoint.pt", "samples.npy", "adaptation.npz"):
+        assert (out / name).exists(), name

@@ -20,7 +20,7 @@ from scipy import stats
 
 import nrpt
 from nrpt.explorers import Density, Noise, ReplicaState, SliceSampler, make_explorer
-from nrpt.explorers.slice import DOUBLE0, SHRINK0, _Uniforms, slot_log_density
+from nrpt.explorers.slice import SHRINK0, _Uniforms, slot_log_density
 from nrpt.paths import GeometricPath, TemperatureLadder
 from nrpt.targets import Gaussian, bimodal_1d
 from nrpt.targets.gaussian_path import ScaledGaussianPath
@@ -57,6 +57,7 @@ def reference_sweep(explorer: SliceSampler, x, b, w, density, noise):
             for j in range(d):
                 u = _Uniforms(noise, 0, j, torch.float64)
                 U = lambda i: float(u(i)[s, r])  # noqa: E731, B023
+                D = lambda i: float(u.doubling(i)[s, r])  # noqa: E731, B023
                 at = lambda val: xs[:j] + [val] + xs[j + 1:]  # noqa: E731, B023
                 x0 = xs[j]
                 y = f(xs) + math.log1p(-U(0))
@@ -73,7 +74,7 @@ def reference_sweep(explorer: SliceSampler, x, b, w, density, noise):
                 else:
                     k = 0
                     while k < m and (y < f(at(lo)) or y < f(at(hi))):
-                        if U(DOUBLE0 + k) < 0.5:
+                        if D(k) < 0.5:
                             lo = lo - (hi - lo)
                         else:
                             hi = hi + (hi - lo)
@@ -109,13 +110,17 @@ def reference_sweep(explorer: SliceSampler, x, b, w, density, noise):
 
 
 class Wavy:
-    """A 2-D energy with two wells and a forbidden strip: stepping-out and doubling both
-    meet several slice pieces and a boundary."""
+    """A 2-D energy with two wells, a forbidden strip and ripples along x1: stepping-out and
+    doubling both meet several slice pieces and a boundary.  The ripples cut a slice into many
+    short pieces, so a doubled interval often holds points from which doubling would have
+    stopped earlier: Neal's Fig. 6 test turns such candidates down (several times per sweep
+    below, which the doubling comparison asserts)."""
 
     dim = 2
 
     def energy(self, x):
         e = (x[:, 0] ** 2 - 1.0) ** 2 * 3.0 + 0.5 * (x[:, 1] - 0.5 * x[:, 0]) ** 2
+        e = e + 10.0 * torch.sin(8.0 * x[:, 1]) ** 2
         return torch.where(x[:, 1] > -2.5, e, torch.full_like(e, math.inf))
 
 
@@ -136,14 +141,16 @@ def test_batched_sweep_matches_per_replica_reference(method):
     path = TemperatureLadder([1.0, 3.0, 9.0])
     density = Density(target, path)
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 3, 2, generator=g, dtype=torch.float64)
-    b = torch.tensor([[1.0, 1 / 3, 1 / 9], [1 / 9, 1.0, 1 / 3]], dtype=torch.float64)
-    w = torch.tensor([[0.3, 1.0, 2.5], [0.1, 0.7, 4.0]], dtype=torch.float64)
+    x = torch.randn(2, 6, 2, generator=g, dtype=torch.float64)
+    b = torch.tensor([[1.0, 1 / 3, 1 / 9, 1.0, 1 / 3, 1 / 9],
+                      [1 / 9, 1.0, 1 / 3, 1 / 9, 1.0, 1 / 3]], dtype=torch.float64)
+    w = torch.tensor([[0.3, 1.0, 2.5, 0.5, 0.15, 1.5],
+                      [0.1, 0.7, 4.0, 0.4, 2.0, 0.05]], dtype=torch.float64)
     if method == "doubling":
         w = 0.2 * w  # narrow initial intervals: many doublings, and the acceptance test bites
     explorer = CountingSlice(method, max_steps=5 if method == "stepping-out" else 6)
     for k in range(6):
-        noise = Noise(11, k, 2, 3, torch.device("cpu"))
+        noise = Noise(11, k, 2, 6, torch.device("cpu"))
         expected = reference_sweep(explorer, x, b, w, density, noise)
         v, base = density(x)
         new, info = explorer.step(ReplicaState(x, v, base), b, w, density, noise)
@@ -160,11 +167,59 @@ def test_batched_sweep_matches_per_replica_reference(method):
 def test_slice_arguments_are_checked():
     with pytest.raises(ValueError, match="slice method must be one of"):
         SliceSampler("bracketing")
-    with pytest.raises(ValueError, match="max_steps must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"max_steps must be an integer in \[1, 10000\]"):
         SliceSampler(max_steps=0)
-    with pytest.raises(ValueError, match="max_shrink must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"max_shrink must be an integer in \[1, 10000\]"):
         SliceSampler(max_shrink=2.5)
+    # unbounded caps are refused (the old code accepted them, and with max_shrink > 1021 its
+    # shrinkage columns ran into the doubling columns)
+    for bad in (10_001, 10**9, math.inf, math.nan, "64", True):
+        with pytest.raises(ValueError, match="max_shrink must be an integer in"):
+            SliceSampler(max_shrink=bad)
+        with pytest.raises(ValueError, match="max_steps must be an integer in"):
+            SliceSampler("doubling", max_steps=bad)
+    assert SliceSampler(max_shrink=10_000, max_steps=10_000).max_shrink == 10_000
+    assert SliceSampler(max_shrink=np.int64(7)).max_shrink == 7
     assert make_explorer("slice", method="doubling").method == "doubling"
+
+
+def test_shrink_and_doubling_uniforms_never_coincide_whatever_the_caps():
+    # Every column the largest allowed caps can touch: the main stream (level, offset, split and
+    # SHRINK0 + i for i < max_shrink) and the doubling stream (i < max_steps).  Two uses of one
+    # keyed number would show as two identical [R, P] columns (distinct draws of a continuous
+    # law never coincide).  The old layout (doubling side i = main column 1024 + i) fails here:
+    # shrinkage proposal 1021 + i reused doubling side i.
+    cap = SliceSampler(max_shrink=10_000, max_steps=10_000)
+    u = _Uniforms(Noise(3, 7, 2, 3, torch.device("cpu")), 0, 1, torch.float64)
+    main = [u(i) for i in range(SHRINK0 + cap.max_shrink)]
+    sides = [u.doubling(i) for i in range(cap.max_steps)]
+    seen = {tuple(col.flatten().tolist()) for col in main + sides}
+    assert len(seen) == len(main) + len(sides)
+    # and the streams are keyed per coordinate and per step (sub)
+    other = [_Uniforms(Noise(3, 7, 2, 3, torch.device("cpu")), sub, j, torch.float64)
+             for sub, j in ((0, 0), (1, 1))]
+    for o in other:
+        assert not torch.equal(o(0), u(0)) and not torch.equal(o.doubling(0), u.doubling(0))
+
+
+@pytest.mark.parametrize("method", ["stepping-out", "doubling"])
+def test_large_caps_run_and_match_the_reference(method):
+    # A width 1e4 times the scale of the target: hundreds of shrinkage proposals per coordinate
+    # (past the old overlap at 1021 for some replicas is not needed: the layout test above covers
+    # that); the sweep still agrees with the per-replica reference.
+    target = Gaussian([0.0], [[1.0]])
+    density = Density(target, TemperatureLadder([1.0, 2.0]))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 4, 1, generator=g, dtype=torch.float64)
+    b = torch.ones(1, 4, dtype=torch.float64)
+    w = torch.full((1, 4), 1e4, dtype=torch.float64)
+    explorer = SliceSampler(method, max_shrink=2000, max_steps=3)
+    noise = Noise(5, 0, 1, 4, torch.device("cpu"))
+    v, base = density(x)
+    new, info = explorer.step(ReplicaState(x, v, base), b, w, density, noise)
+    torch.testing.assert_close(new.x, reference_sweep(explorer, x, b, w, density, noise),
+                               rtol=0, atol=1e-12)
+    assert info.accepted.all()  # no replica ran out of shrinkage proposals
 
 
 # ------------------------------------------------------------------ invariance from exact draws

@@ -1,36 +1,47 @@
 """nrpt — non-reversible parallel tempering in PyTorch.
 
 Vocabulary: a *slot* p = 0..P-1 is a rung of the ladder (slot 0 = the target); a *replica* is a
-state that moves between slots; swaps exchange slots, never states.  See docs/architecture.md.
+state that moves between slots; swaps exchange slots, never states.  Read :mod:`nrpt.roles`
+first (the contracts), then docs/architecture.md.
 """
 
-from . import diagnostics, rng
-from .api import Result, build_engine, resume, sample
+from . import diagnostics, registry, rng, roles, testing
+from .api import Result, resume, run_config, sample
+from .build import build
 from .config import RunConfig
 from .engine import PTEngine
 from .explorers import HMC, MALA, RWMH, make_explorer
 from .explorers.slice import SliceSampler
+from .health import SamplingWarning
+from .loop import Plan, Segment, execute
 from .paths import GeometricPath, TemperatureLadder, make_path
-from .rounds import sample_adaptive
 from .swap import (
-                   ADJ,
-                   APE,
-                   DEO,
-                   DEOW,
-                   SEO,
-                   AlwaysAccept,
-                   FixedRate,
-                   Metropolis,
-                   make_rule,
-                   make_scheme,
+    ADJ,
+    APE,
+    DEO,
+    DEOW,
+    SEO,
+    AlwaysAccept,
+    FixedRate,
+    Metropolis,
+    NoSwap,
+    make_rule,
+    make_scheme,
 )
 from .target import TargetError, load_target, validate_target
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["sample", "resume", "Result", "RunConfig", "PTEngine", "build_engine", "diagnostics",
-           "rng", "RWMH", "MALA", "HMC", "SliceSampler", "sample_adaptive", "make_explorer",
-           "GeometricPath", "TemperatureLadder",
-           "make_path", "ADJ", "APE", "DEO", "DEOW", "SEO", "AlwaysAccept", "FixedRate",
-           "Metropolis", "make_rule", "make_scheme", "TargetError", "load_target",
-           "validate_target", "__version__"]
+
+def sample_adaptive(target="geometric-gaussian-path", *, rounds: int = 10, **options) -> Result:
+    """Adaptive NRPT (Syed et al. 2021) in ``rounds`` rounds of doubling length: the same as
+    ``nrpt.sample(target, rounds=rounds, ...)`` (whose explorer then defaults to slice)."""
+    return sample(target, rounds=rounds, **options)
+
+
+__all__ = ["sample", "resume", "run_config", "sample_adaptive", "Result", "RunConfig",
+           "PTEngine", "build", "Plan", "Segment", "execute", "diagnostics", "registry", "rng",
+           "roles", "testing", "RWMH", "MALA", "HMC", "SliceSampler", "make_explorer",
+           "GeometricPath", "TemperatureLadder", "make_path", "ADJ", "APE", "DEO", "DEOW", "SEO",
+           "NoSwap", "AlwaysAccept", "FixedRate", "Metropolis", "make_rule", "make_scheme",
+           "SamplingWarning", "TargetError", "load_target", "validate_target", "__version__"]

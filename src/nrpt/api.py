@@ -1,43 +1,42 @@
-"""``nrpt.sample``: one call from a target to a result, with an optional run folder.
+"""``nrpt.sample`` / ``nrpt.resume`` / ``nrpt.run_config``: from a target to a result.
 
-A run folder holds ``config.toml`` (everything needed to rerun it), ``summary.json``,
-``samples.npy``, ``energies.npy``, ``index.npy`` (see :mod:`nrpt.record`) and ``checkpoint.pt``.
-Records stream into the ``.npy`` files while sampling; a checkpoint is written every
-``checkpoint_every`` iterations and on Ctrl-C, and :func:`resume` continues an interrupted run
-bit for bit (all randomness is keyed by the iteration counter).
+Every public entry builds its run with :func:`nrpt.build.build` and executes it with the one
+loop :func:`nrpt.loop.execute`.  A run folder holds ``config.toml`` (every setting needed to
+rerun it), ``summary.json``, ``samples.npy`` / ``energies.npy`` / ``index.npy`` (streamed, see
+:mod:`nrpt.record`), ``checkpoint.pt`` (every ``checkpoint_every`` iterations, at segment ends
+and on Ctrl-C), ``posterior.nc`` (ArviZ), the figures (``figures = true``), and for adaptive runs
+``rounds.csv`` / ``report.txt``, for stochastic-gradient runs ``adaptation.npz``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from .config import _SG_EXPLORERS, RunConfig
-from .diagnostics import theory
+from . import report
+from .build import build
+from .config import RunConfig
 from .engine import PTEngine
-from .explorers import make_explorer
-from .paths import make_path
-from .swap import DEOW, Rule, make_rule, make_scheme
-from .target import load_target, validate_target
+from .loop import CHECKPOINT, Outcome, Run, execute, load_checkpoint
+from .summary import build_summary, format_summary
+from .swap import Rule
 
-__all__ = ["sample", "resume", "Result", "build_engine"]
-
-_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+__all__ = ["sample", "resume", "run_config", "Result"]
 
 
 @dataclass
 class Result:
-    """What a run returns.  ``samples`` are the slot-0 draws (``[n, dim]``, or ``[R, n, dim]``
-    with R > 1 systems); ``index`` is the index process ``[K + 1, R, P]``.  Per-system figures
-    are scalars when R = 1 and lists otherwise; ``summary`` is what ``summary.json`` holds."""
+    """What a run returns.  ``samples`` are the slot-0 draws of the sampling segments
+    (``[n, dim]``, or ``[R, n, dim]`` with R > 1 systems; for an adaptive run the last round);
+    ``index`` is the index process of the whole run ``[K + 1, R, P]``.  Per-system figures are
+    scalars when R = 1 and lists otherwise; ``summary`` is what ``summary.json`` holds (its keys
+    are also attributes: ``res.round_trips``); ``rows`` the per-segment report rows."""
 
     samples: np.ndarray
     energies: np.ndarray
@@ -45,7 +44,9 @@ class Result:
     summary: dict[str, Any]
     config: RunConfig
     out: Path | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
     engine: PTEngine | None = field(default=None, repr=False)
+    recorders: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __getattr__(self, name):
         summary = self.__dict__.get("summary", {})
@@ -56,244 +57,95 @@ class Result:
     def __str__(self) -> str:
         return format_summary(self.summary)
 
-
-def format_summary(s: dict[str, Any]) -> str:
-    def fmt(v, spec=".3g"):
-        if isinstance(v, list):
-            return "[" + ", ".join(fmt(x, spec) for x in v) + "]"
-        if isinstance(v, float):
-            return format(v, spec)
-        return str(v)
-
-    acc = s["swap_acceptance"]
-    lines = [
-        f"nrpt: {s['target']} | {s['path']} path, P = {s['chains']}, scheme {s['scheme']}"
-        f" (W = {s['window']}), explorer {s['explorer']}",
-        f"  iterations      {s['n_iterations']} in {s['wall_time_s']:.2f} s"
-        f" ({s['iterations_per_s']:.0f} it/s)",
-        f"  round trips     {fmt(s['round_trips'])} (Syed)   {fmt(s['round_trips_a5'])} (A.5)",
-        f"  restarts        {fmt(s['restarts'])}",
-        f"  round trips/1000 it (A.5): observed {fmt(s['round_trips_per_1000'])}, "
-        f"Lemma 1 predicts {fmt(s['predicted_round_trips_per_1000'])}",
-        f"  barrier Λ̂       {fmt(s['barrier'])}",
-        f"  swap acceptance {fmt(acc, '.2f')}",
-    ]
-    if s.get("learning_rates") is not None:  # stochastic-gradient runs (nrpt.sgpt)
-        C = s.get("correction")
-        lines.append(f"  rule            {s.get('rule')}"
-                     + (f", correction C = {fmt(C)}" if C is not None else "")
-                     + f", target swap rate S = {s.get('swap_rate_target')}")
-        lines.append(f"  learning rates  {fmt(s['learning_rates'], '.3g')}")
-    if s.get("nonfinite_proposals"):
-        lines.append(f"  rejected non-finite proposals: {s['nonfinite_proposals']}")
-    if s.get("interrupted"):
-        lines.append("  (interrupted: figures cover the iterations completed)")
-    if s.get("out"):
-        lines.append(f"  results in      {s['out']}")
-    return "\n".join(lines)
+    def trace(self) -> dict[str, np.ndarray]:
+        """The adaptation trace of a stochastic-gradient run (``adaptation.npz``): ``k``,
+        ``C``, ``learning_rates``, ``pair_rate``; empty for other runs."""
+        t = self.recorders.get("trace")
+        return t.arrays() if t is not None else {}
 
 
-def build_engine(cfg: RunConfig, target=None, rule: Rule | None = None,
-                 initial_states=None) -> PTEngine:
-    """The engine a config describes (``target`` may be given as an object).
-
-    ``initial_states`` is a ``[R, P, dim]`` tensor or a callable ``(target, path) -> tensor``
-    (used by the adaptive driver to start from checked reference draws)."""
-    if cfg.explorer in _SG_EXPLORERS:  # stochastic-gradient PT: nrpt.sgpt builds it
-        from .sgpt import build_sg_engine
-
-        return build_sg_engine(cfg, target=target, rule=rule)
-    if target is None:
-        target = load_target(cfg.target, **cfg.target_options)
-    validate_target(target)
-    path = make_path(target, cfg.chains, temperatures=cfg.temperatures, betas=cfg.betas,
-                     max_temperature=cfg.max_temperature)
-    options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
-               {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
-    explorer = make_explorer(cfg.explorer, **options)
-    window = 1 if cfg.window == "auto" else cfg.window
-    scheme = make_scheme(cfg.scheme, window)
-    step = cfg.step_size
-    if path.kind == "temperature" and not isinstance(step, list):
-        # a scalar step size is for slot 0; hotter slots are wider by sqrt(tau)
-        step = [float(step) * math.sqrt(t) for t in path.temperatures]
-    if callable(initial_states):
-        initial_states = initial_states(target, path)
-    return PTEngine(target, path, explorer, scheme, rule or make_rule("metropolis"),
-                    step_size=step, systems=cfg.systems, seed=cfg.seed,
-                    n_explore=cfg.n_explore, dtype=_DTYPES[cfg.dtype], device=cfg.device,
-                    initial_states=initial_states)
-
-
-def _per_system(t: torch.Tensor, R: int):
-    vals = t.detach().cpu().tolist()
-    return vals[0] if R == 1 else vals
-
-
-def _nan_to_none(v):
-    if isinstance(v, list):
-        return [_nan_to_none(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-def summarize(engine: PTEngine, cfg: RunConfig, wall: float, window: int,
-              interrupted: bool = False) -> dict[str, Any]:
-    R, P, K = engine.R, engine.P, engine.k
-    acc = engine.swap_acceptance()  # [R, P-1]
-    rej = (1.0 - acc).nan_to_num(nan=0.0)
-    barrier = rej.sum(1)
-    pred_1000, pred_T = [], []
-    for s in range(R):
-        r = rej[s].clamp(0.0, 1.0).tolist()
-        pred_T.append(theory.lemma1_round_trip_time(r, window))
-        pred_1000.append(theory.predicted_round_trips_per_1000(r, window))
-    rt, rt5 = engine.tracker.round_trips, engine.tracker.round_trips_a5
-    observed_T = [K * P / n if n > 0 else math.inf for n in rt5.cpu().tolist()]
-    sched = engine.schedule[0].cpu().tolist()
-    path = engine.path
-    schedule = ([1.0 / b for b in sched] if path.kind == "temperature" else sched)
-    one = (lambda v: v[0]) if R == 1 else (lambda v: v)
-    summary = {
-        "target": getattr(engine.target, "name", cfg.target),
-        "path": path.kind,
-        "chains": P,
-        "systems": R,
-        "scheme": cfg.scheme,
-        "window": window,
-        "explorer": cfg.explorer,
-        "seed": cfg.seed,
-        "n_iterations": K,
-        "wall_time_s": wall,
-        "iterations_per_s": K / wall if wall > 0 else math.inf,
-        "round_trips": _per_system(rt, R),
-        "round_trips_a5": _per_system(rt5, R),
-        "restarts": _per_system(engine.tracker.restarts, R),
-        "round_trips_per_1000": _per_system(rt5.double() * 1000.0 / max(K, 1), R),
-        "restarts_per_1000": _per_system(engine.tracker.restarts.double() * 1000 / max(K, 1), R),
-        "predicted_round_trips_per_1000": one(pred_1000),
-        "round_trip_time": one(observed_T),
-        "predicted_round_trip_time": one(pred_T),
-        "swap_acceptance": _per_system(acc, R),
-        "swaps_executed": _per_system(engine.pair_swaps, R),
-        "barrier": _per_system(barrier, R),
-        "optimal_window": one([theory.optimal_window(P, min(float(r), 1 - 1e-12))
-                               for r in rej.mean(1).tolist()]),
-        "schedule_kind": "temperatures" if path.kind == "temperature" else "betas",
-        "schedule": schedule,
-        "explorer_acceptance": _per_system(engine.explorer_acceptance(), R),
-        "nonfinite_proposals": int(engine.nonfinite.sum()),
-        "interrupted": interrupted,
-        "out": cfg.out,
-    }
-    return {k: _nan_to_none(v) for k, v in summary.items()}
-
-
-def _atomic_save(obj, path: Path) -> None:
+def _atomic_text(text: str, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def _run(cfg: RunConfig, *, target=None, rule=None, progress: bool = False,
-         resume_from: Path | None = None, callback=None) -> Result:
-    if cfg.rounds is not None:  # round-based adaptive NRPT (Syed et al. 2021): nrpt.rounds
-        from .rounds import run_config
-
-        return run_config(cfg, target=target, rule=rule, progress=progress,
-                          resume_from=resume_from, callback=callback)
-    from .record import Recorder
-
-    engine = build_engine(cfg, target=target, rule=rule)
+def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
+               callback=None, resume_from: str | os.PathLike | None = None) -> Result:
+    """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes."""
     out = Path(cfg.out) if cfg.out else None
+    ck = None
+    if resume_from is not None:
+        ck = load_checkpoint(Path(resume_from) / CHECKPOINT)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        if resume_from is None:
-            cfg.write_toml(out / "config.toml")
-    recorder = Recorder(cfg.iterations, engine.R, engine.P, engine.dim, thin=cfg.thin,
-                        out_dir=out, dtype=np.float64 if cfg.dtype == "float64" else np.float32,
-                        resume=resume_from is not None)
-    window = cfg.window if cfg.window != "auto" else None
-    sg = getattr(engine, "sg", None)  # stochastic-gradient run (nrpt.sgpt): W fixed at build
-    if sg is not None:
-        window = sg.window
-    tune = cfg.window_tune or max(1, cfg.iterations // 10)
-    elapsed = 0.0
-    if resume_from is not None:
-        ck = torch.load(resume_from / "checkpoint.pt", weights_only=False)
-        window, elapsed = ck["window"], ck["wall_time_s"]
-        if window is not None and window != 1:
-            engine.set_scheme(DEOW(window))
-        engine.load_state_dict(ck["engine"])
-        recorder.set_position(engine.k)
-    else:
-        recorder.initial(engine.slot_of)
-
-    def checkpoint():
-        if out is not None:
-            recorder.flush()
-            _atomic_save({"engine": engine.state_dict(), "window": window,
-                          "wall_time_s": elapsed + time.perf_counter() - t0}, out / "checkpoint.pt")
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.iterations, initial=engine.k, unit="it", dynamic_ncols=True,
-                   desc=f"nrpt {cfg.scheme}")
-    t0 = time.perf_counter()
-    interrupted = False
-    try:
-        while engine.k < cfg.iterations:
-            if window is None and engine.k >= tune:
-                # window 'auto': W* from the rejection rate measured under DEO so far
-                r = float(engine.rejection_rates().nan_to_num(nan=0.0).mean().clamp(0, 1 - 1e-9))
-                window = theory.optimal_window(engine.P, r)
-                engine.set_scheme(DEOW(window))
-            engine.step()
-            x0, v0 = engine.target_slot()
-            recorder.record(engine.k - 1, x0, v0, engine.slot_of)
-            if engine.k % recorder.chunk == 0 or engine.k == cfg.iterations:
-                if bar is not None:
-                    bar.update(engine.k - bar.n)
-                if callback is not None:
-                    callback(engine)
-            if engine.k % cfg.checkpoint_every == 0:
-                checkpoint()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if bar is not None:
-            bar.close()
-    recorder.flush()
-    wall = elapsed + time.perf_counter() - t0
-    if window is None:  # auto window but the run ended inside the tuning phase
-        window = 1
-    summary = summarize(engine, cfg, wall, window, interrupted)
-    if sg is not None:
-        summary.update({k: _nan_to_none(v) for k, v in sg.summary(engine).items()})
+    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None)
     if out is not None:
-        checkpoint()
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    rec = recorder.truncated(engine.k) if interrupted else {
-        "samples": recorder.samples, "energies": recorder.energies, "index": recorder.index}
-    if sg is not None and out is not None:
-        sg.write_outputs(out, np.asarray(rec["samples"]), np.asarray(rec["index"]), engine,
-                         summary)
-    return Result(samples=np.asarray(rec["samples"]), energies=np.asarray(rec["energies"]),
-                  index=np.asarray(rec["index"]), summary=summary, config=cfg, out=out,
-                  engine=engine)
+        geometric = run.facts.get("target_kind") == "geometric"
+        cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
+    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
+                      callback=callback, resume=ck, header={"config": cfg.to_dict()},
+                      say=print if progress else None)
+    return _finish(run, cfg, outcome, out)
+
+
+def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Result:
+    draws = run.recorders["draws"]
+    k = run.engine.k
+    first, last = min(run.plan.sample_start, k), k
+    segs, done = run.plan.segments, outcome.segments_done
+    if done < len(segs) and len(segs) > 1 and segs[-1].reset and done >= 1:
+        # an interrupted adaptive run: the samples are the last completed round's (whose
+        # statistics the summary reports)
+        start = run.plan.starts()[done - 1]
+        first, last = start, start + segs[done - 1].iterations
+    arrays = draws.arrays(first, last)
+    arrays["index"] = draws.arrays(k, k)["index"]  # the index process of the whole run
+    samples = np.asarray(arrays["samples"])
+    summary = build_summary(run, cfg, outcome, samples)
+    if out is not None:
+        _write_outputs(out, run, cfg, outcome, summary, arrays)
+        _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
+    return Result(samples=samples, energies=np.asarray(arrays["energies"]),
+                  index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
+                  rows=outcome.rows, engine=run.engine, recorders=run.recorders)
+
+
+def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays) -> None:
+    if len(run.plan.segments) > 1:
+        report.write_round_table(outcome.rows, out / "rounds.csv")
+        _atomic_text("\n".join([report.ROW_HEADER] + [report.format_row(r)
+                                                      for r in outcome.rows]) + "\n",
+                     out / "report.txt")
+    trace = run.recorders.get("trace")
+    if trace is not None:
+        np.savez(out / "adaptation.npz", **trace.arrays())
+    samples = np.asarray(arrays["samples"])
+    if samples.size:
+        try:  # an optional extra (arviz + a netCDF engine): never fail the run here
+            summary["inference_data"] = report.export_inference_data(
+                out / "posterior.nc", samples=samples, energies=np.asarray(arrays["energies"]),
+                recorders=run.recorders, engine=run.engine, summary=summary)
+        except (ImportError, ValueError, OSError) as err:
+            summary["inference_data"] = None
+            summary["inference_data_error"] = f"{type(err).__name__}: {err}"
+    if cfg.figures and run.engine.k > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # matplotlib font / layout chatter
+            summary["figures"] = report.write_figures(
+                out, run=run, summary=summary, samples=samples,
+                index=np.asarray(arrays["index"]), rows=outcome.rows)
 
 
 def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | None = None,
-           **options) -> Result:
-    """Run non-reversible (or any-scheme) parallel tempering on ``target``.
+           callback=None, **options) -> Result:
+    """Run parallel tempering on ``target``.
 
     ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
     the target protocol (:mod:`nrpt.target`).  ``options`` are the fields of
     :class:`~nrpt.config.RunConfig` (``chains``, ``iterations``, ``scheme``, ``window``,
-    ``explorer``, ``step_size``, ``seed``, ``systems``, ``out``, ...).
+    ``explorer``, ``step_size``, ``seed``, ``systems``, ``rounds``, ``out``, ...); a setting that
+    does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
 
     Example::
 
@@ -308,14 +160,26 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
         obj = target
         options["target"] = getattr(target, "name", type(target).__name__)
     cfg = RunConfig(**options)
-    return _run(cfg, target=obj, rule=rule, progress=progress)
+    return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback)
 
 
-def resume(out: str | os.PathLike, *, progress: bool = False, target=None) -> Result:
-    """Continue the run in folder ``out`` from its last checkpoint (to its configured length)."""
+def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
+           iterations: int | None = None, callback=None) -> Result:
+    """Continue the run in folder ``out`` from its last checkpoint, to its configured length
+    or to ``iterations`` (a larger budget; fixed-length runs)."""
     out = Path(out)
-    if not (out / "config.toml").exists() or not (out / "checkpoint.pt").exists():
-        raise FileNotFoundError(f"{out} has no config.toml/checkpoint.pt to resume from")
+    if not (out / "config.toml").exists() or not (out / CHECKPOINT).exists():
+        raise FileNotFoundError(f"{out} has no config.toml/{CHECKPOINT} to resume from")
     cfg = RunConfig.from_toml(out / "config.toml")
-    cfg.out = str(out)
-    return _run(cfg, target=target, progress=progress, resume_from=out)
+    changes: dict[str, Any] = {"out": str(out)}
+    if iterations is not None:
+        if getattr(cfg, "rounds", None) is not None:
+            raise ValueError("iterations: an adaptive run is extended with more rounds, not "
+                             "iterations")
+        if iterations < cfg.iterations:
+            raise ValueError(f"iterations must be >= the run's {cfg.iterations}; got "
+                             f"{iterations}")
+        changes["iterations"] = iterations
+    cfg = cfg.replace(**changes)
+    return run_config(cfg, target=target, progress=progress, callback=callback,
+                      resume_from=out)

@@ -34,7 +34,7 @@ import torch
 
 from . import rng
 
-__all__ = ["Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle", "MinibatchEnergy",
+__all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle", "MinibatchEnergy",
            "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad"]
 
 
@@ -362,3 +362,25 @@ class ControlVariateEnergy(MinibatchEnergy):
     def describe(self):
         return {**super().describe(), "energy": "control-variate",
                 "anchor_every": self.anchor_every, "coefficient": self.coefficient}
+
+
+def make_estimator(target, *, batch_size: int | None = None, vr_every: int | None = None,
+                   noise_sd: float | None = None, grad_noise_sd: float | None = None
+                   ) -> EnergyEstimator:
+    """The energy estimator of a stochastic-gradient run: minibatch (``batch_size``; with
+    control variates if ``vr_every > 0``), noisy oracle (``noise_sd > 0`` or
+    ``grad_noise_sd > 0``) or exact."""
+    if batch_size is not None:
+        if not hasattr(target, "n_data") or not callable(getattr(target, "loss", None)):
+            raise ValueError(f"batch_size needs a data target (with data, n_data, loss); "
+                             f"{getattr(target, 'name', type(target).__name__)!r} has none")
+        if vr_every:
+            return ControlVariateEnergy(target, batch_size, anchor_every=vr_every)
+        return MinibatchEnergy(target, batch_size)
+    if vr_every:
+        raise ValueError("vr_every (variance reduction) needs a minibatch energy: set batch_size")
+    noise_sd = noise_sd or 0.0
+    grad_sd = noise_sd if grad_noise_sd is None else grad_noise_sd
+    if noise_sd > 0 or grad_sd > 0:
+        return NoisyOracle(target, noise_sd, grad_sd)
+    return ExactEnergy(target)

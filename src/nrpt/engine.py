@@ -3,12 +3,17 @@
     states[R, P, ...]  --explorer(slot params)-->  states'      (one batched call)
     reference slot of a geometric path           -->  iid draw from the reference
     energies v[R, P], slot_of[R, P], k  --scheme-->  phases of disjoint pairs
-    each phase  --rule-->  accepted pairs  -->  new slot_of (a permutation; states never move)
-    slot_of  -->  round-trip tracker;  slot-0 state, slot_of  -->  recorder
+    each phase  --rule(params)-->  accepted pairs  -->  new slot_of (a permutation)
+    everything above  -->  an :class:`~nrpt.roles.Iteration` for adaptors and recorders
 
 Replicas are *replica-major*: ``state.x[s, r]`` is replica ``r`` of system ``s`` wherever it sits;
 ``slot_of[s, r]`` is its slot and ``replica_at[s, p]`` the inverse permutation.  Swapping two
 slots rewrites two integers per system, so swaps cost the same for a 2-D toy and a ResNet.
+
+The engine keeps only what one iteration needs: the states, the permutation, the scheme's state
+and the tunable tables (``schedule``, ``step_size``, the rule's ``params``), which change only
+through :meth:`PTEngine.apply`.  Counters, round trips, log Z and traces are recorders
+(:mod:`nrpt.recorders`); the loop is :mod:`nrpt.loop`.
 
 Randomness is keyed (:mod:`nrpt.rng`): every draw comes from a generator seeded by a hash of
 (seed, stream, iteration, sub-step) and has the full ``[R, P, ...]`` shape, so nothing depends
@@ -23,11 +28,11 @@ import numpy as np
 import torch
 
 from . import rng
-from .diagnostics import RoundTripTracker
 from .explorers import Density, Explorer, Noise, ReplicaState
 from .paths import Path
 from .rng import Stream, generator_for
-from .swap import Rule, Scheme, SwapContext
+from .roles import Iteration, PhaseDecision, Update
+from .swap import DEOW, Rule, Scheme, SwapContext
 
 __all__ = ["PTEngine"]
 
@@ -38,7 +43,7 @@ class PTEngine:
     Parameters
     ----------
     target, path, explorer, scheme, rule
-        The roles (see the package docs).
+        The roles (:mod:`nrpt.roles`).
     step_size
         Per-slot step sizes, a float (all slots) or a sequence of ``P`` floats, all > 0.
     systems
@@ -69,6 +74,7 @@ class PTEngine:
 
         self.schedule = path.schedule.to(dev, dtype).expand(R, P).clone()  # b per slot [R, P]
         self.step_size = self._per_slot("step_size", step_size)
+        self.params = {k: v.to(dev, dtype) for k, v in rule.initial_params(R, P, dtype).items()}
         self.density = Density(target, path)
         self.system_ids = torch.arange(R, device=dev).reshape(R, 1)
         self.replica_ids = torch.arange(P, device=dev).reshape(1, P)
@@ -82,14 +88,9 @@ class PTEngine:
             bad = int((~torch.isfinite(v) | ~torch.isfinite(base)).sum())
             raise ValueError(f"{bad} initial state(s) have a non-finite energy / log density; "
                              "give initial_states inside the support")
-        self.state = ReplicaState(x0, v, base)
+        self.state = explorer.prepare(ReplicaState(x0, v, base), self.density)
         self.scheme_state = scheme.init_state(R, P, dev)
         self.k = 0
-        self.reset_statistics()
-        self.tracker = RoundTripTracker(self.slot_of, P)
-        #: objects with ``after_iteration(engine, k, decisions)``, called once per iteration
-        #: after the swaps (online adaptors, recorders of extra quantities)
-        self.hooks: list = []
 
     # ------------------------------------------------------------------ set-up helpers
     def _per_slot(self, name: str, value) -> torch.Tensor:
@@ -121,39 +122,48 @@ class PTEngine:
             x = torch.randn(R * P, d, generator=g, dtype=self.dtype)
         return torch.as_tensor(x).to(self.device, self.dtype).reshape(R, P, d).clone()
 
-    def reset_statistics(self) -> None:
-        """Zero the per-pair and per-slot accumulators (e.g. at the start of a round)."""
-        R, P, dev, dt = self.R, self.P, self.device, self.dtype
-        self.pair_attempts = torch.zeros(R, P - 1, dtype=torch.int64, device=dev)
-        self.pair_swaps = torch.zeros(R, P - 1, dtype=torch.int64, device=dev)
-        self.pair_accept_sum = torch.zeros(R, P - 1, dtype=dt, device=dev)
-        self.explore_accept_sum = torch.zeros(R, P, dtype=dt, device=dev)
-        self.explore_moves = torch.zeros(R, P, dtype=torch.int64, device=dev)
-        self.nonfinite = torch.zeros(R, P, dtype=torch.int64, device=dev)
-        self.stat_iterations = 0
-
     def set_scheme(self, scheme: Scheme) -> None:
         self.scheme = scheme
         self.scheme_state = scheme.init_state(self.R, self.P, self.device)
+
+    def apply(self, update: Update | None) -> None:
+        """Make the changes an adaptor asked for (the only way tunable tables change)."""
+        if update is None:
+            return
+        if update.schedule is not None:
+            self.schedule = torch.as_tensor(update.schedule, dtype=self.dtype,
+                                            device=self.device).expand(self.R, self.P).clone()
+        if update.step_size is not None:
+            self.step_size = torch.as_tensor(update.step_size, dtype=self.dtype,
+                                             device=self.device).expand(self.R, self.P).clone()
+        for name, value in update.params.items():
+            if name not in self.params:
+                raise KeyError(f"rule {self.rule.name!r} has no parameter {name!r} "
+                               f"(it has {sorted(self.params)})")
+            self.params[name] = value.to(self.device, self.dtype)
+        if update.window is not None:
+            self.set_scheme(DEOW(update.window))
 
     # ------------------------------------------------------------------ one iteration
     def slot_params(self, table: torch.Tensor) -> torch.Tensor:
         """Per-replica view of a per-slot table ``[R, P]``."""
         return table.gather(1, self.slot_of)
 
-    def step(self) -> None:
+    def step(self) -> Iteration:
         k = self.k
         noise = Noise(self.seed, k, self.R, self.P, self.device)
         b = self.slot_params(self.schedule)
         h = self.slot_params(self.step_size)
+        accept = torch.zeros(self.R, self.P, dtype=self.dtype, device=self.device)
+        nonfinite = torch.zeros(self.R, self.P, dtype=torch.int64, device=self.device)
 
         # 1. explore: every replica at its slot's parameters, in one batched call per step
         for i in range(self.n_explore):
             self.state, info = self.explorer.step(self.state, b, h, self.density, noise,
                                                   sub=i * self.explorer.substeps)
-            self.explore_accept_sum.scatter_add_(1, self.slot_of, info.accept_prob)
-            self.nonfinite.scatter_add_(1, self.slot_of, info.nonfinite.long())
-        self.explore_moves += self.n_explore
+            accept += info.accept_prob
+            nonfinite += info.nonfinite.long()
+        slot_of_explored = self.slot_of
 
         # 2. the reference end of a geometric path is sampled exactly
         if self.path.has_reference:
@@ -166,26 +176,31 @@ class PTEngine:
                 self.scheme.phases(k, self.R, self.P, self.seed, self.system_ids,
                                    self.scheme_state))
         ]
-
-        self.tracker.update(self.slot_of)
-        for hook in self.hooks:
-            hook.after_iteration(self, k, decisions)
-        self.stat_iterations += 1
         self.k += 1
+        # per-slot explorer statistics, at the slots where the moves were made
+        by_slot = torch.zeros_like(accept).scatter_(1, slot_of_explored, accept / self.n_explore)
+        nf = torch.zeros_like(nonfinite).scatter_(1, slot_of_explored, nonfinite)
+        return Iteration(k=k, state=self.state, slot_of=self.slot_of,
+                         replica_at=self.replica_at, schedule=self.schedule,
+                         step_size=self.step_size, params=self.params, explore_accept=by_slot,
+                         nonfinite=nf, decisions=decisions,
+                         has_reference=self.path.has_reference)
 
     def _refresh_reference(self, k: int) -> None:
         g = generator_for(self.seed, Stream.REFERENCE, k)
         xr = torch.as_tensor(self.target.reference_sample(self.R, g)).to(self.device, self.dtype)
-        vr, br = self.density(xr.reshape(self.R, 1, self.dim))
+        xr = xr.reshape(self.R, 1, self.dim)
+        vr, br = self.density(xr)
+        fresh = self.explorer.prepare(ReplicaState(xr, vr, br), self.density)
         top = self.slot_of == self.P - 1  # [R, P], one replica per system
-        fresh = ReplicaState(xr.reshape(self.R, 1, self.dim).expand_as(self.state.x),
-                             vr.expand(self.R, self.P), br.expand(self.R, self.P))
-        self.state = self.state.where(top, fresh)
+        full = ReplicaState(fresh.x.expand_as(self.state.x), fresh.v.expand(self.R, self.P),
+                            fresh.base.expand(self.R, self.P),
+                            {n: t.expand(self.R, self.P, *t.shape[2:])
+                             for n, t in fresh.extras.items()})
+        self.state = self.state.where(top, full)
 
-    def _swap_phase(self, k: int, phase: int, lo, hi, active) -> dict[str, torch.Tensor]:
-        """Decide and execute one phase; returns the decision record for hooks: ``lo``,
-        ``hi``, ``active`` (the scheme proposed the pair), ``decision`` (the rule's verdict for
-        every listed pair, active or not), ``accepted`` (executed) and ``prob``, all [R, M]."""
+    def _swap_phase(self, k: int, phase: int, lo, hi, active) -> PhaseDecision:
+        """Decide and execute one phase of disjoint pairs ``(lo, hi)`` ``[R, M]``."""
         rep_lo = self.replica_at.gather(1, lo)
         rep_hi = self.replica_at.gather(1, hi)
         ctx = SwapContext(
@@ -193,15 +208,10 @@ class PTEngine:
             v_lo=self.state.v.gather(1, rep_lo), v_hi=self.state.v.gather(1, rep_hi),
             u=rng.uniform(lo.shape, self.seed, Stream.SWAP, k, phase, dtype=self.dtype,
                           device=self.device),
-            iteration=k,
+            iteration=k, lo=lo, hi=hi, params=self.params,
         )
         decision, prob = self.rule.decide(ctx)
         accepted = decision & active
-        adjacent = active & (hi - lo == 1)
-        self.pair_attempts.scatter_add_(1, lo, adjacent.long())
-        self.pair_accept_sum.scatter_add_(1, lo, torch.where(adjacent, prob,
-                                                             torch.zeros_like(prob)))
-        self.pair_swaps.scatter_add_(1, lo, (accepted & adjacent).long())
         # sigma: slot -> new slot; pairs in a phase are disjoint, so the adds never collide
         step = (hi - lo) * accepted.long()
         sigma = self.replica_ids.expand(self.R, self.P).clone()
@@ -211,8 +221,7 @@ class PTEngine:
         self.replica_at = torch.empty_like(self.replica_at).scatter_(
             1, self.slot_of, self.replica_ids.expand(self.R, self.P))
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
-        return {"lo": lo, "hi": hi, "active": active, "decision": decision,
-                "accepted": accepted, "prob": prob}
+        return PhaseDecision(lo, hi, active, decision, accepted, prob)
 
     # ------------------------------------------------------------------ views
     def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,29 +230,14 @@ class PTEngine:
         x = self.state.x.gather(1, rep[..., None].expand(self.R, 1, self.dim)).squeeze(1)
         return x, self.state.v.gather(1, rep).squeeze(1)
 
-    def swap_acceptance(self) -> torch.Tensor:
-        """Mean of min(1, alpha) per adjacent pair ``[R, P-1]`` (NaN where never attempted)."""
-        return self.pair_accept_sum / self.pair_attempts.to(self.dtype)
-
-    def rejection_rates(self) -> torch.Tensor:
-        """Estimated rejection rate per pair, 1 - mean min(1, alpha) (NaN if never attempted)."""
-        return 1.0 - self.swap_acceptance()
-
-    def explorer_acceptance(self) -> torch.Tensor:
-        return self.explore_accept_sum / self.explore_moves.to(self.dtype)
-
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {
             "k": self.k, "x": self.state.x, "v": self.state.v, "base": self.state.base,
             "extras": dict(self.state.extras),
             "slot_of": self.slot_of, "schedule": self.schedule, "step_size": self.step_size,
-            "scheme_state": dict(self.scheme_state), "tracker": self.tracker.state_dict(),
-            "stats": {n: getattr(self, n) for n in (
-                "pair_attempts", "pair_swaps", "pair_accept_sum", "explore_accept_sum",
-                "explore_moves", "nonfinite")},
-            "stat_iterations": self.stat_iterations,
-            "hooks": [h.state_dict() if hasattr(h, "state_dict") else None for h in self.hooks],
+            "params": dict(self.params), "scheme": self.scheme.describe(),
+            "scheme_state": dict(self.scheme_state),
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -256,11 +250,8 @@ class PTEngine:
             1, self.slot_of, self.replica_ids.expand(self.R, self.P))
         self.schedule = sd["schedule"].to(dev)
         self.step_size = sd["step_size"].to(dev)
+        self.params = {k: v.to(dev) for k, v in sd.get("params", {}).items()}
+        window = sd.get("scheme", {}).get("window")
+        if sd.get("scheme", {}).get("scheme") == "deo-w" and window not in (None, 1):
+            self.set_scheme(DEOW(window))
         self.scheme_state = {k: v.to(dev) for k, v in sd["scheme_state"].items()}
-        self.tracker.load_state_dict(sd["tracker"])
-        for n, t in sd["stats"].items():
-            setattr(self, n, t.to(dev))
-        self.stat_iterations = int(sd["stat_iterations"])
-        for h, hs in zip(self.hooks, sd.get("hooks", []), strict=False):
-            if hs is not None and hasattr(h, "load_state_dict"):
-                h.load_state_dict(hs)

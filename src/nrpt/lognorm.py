@@ -1,4 +1,4 @@
-r"""Normalizing constants by stepping stone, accumulated online (an engine hook).
+r"""Normalizing constants by stepping stone, accumulated online (the ``log_z`` recorder).
 
 Along a path with slot coefficients ``b_0 = 1 > b_1 > ... > b_{P-1}`` (:mod:`nrpt.paths`), the
 slot densities are ``pi_p ∝ exp(base - b_p V)`` with normalizing constants ``Z_p``.  For each
@@ -26,8 +26,9 @@ vanishes on part of the reference's support the reverse half is biased (it canno
 lost mass); this is detected online and only the forward half is used (:meth:`SteppingStone.
 estimate`).
 
-The accumulators assume the schedule is fixed while they run: reset them (``reset()``)
-whenever the schedule changes, e.g. at the start of each round.
+The accumulators assume the schedule is fixed while they run: the recorder starts fresh
+statistics with every segment that resets (``start_segment(reset=True)``: each round of adaptive
+NRPT, whose schedule changes between rounds).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .recorders import per_system
 
 __all__ = ["SteppingStone", "StreamingLogSumExp"]
 
@@ -101,19 +104,25 @@ class StreamingLogSumExp:
         return self.value() - math.log(self.n)
 
     def state_dict(self) -> dict:
-        self._flush()
-        return {"total": self.total.clone(), "n": self.n, "invalid": self.invalid.clone(),
-                "zeros": self.zeros.clone()}
+        # the pending buffer is saved as it is (not flushed), so a resumed run groups the
+        # terms exactly as an uninterrupted one and reproduces it bit for bit
+        return {"total": self.total.clone(), "n": self.n, "invalid": self._invalid.clone(),
+                "zeros": self._zeros.clone(), "buffer": self.buffer[:self.pending].clone()}
 
     def load_state_dict(self, sd: dict) -> None:
         self.total = sd["total"].to(self.total)
         self.n = int(sd["n"])
         self._invalid, self._zeros = sd["invalid"].to(self._invalid), sd["zeros"].to(self._zeros)
-        self.pending = 0
+        buf = sd.get("buffer")
+        self.pending = 0 if buf is None else int(buf.shape[0])
+        if self.pending:
+            self.buffer[:self.pending] = buf.to(self.buffer)
 
 
 class SteppingStone:
-    """Engine hook (``engine.hooks``) for the online stepping-stone estimate of ``log Z``.
+    """Recorder (``log_z``, :mod:`nrpt.roles`) of the online stepping-stone estimate of
+    ``log Z``; its statistics restart with every segment that resets (a new round), because
+    the estimate assumes a fixed schedule.
 
     Args:
         systems, slots: ``R`` and ``P`` of the engine.
@@ -133,12 +142,35 @@ class SteppingStone:
         self.forward = StreamingLogSumExp(shape, self.dtype, self.device)
         self.reverse = StreamingLogSumExp(shape, self.dtype, self.device)
 
-    def after_iteration(self, engine, k, decisions) -> None:
-        b = engine.schedule  # [R, P]
-        v = engine.state.v.gather(1, engine.replica_at)  # V of the replica at each slot
+    name = "log_z"
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        if reset:
+            self.reset()
+
+    def record(self, it) -> None:
+        b = it.schedule  # [R, P]
+        v = it.slot_energies  # V of the replica at each slot
         db = b[:, :-1] - b[:, 1:]  # > 0
         self.forward.add(-db * v[:, 1:])
         self.reverse.add(db * v[:, :-1])
+
+    def summary(self) -> dict:
+        est = self.estimate()
+        R = self.R
+        out = {"log_normalizer": per_system(est["log_normalizer"], R),
+               "log_normalizer_forward": per_system(est["forward"], R),
+               "log_normalizer_reverse": per_system(est["reverse"], R),
+               "log_normalizer_per_slot": per_system(est["per_slot"], R),
+               "log_normalizer_kind": "log Z" if self.reference_normalized else "ratio"}
+        if not bool(est["reverse_valid"].all()):
+            out["log_normalizer_note"] = (
+                "the target is zero on part of the reference's support, where the reverse "
+                "(1/Z) half cannot see the lost mass: log_normalizer is the forward half")
+        return out
+
+    def segment_row(self) -> dict:
+        return {"log_normalizer": float(self.estimate()["log_normalizer"].mean())}
 
     # ------------------------------------------------------------------ estimates
     @property

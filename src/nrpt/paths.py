@@ -34,7 +34,8 @@ import torch
 
 from .target import path_kind
 
-__all__ = ["Path", "TemperatureLadder", "GeometricPath", "make_path", "swap_log_ratio"]
+__all__ = ["Path", "TemperatureLadder", "GeometricPath", "NoiseLadder", "make_path",
+           "swap_log_ratio", "geometric_ladder"]
 
 
 def _as_float_list(name: str, values: Sequence[float]) -> list[float]:
@@ -205,3 +206,43 @@ def make_path(
     if path.n_slots != n_slots:
         raise ValueError(f"the ladder has {path.n_slots} slots but chains = {n_slots}")
     return path
+
+
+class NoiseLadder(Path):
+    """Per-slot *noise temperatures* ``tau_p >= 0`` of stochastic-gradient explorers, as a path
+    with ``b_p = 1 / tau_p`` (``inf`` for ``tau_p = 0``: no injected noise).  Energies are the
+    target's (``V = U``); a ladder with infinite ``b`` has no Metropolis swap ratio (use the
+    deterministic rule)."""
+
+    kind = "temperature"
+    has_reference = False
+
+    def __init__(self, temperatures: Sequence[float], min_slots: int = 2):
+        temps = [float(t) for t in temperatures]
+        if len(temps) < min_slots:
+            raise ValueError(f"a ladder needs at least {min_slots} slots; got {len(temps)}")
+        if not all(t >= 0 and math.isfinite(t) for t in temps):
+            raise ValueError(f"noise temperatures must be finite and >= 0; got {temps}")
+        self.temperatures = temps
+        super().__init__([math.inf if t == 0 else 1.0 / t for t in temps])
+
+    @property
+    def finite(self) -> bool:
+        return all(t > 0 for t in self.temperatures)
+
+    def components(self, target, x):
+        lead = x.shape[:-1]
+        v = target.energy(x.reshape(-1, x.shape[-1])).to(x.dtype).reshape(lead)
+        return v, torch.zeros_like(v)
+
+    def describe(self):
+        return {"path": "noise-temperatures", "temperatures": self.temperatures}
+
+
+def geometric_ladder(lo: float, hi: float, n: int) -> list[float]:
+    """``n`` values from ``lo`` to ``hi`` in geometric progression (the paper's initial rates)."""
+    if not (lo > 0 and hi > lo):
+        raise ValueError(f"need 0 < lo < hi; got lo={lo!r}, hi={hi!r}")
+    if n < 2:
+        raise ValueError(f"need at least 2 values; got {n}")
+    return [lo * (hi / lo) ** (p / (n - 1)) for p in range(n)]

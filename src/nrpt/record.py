@@ -1,4 +1,4 @@
-"""Recorders: target-slot draws, slot-0 energies and the index process, streamed to arrays.
+"""The ``draws`` recorder: target-slot draws, their energies and the index process, streamed.
 
 Records are written in chunks: the engine keeps a small device buffer and copies it to the
 host once per chunk (the only host sync of a run, besides the progress bar).  The sinks are
@@ -10,7 +10,8 @@ rows).
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 
 * ``samples``  ``[n, dim]`` when R = 1, else ``[R, n, dim]`` — the state at slot 0 after
-  iteration ``thin - 1, 2 thin - 1, ...``;
+  iteration ``thin - 1, 2 thin - 1, ...`` (with ``slots="all"``: ``[R, n, P, dim]``, the states
+  of every slot, for the no-swap baselines);
 * ``energies`` ``[n]`` / ``[R, n]`` — the tempered part ``v`` of those states;
 * ``index``    ``[K + 1, R, P]`` int16 — ``slot_of[replica]`` before the first iteration (row 0)
   and after each iteration.
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Recorder"]
+__all__ = ["Draws"]
 
 
 def _open(path: Path | None, shape: tuple[int, ...], dtype, resume: bool) -> np.ndarray:
@@ -32,31 +33,75 @@ def _open(path: Path | None, shape: tuple[int, ...], dtype, resume: bool) -> np.
         return np.zeros(shape, dtype=dtype)
     if resume and path.exists():
         arr = np.load(path, mmap_mode="r+")
-        if arr.shape != shape or arr.dtype != np.dtype(dtype):
+        if arr.shape == shape and arr.dtype == np.dtype(dtype):
+            return arr
+        grown = [i for i, (a, b) in enumerate(zip(arr.shape, shape, strict=False)) if a != b]
+        if arr.ndim != len(shape) or len(grown) != 1 or arr.shape[grown[0]] > shape[grown[0]]:
             raise ValueError(f"cannot resume: {path} has shape {arr.shape}, expected {shape}")
-        return arr
+        # a longer budget (nrpt resume --iterations): copy into a larger file, then rename
+        tmp = path.with_name(path.stem + ".grow.npy")
+        new = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        new[tuple(slice(0, n) for n in arr.shape)] = arr
+        new.flush()
+        del arr, new
+        os.replace(tmp, path)
+        return np.load(path, mmap_mode="r+")
     return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
 
 
-class Recorder:
+#: records held in memory (no run folder) beyond this many bytes are refused
+MAX_MEMORY_BYTES = 4 * 2 ** 30
+
+
+def _check_size(K: int, R: int, P: int, dim: int, n: int, slots: str, item: int,
+                out: Path | None) -> None:
+    per = dim if slots == "target" else P * dim
+    need = R * n * (per + (1 if slots == "target" else P)) * item + (K + 1) * R * P * 2
+    gib = need / 2 ** 30
+    if out is None and need > MAX_MEMORY_BYTES:
+        raise ValueError(f"the run's records would take {gib:.1f} GiB of memory (iterations or "
+                         f"rounds too large for thin = {n and K // n}): lower iterations / "
+                         f"rounds, raise thin, or give out (a run folder: records streamed to "
+                         f"disk)")
+    if out is not None:
+        import shutil
+
+        probe = next((p for p in [out, *out.parents] if p.exists()), None)
+        if probe is not None and need > shutil.disk_usage(probe).free:
+            raise ValueError(f"the run's records would take {gib:.1f} GiB but {probe} has "
+                             f"{shutil.disk_usage(probe).free / 2 ** 30:.1f} GiB free: lower "
+                             f"iterations / rounds or raise thin")
+
+
+class Draws:
+    """Recorder (``draws``, :mod:`nrpt.roles`) streaming the run's records in chunks."""
+
+    name = "draws"
+
     def __init__(self, n_iterations: int, R: int, P: int, dim: int, *, thin: int = 1,
                  out_dir: str | os.PathLike | None = None, dtype=np.float64, chunk: int = 512,
-                 resume: bool = False):
+                 resume: bool = False, slots: str = "target"):
         if int(thin) != thin or thin < 1:
             raise ValueError(f"thin must be an integer >= 1; got {thin!r}")
+        if slots not in ("target", "all"):
+            raise ValueError(f"slots must be 'target' or 'all'; got {slots!r}")
         self.K, self.R, self.P, self.dim, self.thin = int(n_iterations), R, P, dim, int(thin)
+        self.slots = slots
         self.n_draws = self.K // self.thin
         self.chunk = int(chunk)
         out = Path(out_dir) if out_dir is not None else None
-        s_shape = (self.n_draws, dim) if R == 1 else (R, self.n_draws, dim)
-        e_shape = (self.n_draws,) if R == 1 else (R, self.n_draws)
+        _check_size(self.K, R, P, dim, self.n_draws, slots, np.dtype(dtype).itemsize, out)
+        tail = (dim,) if slots == "target" else (P, dim)
+        e_tail = () if slots == "target" else (P,)
+        s_shape = (self.n_draws, *tail) if R == 1 else (R, self.n_draws, *tail)
+        e_shape = (self.n_draws, *e_tail) if R == 1 else (R, self.n_draws, *e_tail)
         self.samples = _open(out / "samples.npy" if out else None, s_shape, dtype, resume)
         self.energies = _open(out / "energies.npy" if out else None, e_shape, dtype, resume)
         self.index = _open(out / "index.npy" if out else None, (self.K + 1, R, P), np.int16,
                            resume)
         # views with the system axis first, for uniform writing
-        self._s = self.samples.reshape(R, self.n_draws, dim)
-        self._e = self.energies.reshape(R, self.n_draws)
+        self._s = self.samples.reshape(R, self.n_draws, *tail)
+        self._e = self.energies.reshape(R, self.n_draws, *e_tail)
         self._buf_x: list[torch.Tensor] = []
         self._buf_v: list[torch.Tensor] = []
         self._buf_i: list[torch.Tensor] = []
@@ -72,14 +117,37 @@ class Recorder:
         self.index[0] = slot_of.to("cpu", torch.int16).numpy()
         self._next_row = 1
 
-    def record(self, k: int, x0: torch.Tensor, v0: torch.Tensor, slot_of: torch.Tensor) -> None:
-        """Record iteration ``k`` (0-based): ``x0[R, dim]``, ``v0[R]`` at slot 0, ``slot_of``."""
-        self._buf_i.append(slot_of.to(torch.int16))
-        if (k + 1) % self.thin == 0:
-            self._buf_x.append(x0.detach().clone())
-            self._buf_v.append(v0.detach().clone())
+    def record(self, it) -> None:
+        """Record one :class:`~nrpt.roles.Iteration` (``it.k`` 0-based)."""
+        self._buf_i.append(it.slot_of.to(torch.int16))
+        if (it.k + 1) % self.thin == 0:
+            if self.slots == "target":
+                rep = it.replica_at[:, :1]
+                x = it.state.x.gather(1, rep[..., None].expand(self.R, 1, self.dim)).squeeze(1)
+                v = it.state.v.gather(1, rep).squeeze(1)
+            else:
+                x, v = it.at_slots(it.state.x), it.slot_energies
+            self._buf_x.append(x.detach().clone())
+            self._buf_v.append(v.detach().clone())
         if len(self._buf_i) >= self.chunk:
             self.flush()
+
+    # the recorder contract (nrpt.roles): the draws have no summary of their own
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {}
+
+    def segment_row(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        self.flush()
+        return {"next_row": self._next_row, "next_draw": self._next_draw}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self._next_row, self._next_draw = int(sd["next_row"]), int(sd["next_draw"])
 
     def flush(self) -> None:
         if self._buf_i:
@@ -88,7 +156,7 @@ class Recorder:
             self._next_row += len(rows)
             self._buf_i.clear()
         if self._buf_x:
-            xs = torch.stack(self._buf_x, dim=1).cpu().numpy()  # [R, c, dim]
+            xs = torch.stack(self._buf_x, dim=1).cpu().numpy()  # [R, c, (P,) dim]
             vs = torch.stack(self._buf_v, dim=1).cpu().numpy()
             c = xs.shape[1]
             self._s[:, self._next_draw:self._next_draw + c] = xs
@@ -100,11 +168,12 @@ class Recorder:
             if isinstance(arr, np.memmap):
                 arr.flush()
 
-    def truncated(self, n_done: int) -> dict[str, np.ndarray]:
-        """Views of the records of the first ``n_done`` iterations (for interrupted runs)."""
-        n = n_done // self.thin
+    def arrays(self, first: int, done: int) -> dict[str, np.ndarray]:
+        """Views of the draws of iterations ``first .. done - 1`` and the index process of
+        iterations ``0 .. done`` (rows ``0 .. done``)."""
+        a, b = first // self.thin, done // self.thin
         if self.R == 1:
-            return {"samples": self.samples[:n], "energies": self.energies[:n],
-                    "index": self.index[:n_done + 1]}
-        return {"samples": self.samples[:, :n], "energies": self.energies[:, :n],
-                "index": self.index[:n_done + 1]}
+            return {"samples": self.samples[a:b], "energies": self.energies[a:b],
+                    "index": self.index[:done + 1]}
+        return {"samples": self.samples[:, a:b], "energies": self.energies[:, a:b],
+                "index": self.index[:done + 1]}

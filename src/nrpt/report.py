@@ -1,18 +1,11 @@
-"""Reports of adaptive runs: per-round rows, figures and an ArviZ InferenceData file.
+"""Reports of a run: per-segment rows, figures and an ArviZ InferenceData file.
 
 * :func:`format_row` / :data:`ROW_HEADER` -- the one-line-per-round table printed during a run
   and kept in ``report.txt`` / ``rounds.csv``;
-* :func:`write_figures` -- ``index_process.png`` (a few replicas' slot over time, round
-  boundaries marked), ``swap_acceptance.png`` (per pair per round), ``local_barrier.png``
-  (``lambda(b)`` of the last round, with the Method I cross-check and, for the analytic
-  targets, the exact curve) and ``schedules.png`` (the schedule of every round);
-* :func:`export_inference_data` -- ``posterior.nc``: the last round's slot-0 draws as the
-  ``posterior`` group (``chain`` = PT system), the slot-0 energy as ``sample_stats``, and
-  per-slot / per-pair statistics as ``constant_data``, so that ``arviz.summary`` gives ESS and
-  R-hat (R-hat needs ``systems >= 2``).
-
-Figures use matplotlib's Agg canvas through :class:`matplotlib.figure.Figure`, never pyplot, so
-the user's backend and global state are untouched.
+* :func:`write_figures` -- the figures of :mod:`nrpt.plots` that apply to the run;
+* :func:`export_inference_data` -- ``posterior.nc`` for every run: the slot-0 draws of the
+  sampling segments as the ``posterior`` group (``chain`` = PT system), so that
+  ``arviz.summary`` gives ESS and R-hat (R-hat needs ``systems >= 2``).
 """
 
 from __future__ import annotations
@@ -23,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .diagnostics.density import iid_floor
 
 __all__ = ["ROW_HEADER", "format_row", "write_round_table", "write_figures",
            "export_inference_data", "import_arviz"]
@@ -62,96 +57,65 @@ def write_round_table(rows: list[dict[str, Any]], path: str | Path) -> None:
 
 
 # ------------------------------------------------------------------------------ figures
-def _figure(width=7.0, height=4.0):
-    from matplotlib.figure import Figure
+def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: np.ndarray,
+                  rows: list[dict]) -> list[str]:
+    """Write the figures that apply to the run into ``out`` (:mod:`nrpt.plots`); returns
+    their file names: ``density.png`` (1-D/2-D targets; with the exact density and the error
+    where the target has ``density_grid``), ``index_process.png``, ``swap_acceptance.png``,
+    ``adaptation.png`` (runs with online adaptation), and for adaptive runs
+    ``local_barrier.png`` and ``schedules.png``."""
+    from . import plots
 
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def plot_index_process(index: np.ndarray, boundaries: list[int], path: Path,
-                       replicas: int = 4) -> None:
-    """Slot over time of the first ``replicas`` replicas of system 0."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    k = np.arange(index.shape[0])
-    n_rep = min(replicas, index.shape[2])
-    for r in range(n_rep):
-        ax.step(k, index[:, 0, r], where="post", lw=0.8, label=f"replica {r}", rasterized=True)
-    for b in boundaries:
-        ax.axvline(b, color="0.7", lw=0.6, ls="--")
-    ax.set_xlabel("iteration (dashed: round boundaries)")
-    ax.set_ylabel("slot (0 = target)")
-    ax.set_title("index process")
-    ax.legend(loc="upper right", fontsize=7, ncols=n_rep)
-    fig.savefig(path, dpi=110)
-
-
-def plot_swap_acceptance(acceptance: np.ndarray, path: Path) -> None:
-    """Heat map of the swap acceptance ``[rounds, P-1]`` (system 0)."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    n_rounds, n_pairs = acceptance.shape
-    im = ax.imshow(acceptance, aspect="auto", origin="lower", vmin=0.0, vmax=1.0,
-                   cmap="viridis", extent=(-0.5, n_pairs - 0.5, 0.5, n_rounds + 0.5))
-    fig.colorbar(im, ax=ax, label="mean min(1, α)")
-    ax.set_xlabel("pair (p, p+1)")
-    ax.set_ylabel("round")
-    ax.set_title("swap acceptance per pair per round")
-    fig.savefig(path, dpi=110)
-
-
-def plot_local_barrier(grid: np.ndarray, values: np.ndarray, at: np.ndarray,
-                       method_one: np.ndarray, coordinate: str, path: Path,
-                       exact=None) -> None:
-    """``lambda(b)`` from the fitted cumulative barrier, Method I points, exact curve."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    ax.plot(grid, values, lw=1.5, label="rejection-based (derivative of the fit)")
-    ok = np.isfinite(method_one)
-    ax.plot(at[ok], method_one[ok], "o", ms=4, label="Method I: ½ E|ℓ(X) − ℓ(Y)|")
-    if exact is not None:
-        ax.plot(grid, exact, "k--", lw=1.0, label="exact")
-    ax.set_xlabel(coordinate)
-    ax.set_ylabel("local barrier λ")
-    ax.set_title("local communication barrier (last round)")
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=110)
-
-
-def plot_schedules(schedules: np.ndarray, coordinate: str, path: Path) -> None:
-    """The schedule of every round (system 0): one row of points per round."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    for i, b in enumerate(schedules):
-        ax.plot(b, np.full_like(b, i + 1), "|", ms=10, mew=1.2, color="C0")
-    ax.set_xlabel(coordinate)
-    ax.set_ylabel("round")
-    ax.set_title("schedule per round")
-    fig.savefig(path, dpi=110)
-
-
-def write_figures(out: Path, *, index: np.ndarray, stats: list, summary: dict,
-                  target=None) -> list[str]:
-    """Write the four figures of an adaptive run into ``out``; returns their file names."""
     out = Path(out)
-    last = stats[-1]
-    boundaries = [st.first_iteration for st in stats[1:]]
-    coordinate = summary["local_barrier"]["coordinate"]
-    grid = np.asarray(summary["local_barrier"]["grid"], dtype=float)
-    values = np.asarray(summary["local_barrier"]["values"], dtype=float)
-    values = values if values.ndim == 1 else values[0]
-    exact = None
-    if target is not None and callable(getattr(target, "local_barrier", None)) and \
-            coordinate == "beta":
-        exact = np.asarray(target.local_barrier(grid), dtype=float)
-    plot_index_process(index, boundaries, out / "index_process.png")
-    plot_swap_acceptance(np.stack([1.0 - st.rejection[0] for st in stats]),
-                         out / "swap_acceptance.png")
-    plot_local_barrier(grid, values, last.schedule[0], last.method_one[0], coordinate,
-                       out / "local_barrier.png", exact)
-    plot_schedules(np.stack([st.schedule[0] for st in stats]), coordinate,
-                   out / "schedules.png")
-    return ["index_process.png", "swap_acceptance.png", "local_barrier.png", "schedules.png"]
+    written: list[str] = []
+    target = run.engine.target
+
+    def save(fig, name):
+        plots.save(fig, out / name)
+        written.append(name)
+
+    x = samples if samples.ndim == 2 else samples[0]
+    if x.shape[0] and x.shape[1] in (1, 2):
+        floor = None
+        if hasattr(target, "density_grid") and x.shape[1] == 2:
+            try:
+                floor = iid_floor(target, x.shape[0])["tv"]
+            except (TypeError, ValueError):
+                floor = None
+        save(plots.density(x, target if hasattr(target, "density_grid") else None,
+                           tv_floor=floor), "density.png")
+    boundaries = [r["first_iteration"] for r in rows[1:]]
+    save(plots.index_process(index, boundaries=boundaries or None,
+                             boundary_label="segment boundary"), "index_process.png")
+    acc = np.asarray([np.nan if v is None else v for v in np.ravel(
+        summary.get("swap_acceptance") or [])], dtype=float)
+    if acc.size:
+        save(plots.swap_acceptance(acc.reshape(run.engine.R, -1)), "swap_acceptance.png")
+    trace = run.recorders.get("trace")
+    if trace is not None and trace.k:
+        arrays = trace.arrays()
+        save(plots.adaptation(arrays["k"], arrays.get("C"), arrays.get("learning_rates"),
+                              arrays.get("pair_rate"), summary.get("swap_rate_target"),
+                              window=summary.get("window")), "adaptation.png")
+    if "local_barrier" in summary:
+        lb = summary["local_barrier"]
+        grid = np.asarray(lb["grid"], dtype=float)
+        values = np.asarray(lb["values"], dtype=float)
+        values = values if values.ndim == 1 else values[0]
+        mi = summary.get("local_barrier_method_i") or {}
+        at = np.asarray(mi.get("at", []), dtype=float)
+        m1 = np.asarray([np.nan if v is None else v for v in np.ravel(mi.get("values", []))],
+                        dtype=float).reshape(at.shape) if at.size else None
+        exact = None
+        if callable(getattr(target, "local_barrier", None)) and lb["coordinate"] == "beta":
+            exact = np.asarray(target.local_barrier(grid), dtype=float)
+        save(plots.local_barrier(grid, values, at if at.ndim == 1 else at[0] if at.size
+                                 else None, None if m1 is None else (m1 if m1.ndim == 1
+                                                                     else m1[0]),
+                                 lb["coordinate"], exact=exact), "local_barrier.png")
+        sched = np.asarray([r["b"][0] for r in rows], dtype=float)
+        save(plots.schedules(sched, lb["coordinate"]), "schedules.png")
+    return written
 
 
 # ------------------------------------------------------------------------------ ArviZ
@@ -167,9 +131,12 @@ def import_arviz():
 
 
 def export_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
-                          stats, summary: dict) -> str | None:
-    """Write ``posterior.nc`` (see the module docstring); returns its file name, or None when
-    ArviZ is not installed (``pip install nrpt[arviz]``)."""
+                          recorders: dict, engine, summary: dict) -> str | None:
+    """Write ``posterior.nc``: the slot-0 draws as the ``posterior`` group (``chain`` = PT
+    system), the slot-0 energy as ``sample_stats``, and the per-slot / per-pair statistics
+    (schedule, step sizes, swap and explorer acceptance, log Z per slot, Method I) as
+    ``constant_data``; returns its file name, or None when ArviZ is not installed
+    (``pip install nrpt[arviz]``)."""
     az = import_arviz()
     if az is None:
         return None
@@ -177,19 +144,24 @@ def export_inference_data(path: str | Path, *, samples: np.ndarray, energies: np
     e = np.asarray(energies, dtype=float)
     if x.ndim == 2:  # one system: [n, dim] -> [1, n, dim]
         x, e = x[None], e[None]
-    constant = {
-        "schedule": stats.schedule, "step_size": stats.step_size,
-        "swap_acceptance": 1.0 - stats.rejection, "explorer_acceptance":
-            stats.explorer_acceptance, "local_barrier_method_i": stats.method_one,
-        "log_normalizer_per_slot": stats.log_normalizer_per_slot,
-    }
+    np_ = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
+    swaps = recorders["swaps"]
+    constant = {"schedule": np_(engine.schedule), "step_size": np_(engine.step_size),
+                "swap_acceptance": np_(swaps.acceptance()),
+                "explorer_acceptance": np_(swaps.explorer_acceptance())}
     dims = {"x": ["x_dim"], "schedule": ["system", "slot"], "step_size": ["system", "slot"],
-            "swap_acceptance": ["system", "pair"], "explorer_acceptance": ["system", "slot"],
-            "local_barrier_method_i": ["system", "slot"],
-            "log_normalizer_per_slot": ["system", "slot"]}
+            "swap_acceptance": ["system", "pair"], "explorer_acceptance": ["system", "slot"]}
+    if "log_z" in recorders:
+        constant["log_normalizer_per_slot"] = np_(recorders["log_z"].estimate()["per_slot"])
+        dims["log_normalizer_per_slot"] = ["system", "slot"]
+    if "slot_energies" in recorders:
+        constant["local_barrier_method_i"] = np.asarray(
+            recorders["slot_energies"].local_barrier(), dtype=float)
+        dims["local_barrier_method_i"] = ["system", "slot"]
+    constant = {k: np.where(np.isfinite(v), v, np.nan) for k, v in constant.items()}
     attrs = {"nrpt_" + k: str(summary.get(k)) for k in (
-        "target", "path", "chains", "explorer", "statistics_from", "log_normalizer",
-        "log_normalizer_kind", "barrier")}
+        "target", "path", "chains", "explorer", "scheme", "window", "rule", "statistics_from",
+        "log_normalizer", "log_normalizer_kind", "barrier")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         idata = az.from_dict(posterior={"x": x}, sample_stats={"path_energy": e},

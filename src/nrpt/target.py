@@ -254,46 +254,35 @@ def validate_target(
 # --------------------------------------------------------------------------------------------
 
 
-def _lazy(attr: str) -> Callable[..., Any]:
-    """A factory that imports :mod:`nrpt.targets` only when called (no import cycle)."""
+class _BuiltinTargets(dict):
+    """Built-in targets: name -> factory(**kwargs), a live view of :mod:`nrpt.registry`'s
+    ``target`` role (register a target there, not here)."""
 
-    def factory(**kwargs: Any) -> Any:
-        module = importlib.import_module("nrpt.targets")
-        return getattr(module, attr)(**kwargs)
+    def _table(self) -> dict[str, Callable[..., Any]]:
+        from . import registry
 
-    factory.__name__ = attr
-    factory.__qualname__ = attr
-    factory.__doc__ = f"Build the built-in target ``nrpt.targets.{attr}(**kwargs)``."
-    return factory
+        return {n: registry.entry("target", n).load for n in registry.names("target")}
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._table()
 
-#: Built-in targets: name -> factory(**kwargs) returning a target.
-BUILTIN_TARGETS: dict[str, Callable[..., Any]] = {
-    "twenty-five-modes": _lazy("TwentyFiveModes"),
-    "gaussian": _lazy("gaussian"),
-    "bimodal": _lazy("bimodal_1d"),
-    "mixture-2d": _lazy("mixture_2d"),
-    "geometric-bimodal": _lazy("geometric_bimodal"),
-}
+    def __getitem__(self, key: str) -> Callable[..., Any]:
+        from . import registry
 
+        return registry.entry("target", key, what="target").load()
 
-def _lazy_from(module: str, attr: str) -> Callable[..., Any]:
-    """Like :func:`_lazy` for a factory in the submodule ``nrpt.targets.<module>``."""
+    def __iter__(self):
+        return iter(self._table())
 
-    def factory(**kwargs: Any) -> Any:
-        return getattr(importlib.import_module(f"nrpt.targets.{module}"), attr)(**kwargs)
+    def __len__(self) -> int:
+        return len(self._table())
 
-    factory.__name__ = factory.__qualname__ = attr
-    factory.__doc__ = f"Build the built-in target ``nrpt.targets.{module}.{attr}(**kwargs)``."
-    return factory
+    def keys(self):  # type: ignore[override]
+        return self._table().keys()
 
 
-# analytic geometric paths and the label-switching mixture (adaptive NRPT, docs/adaptive.md)
-BUILTIN_TARGETS.update({
-    "geometric-gaussian-path": _lazy_from("gaussian_path", "scaled_gaussian_path"),
-    "geometric-shifted-gaussian-path": _lazy_from("gaussian_path", "shifted_gaussian_path"),
-    "geometric-mixture-model": _lazy_from("mixture_model", "mixture_model"),
-})
+#: Built-in targets: name -> factory(**kwargs) returning a target (from the registry).
+BUILTIN_TARGETS: dict[str, Callable[..., Any]] = _BuiltinTargets()
 
 _module_counter = itertools.count()
 

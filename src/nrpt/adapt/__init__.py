@@ -1,22 +1,30 @@
-"""Adaptors: what tunes the ladder while sampling.
+"""Adaptors: what tunes the ladder while sampling (the adaptor role, :mod:`nrpt.roles`).
 
-* :mod:`nrpt.adapt.schedule` -- round-based schedule adaptation from swap rejection rates
-  (Syed et al. 2021): fitted cumulative barrier, local barrier, equalized schedule;
-* :mod:`nrpt.adapt.step` -- between-round step sizes towards a target acceptance.
+* :mod:`nrpt.adapt.rounds` -- between rounds (Syed et al. 2021): schedule from the fitted
+  barrier (the mathematics in :mod:`nrpt.adapt.schedule`), step sizes (:mod:`nrpt.adapt.step`),
+  slice widths;
+* :mod:`nrpt.adapt.sa` -- online stochastic approximation (Deng et al. 2023, Algorithm 1): the
+  buffer ``C``, the learning-rate ladder, the energy variance of the bias-corrected rule;
+* :mod:`nrpt.adapt.window` -- ``window = "auto"``: W* from a tuning segment;
+* :mod:`nrpt.adapt.chains` -- how many chains (both recommendations).
 """
 
+from nrpt.adapt.chains import recommended_chains, recommended_chains_noisy, restart_rate_curve
+from nrpt.adapt.rounds import ScheduleAdaptor, SliceWidthAdaptor, StepSizeAdaptor
+from nrpt.adapt.sa import CorrectionAdaptor, LearningRateAdaptor, SAStepSize, VarianceTracker
 from nrpt.adapt.schedule import (
     BarrierFit,
     clean_rejections,
     equalized_schedule,
     fit_barrier,
-    recommended_chains,
-    restart_rate_curve,
     update_schedule,
     validate_schedule,
 )
 from nrpt.adapt.step import ACCEPTANCE_ORDER, step_size_factor
+from nrpt.adapt.window import WindowAdaptor
 
 __all__ = ["ACCEPTANCE_ORDER", "BarrierFit", "clean_rejections", "equalized_schedule",
-           "fit_barrier", "recommended_chains", "restart_rate_curve", "step_size_factor",
-           "update_schedule", "validate_schedule"]
+           "fit_barrier", "recommended_chains", "recommended_chains_noisy", "restart_rate_curve",
+           "step_size_factor", "update_schedule", "validate_schedule", "ScheduleAdaptor",
+           "StepSizeAdaptor", "SliceWidthAdaptor", "CorrectionAdaptor", "LearningRateAdaptor",
+           "VarianceTracker", "SAStepSize", "WindowAdaptor"]

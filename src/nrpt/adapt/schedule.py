@@ -28,14 +28,13 @@ carries no information and is returned unchanged.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.interpolate import PchipInterpolator
 
 __all__ = ["BarrierFit", "clean_rejections", "fit_barrier", "equalized_schedule",
-           "update_schedule", "validate_schedule", "restart_rate_curve", "recommended_chains"]
+           "update_schedule", "validate_schedule"]
 
 #: smallest gap kept between adjacent coefficients of a new schedule, relative to its span
 _MIN_GAP = 1e-9
@@ -187,34 +186,3 @@ def update_schedule(schedule, rejection, n_slots: int | None = None) -> np.ndarr
     if not fit.total > 0.0 and n == b.size:
         return b.copy()
     return equalized_schedule(fit, n)
-
-
-def restart_rate_curve(barrier: float, chains) -> np.ndarray:
-    r"""Predicted DEO restart rate with ``P`` chains on a schedule that equalizes the rejection
-    rates, ``r = Lambda / (P - 1)`` per pair (first order in the spacing):
-
-        tau(P) = 1 / (2 + 2 (P - 1) r / (1 - r)),   0 where r >= 1,
-
-    increasing in ``P`` towards the asymptote ``1 / (2 + 2 Lambda)`` (Syed et al. 2021, Thm. 1 and
-    Cor. 2): the diminishing return of more chains."""
-    lam = float(barrier)
-    if not (math.isfinite(lam) and lam >= 0.0):
-        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
-    p = np.asarray(chains, dtype=float)
-    if np.any(p < 2):
-        raise ValueError("chains must be >= 2")
-    r = lam / (p - 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tau = 1.0 / (2.0 + 2.0 * (p - 1.0) * r / (1.0 - r))
-    return np.where(r < 1.0, tau, 0.0)
-
-
-def recommended_chains(barrier: float) -> int:
-    """The number of chains suggested by the barrier, ``max(2, ceil(2 Lambda))``: with ``P ~
-    2 Lambda`` equalized pairs reject ``r ~ 1/2`` each and the restart rate is within a factor
-    ~2 of its ``P -> inf`` limit (see :func:`restart_rate_curve` for the whole curve)."""
-    lam = float(barrier)
-    if not (math.isfinite(lam) and lam >= 0.0):
-        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
-    return max(2, math.ceil(2.0 * lam))
-

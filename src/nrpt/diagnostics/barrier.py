@@ -14,10 +14,10 @@ energies seen at each slot vs. the swap acceptance probabilities), so their agre
 cross-check of both.
 
 Method I is computed here from the energies at each slot over a round, kept by
-:class:`SlotEnergyRecorder` (an engine hook).  ``E|V(X) - V(Y)|`` is estimated by the mean
-absolute difference over all pairs of recorded draws (Gini's mean difference, ``O(n log n)``
-after sorting); draws from one Markov chain are dependent, which inflates the variance of the
-estimate but not its limit.
+:class:`SlotEnergyRecorder` (the ``slot_energies`` recorder).  ``E|V(X) - V(Y)|`` is estimated
+by the mean absolute difference over all pairs of recorded draws (Gini's mean difference,
+``O(n log n)`` after sorting); draws from one Markov chain are dependent, which inflates the
+variance of the estimate but not its limit.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import math
 
 import numpy as np
 import torch
+
+from ..recorders import per_system
 
 __all__ = ["SlotEnergyRecorder", "mean_absolute_difference", "method_one"]
 
@@ -52,11 +54,13 @@ def method_one(slot_energies: np.ndarray) -> np.ndarray:
 
 
 class SlotEnergyRecorder:
-    """Engine hook keeping ``V`` of the replica at every slot, ``[n, R, P]``, for one round.
+    """Recorder (``slot_energies``) keeping ``V`` of the replica at every slot, ``[n, R, P]``,
+    for one round.
 
-    Call :meth:`start` at the beginning of a round with its length; at most ``max_rows`` rows
-    are kept (every ``ceil(n / max_rows)``-th iteration), preallocated on the engine's device,
-    so memory stays flat however long the round.
+    The loop calls ``start_segment(reset=True, length)`` at the beginning of each round (which
+    calls :meth:`start` with the round's length); at most ``max_rows`` rows are kept (every
+    ``ceil(n / max_rows)``-th iteration), preallocated on the engine's device, so memory stays
+    flat however long the round.
     """
 
     def __init__(self, systems: int, slots: int, max_rows: int = 4096, dtype=torch.float64,
@@ -74,11 +78,33 @@ class SlotEnergyRecorder:
         self.rows = 0
         self._count = 0
 
-    def after_iteration(self, engine, k, decisions) -> None:
+    name = "slot_energies"
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        if reset:
+            self.start(max(int(length), 1))
+
+    def record(self, it) -> None:
         if self._count % self.stride == 0 and self.rows < self.buffer.shape[0]:
-            self.buffer[self.rows] = engine.state.v.gather(1, engine.replica_at)
+            self.buffer[self.rows] = it.slot_energies
             self.rows += 1
         self._count += 1
+
+    def summary(self) -> dict:
+        return {"local_barrier_method_i": per_system(self.local_barrier(), self.R)}
+
+    def segment_row(self) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"stride": self.stride, "rows": self.rows, "count": self._count,
+                "buffer": self.buffer[:self.rows].clone(), "size": self.buffer.shape[0]}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.stride, self.rows, self._count = int(sd["stride"]), int(sd["rows"]), int(sd["count"])
+        self.buffer = torch.empty(int(sd["size"]), self.R, self.P, dtype=self.dtype,
+                                  device=self.device)
+        self.buffer[:self.rows] = sd["buffer"].to(self.buffer)
 
     def values(self) -> np.ndarray:
         """The recorded ``V`` by slot, ``[rows, R, P]`` (host copy)."""

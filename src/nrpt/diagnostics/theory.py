@@ -26,6 +26,8 @@ import numpy as np
 __all__ = [
     "lemma1_round_trip_time",
     "predicted_round_trips_per_1000",
+    "predicted_rates",
+    "exact_event_rates",
     "optimal_window",
     "barrier_from_rejections",
     "cumulative_barrier",
@@ -86,20 +88,74 @@ def lemma1_round_trip_time(rejection: Sequence[float] | np.ndarray, window: int 
 
 
 def predicted_round_trips_per_1000(
-    rejection: Sequence[float] | np.ndarray, window: int = 1
+    rejection: Sequence[float] | np.ndarray, window: int = 1, *, scheme: str
 ) -> float:
-    r"""Predicted number of round trips per 1000 iterations, summed over the ``P`` replicas.
+    r"""Predicted Syed et al. round trips (= restarts) per 1000 iterations, summed over replicas.
 
-    Each of the ``P`` replicas completes round trips as a renewal process with mean
-    inter-arrival time :func:`lemma1_round_trip_time`, so the total rate is
-    ``P / E[T]`` per iteration, i.e. ``1000 P / E[T]`` per 1000 iterations
-    (``0`` if ``E[T] = inf``).
+    ``scheme`` is required (it used to be implicitly DEO_W, which gave e.g. 500 for SEO with
+    ``r = 0``, ``P = 8``, where the true rate is 71.4 restarts and 84.3 A.5 round trips):
+
+    * ``"deo"`` / ``"deo-w"``: Lemma 1 of Deng et al. (2023, Eq. 4), ``1000 P / E[T]`` (each
+      replica's restarts form a renewal process with mean inter-arrival time ``E[T]``, the
+      restart-to-restart time of the proof in their App. B.1); at ``W = 1`` this is Syed et
+      al. (2021, Theorem 1), ``1000 / (2 + 2 sum_p r_p / (1 - r_p))``;
+    * ``"seo"``, ``"adj"``, ``"ape"``: the exact rate of :func:`exact_event_rates`.
+
+    This is the rate of *restarts* and of Syed round trips (the two alternate), **not** of the
+    appendix-A.5 round trips, a different count (for DEO, SEO and ADJ 0-20 % higher, for APE
+    lower; see :func:`exact_event_rates`).
+    Returns ``0`` if some ``r_p = 1`` cuts the ladder.  Use :func:`predicted_rates` for all
+    three quantities at once.
     """
     r = _rejections(rejection)
-    expected_time = lemma1_round_trip_time(r, window)
-    if math.isinf(expected_time):
-        return 0.0
-    return 1000.0 * (r.size + 1) / expected_time
+    name, w = _scheme(scheme, window)
+    if name in ("deo", "deo-w"):
+        expected_time = lemma1_round_trip_time(r, w)
+        if math.isinf(expected_time):
+            return 0.0
+        return 1000.0 * (r.size + 1) / expected_time
+    return 1000.0 * exact_event_rates(r, name, w)["restarts"]
+
+
+def predicted_rates(
+    rejection: Sequence[float] | np.ndarray, scheme: str, window: int = 1
+) -> dict[str, float | None]:
+    r"""Predictions of the three observed event rates of a run, per 1000 iterations.
+
+    Keys match the observed quantities of :class:`~nrpt.diagnostics.RoundTripTracker`
+    (summed over the ``P`` replicas):
+
+    ``restarts_per_1000``
+        DEO / DEO_W: Lemma 1 of Deng et al. (2023, Eq. 4), ``1000 P / E[T]``, which at
+        ``W = 1`` is Syed et al. (2021, Theorem 1) ``1000 / (2 + 2 sum r/(1-r))``.  SEO / ADJ:
+        the exact rate of :func:`exact_event_rates` (for SEO it equals the reversible formula
+        of Syed et al.'s Theorem 1, ``1000 / (2(P-1) + 2 sum r/(1-r))``).
+    ``round_trips_per_1000``
+        Syed round trips (restart, then back at ``P - 1``): same long-run rate as restarts.
+    ``round_trips_a5_per_1000``
+        Appendix-A.5 round trips (Deng et al. 2023): the exact rate of
+        :func:`exact_event_rates`.  Lemma 1 does *not* predict this quantity.
+
+    Every prediction assumes independent swap decisions with rejection ``r_p`` on pair
+    ``(p, p+1)`` (exact under :class:`~nrpt.swap.FixedRate`; assumptions B1-B2 of Deng et al.
+    otherwise).  For APE every value is ``None``: it attempts non-adjacent pairs, whose
+    rejection rates the ``P - 1`` adjacent ones do not determine (use
+    :func:`exact_event_rates` with a common rate for FixedRate).
+    """
+    r = _rejections(rejection)
+    name, w = _scheme(scheme, window)
+    if name == "ape":
+        return dict.fromkeys(
+            ("restarts_per_1000", "round_trips_per_1000", "round_trips_a5_per_1000"), None
+        )
+    exact = exact_event_rates(r, name, w)
+    restarts = (predicted_round_trips_per_1000(r, w, scheme=name) if name in ("deo", "deo-w")
+                else 1000.0 * exact["restarts"])
+    return {
+        "restarts_per_1000": restarts,
+        "round_trips_per_1000": restarts,
+        "round_trips_a5_per_1000": 1000.0 * exact["round_trips_a5"],
+    }
 
 
 def optimal_window(n_chains: int, rejection_rate: float) -> int:
@@ -215,3 +271,320 @@ def scheme_orders(n_chains: int, rejection_rate: float) -> dict[str, float]:
         "P^2": float(n_chains**2),
         "P log P": float(n_chains * math.log(n_chains)),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact event rates of a single replica's index process (FixedRate model)
+# ---------------------------------------------------------------------------------------------
+#
+# Model (= assumptions B1-B2 of Deng et al. 2023 / the setting of Syed et al. 2021, Thm 1):
+# every swap attempted on the adjacent pair (p, p+1) is rejected with probability r_p,
+# independently of everything else.  This is exactly :class:`nrpt.swap.FixedRate`.  Under it
+# the slot of a single replica, augmented with the scheme's clock, is a Markov chain:
+#
+# * DEO (= DEO_1): state (slot s, k mod 2); at parity q the replica is in pair (s, s+1) if
+#   s % 2 == q, in pair (s-1, s) if (s-1) % 2 == q, and moves with probability 1 - r_pair.
+# * DEO_W: the replica is in one pair for the whole window (the active pairs of a window are
+#   disjoint and fixed), the pair's gate is closed iff that pair -- hence this replica -- has
+#   swapped in the window, so over a window it moves with probability 1 - r^W.  The counters
+#   only fire on *changes* of end/origin status (an automaton step repeated on the same slot is
+#   a no-op), so the event counts of DEO_W are those of the window-level chain, which is DEO
+#   with rejection r_p^W; per iteration they are divided by W.
+# * SEO: state = slot; a fair coin picks the even or the odd pairs, then as DEO.
+# * ADJ: state = slot; one iteration is the sweep (0,1), (1,2), ..., (P-2,P-1).  From slot s the
+#   replica first meets pair (s-1, s) and moves down one slot with probability 1 - r_{s-1} (it
+#   is then past every later pair); otherwise it meets (s, s+1), (s+1, s+2), ... in turn and
+#   climbs until the first rejection: P(s -> t) = r_{s-1} prod_{j=s}^{t-1} (1 - r_j) * r_t for
+#   t >= s (r_{-1} := 1 and r_{P-1} := 1).
+# * APE: one pair (i < j) of the P(P-1)/2 drawn uniformly; only for a common rejection rate r
+#   of *all* pairs (what FixedRate does), since the rates of non-adjacent pairs are not
+#   determined by the P-1 adjacent ones.
+#
+# The counters of :mod:`nrpt.diagnostics.roundtrips` are deterministic automata driven by the
+# slot at the end of each iteration, so (replica state, automaton state) is again a finite
+# Markov chain and the long-run number of events per iteration is the stationary expectation
+# of the expected events per step (ergodic theorem for finite chains; with several closed
+# classes, weighted by the probabilities of absorption from the replica's initial state).
+
+_SCHEMES = {"adj": "adj", "seo": "seo", "deo": "deo", "deo-w": "deo-w", "deo_w": "deo-w",
+            "deow": "deo-w", "ape": "ape"}
+_EVENT_KEYS = ("restarts", "round_trips", "round_trips_a5")
+
+
+def _scheme(scheme, window) -> tuple[str, int]:
+    """Normalise a scheme name (``adj``, ``seo``, ``deo``, ``deo-w``/``DEO_W``, ``ape``)."""
+    name = _SCHEMES.get(str(scheme).strip().lower()) if isinstance(scheme, str) else None
+    if name is None:
+        raise ValueError(
+            f"scheme must be one of 'adj', 'seo', 'deo', 'deo-w', 'ape'; got {scheme!r}"
+        )
+    w = _window(window)
+    if w != 1 and name != "deo-w":
+        raise ValueError(
+            f"window applies only to scheme 'deo-w' (DEO_W); scheme {name!r} got window={w}"
+        )
+    return name, w
+
+
+def _base_chain(r: np.ndarray, scheme: str):
+    """One-iteration transition of a single replica's (slot, clock) state under FixedRate.
+
+    Returns ``(rows, cols, probs, slot_of_state, start_state)``: the nonzero entries of the
+    transition matrix, the slot of every state and, for each slot ``s``, the state of a
+    replica that starts (iteration ``k = 0``) at ``s``.
+    """
+    n = r.size + 1
+    rows: list[int] = []
+    cols: list[int] = []
+    probs: list[float] = []
+
+    def add(i, j, p):
+        if p > 0.0:
+            rows.append(i)
+            cols.append(j)
+            probs.append(float(p))
+
+    def parity_move(s, q):
+        """(new slot, acceptance prob) of the pair containing slot s among pairs p % 2 == q."""
+        if s % 2 == q and s + 1 <= n - 1:
+            return s + 1, 1.0 - r[s]
+        if s >= 1 and (s - 1) % 2 == q:
+            return s - 1, 1.0 - r[s - 1]
+        return s, 0.0
+
+    if scheme == "deo":  # state 2 s + (k mod 2)
+        for s in range(n):
+            for q in (0, 1):
+                t, a = parity_move(s, q)
+                add(2 * s + q, 2 * t + 1 - q, a)
+                add(2 * s + q, 2 * s + 1 - q, 1.0 - a)
+        return rows, cols, probs, np.repeat(np.arange(n), 2), 2 * np.arange(n)
+    if scheme == "seo":
+        for s in range(n):
+            for q in (0, 1):
+                t, a = parity_move(s, q)
+                add(s, t, 0.5 * a)
+                add(s, s, 0.5 * (1.0 - a))
+    elif scheme == "adj":
+        for s in range(n):
+            if s >= 1:
+                add(s, s - 1, 1.0 - r[s - 1])
+            climb = r[s - 1] if s >= 1 else 1.0  # P(not moved down)
+            for t in range(s, n):
+                add(s, t, climb * (r[t] if t < n - 1 else 1.0))
+                if t < n - 1:
+                    climb *= 1.0 - r[t]
+    elif scheme == "ape":
+        m = n * (n - 1) // 2
+        for s in range(n):
+            for t in range(n):
+                if t != s:
+                    add(s, t, (1.0 - r[0]) / m)
+            add(s, s, 1.0 - (n - 1) * (1.0 - r[0]) / m)
+    else:  # pragma: no cover - guarded by _scheme
+        raise ValueError(f"no single-replica chain for scheme {scheme!r}")
+    return rows, cols, probs, np.arange(n), np.arange(n)
+
+
+def _syed_automaton(n: int):
+    """Tables ``next[a, y]`` and events ``{key: ev[a, y]}`` of the Syed et al. (2021) counter.
+
+    Phases ``a``: 0 = NONE, 1 = AT_TOP_SIDE, 2 = DOWN_DONE (see :mod:`.roundtrips`); ``y`` is
+    the slot at the end of the iteration.
+    """
+    top = n - 1
+    nxt = np.repeat(np.arange(3)[:, None], n, axis=1)
+    restart = np.zeros((3, n))
+    trip = np.zeros((3, n))
+    nxt[:, top] = 1
+    trip[2, top] = 1.0
+    nxt[1:, 0] = 2  # NONE stays NONE at slot 0
+    restart[1, 0] = 1.0
+    return nxt, {"restarts": restart, "round_trips": trip}
+
+
+def _a5_automaton(n: int, origin: int):
+    """Deng et al. (2023, App. A.5) counter of a replica with origin ``origin``.
+
+    State ``2 hit0 + hit_top``; a trip completes at the origin once both ends were hit, then
+    the flags are cleared except the flag of the end the origin lies on.
+    """
+    top = n - 1
+    nxt = np.zeros((4, n), dtype=np.int64)
+    done = np.zeros((4, n))
+    reset = 2 * (origin == 0) + (origin == top)
+    for a in range(4):
+        for y in range(n):
+            h0, ht = bool(a & 2) or y == 0, bool(a & 1) or y == top
+            if h0 and ht and y == origin:
+                done[a, y] = 1.0
+                nxt[a, y] = reset
+            else:
+                nxt[a, y] = 2 * h0 + ht
+    return nxt, {"round_trips_a5": done}, reset
+
+
+def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
+    """Product of the base chain with a counting automaton: sparse matrix and rewards."""
+    from scipy import sparse
+
+    rows, cols, probs, slot_of_state, _ = base
+    i = np.asarray(rows, dtype=np.int64)
+    j = np.asarray(cols, dtype=np.int64)
+    p = np.asarray(probs, dtype=float)
+    n_a = nxt.shape[0]
+    n_states = slot_of_state.size * n_a
+    a = np.arange(n_a)
+    y = slot_of_state[j]  # slot after the step, per base transition
+    aug_rows = (i[:, None] * n_a + a[None, :]).ravel()
+    aug_cols = (j[:, None] * n_a + nxt[:, y].T).ravel()
+    aug_p = np.repeat(p, n_a)
+    matrix = sparse.csr_matrix((aug_p, (aug_rows, aug_cols)), shape=(n_states, n_states))
+    rewards = {
+        key: np.bincount(aug_rows, weights=aug_p * ev[:, y].T.ravel(), minlength=n_states)
+        for key, ev in events.items()
+    }
+    return matrix, rewards
+
+
+class _LongRun:
+    """Cesàro limits ``lim_K (1/K) sum_k E[g(X_k)]`` of a finite chain from given start states."""
+
+    def __init__(self, matrix) -> None:
+        from scipy.sparse import csgraph
+
+        self.m = matrix
+        n_comp, labels = csgraph.connected_components(matrix, directed=True, connection="strong")
+        coo = matrix.tocoo()
+        leaves = labels[coo.row] != labels[coo.col]
+        open_comp = np.zeros(n_comp, dtype=bool)
+        open_comp[labels[coo.row[leaves]]] = True
+        self.labels = labels
+        self.closed = [c for c in range(n_comp) if not open_comp[c]]
+        self._pi: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _stationary(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        from scipy import sparse
+        from scipy.sparse.linalg import spsolve
+
+        if c not in self._pi:
+            idx = np.flatnonzero(self.labels == c)
+            if idx.size == 1:
+                pi = np.ones(1)
+            else:  # pi (T_C - I) = 0, sum(pi) = 1 (last balance equation replaced)
+                a = (self.m[idx][:, idx].T - sparse.identity(idx.size, format="csr")).tolil()
+                a[idx.size - 1, :] = np.ones(idx.size)
+                b = np.zeros(idx.size)
+                b[-1] = 1.0
+                pi = np.atleast_1d(spsolve(a.tocsc(), b))
+            self._pi[c] = (idx, pi)
+        return self._pi[c]
+
+    def average(self, start: int, rewards: dict[str, np.ndarray]) -> dict[str, float]:
+        from scipy import sparse
+        from scipy.sparse import csgraph
+        from scipy.sparse.linalg import spsolve
+
+        reach = csgraph.breadth_first_order(self.m, start, directed=True,
+                                            return_predecessors=False)
+        classes = sorted({int(c) for c in self.labels[reach]} & set(self.closed))
+        if len(classes) == 1:
+            weights = {classes[0]: 1.0}
+        else:  # absorption probabilities into each closed class (start is transient)
+            in_closed = np.isin(self.labels[reach], classes)
+            trans = np.sort(reach[~in_closed])
+            q = self.m[trans][:, trans]
+            lhs = (sparse.identity(trans.size, format="csr") - q).tocsc()
+            pos = int(np.searchsorted(trans, start))
+            weights = {}
+            for c in classes:
+                cols = np.flatnonzero(self.labels == c)
+                b = np.asarray(self.m[trans][:, cols].sum(axis=1)).ravel()
+                weights[c] = float(np.atleast_1d(spsolve(lhs, b))[pos])
+        out = dict.fromkeys(rewards, 0.0)
+        for c, w in weights.items():
+            idx, pi = self._stationary(c)
+            for key, g in rewards.items():
+                out[key] += w * float(pi @ g[idx])
+        return out
+
+
+def exact_event_rates(
+    rejection: Sequence[float] | np.ndarray, scheme: str, window: int = 1
+) -> dict[str, float]:
+    r"""Exact long-run restart and round-trip rates of ``scheme`` under independent rejections.
+
+    Model: every swap attempted on the adjacent pair ``(p, p+1)`` is rejected with probability
+    ``r_p`` independently of everything else (:class:`nrpt.swap.FixedRate`; the stationarity
+    and weak-independence assumptions B1-B2 of Deng et al. 2023, App. B, under which Lemma 1
+    is derived, and the setting of Syed et al. 2021, Theorem 1).  A single replica's slot,
+    augmented with the scheme's clock, is then a finite Markov chain (DEO: ``(slot, k mod
+    2)``; SEO and ADJ: the slot, ADJ with the one-sweep transition; DEO_W reduces to DEO with
+    ``r_p^W`` per window, see the comment above this function in the source).  It is
+    augmented with the counting automata of :mod:`nrpt.diagnostics.roundtrips` (Syed et al.
+    phase ``NONE / AT_TOP_SIDE / DOWN_DONE``; Deng et al. App. A.5 origin and ``hit0 /
+    hit_top`` flags), and the expected number of events per iteration is computed from the
+    stationary distribution (sparse linear solve; ``P`` up to a few hundred is fine).
+
+    Replica ``i`` starts at slot ``i`` at iteration ``k = 0`` (the engine's initial index), so
+    its A.5 origin is ``i``; the A.5 rate depends on the origin and the result sums over the
+    ``P`` origins.  The Syed rate is the same for every replica whenever the chain has a single
+    closed class (always, unless some ``r_p = 1`` cuts the ladder).
+
+    Parameters
+    ----------
+    rejection:
+        The ``P - 1`` adjacent rejection rates ``r_p`` in ``[0, 1]``.
+    scheme:
+        ``"deo"``, ``"deo-w"`` (alias ``"DEO_W"``), ``"seo"``, ``"adj"`` or ``"ape"``.  APE
+        attempts non-adjacent pairs and is only available for a common rate (all ``r_p``
+        equal, applied to every pair, as :class:`~nrpt.swap.FixedRate` does).
+    window:
+        ``W`` of DEO_W (must be 1 for the other schemes).
+
+    Returns
+    -------
+    dict
+        ``{"restarts", "round_trips", "round_trips_a5"}``: expected events per iteration,
+        summed over the ``P`` replicas (multiply by 1000 for the usual "per 1000").  In the
+        long run ``round_trips`` (Syed) equals ``restarts`` (the two events alternate).  For
+        DEO/DEO_W ``restarts`` equals Lemma 1's ``P / E[T]`` (Deng et al. 2023, Eq. 4), i.e.
+        Syed et al.'s Theorem 1 at ``W = 1``; ``round_trips_a5`` is larger, because a replica
+        that re-hits the end it just left (e.g. bounces back to slot 0 without reaching
+        ``P - 1`` in between) can still complete an A.5 trip.
+
+    Raises
+    ------
+    ValueError
+        For an unknown scheme, a window other than 1 for a scheme other than DEO_W, or APE
+        with unequal rates.
+    """
+    r = _rejections(rejection)
+    name, w = _scheme(scheme, window)
+    if name == "ape" and np.ptp(r) > 1e-12:
+        raise ValueError(
+            "rejection: scheme 'ape' swaps non-adjacent pairs, whose rejection rates are not "
+            "determined by the P-1 adjacent ones; exact rates are available only for a common "
+            f"rate r applied to every pair (FixedRate), got {r.tolist()}"
+        )
+    per_step = 1.0
+    if name == "deo-w":  # window-level chain = DEO with r^W; W iterations per window
+        name, r, per_step = "deo", r**w, 1.0 / w
+    n = r.size + 1
+    base = _base_chain(r, name)
+    starts = base[4]
+
+    out = dict.fromkeys(_EVENT_KEYS, 0.0)
+    nxt, events = _syed_automaton(n)
+    matrix, rewards = _augment(base, nxt, events)
+    chain = _LongRun(matrix)
+    for s in range(n):
+        phase0 = 1 if s == n - 1 else 0  # AT_TOP_SIDE if starting at the top, else NONE
+        for key, v in chain.average(int(starts[s]) * 3 + phase0, rewards).items():
+            out[key] += v
+    for origin in range(n):
+        nxt, events, flags0 = _a5_automaton(n, origin)
+        matrix, rewards = _augment(base, nxt, events)
+        v = _LongRun(matrix).average(int(starts[origin]) * 4 + flags0, rewards)
+        out["round_trips_a5"] += v["round_trips_a5"]
+    return {key: per_step * v for key, v in out.items()}

@@ -9,13 +9,39 @@ invariant.  It is one batched call for all replicas of all systems:
   of system s, wherever it sits on the ladder) and the cached path components ``v``, ``base``
   (``[R, P]``, see :mod:`nrpt.paths`);
 * ``b``, ``step_size`` — ``[R, P]``, the slot coefficient and step size of each replica's slot;
-* ``density`` — :class:`Density`, evaluates ``(v, base)`` and, on request, the gradient of the
-  slot log density ``base - b v``;
+* ``density`` — :class:`Density`, evaluates ``(v, base)`` and, on request, gradients: of the
+  two path components (:meth:`Density.grad_components`) or of the slot log density
+  ``base - b v`` (:meth:`Density.with_grad`);
 * ``noise`` — :class:`Noise`, keyed random numbers for this iteration (no generator state).
 
 ``info`` is an :class:`ExploreInfo` of per-replica tensors.  Proposals whose log density (or
 gradient) is NaN or ±inf are rejected and flagged in ``info.nonfinite``; they never enter the
 state.
+
+Sign conventions: ``U = -log pi`` is the energy; the slot log density is
+``log pi_p(x) = base(x) - b_p v(x)`` (:mod:`nrpt.paths`), so ``v = U`` and ``base = 0`` on a
+temperature ladder, ``v = -log L`` and ``base = log pi_0`` on a geometric path.
+
+Preparing a state
+-----------------
+``explorer.prepare(state, density) -> state`` fills the explorer's per-replica caches in
+``state.extras`` (default: nothing).  The engine calls it once on the initial states and on
+every state it puts into ``state`` from outside the explorer (the fresh reference draws of a
+geometric path), so a cache always describes the replica's current ``x``.  ``step`` still
+works when the cache is missing (it is then computed first).  Any other code that changes
+``state.x`` behind the explorer's back must drop those extras or call ``prepare`` again.
+
+Gradient cache (MALA, HMC): ``extras["grad_v"]`` and ``extras["grad_base"]`` (``[R, P, dim]``)
+are the gradients of the two *components* at the replica's ``x``.  They do not depend on the
+slot, so they stay valid when the replica changes slot or the schedule is adapted; the step
+combines them at the replica's current ``b`` as ``grad log pi_p = grad_base - b grad_v``
+(:func:`slot_grad`).
+
+Checking an explorer
+--------------------
+:func:`nrpt.testing.assert_invariant` runs an explorer alone at a fixed slot (from exact draws
+where the target can make them) and compares moments to the truth within a Monte Carlo error
+bar: the check the test suite applies to every built-in explorer.
 """
 
 from __future__ import annotations
@@ -26,7 +52,11 @@ import torch
 
 from .. import rng
 
-__all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finite_or"]
+__all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finite_or",
+           "slot_grad", "GRAD_KEYS"]
+
+#: the ``extras`` keys of the gradient cache of MALA / HMC (see the module docstring)
+GRAD_KEYS = ("grad_v", "grad_base")
 
 
 @dataclass(frozen=True)
@@ -68,25 +98,65 @@ def finite_or(t: torch.Tensor, fill: float) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.full_like(t, fill))
 
 
+def slot_grad(grad_v: torch.Tensor, grad_base: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``grad log pi_p = grad_base - b grad_v`` for component gradients ``[R, P, dim]`` and the
+    per-replica slot coefficient ``b[R, P]``."""
+    return grad_base - b[..., None] * grad_v
+
+
 class Density:
-    """Evaluates the path components of a batch of states, with optional gradients."""
+    """Evaluates the path components ``(v, base)`` of a batch of states ``x[..., dim]``, with
+    optional gradients (``log pi_p = base - b v``, see :mod:`nrpt.paths`)."""
 
     def __init__(self, target, path):
         self.target = target
         self.path = path
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(v, base)``, each of shape ``x.shape[:-1]``; no gradients."""
         with torch.no_grad():
             return self.path.components(self.target, x)
+
+    def grad_components(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(v, base, grad_v, grad_base)`` for ``x[..., dim]``: the components (shape
+        ``x.shape[:-1]``) and their gradients with respect to ``x`` (shape ``x.shape``).
+
+        Independent of ``b``, so the gradients may be cached with a replica and combined at
+        whatever slot it sits (:func:`slot_grad`).  Target-supplied gradients are used when
+        present: ``grad_energy(x)`` on a temperature ladder (``grad_v = grad U``,
+        ``grad_base = 0``), or ``grad_log_likelihood(x)`` and ``grad_reference_log_prob(x)`` on a
+        geometric path (``grad_v = -grad log L``, ``grad_base = grad log pi_0``), each
+        ``[n, dim]`` for ``x[n, dim]``.  Otherwise autograd, from one forward pass; a component
+        that does not depend on ``x`` (``base`` of a temperature ladder) gets a zero gradient
+        without a backward pass.  Non-finite values are left for the caller to flag.
+        """
+        supplied = self._supplied_components(x)
+        if supplied is not None:
+            return supplied
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            v, base = self.path.components(self.target, xg)
+            grads = []
+            for i, comp in enumerate((v, base)):
+                if not comp.requires_grad:
+                    grads.append(torch.zeros_like(x))
+                    continue
+                keep = i == 0 and base.requires_grad  # the base pass still needs the graph
+                (g,) = torch.autograd.grad(comp.sum(), xg, retain_graph=keep, allow_unused=True)
+                grads.append(torch.zeros_like(x) if g is None else g.detach())
+        return v.detach(), base.detach(), grads[0], grads[1]
 
     def with_grad(
         self, x: torch.Tensor, b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(v, base, grad_x (base - b v))``; non-finite gradients are left for the caller.
+        """``(v, base, grad_x (base - b v))`` for ``x[R, P, dim]`` and ``b[R, P]``; non-finite
+        gradients are left for the caller.
 
-        Autograd, unless the target supplies gradients: ``grad_energy(x)`` (temperature
-        ladder) or ``grad_log_likelihood(x)`` and ``grad_reference_log_prob(x)`` (geometric
-        path), each ``[n, dim]`` for ``x[n, dim]``."""
+        One backward pass of the slot log density (autograd), unless the target supplies
+        gradients (see :meth:`grad_components`).  The cached explorers (MALA, HMC) use
+        :meth:`grad_components` instead, whose gradients do not depend on ``b``."""
         supplied = self._supplied_grad(x, b)
         if supplied is not None:
             return supplied
@@ -97,21 +167,29 @@ class Density:
             (grad,) = torch.autograd.grad(logp.sum(), xg)
         return v.detach(), base.detach(), grad.detach()
 
-
-    def _supplied_grad(self, x, b):
+    def _supplied_components(self, x):
+        """``(v, base, grad_v, grad_base)`` from target-supplied gradients, or None."""
         t, kind = self.target, self.path.kind
         flat = x.reshape(-1, x.shape[-1])
         if kind == "temperature" and hasattr(t, "grad_energy"):
             v, base = self(x)
-            g = -b[..., None] * t.grad_energy(flat).to(x.dtype).reshape(x.shape)
-            return v, base, g
+            g_v = t.grad_energy(flat).to(x.dtype).reshape(x.shape)
+            return v, base, g_v, torch.zeros_like(g_v)
         if (kind == "geometric" and hasattr(t, "grad_log_likelihood")
                 and hasattr(t, "grad_reference_log_prob")):
             v, base = self(x)
             g_ref = t.grad_reference_log_prob(flat).to(x.dtype).reshape(x.shape)
             g_ll = t.grad_log_likelihood(flat).to(x.dtype).reshape(x.shape)
-            return v, base, g_ref + b[..., None] * g_ll
+            return v, base, -g_ll, g_ref  # v = -log L
         return None
+
+    def _supplied_grad(self, x, b):
+        """``(v, base, grad (base - b v))`` from target-supplied gradients, or None."""
+        comps = self._supplied_components(x)
+        if comps is None:
+            return None
+        v, base, g_v, g_base = comps
+        return v, base, slot_grad(g_v, g_base, b)
 
 
 class Noise:
@@ -132,14 +210,22 @@ class Noise:
 
 
 class Explorer:
-    """Base class; subclasses implement :meth:`step`."""
+    """Base class; subclasses implement :meth:`step` and, if they keep per-replica caches,
+    :meth:`prepare` (see the module docstring)."""
 
     name = ""
     uses_gradient = False
     #: how many keyed sub-streams one step consumes (so repeated steps don't reuse noise)
     substeps = 1
 
+    def prepare(self, state: ReplicaState, density: Density) -> ReplicaState:
+        """Fill this explorer's caches in ``state.extras`` for the current ``state.x``
+        (``[R, P, ...]`` tensors); the default has none and returns ``state`` unchanged."""
+        return state
+
     def step(self, state, b, step_size, density, noise, sub=0):  # pragma: no cover - interface
+        """Move every replica once at its slot's ``b[R, P]`` and ``step_size[R, P]``;
+        returns ``(state, ExploreInfo)``."""
         raise NotImplementedError
 
     def describe(self) -> dict:

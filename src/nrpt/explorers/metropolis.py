@@ -3,6 +3,15 @@
 Each leaves its slot's density pi_p(x) ∝ exp(base(x) - b_p v(x)) invariant (a Metropolis-Hastings
 correction is always applied), with a per-slot step size ``step_size[R, P]`` and all replicas
 moved in one batched call.
+
+Gradient cache (MALA, HMC).  The gradients of the two path components at a replica's current
+state, ``extras["grad_v"]`` and ``extras["grad_base"]`` (``[R, P, dim]``, see
+:mod:`nrpt.explorers.base`), travel with the replica; the step combines them at the replica's
+current slot as ``grad log pi_p = grad_base - b grad_v``.  :meth:`prepare` fills the cache; an
+accepted proposal brings its own gradients (computed anyway for the reverse move of MALA or the
+last leapfrog half step of HMC), a rejected one leaves the cache as it was.  Cost per step after
+``prepare``: one gradient evaluation for MALA, ``leapfrog_steps`` for HMC.  A step given a state
+without a cache computes it first.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ import math
 
 import torch
 
-from .base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+from .base import GRAD_KEYS, Density, ExploreInfo, Explorer, Noise, ReplicaState, slot_grad
 
 __all__ = ["RWMH", "MALA", "HMC", "metropolis_select"]
 
@@ -54,19 +63,42 @@ class RWMH(Explorer):
         return metropolis_select(state, prop, lp_new - state.log_density(b), ok, noise, sub)
 
 
-class MALA(Explorer):
-    """Metropolis-adjusted Langevin: x' = x + (h^2 / 2) grad log pi_p(x) + h xi."""
+class _GradientCached(Explorer):
+    """Shared by MALA and HMC: the per-replica cache of component gradients."""
 
-    name = "mala"
     uses_gradient = True
 
+    def prepare(self, state: ReplicaState, density: Density) -> ReplicaState:
+        """Fill ``extras["grad_v"]``, ``extras["grad_base"]`` (``[R, P, dim]``) at ``state.x``;
+        ``x``, ``v``, ``base`` and other extras are kept as they are."""
+        _, _, g_v, g_base = density.grad_components(state.x)
+        return state.replace(extras={**state.extras, "grad_v": g_v, "grad_base": g_base})
+
+    def _cached(self, state: ReplicaState, density: Density) -> ReplicaState:
+        """``state`` with a cache of the right shape (computed here if missing)."""
+        ex = state.extras
+        if all(k in ex and ex[k].shape == state.x.shape for k in GRAD_KEYS):
+            return state
+        return self.prepare(state, density)
+
+
+class MALA(_GradientCached):
+    """Metropolis-adjusted Langevin: x' = x + (h^2 / 2) grad log pi_p(x) + h xi, xi ~ N(0, I),
+    accepted with the Metropolis-Hastings ratio including the proposal asymmetry
+    ``q(x | x') / q(x' | x)``.  One gradient evaluation per step (at ``x'``; the one at ``x``
+    comes from the cache)."""
+
+    name = "mala"
+
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
+        state = self._cached(state, density)
         h = step_size[..., None]
-        _, _, g = density.with_grad(state.x, b)
+        g = slot_grad(state.extras["grad_v"], state.extras["grad_base"], b)
         xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
         x_new = state.x + 0.5 * h * h * g + h * xi
-        v, base, g_new = density.with_grad(x_new, b)
-        prop = ReplicaState(x_new, v, base)
+        v, base, g_v, g_base = density.grad_components(x_new)
+        g_new = slot_grad(g_v, g_base, b)
+        prop = ReplicaState(x_new, v, base, {"grad_v": g_v, "grad_base": g_base})
         lp_new = prop.log_density(b)
         # log q(x | x') - log q(x' | x), q(a | c) = N(a; c + h^2/2 grad(c), h^2 I)
         fwd = ((x_new - state.x - 0.5 * h * h * g) ** 2).sum(-1)
@@ -78,11 +110,12 @@ class MALA(Explorer):
                                  sub)
 
 
-class HMC(Explorer):
-    """Hamiltonian Monte Carlo with a fixed number of leapfrog steps and identity mass."""
+class HMC(_GradientCached):
+    """Hamiltonian Monte Carlo with a fixed number of leapfrog steps and identity mass
+    (momentum ``p0 ~ N(0, I)``, kinetic energy ``|p|^2 / 2``).  ``leapfrog_steps`` gradient
+    evaluations per step (the first half step uses the cached gradient at ``x``)."""
 
     name = "hmc"
-    uses_gradient = True
 
     def __init__(self, leapfrog_steps: int = 10):
         if int(leapfrog_steps) != leapfrog_steps or leapfrog_steps < 1:
@@ -93,17 +126,19 @@ class HMC(Explorer):
         return {"name": self.name, "leapfrog_steps": self.leapfrog_steps}
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
+        state = self._cached(state, density)
         h = step_size[..., None]
         p0 = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
-        _, _, g = density.with_grad(state.x, b)
+        g = slot_grad(state.extras["grad_v"], state.extras["grad_base"], b)
         x, p = state.x, p0 + 0.5 * h * g
         ok = _finite_rows(g)
         for i in range(self.leapfrog_steps):
             x = x + h * p
-            v, base, g = density.with_grad(x, b)
+            v, base, g_v, g_base = density.grad_components(x)
+            g = slot_grad(g_v, g_base, b)
             ok = ok & _finite_rows(g)
             p = p + (h * g if i < self.leapfrog_steps - 1 else 0.5 * h * g)
-        prop = ReplicaState(x, v, base)
+        prop = ReplicaState(x, v, base, {"grad_v": g_v, "grad_base": g_base})
         lp_new = prop.log_density(b)
         ok = ok & torch.isfinite(lp_new) & _finite_rows(x) & _finite_rows(p)
         log_alpha = (lp_new - 0.5 * (p**2).sum(-1)) - (state.log_density(b) - 0.5 * (p0**2).sum(-1))

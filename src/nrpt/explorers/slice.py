@@ -25,8 +25,17 @@ the same length, so the cap removes the same mass in both directions and the rem
 Points where the density is NaN or ±inf count as outside the slice.  At ``b = 0`` the slot
 density is ``base`` alone (the reference of a geometric path), even where ``v = +inf``.
 
-Random numbers: one keyed block of uniforms ``[R, P, T]`` per (iteration, step, coordinate,
-block), see :mod:`nrpt.rng`; the engine's ``sub`` index separates repeated explorer steps.
+Random numbers (:mod:`nrpt.rng`): two keyed sub-streams per (iteration, step, coordinate), each
+drawn in blocks of uniforms ``[R, P, 16]`` on demand:
+
+* the *main* stream: column 0 the slice level, 1 the interval offset, 2 the stepping-out split,
+  and column ``SHRINK0 + i`` the ``i``-th shrinkage proposal;
+* the *doubling* stream (its own key): column ``i`` the side of the ``i``-th doubling.
+
+The two streams have different keys, so no number is used twice whatever the caps (an earlier
+layout put both in one stream, shrinkage from column 3 and doubling from column 1024, which
+overlapped once ``max_shrink`` exceeded 1021).  The engine's ``sub`` index separates repeated
+explorer steps.
 The kernel has no acceptance probability; ``info.accept_prob`` is 1 and ``info.accepted`` says
 whether the replica moved.
 """
@@ -34,6 +43,7 @@ whether the replica moved.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -44,11 +54,13 @@ __all__ = ["SliceSampler", "slot_log_density"]
 
 METHODS = ("stepping-out", "doubling")
 _BLOCK = 16  # uniforms are drawn in keyed blocks of this many columns
-# columns of the per-coordinate uniforms: 0 the slice level, 1 the interval offset, 2 the
-# stepping-out split; shrinkage proposals from SHRINK0 on, doubling sides from DOUBLE0 on (in
-# blocks of their own, so a typical coordinate draws a single block)
+# columns of the main per-coordinate stream: 0 the slice level, 1 the interval offset, 2 the
+# stepping-out split, shrinkage proposals from SHRINK0 on (a typical coordinate draws a single
+# block); the doubling sides come from a stream of their own, keyed with _DOUBLING
 SHRINK0 = 3
-DOUBLE0 = 1024
+_DOUBLING = 1
+#: the allowed range of ``max_steps`` and ``max_shrink``
+CAP_RANGE = (1, 10_000)
 
 
 def slot_log_density(v: torch.Tensor, base: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -58,20 +70,34 @@ def slot_log_density(v: torch.Tensor, base: torch.Tensor, b: torch.Tensor) -> to
 
 
 class _Uniforms:
-    """Keyed uniforms for one coordinate of one step: column ``i`` of block ``i // _BLOCK``."""
+    """Keyed uniforms ``[R, P]`` for one coordinate of one step (see the module docstring).
+
+    ``u(i)`` is column ``i`` of the main stream (level, offset, split, shrinkage proposals);
+    ``u.doubling(i)`` is column ``i`` of the doubling stream.  Column ``i`` lies in block
+    ``i // _BLOCK`` of its stream, drawn on first use and keyed by
+    ``(EXPLORE, iteration, sub, coord, block)`` (main) or
+    ``(EXPLORE, iteration, sub, coord, _DOUBLING, block)`` (doubling)."""
 
     def __init__(self, noise: Noise, sub: int, coord: int, dtype: torch.dtype):
         self.noise, self.sub, self.coord, self.dtype = noise, int(sub), int(coord), dtype
-        self._blocks: dict[int, torch.Tensor] = {}
+        self._blocks: dict[tuple[int, ...], torch.Tensor] = {}
 
-    def __call__(self, i: int) -> torch.Tensor:
-        blk = i // _BLOCK
+    def _column(self, tag: tuple[int, ...], i: int) -> torch.Tensor:
+        if i < 0:
+            raise IndexError(f"uniform column must be >= 0; got {i}")
+        blk = (*tag, i // _BLOCK)
         if blk not in self._blocks:
             n = self.noise
             self._blocks[blk] = rng.uniform((n.R, n.P, _BLOCK), n.seed, rng.Stream.EXPLORE,
-                                            n.iteration, self.sub, self.coord, blk,
+                                            n.iteration, self.sub, self.coord, *blk,
                                             dtype=self.dtype, device=n.device)
         return self._blocks[blk][..., i % _BLOCK]
+
+    def __call__(self, i: int) -> torch.Tensor:
+        return self._column((), i)
+
+    def doubling(self, i: int) -> torch.Tensor:
+        return self._column((_DOUBLING,), i)
 
 
 class SliceSampler(Explorer):
@@ -80,8 +106,13 @@ class SliceSampler(Explorer):
     Args:
         method: ``"stepping-out"`` (default) or ``"doubling"``.
         max_steps: the cap ``m`` on stepping-out steps (default 16) or ``p`` on doublings
-            (default 8, i.e. intervals up to ``256 w``).
-        max_shrink: the cap on shrinkage proposals per coordinate (default 64).
+            (default 8, i.e. intervals up to ``256 w``); an integer in ``[1, 10000]``.
+        max_shrink: the cap on shrinkage proposals per coordinate (default 64); an integer
+            in ``[1, 10000]``.
+
+    Both caps are bounded because every pass of a loop is a batched density evaluation: a
+    cap in the thousands already means a badly chosen width ``w``, and the bound keeps a typo
+    from hanging a run.  (The random numbers cannot collide whatever the caps.)
 
     The initial width ``w`` is the slot's ``step_size``; a width far too small costs extra
     stepping-out, far too large costs extra shrinkage, but the kernel is exact either way.
@@ -97,9 +128,12 @@ class SliceSampler(Explorer):
             raise ValueError(f"slice method must be one of {', '.join(METHODS)}; got {method!r}")
         if max_steps is None:
             max_steps = 16 if method == "stepping-out" else 8
+        lo, hi = CAP_RANGE
         for name, val in (("max_steps", max_steps), ("max_shrink", max_shrink)):
-            if isinstance(val, bool) or int(val) != val or val < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {val!r}")
+            ok = (not isinstance(val, bool) and isinstance(val, numbers.Real)
+                  and math.isfinite(val) and int(val) == val and lo <= val <= hi)
+            if not ok:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}]; got {val!r}")
         self.method = method
         self.max_steps = int(max_steps)
         self.max_shrink = int(max_shrink)
@@ -191,7 +225,7 @@ class SliceSampler(Explorer):
             grow = (y < f_l) | (y < f_r)
             if not bool(grow.any()):
                 break
-            to_left = u(DOUBLE0 + i) < 0.5
+            to_left = u.doubling(i) < 0.5
             width = right - left
             new_l = torch.where(grow & to_left, left - width, left)
             new_r = torch.where(grow & ~to_left, right + width, right)

@@ -20,10 +20,10 @@ with any scheme (DEO, DEO_W, ...).
   exp(db^2 sigma^2)``); the clipped probability ``E min(1, S̃) <= min(1, E S̃)`` is unbiased only
   where ``S̃ < 1`` almost surely.  With ``sigma = 0`` the rule *is* Metropolis.
 
-  ``sigma^2`` is a number (the same for every slot) or a per-slot table ``[R, P]`` set with
-  :meth:`BiasCorrected.set_slot_variance` (by :class:`nrpt.adapt_sa.VarianceTracker`, refreshed
-  every ``m`` iterations); a pair's slots are found by matching ``b_lo``, ``b_hi`` against the
-  slot coefficients passed along with the table.
+  ``sigma^2`` is the per-slot table ``params["slot_variance"]`` ``[R, P]`` owned by the engine,
+  initialised to ``variance`` and kept current by :class:`nrpt.adapt.sa.VarianceTracker`
+  (refreshed every ``m`` iterations), which every run with this rule attaches: a rule that
+  needs sigma^2 always gets it.
 """
 
 from __future__ import annotations
@@ -45,23 +45,21 @@ class Deterministic(Rule):
     exact = False
 
     def __init__(self, correction: float = 4.0):
-        if not (isinstance(correction, int | float) and math.isfinite(correction)):
+        if isinstance(correction, bool) or not (isinstance(correction, int | float)
+                                                and math.isfinite(correction)):
             raise ValueError(f"correction must be a finite number; got {correction!r}")
-        self.C: float | torch.Tensor = float(correction)
+        self.correction = float(correction)
+
+    def initial_params(self, R, P, dtype=torch.float64):
+        return {"C": torch.full((R, 1), self.correction, dtype=dtype)}
 
     def decide(self, ctx: SwapContext):
-        C = self.C
-        if isinstance(C, torch.Tensor):
-            C = C.to(ctx.v_lo.dtype)
+        C = ctx.params["C"] if "C" in ctx.params else self.correction
         decision = (ctx.v_hi + C < ctx.v_lo) & torch.isfinite(ctx.v_hi) & torch.isfinite(ctx.v_lo)
         return decision, decision.to(ctx.v_lo.dtype)
 
     def describe(self):
-        C = self.C
-        if isinstance(C, torch.Tensor):
-            C = C.reshape(-1).tolist()
-            C = C[0] if len(C) == 1 else C
-        return {"rule": self.name, "correction": C}
+        return {"rule": self.name, "initial_correction": self.correction}
 
 
 class BiasCorrected(Rule):
@@ -76,23 +74,16 @@ class BiasCorrected(Rule):
         if not (isinstance(factor, int | float) and math.isfinite(factor) and factor >= 1):
             raise ValueError(f"factor F must be a number >= 1; got {factor!r}")
         self.variance, self.factor = float(variance), float(factor)
-        self._slot_var: torch.Tensor | None = None
-        self._slot_b: torch.Tensor | None = None
 
-    def set_slot_variance(self, b: torch.Tensor, variance: torch.Tensor) -> None:
-        """Per-slot variances ``[R, P]`` of the energy estimates, for slot coefficients ``b``."""
-        self._slot_b, self._slot_var = b.clone(), variance.clone()
-
-    def _lookup(self, b_pair: torch.Tensor) -> torch.Tensor:
-        match = b_pair.unsqueeze(-1) == self._slot_b.unsqueeze(1)  # [R, M, P]
-        idx = match.to(torch.int8).argmax(-1)
-        return self._slot_var.gather(1, idx)
+    def initial_params(self, R, P, dtype=torch.float64):
+        return {"slot_variance": torch.full((R, P), self.variance, dtype=dtype)}
 
     def pair_variance(self, ctx: SwapContext) -> torch.Tensor | float:
         """``sigma_lo^2 + sigma_hi^2`` of each listed pair."""
-        if self._slot_var is None:
+        var = ctx.params.get("slot_variance")
+        if var is None or ctx.lo is None:
             return 2.0 * self.variance
-        return self._lookup(ctx.b_lo) + self._lookup(ctx.b_hi)
+        return var.gather(1, ctx.lo) + var.gather(1, ctx.hi)
 
     def log_ratio(self, ctx: SwapContext) -> torch.Tensor:
         db = ctx.b_lo - ctx.b_hi
@@ -107,6 +98,4 @@ class BiasCorrected(Rule):
         return torch.log(ctx.u) < lr, torch.exp(torch.clamp(lr, max=0.0))
 
     def describe(self):
-        return {"rule": self.name, "variance": (self.variance if self._slot_var is None
-                                                else "per-slot, estimated"),
-                "factor": self.factor}
+        return {"rule": self.name, "initial_variance": self.variance, "factor": self.factor}

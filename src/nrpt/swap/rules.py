@@ -4,17 +4,22 @@ A rule sees the two slot coefficients and the two cached energies of the pair (s
 ``[R, M]``) and one keyed uniform per pair (owned by the lower slot, so every process that
 holds the energies reaches the same decision), and returns ``(accepted, prob)`` where ``prob``
 is the acceptance probability min(1, alpha) used for rejection-rate statistics.
+
+Rules are stateless.  A rule with tunable parameters (the deterministic rule's buffer ``C``,
+the bias-corrected rule's per-slot energy variance) declares them in :meth:`Rule.initial_params`;
+the engine owns them, adaptors change them through the engine (:class:`nrpt.roles.Update`), and
+the rule reads them from :attr:`SwapContext.params`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..paths import swap_log_ratio
 
-__all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate", "RULES", "make_rule"]
+__all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate", "make_rule"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,9 @@ class SwapContext:
     v_hi: torch.Tensor
     u: torch.Tensor  # Uniform(0, 1)
     iteration: int
+    lo: torch.Tensor | None = None  # the pairs' slots [R, M] (for per-slot parameters)
+    hi: torch.Tensor | None = None
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # the rule's parameters
 
     @property
     def log_ratio(self) -> torch.Tensor:
@@ -35,6 +43,10 @@ class Rule:
     name = ""
     #: False for rules that do not target the tempered product distribution
     exact = True
+
+    def initial_params(self, R: int, P: int, dtype=torch.float64) -> dict[str, torch.Tensor]:
+        """The rule's tunable parameters (owned by the engine), e.g. ``{"C": [R, 1]}``."""
+        return {}
 
     def decide(self, ctx: SwapContext) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -85,10 +97,8 @@ class FixedRate(Rule):
         return {"rule": self.name, "rejection": self.rejection}
 
 
-RULES = {"metropolis": Metropolis, "always": AlwaysAccept}
+def make_rule(name: str, **options) -> Rule:
+    """Build a rule by its registered name (:mod:`nrpt.registry`)."""
+    from .. import registry
 
-
-def make_rule(name: str) -> Rule:
-    if name not in RULES:
-        raise ValueError(f"rule must be one of {sorted(RULES)}; got {name!r}")
-    return RULES[name]()
+    return registry.create("rule", name, **options)

@@ -18,6 +18,7 @@ DEO_W  generalized DEO (Deng et al. 2023, Section 3.1): even pairs during window
        W = 1 is DEO.  For W > 1 the stopping time of the gate biases the target marginal
        (the paper's Section C.2); see docs/architecture.md.
 APE    one pair of slots (i < j, not necessarily adjacent) drawn uniformly per iteration
+none   no swaps: independent chains at their slots (the no-swap baselines, e.g. SGLD x P)
 ====== ======================================================================================
 """
 
@@ -27,7 +28,7 @@ import torch
 
 from .. import rng
 
-__all__ = ["Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "SCHEMES", "make_scheme"]
+__all__ = ["Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"]
 
 Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -130,17 +131,23 @@ class APE(Scheme):
         return [(i[m], j[m], torch.ones_like(m, dtype=torch.bool))]
 
 
-SCHEMES = {"adj": ADJ, "seo": SEO, "deo": DEO, "deo-w": DEOW, "ape": APE}
+class NoSwap(Scheme):
+    """No pair is ever proposed: each replica stays at its slot (independent chains)."""
+
+    name = "none"
+
+    def phases(self, k, R, P, seed, systems, state):
+        return []
 
 
 def make_scheme(name: str, window: int = 1) -> Scheme:
-    if name not in SCHEMES:
-        raise ValueError(f"scheme must be one of {sorted(SCHEMES)}; got {name!r}")
+    """Build a scheme by its registered name (:mod:`nrpt.registry`); ``window`` is DEO_W's."""
+    from .. import registry
+
+    cls = registry.entry("scheme", name, what="scheme").load()
     if name == "deo-w":
-        return DEOW(window)
-    if name == "deo":
-        return DEO(window)
+        return cls(window)
     if window != 1:
-        raise ValueError(f"window applies only to schemes 'deo' and 'deo-w'; scheme {name!r} "
-                         f"got window={window}")
-    return SCHEMES[name]()
+        raise ValueError(f"window applies only to scheme 'deo-w'; scheme {name!r} got "
+                         f"window={window}")
+    return cls()

@@ -69,7 +69,7 @@ class TwentyFiveModes:
 
     Attributes:
         dim: 2.
-        name: ``"twenty-five-modes"`` (``"twenty-five-modes-penalized"`` with the penalty).
+        name: ``"twenty-five-modes"`` (the name `--target` accepts; `penalty` is an option).
         penalty: whether the confining penalty is on.
         mean, cov: exact moments (``0`` and ``v I`` by symmetry, ``v`` by quadrature; ``v = 2.5``
             without penalty up to ``~e^-49``).
@@ -82,8 +82,10 @@ class TwentyFiveModes:
     dim: int = 2
 
     def __init__(self, penalty: bool = False) -> None:
-        self.penalty = bool(penalty)
-        self.name = "twenty-five-modes-penalized" if self.penalty else "twenty-five-modes"
+        if not isinstance(penalty, bool):
+            raise ValueError(f"penalty must be true or false; got {penalty!r}")
+        self.penalty = penalty
+        self.name = "twenty-five-modes"
         # mass outside the box: ~2.5e-9 (no penalty, 9.5) / ~3e-10 (penalty, 5.5)
         self.grid_lim: float = 5.5 if self.penalty else 9.5
 

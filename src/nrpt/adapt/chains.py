@@ -1,0 +1,67 @@
+"""How many chains: the two recommendations nrpt makes, side by side.
+
+* Exact energies (Syed et al. 2021): the restart rate with ``P`` equalized chains rises to its
+  ``P -> inf`` limit ``1 / (2 + 2 Lambda)``; about ``2 Lambda`` chains get within a factor ~2
+  (:func:`restart_rate_curve`, :func:`recommended_chains`).
+* Noisy energies (Deng et al. 2023, Corollary 1 / appendix B.3): the crude optimal range of
+  ``P`` from the energy estimators' standard deviations (:func:`recommended_chains_noisy`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["restart_rate_curve", "recommended_chains", "recommended_chains_noisy"]
+
+
+def restart_rate_curve(barrier: float, chains) -> np.ndarray:
+    r"""Predicted DEO restart rate with ``P`` chains on a schedule that equalizes the rejection
+    rates, ``r = Lambda / (P - 1)`` per pair (first order in the spacing):
+
+        tau(P) = 1 / (2 + 2 (P - 1) r / (1 - r)),   0 where r >= 1,
+
+    increasing in ``P`` towards the asymptote ``1 / (2 + 2 Lambda)`` (Syed et al. 2021, Thm. 1 and
+    Cor. 2): the diminishing return of more chains."""
+    lam = float(barrier)
+    if not (math.isfinite(lam) and lam >= 0.0):
+        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
+    p = np.asarray(chains, dtype=float)
+    if np.any(p < 2):
+        raise ValueError("chains must be >= 2")
+    r = lam / (p - 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = 1.0 / (2.0 + 2.0 * (p - 1.0) * r / (1.0 - r))
+    return np.where(r < 1.0, tau, 0.0)
+
+
+def recommended_chains(barrier: float) -> int:
+    """The number of chains suggested by the barrier, ``max(2, ceil(2 Lambda))``: with ``P ~
+    2 Lambda`` equalized pairs reject ``r ~ 1/2`` each and the restart rate is within a factor
+    ~2 of its ``P -> inf`` limit (see :func:`restart_rate_curve` for the whole curve)."""
+    lam = float(barrier)
+    if not (math.isfinite(lam) and lam >= 0.0):
+        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
+    return max(2, math.ceil(2.0 * lam))
+
+
+def recommended_chains_noisy(sigma, temperatures) -> tuple[float, float]:
+    """Corollary 1 / Eq. 53 (appendix B.3): the crude optimal number of chains in big data lies in
+
+        ( min_p sigma_p / (3 tau_{p+1}) log(tau_P / tau_1),  max_p sigma_p / (2 tau_{p+1}) log(..) )
+
+    for the energy-estimator standard deviations ``sigma_p`` (``p = 0..P-2``, or ``P`` values of
+    which the last is ignored) and the temperature ladder ``tau`` (for SGD ladders, where the
+    temperature is inaccessible, the paper uses ``tau ∝ eta``: pass the learning rates).
+    Returns ``(lower, upper)``."""
+    s = np.asarray(sigma, dtype=float).reshape(-1)
+    t = np.asarray(temperatures, dtype=float).reshape(-1)
+    if t.size < 2 or np.any(t <= 0) or np.any(~np.isfinite(t)):
+        raise ValueError("temperatures must be >= 2 positive finite numbers")
+    if s.size not in (t.size, t.size - 1) or np.any(s < 0) or np.any(~np.isfinite(s)):
+        raise ValueError(f"sigma must hold {t.size - 1} or {t.size} finite numbers >= 0")
+    s = s[: t.size - 1]
+    ratio = s / t[1:]
+    log_range = math.log(t[-1] / t[0])
+    return float(ratio.min() / 3.0 * log_range), float(ratio.max() / 2.0 * log_range)

@@ -1,0 +1,185 @@
+"""Online stochastic-approximation adaptors of DEO*-SGD (Deng et al. 2023, Algorithm 1).
+
+All are adaptors (:mod:`nrpt.roles`): ``observe(it)`` runs once per iteration after the swaps
+and returns an :class:`~nrpt.roles.Update` that the engine applies.  Following the authors'
+released implementation, the learning-rate and buffer updates use the per-iteration 0/1
+indicators ``A_p`` of **all** adjacent pairs (``it.pair_indicators``: the rule's verdict for
+every listed pair, active or not), not only of the pairs the scheme let swap.
+
+Step sizes (:class:`SAStepSize`): ``gamma_k = a / (k^kappa + b)``, by default
+``50 / (k^0.8 + 500)`` (so ``gamma_0 = 0.1``; sum gamma = inf, sum gamma^2 < inf).
+
+* :class:`CorrectionAdaptor` -- Eq. 12/13: ``C_{k+1} = C_k + gamma_k (mean_p A_p - S)`` drives the
+  average swap indicator of the deterministic rule to the target swap rate ``S``.
+* :class:`LearningRateAdaptor` -- Eqs. 8-11: with the end points ``eta_0``, ``eta_{P-1}`` fixed,
+  each gap ``v_p = eta_{p+1} - eta_p`` follows ``log v_p <- log v_p + gamma_k (A_p - S)`` (Eq. 9),
+  and slot ``p`` takes the average of the forward and backward sequences (Eq. 11)::
+
+      eta_p <- (eta_{p-1} + eta_{p+1}) / 2
+               + (max(0, v_{p-1}) e^{gamma H_{p-1}} - max(0, v_p) e^{gamma H_p}) / 2,
+
+  ``H_p = A_p - S``: a pair that swaps more often than ``S`` has its gap widened.  The update
+  keeps the ladder strictly increasing (a system whose update would not is left unchanged that
+  iteration) and never touches the end points.
+* :class:`VarianceTracker` -- averages the energy estimator's own variance estimates per slot
+  over blocks of ``every`` iterations and hands them to :class:`~nrpt.swap.noisy.BiasCorrected`
+  (reSGLD's sigma^2, refreshed every ``m`` iterations).
+* :func:`window_from_swap_rate` -- Algorithm 1's input ``W = ceil((log P + log log P) /
+  -log(1 - S))`` (the ``window = "swap-rate"`` setting).
+
+(The trace of ``C``, the ladder and the indicator rates for figures 4b/4d is the recorder
+:class:`nrpt.recorders.Trace`.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..diagnostics import theory
+from ..roles import AdaptorBase, Iteration, Update
+
+__all__ = ["SAStepSize", "CorrectionAdaptor", "LearningRateAdaptor", "VarianceTracker",
+           "window_from_swap_rate", "check_swap_rate", "check_ladder"]
+
+
+def check_swap_rate(S) -> float:
+    if isinstance(S, bool) or not isinstance(S, int | float) or not 0.0 < S < 1.0:
+        raise ValueError(f"swap_rate S must be a number in (0, 1) (exclusive); got {S!r}")
+    return float(S)
+
+
+def check_ladder(values, name: str = "learning_rates") -> list[float]:
+    """A strictly increasing list of positive finite numbers (slot 0 smallest)."""
+    try:
+        vals = [float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a list of numbers; got {values!r}") from err
+    if len(vals) < 2:
+        raise ValueError(f"{name} needs at least 2 entries; got {len(vals)}")
+    if not all(v > 0 and math.isfinite(v) for v in vals):
+        raise ValueError(f"{name} must be > 0 and finite; got {vals}")
+    for i in range(1, len(vals)):
+        if not vals[i] > vals[i - 1]:
+            raise ValueError(f"{name} must be strictly increasing (slot 0 = target has the "
+                             f"smallest); got {name}[{i - 1}] = {vals[i - 1]} >= "
+                             f"{name}[{i}] = {vals[i]}")
+    return vals
+
+
+class SAStepSize:
+    """``gamma_k = a / (k^kappa + b)`` (default ``50 / (k^0.8 + 500)``)."""
+
+    def __init__(self, a: float = 50.0, kappa: float = 0.8, b: float = 500.0):
+        for name, v in (("a", a), ("kappa", kappa), ("b", b)):
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ValueError(f"step-size parameter {name} must be a number > 0; got {v!r}")
+        if not 0.5 < kappa <= 1.0:
+            raise ValueError(f"kappa must be in (0.5, 1] (sum gamma = inf, sum gamma^2 < inf); "
+                             f"got {kappa!r}")
+        self.a, self.kappa, self.b = float(a), float(kappa), float(b)
+
+    def __call__(self, k: int) -> float:
+        return self.a / (float(k) ** self.kappa + self.b)
+
+    def describe(self) -> dict:
+        return {"a": self.a, "kappa": self.kappa, "b": self.b}
+
+
+class CorrectionAdaptor(AdaptorBase):
+    """Eq. 12/13 for the :class:`~nrpt.swap.noisy.Deterministic` rule: returns the new buffer
+    ``C`` (per system, ``[R, 1]``) as an update of the rule parameter ``"C"``."""
+
+    name = "correction"
+
+    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None):
+        self.S = check_swap_rate(swap_rate)
+        self.gamma = gamma or SAStepSize()
+
+    def observe(self, it: Iteration) -> Update:
+        A, listed = it.pair_indicators
+        n = listed.sum(1, keepdim=True)
+        mean = A.sum(1, keepdim=True) / n.clamp_min(1)
+        step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
+        return Update(params={"C": it.params["C"] + self.gamma(it.k) * step})
+
+
+class LearningRateAdaptor(AdaptorBase):
+    """Eqs. 8-11 on the learning rates ``step_size[:, 1:-1]`` (the end points stay fixed)."""
+
+    name = "learning-rates"
+
+    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None):
+        self.S = check_swap_rate(swap_rate)
+        self.gamma = gamma or SAStepSize()
+
+    @staticmethod
+    def update(eta: torch.Tensor, A: torch.Tensor, listed: torch.Tensor, S: float,
+               gamma: float) -> torch.Tensor:
+        """One step of Eq. 11 for ladders ``eta[R, P]`` and indicators ``A[R, P-1]``; returns the
+        new ladders (rows whose update would break the order are returned unchanged)."""
+        if eta.shape[1] < 3:
+            return eta
+        H = (A - S) * listed  # unlisted pairs: no update
+        grown = eta.diff(dim=1) * torch.exp(gamma * H)  # gaps stay > 0 (ladder kept ordered)
+        new = eta.clone()
+        new[:, 1:-1] = 0.5 * (eta[:, :-2] + eta[:, 2:] + grown[:, :-1] - grown[:, 1:])
+        ordered = (new.diff(dim=1) > 0).all(1, keepdim=True)
+        return torch.where(ordered, new, eta)
+
+    def observe(self, it: Iteration) -> Update:
+        A, listed = it.pair_indicators
+        return Update(step_size=self.update(it.step_size, A, listed, self.S, self.gamma(it.k)))
+
+
+class VarianceTracker(AdaptorBase):
+    """Per-slot averages of ``state.extras["energy_var"]`` (the energy estimator's own variance
+    estimate, per replica) over blocks of ``every`` iterations, returned as the rule parameter
+    ``"slot_variance"`` of :class:`~nrpt.swap.noisy.BiasCorrected` at the end of each block
+    (during the first block, its running mean is published every iteration).  Every run with
+    that rule attaches one, whether or not it adapts anything else: a rule that needs sigma^2
+    always gets it."""
+
+    name = "variance"
+
+    def __init__(self, every: int = 100):
+        if isinstance(every, bool) or int(every) != every or every < 1:
+            raise ValueError(f"every must be an integer >= 1; got {every!r}")
+        self.every = int(every)
+        self.sum: torch.Tensor | None = None
+        self.count = 0
+        self.published = False
+
+    def observe(self, it: Iteration) -> Update | None:
+        var = it.state.extras.get("energy_var")
+        if var is None:
+            return None
+        per_slot = it.at_slots(var)  # [R, P], slot order
+        self.sum = per_slot.clone() if self.sum is None else self.sum + per_slot
+        self.count += 1
+        # until the first block is complete, its running mean is published every iteration
+        # (not just the first iteration's value, which may be a special one: e.g. 0 for the
+        # control-variate energy, whose anchor is refreshed at k = 0)
+        if self.count >= self.every or not self.published:
+            update = Update(params={"slot_variance": self.sum / self.count})
+            if self.count >= self.every:
+                self.sum, self.count = None, 0
+                self.published = True  # a full block has been published
+            return update
+        return None
+
+    def state_dict(self):
+        return {"sum": self.sum, "count": self.count, "published": self.published}
+
+    def load_state_dict(self, sd):
+        self.sum, self.count = sd["sum"], int(sd["count"])
+        self.published = bool(sd.get("published", True))
+
+
+def window_from_swap_rate(n_chains: int, swap_rate: float) -> int:
+    """Algorithm 1's window ``W = ceil((log P + log log P) / -log(1 - S))`` (``r = 1 - S``);
+    1 for ``P <= 3``.  ``P = 16, S = 0.4`` gives ``W = 8``."""
+    S = check_swap_rate(swap_rate)
+    return theory.optimal_window(int(n_chains), 1.0 - S)

@@ -1,0 +1,237 @@
+"""One builder: a :class:`~nrpt.config.RunConfig` -> (engine, adaptors, recorders, plan).
+
+Every kind of run is assembled here and nowhere else; names resolve through
+:mod:`nrpt.registry`.  The pieces, in order:
+
+1. the target (built-in name, ``file.py:NAME`` or an object) and its path: a temperature
+   ladder or a geometric path for exact explorers, a ladder of *noise temperatures* for
+   stochastic-gradient explorers (``[bottom_temperature, 0, ..., 0]`` for SGD explorers);
+2. the explorer (for stochastic-gradient explorers with its energy estimator and domain);
+3. the scheme (``window``: an integer, ``"auto"`` = W* from a tuning segment, ``"swap-rate"`` =
+   W* from ``r = 1 - swap_rate``) and the rule;
+4. per-slot step sizes (learning rates) and the initial states (:func:`initial_states`);
+5. adaptors: rounds (schedule, step sizes, slice widths), the window, the SA adaptors of
+   DEO*-SGD, and the variance tracker that the bias-corrected rule always needs;
+6. recorders: swaps, round trips, log Z (exact paths), Method I energies (rounds), spreads,
+   the adaptation trace (stochastic-gradient runs) and the streamed draws;
+7. the plan: one segment, a tuning segment + the main one, or rounds of doubling length.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import registry
+from .adapt.rounds import ScheduleAdaptor, SliceWidthAdaptor, StepSizeAdaptor
+from .adapt.sa import (
+    CorrectionAdaptor,
+    LearningRateAdaptor,
+    SAStepSize,
+    VarianceTracker,
+    check_ladder,
+    check_swap_rate,
+    window_from_swap_rate,
+)
+from .adapt.window import WindowAdaptor
+from .diagnostics.barrier import SlotEnergyRecorder
+from .domains import parse_domain
+from .energy import make_estimator
+from .engine import PTEngine
+from .explorers import Density
+from .lognorm import SteppingStone
+from .loop import Plan, Run
+from .paths import NoiseLadder, geometric_ladder, make_path
+from .record import Draws
+from .recorders import RoundTrips, SlotSpread, SwapStats, Trace
+from .rng import Stream, generator_for
+from .swap import DEOW, Rule, make_scheme
+from .target import TargetError, load_target, validate_target
+
+__all__ = ["build", "initial_states", "DTYPES"]
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def initial_states(target, path, R: int, P: int, seed: int, dtype, device
+                   ) -> tuple[torch.Tensor, float]:
+    """The one recipe for initial states ``[R, P, dim]`` and the share of reference draws
+    where the target vanishes (0 unless the path has a reference).
+
+    ``target.initial_states(n, generator)`` if defined; else, on a geometric path, reference
+    draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
+    the share of such draws among 512 probes is reported; all bad is an error); else N(0, I)."""
+    d = int(target.dim)
+    g = generator_for(seed, Stream.INIT)
+    share = 0.0
+    if path.has_reference:
+        density = Density(target, path)
+        probe = torch.as_tensor(target.reference_sample(512, generator_for(seed, Stream.INIT,
+                                                                           0x5EF)))
+        v, base = density(probe.to(device, dtype))
+        probe_ok = torch.isfinite(v) & torch.isfinite(base)
+        share = float((~probe_ok).double().mean())
+        if share == 1.0 and not hasattr(target, "initial_states"):
+            raise TargetError(
+                "the target's log-likelihood is -inf (or NaN) at all 512 reference draws tried: "
+                "the target must be positive on a part of the reference's support that has "
+                "noticeable reference mass (choose a reference that covers the target)")
+    if hasattr(target, "initial_states"):
+        x = target.initial_states(R * P, g)
+    elif path.has_reference:
+        x = torch.as_tensor(target.reference_sample(R * P, g)).to(device, dtype)
+        if share > 0.0:
+            v, base = density(x)
+            ok = torch.isfinite(v) & torch.isfinite(base)
+            good = torch.cat([x[ok], probe.to(device, dtype)[probe_ok]])
+            x = torch.where(ok[:, None], x, good[torch.arange(R * P, device=device) % len(good)])
+    else:
+        x = torch.randn(R * P, d, generator=g, dtype=dtype)
+    return torch.as_tensor(x).to(device, dtype).reshape(R, P, d).clone(), share
+
+
+def _rule(cfg, finite: bool) -> Rule:
+    name = cfg.swap_rule
+    if name in ("metropolis", "bias-corrected") and not finite:
+        raise ValueError(f"swap_rule {name!r} needs a temperature at every slot, but explorer "
+                         f"{cfg.explorer!r} runs SGD (temperature 0) above slot 0; use swap_rule "
+                         f"'deterministic' or explorer 'sgld'")
+    if name == "deterministic":
+        return registry.create("rule", name, correction=cfg.correction)
+    if name == "bias-corrected":
+        return registry.create("rule", name, variance=0.0, factor=cfg.variance_factor)
+    return registry.create("rule", name)
+
+
+def _window(cfg, P: int) -> tuple[int, str]:
+    """``(window to start with, source)``."""
+    w = cfg.window
+    if cfg.scheme != "deo-w":
+        return 1, "scheme"
+    if w == "auto":
+        return 1, "auto"  # DEO during the tuning segment; WindowAdaptor sets W*
+    if w == "swap-rate":
+        return window_from_swap_rate(P, check_swap_rate(cfg.swap_rate)), "swap-rate"
+    return int(w), "given"
+
+
+def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
+          resume: bool = False, record: str = "target") -> Run:
+    """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` may be given as objects
+    (``rule`` overrides ``cfg.swap_rule``); ``out`` is the run folder for streamed draws
+    (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines)."""
+    if target is None:
+        target = load_target(cfg.target, **(cfg.target_options or {}))
+    kind = validate_target(target)
+    explorer_entry = registry.entry("explorer", cfg.explorer, what="explorer")
+    sg = "sg" in explorer_entry.tags
+    P, R = int(cfg.chains), int(cfg.systems)
+    dtype, device = DTYPES[cfg.dtype], torch.device(cfg.device)
+    explicit = getattr(cfg, "explicit", frozenset())
+    facts: dict[str, Any] = {"sg": sg, "target_kind": kind}
+
+    # 1-2. path and explorer
+    if sg:
+        if kind != "temperature":
+            raise ValueError("stochastic-gradient explorers need an energy target (energy(x)); "
+                             f"{getattr(target, 'name', cfg.target)!r} is a geometric-path "
+                             "target")
+        if "zero-temperature" in explorer_entry.tags:
+            temps = [float(cfg.bottom_temperature)] + [0.0] * (P - 1)
+        else:
+            temps = (list(cfg.temperatures) if cfg.temperatures is not None else
+                     [cfg.max_temperature ** (p / (P - 1)) for p in range(P)])
+            check_ladder(temps, "temperatures")
+        path = NoiseLadder(temps)
+        estimator = make_estimator(target, batch_size=cfg.batch_size, vr_every=cfg.vr_every,
+                                   noise_sd=cfg.noise_sd, grad_noise_sd=cfg.grad_noise_sd)
+        domain = parse_domain(cfg.domain)
+        opts = {"momentum": cfg.momentum} if "momentum" in explorer_entry.options else {}
+        explorer = explorer_entry.load()(estimator, domain, **opts)
+        step = (check_ladder(cfg.learning_rates) if cfg.learning_rates is not None
+                else geometric_ladder(cfg.lr_min, cfg.lr_max, P))
+        facts["energy"] = estimator.describe().get("energy")
+    else:
+        if kind == "geometric" and "max_temperature" in explicit and \
+                cfg.max_temperature != 25.0:  # 25 = the default a written config.toml holds
+            raise ValueError("max_temperature applies to a temperature ladder; this target has a "
+                             "reference (geometric path): give betas instead")
+        path = make_path(target, P, temperatures=cfg.temperatures, betas=cfg.betas,
+                         max_temperature=cfg.max_temperature or 25.0)
+        options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
+                   {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
+        explorer = explorer_entry.load()(**options)
+        domain = None
+        step = cfg.step_size
+        if path.kind == "temperature" and not isinstance(step, list):
+            # a scalar step size is for slot 0; hotter slots are wider by sqrt(tau)
+            step = [float(step) * math.sqrt(t) for t in path.temperatures]
+
+    # 3. scheme and rule
+    window, source = _window(cfg, P)
+    scheme = make_scheme(cfg.scheme, 1) if cfg.scheme != "deo-w" else DEOW(window)
+    facts.update(window=window if source != "auto" else None, window_source=source)
+    if rule is None:
+        rule = _rule(cfg, getattr(path, "finite", True))
+    facts["rule"] = rule.name
+
+    # 4. initial states and the engine
+    x0, share = initial_states(target, path, R, P, cfg.seed, dtype, device)
+    facts["zero_likelihood_share"] = share
+    facts["reference_normalized"] = path.kind == "geometric" and bool(
+        getattr(target, "reference_is_normalized", False))
+    if domain is not None:
+        domain.check_inside(x0)
+    engine = PTEngine(target, path, explorer, scheme, rule, step_size=step, systems=R,
+                      seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
+                      initial_states=x0)
+
+    # 5. adaptors
+    adaptors: list = []
+    rounds = getattr(cfg, "rounds", None)
+    if rounds is not None:
+        if cfg.adapt_schedule:
+            adaptors.append(ScheduleAdaptor())
+        if cfg.adapt_step_size and cfg.explorer in ("rwmh", "mala", "hmc"):
+            adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance))
+        if cfg.adapt_step_size and cfg.explorer == "slice":
+            adaptors.append(SliceWidthAdaptor())
+    if source == "auto":
+        adaptors.append(WindowAdaptor(P))
+    if sg and rule.name == "deterministic" and cfg.adapt:
+        gamma = SAStepSize(*cfg.sa_step)
+        S = check_swap_rate(cfg.swap_rate)
+        adaptors.append(CorrectionAdaptor(S, gamma))
+        if P >= 3:
+            adaptors.append(LearningRateAdaptor(S, gamma))
+    if "slot_variance" in engine.params:  # the bias-corrected rule always gets sigma^2
+        adaptors.append(VarianceTracker(every=cfg.variance_every or 100))
+
+    # 6. plan and recorders
+    if rounds is not None:
+        plan = Plan.rounds(rounds)
+    elif source == "auto":
+        plan = Plan.tuned(cfg.window_tune or max(1, cfg.iterations // 10), cfg.iterations)
+    else:
+        plan = Plan.fixed(cfg.iterations)
+    kw = {"dtype": dtype, "device": device}
+    recorders: dict[str, Any] = {"swaps": SwapStats(R, P, **kw),
+                                 "round_trips": RoundTrips(engine.slot_of, P)}
+    finite_path = bool(torch.isfinite(engine.schedule).all())
+    if not sg and finite_path and P >= 2:
+        recorders["log_z"] = SteppingStone(R, P, reference_normalized=facts[
+            "reference_normalized"], **kw)
+    if rounds is not None:
+        recorders["slot_energies"] = SlotEnergyRecorder(R, P, **kw)
+    slots = None if cfg.explorer == "slice" and rounds is not None else [P - 1]
+    recorders["spread"] = SlotSpread(R, P, engine.dim, slots=slots, **kw)
+    if sg:
+        recorders["trace"] = Trace(every=max(1, plan.total // 1000))
+    recorders["draws"] = Draws(plan.total, R, P, engine.dim, thin=cfg.thin, out_dir=out,
+                               dtype=np.float64 if dtype == torch.float64 else np.float32,
+                               resume=resume, slots=record)
+    return Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)

@@ -1,0 +1,540 @@
+r"""Run-health checks: turn a run's statistics into warnings a user can act on.
+
+A parallel-tempering run can look excellent on its own summary (high swap acceptance, a small
+barrier, thousands of restarts) and still be wrong: independent systems that sit in different
+modes, an explorer that never moves at some slot, a ladder whose first pair never swaps.  This
+module looks at the numbers a run already has and returns :class:`Finding` s, each naming the
+setting to turn; :func:`emit` raises them as :class:`SamplingWarning` s and
+:func:`format_findings` prints them.
+
+The module is engine-independent: every input is a numpy array (or array-like) or a float, so
+it can be applied to a finished run folder as well as to a live engine.  It imports only numpy;
+ArviZ (for ESS and R-hat) is imported lazily inside :func:`slot0_diagnostics`, which falls back
+to mean / sd only when ArviZ is missing.
+
+Checks of :func:`check_run` (codes and thresholds; each is skipped when its input is ``None``)
+
+====================== =================================================== ==================
+code                   fires when                                          knob
+====================== =================================================== ==================
+``pair-acceptance``    an adjacent pair's swap acceptance < ``pair_floor`` :data:`KNOB_LADDER`
+                       (:data:`PAIR_FLOOR` = 0.05) in some system
+``no-restarts``        a system has zero restarts although the observed    :data:`KNOB_RESTARTS`
+                       swap rates predict >= :data:`RESTARTS_EXPECTED_MIN`
+                       (= 3) in the run's iterations
+``explorer-acceptance`` acceptance < ``target * band[0]`` (step too large)  ``step_size``
+                       or rejection < ``(1 - target) / band[1]`` (step too
+                       small); :data:`EXPLORER_BAND` = (0.25, 4.0)
+``hot-slot-stuck``     hottest-slot sd < :data:`HOT_SPREAD_MIN` (= 1/3) of :data:`KNOB_HOT`
+                       the reference sd, never moves, or (R >= 2) the
+                       systems' hot means differ by more than
+                       :data:`HOT_MEAN_DISAGREEMENT` (= 1) within-system sd
+``r-hat``              slot-0 rank-normalized split R-hat >                :data:`KNOB_MIXING`
+                       :data:`R_HAT_MAX` (= 1.01) for some coordinate
+``low-ess``            slot-0 bulk or tail ESS < :data:`ESS_MIN_PER_SYSTEM` :data:`KNOB_MIXING`
+                       (= 100) times the number of systems
+====================== =================================================== ==================
+
+References: A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021),
+"Rank-normalization, folding, and localization: an improved R-hat for assessing convergence of
+MCMC", Bayesian Analysis (R-hat < 1.01, bulk and tail ESS > 100 per chain); S. Syed et al.
+(2021), JRSS-B, Theorem 1 (the DEO restart rate used by the ``no-restarts`` check).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "SamplingWarning",
+    "Finding",
+    "slot0_diagnostics",
+    "check_run",
+    "emit",
+    "format_findings",
+    "PAIR_FLOOR",
+    "RESTARTS_EXPECTED_MIN",
+    "EXPLORER_BAND",
+    "HOT_SPREAD_MIN",
+    "HOT_MEAN_DISAGREEMENT",
+    "R_HAT_MAX",
+    "ESS_MIN_PER_SYSTEM",
+]
+
+
+class SamplingWarning(UserWarning):
+    """The category of every warning nrpt emits about the quality of a run."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found in a run.
+
+    ``code`` is a stable identifier (``"pair-acceptance"``, ``"no-restarts"``,
+    ``"explorer-acceptance"``, ``"hot-slot-stuck"``, ``"r-hat"``, ``"low-ess"``), ``message`` one
+    plain sentence with the numbers, ``knob`` the setting(s) to turn."""
+
+    code: str
+    message: str
+    knob: str
+
+
+# --------------------------------------------------------------------------- thresholds
+
+#: Swap acceptance below which an adjacent pair counts as blocked.  A pair with acceptance
+#: ``a`` adds ``(1 - a) / a`` to the DEO round-trip sum (Syed et al. 2021, Theorem 1): at
+#: ``a = 0.05`` that single pair costs 19 "pair units", i.e. it alone caps the restart rate at
+#: 1/40 per iteration, and an adapted ladder (equal rejection per pair) would never leave one
+#: pair that far below the others.  Values this low mean the ladder is too coarse there.
+PAIR_FLOOR = 0.05
+
+#: Zero restarts in a system are flagged once the DEO restart rate predicted from the observed
+#: swap acceptance, ``tau = 1 / (2 + 2 sum_p r_p / (1 - r_p))`` per iteration, times the
+#: iterations after the first ``P - 1`` (the earliest a replica can descend the ladder) reaches
+#: this many.  Restarts are roughly Poisson, and ``P(0 | mean 3) = e^-3 = 0.05``: zero restarts
+#: is then unlikely for a working index process, while short runs are not flagged.
+RESTARTS_EXPECTED_MIN = 3.0
+
+#: Default band for explorer acceptance around its target: flagged when the acceptance is below
+#: ``target * band[0]`` (a factor 4 short: the sampler is close to frozen, the step is too large)
+#: or the rejection is below ``(1 - target) / band[1]`` (a factor 4 fewer rejections than aimed
+#: at: the steps are so small the chain diffuses slowly).  For RWMH's 0.3 this flags below 0.075
+#: and above 0.825; for MALA's 0.574 below 0.14 / above 0.89; for HMC's 0.65 below 0.16 / above
+#: 0.91.  A factor 4 is far outside the noise of a per-slot average over many moves and far
+#: outside what the between-round step-size adaptation leaves behind.
+EXPLORER_BAND = (0.25, 4.0)
+
+#: The hottest slot should explore the whole reference: its within-system sd is compared with
+#: the reference sd.  Even from 10 independent draws the sample sd falls below a third of the
+#: true sd with probability ~6e-4 (chi-square with 9 degrees of freedom below 1), so a ratio
+#: below 1/3 means the hot chain covers a fraction of the reference: it has not forgotten its
+#: start and cannot feed fresh states down the ladder.
+HOT_SPREAD_MIN = 1.0 / 3.0
+
+#: With ``R >= 2`` systems, the sd of the systems' hot-slot means in units of the pooled
+#: within-system sd.  For a mixing hot chain this ratio is about ``1 / sqrt(ESS)`` (0.1 at an
+#: ESS of 100); a ratio of 1 corresponds to a hot-slot R-hat of about ``sqrt(1 + 1^2) = 1.41``:
+#: the systems' hot chains sit in different places.
+HOT_MEAN_DISAGREEMENT = 1.0
+
+#: Rank-normalized split R-hat threshold across systems (Vehtari et al. 2021 and ArviZ
+#: recommend 1.01; 1.1 is the old Gelman-Rubin rule that misses slow mixing).  On iid draws it
+#: stays below 1.01 once each system has about 1000 draws; above it the systems (or the halves
+#: of one system) disagree about the target.
+R_HAT_MAX = 1.01
+
+#: Minimum bulk and tail ESS per system (Vehtari et al. 2021: "at least 100 per chain"); below
+#: it R-hat itself and the Monte-Carlo error of means and quantiles are unreliable.
+ESS_MIN_PER_SYSTEM = 100.0
+
+KNOB_LADDER = "chains / max_temperature (or --rounds to adapt the schedule)"
+KNOB_RESTARTS = "iterations / chains / schedule (max_temperature, or --rounds to adapt it)"
+KNOB_STEP = "step_size"
+KNOB_HOT = "max_temperature / step_size at the hot end"
+KNOB_MIXING = "iterations / systems / chains"
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _fmt(x: float) -> str:
+    """Short human number: 3 significant digits, whole numbers from 1000 up."""
+    x = float(x)
+    if math.isfinite(x) and 1000 <= abs(x) < 1e9:
+        return f"{x:.0f}"
+    return f"{x:.3g}"
+
+
+def _as_2d(x, name: str) -> np.ndarray:
+    """``[R, K]`` float array from ``[K]`` or ``[R, K]`` input."""
+    a = np.asarray(x, dtype=float)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2:
+        raise ValueError(f"{name} must have shape [R, K] or [K], got {a.shape}")
+    return a
+
+
+def _as_3d(x, name: str) -> np.ndarray:
+    """``[R, n, dim]`` float array from ``[n]``, ``[n, dim]`` or ``[R, n, dim]`` input."""
+    a = np.asarray(x, dtype=float)
+    if a.ndim == 1:
+        a = a[None, :, None]
+    elif a.ndim == 2:
+        a = a[None]
+    if a.ndim != 3:
+        raise ValueError(f"{name} must have shape [R, n, dim], [n, dim] or [n], got {a.shape}")
+    return a
+
+
+def _plain(a) -> list:
+    """JSON-ready list of floats with NaN / inf as ``None``."""
+    return [float(v) if math.isfinite(v) else None for v in np.asarray(a, dtype=float).ravel()]
+
+
+def _finite(values) -> np.ndarray:
+    """Float array of the given values with ``None`` mapped to NaN."""
+    if values is None:
+        return np.array([], dtype=float)
+    flat = np.ravel(np.asarray(values, dtype=object))
+    return np.array([np.nan if v is None else v for v in flat], dtype=float)
+
+
+@contextmanager
+def _quiet():
+    """Silence numpy floating-point warnings, Python warnings and ArviZ's logger (shape
+    validation notes for tiny inputs) inside the block; restores everything afterwards."""
+    log = logging.getLogger("arviz")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        log.setLevel(level)
+
+
+def _slots(idx: np.ndarray, limit: int = 4) -> str:
+    s = ", ".join(str(int(i)) for i in idx[:limit])
+    return s + (", ..." if len(idx) > limit else "")
+
+
+# --------------------------------------------------------------------------- slot-0 summary
+
+def slot0_diagnostics(samples) -> dict:
+    """Per-coordinate summary of slot-0 draws ``[R, n, dim]`` (``R`` independent PT systems,
+    the chains of ArviZ; ``[n, dim]`` or ``[n]`` is one system).
+
+    Returns a JSON-ready dict: ``n_systems``, ``n_draws``, ``arviz`` (whether ESS / R-hat were
+    computed) and per-coordinate lists ``mean``, ``sd`` (pooled over systems, ``ddof=1``),
+    ``ess_bulk``, ``ess_tail`` and ``r_hat`` (ArviZ's rank-normalized split versions; ``None``
+    where undefined, e.g. fewer than 4 draws, or everywhere when ArviZ is not installed).
+    With one system R-hat is computed on its two halves as two chains (ArviZ needs two), which
+    is the split R-hat of that one chain.
+    """
+    x = _as_3d(samples, "samples")
+    R, n, dim = x.shape
+    with _quiet():
+        flat = x.reshape(R * n, dim)
+        mean = np.mean(flat, axis=0) if R * n else np.full(dim, np.nan)
+        sd = np.std(flat, axis=0, ddof=1) if R * n >= 2 else np.full(dim, np.nan)
+    out = {"n_systems": int(R), "n_draws": int(n), "arviz": False,
+           "mean": _plain(mean), "sd": _plain(sd),
+           "ess_bulk": [None] * dim, "ess_tail": [None] * dim, "r_hat": [None] * dim}
+    try:
+        with warnings.catch_warnings():  # arviz's import-time FutureWarning
+            warnings.simplefilter("ignore", FutureWarning)
+            import arviz as az
+    except Exception:  # ImportError, or a broken install failing at import
+        return out
+    with _quiet():
+        ds = az.convert_to_dataset({"x": x})
+        out["ess_bulk"] = _plain(az.ess(ds, method="bulk")["x"].values)
+        out["ess_tail"] = _plain(az.ess(ds, method="tail")["x"].values)
+        if R >= 2:
+            r_hat = az.rhat(ds)["x"].values
+        elif n >= 8:  # one system: its halves as two chains (each >= 4 draws)
+            h = n // 2
+            halves = np.stack([x[0, :h], x[0, n - h:]])
+            r_hat = az.rhat(az.convert_to_dataset({"x": halves}))["x"].values
+        else:
+            r_hat = np.full(dim, np.nan)
+        out["r_hat"] = _plain(r_hat)
+    out["arviz"] = True
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_pairs(acc: np.ndarray, floor: float) -> list[Finding]:
+    with _quiet():
+        low = np.isfinite(acc) & (acc < floor)
+    if not low.any():
+        return []
+    R = acc.shape[0]
+    pairs = np.flatnonzero(low.any(axis=0))
+    with _quiet():
+        worst_by_pair = np.nanmin(np.where(low, acc, np.nan), axis=0)
+    p = int(pairs[np.argmin(worst_by_pair[pairs])])
+    n_sys = int(low[:, p].sum())
+    where = f" in {n_sys} of {R} systems" if R > 1 else ""
+    if len(pairs) == 1:
+        msg = (f"Swap acceptance between slots {p} and {p + 1} is as low as "
+               f"{_fmt(worst_by_pair[p])} (below {_fmt(floor)}{where}), so replicas hardly "
+               f"cross this pair and the ladder is too coarse there.")
+    else:
+        msg = (f"Swap acceptance is below {_fmt(floor)} for {len(pairs)} of {acc.shape[1]} "
+               f"adjacent pairs (lower slots {_slots(pairs)}; worst {_fmt(worst_by_pair[p])} "
+               f"between slots {p} and {p + 1}), so replicas hardly cross them and the ladder "
+               f"is too coarse there.")
+    return [Finding("pair-acceptance", msg, KNOB_LADDER)]
+
+
+def _expected_restarts(acc_row: np.ndarray | None, n_chains: int | None,
+                       n_iterations: float) -> float:
+    """Restarts expected in one system over the run at the observed swap acceptance (Syed et
+    al. 2021, Theorem 1), after the first ``P - 1`` iterations; perfect swaps when unknown."""
+    if acc_row is not None:
+        a = acc_row[np.isfinite(acc_row)]
+        a = np.clip(a, 0.0, 1.0)
+        if np.any(a <= 0.0):
+            return 0.0
+        tau = 1.0 / (2.0 + 2.0 * float(np.sum((1.0 - a) / a)))
+    else:
+        tau = 0.5
+    lead = (n_chains - 1) if n_chains else 0
+    return max(float(n_iterations) - lead, 0.0) * tau
+
+
+def _check_restarts(restarts, acc: np.ndarray | None, n_iterations, n_chains) -> list[Finding]:
+    r = np.asarray(restarts, dtype=float)
+    if r.ndim == 2:  # per-replica counters [R, P]
+        r = r.sum(axis=1)
+    r = np.atleast_1d(r)
+    if n_chains is None and acc is not None:
+        n_chains = acc.shape[1] + 1
+    R = r.size
+    zero, expected = [], []
+    for s in range(R):
+        row = None
+        if acc is not None:
+            row = acc[s] if acc.shape[0] == R else acc[0]
+        e = _expected_restarts(row, n_chains, n_iterations)
+        if r[s] == 0 and e >= RESTARTS_EXPECTED_MIN:
+            zero.append(s)
+            expected.append(e)
+    if not zero:
+        return []
+    basis = "the observed swap acceptance" if acc is not None else "perfect swaps"
+    who = (f"{len(zero)} of {R} systems made" if R > 1 else "The run made")
+    msg = (f"{who} no restart (no replica went from the reference down to the target) in "
+           f"{int(n_iterations)} iterations, where {basis} predicts about "
+           f"{_fmt(min(expected))}, so the target is explored without help from the hot end.")
+    return [Finding("no-restarts", msg, KNOB_RESTARTS)]
+
+
+def _check_explorer(acc: np.ndarray, target: float, name: str | None, band,
+                    skip_last: bool) -> list[Finding]:
+    lo_factor, hi_factor = float(band[0]), float(band[1])
+    low_cut = target * lo_factor
+    high_cut = 1.0 - (1.0 - target) / hi_factor
+    a = acc.copy()
+    if skip_last and a.shape[1] > 1:
+        a[:, -1] = np.nan
+    with _quiet():
+        low = np.isfinite(a) & (a < low_cut)
+        high = np.isfinite(a) & (a > high_cut)
+    who = name or "the explorer"
+    out = []
+    for mask, side in ((low, "low"), (high, "high")):
+        if not mask.any():
+            continue
+        slots = np.flatnonzero(mask.any(axis=0))
+        with _quiet():
+            per_slot = (np.nanmin if side == "low" else np.nanmax)(np.where(mask, a, np.nan),
+                                                                   axis=0)
+        k = int(slots[np.argmin(per_slot[slots])] if side == "low"
+                else slots[np.argmax(per_slot[slots])])
+        at = (f"at slot {k}" if len(slots) == 1
+              else f"at {len(slots)} slots ({_slots(slots)}; worst slot {k})")
+        if side == "low":
+            msg = (f"The {who} acceptance is {_fmt(per_slot[k])} {at}, below {_fmt(low_cut)} "
+                   f"for a target of {_fmt(target)}, so the sampler is nearly frozen there "
+                   f"(step_size too large).")
+        else:
+            msg = (f"The {who} acceptance is {_fmt(per_slot[k])} {at}, above {_fmt(high_cut)} "
+                   f"for a target of {_fmt(target)}, so its steps are too small to travel "
+                   f"(step_size too small).")
+        out.append(Finding("explorer-acceptance", msg, KNOB_STEP))
+    return out
+
+
+def _hot_summary(hot_states) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """``(mean [R, dim], sd [R, dim], n)`` from raw states or a ``{"mean", "sd"}`` mapping."""
+    if isinstance(hot_states, Mapping):
+        mean = _as_2d(hot_states["mean"], "hot_states['mean']")
+        sd = _as_2d(hot_states["sd"], "hot_states['sd']")
+        if mean.shape != sd.shape:
+            raise ValueError(f"hot_states mean and sd shapes differ: {mean.shape} vs {sd.shape}")
+        n = hot_states.get("n")
+        return mean, sd, (int(n) if n is not None else None)
+    x = _as_3d(hot_states, "hot_states")
+    with _quiet():
+        mean = np.mean(x, axis=1)
+        sd = np.std(x, axis=1, ddof=1) if x.shape[1] >= 2 else np.full(mean.shape, np.nan)
+    return mean, sd, x.shape[1]
+
+
+def _check_hot(hot_states, reference_spread) -> list[Finding]:
+    mean, sd, n = _hot_summary(hot_states)
+    R, dim = mean.shape
+    out = []
+    ok = np.isfinite(sd)
+    frozen = ok & (sd <= 0.0)
+    if reference_spread is not None:
+        ref = np.broadcast_to(np.asarray(reference_spread, dtype=float), (dim,))
+        with _quiet():
+            ratio = sd / ref[None, :]
+        bad = ok & np.isfinite(ratio) & (ref[None, :] > 0) & (ratio < HOT_SPREAD_MIN)
+        if bad.any():
+            worst = float(np.min(np.where(bad, ratio, np.inf)))
+            r, c = np.unravel_index(int(np.argmin(np.where(bad, ratio, np.inf))), bad.shape)
+            out.append(Finding("hot-slot-stuck", (
+                f"The hottest slot's spread is {_fmt(worst)} of the reference sd (coordinate "
+                f"{c}{f', system {r}' if R > 1 else ''}; {int(bad.sum())} of {bad.size} "
+                f"system-coordinates below {_fmt(HOT_SPREAD_MIN)}), so the hot chain does not "
+                f"forget its start."), KNOB_HOT))
+            frozen = frozen & ~bad
+    if frozen.any():
+        r, c = np.argwhere(frozen)[0]
+        out.append(Finding("hot-slot-stuck", (
+            f"The hottest slot never moved in {int(frozen.sum())} of {frozen.size} "
+            f"system-coordinates (e.g. coordinate {c}{f', system {r}' if R > 1 else ''}), so "
+            f"the hot chain does not forget its start."), KNOB_HOT))
+    if R >= 2 and (n is None or n >= 2):
+        with _quiet():
+            within = np.sqrt(np.nanmean(sd**2, axis=0))
+            between = np.std(mean, axis=0, ddof=1)
+            ratio = between / within
+        bad = np.isfinite(between) & (
+            (within > 0) & (ratio > HOT_MEAN_DISAGREEMENT) | (within == 0) & (between > 0))
+        if bad.any():
+            score = np.where(bad, np.where(within > 0, ratio, np.inf), -np.inf)
+            c = int(np.argmax(score))
+            size = "infinitely many" if not np.isfinite(score[c]) else _fmt(float(score[c]))
+            out.append(Finding("hot-slot-stuck", (
+                f"The {R} systems' hottest-slot means differ by {size} within-system sds "
+                f"(coordinate {c}; {int(bad.sum())} of {dim} coordinates above "
+                f"{_fmt(HOT_MEAN_DISAGREEMENT)}), so each hot chain stays near its own "
+                f"start."), KNOB_HOT))
+    return out
+
+
+def _check_slot0(slot0, r_hat_max: float, ess_min_per_system: float) -> list[Finding]:
+    diag = slot0 if isinstance(slot0, Mapping) else slot0_diagnostics(slot0)
+    R = int(diag.get("n_systems", 1) or 1)
+    out = []
+    rh = _finite(diag.get("r_hat"))
+    bad = np.isfinite(rh) & (rh > r_hat_max)
+    if bad.any():
+        c = int(np.argmax(np.where(bad, rh, -np.inf)))
+        across = (f"across {R} systems" if R > 1 else "between the two halves of the run")
+        out.append(Finding("r-hat", (
+            f"Slot-0 R-hat is {rh[c]:.3f} {across} for coordinate {c} ({int(bad.sum())} of "
+            f"{rh.size} coordinates above {r_hat_max:g}), so the samples disagree about the "
+            f"target and its estimates are not yet trustworthy."), KNOB_MIXING))
+    sd = _finite(diag.get("sd"))
+    frozen = np.isfinite(sd) & (sd == 0.0)
+    if frozen.any() and R * int(diag.get("n_draws", 0) or 0) >= 2:
+        out.append(Finding("low-ess", (
+            f"Slot-0 draws never change in {int(frozen.sum())} of {sd.size} coordinates "
+            f"(e.g. coordinate {int(np.argmax(frozen))}), so the run holds one sample "
+            f"there whatever its ESS estimate says."), KNOB_MIXING))
+        return out
+    need = ess_min_per_system * R
+    parts = []
+    for key, label in (("ess_bulk", "bulk"), ("ess_tail", "tail")):
+        e = _finite(diag.get(key))
+        low = np.isfinite(e) & (e < need)
+        if low.any():
+            c = int(np.argmin(np.where(low, e, np.inf)))
+            parts.append((label, float(e[c]), c, int(low.sum()), e.size))
+    if parts:
+        label, val, c, cnt, size = min(parts, key=lambda t: t[1])
+        both = " (bulk and tail)" if len(parts) == 2 else ""
+        out.append(Finding("low-ess", (
+            f"Slot-0 {label} ESS is {_fmt(val)} for coordinate {c}{both}, below "
+            f"{_fmt(need)} ({_fmt(ess_min_per_system)} per system; {cnt} of {size} "
+            f"coordinates), so means and quantiles carry large Monte-Carlo error."),
+            KNOB_MIXING))
+    return out
+
+
+def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None = None,
+              explorer_acceptance=None, explorer_target: float | None = None,
+              explorer_name: str | None = None, hot_states=None, reference_spread=None,
+              slot0=None, exact: bool = True, pair_floor: float = PAIR_FLOOR,
+              explorer_band: Sequence[float] = EXPLORER_BAND, n_chains: int | None = None,
+              reference_exact: bool = False, r_hat_max: float = R_HAT_MAX,
+              ess_min_per_system: float = ESS_MIN_PER_SYSTEM) -> list[Finding]:
+    """Health checks of one run; returns the findings (empty when nothing is wrong).
+
+    Every argument is optional and its check is skipped when it is ``None``.
+
+    Parameters
+    ----------
+    swap_acceptance:
+        Mean swap acceptance per adjacent pair, ``[R, P-1]`` (or ``[P-1]``); NaN = the pair was
+        never attempted (ignored).  Check ``pair-acceptance``; also the rates from which
+        ``no-restarts`` predicts the restart count.
+    restarts:
+        Restarts per system ``[R]`` (a scalar is one system; ``[R, P]`` per-replica counts are
+        summed).  With ``n_iterations``: check ``no-restarts``.
+    n_iterations:
+        Iterations the statistics cover.
+    explorer_acceptance, explorer_target, explorer_name:
+        Mean explorer acceptance per slot ``[R, P]`` (or ``[P]``), the acceptance aimed at
+        (``None`` skips the check: slice sampler, stochastic-gradient explorers) and the
+        explorer's name for the message.  Check ``explorer-acceptance`` with ``explorer_band``
+        (see :data:`EXPLORER_BAND`).
+    hot_states, reference_spread:
+        States visited at the hottest slot ``[R, n, dim]`` (``[n, dim]`` = one system), or a
+        mapping with ``"mean"`` and ``"sd"`` ``[R, dim]`` (optionally ``"n"``); and the sd of
+        the hottest slot's distribution per coordinate ``[dim]`` (or a scalar) when known.
+        Check ``hot-slot-stuck``.
+    slot0:
+        Slot-0 draws ``[R, n, dim]`` or the dict of :func:`slot0_diagnostics`.  Checks
+        ``r-hat`` and ``low-ess``.
+    exact:
+        ``False`` for runs without Metropolis-corrected explorers (stochastic-gradient PT):
+        their acceptance is 1 by construction, so ``explorer-acceptance`` is skipped.
+    n_chains:
+        ``P``, when ``swap_acceptance`` is not given (for the ``no-restarts`` lead-in).
+    reference_exact:
+        The hottest slot is refreshed by an exact reference draw every iteration (geometric
+        path with a sampleable reference): its explorer acceptance is irrelevant and skipped.
+    r_hat_max, ess_min_per_system:
+        Thresholds of the slot-0 checks (:data:`R_HAT_MAX`, :data:`ESS_MIN_PER_SYSTEM`).
+    """
+    findings: list[Finding] = []
+    acc = None
+    if swap_acceptance is not None:
+        acc = _as_2d(swap_acceptance, "swap_acceptance")
+        findings += _check_pairs(acc, float(pair_floor))
+    if restarts is not None and n_iterations is not None:
+        findings += _check_restarts(restarts, acc, n_iterations, n_chains)
+    if (exact and explorer_acceptance is not None and explorer_target is not None):
+        target = float(explorer_target)
+        if not 0.0 < target < 1.0:
+            raise ValueError(f"explorer_target must be in (0, 1), got {explorer_target!r}")
+        ea = _as_2d(explorer_acceptance, "explorer_acceptance")
+        findings += _check_explorer(ea, target, explorer_name, explorer_band, reference_exact)
+    if hot_states is not None:
+        findings += _check_hot(hot_states, reference_spread)
+    if slot0 is not None:
+        findings += _check_slot0(slot0, float(r_hat_max), float(ess_min_per_system))
+    return findings
+
+
+# --------------------------------------------------------------------------- output
+
+def format_findings(findings: Sequence[Finding]) -> list[str]:
+    """One printable line per finding: ``"[code] message (turn: knob)"``."""
+    return [f"[{f.code}] {f.message} (turn: {f.knob})" for f in findings]
+
+
+def emit(findings: Sequence[Finding], stacklevel: int = 2) -> None:
+    """Raise each finding as a :class:`SamplingWarning` ``"message (turn: knob)"``.
+
+    ``stacklevel`` is passed to :func:`warnings.warn` from inside ``emit``: 2 (the default)
+    points the warning at the line calling ``emit``; a library function that calls ``emit`` on
+    its user's behalf passes 3 to point at its own caller (one more per frame in between)."""
+    for f in findings:
+        warnings.warn(f"{f.message} (turn: {f.knob})", SamplingWarning, stacklevel=stacklevel)

@@ -1,0 +1,290 @@
+"""The one run loop: every kind of run is a *plan* of segments executed here.
+
+===================  ===========================================================================
+fixed-length run     one segment
+``window = "auto"``  a tuning segment (DEO), then the main one under DEO_W(W*)
+adaptive NRPT        rounds: segments of 2, 4, ..., 2^N iterations, statistics reset each round
+===================  ===========================================================================
+
+Per iteration::
+
+    it = engine.step()                                  # explore, reference, swaps
+    for a in adaptors:   engine.apply(a.observe(it))    # online adaptation
+    for r in recorders:  r.record(it)
+
+At a segment's end the loop reports a row (the recorders' ``segment_row``), lets the adaptors
+propose between-round changes (``end_segment``), and checkpoints.  Checkpoints are also written
+every ``checkpoint_every`` iterations and on Ctrl-C (handled at an iteration boundary, so the
+saved state is always consistent); they hold the engine, every adaptor and every recorder, so
+:func:`execute` resumed from one reproduces the uninterrupted run bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .engine import PTEngine
+from .roles import SegmentView
+
+__all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "atomic_save", "load_checkpoint",
+           "CHECKPOINT", "RunError"]
+
+CHECKPOINT = "checkpoint.pt"
+CALLBACK_EVERY = 256
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``iterations`` iterations; ``reset``: recorders start fresh statistics (a new round);
+    ``sample``: its draws are the run's samples (:attr:`Plan.sample_start`)."""
+
+    name: str
+    iterations: int
+    reset: bool = True
+    sample: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    segments: tuple[Segment, ...]
+
+    @classmethod
+    def fixed(cls, iterations: int) -> Plan:
+        return cls((Segment("run", int(iterations)),))
+
+    @classmethod
+    def tuned(cls, tune: int, iterations: int) -> Plan:
+        """A DEO tuning segment of ``tune`` iterations, then the rest (statistics continue:
+        both segments sample exactly)."""
+        tune = min(int(tune), int(iterations))
+        segs = [Segment("tune", tune)]
+        if iterations > tune:
+            segs.append(Segment("main", int(iterations) - tune, reset=False))
+        return cls(tuple(segs))
+
+    @classmethod
+    def rounds(cls, n: int) -> Plan:
+        """Rounds of ``2^r`` iterations, ``r = 1..n``; only the last round's draws are the
+        run's samples, and every round starts fresh statistics."""
+        return cls(tuple(Segment(f"round {r}", 2**r, reset=True, sample=(r == n))
+                         for r in range(1, int(n) + 1)))
+
+    @property
+    def total(self) -> int:
+        return sum(s.iterations for s in self.segments)
+
+    def starts(self) -> list[int]:
+        out, k = [], 0
+        for s in self.segments:
+            out.append(k)
+            k += s.iterations
+        return out
+
+    @property
+    def sample_start(self) -> int:
+        """First iteration whose draws are the run's samples."""
+        starts = self.starts()
+        first = [i for i, s in enumerate(self.segments) if s.sample]
+        return starts[first[0]] if first else self.total
+
+
+@dataclass
+class Run:
+    """What the builder (:func:`nrpt.build.build`) assembles from a config."""
+
+    engine: PTEngine
+    adaptors: list
+    recorders: dict[str, Any]
+    plan: Plan
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    rows: list[dict[str, Any]]
+    notes: dict[str, Any]
+    wall_time_s: float
+    interrupted: bool
+    segments_done: int
+
+
+def atomic_save(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename (a crash never leaves half a file)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Load a checkpoint written by :func:`execute` (no pickle: ``weights_only=True``)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure to read is reported the same way
+        raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
+
+
+class _Interrupt:
+    """Turns SIGINT into a flag checked at iteration boundaries (main thread only)."""
+
+    def __init__(self):
+        self.flag = False
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.flag:  # a second Ctrl-C: stop at once
+            raise KeyboardInterrupt
+        self.flag = True
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+class RunError(RuntimeError):
+    """An iteration failed (usually the target raised); the message says which and how to go
+    on from the last checkpoint."""
+
+
+def _failure(k: int, err: Exception, out: Path | None) -> str:
+    msg = f"iteration {k + 1} failed: {type(err).__name__}: {err}"
+    if out is not None and (out / CHECKPOINT).exists():
+        msg += (f"; {out / CHECKPOINT} holds the last checkpoint: fix the cause, then "
+                f"`nrpt resume {out}`")
+    return msg
+
+
+def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
+            progress: bool = False, callback: Callable | None = None,
+            resume: dict | None = None, header: dict | None = None,
+            say: Callable[[str], None] | None = None) -> Outcome:
+    """Run ``run.plan`` (or its remainder, from the checkpoint dict ``resume``).
+
+    ``callback(engine)`` is called every 256 iterations and at segment ends (raising
+    ``KeyboardInterrupt`` there interrupts the run cleanly); ``header`` is stored in every
+    checkpoint (e.g. the config); ``say`` prints the per-segment rows."""
+    from . import report
+
+    engine, plan = run.engine, run.plan
+    recorders, adaptors = run.recorders, run.adaptors
+    starts = plan.starts()
+    rows: list[dict[str, Any]] = []
+    notes: dict[str, Any] = {}
+    elapsed = 0.0
+    seg_i, started = 0, False
+    if resume is not None:
+        engine.load_state_dict(resume["engine"])
+        for a, sd in zip(adaptors, resume["adaptors"], strict=True):
+            a.load_state_dict(sd)
+        for name, rec in recorders.items():
+            rec.load_state_dict(resume["recorders"][name])
+        rows, notes = list(resume["rows"]), dict(resume["notes"])
+        seg_i, started = int(resume["segment"]), bool(resume["started"])
+        elapsed = float(resume["wall_time_s"])
+    elif "draws" in recorders:
+        recorders["draws"].initial(engine.slot_of)
+
+    t0 = time.perf_counter()
+
+    def checkpoint():
+        if out is None:
+            return
+        atomic_save({"version": 2, "header": header or {}, "engine": engine.state_dict(),
+                     "adaptors": [a.state_dict() for a in adaptors],
+                     "recorders": {n: r.state_dict() for n, r in recorders.items()},
+                     "rows": rows, "notes": notes, "segment": seg_i, "started": started,
+                     "wall_time_s": elapsed + time.perf_counter() - t0}, out / CHECKPOINT)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=plan.total, initial=engine.k, unit="it", dynamic_ncols=True,
+                   leave=False, desc="nrpt")
+    show_rows = len(plan.segments) > 1 and say is not None
+    if show_rows and not rows:
+        (bar.write if bar is not None else say)(report.ROW_HEADER)
+    interrupted = False
+    consistent = True  # false only while an iteration is half done
+    with _Interrupt() as stop:
+        try:
+            while seg_i < len(plan.segments):
+                seg = plan.segments[seg_i]
+                if not started:
+                    for r in recorders.values():
+                        r.start_segment(seg.reset, seg.iterations)
+                    started = True
+                    notes["segment_b"] = engine.schedule.tolist()
+                end = starts[seg_i] + seg.iterations
+                seg_t0 = time.perf_counter()
+                while engine.k < end:
+                    consistent = False
+                    k_before = engine.k
+                    try:
+                        it = engine.step()
+                        for a in adaptors:
+                            engine.apply(a.observe(it))
+                        for r in recorders.values():
+                            r.record(it)
+                    except (KeyboardInterrupt, RunError):
+                        raise
+                    except Exception as err:  # a target or an explorer failed mid-run
+                        raise RunError(_failure(k_before, err, out)) from err
+                    consistent = True
+                    k = engine.k
+                    if bar is not None and (k % 64 == 0 or k == end):
+                        bar.update(k - bar.n)
+                    if callback is not None and k % CALLBACK_EVERY == 0:
+                        callback(engine)
+                    if stop.flag:
+                        raise KeyboardInterrupt
+                    if k % checkpoint_every == 0 and k < end:
+                        checkpoint()
+                row = {"segment": seg.name, "round": seg_i + 1, "iterations": seg.iterations,
+                       "first_iteration": starts[seg_i], "b": notes.get("segment_b")}
+                for r in recorders.values():
+                    row.update(r.segment_row())
+                row["wall_s"] = time.perf_counter() - seg_t0
+                rows.append(row)
+                if show_rows:
+                    (bar.write if bar is not None else say)(report.format_row(row))
+                view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
+                                   last=seg_i == len(plan.segments) - 1, recorders=recorders,
+                                   schedule=engine.schedule, step_size=engine.step_size,
+                                   params=engine.params)
+                for a in adaptors:
+                    update = a.end_segment(view)
+                    if update is not None:
+                        notes.update(update.note)
+                        engine.apply(update)
+                seg_i, started = seg_i + 1, False
+                if callback is not None:
+                    callback(engine)
+                checkpoint()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if bar is not None:
+                bar.close()
+    if "draws" in recorders:
+        recorders["draws"].flush()
+    wall = elapsed + time.perf_counter() - t0
+    if consistent:  # a second Ctrl-C inside an iteration keeps the previous checkpoint
+        checkpoint()
+    return Outcome(rows=rows, notes=notes, wall_time_s=wall, interrupted=interrupted,
+                   segments_done=seg_i)

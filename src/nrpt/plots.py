@@ -1,0 +1,715 @@
+"""Figures of nrpt runs: object-oriented matplotlib only, written as PNG.
+
+Every function takes plain numpy arrays (and, where an exact density is drawn, a ``target``
+object, used duck-typed) and returns a :class:`matplotlib.figure.Figure`; :func:`save` writes one.
+Figures are built on :class:`~matplotlib.figure.Figure` directly -- ``matplotlib.pyplot`` is never
+imported, so no global state (current figure, backend, ``rcParams``) is read or changed, nothing
+has to be closed, and everything works headless.  Font sizes are set per artist.
+
+* :func:`density` -- 2-D histogram of the slot-0 samples; with an exact grid density also the
+  exact panel and the error panel with the total-variation distance (1-D targets: overlay);
+* :func:`adaptation` -- stochastic-approximation traces of DEO*-SGD: the correction buffer
+  ``C``, the ladder (learning rates) per slot, the per-pair swap-indicator rate against ``S``;
+* :func:`index_process` -- the slot of a few replicas over the whole run (thinned evenly when
+  long, said so) above a heat map of every replica's slot;
+* :func:`swap_acceptance` -- per-pair acceptance, mean and spread over systems;
+  :func:`swap_acceptance_rounds` -- per pair per round (heat map);
+* :func:`local_barrier` -- the fitted local barrier ``lambda`` with the Method I points;
+* :func:`schedules` -- the schedule of every round;
+* :func:`restart_rate` -- restart rate against the number of chains (theory and observed).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.colors import BoundaryNorm, Normalize, TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+__all__ = ["density", "adaptation", "index_process", "swap_acceptance",
+           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "save"]
+
+# font sizes (points) for figures shown on slides at their saved size
+_FS_LABEL = 12
+_FS_TITLE = 13
+_FS_TICK = 10.5
+_FS_LEGEND = 10
+_FS_CAPTION = 10.5
+_DPI = 150
+
+
+# ------------------------------------------------------------------------------ helpers
+def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
+    """Write ``fig`` to ``path`` (format from the suffix, e.g. ``.png``); returns the path."""
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def _figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _style(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    ax.set_xlabel(xlabel, fontsize=_FS_LABEL)
+    ax.set_ylabel(ylabel, fontsize=_FS_LABEL)
+    if title:
+        ax.set_title(title, fontsize=_FS_TITLE)
+    ax.tick_params(labelsize=_FS_TICK)
+
+
+def _colorbar(fig: Figure, mappable, ax, label: str, **kwargs):
+    cb = fig.colorbar(mappable, ax=ax, **kwargs)
+    cb.set_label(label, fontsize=_FS_LABEL)
+    cb.ax.tick_params(labelsize=_FS_TICK)
+    return cb
+
+
+def _legend(ax, **kwargs):
+    kwargs.setdefault("fontsize", _FS_LEGEND)
+    kwargs.setdefault("framealpha", 0.9)
+    return ax.legend(**kwargs)
+
+
+def _caption(fig: Figure, text: str, width_chars: int) -> None:
+    """A caption under the panels (``supxlabel``, so constrained layout makes room for it)."""
+    wrapped = "\n".join(textwrap.fill(par, width_chars) for par in text.split("\n"))
+    fig.supxlabel(wrapped, fontsize=_FS_CAPTION, x=0.01, ha="left", multialignment="left")
+
+
+def _ordinal(n: int) -> str:
+    if 10 <= n % 100 <= 20:
+        suffix = "th"
+    else:
+        suffix = {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _pick_system(a: np.ndarray, ndim_one: int, system: int, name: str) -> np.ndarray:
+    """``a`` with ``ndim_one`` dimensions, or one more with the system axis second (taken at
+    ``system``)."""
+    a = np.asarray(a, dtype=float)
+    if a.ndim == ndim_one + 1:
+        if not 0 <= system < a.shape[1]:
+            raise ValueError(f"{name}: system {system} out of range (R = {a.shape[1]})")
+        return a[:, system] if ndim_one >= 1 else a[system]
+    if a.ndim != ndim_one:
+        raise ValueError(f"{name} must have {ndim_one} or {ndim_one + 1} dimensions; "
+                         f"got shape {a.shape}")
+    return a
+
+
+def _moving_average(y: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over ``window`` rows of ``y[T, ...]``; ``[T - window + 1, ...]``."""
+    if window <= 1:
+        return y
+    c = np.cumsum(np.nan_to_num(y), axis=0)
+    c = np.concatenate([np.zeros((1,) + y.shape[1:]), c], axis=0)
+    return (c[window:] - c[:-window]) / window
+
+
+def _cmap(name: str):
+    """``name`` without its palest 15% (pale yellow lines vanish on white)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+
+    base = colormaps[name]
+    return ListedColormap(base(np.linspace(0.0, 0.85, 256)), name=f"{name}_dark")
+
+
+def _slot_colors(n: int, cmap_name: str = "viridis"):
+    cmap = _cmap(cmap_name)
+    norm = Normalize(vmin=0, vmax=max(1, n - 1))
+    return cmap, norm, [cmap(norm(i)) for i in range(n)]
+
+
+def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
+    """A ScalarMappable for a colorbar of ``n`` discrete indices 0..n-1."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+
+    cmap = (_cmap(cmap_name) if dark else colormaps[cmap_name]).resampled(n)
+    norm = BoundaryNorm(np.arange(-0.5, n + 0.5), n)
+    return ScalarMappable(norm=norm, cmap=cmap)
+
+
+def _integer_ticks(cb, n: int) -> None:
+    step = max(1, int(math.ceil(n / 8)))
+    cb.set_ticks(np.arange(0, n, step))
+
+
+# ------------------------------------------------------------------------------ density
+def _exact_grid(target, grid_kwargs: dict | None):
+    fn = getattr(target, "density_grid", None) if target is not None else None
+    if not callable(fn):
+        return None
+    return fn(**(grid_kwargs or {}))
+
+
+def _tv(counts: np.ndarray, n: int, probs: np.ndarray) -> float:
+    """``1/2 sum |q - p|`` over the cells plus one cell for the mass outside the grid (as
+    :func:`nrpt.sgpt.grid_errors`)."""
+    q = np.append(counts.ravel(), n - counts.sum()) / n
+    p = np.append(probs.ravel(), max(0.0, 1.0 - float(probs.sum())))
+    return 0.5 * float(np.abs(q - p).sum())
+
+
+def _view_box(edges_x, edges_y, *arrays, rel: float = 1e-3):
+    """The smallest box of cells holding every cell above ``rel * max`` of any of ``arrays``,
+    padded by a cell."""
+    mask = np.zeros(arrays[0].shape, dtype=bool)
+    for a in arrays:
+        m = float(np.max(a)) if a.size else 0.0
+        if m > 0:
+            mask |= a > rel * m
+    if not mask.any():
+        return edges_x[0], edges_x[-1], edges_y[0], edges_y[-1]
+    ix = np.flatnonzero(mask.any(axis=1))
+    iy = np.flatnonzero(mask.any(axis=0))
+    i0, i1 = max(0, ix[0] - 1), min(len(edges_x) - 1, ix[-1] + 2)
+    j0, j1 = max(0, iy[0] - 1), min(len(edges_y) - 1, iy[-1] + 2)
+    return edges_x[i0], edges_x[i1], edges_y[j0], edges_y[j1]
+
+
+def _floor_caption(tv: float, tv_floor: float | None, n: int) -> str:
+    text = (f"TV = ½ Σ |histogram − exact| over the cells (mass outside the grid counts as one "
+            f"more cell). A finite sample has a TV floor: even {n:,} exact independent draws "
+            "give TV > 0, from counting noise alone")
+    if tv_floor is not None:
+        ratio = tv / tv_floor if tv_floor > 0 else float("inf")
+        text += (f" (floor ≈ {_fmt(tv_floor)} for this n; this run: {ratio:.2g} × the floor)."
+                 " TV above the floor is sampler error: bias (e.g. step-size discretization) "
+                 "or modes not yet in equilibrium, and correlated draws counting for fewer "
+                 "independent ones.")
+    else:
+        text += (" (floor not given here; see nrpt.sgpt.iid_floor). TV above the floor is "
+                 "sampler error: bias (e.g. step-size discretization) or modes not yet in "
+                 "equilibrium, and correlated draws counting for fewer independent ones.")
+    return text + (" Red cells: too many samples; blue: too few.")
+
+
+def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = None,
+            tv_floor: float | None = None, view: tuple[float, float, float, float] | None = None,
+            labels: tuple[str, str] = ("x₁", "x₂"), title: str = "slot-0 samples",
+            caption: bool = True) -> Figure:
+    """Histogram of the slot-0 samples, with the exact density and the error where known.
+
+    Args:
+        samples: ``[n, 2]`` (or ``[n, 1]`` / ``[n]`` for a one-dimensional target).
+        target: optional; if it has ``density_grid(**grid_kwargs)`` returning ``(xs, ys,
+            probs[len(xs)-1, len(ys)-1])`` (2-D, e.g. ``TwentyFiveModes``) or ``(edges, probs)``
+            (1-D), the histogram is taken on that grid and the exact panel and the error panel
+            (histogram minus exact, with the total-variation distance) are drawn.
+        bins: cells per axis without an exact grid.
+        grid_kwargs: keyword arguments for ``target.density_grid``.
+        tv_floor: the TV of as many exact iid draws (e.g. ``nrpt.sgpt.iid_floor``), printed
+            beside the run's TV.
+        view: ``(xmin, xmax, ymin, ymax)`` shown; default: the cells above 1e-3 of the peak.
+        labels: axis names.
+        title: title of the histogram panel.
+        caption: explain the TV floor under the panels.
+    """
+    x = np.asarray(samples, dtype=float)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2 or x.shape[1] not in (1, 2) or x.shape[0] == 0:
+        raise ValueError(f"samples must be [n, 2] or [n, 1] with n >= 1; got {x.shape}")
+    n = x.shape[0]
+    exact = _exact_grid(target, grid_kwargs)
+    if x.shape[1] == 1:
+        return _density_1d(x[:, 0], exact, bins, tv_floor, labels[0], title, caption)
+    if exact is not None and len(exact) != 3:
+        exact = None  # a 1-D grid for 2-D samples: not comparable
+    if exact is None:
+        fig = _figure(6.4, 5.2)
+        ax = fig.add_subplot()
+        h, ex, ey = np.histogram2d(x[:, 0], x[:, 1], bins=bins)
+        q = h / n
+        im = ax.imshow(q.T, origin="lower", extent=(ex[0], ex[-1], ey[0], ey[-1]),
+                       cmap="viridis", vmin=0.0, aspect="equal", interpolation="nearest")
+        _style(ax, labels[0], labels[1], f"{title} (n = {n:,})")
+        cell = f"{ex[1] - ex[0]:.2g} × {ey[1] - ey[0]:.2g}"
+        _colorbar(fig, im, ax, f"fraction of samples per cell ({cell})", shrink=0.9)
+        if view is not None:
+            ax.set_xlim(view[0], view[1])
+            ax.set_ylim(view[2], view[3])
+        return fig
+
+    xs, ys, probs = (np.asarray(a, dtype=float) for a in exact)
+    h, _, _ = np.histogram2d(x[:, 0], x[:, 1], bins=(xs, ys))
+    q = h / n
+    err = q - probs
+    tv = _tv(h, n, probs)
+    box = view if view is not None else _view_box(xs, ys, probs, q, rel=5e-3)
+    ext = (xs[0], xs[-1], ys[0], ys[-1])
+    vmax = float(max(probs.max(), q.max()))
+    emax_all = float(np.abs(err).max()) or 1e-12
+    live = (probs > 1e-3 * probs.max()) | (h > 0)
+    emax = float(np.quantile(np.abs(err[live]), 0.998)) if live.any() else emax_all
+    emax = emax_all if not emax > 0 else min(emax, emax_all)
+    clipped = emax < emax_all
+    fig = _figure(16.5, 6.0 if caption else 5.2)
+    axes = fig.subplots(1, 3, sharex=True, sharey=True)
+    cell = f"{xs[1] - xs[0]:.2g} × {ys[1] - ys[0]:.2g}"
+    common = dict(origin="lower", extent=ext, aspect="equal", interpolation="nearest")
+    im0 = axes[0].imshow(q.T, cmap="viridis", vmin=0.0, vmax=vmax, **common)
+    axes[1].imshow(probs.T, cmap="viridis", vmin=0.0, vmax=vmax, **common)
+    im2 = axes[2].imshow(err.T, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -emax, emax), **common)
+    _style(axes[0], labels[0], labels[1], f"{title} (n = {n:,})")
+    _style(axes[1], labels[0], labels[1], "exact density")
+    etitle = f"histogram − exact: TV = {tv:.3g}"
+    if tv_floor is not None:
+        etitle += f" (iid floor ≈ {tv_floor:.2g})"
+    _style(axes[2], labels[0], labels[1], etitle)
+    _colorbar(fig, im0, list(axes[:2]), f"probability per cell ({cell})", shrink=0.9)
+    _colorbar(fig, im2, axes[2], "difference in probability per cell"
+              + (" (scale clipped)" if clipped else ""), shrink=0.9,
+              extend="both" if clipped else "neither")
+    for a in axes[1:]:
+        a.tick_params(labelleft=True)
+    axes[0].set_xlim(box[0], box[1])
+    axes[0].set_ylim(box[2], box[3])
+    if caption:
+        _caption(fig, _floor_caption(tv, tv_floor, n), 200)
+    return fig
+
+
+def _density_1d(x, exact, bins, tv_floor, label, title, caption) -> Figure:
+    n = x.size
+    if exact is not None and len(exact) != 2:
+        exact = None
+    if exact is None:
+        fig = _figure(7.5, 4.6)
+        ax = fig.add_subplot()
+        ax.hist(x, bins=bins, density=True, color="C0", alpha=0.75)
+        _style(ax, label, "probability density", f"{title} (n = {n:,})")
+        return fig
+    edges, probs = (np.asarray(a, dtype=float) for a in exact)
+    width = np.diff(edges)
+    counts, _ = np.histogram(x, bins=edges)
+    q = counts / n
+    tv = 0.5 * float(np.abs(np.append(q - probs, (n - counts.sum()) / n
+                                      - max(0.0, 1.0 - probs.sum()))).sum())
+    fig = _figure(9.0, 7.0 if caption else 6.2)
+    ax, ax_e = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    ax.stairs(q / width, edges, fill=True, color="C0", alpha=0.55, label="samples (histogram)")
+    ax.stairs(probs / width, edges, color="k", lw=1.2, label="exact")
+    _style(ax, "", "probability density", f"{title} (n = {n:,})")
+    ax.set_xlabel("")
+    _legend(ax, loc="upper right")
+    ax_e.stairs((q - probs) / width, edges, fill=True, color="C3", alpha=0.7)
+    ax_e.axhline(0.0, color="k", lw=0.8)
+    etitle = f"histogram − exact: TV = {tv:.3g}"
+    if tv_floor is not None:
+        etitle += f" (iid floor ≈ {tv_floor:.2g})"
+    _style(ax_e, label, "density difference", etitle)
+    lo, hi = _view_box(edges, np.array([0.0, 1.0]), np.stack([probs, q], 1), rel=1e-4)[:2]
+    ax.set_xlim(lo, hi)
+    if caption:
+        _caption(fig, _floor_caption(tv, tv_floor, n).replace(
+            "Red cells: too many samples; blue: too few.",
+            "Positive: too many samples; negative: too few."), 110)
+    return fig
+
+
+# ------------------------------------------------------------------------------ adaptation
+def adaptation(k, C=None, learning_rates=None, pair_rate=None, swap_rate: float | None = None,
+               system: int = 0, *, window: int | None = None,
+               ladder_label: str = "learning rate") -> Figure:
+    """Traces of the stochastic-approximation adaptors (Deng et al. 2023, Fig. 4b/4d).
+
+    Args:
+        k: iterations of the records ``[T]``.
+        C: correction buffer ``[T, R]`` or ``[T]`` (None: panel left out).
+        learning_rates: ladder per slot ``[T, R, P]`` or ``[T, P]`` (or any per-slot schedule
+            values; name them with ``ladder_label``); None: panel left out.
+        pair_rate: swap-indicator rate per adjacent pair ``[T, R, P-1]`` or ``[T, P-1]``, the
+            mean 0/1 verdict over each record's block; None: panel left out.
+        swap_rate: the target swap rate ``S`` (drawn as a labelled line).
+        system: which PT system to draw.
+        window: moving-average window (in records) for the pair rates; default ``T // 50``.
+    """
+    k = np.asarray(k, dtype=float).ravel()
+    T = k.size
+    if T == 0:
+        raise ValueError("adaptation: no records (k is empty)")
+    panels = []
+    if C is not None:
+        panels.append("C")
+    if learning_rates is not None:
+        panels.append("lr")
+    if pair_rate is not None:
+        panels.append("rate")
+    if not panels:
+        raise ValueError("adaptation: give at least one of C, learning_rates, pair_rate")
+    fig = _figure(5.6 * len(panels) + 0.8, 4.8)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    s_txt = f"S = {swap_rate:g}" if swap_rate is not None else "S"
+    fig.suptitle(f"Stochastic-approximation adaptation of system {system}", fontsize=_FS_TITLE)
+    for ax, panel in zip(axes, panels, strict=True):
+        if panel == "C":
+            c = _pick_system(C, 1, system, "C")
+            ax.plot(k, c, color="C0", lw=1.5)
+            ax.axhline(0.0, color="0.6", lw=0.8, ls=":")
+            _style(ax, "iteration", "correction buffer C",
+                   f"correction buffer C (final {_fmt(float(c[-1]))})\n"
+                   f"C ← C + γₖ (mean pair indicator − {s_txt})")
+        elif panel == "lr":
+            lr = _pick_system(learning_rates, 2, system, "learning_rates")
+            P = lr.shape[1]
+            cmap, norm, colors = _slot_colors(P)
+            for p in range(P):
+                ax.plot(k, lr[:, p], color=colors[p], lw=1.2)
+            if np.all(lr[np.isfinite(lr)] > 0):
+                ax.set_yscale("log")
+            _style(ax, "iteration", f"{ladder_label} (log scale)", f"{ladder_label} per slot")
+            cb = _colorbar(fig, _discrete_mappable(P, dark=True), ax, "slot (0 = target)")
+            _integer_ticks(cb, P)
+        else:
+            rate = _pick_system(pair_rate, 2, system, "pair_rate")
+            M = rate.shape[1]
+            w = max(1, T // 50) if window is None else max(1, int(window))
+            w = min(w, T)
+            sm = _moving_average(rate, w)
+            ks = k[w - 1:]
+            cmap, norm, colors = _slot_colors(M, "plasma")
+            for p in range(M):
+                ax.plot(ks, sm[:, p], color=colors[p], lw=0.9, alpha=0.85)
+            ax.plot(ks, sm.mean(axis=1), color="k", lw=2.0, label="mean over pairs")
+            if swap_rate is not None:
+                ax.axhline(swap_rate, color="C3", ls="--", lw=1.8,
+                           label=f"target swap rate S = {swap_rate:g}")
+            ax.set_ylim(-0.02, 1.02)
+            avg = f"moving average of {w} records" if w > 1 else "per record"
+            _style(ax, "iteration", f"swap-indicator rate\n({avg})",
+                   "swap-indicator rate per pair")
+            _legend(ax, loc="upper right")
+            cb = _colorbar(fig, _discrete_mappable(M, "plasma", dark=True), ax,
+                            "pair (p, p+1)")
+            _integer_ticks(cb, M)
+    return fig
+
+
+# ------------------------------------------------------------------------------ index process
+def index_process(index, system: int = 0, highlight: Sequence[int] | int | None = None,
+                  max_points: int = 4000, boundaries: Sequence[float] | None = None, *,
+                  boundary_label: str = "round boundary", heatmap: bool = True,
+                  zoom: int | None | str = "auto", title: str | None = None) -> Figure:
+    """The slot of replicas over the whole run.
+
+    Panels, top to bottom:
+
+    * the slot of the ``highlight`` replicas (default replica 0 and replica P-1) over the whole
+      run, so their round trips between slot 0 (target) and slot P-1 (reference) can be
+      followed; the other replicas are drawn faint grey when there are at most 8.  A run of more
+      than ``max_points`` iterations is thinned evenly (every ``s``-th iteration, and the last
+      one), which the title and the x label say;
+    * with ``heatmap``: every replica's slot over the whole run as an image (thinned alike);
+    * with ``zoom``: the highlighted replicas over the last ``zoom`` iterations at full
+      resolution (``"auto"``: the last ``max(200, 10 P)`` iterations when the run is more than
+      twice as long; ``None``: no zoom panel).
+
+    Args:
+        index: ``[K + 1, R, P]`` (or ``[K + 1, P]``): ``index[k, r, i]`` = slot of replica ``i``
+            of system ``r`` before iteration ``k`` (row 0 = the start).
+        system: which PT system.
+        highlight: replica number(s) drawn in colour (the first 4 are used).
+        max_points: the most iterations drawn in the whole-run panels.
+        boundaries: iteration numbers of round/segment boundaries (vertical dashed lines).
+        boundary_label: their legend entry.
+        heatmap: add the all-replica heat map panel.
+        zoom: see above.
+        title: replaces the default title's first part.
+    """
+    idx = np.asarray(index)
+    if idx.ndim == 3:
+        if not 0 <= system < idx.shape[1]:
+            raise ValueError(f"index_process: system {system} out of range (R = {idx.shape[1]})")
+        idx = idx[:, system, :]
+    if idx.ndim != 2 or idx.shape[0] == 0:
+        raise ValueError(f"index must be [K + 1, R, P] or [K + 1, P]; got {np.shape(index)}")
+    n_rows, P = idx.shape
+    K = n_rows - 1
+    stride = max(1, int(math.ceil(n_rows / max(2, int(max_points)))))
+    rows = np.arange(0, n_rows, stride)
+    if rows[-1] != n_rows - 1:
+        rows = np.append(rows, n_rows - 1)
+    sub = np.asarray(idx[rows], dtype=float)  # [n_shown, P]
+    if highlight is None:
+        highlight = [0, P - 1] if P > 1 else [0]
+    elif isinstance(highlight, int | np.integer):
+        highlight = [int(highlight)]
+    highlight = list(dict.fromkeys(int(h) for h in highlight if 0 <= int(h) < P))[:4]
+    if zoom == "auto":
+        zoom = max(200, 10 * P)
+        zoom = zoom if n_rows > 2 * zoom else None
+    elif zoom is not None:
+        zoom = int(zoom) if 1 < int(zoom) < n_rows else None
+    thin_txt = (f"every {_ordinal(stride)} iteration shown" if stride > 1
+                else "every iteration shown")
+    head = title or f"Index process of system {system}"
+    full_title = f"{head}: {P} replicas, {K:,} iterations ({thin_txt})"
+    palette = ["C3", "C0", "C2", "C1"]
+    bounds = [float(b) for b in (boundaries or ())]
+
+    n_panels = 1 + bool(heatmap) + (zoom is not None)
+    fig = _figure(11.0, 1.0 + 3.1 * n_panels)
+    axes = list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
+    ax = axes.pop(0)
+    ax_h = axes.pop(0) if heatmap else None
+    ax_z = axes.pop(0) if zoom is not None else None
+
+    def lines(a, x, y, others):
+        if others and P <= 8 and len(highlight) < P:
+            first = True
+            for i in range(P):
+                if i not in highlight:
+                    a.plot(x, y[:, i], color="0.78", lw=0.6, drawstyle="steps-post",
+                           rasterized=True, label="other replicas" if first else None)
+                    first = False
+        lw = 1.3 if len(x) < 1500 else 0.8
+        for c, i in zip(palette, highlight, strict=False):
+            a.plot(x, y[:, i], color=c, lw=lw, drawstyle="steps-post", alpha=0.9,
+                   label=f"replica {i}", rasterized=True)
+        a.set_ylim(-0.5, P - 0.5)
+        a.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+
+    def vlines(a, lo, hi, color, label):
+        first = True
+        for b in bounds:
+            if lo <= b <= hi:
+                a.axvline(b, color=color, lw=1.0, ls="--", label=label if first else None)
+                first = False
+
+    lines(ax, rows, sub, True)
+    vlines(ax, 0, K, "0.3", boundary_label)
+    if ax_z is not None:
+        ax.axvspan(K - zoom, K, color="C1", alpha=0.12, lw=0, label="zoomed below")
+    ax.set_xlim(0, max(K, 1))
+    _style(ax, f"iteration ({thin_txt})", "slot (0 = target)")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=6, frameon=False,
+              fontsize=_FS_LEGEND, borderaxespad=0.2, handlelength=1.6)
+    fig.suptitle(full_title, fontsize=_FS_TITLE)
+
+    if ax_h is not None:
+        # one column per shown iteration, reaching to the next shown one
+        edges = np.append(rows, rows[-1] + 1).astype(float)
+        mappable = _discrete_mappable(P, "viridis")
+        ax_h.pcolormesh(edges, np.arange(P + 1) - 0.5, sub.T, cmap=mappable.cmap,
+                        norm=mappable.norm, shading="flat", rasterized=True)
+        vlines(ax_h, 0, K, "w", None)
+        ax_h.set_ylim(-0.5, P - 0.5)
+        ax_h.set_xlim(0, max(K, 1))
+        ticks = [int(t) for t in MaxNLocator(integer=True, nbins=8).tick_values(0, P - 1)
+                 if 0 <= t <= P - 1]
+        gap = max(1.0, P / 14)
+        ticks = sorted(set(highlight) | {t for t in ticks
+                                          if all(abs(t - h) >= gap for h in highlight)})
+        ax_h.set_yticks(ticks)
+        _style(ax_h, f"iteration ({thin_txt})", "replica",
+               "slot of every replica (highlighted replicas' numbers in colour)")
+        for lab, t in zip(ax_h.get_yticklabels(), ticks, strict=True):
+            if t in highlight:
+                lab.set_color(palette[highlight.index(t)])
+                lab.set_fontweight("bold")
+        cb = _colorbar(fig, mappable, ax_h, "slot (0 = target)")
+        _integer_ticks(cb, P)
+
+    if ax_z is not None:
+        lo = n_rows - 1 - zoom
+        xz = np.arange(lo, n_rows)
+        lines(ax_z, xz, np.asarray(idx[lo:], dtype=float), False)
+        vlines(ax_z, lo, K, "0.3", None)
+        ax_z.set_xlim(lo, K)
+        _style(ax_z, "iteration (every iteration shown)", "slot (0 = target)",
+               f"zoom: the last {zoom:,} iterations")
+    return fig
+
+
+# ------------------------------------------------------------------------------ swaps
+def swap_acceptance(acceptance, *, at=None, coordinate: str | None = None,
+                    title: str = "Swap acceptance per adjacent pair") -> Figure:
+    """Per-pair swap acceptance: mean over systems, their range and each system.
+
+    Args:
+        acceptance: ``[R, P-1]`` (or ``[P-1]``): mean ``min(1, alpha)`` of pair ``(p, p+1)``.
+        at: optional x positions per pair (e.g. the midpoints of the schedule); default the pair
+            index ``p``.
+        coordinate: the x label when ``at`` is given.
+    """
+    a = np.asarray(acceptance, dtype=float)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.shape[1] == 0:
+        raise ValueError(f"acceptance must be [R, P-1] or [P-1]; got {np.shape(acceptance)}")
+    R, M = a.shape
+    x = np.arange(M) if at is None else np.asarray(at, dtype=float).ravel()
+    if x.size != M:
+        raise ValueError(f"at has {x.size} entries for {M} pairs")
+    mean = np.nanmean(a, axis=0) if np.isfinite(a).any() else np.full(M, np.nan)
+    fig = _figure(8.0, 4.8)
+    ax = fig.add_subplot()
+    if R > 1:
+        lo, hi = np.nanmin(a, axis=0), np.nanmax(a, axis=0)
+        ax.fill_between(x, lo, hi, color="C0", alpha=0.2, step=None,
+                        label=f"range over {R} systems")
+        for r in range(R):
+            ax.plot(x, a[r], ".", color="C0", ms=4, alpha=0.5,
+                    label="one system" if r == 0 else None)
+    ax.plot(x, mean, "o-", color="C0", lw=1.8, ms=5,
+            label=f"mean over {R} systems" if R > 1 else "acceptance")
+    overall = float(np.nanmean(a)) if np.isfinite(a).any() else float("nan")
+    ax.axhline(overall, color="0.4", ls="--", lw=1.0, label=f"average = {overall:.3f}")
+    ax.set_ylim(0.0, 1.02)
+    if at is None:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        xlabel = "pair p (swaps slots p and p+1; 0 = target end)"
+    else:
+        xlabel = coordinate or "pair position"
+    worst = int(np.nanargmin(mean)) if np.isfinite(mean).any() else 0
+    _style(ax, xlabel, "swap acceptance  E[min(1, α)]",
+           f"{title}\nlowest: pair {worst} ({mean[worst]:.3f})")
+    _legend(ax, loc="lower right")
+    return fig
+
+
+def swap_acceptance_rounds(acceptance, *, system_label: str = "system 0") -> Figure:
+    """Heat map of the swap acceptance per pair (x) and round (y): ``[n_rounds, P-1]``."""
+    a = np.asarray(acceptance, dtype=float)
+    if a.ndim != 2 or a.size == 0:
+        raise ValueError(f"acceptance must be [n_rounds, P-1]; got {a.shape}")
+    n_rounds, M = a.shape
+    fig = _figure(8.0, 1.6 + min(5.0, 0.35 * n_rounds + 1.5))
+    ax = fig.add_subplot()
+    im = ax.imshow(a, aspect="auto", origin="lower", vmin=0.0, vmax=1.0, cmap="viridis",
+                   extent=(-0.5, M - 0.5, 0.5, n_rounds + 0.5), interpolation="nearest")
+    _colorbar(fig, im, ax, "swap acceptance  E[min(1, α)]")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _style(ax, "pair p (swaps slots p and p+1)", "round",
+           f"Swap acceptance per pair and round ({system_label})")
+    return fig
+
+
+# ------------------------------------------------------------------------------ barrier
+def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "beta", *,
+                  exact=None, system: int = 0,
+                  title: str = "Local communication barrier") -> Figure:
+    """The local barrier ``lambda`` over the schedule coordinate.
+
+    Args:
+        grid: coordinate values ``[G]``.
+        values: ``lambda`` on ``grid`` from the fitted cumulative barrier ``[G]`` (or ``[R, G]``,
+            drawn at ``system``).
+        at, method_one: Method I estimates ``1/2 E|l(X) - l(Y)|`` at the schedule points
+            (``[P]`` or ``[R, P]``); NaN entries are skipped.
+        coordinate: the schedule coordinate (x label), e.g. ``"beta"`` or ``"1/temperature"``.
+        exact: the exact ``lambda`` on ``grid`` where known (analytic targets).
+    """
+    g = np.asarray(grid, dtype=float).ravel()
+    v = np.asarray(values, dtype=float)
+    if v.ndim == 2:
+        v = v[system]
+    if v.shape != g.shape:
+        raise ValueError(f"values {v.shape} do not match grid {g.shape}")
+    fig = _figure(8.0, 4.8)
+    ax = fig.add_subplot()
+    ax.plot(g, v, color="C0", lw=2.0, label="from swap rejections (derivative of the fit)")
+    if at is not None and method_one is not None:
+        b = np.asarray(at, dtype=float)
+        m = np.asarray(method_one, dtype=float)
+        if b.ndim == 2:
+            b = b[system]
+        if m.ndim == 2:
+            m = m[system]
+        ok = np.isfinite(m) & np.isfinite(b)
+        ax.plot(b[ok], m[ok], "o", color="C1", ms=6, mec="k", mew=0.5,
+                label="Method I: ½ E|ℓ(X) − ℓ(Y)| at the schedule")
+    if exact is not None:
+        ax.plot(g, np.asarray(exact, dtype=float).ravel(), "k--", lw=1.3, label="exact")
+    ok = np.isfinite(v)
+    gg, vv = g[ok], v[ok]
+    total = float(np.sum(0.5 * (vv[1:] + vv[:-1]) * np.diff(gg))) if ok.sum() > 1 else \
+        float("nan")
+    ax.set_ylim(bottom=0.0)
+    name = {"beta": "β (annealing parameter)"}.get(coordinate, coordinate)
+    _style(ax, name, "local barrier λ", f"{title}: Λ = ∫ λ = {total:.3g}")
+    _legend(ax, loc="best")
+    return fig
+
+
+def schedules(schedules, coordinate: str = "beta", *,
+              title: str = "Schedule per round") -> Figure:
+    """The schedule of every round (rows) as ticks at its points, the same slot joined.
+
+    Args:
+        schedules: ``[n_rounds, P]`` (rows may also be a list of arrays of different lengths).
+        coordinate: the schedule coordinate (x label).
+    """
+    rows = [np.asarray(s, dtype=float).ravel() for s in schedules]
+    if not rows:
+        raise ValueError("schedules: no rounds")
+    n = len(rows)
+    same = len({r.size for r in rows}) == 1
+    fig = _figure(8.0, 1.8 + min(5.5, 0.32 * n + 1.4))
+    ax = fig.add_subplot()
+    y = np.arange(1, n + 1)
+    if same and n > 1:
+        arr = np.stack(rows)
+        for p in range(arr.shape[1]):
+            ax.plot(arr[:, p], y, color="0.75", lw=0.8, zorder=1)
+    for i, b in enumerate(rows):
+        ax.plot(b, np.full_like(b, i + 1), "|", ms=12, mew=1.6,
+                color="C3" if i == n - 1 else "C0", zorder=2)
+    ax.set_ylim(0.4, n + 0.6)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    name = {"beta": "β (annealing parameter; 0 = reference, 1 = target)"}.get(coordinate,
+                                                                          coordinate)
+    P = rows[-1].size
+    _style(ax, name, "round", f"{title} ({P} slots in the last round, red)")
+    return fig
+
+
+def restart_rate(chains, predicted, observed=None, *, observed_chains=None,
+                 asymptote: float | None = None,
+                 title: str = "Restart rate against the number of chains") -> Figure:
+    """Predicted restart rate ``tau(P)`` against ``P``, with the asymptote and observed values.
+
+    Args:
+        chains: numbers of chains ``[m]``.
+        predicted: the predicted restart rate per iteration at ``chains`` ``[m]``.
+        observed: observed restart rates, at ``observed_chains`` (default: ``chains``).
+        asymptote: ``1 / (2 + 2 Lambda)``, drawn as a horizontal line.
+    """
+    p = np.asarray(chains, dtype=float).ravel()
+    tau = np.asarray(predicted, dtype=float).ravel()
+    if p.shape != tau.shape:
+        raise ValueError(f"chains {p.shape} and predicted {tau.shape} differ")
+    fig = _figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    ax.plot(p, tau, "-", color="C0", lw=2.0, label="predicted (equalized schedule)")
+    if asymptote is not None:
+        ax.axhline(asymptote, color="0.4", ls="--", lw=1.2,
+                   label=f"P → ∞ limit 1/(2 + 2Λ) = {asymptote:.3g}")
+    if observed is not None:
+        o = np.asarray(observed, dtype=float).ravel()
+        po = p if observed_chains is None else np.asarray(observed_chains, dtype=float).ravel()
+        if po.shape != o.shape:
+            raise ValueError(f"observed {o.shape} and its chains {po.shape} differ")
+        ok = np.isfinite(o)
+        ax.plot(po[ok], o[ok], "o", color="C3", ms=7, mec="k", mew=0.6, label="observed")
+    ax.set_ylim(bottom=0.0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _style(ax, "number of chains P", "restarts per iteration", title)
+    _legend(ax, loc="lower right")
+    return fig
+

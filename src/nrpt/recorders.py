@@ -1,0 +1,316 @@
+"""Recorders: what a run measures, one object per quantity (the recorder role, :mod:`nrpt.roles`).
+
+Each recorder sees every :class:`~nrpt.roles.Iteration`, keeps batched running statistics on the
+engine's device (no host sync per iteration), reduces them to JSON-ready summary fields, and
+checkpoints itself.  ``start_segment(reset=True, ...)`` starts fresh statistics (a new round of
+adaptive NRPT); the summary always describes the statistics since the last reset.
+
+=================  =============================================================================
+``swaps``          per-pair swap acceptance (mean of min(1, alpha)), swaps executed, explorer
+                   acceptance per slot, rejected non-finite proposals      (:class:`SwapStats`)
+``round_trips``    restarts and round trips (Syed et al.; Deng et al. appendix A.5)
+                   (:class:`RoundTrips`)
+``spread``         running mean / sd of the states at chosen slots        (:class:`SlotSpread`)
+``trace``          the adapted tables (schedule or learning rates, ``C``) and the per-pair
+                   swap-indicator rate over time                          (:class:`Trace`)
+``log_z``          online stepping-stone log Z      (:class:`nrpt.lognorm.SteppingStone`)
+``slot_energies``  energies by slot for the Method I local barrier
+                   (:class:`nrpt.diagnostics.barrier.SlotEnergyRecorder`)
+``draws``          slot-0 draws, energies and the index process streamed to disk
+                   (:class:`nrpt.record.Draws`)
+=================  =============================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from .diagnostics import RoundTripTracker
+from .roles import Iteration, RecorderBase
+
+__all__ = ["SwapStats", "RoundTrips", "SlotSpread", "Trace", "per_system", "json_ready"]
+
+
+def json_ready(v):
+    """Tensors/arrays to lists, non-finite floats to None (JSON has no NaN), recursively."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().tolist()
+    elif isinstance(v, np.ndarray):
+        v = v.tolist()
+    elif isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, dict):
+        return {k: json_ready(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [json_ready(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def per_system(t, R: int):
+    """A per-system quantity for the summary: the value itself when R = 1, else a list."""
+    vals = json_ready(t)
+    return vals[0] if R == 1 and isinstance(vals, list) else vals
+
+
+class SwapStats(RecorderBase):
+    """Per-pair swap and per-slot explorer statistics since the last reset.
+
+    Only adjacent pairs proposed by the scheme count as attempts (APE's non-adjacent pairs do
+    not enter the per-pair table)."""
+
+    name = "swaps"
+
+    def __init__(self, R: int, P: int, dtype=torch.float64, device="cpu"):
+        self.R, self.P, self.dtype, self.device = R, P, dtype, device
+        self.nonfinite_total = torch.zeros(R, P, dtype=torch.int64, device=device)
+        self.start_segment(True)
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        if not reset:
+            return
+        R, P, dev, dt = self.R, self.P, self.device, self.dtype
+        self.attempts = torch.zeros(R, P - 1, dtype=torch.int64, device=dev)
+        self.swaps = torch.zeros(R, P - 1, dtype=torch.int64, device=dev)
+        self.accept_sum = torch.zeros(R, P - 1, dtype=dt, device=dev)
+        self.explore_sum = torch.zeros(R, P, dtype=dt, device=dev)
+        self.nonfinite = torch.zeros(R, P, dtype=torch.int64, device=dev)
+        self.n = 0
+
+    def record(self, it: Iteration) -> None:
+        for d in it.decisions:
+            adjacent = d.active & (d.hi - d.lo == 1)
+            self.attempts.scatter_add_(1, d.lo, adjacent.long())
+            self.accept_sum.scatter_add_(1, d.lo, torch.where(adjacent, d.prob,
+                                                              torch.zeros_like(d.prob)))
+            self.swaps.scatter_add_(1, d.lo, (d.accepted & adjacent).long())
+        self.explore_sum += it.explore_accept
+        self.nonfinite += it.nonfinite
+        self.nonfinite_total += it.nonfinite
+        self.n += 1
+
+    def acceptance(self) -> torch.Tensor:
+        """Mean of min(1, alpha) per adjacent pair ``[R, P-1]`` (NaN where never attempted)."""
+        return self.accept_sum / self.attempts.to(self.dtype)
+
+    def rejection(self) -> torch.Tensor:
+        """Estimated rejection rate per pair, ``1 - acceptance`` (NaN if never attempted)."""
+        return 1.0 - self.acceptance()
+
+    def explorer_acceptance(self) -> torch.Tensor:
+        """Mean explorer acceptance probability per slot ``[R, P]``."""
+        return self.explore_sum / max(self.n, 1)
+
+    def barrier(self) -> torch.Tensor:
+        """``Lambda-hat = sum_p r_p`` per system (pairs never attempted count 0)."""
+        return self.rejection().nan_to_num(nan=0.0).sum(1)
+
+    def summary(self) -> dict[str, Any]:
+        R = self.R
+        return {"swap_acceptance": per_system(self.acceptance(), R),
+                "swaps_executed": per_system(self.swaps, R),
+                "swap_attempts": per_system(self.attempts, R),
+                "explorer_acceptance": per_system(self.explorer_acceptance(), R),
+                "nonfinite_proposals": int(self.nonfinite_total.sum())}
+
+    def segment_row(self) -> dict[str, Any]:
+        acc = self.acceptance().cpu().double().numpy()
+        with np.errstate(all="ignore"):
+            lo = np.nanmin(np.where(np.isnan(acc), np.inf, acc), axis=1)
+            finite = np.isfinite(acc)
+            mean = np.where(finite.any(1), np.nansum(np.where(finite, acc, 0), 1)
+                            / np.maximum(finite.sum(1), 1), np.nan)
+        lo = np.where(np.isinf(lo), np.nan, lo)
+        return {"min_swap_acceptance": float(np.mean(lo)),
+                "mean_swap_acceptance": float(np.mean(mean)),
+                "barrier": float(self.barrier().mean())}
+
+    def state_dict(self) -> dict:
+        return {"attempts": self.attempts, "swaps": self.swaps, "accept_sum": self.accept_sum,
+                "explore_sum": self.explore_sum, "nonfinite": self.nonfinite,
+                "nonfinite_total": self.nonfinite_total, "n": self.n}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for k, v in sd.items():
+            setattr(self, k, v.to(self.device) if isinstance(v, torch.Tensor) else v)
+
+
+class RoundTrips(RecorderBase):
+    """Restarts and round trips (:class:`nrpt.diagnostics.RoundTripTracker`, tracked over the
+    whole run; the summary reports the counts since the last reset, and ``*_total`` over the
+    whole run when the two differ)."""
+
+    name = "round_trips"
+
+    def __init__(self, slot_of: torch.Tensor, P: int):
+        self.tracker = RoundTripTracker(slot_of, P)
+        self.R = slot_of.shape[0]
+        self.start_segment(True)
+
+    def _counts(self) -> dict[str, torch.Tensor]:
+        t = self.tracker
+        return {"restarts": t.restarts.clone(), "round_trips": t.round_trips.clone(),
+                "round_trips_a5": t.round_trips_a5.clone()}
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        if reset:
+            self.base = self._counts()
+            self.n = 0
+
+    def record(self, it: Iteration) -> None:
+        self.tracker.update(it.slot_of)
+        self.n += 1
+
+    def counts(self) -> dict[str, torch.Tensor]:
+        """Counts per system since the last reset."""
+        now = self._counts()
+        return {k: now[k] - self.base[k] for k in now}
+
+    def summary(self) -> dict[str, Any]:
+        R, n = self.R, max(self.n, 1)
+        c = self.counts()
+        out = {k: per_system(v, R) for k, v in c.items()}
+        out["restarts_per_1000"] = per_system(c["restarts"].double() * 1000.0 / n, R)
+        out["round_trips_per_1000"] = per_system(c["round_trips"].double() * 1000.0 / n, R)
+        out["round_trips_a5_per_1000"] = per_system(c["round_trips_a5"].double() * 1000.0 / n,
+                                                    R)
+        total = self._counts()
+        if any(bool((total[k] != c[k]).any()) for k in c):
+            out.update({f"{k}_total": per_system(v, R) for k, v in total.items()})
+        return out
+
+    def segment_row(self) -> dict[str, Any]:
+        c = self.counts()
+        return {"restarts": float(c["restarts"].double().mean()),
+                "round_trips": float(c["round_trips"].double().mean())}
+
+    def state_dict(self) -> dict:
+        return {"tracker": self.tracker.state_dict(), "base": self.base, "n": self.n}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.tracker.load_state_dict(sd["tracker"])
+        self.base, self.n = sd["base"], int(sd["n"])
+
+
+class SlotSpread(RecorderBase):
+    """Running mean and variance (Welford) of the states at ``slots`` (default all) since the
+    last reset, ``[R, S, dim]``.  The slice explorer's width adaptor reads :meth:`scale`; the
+    health checks read the hottest slot's spread."""
+
+    name = "spread"
+
+    def __init__(self, R: int, P: int, dim: int, slots: list[int] | None = None,
+                 dtype=torch.float64, device="cpu"):
+        self.slots = list(range(P)) if slots is None else [int(s) for s in slots]
+        self.shape = (R, len(self.slots), dim)
+        self.index = torch.tensor(self.slots, device=device).reshape(1, -1)
+        self.dtype, self.device = dtype, device
+        self.start_segment(True)
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        if reset:
+            self.n = 0
+            self.mean = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self.m2 = torch.zeros_like(self.mean)
+
+    def record(self, it: Iteration) -> None:
+        rep = it.replica_at.gather(1, self.index.expand(it.R, -1))
+        x = it.state.x.gather(1, rep[..., None].expand(self.shape))
+        self.n += 1
+        delta = x - self.mean
+        self.mean = self.mean + delta / self.n
+        self.m2 = self.m2 + delta * (x - self.mean)
+
+    def sd(self) -> torch.Tensor:
+        """Per-coordinate standard deviation ``[R, S, dim]`` (NaN before two iterations)."""
+        if self.n < 2:
+            return torch.full(self.shape, math.nan, dtype=self.dtype, device=self.device)
+        return (self.m2 / (self.n - 1)).sqrt()
+
+    def scale(self) -> torch.Tensor:
+        """Mean over coordinates of the standard deviation, ``[R, S]``."""
+        return self.sd().mean(-1)
+
+    def state_dict(self) -> dict:
+        return {"n": self.n, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.n, self.mean, self.m2 = int(sd["n"]), sd["mean"], sd["m2"]
+
+
+class Trace(RecorderBase):
+    """Every ``every`` iterations: the iteration, the rule's ``C`` (if it has one), the per-slot
+    ``values`` being adapted (the learning rates for stochastic-gradient runs, else the
+    schedule) and the mean swap indicator per adjacent pair since the previous record (all
+    listed pairs, active or not: what the stochastic-approximation adaptors drive to ``S``)."""
+
+    name = "trace"
+
+    def __init__(self, every: int = 20, values: str = "step_size"):
+        if int(every) != every or every < 1:
+            raise ValueError(f"every must be an integer >= 1; got {every!r}")
+        self.every, self.values = int(every), values
+        self.k: list[int] = []
+        self.C: list[torch.Tensor] = []
+        self.table: list[torch.Tensor] = []
+        self.rate: list[torch.Tensor] = []
+        self._sum = self._n = self.total_sum = self.total_n = None
+
+    def record(self, it: Iteration) -> None:
+        A, listed = it.pair_indicators
+        if self._sum is None:
+            self._sum, self._n = torch.zeros_like(A), torch.zeros_like(A)
+            self.total_sum, self.total_n = torch.zeros_like(A), torch.zeros_like(A)
+        self._sum += A
+        self._n += listed
+        self.total_sum += A
+        self.total_n += listed
+        if (it.k + 1) % self.every == 0:
+            self.k.append(it.k + 1)
+            if "C" in it.params:
+                self.C.append(it.params["C"][:, 0].clone())
+            self.table.append((it.step_size if self.values == "step_size"
+                               else it.schedule).clone())
+            self.rate.append(self._sum / self._n.clamp_min(1))
+            self._sum.zero_()
+            self._n.zero_()
+
+    def indicator_rate(self) -> torch.Tensor | None:
+        """Mean 0/1 verdict per adjacent pair over the run ``[R, P-1]``."""
+        if self.total_sum is None:
+            return None
+        return self.total_sum / self.total_n.clamp_min(1)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """``k[T]``, ``C[T, R]``, ``values[T, R, P]`` (named ``learning_rates`` or
+        ``schedule``), ``pair_rate[T, R, P-1]``."""
+        out = {"k": np.asarray(self.k, dtype=np.int64)}
+        if self.C:
+            out["C"] = torch.stack(self.C).cpu().numpy()
+        if self.table:
+            name = "learning_rates" if self.values == "step_size" else "schedule"
+            out[name] = torch.stack(self.table).cpu().numpy()
+            out["pair_rate"] = torch.stack(self.rate).cpu().numpy()
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        rate = self.indicator_rate()
+        if rate is None:
+            return {}
+        return {"indicator_rate": per_system(rate, rate.shape[0])}
+
+    def state_dict(self) -> dict:
+        return {"k": list(self.k), "C": list(self.C), "table": list(self.table),
+                "rate": list(self.rate), "sum": self._sum, "n": self._n,
+                "total_sum": self.total_sum, "total_n": self.total_n}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.k, self.C = list(sd["k"]), list(sd["C"])
+        self.table, self.rate = list(sd["table"]), list(sd["rate"])
+        self._sum, self._n = sd["sum"], sd["n"]
+        self.total_sum, self.total_n = sd["total_sum"], sd["total_n"]

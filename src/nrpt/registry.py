@@ -1,0 +1,175 @@
+"""One registry: names -> factories for every role (explorer, scheme, rule, adaptor, target).
+
+Config validation, the CLI's choices, ``nrpt targets``-style listings and the generic test
+matrix all read this table, so a name exists in exactly one place.  Factories are given as
+``"module:attribute"`` strings and imported on first use, so this module imports nothing from
+the rest of the package (no import cycles).
+
+Each :class:`Entry` also says which configuration fields the choice *reads* (``options``): a
+field that no chosen entry reads is an error in :class:`nrpt.config.RunConfig` (never silently
+ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected explorer or an exact
+rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD explorer whose slots
+above 0 inject no noise).
+
+Adding an explorer (or scheme, rule, adaptor, target) = its own module, one ``register`` line
+below, and its test (docs/architecture.md walks through an example).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Entry", "ROLES", "register", "entry", "names", "create", "describe"]
+
+ROLES = ("explorer", "scheme", "rule", "adaptor", "target")
+
+
+@dataclass(frozen=True)
+class Entry:
+    role: str
+    name: str
+    factory: str | Callable[..., Any]  # "module:attribute" or a callable
+    summary: str = ""
+    options: tuple[str, ...] = ()  # RunConfig fields this choice reads
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    def load(self) -> Callable[..., Any]:
+        if callable(self.factory):
+            return self.factory
+        module, attr = self.factory.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_TABLE: dict[str, dict[str, Entry]] = {role: {} for role in ROLES}
+
+
+def register(role: str, name: str, factory: str | Callable[..., Any], *, summary: str = "",
+             options: tuple[str, ...] = (), tags: tuple[str, ...] = (),
+             replace: bool = False) -> Entry:
+    """Add ``name`` to ``role``'s table (``replace=True`` to override an existing entry)."""
+    if role not in _TABLE:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+    if name in _TABLE[role] and not replace:
+        raise ValueError(f"{role} {name!r} is already registered (pass replace=True)")
+    e = Entry(role, name, factory, summary, tuple(options), frozenset(tags))
+    _TABLE[role][name] = e
+    return e
+
+
+def names(role: str, tag: str | None = None) -> list[str]:
+    """Registered names of ``role`` (in registration order), optionally only those tagged."""
+    if role not in _TABLE:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+    return [n for n, e in _TABLE[role].items() if tag is None or tag in e.tags]
+
+
+def entry(role: str, name: str, *, what: str | None = None) -> Entry:
+    """The entry, or a ValueError naming the setting and the allowed values."""
+    table = _TABLE.get(role)
+    if table is None:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"{what or role} must be one of {', '.join(table)}; got {name!r}")
+    return table[name]
+
+
+def create(role: str, name: str, /, **options: Any) -> Any:
+    """Build the ``role`` named ``name`` with ``options``."""
+    return entry(role, name).load()(**options)
+
+
+def describe(role: str) -> list[tuple[str, str]]:
+    """``(name, summary)`` rows for listings (``nrpt targets``, ``nrpt list``)."""
+    return [(n, e.summary) for n, e in _TABLE[role].items()]
+
+
+# ---------------------------------------------------------------------------------- explorers
+_EXACT_STEP = ("step_size", "n_explore")
+_SG = ("lr_min", "lr_max", "learning_rates", "domain", "n_explore",
+       "noise_sd", "grad_noise_sd", "batch_size", "vr_every")
+_SG_HOT = ("temperatures", "max_temperature")  # Langevin explorers: a noise-temperature ladder
+_SG_ZERO = ("bottom_temperature",)  # SGD explorers: noise only at slot 0
+register("explorer", "rwmh", "nrpt.explorers.metropolis:RWMH", tags=("exact",),
+         summary="Gaussian random-walk Metropolis", options=_EXACT_STEP)
+register("explorer", "mala", "nrpt.explorers.metropolis:MALA", tags=("exact", "gradient"),
+         summary="Metropolis-adjusted Langevin", options=_EXACT_STEP)
+register("explorer", "hmc", "nrpt.explorers.metropolis:HMC", tags=("exact", "gradient"),
+         summary="Hamiltonian Monte Carlo (fixed leapfrog steps)",
+         options=(*_EXACT_STEP, "leapfrog_steps"))
+register("explorer", "slice", "nrpt.explorers.slice:SliceSampler", tags=("exact",),
+         summary="coordinate-wise slice sampler (step_size = interval width)",
+         options=(*_EXACT_STEP, "slice_method"))
+register("explorer", "sgld", "nrpt.explorers.sgmcmc:SGLD", tags=("sg",),
+         summary="stochastic gradient Langevin dynamics", options=(*_SG, *_SG_HOT))
+register("explorer", "sgd", "nrpt.explorers.sgmcmc:SGD", tags=("sg", "zero-temperature"),
+         summary="SGD at constant learning rates (DEO*-SGD)", options=(*_SG, *_SG_ZERO))
+register("explorer", "sghmc", "nrpt.explorers.sgmcmc:SGHMC", tags=("sg",),
+         summary="stochastic gradient HMC", options=(*_SG, *_SG_HOT, "momentum"))
+register("explorer", "msgd", "nrpt.explorers.sgmcmc:MomentumSGD",
+         tags=("sg", "zero-temperature"), summary="momentum SGD (DEO*-mSGD)",
+         options=(*_SG, *_SG_ZERO, "momentum"))
+register("explorer", "psgld", "nrpt.explorers.sgmcmc:PSGLD", tags=("sg",),
+         summary="RMSprop-preconditioned SGLD", options=(*_SG, *_SG_HOT))
+register("explorer", "psgd", "nrpt.explorers.sgmcmc:PSGD", tags=("sg", "zero-temperature"),
+         summary="RMSprop-preconditioned SGD", options=(*_SG, *_SG_ZERO))
+
+# ---------------------------------------------------------------------------------- schemes
+register("scheme", "adj", "nrpt.swap.schemes:ADJ", summary="sequential adjacent sweep")
+register("scheme", "seo", "nrpt.swap.schemes:SEO", summary="stochastic even-odd (reversible)")
+register("scheme", "deo", "nrpt.swap.schemes:DEO",
+         summary="deterministic even-odd (non-reversible)")
+register("scheme", "deo-w", "nrpt.swap.schemes:DEOW", options=("window",),
+         summary="generalized DEO with window W (at most one swap per pair per window)")
+register("scheme", "ape", "nrpt.swap.schemes:APE", summary="one random pair of slots")
+register("scheme", "none", "nrpt.swap.schemes:NoSwap",
+         summary="no swaps (independent chains: the no-swap baselines)")
+
+# ---------------------------------------------------------------------------------- rules
+register("rule", "metropolis", "nrpt.swap.rules:Metropolis", tags=("exact", "needs-b"),
+         summary="Metropolis with exact energies")
+register("rule", "deterministic", "nrpt.swap.noisy:Deterministic",
+         options=("correction",), summary="Deng et al. Eq. 7: swap iff U_hi + C < U_lo")
+register("rule", "bias-corrected", "nrpt.swap.noisy:BiasCorrected", tags=("needs-b",),
+         options=("variance_factor", "variance_every"),
+         summary="reSGLD: Metropolis corrected by the energy variance")
+register("rule", "always", "nrpt.swap.rules:AlwaysAccept",
+         summary="accept every proposed swap (index-process studies)")
+
+# ---------------------------------------------------------------------------------- adaptors
+register("adaptor", "schedule", "nrpt.adapt.rounds:ScheduleAdaptor",
+         summary="between rounds: schedule equally spaced in the fitted barrier (Syed et al.)")
+register("adaptor", "step-size", "nrpt.adapt.rounds:StepSizeAdaptor",
+         summary="between rounds: step sizes toward a target explorer acceptance")
+register("adaptor", "slice-width", "nrpt.adapt.rounds:SliceWidthAdaptor",
+         summary="between rounds: slice width from each slot's spread")
+register("adaptor", "window", "nrpt.adapt.window:WindowAdaptor",
+         summary="after a tuning segment: W* from the measured rejection rate")
+register("adaptor", "correction", "nrpt.adapt.sa:CorrectionAdaptor",
+         summary="online: buffer C toward the target swap rate S (Deng et al. Eq. 12)")
+register("adaptor", "learning-rates", "nrpt.adapt.sa:LearningRateAdaptor",
+         summary="online: learning rates toward equal swap rates (Deng et al. Eqs. 8-11)")
+register("adaptor", "variance", "nrpt.adapt.sa:VarianceTracker",
+         summary="online: per-slot energy variance for the bias-corrected rule")
+
+# ---------------------------------------------------------------------------------- targets
+register("target", "twenty-five-modes", "nrpt.targets.twenty_five_modes:TwentyFiveModes",
+         summary="Deng et al.'s 2-D energy with 25 modes (option penalty=true)")
+register("target", "gaussian", "nrpt.targets.gaussian:gaussian",
+         summary="Gaussian (options dim, scale)")
+register("target", "bimodal", "nrpt.targets.gaussian:bimodal_1d",
+         summary="1-D mixture 0.3 N(-4,1) + 0.7 N(4,1)")
+register("target", "mixture-2d", "nrpt.targets.gaussian:mixture_2d",
+         summary="2-D Gaussian mixture")
+register("target", "geometric-bimodal", "nrpt.targets.geometric:geometric_bimodal",
+         summary="bimodal target on a geometric path from a Gaussian reference")
+register("target", "geometric-gaussian-path",
+         "nrpt.targets.gaussian_path:scaled_gaussian_path",
+         summary="analytic Gaussian path (known barrier and log Z)")
+register("target", "geometric-shifted-gaussian-path",
+         "nrpt.targets.gaussian_path:shifted_gaussian_path",
+         summary="analytic shifted Gaussian path (known barrier and log Z)")
+register("target", "geometric-mixture-model", "nrpt.targets.mixture_model:mixture_model",
+         summary="label-switching Gaussian mixture model posterior")

@@ -1,0 +1,241 @@
+"""The contracts of nrpt's roles, in one file to read first.
+
+A run composes six roles around one engine and one loop (:mod:`nrpt.loop`)::
+
+    path       what each slot targets: log pi_p = base - b_p V           (nrpt.paths)
+    explorer   moves every replica at its slot's parameters              (nrpt.explorers)
+    scheme     which slot pairs may swap at iteration k                  (nrpt.swap.schemes)
+    rule       how a proposed pair decides, from scalars                 (nrpt.swap.rules / noisy)
+    adaptor    sees an iteration (or a finished segment), returns an Update
+    recorder   records every iteration, reduces to summary fields, checkpoints itself
+
+One iteration of the loop::
+
+    it = engine.step()                      # explore, refresh the reference, swap -> Iteration
+    for a in adaptors: engine.apply(a.observe(it))     # online adaptation (may return None)
+    for r in recorders: r.record(it)
+
+and at the end of a segment (a round, a tuning phase, the whole run)::
+
+    for a in adaptors: engine.apply(a.end_segment(view))   # between-round changes
+
+**No adaptor writes into another object**: the engine owns every tunable parameter (schedule,
+step sizes, the rule's parameters such as the buffer ``C`` or the per-slot energy variance, the
+scheme's window) and changes them only through :meth:`PTEngine.apply`.  Rules are stateless:
+they read their parameters from :attr:`SwapContext.params`.
+
+Shapes: ``R`` independent systems, ``P`` slots; per-replica tensors are ``[R, P, ...]`` in
+replica order, per-slot tables ``[R, P]`` in slot order, per-pair tables ``[R, P-1]`` indexed by
+the pair's lower slot.  Sign convention: energy ``U = -log pi``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+from .paths import Path
+from .swap.rules import Rule, SwapContext
+from .swap.schemes import Scheme
+
+__all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
+           "Density", "Noise", "PhaseDecision", "Iteration", "Update", "SegmentView",
+           "Adaptor", "Recorder"]
+
+
+@dataclass(frozen=True)
+class PhaseDecision:
+    """One swap phase: pairs ``(lo, hi)`` ``[R, M]``, whether the scheme proposed them
+    (``active``), the rule's verdict for every listed pair (``decision``, active or not), what was
+    executed (``accepted = decision & active``) and the acceptance probability ``prob``."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    active: torch.Tensor
+    decision: torch.Tensor
+    accepted: torch.Tensor
+    prob: torch.Tensor
+
+
+@dataclass
+class Iteration:
+    """What one engine step did, handed to adaptors and recorders (read-only by contract).
+
+    ``k`` is the iteration just completed (0-based).  ``state``, ``slot_of``, ``replica_at``,
+    ``schedule`` (b per slot), ``step_size`` (per slot) and ``params`` (the rule's parameters)
+    are the engine's values *after* the swaps.  ``explore_accept`` and ``nonfinite`` are per
+    slot ``[R, P]``: the mean acceptance probability of the explorer steps made at each slot
+    this iteration, and the count of rejected non-finite proposals."""
+
+    k: int
+    state: ReplicaState
+    slot_of: torch.Tensor
+    replica_at: torch.Tensor
+    schedule: torch.Tensor
+    step_size: torch.Tensor
+    params: dict[str, torch.Tensor]
+    explore_accept: torch.Tensor
+    nonfinite: torch.Tensor
+    decisions: list[PhaseDecision]
+    has_reference: bool = False
+
+    @property
+    def R(self) -> int:
+        return self.slot_of.shape[0]
+
+    @property
+    def P(self) -> int:
+        return self.slot_of.shape[1]
+
+    def at_slots(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-replica tensor ``[R, P, ...]`` put in slot order."""
+        idx = self.replica_at
+        if t.dim() > 2:
+            idx = idx.reshape(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
+        return t.gather(1, idx)
+
+    @cached_property
+    def slot_energies(self) -> torch.Tensor:
+        """``V`` of the replica at each slot, ``[R, P]``."""
+        return self.at_slots(self.state.v)
+
+    @cached_property
+    def pair_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A[R, P-1], listed[R, P-1])``: the 0/1 verdict of every adjacent pair listed in some
+        phase (active or not) and which pairs were listed.  Computed once per iteration and
+        shared by every adaptor and recorder that reads it."""
+        R, P, dt = self.R, self.P, self.schedule.dtype
+        ds = self.decisions
+        if len(ds) == 1 and ds[0].lo.shape[1] == P - 1:
+            d = ds[0]
+            if bool(((d.hi - d.lo) == 1).all()):  # SEO/DEO/DEO_W: every pair, in order
+                A = torch.empty(R, P - 1, dtype=dt, device=d.lo.device)
+                A.scatter_(1, d.lo, d.decision.to(dt))
+                return A, torch.ones(R, P - 1, dtype=torch.bool, device=A.device)
+        dev = self.slot_of.device
+        A = torch.zeros(R, P - 1, dtype=dt, device=dev)
+        listed = torch.zeros(R, P - 1, dtype=torch.bool, device=dev)
+        for d in ds:
+            adj = (d.hi - d.lo) == 1
+            lo = torch.where(adj, d.lo, torch.zeros_like(d.lo))
+            A.scatter_add_(1, lo, (d.decision & adj).to(dt))
+            listed.scatter_(1, lo, adj | listed.gather(1, lo))
+        return A, listed
+
+
+@dataclass(frozen=True)
+class Update:
+    """Changes an adaptor asks the engine to make (``None`` fields: no change).
+
+    ``schedule`` / ``step_size``: new per-slot tables ``[R, P]``; ``params``: new values of the
+    rule's parameters (e.g. ``{"C": [R, 1]}``); ``window``: switch the scheme to DEO_W with this
+    window (the tuning segment of ``window = "auto"``); ``note``: free-form facts for the report
+    (e.g. the measured rejection rate behind a window)."""
+
+    schedule: torch.Tensor | None = None
+    step_size: torch.Tensor | None = None
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    window: int | None = None
+    note: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """What adaptors see at the end of a segment: the segment's index and the recorders by
+    name (read their reductions, e.g. ``recorders["swaps"].rejection()``), plus the engine's
+    current tables."""
+
+    index: int
+    name: str
+    iterations: int
+    last: bool
+    recorders: dict[str, Any]
+    schedule: torch.Tensor
+    step_size: torch.Tensor
+    params: dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class Adaptor(Protocol):
+    """Tunes the ladder.  ``observe`` runs after every iteration (online stochastic
+    approximation), ``end_segment`` between segments (rounds); both return an :class:`Update`
+    or ``None``.  ``state_dict`` / ``load_state_dict`` make it resumable."""
+
+    name: str
+
+    def observe(self, it: Iteration) -> Update | None: ...
+
+    def end_segment(self, view: SegmentView) -> Update | None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
+@runtime_checkable
+class Recorder(Protocol):
+    """Watches every iteration.  ``start_segment(reset)`` is called before each segment
+    (``reset``: the segment starts fresh statistics, e.g. a new round); ``summary()`` returns
+    JSON-ready summary fields (of the statistics since the last reset; ``length`` is the
+    segment's number of iterations); ``segment_row()`` the fields of the per-segment report row.
+    ``state_dict`` / ``load_state_dict`` make it resumable."""
+
+    name: str
+
+    def start_segment(self, reset: bool, length: int) -> None: ...
+
+    def record(self, it: Iteration) -> None: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+    def segment_row(self) -> dict[str, Any]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, sd: dict) -> None: ...
+
+
+class AdaptorBase:
+    """Convenience base: no-op ``observe`` / ``end_segment`` and an empty state."""
+
+    name = "adaptor"
+
+    def observe(self, it: Iteration) -> Update | None:
+        return None
+
+    def end_segment(self, view: SegmentView) -> Update | None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, sd: dict) -> None:
+        pass
+
+
+class RecorderBase:
+    """Convenience base: no-op hooks and an empty state."""
+
+    name = "recorder"
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        pass
+
+    def record(self, it: Iteration) -> None:
+        pass
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def segment_row(self) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, sd: dict) -> None:
+        pass

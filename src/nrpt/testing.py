@@ -1,0 +1,441 @@
+"""Check an explorer (or a target) for invariance the way nrpt's own test suite does.
+
+An explorer must leave its slot's distribution ``pi_b(x) ∝ exp(base(x) - b v(x))`` invariant
+(:mod:`nrpt.explorers.base`).  :func:`check_invariance` runs it on its own, at one fixed ``b``
+and step size, with no swaps and no adaptation, and compares the moments of what it produced to
+known values; :func:`assert_invariant` does the same and raises :class:`AssertionError` with a
+readable table when a check fails::
+
+    from nrpt.targets import Gaussian
+    from nrpt.testing import assert_invariant
+
+    target = Gaussian(mean=[1.0, -2.0], cov=[[1.0, 0.6], [0.6, 2.0]])
+    report = assert_invariant(MyExplorer(), target, step_size=0.8)
+    print(report)
+
+The recipe
+----------
+* ``systems`` independent chains (the engine's system dimension, one slot each) take
+  ``n_steps`` explorer steps, each one batched call ``explorer.step(state, b, h, density,
+  noise)`` with the keyed noise of :mod:`nrpt.rng` (the same :class:`~nrpt.explorers.Noise` the
+  engine hands over), after ``explorer.prepare`` as in the engine.  No global random state is
+  used: every draw comes from a generator keyed by ``seed``.
+* Start: exact draws of ``pi_b`` when the target can make them (``target.sample(n, generator)``
+  at ``b = 1``, or ``target.sample_at(b, n, generator)``).  Started exactly, an invariant
+  kernel stays exactly distributed at every step, so no burn-in is needed and a bias shows
+  from the first step.  Otherwise the chains start from ``target.initial_states`` (reference
+  draws on a geometric path, else N(0, I)) and the first ``burn_in`` steps (default a fifth)
+  are dropped.
+* Truth: ``mean`` / ``var`` (or ``cov``) given here; else the target's exact ``mean`` / ``cov``
+  (at ``b = 1``); else the moments of ``exact_draws`` iid exact draws, whose own standard error
+  is added to the tolerance.  Custom statistics: ``functions={"name": f}`` with
+  ``f(x[n, dim]) -> [n]`` and their exact values in ``truth={"name": value}`` (or estimated
+  from exact draws).
+* Tolerance: the Monte Carlo standard error by batch means.  Each chain's kept draws are cut
+  into ``batches`` contiguous batches (default: one per chain when there are >= 16 chains,
+  else enough to make 16 in all); ``se = sd(batch means) / sqrt(#batches)`` and the effective
+  sample size is ``ESS = var(f) / se^2``.  With one batch per chain the batch means are exactly
+  independent (independent chains, independent keyed noise), so the error bar holds however
+  slowly the kernel mixes -- even a kernel stuck in one mode of a mixture is judged fairly.
+  Every statistic must satisfy ``|estimate - truth| < z * se`` (default ``z = 4.5``: with 16
+  or more batches, a t tail below 1e-3 per statistic for a correct kernel).
+* Not vacuous: a kernel that never moves is trivially invariant from an exact start, so the
+  check also asks that the state changed in at least ``min_moved`` of the steps.
+
+A failing check is strong evidence of a bug (or of a kernel that is not meant to be exact, such
+as an unadjusted Langevin step); a passing one is evidence at the resolution of the standard
+error, which the report prints -- raise ``systems`` or ``n_steps`` for a sharper test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .explorers.base import Density, Explorer, Noise, ReplicaState
+from .paths import GeometricPath, TemperatureLadder
+from .rng import Stream, generator_for
+from .target import path_kind
+
+__all__ = ["MomentCheck", "InvarianceReport", "check_invariance", "assert_invariant"]
+
+#: extra key part for the generators of this module (starting states, truth draws)
+_TAG = 0x7E57
+#: at least this many batch means by default
+MIN_BATCHES = 16
+
+
+@dataclass(frozen=True)
+class MomentCheck:
+    """One statistic: its estimate from the chains, the truth, the standard error used (the
+    chains' batch-means error, combined with the truth's own error when the truth was estimated
+    from exact draws), the chains' effective sample size and ``z = |estimate - truth| / se``."""
+
+    name: str
+    estimate: float
+    truth: float
+    se: float
+    ess: float
+    z: float
+    ok: bool
+
+
+@dataclass
+class InvarianceReport:
+    """What :func:`check_invariance` found; ``ok`` is true when every statistic is within
+    ``threshold`` standard errors and the chains moved.  ``str(report)`` is a readable table."""
+
+    explorer: str
+    target: str
+    b: float
+    step_size: float
+    systems: int
+    n_steps: int
+    burn_in: int
+    start: str
+    truth_from: str
+    batches: int
+    threshold: float
+    checks: list[MomentCheck]
+    acceptance: float
+    moved: float
+    min_moved: float
+    nonfinite: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def moved_enough(self) -> bool:
+        return self.moved >= self.min_moved
+
+    @property
+    def failures(self) -> list[MomentCheck]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def ok(self) -> bool:
+        return self.moved_enough and not self.failures
+
+    @property
+    def max_z(self) -> float:
+        return max((c.z for c in self.checks), default=0.0)
+
+    def __str__(self) -> str:
+        verdict = "passed" if self.ok else "FAILED"
+        lines = [
+            f"invariance check {verdict}: explorer {self.explorer!r} on target "
+            f"{self.target!r} at b = {self.b:g}, step_size = {self.step_size:g}",
+            f"  {self.systems} chains x {self.n_steps} steps from {self.start}, burn-in "
+            f"{self.burn_in}; truth from {self.truth_from}",
+            f"  se by batch means over {self.batches} batches; each statistic needs "
+            f"|estimate - truth| < {self.threshold:g} se",
+            f"  acceptance {self.acceptance:.3f}, moved in {self.moved:.3f} of the steps "
+            f"(needs >= {self.min_moved:g}), {self.nonfinite} non-finite proposals",
+            f"  {'statistic':<14}{'estimate':>12}{'truth':>12}{'se':>11}{'ESS':>9}{'z':>8}",
+        ]
+        for c in self.checks:
+            flag = "" if c.ok else "   <-- FAIL"
+            lines.append(f"  {c.name:<14}{c.estimate:>12.5g}{c.truth:>12.5g}{c.se:>11.3g}"
+                         f"{c.ess:>9.0f}{c.z:>8.2f}{flag}")
+        if not self.moved_enough:
+            lines.append(f"  the chains moved in only {self.moved:.4f} of the steps: a kernel "
+                         "that does not move is trivially invariant, so this check says nothing "
+                         "(raise acceptance, e.g. a smaller step_size, or lower min_moved)")
+        if self.failures:
+            worst = max(self.failures, key=lambda c: c.z)
+            lines.append(f"  worst: {worst.name} is {worst.z:.1f} standard errors from the "
+                         "truth; the explorer does not leave the slot distribution invariant "
+                         "(or the truth given is wrong)")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _as_explorer(explorer, options) -> Explorer:
+    if isinstance(explorer, str):
+        from .explorers import make_explorer
+
+        return make_explorer(explorer, **(options or {}))
+    if options:
+        raise ValueError("explorer_options are for an explorer given by name")
+    if not callable(getattr(explorer, "step", None)):
+        raise TypeError(f"explorer must be an nrpt Explorer or a registered name; got "
+                        f"{type(explorer).__name__}")
+    return explorer
+
+
+def _path_for(target, b: float):
+    kind = path_kind(target)
+    if kind == "geometric":
+        if not 0.0 <= b <= 1.0:
+            raise ValueError(f"b is beta on a geometric path and must be in [0, 1]; got {b}")
+        return GeometricPath([1.0, 0.0])
+    if not (b > 0 and math.isfinite(b)):
+        raise ValueError(f"b is the inverse temperature and must be > 0 and finite; got {b}")
+    return TemperatureLadder([1.0, 2.0])
+
+
+def _exact_sampler(target, b: float) -> Callable | None:
+    """``draw(n, generator) -> [n, dim]`` exact draws of ``pi_b``, or None."""
+    if callable(getattr(target, "sample_at", None)):
+        return lambda n, g: target.sample_at(b, n, g)
+    if b == 1.0 and callable(getattr(target, "sample", None)):
+        return lambda n, g: target.sample(n, g)
+    return None
+
+
+def _default_start(target, path, n: int, g: torch.Generator) -> torch.Tensor:
+    if callable(getattr(target, "initial_states", None)):
+        return target.initial_states(n, g)
+    if path.has_reference:
+        return target.reference_sample(n, g)
+    return torch.randn(n, int(target.dim), generator=g, dtype=torch.float64, device=g.device)
+
+
+def _vector(value, dim: int, name: str) -> np.ndarray:
+    arr = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value,
+                     dtype=np.float64)
+    if arr.shape != (dim,):
+        raise ValueError(f"{name} must have shape [{dim}]; got {list(arr.shape)}")
+    return arr
+
+
+def _batch_means(values: np.ndarray, per_chain: int) -> np.ndarray:
+    """``values[systems, T]`` -> the ``systems * per_chain`` means of contiguous batches (the
+    first ``T mod per_chain`` draws are left out so that batches have equal length)."""
+    S, T = values.shape
+    L = T // per_chain
+    kept = values[:, T - L * per_chain:]
+    return kept.reshape(S, per_chain, L).mean(-1).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------- the check
+def check_invariance(
+    explorer: Explorer | str,
+    target,
+    *,
+    step_size: float,
+    n_steps: int = 400,
+    systems: int = 32,
+    seed: int = 0,
+    b: float = 1.0,
+    mean=None,
+    var=None,
+    cov=None,
+    cross: bool = False,
+    functions: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    truth: Mapping[str, float] | None = None,
+    start: str | torch.Tensor = "auto",
+    burn_in: int | None = None,
+    batches: int | None = None,
+    z: float = 4.5,
+    min_moved: float = 0.01,
+    exact_draws: int = 100_000,
+    explorer_options: Mapping[str, Any] | None = None,
+    dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+) -> InvarianceReport:
+    """Run ``explorer`` on ``target`` at slot coefficient ``b`` and compare moments to the truth.
+
+    Args:
+        explorer: an :class:`~nrpt.explorers.Explorer` or a registered name (with
+            ``explorer_options``, e.g. ``{"leapfrog_steps": 5}``).
+        target: an nrpt target (:mod:`nrpt.target`), temperature or geometric form.
+        step_size: the explorer's step size (the engine's per-slot ``step_size``), > 0.
+        n_steps: explorer steps per chain.
+        systems: independent chains (each with its own keyed noise).
+        seed: keys every random number (:mod:`nrpt.rng`); same seed, same report.
+        b: the slot coefficient: inverse temperature (temperature form) or beta (geometric form).
+        mean, var, cov: the exact moments of ``pi_b`` (``var`` or ``cov``: per-coordinate
+            variances come from either); default the target's ``mean`` / ``cov`` at ``b = 1``,
+            else estimated from ``exact_draws`` exact draws.
+        cross: also check the off-diagonal covariances (needs ``cov`` or exact draws).
+        functions, truth: extra statistics ``f(x[n, dim]) -> [n]`` and their exact values.
+        start: ``"auto"`` (exact draws when possible, else the target's initial states),
+            ``"exact"`` (an error if the target cannot draw exactly), ``"initial"``, or a tensor
+            ``[systems, dim]``.
+        burn_in: steps dropped at the start of each chain (default 0 from exact draws, else
+            ``n_steps // 5``).
+        batches: batches per chain for the batch-means standard error (see the module doc).
+        z: the threshold in standard errors.
+        min_moved: the share of steps in which the state must change.
+        exact_draws: how many exact draws estimate a truth not known otherwise.
+        dtype, device: of the chains.
+
+    Returns an :class:`InvarianceReport` (``report.ok``, ``str(report)``)."""
+    ex = _as_explorer(explorer, explorer_options)
+    b = float(b)
+    step_size = float(step_size)
+    if not (step_size > 0 and math.isfinite(step_size)):
+        raise ValueError(f"step_size must be > 0 and finite; got {step_size}")
+    for name, val, lo in (("n_steps", n_steps, 2), ("systems", systems, 1)):
+        if isinstance(val, bool) or int(val) != val or val < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}; got {val!r}")
+    n_steps, systems = int(n_steps), int(systems)
+    device = torch.device(device)
+    path = _path_for(target, b)
+    density = Density(target, path)
+    dim = int(target.dim)
+    exact = _exact_sampler(target, b)
+
+    # ---- start
+    g_start = generator_for(seed, Stream.INIT, _TAG, 0, device=device)
+    if isinstance(start, torch.Tensor):
+        x0, how = start, "the given states"
+    elif start in ("auto", "exact") and exact is not None:
+        x0, how = exact(systems, g_start), "exact draws"
+    elif start == "exact":
+        raise ValueError("start='exact' needs a target that can draw exactly at b: "
+                         "target.sample(n, generator) (b = 1) or target.sample_at(b, n, "
+                         "generator)")
+    elif start in ("auto", "initial"):
+        x0, how = _default_start(target, path, systems, g_start), "initial states"
+    else:
+        raise ValueError(f"start must be 'auto', 'exact', 'initial' or a tensor; got {start!r}")
+    x0 = torch.as_tensor(x0).to(device, dtype)
+    if x0.shape != (systems, dim):
+        raise ValueError(f"starting states must have shape [systems, dim] = [{systems}, {dim}]; "
+                         f"got {list(x0.shape)}")
+    if burn_in is None:
+        burn_in = 0 if how == "exact draws" else n_steps // 5
+    burn_in = int(burn_in)
+    if not 0 <= burn_in <= n_steps - 2:
+        raise ValueError(f"burn_in must be in [0, n_steps - 2 = {n_steps - 2}]; got {burn_in}")
+
+    # ---- statistics and their truth
+    # precedence: the moments given here, then the target's exact moments (b = 1 only), then
+    # estimates from exact draws (whose standard error joins the tolerance)
+    t_mean = getattr(target, "mean", None) if b == 1.0 else None
+    t_cov = getattr(target, "cov", None) if b == 1.0 else None
+    mean_v = _vector(mean, dim, "mean") if mean is not None else (
+        _vector(t_mean, dim, "target.mean") if t_mean is not None else None)
+    cov_m = None
+    if cov is not None or t_cov is not None:
+        src = cov if cov is not None else t_cov
+        cov_m = np.asarray(src.detach().cpu() if isinstance(src, torch.Tensor) else src,
+                           dtype=np.float64)
+        if cov_m.shape != (dim, dim):
+            raise ValueError(f"cov must have shape [{dim}, {dim}]; got {list(cov_m.shape)}")
+    var_v = _vector(var, dim, "var") if var is not None else (
+        np.diag(cov_m).copy() if cov_m is not None else None)
+    if mean_v is None:  # variances about an estimated mean are estimated alongside it
+        var_v, cov_m = None, None
+    sources = ("the moments given" if mean is not None else
+               "the target's moments" if mean_v is not None else None)
+
+    draws = None
+    mean_known = mean_v is not None
+    need_draws = (mean_v is None or var_v is None or (cross and cov_m is None and dim > 1)
+                  or any(k not in (truth or {}) for k in (functions or {})))
+    if need_draws:
+        if exact is None:
+            raise ValueError("the truth is not known: give mean= and var= (or cov=), and truth= "
+                             "for each function, or use a target that can draw exactly at b "
+                             "(target.sample at b = 1, or target.sample_at)")
+        g_truth = generator_for(seed, Stream.INIT, _TAG, 1, device=device)
+        draws = torch.as_tensor(exact(int(exact_draws), g_truth)).to(device, dtype)
+        if mean_v is None:
+            mean_v = draws.double().mean(0).cpu().numpy()
+        drawn = f"{len(draws)} exact draws"
+        sources = drawn if sources is None else f"{sources} and {drawn}"
+
+    stats: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    known: dict[str, float] = {}
+    m_t = torch.as_tensor(mean_v, dtype=dtype, device=device)
+    for j in range(dim):
+        stats[f"mean[{j}]"] = lambda x, j=j: x[:, j]
+        if mean_known:
+            known[f"mean[{j}]"] = float(mean_v[j])
+    for j in range(dim):
+        stats[f"var[{j}]"] = lambda x, j=j: (x[:, j] - m_t[j]) ** 2
+        if var_v is not None:
+            known[f"var[{j}]"] = float(var_v[j])
+    if cross:
+        for i in range(dim):
+            for j in range(i + 1, dim):
+                stats[f"cov[{i},{j}]"] = (
+                    lambda x, i=i, j=j: (x[:, i] - m_t[i]) * (x[:, j] - m_t[j]))
+                if cov_m is not None:
+                    known[f"cov[{i},{j}]"] = float(cov_m[i, j])
+    for name, f in (functions or {}).items():
+        if name in stats:
+            raise ValueError(f"function name {name!r} is taken by a built-in statistic")
+        stats[name] = f
+        if truth is not None and name in truth:
+            known[name] = float(truth[name])
+    truth_se: dict[str, float] = {}
+    if draws is not None:
+        for name, f in stats.items():
+            if name not in known:
+                vals = f(draws).double().cpu().numpy()
+                known[name] = float(vals.mean())
+                truth_se[name] = float(vals.std(ddof=1) / math.sqrt(len(vals)))
+    truth_from = sources
+
+    # ---- run (as the engine does: prepare, then one batched step per iteration)
+    x = x0.reshape(systems, 1, dim)
+    v, base = density(x)
+    if not (torch.isfinite(v).all() and torch.isfinite(base).all()):
+        raise ValueError("a starting state has a non-finite energy / log density")
+    state = ex.prepare(ReplicaState(x, v, base), density)
+    bb = torch.full((systems, 1), b, dtype=dtype, device=device)
+    hh = torch.full((systems, 1), step_size, dtype=dtype, device=device)
+    values = {name: torch.empty(systems, n_steps - burn_in, dtype=torch.float64)
+              for name in stats}
+    accept = torch.zeros((), dtype=torch.float64)
+    moved = torch.zeros((), dtype=torch.float64)
+    nonfinite = 0
+    for k in range(n_steps):
+        new, info = ex.step(state, bb, hh, density, Noise(seed, k, systems, 1, device))
+        moved += (new.x != state.x).any(-1).double().sum().cpu()
+        accept += info.accept_prob.double().sum().cpu()
+        nonfinite += int(info.nonfinite.sum())
+        state = new
+        if k >= burn_in:
+            xs = state.x[:, 0]
+            for name, f in stats.items():
+                values[name][:, k - burn_in] = f(xs).double().cpu()
+
+    # ---- compare
+    T = n_steps - burn_in
+    per_chain = int(batches) if batches is not None else max(1, math.ceil(MIN_BATCHES / systems))
+    if per_chain < 1 or per_chain > T:
+        raise ValueError(f"batches must be in [1, {T}] (the kept steps per chain); got "
+                         f"{per_chain}")
+    n_batches = systems * per_chain
+    if n_batches < 2:
+        raise ValueError("need at least 2 batches for a standard error: more systems or batches")
+    checks = []
+    for name in stats:
+        vals = values[name].numpy()
+        bm = _batch_means(vals, per_chain)
+        est = float(bm.mean())
+        se_mc = float(bm.std(ddof=1) / math.sqrt(n_batches))
+        se = math.sqrt(se_mc**2 + truth_se.get(name, 0.0) ** 2)
+        var_f = float(vals.var())
+        ess = var_f / se_mc**2 if se_mc > 0 else float(vals.size)
+        dev = abs(est - known[name])
+        zz = dev / se if se > 0 else (0.0 if dev == 0 else math.inf)
+        checks.append(MomentCheck(name, est, known[name], se, ess, zz,
+                                  bool(zz < z and math.isfinite(est))))
+    total = systems * n_steps
+    return InvarianceReport(
+        explorer=getattr(ex, "name", "") or type(ex).__name__,
+        target=getattr(target, "name", type(target).__name__), b=b, step_size=step_size,
+        systems=systems, n_steps=n_steps, burn_in=burn_in, start=how, truth_from=truth_from,
+        batches=n_batches, threshold=float(z), checks=checks,
+        acceptance=float(accept) / total, moved=float(moved) / total, min_moved=float(min_moved),
+        nonfinite=nonfinite)
+
+
+def assert_invariant(explorer: Explorer | str, target, **kwargs) -> InvarianceReport:
+    """:func:`check_invariance`, raising :class:`AssertionError` (the report as its message)
+    when a statistic is off by ``z`` standard errors or more or the chains did not move.
+    Returns the report when the check passes."""
+    report = check_invariance(explorer, target, **kwargs)
+    if not report.ok:
+        raise AssertionError("\n" + str(report))
+    return report

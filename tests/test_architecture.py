@@ -1,0 +1,154 @@
+"""The house rules of the architecture, checked: no import cycle between nrpt's modules, no
+private name imported across modules, and every registered name builds and runs."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import nrpt
+from nrpt import registry
+from nrpt.targets import Gaussian
+
+SRC = Path(nrpt.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path, mod: str | None = None) -> list[tuple[str, list[str]]]:
+    """``(module imported, names)`` for every import in ``path`` (module or function level)."""
+    tree = ast.parse(path.read_text())
+    mod = mod or _module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            out.append((target, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        for target, names in _imports(path):
+            if not target.startswith("nrpt"):
+                continue
+            for name in names or [""]:
+                sub = f"{target}.{name}" if name else target
+                graph[mod].add(sub if sub in files else target)
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles of a module graph, ignoring edges from a package to its own submodules and the
+    package root ``nrpt`` (they only re-export: the usual Python layout, not a design cycle)."""
+    def edge(m, d):
+        return d != m and d in graph and d != "nrpt" and not d.startswith(m + ".")
+
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if not edge(m, d):
+                continue
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state and m != "nrpt":
+            visit(m, [m])
+    return cycles
+
+
+def private_imports(path: Path, mod: str | None = None) -> list[str]:
+    return [f"{mod or _module_name(path)} imports {t}.{n}" for t, names in _imports(path, mod)
+            if t.startswith("nrpt") for n in names if n.startswith("_") and n != "__version__"]
+
+
+def test_no_import_cycles_between_modules():
+    """Every import counts, module level or inside a function: a function-level import that
+    keeps a cycle alive is still a cycle."""
+    cycles = find_cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_private_names_imported_across_modules():
+    bad = [line for p in SRC.rglob("*.py") for line in private_imports(p)]
+    assert not bad, bad
+
+
+def test_the_architecture_checks_can_fail(tmp_path):
+    """Negative controls: a two-module cycle is found, and so is a private import."""
+    assert find_cycles({"nrpt.a": {"nrpt.b"}, "nrpt.b": {"nrpt.a"}}) == [
+        ["nrpt.a", "nrpt.b", "nrpt.a"]]
+    f = tmp_path / "x.py"
+    f.write_text("def f():\n    from .api import _run\n")
+    assert private_imports(f, "nrpt.x") == ["nrpt.x imports nrpt.api._run"]
+
+
+# ------------------------------------------------------------------------------ the matrix
+SG = registry.names("explorer", tag="sg")
+EXACT = registry.names("explorer", tag="exact")
+SCHEMES = [s for s in registry.names("scheme")]
+
+
+def _options(explorer: str, scheme: str) -> dict:
+    opts = {"chains": 4, "iterations": 24, "systems": 2, "seed": 1, "explorer": explorer,
+            "scheme": scheme, "figures": False}
+    if scheme == "deo-w":
+        opts["window"] = 2
+    return opts
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("explorer", EXACT)
+def test_every_exact_explorer_and_scheme_builds_and_runs(explorer, scheme):
+    res = nrpt.sample(Gaussian(torch.zeros(2), torch.eye(2)), **_options(explorer, scheme))
+    assert res.samples.shape == (2, 24, 2)
+    assert res.index.shape == (25, 2, 4)
+    assert all(math.isfinite(v) for v in torch.as_tensor(res.samples).flatten().tolist())
+
+
+RULES_FOR = {"zero-temperature": ["deterministic"],
+             "langevin": ["deterministic", "bias-corrected", "metropolis"]}
+
+
+@pytest.mark.parametrize("explorer", SG)
+def test_every_sg_explorer_and_rule_builds_and_runs(explorer):
+    zero = "zero-temperature" in registry.entry("explorer", explorer).tags
+    for rule in RULES_FOR["zero-temperature" if zero else "langevin"]:
+        opts = _options(explorer, "deo")
+        opts.update(swap_rule=rule, noise_sd=0.5)
+        res = nrpt.sample(Gaussian(torch.zeros(2), torch.eye(2)), **opts)
+        assert res.samples.shape == (2, 24, 2), (explorer, rule)
+
+
+def test_registry_names_drive_the_errors():
+    with pytest.raises(ValueError, match="explorer must be one of rwmh, mala"):
+        nrpt.make_explorer("nuts")
+    with pytest.raises(ValueError, match="scheme must be one of adj, seo, deo"):
+        nrpt.make_scheme("zigzag")

@@ -1,0 +1,173 @@
+"""RunConfig: sections, defaults that depend on the run, settings that do not apply are errors,
+legacy (nrpt 0.1) files, and a table of bad inputs that grows with every setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nrpt.config import SECTIONS, RunConfig
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_defaults_depend_on_the_run_and_what_does_not_apply_is_none():
+    exact = RunConfig()
+    assert exact.explorer == "rwmh" and exact.step_size == 0.35 and exact.swap_rule == "metropolis"
+    assert exact.lr_min is None and exact.noise_sd is None and exact.window is None
+    sgd = RunConfig(explorer="sgd")
+    assert sgd.step_size is None and sgd.lr_min == 0.003 and sgd.swap_rule == "deterministic"
+    assert sgd.bottom_temperature == 1.0 and sgd.max_temperature is None
+    sgld = RunConfig(explorer="sgld")
+    assert sgld.swap_rule == "bias-corrected" and sgld.variance_every == 100
+    # --rounds makes slice the default explorer for the API as for the CLI
+    adaptive = RunConfig(rounds=4)
+    assert adaptive.explorer == "slice" and adaptive.iterations is None
+    assert RunConfig(scheme="deo-w").window == "auto"
+    assert RunConfig(scheme="deo-w", iterations=500).window_tune == 50
+
+
+def test_a_setting_that_does_not_apply_is_an_error_naming_it():
+    # the review's example: sgld ignored step_size (identical samples at 0.01 and 0.5)
+    for kw, name in [(dict(explorer="sgld", step_size=0.5), "step_size"),
+                     (dict(noise_sd=1.0), "noise_sd"),
+                     (dict(explorer="sgd", momentum=0.5), "momentum"),
+                     (dict(scheme="deo", window=3), "window"),
+                     (dict(rounds=3, iterations=100), "iterations"),
+                     (dict(explorer="sgd", swap_rule="deterministic", variance_factor=2.0),
+                      "variance_factor"),
+                     (dict(leapfrog_steps=5), "leapfrog_steps"),
+                     (dict(adapt_schedule=False), "adapt_schedule"),
+                     (dict(explorer="msgd", temperatures=[1.0, 2.0]), "temperatures")]:
+        with pytest.raises(ValueError, match=f"^{name} does not apply"):
+            RunConfig(**kw)
+
+
+def test_defaults_from_a_preset_are_dropped_when_they_do_not_apply():
+    from nrpt.sgpt import HEADLINE
+
+    cfg = RunConfig.from_dict({"scheme": "deo"}, defaults=HEADLINE)
+    assert cfg.scheme == "deo" and cfg.window is None and cfg.explorer == "sgd"
+    cfg = RunConfig.from_dict({"explorer": "sgld", "chains": 4}, defaults=HEADLINE)
+    assert cfg.bottom_temperature is None and cfg.max_temperature == 25.0
+    assert cfg.explicit == {"explorer", "chains"}
+
+
+def test_toml_round_trip_in_sections(tmp_path):
+    cfg = RunConfig(explorer="sghmc", chains=4, noise_sd=0.5, scheme="deo-w",
+                    window="swap-rate", target_options={"penalty": True})
+    cfg.write_toml(tmp_path / "c.toml")
+    text = (tmp_path / "c.toml").read_text()
+    for sec in SECTIONS:
+        if sec != "adaptation":
+            assert f"[{sec}]" in text, sec
+    assert "step_size" not in text  # not applicable: not written
+    again = RunConfig.from_toml(tmp_path / "c.toml")
+    assert again == cfg
+    assert again.replace(iterations=20).iterations == 20
+
+
+@pytest.mark.parametrize("name", ["legacy_default", "legacy_rounds", "legacy_sg_headline"])
+def test_config_files_written_by_nrpt_0_1_still_load(name):
+    cfg = RunConfig.from_toml(DATA / f"{name}.toml")
+    if name == "legacy_sg_headline":
+        # 0.1's SG window 'auto' was W* from the swap rate: it keeps that meaning
+        assert cfg.explorer == "sgd" and cfg.window == "swap-rate" and cfg.noise_sd == 2.0
+        assert cfg.step_size is None and cfg.target_options == {"penalty": True}
+    elif name == "legacy_rounds":
+        assert cfg.rounds is not None and cfg.iterations is None
+    else:
+        assert cfg == RunConfig()
+
+
+def test_a_legacy_file_that_no_longer_loads_says_how_to_update_it(tmp_path):
+    f = tmp_path / "old.toml"
+    f.write_text((DATA / "legacy_default.toml").read_text().replace("noise_sd = 0.0",
+                                                                     "noise_sd = 1.5"))
+    with pytest.raises(ValueError, match="written by nrpt 0.1.*noise_sd does not apply.*"
+                                         "Update it"):
+        RunConfig.from_toml(f)
+
+
+# -- the bad-input table: one row per way a setting can be wrong; grows with every setting
+BAD = [
+    (dict(chains=1), "chains must be an integer >= 2"),
+    (dict(chains=2.5), "chains must be an integer"),
+    (dict(chains=True), "chains must be an integer"),
+    (dict(iterations=0), "iterations must be an integer >= 1"),
+    (dict(rounds=0), "rounds must be an integer in [1, 24]"),
+    (dict(rounds=25), "rounds must be an integer in [1, 24]"),
+    (dict(systems=0), "systems must be an integer >= 1"),
+    (dict(seed=-1), "seed must be an integer in [0, "),
+    (dict(seed=2 ** 64), "seed must be an integer in [0, "),
+    (dict(dtype="float16"), "dtype must be one of float64, float32"),
+    (dict(device="foo"), "device must be"),
+    (dict(device=3), "device must be a torch device name"),
+    (dict(target=5), "target must be a built-in name"),
+    (dict(target_options=[1]), "target_options must be a table"),
+    (dict(explorer="nuts"), "explorer must be one of rwmh, mala, hmc, slice, sgld"),
+    (dict(scheme="zigzag"), "scheme must be one of adj, seo, deo, deo-w, ape, none"),
+    (dict(scheme="deo-w", window=0), "window must be an integer >= 1"),
+    (dict(scheme="deo-w", window="big"), "window must be an integer >= 1, 'auto'"),
+    (dict(scheme="deo-w", window="auto", rounds=3), "window 'auto' (a tuning segment)"),
+    (dict(scheme="deo-w", window="auto", iterations=100, window_tune=100),
+     "window_tune must be an integer in [1, 99]"),
+    (dict(step_size=0), "step_size must be a finite number > 0"),
+    (dict(step_size=float("nan")), "step_size must be a finite number > 0"),
+    (dict(step_size=[0.1, 0.2]), "step_size has 2 entries but chains = 10"),
+    (dict(explorer="hmc", leapfrog_steps=0), "leapfrog_steps must be an integer >= 1"),
+    (dict(n_explore=0), "n_explore must be an integer >= 1"),
+    (dict(max_temperature=1.0), "max_temperature must be a finite number > 1"),
+    (dict(chains=3, temperatures=[1, 3, 2]), "temperatures must be strictly increasing"),
+    (dict(chains=3, temperatures=[2, 3, 4]), "temperatures[0] must be 1.0"),
+    (dict(chains=3, temperatures=[1, 2]), "temperatures has 2 entries but chains = 3"),
+    (dict(chains=3, betas=[1, 0.5, 0.7]), "betas must be strictly decreasing"),
+    (dict(chains=3, betas=[1, 0.5, 0], temperatures=[1, 2, 3]), "not both"),
+    (dict(explorer="slice", slice_method="bisect"), "slice_method must be one of"),
+    (dict(explorer="sghmc", momentum=1.0), "momentum must be a finite number >= 0.0 and < 1.0"),
+    (dict(explorer="sgd", domain="cube:1"), "domain"),
+    (dict(explorer="sgd", lr_min=0.5, lr_max=0.1), "lr_max (0.1) must be larger than lr_min"),
+    (dict(explorer="sgd", lr_min=-1), "lr_min must be a finite number > 0"),
+    (dict(explorer="sgd", chains=3, learning_rates=[0.1, 0.05, 0.2]), "strictly increasing"),
+    (dict(explorer="sgd", swap_rule="metropolis"), "swap_rule must be one of deterministic"),
+    (dict(swap_rule="deterministic"), "swap_rule must be one of metropolis, always"),
+    (dict(explorer="sgd", swap_rate=1.0), "swap_rate S must be a number in (0, 1)"),
+    (dict(explorer="sgd", correction=float("inf")), "correction must be a finite number"),
+    (dict(explorer="sgd", adapt="yes"), "adapt must be true or false"),
+    (dict(explorer="sgd", sa_step=[1, 2]), "sa_step must be [a, kappa, b]"),
+    (dict(explorer="sgd", sa_step=[1, 0.3, 1]), "sa_step kappa must be a finite number > 0.5"),
+    (dict(explorer="sgd", bottom_temperature=-1), "bottom_temperature must be a finite number"),
+    (dict(explorer="sgld", variance_factor=0.5), "variance_factor must be a finite number >= 1"),
+    (dict(explorer="sgld", variance_every=0), "variance_every must be an integer >= 1"),
+    (dict(rounds=3, adapt_step_size="no"), "adapt_step_size must be true or false"),
+    (dict(rounds=3, explorer="rwmh", target_acceptance=1.5), "target_acceptance must be"),
+    (dict(rounds=3, explorer="sgd"), "rounds (adaptive NRPT with exact swaps) needs an exact"),
+    (dict(explorer="sgd", noise_sd=-1), "noise_sd must be a finite number >= 0.0"),
+    (dict(explorer="sgd", grad_noise_sd=float("nan")), "grad_noise_sd must be a finite number"),
+    (dict(rounds=3, adapt_schedule=1), "adapt_schedule must be true or false"),
+    (dict(explorer="sgd", batch_size=1), "batch_size must be an integer >= 2"),
+    (dict(explorer="sgd", vr_every=-1), "vr_every must be an integer >= 0"),
+    (dict(thin=0), "thin must be an integer >= 1"),
+    (dict(iterations=10, thin=11), "thin (11) must be <= iterations (10)"),
+    (dict(rounds=3, thin=9), "thin (9) must be <= the last round's length"),
+    (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
+    (dict(figures="no"), "figures must be true or false"),
+    (dict(out=5), "out must be a folder path"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD, ids=[str(sorted(k)) for k, _ in BAD])
+def test_bad_input_is_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        RunConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_the_table_covers_every_setting():
+    from dataclasses import fields
+
+    covered = {k for kw, _ in BAD for k in kw}
+    every = {f.name for f in fields(RunConfig)} - {"explicit"}
+    # target_options' content is the target's business (checked when the target is built)
+    assert every - covered == set()
