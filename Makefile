@@ -24,9 +24,10 @@ run: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
-# long statistical checks (marked slow); exit code 5 (no test selected) is not a failure
+# long statistical checks (marked slow: exact event rates over a grid of schemes, the tighter
+# stochastic-gradient distribution checks)
 test-slow: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

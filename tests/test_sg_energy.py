@@ -173,3 +173,35 @@ def test_noisy_oracle_per_system_noise_levels():
     assert e.var[:, 0].tolist() == [0.0, 9.0] and float(e.grad.abs().max()) == 0.0
     with pytest.raises(ValueError, match="per-system"):
         oracle(torch.zeros(3, 4, 2, dtype=torch.float64), (1, 0, 0, 1), {})
+
+
+def test_make_estimator_picks_the_energy_of_the_run():
+    from nrpt.energy import make_estimator
+
+    data = linear_data(N=40)
+    assert isinstance(make_estimator(TwentyFiveModes()), ExactEnergy)
+    assert isinstance(make_estimator(TwentyFiveModes(), noise_sd=2.0), NoisyOracle)
+    assert isinstance(make_estimator(TwentyFiveModes(), grad_noise_sd=1.0), NoisyOracle)
+    plain = make_estimator(data, batch_size=10)
+    assert type(plain) is MinibatchEnergy and plain.describe()["energy"] == "minibatch"
+    vr = make_estimator(data, batch_size=10, vr_every=7)
+    assert isinstance(vr, ControlVariateEnergy) and vr.anchor_every == 7
+    with pytest.raises(ValueError, match="batch_size needs a data target"):
+        make_estimator(TwentyFiveModes(), batch_size=10)
+    with pytest.raises(ValueError, match="vr_every .* needs a minibatch energy"):
+        make_estimator(data, vr_every=5)
+
+
+def test_control_variate_variance_is_zero_at_a_refresh_and_grows_after():
+    # what a variance tracker sees: at k % m == 0 the anchor is the state (variance 0), and the
+    # variance grows with the distance from the anchor between refreshes
+    target = linear_data()
+    vr = ControlVariateEnergy(target, batch_size=20, anchor_every=10)
+    x0 = torch.tensor([[[0.9, -1.9]]], dtype=torch.float64).expand(1, 200, 2)
+    extras = vr.init_extras(x0, (0, 0, 0, 0))
+    e0 = vr(x0, (4, 10, 0, 1), extras)
+    assert float(e0.var.abs().max()) < 1e-18
+    extras.update(e0.extras)
+    near = float(vr(x0 + 0.01, (4, 11, 0, 1), extras).var.mean())
+    far = float(vr(x0 + 0.1, (4, 11, 0, 1), extras).var.mean())
+    assert 0 < near < far and far / near == pytest.approx(100, rel=0.2)  # ~ distance^2

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import nrpt
+from nrpt.build import build
 from nrpt.domains import Ball, Box, UserDomain, parse_domain
 from nrpt.energy import energy_and_grad
 from nrpt.explorers import PSGLD, SGD, SGHMC, SGLD, Cyclical, Noise
 from nrpt.explorers.sgmcmc import cyclical_factor
-from nrpt.build import build
 from nrpt.paths import NoiseLadder
 from nrpt.sgpt import run_chains
 from nrpt.swap import AlwaysAccept

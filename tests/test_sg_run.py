@@ -139,7 +139,8 @@ def test_exact_explorers_refuse_the_noisy_rules():
                                              "explorer 'rwmh' \\(exact explorers swap with exact"):
             nrpt.RunConfig(explorer="rwmh", swap_rule=rule)
     for name in ("noise_sd", "batch_size", "lr_max"):
-        with pytest.raises(ValueError, match=f"{name} does not apply to this exact run \\(explorer 'rwmh'"):
+        with pytest.raises(ValueError,
+                           match=f"{name} does not apply to this exact run \\(explorer 'rwmh'"):
             nrpt.RunConfig(explorer="rwmh", **{name: 2.0 if name != "batch_size" else 10})
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from ..diagnostics import theory
