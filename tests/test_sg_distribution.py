@@ -227,12 +227,10 @@ def test_sgld_pt_samples_the_mixture_mean_posterior_long(vr_every):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known bias: control-variate energies have a variance "
-                   "that grows from 0 after each anchor refresh; the bias-corrected rule reads a "
-                   "per-slot average over variance_every = 100 iterations and over-corrects "
-                   "early in each cycle (greedy swaps): P(mu > 10) ~0.156 instead of 0.221. "
-                   "variance_every = vr_every gives 0.209-0.218.")
-def test_control_variate_with_the_default_variance_window_is_biased():
+# regression: the sigma^2 window used to default to 100 iterations whatever vr_every was; with
+# vr_every = 10 that over-corrected early in each refresh cycle (P(mu > 10) ~0.156 vs 0.221).
+# variance_every now defaults to vr_every for control-variate energies.
+def test_control_variate_with_the_default_variance_window_is_unbiased():
     model, exact = mixture_model()
     _, stats = mixture_run(model, exact, 64, 3000, 500, vr_every=10)
     assert_matches(stats, exact)

@@ -372,7 +372,9 @@ def test_bias_corrected_rule_always_gets_a_variance_tracker(options):
     assert run.engine.rule.name == "bias-corrected"
     trackers = [a for a in run.adaptors if isinstance(a, VarianceTracker)]
     assert len(trackers) == 1
-    assert trackers[0].every == opts.get("variance_every", 100)
+    # default window: vr_every for control-variate energies (their variance restarts at 0 at
+    # every anchor refresh), else 100
+    assert trackers[0].every == opts.get("variance_every", opts.get("vr_every") or 100)
     nrpt.execute(run)
     var = run.engine.params["slot_variance"]
     assert var.shape == (1, 3) and bool(torch.isfinite(var).all())

@@ -565,7 +565,9 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     if bc:
         default("variance_factor", 1.0)
         cfg.variance_factor = _number("variance_factor", cfg.variance_factor, 1.0)
-        default("variance_every", 100)
+        # control-variate energies have a variance that restarts at 0 at every anchor refresh:
+        # a sigma^2 window longer than the refresh cycle over-corrects (measured bias)
+        default("variance_every", cfg.vr_every if sg and cfg.vr_every else 100)
         cfg.variance_every = _int("variance_every", cfg.variance_every, 1)
     else:
         for name in ("variance_factor", "variance_every"):
