@@ -33,19 +33,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 bench-schemes: $(STAMP)
-	$(PY) benchmarks/schemes.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/schemes.py
 
 # Deng et al. (2023) simulations, DEO*-SGD (docs/reproduction/): all, or one of
 # bench-sgpt-fig4a / -fig5 / -fig3 / -c21 / -vr / -r2sgld / -speed
 bench-sgpt: $(STAMP)
-	$(PY) benchmarks/deo_star_sgd.py all
+	OMP_NUM_THREADS=1 $(PY) benchmarks/deo_star_sgd.py all
 
 bench-sgpt-%: $(STAMP)
-	$(PY) benchmarks/deo_star_sgd.py $*
+	OMP_NUM_THREADS=1 $(PY) benchmarks/deo_star_sgd.py $*
 
 # adaptive NRPT against the analytic Gaussian path (docs/benchmarks-adaptive.md)
 bench-adaptive: $(STAMP)
-	$(PY) benchmarks/adaptive.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/adaptive.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
