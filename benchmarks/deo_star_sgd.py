@@ -46,6 +46,7 @@ from nrpt.explorers import SGLD, Cyclical, Noise
 from nrpt.loop import Run
 from nrpt.paths import NoiseLadder
 from nrpt.recorders import SwapStats
+from nrpt.roles import RecorderBase
 from nrpt.sgpt import HEADLINE, grid_errors, iid_floor, run_chains
 from nrpt.swap import BiasCorrected, make_scheme
 from nrpt.targets import TwentyFiveModes
@@ -79,28 +80,13 @@ def per_system(x):
     return np.atleast_1d(np.asarray(x, dtype=float))
 
 
-class SlotZero:
+class SlotZero(RecorderBase):  # not checkpointed: no state_dict of its own
     """A recorder (the :class:`nrpt.roles.Recorder` protocol): per iteration, the first
     coordinate of the slot-0 state of every system, ``[K, R]``, and the running sum over
     iterations of each slot's energy-estimate variance (averaged over systems; ``energy_var`` /
     ``energy_var_plain`` of the estimator, when it reports them)."""
 
     name = "slot_zero"
-
-    def start_segment(self, reset: bool, length: int = 0) -> None:
-        pass
-
-    def summary(self) -> dict:
-        return {}
-
-    def segment_row(self) -> dict:
-        return {}
-
-    def state_dict(self) -> dict:  # runs of this benchmark are not checkpointed
-        return {}
-
-    def load_state_dict(self, sd: dict) -> None:
-        pass
 
     def __init__(self, K: int, R: int, P: int):
         self.x = np.empty((K, R))

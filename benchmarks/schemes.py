@@ -38,27 +38,9 @@ import torch
 
 import nrpt
 from nrpt.diagnostics import theory
-from nrpt.explorers import ExploreInfo, Explorer
 from nrpt.loop import Run
 from nrpt.recorders import RoundTrips
-
-
-class Frozen(Explorer):
-    """No local move: only the index process matters under a FixedRate rule."""
-
-    name = "frozen"
-
-    def step(self, state, b, step_size, density, noise, sub=0):
-        ones = torch.ones_like(state.v)
-        return state, ExploreInfo(ones, ones.bool(), torch.zeros_like(ones, dtype=torch.bool))
-
-
-class Flat:
-    dim = 1
-    name = "flat"
-
-    def energy(self, x):
-        return 0.5 * (x**2).sum(-1)
+from nrpt.testing import Flat, Frozen
 
 
 def measure(scheme: str, window: int, P: int, r: float, K: int, R: int, seed: int) -> dict:

@@ -22,10 +22,10 @@ from nrpt.diagnostics import (
     scheme_orders,
 )
 from nrpt.diagnostics.theory import exact_event_rates, predicted_rates
-from nrpt.explorers import ExploreInfo
 from nrpt.loop import Plan, Run, Segment, execute
 from nrpt.recorders import RoundTrips, SwapStats
 from nrpt.targets import Gaussian
+from nrpt.testing import Flat, Frozen
 
 # --------------------------------------------------------------------------- helpers
 
@@ -448,24 +448,6 @@ def test_bad_inputs_raise_value_error_naming_argument():
 # segment is exactly its length times the stationary rate.  Each check has a negative control.
 
 Z = 4.5
-
-
-class Frozen(nrpt.explorers.Explorer):
-    """No local move: under a FixedRate rule only the index process matters."""
-
-    name = "frozen"
-
-    def step(self, state, b, step_size, density, noise, sub=0):
-        ones = torch.ones_like(state.v)
-        return state, ExploreInfo(ones, ones.bool(), torch.zeros_like(ones, dtype=torch.bool))
-
-
-class Flat:
-    dim = 1
-    name = "flat"
-
-    def energy(self, x):
-        return 0.5 * (x**2).sum(-1)
 
 
 class PairRates(nrpt.swap.Rule):

@@ -34,8 +34,8 @@ import torch
 
 from . import rng
 
-__all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle", "MinibatchEnergy",
-           "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad"]
+__all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
+           "MinibatchEnergy", "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad"]
 
 
 class SG_STREAMS:  # noqa: N801 - a namespace of constants, like rng.Stream

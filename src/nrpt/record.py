@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .roles import RecorderBase
+
 __all__ = ["Draws"]
 
 
@@ -73,7 +75,7 @@ def _check_size(K: int, R: int, P: int, dim: int, n: int, slots: str, item: int,
                              f"iterations / rounds or raise thin")
 
 
-class Draws:
+class Draws(RecorderBase):
     """Recorder (``draws``, :mod:`nrpt.roles`) streaming the run's records in chunks."""
 
     name = "draws"
@@ -131,16 +133,6 @@ class Draws:
             self._buf_v.append(v.detach().clone())
         if len(self._buf_i) >= self.chunk:
             self.flush()
-
-    # the recorder contract (nrpt.roles): the draws have no summary of their own
-    def start_segment(self, reset: bool, length: int = 0) -> None:
-        pass
-
-    def summary(self) -> dict:
-        return {}
-
-    def segment_row(self) -> dict:
-        return {}
 
     def state_dict(self) -> dict:
         self.flush()

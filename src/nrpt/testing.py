@@ -57,12 +57,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from .explorers.base import Density, Explorer, Noise, ReplicaState
+from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 from .paths import GeometricPath, TemperatureLadder
 from .rng import Stream, generator_for
 from .target import path_kind
 
-__all__ = ["MomentCheck", "InvarianceReport", "check_invariance", "assert_invariant"]
+__all__ = ["MomentCheck", "InvarianceReport", "check_invariance", "assert_invariant",
+           "Frozen", "Flat"]
+
+
+class Frozen(Explorer):
+    """An explorer that never moves (every step "accepted"): with a fixed-rate rule
+    (:class:`nrpt.swap.FixedRate`) only the index process matters, which is how the suite and
+    ``benchmarks/schemes.py`` measure swap schemes against the theory."""
+
+    name = "frozen"
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        ones = torch.ones_like(state.v)
+        return state, ExploreInfo(ones, ones.bool(), torch.zeros_like(ones, dtype=torch.bool))
+
+
+class Flat:
+    """A 1-D standard Gaussian energy: a cheap target for index-process studies."""
+
+    dim = 1
+    name = "flat"
+
+    def energy(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (x ** 2).sum(-1)
 
 #: extra key part for the generators of this module (starting states, truth draws)
 _TAG = 0x7E57
