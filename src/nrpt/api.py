@@ -72,20 +72,43 @@ def _atomic_text(text: str, path: Path) -> None:
 
 def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
                callback=None, resume_from: str | os.PathLike | None = None) -> Result:
-    """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes."""
+    """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
+
+    In processes launched by ``torchrun`` / ``nrpt run --nproc`` the replicas are spread over
+    the processes (:mod:`nrpt.distributed`); rank 0 writes the run folder and returns the
+    result, the other ranks return a :class:`Result` with empty arrays whose ``summary`` holds
+    only ``rank`` and ``interrupted``."""
+    from . import distributed
+
+    distributed.check_world(int(os.environ.get("WORLD_SIZE", "1")), int(cfg.chains))
+    comm = distributed.from_env(cfg.device)
+    lead = comm is None or comm.rank == 0
+    if comm is not None:
+        comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "config")
     out = Path(cfg.out) if cfg.out else None
     ck = None
     if resume_from is not None:
         ck = load_checkpoint(Path(resume_from) / CHECKPOINT)
-    if out is not None:
+    if out is not None and lead:
         out.mkdir(parents=True, exist_ok=True)
-    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None)
+    if not lead:
+        out = None
+    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None, comm=comm)
     if out is not None:
         geometric = run.facts.get("target_kind") == "geometric"
         cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
-    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
-                      callback=callback, resume=ck, header={"config": cfg.to_dict()},
-                      say=print if progress else None)
+    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every,
+                      progress=progress and lead, callback=callback, resume=ck,
+                      header={"config": cfg.to_dict()},
+                      say=print if progress and lead else None)
+    if comm is not None:
+        run.engine.unshard()  # the summary and outputs read the whole state
+        if not lead:
+            empty = np.zeros(0)
+            return Result(samples=empty, energies=empty, index=empty,
+                          summary={"rank": comm.rank, "interrupted": outcome.interrupted},
+                          config=cfg, rows=outcome.rows, engine=run.engine,
+                          recorders=run.recorders)
     return _finish(run, cfg, outcome, out)
 
 

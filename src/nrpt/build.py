@@ -39,6 +39,7 @@ from .adapt.sa import (
 )
 from .adapt.window import WindowAdaptor
 from .diagnostics.barrier import SlotEnergyRecorder
+from .distributed import local_device
 from .domains import parse_domain
 from .energy import make_estimator
 from .engine import PTEngine
@@ -120,17 +121,20 @@ def _window(cfg, P: int) -> tuple[int, str]:
 
 
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
-          resume: bool = False, record: str = "target") -> Run:
+          resume: bool = False, record: str = "target", comm=None) -> Run:
     """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` may be given as objects
     (``rule`` overrides ``cfg.swap_rule``); ``out`` is the run folder for streamed draws
-    (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines)."""
+    (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines);
+    ``comm`` (:mod:`nrpt.distributed`) spreads the replicas over processes (only rank 0
+    stores the draws)."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
     kind = validate_target(target)
     explorer_entry = registry.entry("explorer", cfg.explorer, what="explorer")
     sg = "sg" in explorer_entry.tags
     P, R = int(cfg.chains), int(cfg.systems)
-    dtype, device = DTYPES[cfg.dtype], torch.device(cfg.device)
+    dtype = DTYPES[cfg.dtype]
+    device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)
     explicit = getattr(cfg, "explicit", frozenset())
     facts: dict[str, Any] = {"sg": sg, "target_kind": kind}
 
@@ -188,7 +192,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         domain.check_inside(x0)
     engine = PTEngine(target, path, explorer, scheme, rule, step_size=step, systems=R,
                       seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
-                      initial_states=x0)
+                      initial_states=x0, comm=comm)
 
     # 5. adaptors
     adaptors: list = []
@@ -233,5 +237,6 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         recorders["trace"] = Trace(every=max(1, plan.total // 1000))
     recorders["draws"] = Draws(plan.total, R, P, engine.dim, thin=cfg.thin, out_dir=out,
                                dtype=np.float64 if dtype == torch.float64 else np.float32,
-                               resume=resume, slots=record)
+                               resume=resume, slots=record,
+                               store=comm is None or comm.rank == 0)
     return Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)

@@ -9,6 +9,7 @@ user can cause is printed as ``nrpt: error: ...`` (exit status 2).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from dataclasses import fields
@@ -179,11 +180,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for the target factory (repeatable)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--nproc", type=_INT, default=None, metavar="N",
+                     help="spread the replicas over N local processes (torch.distributed, "
+                          "gloo; one GPU each with --device cuda); results are identical to "
+                          "one process")
     res = sub.add_parser("resume", help="continue an interrupted run from its folder")
     res.add_argument("out")
     res.add_argument("--iterations", type=_INT, default=None,
                      help="extend a fixed-length run to this many iterations")
     res.add_argument("--no-progress", action="store_true")
+    res.add_argument("--nproc", type=_INT, default=None, metavar="N",
+                     help="resume on N local processes (any N: checkpoints hold every replica)")
     sub.add_parser("targets", help="list the built-in targets")
     ls = sub.add_parser("list", help="list the registered explorers, schemes, rules, adaptors "
                                      "and targets")
@@ -216,9 +223,47 @@ def _list(role: str | None) -> None:
             print(f"  {name:<{width}}  {summary}{tags}")
 
 
+def _launch(args, argv: list[str]) -> int | None:
+    """``--nproc N`` outside a launched process group: start N ranks running the same command
+    (without ``--nproc``) and return the exit status; ``None`` to run here."""
+    n = getattr(args, "nproc", None)
+    if n is None:
+        return None
+    if n < 1:
+        raise ValueError(f"--nproc must be an integer >= 1; got {n}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        if n != world:
+            raise ValueError(f"--nproc {n} inside a launch of {world} processes")
+        return None
+    if n == 1:
+        return None
+    from . import distributed
+
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            rest.append(a)
+    return distributed.launch(n, rest)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     from . import api
+
+    try:
+        code = _launch(args, argv)
+    except ValueError as err:
+        print(f"nrpt: error: {err}", file=sys.stderr)
+        return 2
+    if code is not None:
+        return code
+    lead = int(os.environ.get("RANK", "0")) == 0
 
     try:
         if args.command == "targets":
@@ -231,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "resume":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SamplingWarning)
-                result = api.resume(args.out, progress=not args.no_progress,
+                result = api.resume(args.out, progress=not args.no_progress and lead,
                                     iterations=args.iterations)
-            print(result)
-            return 0
+            if lead:
+                print(result)
+            return 130 if result.summary.get("interrupted") else 0
         data: dict = {}
         for f in fields(RunConfig):
             v = getattr(args, f.name, None)
@@ -259,15 +305,19 @@ def main(argv: list[str] | None = None) -> int:
             cfg = RunConfig.from_dict(data, defaults=defaults)
         with warnings.catch_warnings():  # the report prints every finding itself
             warnings.simplefilter("ignore", SamplingWarning)
-            result = api.run_config(cfg, progress=not args.no_progress)
+            result = api.run_config(cfg, progress=not args.no_progress and lead)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError, RuntimeError) as err:
         print(f"nrpt: error: {err}", file=sys.stderr)
         return 2
-    print(result)
     if result.summary.get("interrupted"):
-        print(f"interrupted; continue with: nrpt resume {cfg.out}" if cfg.out else "interrupted")
+        if lead:
+            print(result)
+            print(f"interrupted; continue with: nrpt resume {cfg.out}" if cfg.out
+                  else "interrupted")
         return 130
+    if lead:
+        print(result)
     return 0
 
 

@@ -161,7 +161,7 @@ class NoisyOracle(EnergyEstimator):
         seed, *parts = key
         # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
         z = rng.normal((*u.shape, 1 + x.shape[-1]), seed, SG_STREAMS.ORACLE_ENERGY, *parts,
-                       dtype=u.dtype, device=u.device)
+                       dtype=u.dtype, device=u.device, block=getattr(key, "block", None))
         e_sd, g_sd = self._per_system(self.energy_sd, u), self._per_system(self.grad_sd, u)
         u = u + e_sd * z[..., 0]
         if g is not None:
@@ -204,10 +204,13 @@ def _batch_indices(shape, n_data: int, batch: int, replacement: bool, key, devic
     """Keyed minibatch indices ``[*shape, batch]`` (without replacement: the first ``batch``
     entries of a uniformly random permutation per replica)."""
     seed, *parts = key
+    block = getattr(key, "block", None)  # a process's replicas: draw at full width, slice
     g = rng.generator_for(seed, SG_STREAMS.BATCH, *parts, device=device)
     if replacement:
-        return torch.randint(n_data, (*shape, batch), generator=g, device=device)
-    u = torch.rand((*shape, n_data), generator=g, device=device)
+        full = (*shape, batch) if block is None else block.widen((*shape, batch))
+        idx = torch.randint(n_data, full, generator=g, device=device)
+        return idx if block is None else block.take(idx)
+    u = rng.rand_rows(g, (*shape, n_data), block, device=device)
     if batch == n_data:
         return u.argsort(-1)
     return u.topk(batch, dim=-1, largest=False, sorted=False).indices

@@ -18,6 +18,10 @@ through :meth:`PTEngine.apply`.  Counters, round trips, log Z and traces are rec
 Randomness is keyed (:mod:`nrpt.rng`): every draw comes from a generator seeded by a hash of
 (seed, stream, iteration, sub-step) and has the full ``[R, P, ...]`` shape, so nothing depends
 on how replicas are spread over processes, and resuming needs only the iteration counter.
+
+With a ``comm`` (:mod:`nrpt.distributed`) the engine holds only its block of replicas
+(``state`` is ``[R, P_local, ...]``); the per-replica scalars are gathered once per iteration
+and everything from the swaps on runs on full ``[R, P]`` tensors, identically on every rank.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 from . import rng
 from .explorers import Density, Explorer, Noise, ReplicaState
 from .paths import Path
-from .rng import Stream, generator_for
+from .rng import Block, Stream, generator_for
 from .roles import Iteration, PhaseDecision, Update
 from .swap import DEOW, Rule, Scheme, SwapContext
 
@@ -55,12 +59,15 @@ class PTEngine:
     initial_states
         Optional ``[R, P, dim]`` tensor; otherwise ``target.initial_states(n, generator)`` if
         defined, the reference for a geometric path, or N(0, I).
+    comm
+        A :class:`nrpt.distributed.Comm`: this process holds only its block of replicas.
     """
 
     def __init__(self, target, path: Path, explorer: Explorer, scheme: Scheme, rule: Rule, *,
                  step_size: float | list[float] = 0.5, systems: int = 1, seed: int = 0,
                  n_explore: int = 1, dtype: torch.dtype = torch.float64,
-                 device: str | torch.device = "cpu", initial_states: torch.Tensor | None = None):
+                 device: str | torch.device = "cpu", initial_states: torch.Tensor | None = None,
+                 comm=None):
         if isinstance(systems, bool) or int(systems) != systems or systems < 1:
             raise ValueError(f"systems must be an integer >= 1; got {systems!r}")
         if isinstance(n_explore, bool) or int(n_explore) != n_explore or n_explore < 1:
@@ -78,11 +85,16 @@ class PTEngine:
         self.density = Density(target, path)
         self.system_ids = torch.arange(R, device=dev).reshape(R, 1)
         self.replica_ids = torch.arange(P, device=dev).reshape(1, P)
+        self.comm = comm
+        self.block = comm.block(P) if comm is not None else Block(0, P, P)
+        #: set by the loop before a step; ``stop_agreed`` is the OR over ranks after it
+        self.stop_requested = False
+        self.stop_agreed = False
 
         # replica r starts at slot r
         self.slot_of = torch.arange(P, device=dev).expand(R, P).clone()
         self.replica_at = self.slot_of.clone()
-        x0 = self._initial_states(initial_states)
+        x0 = self.block.take(self._initial_states(initial_states))
         v, base = self.density(x0)
         if not torch.isfinite(v).all() or not torch.isfinite(base).all():
             bad = int((~torch.isfinite(v) | ~torch.isfinite(base)).sum())
@@ -91,6 +103,14 @@ class PTEngine:
         self.state = explorer.prepare(ReplicaState(x0, v, base), self.density)
         self.scheme_state = scheme.init_state(R, P, dev)
         self.k = 0
+        self._view = self.state  # the full-width view of the scalars (== state in one process)
+        if self.sharded:
+            zeros = torch.zeros_like(self.state.v)
+            self._view = self._sync(zeros, zeros.long())[0]
+
+    @property
+    def sharded(self) -> bool:
+        return self.comm is not None
 
     # ------------------------------------------------------------------ set-up helpers
     def _per_slot(self, name: str, value) -> torch.Tensor:
@@ -150,12 +170,13 @@ class PTEngine:
         return table.gather(1, self.slot_of)
 
     def step(self) -> Iteration:
-        k = self.k
-        noise = Noise(self.seed, k, self.R, self.P, self.device)
-        b = self.slot_params(self.schedule)
-        h = self.slot_params(self.step_size)
-        accept = torch.zeros(self.R, self.P, dtype=self.dtype, device=self.device)
-        nonfinite = torch.zeros(self.R, self.P, dtype=torch.int64, device=self.device)
+        k, blk = self.k, self.block
+        noise = Noise(self.seed, k, self.R, blk.width, self.device,
+                      blk if self.sharded else None)
+        b = blk.take(self.slot_params(self.schedule))
+        h = blk.take(self.slot_params(self.step_size))
+        accept = torch.zeros(self.R, blk.width, dtype=self.dtype, device=self.device)
+        nonfinite = torch.zeros(self.R, blk.width, dtype=torch.int64, device=self.device)
 
         # 1. explore: every replica at its slot's parameters, in one batched call per step
         for i in range(self.n_explore):
@@ -168,6 +189,7 @@ class PTEngine:
         # 2. the reference end of a geometric path is sampled exactly
         if self.path.has_reference:
             self._refresh_reference(k)
+        view, accept, nonfinite = self._sync(accept, nonfinite)
 
         # 3. swaps: phases of disjoint pairs, each decided from scalars only
         decisions = [
@@ -180,11 +202,67 @@ class PTEngine:
         # per-slot explorer statistics, at the slots where the moves were made
         by_slot = torch.zeros_like(accept).scatter_(1, slot_of_explored, accept / self.n_explore)
         nf = torch.zeros_like(nonfinite).scatter_(1, slot_of_explored, nonfinite)
-        return Iteration(k=k, state=self.state, slot_of=self.slot_of,
+        return Iteration(k=k, state=view, slot_of=self.slot_of,
                          replica_at=self.replica_at, schedule=self.schedule,
                          step_size=self.step_size, params=self.params, explore_accept=by_slot,
                          nonfinite=nf, decisions=decisions,
-                         has_reference=self.path.has_reference)
+                         has_reference=self.path.has_reference,
+                         rows=self.rows if self.sharded else None)
+
+    # ------------------------------------------------------------------ sharded replicas
+    def _sync(self, accept, nonfinite):
+        """``(view, accept, nonfinite)`` at full width: one gather of the per-replica scalars
+        (``v``, ``base``, acceptance, non-finite counts, ``[R, P]`` buffers, the stop flag)."""
+        if not self.sharded:
+            self.stop_agreed = self.stop_requested
+            self._view = self.state
+            return self.state, accept, nonfinite
+        st, R, w = self.state, self.R, self.block.width
+        names = sorted(n for n, t in st.extras.items() if tuple(t.shape) == (R, w))
+        flag = torch.full((R, w), float(self.stop_requested), dtype=self.dtype,
+                          device=self.device)
+        cols = [st.v, st.base, accept, nonfinite.to(self.dtype), flag,
+                *(st.extras[n].to(self.dtype) for n in names)]
+        full = self.comm.gather_replicas(torch.stack(cols, dim=-1), self.P)  # [R, P, m]
+        self.stop_agreed = bool(full[..., 4].any())
+        extras = {n: full[..., 5 + i].to(st.extras[n].dtype) for i, n in enumerate(names)}
+        x = torch.empty((R, self.P, self.dim), dtype=self.dtype, device="meta")
+        self._view = ReplicaState(x, full[..., 0], full[..., 1], extras)
+        return self._view, full[..., 2], full[..., 3].long()
+
+    def rows(self, replicas: torch.Tensor) -> torch.Tensor:
+        """Positions ``[R, S, dim]`` of the replicas ``replicas[R, S]`` (a collective when
+        sharded: every rank calls it with the same argument)."""
+        R, S = replicas.shape
+        if not self.sharded:
+            return self.state.x.gather(1, replicas[..., None].expand(R, S, self.dim))
+        lo, hi, w = self.block.lo, self.block.hi, self.block.width
+        mine = (replicas >= lo) & (replicas < hi)
+        if w:
+            local = (replicas - lo).clamp(0, w - 1)
+            x = self.state.x.gather(1, local[..., None].expand(R, S, self.dim))
+            x = torch.where(mine[..., None], x, torch.zeros_like(x))
+        else:
+            x = torch.zeros((R, S, self.dim), dtype=self.dtype, device=self.device)
+        owner = replicas // math.ceil(self.P / self.comm.world)
+        return self.comm.gather_rows(x, owner)
+
+    def _full_state(self) -> ReplicaState:
+        """The whole state ``[R, P, ...]`` (a collective when sharded)."""
+        if not self.sharded:
+            return self.state
+        st, P = self.state, self.P
+        g = self.comm.gather_replicas
+        return ReplicaState(g(st.x, P), g(st.v, P), g(st.base, P),
+                            {n: g(t, P) for n, t in st.extras.items()})
+
+    def unshard(self) -> None:
+        """Gather the whole state onto every rank and go on as a single-process engine (the
+        end of a distributed run: summaries and outputs read the full state)."""
+        if self.sharded:
+            self.state = self._full_state()
+            self.comm, self.block = None, Block(0, self.P, self.P)
+            self._view = self.state
 
     def _refresh_reference(self, k: int) -> None:
         g = generator_for(self.seed, Stream.REFERENCE, k)
@@ -192,10 +270,11 @@ class PTEngine:
         xr = xr.reshape(self.R, 1, self.dim)
         vr, br = self.density(xr)
         fresh = self.explorer.prepare(ReplicaState(xr, vr, br), self.density)
-        top = self.slot_of == self.P - 1  # [R, P], one replica per system
-        full = ReplicaState(fresh.x.expand_as(self.state.x), fresh.v.expand(self.R, self.P),
-                            fresh.base.expand(self.R, self.P),
-                            {n: t.expand(self.R, self.P, *t.shape[2:])
+        top = self.block.take(self.slot_of == self.P - 1)  # one replica per system
+        w = self.block.width
+        full = ReplicaState(fresh.x.expand_as(self.state.x), fresh.v.expand(self.R, w),
+                            fresh.base.expand(self.R, w),
+                            {n: t.expand(self.R, w, *t.shape[2:])
                              for n, t in fresh.extras.items()})
         self.state = self.state.where(top, full)
 
@@ -205,7 +284,7 @@ class PTEngine:
         rep_hi = self.replica_at.gather(1, hi)
         ctx = SwapContext(
             b_lo=self.schedule.gather(1, lo), b_hi=self.schedule.gather(1, hi),
-            v_lo=self.state.v.gather(1, rep_lo), v_hi=self.state.v.gather(1, rep_hi),
+            v_lo=self._view.v.gather(1, rep_lo), v_hi=self._view.v.gather(1, rep_hi),
             u=rng.uniform(lo.shape, self.seed, Stream.SWAP, k, phase, dtype=self.dtype,
                           device=self.device),
             iteration=k, lo=lo, hi=hi, params=self.params,
@@ -227,14 +306,15 @@ class PTEngine:
     def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x[R, dim], v[R])`` of the replica at slot 0."""
         rep = self.replica_at[:, :1]
-        x = self.state.x.gather(1, rep[..., None].expand(self.R, 1, self.dim)).squeeze(1)
-        return x, self.state.v.gather(1, rep).squeeze(1)
+        return self.rows(rep).squeeze(1), self._view.v.gather(1, rep).squeeze(1)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
+        """The whole engine state (gathered over ranks when sharded: a collective)."""
+        st = self._full_state()
         return {
-            "k": self.k, "x": self.state.x, "v": self.state.v, "base": self.state.base,
-            "extras": dict(self.state.extras),
+            "k": self.k, "x": st.x, "v": st.v, "base": st.base,
+            "extras": dict(st.extras),
             "slot_of": self.slot_of, "schedule": self.schedule, "step_size": self.step_size,
             "params": dict(self.params), "scheme": self.scheme.describe(),
             "scheme_state": dict(self.scheme_state),
@@ -243,8 +323,10 @@ class PTEngine:
     def load_state_dict(self, sd: dict) -> None:
         dev = self.device
         self.k = int(sd["k"])
-        self.state = ReplicaState(sd["x"].to(dev), sd["v"].to(dev), sd["base"].to(dev),
-                                  {k: v.to(dev) for k, v in sd.get("extras", {}).items()})
+        take = self.block.take  # a checkpoint holds every replica; keep this rank's block
+        self.state = ReplicaState(take(sd["x"].to(dev)), take(sd["v"].to(dev)),
+                                  take(sd["base"].to(dev)),
+                                  {k: take(v.to(dev)) for k, v in sd.get("extras", {}).items()})
         self.slot_of = sd["slot_of"].to(dev)
         self.replica_at = torch.empty_like(self.slot_of).scatter_(
             1, self.slot_of, self.replica_ids.expand(self.R, self.P))
@@ -255,3 +337,7 @@ class PTEngine:
         if sd.get("scheme", {}).get("scheme") == "deo-w" and window not in (None, 1):
             self.set_scheme(DEOW(window))
         self.scheme_state = {k: v.to(dev) for k, v in sd["scheme_state"].items()}
+        self._view = self.state
+        if self.sharded:
+            x = torch.empty((self.R, self.P, self.dim), dtype=self.dtype, device="meta")
+            self._view = ReplicaState(x, sd["v"].to(dev), sd["base"].to(dev), {})

@@ -202,13 +202,17 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
     t0 = time.perf_counter()
 
     def checkpoint():
-        if out is None:
+        if out is None and not engine.sharded:
             return
-        atomic_save({"version": 2, "header": header or {}, "engine": engine.state_dict(),
+        # every rank assembles the payload (the engine's state is gathered: a collective);
+        # only the rank given a run folder writes it
+        payload = {"version": 2, "header": header or {}, "engine": engine.state_dict(),
                      "adaptors": [a.state_dict() for a in adaptors],
                      "recorders": {n: r.state_dict() for n, r in recorders.items()},
                      "rows": rows, "notes": notes, "segment": seg_i, "started": started,
-                     "wall_time_s": elapsed + time.perf_counter() - t0}, out / CHECKPOINT)
+                     "wall_time_s": elapsed + time.perf_counter() - t0}
+        if out is not None:
+            atomic_save(payload, out / CHECKPOINT)
 
     bar = None
     if progress:
@@ -235,6 +239,7 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
                 while engine.k < end:
                     consistent = False
                     k_before = engine.k
+                    engine.stop_requested = stop.flag
                     try:
                         it = engine.step()
                         for a in adaptors:
@@ -251,7 +256,8 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
                         bar.update(k - bar.n)
                     if callback is not None and k % CALLBACK_EVERY == 0:
                         callback(engine)
-                    if stop.flag:
+                    # sharded: the ranks stop at the same iteration (the flag is gathered)
+                    if engine.stop_agreed if engine.sharded else stop.flag:
                         raise KeyboardInterrupt
                     if k % checkpoint_every == 0 and k < end:
                         checkpoint()

@@ -82,7 +82,7 @@ class Draws(RecorderBase):
 
     def __init__(self, n_iterations: int, R: int, P: int, dim: int, *, thin: int = 1,
                  out_dir: str | os.PathLike | None = None, dtype=np.float64, chunk: int = 512,
-                 resume: bool = False, slots: str = "target"):
+                 resume: bool = False, slots: str = "target", store: bool = True):
         if int(thin) != thin or thin < 1:
             raise ValueError(f"thin must be an integer >= 1; got {thin!r}")
         if slots not in ("target", "all"):
@@ -92,6 +92,11 @@ class Draws(RecorderBase):
         self.n_draws = self.K // self.thin
         self.chunk = int(chunk)
         out = Path(out_dir) if out_dir is not None else None
+        #: False on the ranks of a distributed run that do not write (they still take part in
+        #: the gathers of the recorded rows); their arrays are empty
+        self.store = bool(store)
+        if not self.store:
+            self.n_draws, out = 0, None
         _check_size(self.K, R, P, dim, self.n_draws, slots, np.dtype(dtype).itemsize, out)
         tail = (dim,) if slots == "target" else (P, dim)
         e_tail = () if slots == "target" else (P,)
@@ -99,8 +104,8 @@ class Draws(RecorderBase):
         e_shape = (self.n_draws, *e_tail) if R == 1 else (R, self.n_draws, *e_tail)
         self.samples = _open(out / "samples.npy" if out else None, s_shape, dtype, resume)
         self.energies = _open(out / "energies.npy" if out else None, e_shape, dtype, resume)
-        self.index = _open(out / "index.npy" if out else None, (self.K + 1, R, P), np.int16,
-                           resume)
+        self.index = _open(out / "index.npy" if out else None,
+                           (self.K + 1 if self.store else 0, R, P), np.int16, resume)
         # views with the system axis first, for uniform writing
         self._s = self.samples.reshape(R, self.n_draws, *tail)
         self._e = self.energies.reshape(R, self.n_draws, *e_tail)
@@ -116,19 +121,23 @@ class Draws(RecorderBase):
         self._next_draw = n_done // self.thin
 
     def initial(self, slot_of: torch.Tensor) -> None:
-        self.index[0] = slot_of.to("cpu", torch.int16).numpy()
+        if self.store:
+            self.index[0] = slot_of.to("cpu", torch.int16).numpy()
         self._next_row = 1
 
     def record(self, it) -> None:
         """Record one :class:`~nrpt.roles.Iteration` (``it.k`` 0-based)."""
+        if not self.store:
+            if (it.k + 1) % self.thin == 0:  # the rows are gathered on every rank
+                it.slot_x([0] if self.slots == "target" else list(range(self.P)))
+            return
         self._buf_i.append(it.slot_of.to(torch.int16))
         if (it.k + 1) % self.thin == 0:
             if self.slots == "target":
-                rep = it.replica_at[:, :1]
-                x = it.state.x.gather(1, rep[..., None].expand(self.R, 1, self.dim)).squeeze(1)
-                v = it.state.v.gather(1, rep).squeeze(1)
+                x = it.slot_x([0]).squeeze(1)
+                v = it.slot_energies[:, 0]
             else:
-                x, v = it.at_slots(it.state.x), it.slot_energies
+                x, v = it.slot_x(list(range(self.P))), it.slot_energies
             self._buf_x.append(x.detach().clone())
             self._buf_v.append(v.detach().clone())
         if len(self._buf_i) >= self.chunk:

@@ -219,8 +219,7 @@ class SlotSpread(RecorderBase):
             self.m2 = torch.zeros_like(self.mean)
 
     def record(self, it: Iteration) -> None:
-        rep = it.replica_at.gather(1, self.index.expand(it.R, -1))
-        x = it.state.x.gather(1, rep[..., None].expand(self.shape))
+        x = it.slot_x(self.index.expand(it.R, -1))
         self.n += 1
         delta = x - self.mean
         self.mean = self.mean + delta / self.n

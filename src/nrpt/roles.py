@@ -31,6 +31,7 @@ the pair's lower slot.  Sign convention: energy ``U = -log pi``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
@@ -69,7 +70,13 @@ class Iteration:
     ``schedule`` (b per slot), ``step_size`` (per slot) and ``params`` (the rule's parameters)
     are the engine's values *after* the swaps.  ``explore_accept`` and ``nonfinite`` are per
     slot ``[R, P]``: the mean acceptance probability of the explorer steps made at each slot
-    this iteration, and the count of rejected non-finite proposals."""
+    this iteration, and the count of rejected non-finite proposals.
+
+    Positions are read with :meth:`slot_x` (never ``state.x`` directly): when replicas are
+    spread over processes (:mod:`nrpt.distributed`), ``state`` holds the gathered per-replica
+    scalars (``v``, ``base``, ``[R, P]`` buffers of ``extras``) but not the positions, and
+    :meth:`slot_x` fetches the rows it is asked for (a collective: every process's recorders
+    ask for the same rows)."""
 
     k: int
     state: ReplicaState
@@ -82,6 +89,18 @@ class Iteration:
     nonfinite: torch.Tensor
     decisions: list[PhaseDecision]
     has_reference: bool = False
+    rows: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def slot_x(self, slots) -> torch.Tensor:
+        """Positions ``[R, S, dim]`` of the replicas at ``slots`` (a list of S slot indices,
+        or a ``[R, S]`` tensor of slot indices)."""
+        idx = torch.as_tensor(slots, device=self.replica_at.device)
+        idx = idx.reshape(1, -1).expand(self.R, -1) if idx.dim() <= 1 else idx
+        rep = self.replica_at.gather(1, idx)
+        if self.rows is not None:
+            return self.rows(rep)
+        x = self.state.x
+        return x.gather(1, rep[..., None].expand(*rep.shape, x.shape[-1]))
 
     @property
     def R(self) -> int:

@@ -194,19 +194,37 @@ class Density:
 
 class Noise:
     """Random numbers for one iteration, drawn with the full ``[R, P, ...]`` shape from
-    generators keyed by (seed, stream, iteration, sub-step) -- see :mod:`nrpt.rng`."""
+    generators keyed by (seed, stream, iteration, sub-step) -- see :mod:`nrpt.rng`.
 
-    def __init__(self, seed: int, iteration: int, R: int, P: int, device: torch.device):
+    ``block`` (a :class:`nrpt.rng.Block`) is the slice of replicas this process holds
+    (:mod:`nrpt.distributed`); ``P`` is then the local width and every draw is made at the
+    full width and sliced, so a replica gets the same numbers however replicas are spread over
+    processes.  Explorers that draw through this object (or through :meth:`key`) need no other
+    care."""
+
+    def __init__(self, seed: int, iteration: int, R: int, P: int, device: torch.device,
+                 block: rng.Block | None = None):
         self.seed, self.iteration = int(seed), int(iteration)
-        self.R, self.P, self.device = R, P, device
+        if block is not None and block.width != P:
+            raise ValueError(f"noise for {P} replicas but {block!r}")
+        self.R, self.P, self.device, self.block = R, P, device, block
 
     def normal(self, sub: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return rng.normal((self.R, self.P, *tail), self.seed, rng.Stream.EXPLORE,
-                          self.iteration, sub, dtype=dtype, device=self.device)
+                          self.iteration, sub, dtype=dtype, device=self.device, block=self.block)
 
-    def uniform(self, sub: int, dtype: torch.dtype) -> torch.Tensor:
-        return rng.uniform((self.R, self.P), self.seed, rng.Stream.ACCEPT, self.iteration, sub,
-                           dtype=dtype, device=self.device)
+    def uniform(self, sub: int, dtype: torch.dtype, tail: tuple[int, ...] = (),
+                parts: tuple[int, ...] = ()) -> torch.Tensor:
+        """Uniforms ``[R, P, *tail]``; ``parts`` extend the key (default: the ACCEPT stream's
+        ``(iteration, sub)``; with ``parts``, the EXPLORE stream's ``(iteration, sub, *parts)``)."""
+        stream = rng.Stream.EXPLORE if parts else rng.Stream.ACCEPT
+        return rng.uniform((self.R, self.P, *tail), self.seed, stream, self.iteration, sub,
+                           *parts, dtype=dtype, device=self.device, block=self.block)
+
+    def key(self, *parts: int) -> rng.Key:
+        """``(seed, iteration, *parts)`` as a :class:`nrpt.rng.Key` carrying this block (the
+        key handed to stochastic-gradient energy estimators)."""
+        return rng.Key((self.seed, self.iteration, *parts), self.block)
 
 
 class Explorer:

@@ -91,12 +91,11 @@ class SGExplorer(Explorer):
 
     def step(self, state, b, step_size, density, noise, sub=0):
         est = self._estimator(density)
-        seed, k = noise.seed, noise.iteration
         extras = dict(state.extras)
         if "sg_grad" not in extras or any(key not in extras for key in est.extras_keys):
             # first step: initialise the estimator's buffers and the gradient at the start
-            extras.update(est.init_extras(state.x, (seed, k, sub, 0)))
-            e0 = est(state.x, (seed, k, sub, 0), extras, need_grad=True)
+            extras.update(est.init_extras(state.x, noise.key(sub, 0)))
+            e0 = est(state.x, noise.key(sub, 0), extras, need_grad=True)
             extras.update(e0.extras)
             extras["sg_grad"] = e0.grad
         eta = step_size[..., None]
@@ -106,7 +105,7 @@ class SGExplorer(Explorer):
         if self.domain is not None:
             x_new = self.domain.reflect(state.x, x_new)
             extras = self.after_reflection(state.x, x_new, extras)
-        e1 = est(x_new, (seed, k, sub, 1), extras, need_grad=True)
+        e1 = est(x_new, noise.key(sub, 1), extras, need_grad=True)
         extras.update(e1.extras)
         extras["sg_grad"] = e1.grad
         if e1.var is not None:

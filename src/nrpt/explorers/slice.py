@@ -47,7 +47,6 @@ import numbers
 
 import torch
 
-from .. import rng
 from .base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 
 __all__ = ["SliceSampler", "slot_log_density"]
@@ -88,9 +87,8 @@ class _Uniforms:
         blk = (*tag, i // _BLOCK)
         if blk not in self._blocks:
             n = self.noise
-            self._blocks[blk] = rng.uniform((n.R, n.P, _BLOCK), n.seed, rng.Stream.EXPLORE,
-                                            n.iteration, self.sub, self.coord, *blk,
-                                            dtype=self.dtype, device=n.device)
+            self._blocks[blk] = n.uniform(self.sub, self.dtype, (_BLOCK,),
+                                          (self.coord, *blk))
         return self._blocks[blk][..., i % _BLOCK]
 
     def __call__(self, i: int) -> torch.Tensor:

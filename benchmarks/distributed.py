@@ -1,0 +1,129 @@
+"""Cost of spreading replicas over processes (nrpt.distributed, gloo on CPU).
+
+Two workloads, each timed in 1, 2 and 4 processes side by side in one run:
+
+* **cheap** — the 25-mode 2-D target with RWMH, DEO, P in {8, 64, 256}: the explorer costs next
+  to nothing, so the time per iteration is the engine's and the communication's (one
+  ``all_gather`` of the per-replica scalars and one of the slot-0 row per iteration).  The ratio
+  to one process is the price of communication.
+* **expensive** — a Bayesian logistic regression with N = 20,000 observations (d = 10) per
+  energy evaluation, P = 8, RWMH: exploration dominates, and each process evaluates only its
+  block of replicas, so the ratio shows the throughput gain (bounded by the number of cores).
+
+Each process runs the full loop (explore, gather, swap, recorders; no run folder), warms up,
+then times ``--iterations`` iterations; the configurations are interleaved and repeated
+``--repeats`` times and the medians are reported.  Process start-up (imports, ``gloo``
+rendezvous) is not in the figures; it is printed separately.  One thread per process.
+
+Run:  make bench-distributed     (or: python benchmarks/distributed.py)
+      python benchmarks/distributed.py --iterations 50 --repeats 1 --chains 8   (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+class Logistic:
+    """Bayesian logistic regression, N(0, I) prior; ``energy(x[n, d]) -> [n]``."""
+
+    name = "logistic-20000"
+
+    def __init__(self, n: int = 20_000, dim: int = 10, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.dim = dim
+        self.X = torch.randn(n, dim, generator=g, dtype=torch.float64)
+        w = torch.randn(dim, generator=g, dtype=torch.float64)
+        self.y = torch.where(torch.rand(n, generator=g, dtype=torch.float64)
+                             < torch.sigmoid(self.X @ w), 1.0, -1.0)
+
+    def energy(self, x):
+        z = (x @ self.X.T) * self.y  # [n, N]
+        return torch.nn.functional.softplus(-z).sum(-1) + 0.5 * (x * x).sum(-1)
+
+
+def worker(spec: dict) -> None:
+    from nrpt import distributed
+    from nrpt.build import build
+    from nrpt.config import RunConfig
+    from nrpt.loop import execute
+
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    comm = distributed.from_env("cpu")
+    ready = time.perf_counter() - t_start
+    results = []
+    for rep in range(spec["repeats"]):
+        for case in spec["cases"]:
+            target = Logistic() if case["kind"] == "expensive" else None
+            cfg = RunConfig(target="twenty-five-modes" if target is None else target.name,
+                            chains=case["P"], iterations=spec["iterations"], explorer="rwmh",
+                            scheme="deo", seed=rep, step_size=0.05 if target else 0.5,
+                            figures=False)
+            warm = build(cfg.replace(iterations=spec["warmup"]), target=target, comm=comm)
+            execute(warm)  # warm-up: first-call paths, allocator
+            run = build(cfg, target=target, comm=comm)
+            per_it = execute(run).wall_time_s / spec["iterations"]
+            results.append({**case, "rep": rep, "per_it_s": per_it})
+    if comm is None or comm.rank == 0:
+        Path(spec["result"]).write_text(json.dumps({"results": results, "startup_s": ready}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iterations", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chains", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--expensive-iterations", type=int, default=100)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    from nrpt.distributed import spawn
+
+    print(f"machine: {os.cpu_count()} CPU cores, torch {torch.__version__}, one thread per "
+          f"process, gloo; medians of {args.repeats} repeats")
+    table: dict = {}
+    startup = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, chains, iters in (("cheap", args.chains, args.iterations),
+                                    ("expensive", [8], args.expensive_iterations)):
+            for n in args.procs:
+                cases = [{"kind": kind, "P": P} for P in chains if P >= n]
+                spec = {"cases": cases, "iterations": iters, "warmup": args.warmup,
+                        "repeats": args.repeats, "result": str(Path(tmp) / f"{kind}{n}.json")}
+                cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
+                t0 = time.perf_counter()
+                env = dict(os.environ, OMP_NUM_THREADS="1")
+                code = (subprocess.run(cmd, env=env).returncode if n == 1 else spawn(n, cmd))
+                if code != 0:
+                    raise SystemExit(f"worker with {n} processes failed ({code})")
+                data = json.loads(Path(spec["result"]).read_text())
+                startup[(kind, n)] = (time.perf_counter() - t0, data["startup_s"])
+                for r in data["results"]:
+                    table.setdefault((kind, r["P"], n), []).append(r["per_it_s"])
+    print(f"\n{'workload':<10} {'P':>4} {'procs':>5} {'ms / iteration':>15} {'vs 1 process':>13}")
+    for (kind, P, n), times in sorted(table.items()):
+        med = statistics.median(times)
+        one = statistics.median(table[(kind, P, 1)]) if (kind, P, 1) in table else float("nan")
+        print(f"{kind:<10} {P:>4} {n:>5} {1e3 * med:>15.3f} {med / one:>12.2f}x")
+    print("\nwhole worker process (start-up, rendezvous, all repeats): "
+          + ", ".join(f"{k} x{n}: {t:.1f} s (group ready after {s:.2f} s)"
+                      for (k, n), (t, s) in startup.items()))
+
+
+if __name__ == "__main__":
+    main()

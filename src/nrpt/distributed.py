@@ -1,0 +1,207 @@
+"""Replicas across processes on ``torch.distributed``: same algorithm, sharded replicas.
+
+Each process (rank) holds a contiguous block of replicas (:class:`nrpt.rng.Block`) of every
+system, ``[R, P / world, dim]``, and they never move.  An iteration is
+
+1. every rank explores its own replicas, with random numbers drawn at full width and sliced
+   (:mod:`nrpt.rng`), so a replica gets the numbers it would get in one process;
+2. the ranks ``all_gather`` the per-replica *scalars* of the iteration — the energies ``v``, the
+   reference part ``base``, the explorer's acceptance and non-finite counts, the scalar buffers
+   of the estimator (``energy_var``) and a stop flag — into one ``[R, P, m]`` tensor;
+3. every rank makes the same swap decisions from the same scalars and the shared keyed
+   uniforms, so the permutation ``slot_of`` is the same everywhere; states stay where they are.
+
+Recorders that need positions (the slot-0 draws; the hottest slot's spread) ask for the rows of
+the replicas at those slots (:meth:`nrpt.roles.Iteration.slot_x`), one ``all_gather`` of
+``[R, S, dim]``.  Checkpoints gather the full state on every rank and rank 0 writes it, so a
+checkpoint written by N processes resumes on M.  Gathers only copy (no arithmetic), every
+reduction runs on the full tensors in the single-process order, and every rank runs the same
+adaptors and recorders: for targets whose per-row evaluation does not depend on how many rows
+are evaluated together (true of the built-in targets), results are bit for bit those of one
+process.
+
+Launch with ``nrpt run --nproc N ...`` (N local processes, gloo) or ``torchrun
+--nproc-per-node N -m nrpt run ...``; in Python, any ``nrpt.sample``/``run_config`` call made in
+processes started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) runs distributed, and
+only rank 0 writes the run folder and returns a :class:`~nrpt.api.Result` (the other ranks
+return ``None``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+from .rng import Block
+
+__all__ = ["Comm", "from_env", "launch", "spawn", "block_of", "check_world", "local_device"]
+
+
+def block_of(rank: int, world: int, P: int) -> Block:
+    """Rank ``rank``'s contiguous block of ``P`` replicas (blocks of ``ceil(P / world)``; the
+    last ranks may hold fewer)."""
+    size = math.ceil(P / world)
+    lo = min(P, rank * size)
+    return Block(lo, min(P, lo + size), P)
+
+
+def check_world(world: int, P: int) -> None:
+    if world > P:
+        raise ValueError(f"{world} processes for {P} chains: use at most one process per "
+                         f"chain (nproc <= chains)")
+
+
+class Comm:
+    """The process group's collectives, as nrpt uses them (only copies, no reductions)."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.backend = dist.get_backend(group)
+
+    def __repr__(self) -> str:
+        return f"Comm(rank={self.rank}, world={self.world}, backend={self.backend!r})"
+
+    def block(self, P: int) -> Block:
+        check_world(self.world, P)
+        return block_of(self.rank, self.world, P)
+
+    def _all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        self.dist.all_gather(parts, t, group=self.group)
+        return parts
+
+    def gather_replicas(self, t: torch.Tensor, P: int) -> torch.Tensor:
+        """A per-replica tensor ``[R, local, ...]`` from every rank -> ``[R, P, ...]``."""
+        size = math.ceil(P / self.world)
+        width = t.shape[1]
+        if width < size:  # pad the short last blocks to the common size
+            pad = torch.zeros((t.shape[0], size - width, *t.shape[2:]), dtype=t.dtype,
+                              device=t.device)
+            t = torch.cat([t, pad], dim=1)
+        parts = self._all_gather(t)
+        return torch.cat(parts, dim=1)[:, :P]
+
+    def gather_rows(self, local: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+        """Rows ``[R, S, ...]`` each held by rank ``owner[R, S]`` (other ranks' entries are
+        ignored) -> the owners' rows on every rank."""
+        stacked = torch.stack(self._all_gather(local))  # [world, R, S, ...]
+        idx = owner.reshape(1, *owner.shape, *([1] * (local.dim() - owner.dim())))
+        return stacked.gather(0, idx.expand(1, *local.shape)).squeeze(0)
+
+    def check_same(self, text: str, what: str) -> None:
+        """Refuse to run when the ranks disagree on ``text`` (e.g. the config)."""
+        digest = hashlib.sha256(text.encode()).digest()[:8]
+        mine = torch.tensor(list(digest), dtype=torch.int64)
+        if self.backend == "nccl":
+            mine = mine.cuda()
+        allv = torch.stack(self._all_gather(mine))
+        if not bool((allv == allv[0]).all()):
+            raise ValueError(f"the {self.world} processes were given different {what}s; every "
+                             f"rank must run the same {what}")
+
+    def barrier(self) -> None:
+        self.dist.barrier(group=self.group)
+
+
+def from_env(device: str = "cpu") -> Comm | None:
+    """The :class:`Comm` of the current ``torch.distributed`` process group, initialising it
+    from the ``torchrun`` environment (``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``, ...) when
+    needed; ``None`` for a single process."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return None
+        backend = "nccl" if str(device).startswith("cuda") else "gloo"
+        dist.init_process_group(backend)
+    if dist.get_world_size() <= 1:
+        return None
+    return Comm()
+
+
+def local_device(device: str) -> str:
+    """``cuda`` -> ``cuda:LOCAL_RANK`` under a multi-process launch (one GPU per process)."""
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    return device
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Run ``python -m nrpt *argv`` in ``nproc`` local processes (see :func:`spawn`)."""
+    return spawn(nproc, [sys.executable, "-m", "nrpt", *argv])
+
+
+def spawn(nproc: int, command: list[str]) -> int:
+    """Run ``command`` in ``nproc`` local processes with the ``torchrun`` environment (gloo on
+    CPU, one GPU each with ``device = "cuda"``) and return rank 0's exit status (the first
+    non-zero one if rank 0 succeeded but another failed).  SIGINT / SIGTERM to this process
+    are passed to every rank; the ranks agree on the iteration to stop after (the stop flag
+    travels with the gathered scalars), checkpoint and exit 130."""
+    if isinstance(nproc, bool) or int(nproc) != nproc or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1; got {nproc!r}")
+    port = _free_port()
+    procs: list[subprocess.Popen] = []
+
+    def forward(signum, frame):  # a stop request for the parent is one for every rank
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for rank in range(int(nproc)):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(command, env=env))
+        codes = _wait(procs)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if codes[0] != 0:
+        return codes[0]
+    return next((c for c in codes if c != 0), 0)
+
+
+#: seconds the other ranks get to finish once one rank has failed (they are usually blocked in
+#: a collective that can no longer complete) before they are killed
+FAILURE_GRACE_S = 10.0
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[int]:
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return codes
+        if failed_at is None and any(c not in (None, 0, 130) for c in codes):
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
