@@ -90,6 +90,10 @@ class PTEngine:
         #: set by the loop before a step; ``stop_agreed`` is the OR over ranks after it
         self.stop_requested = False
         self.stop_agreed = False
+        #: slots whose positions recorders read every iteration (:meth:`watch`): when sharded,
+        #: their rows are gathered together, once per iteration
+        self.watched: list[int] = []
+        self._row_cache: tuple[int, torch.Tensor] | None = None
 
         # replica r starts at slot r
         self.slot_of = torch.arange(P, device=dev).expand(R, P).clone()
@@ -207,7 +211,7 @@ class PTEngine:
                          step_size=self.step_size, params=self.params, explore_accept=by_slot,
                          nonfinite=nf, decisions=decisions,
                          has_reference=self.path.has_reference,
-                         rows=self.rows if self.sharded else None)
+                         rows=self._slot_rows if self.sharded else None)
 
     # ------------------------------------------------------------------ sharded replicas
     def _sync(self, accept, nonfinite):
@@ -229,6 +233,26 @@ class PTEngine:
         x = torch.empty((R, self.P, self.dim), dtype=self.dtype, device="meta")
         self._view = ReplicaState(x, full[..., 0], full[..., 1], extras)
         return self._view, full[..., 2], full[..., 3].long()
+
+    def watch(self, slots) -> None:
+        """Declare that recorders read the positions at ``slots`` every iteration."""
+        self.watched = sorted(set(self.watched) | {int(s) for s in slots})
+        self._row_cache = None
+        self._watch_pos = torch.full((self.P,), -1, dtype=torch.long, device=self.device)
+        self._watch_pos[self.watched] = torch.arange(len(self.watched), device=self.device)
+
+    def _slot_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Positions at ``slots[R, S]`` after this iteration's swaps (sharded engines): the
+        watched slots' rows come from one gather per iteration, others are gathered apart."""
+        wanted = sorted(set(slots.unique().tolist()))
+        if self.watched and set(wanted) <= set(self.watched):
+            if self._row_cache is None or self._row_cache[0] != self.k:
+                w = torch.tensor(self.watched, device=self.device).reshape(1, -1)
+                self._row_cache = (self.k, self.rows(self.replica_at.gather(
+                    1, w.expand(self.R, -1))))
+            pos, rows = self._watch_pos, self._row_cache[1]
+            return rows.gather(1, pos[slots][..., None].expand(*slots.shape, self.dim))
+        return self.rows(self.replica_at.gather(1, slots))
 
     def rows(self, replicas: torch.Tensor) -> torch.Tensor:
         """Positions ``[R, S, dim]`` of the replicas ``replicas[R, S]`` (a collective when
@@ -337,7 +361,7 @@ class PTEngine:
         if sd.get("scheme", {}).get("scheme") == "deo-w" and window not in (None, 1):
             self.set_scheme(DEOW(window))
         self.scheme_state = {k: v.to(dev) for k, v in sd["scheme_state"].items()}
-        self._view = self.state
+        self._view, self._row_cache = self.state, None
         if self.sharded:
             x = torch.empty((self.R, self.P, self.dim), dtype=self.dtype, device="meta")
             self._view = ReplicaState(x, sd["v"].to(dev), sd["base"].to(dev), {})

@@ -89,6 +89,7 @@ class Iteration:
     nonfinite: torch.Tensor
     decisions: list[PhaseDecision]
     has_reference: bool = False
+    #: the engine's row fetcher when replicas are spread over processes (slots -> positions)
     rows: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def slot_x(self, slots) -> torch.Tensor:
@@ -96,9 +97,9 @@ class Iteration:
         or a ``[R, S]`` tensor of slot indices)."""
         idx = torch.as_tensor(slots, device=self.replica_at.device)
         idx = idx.reshape(1, -1).expand(self.R, -1) if idx.dim() <= 1 else idx
-        rep = self.replica_at.gather(1, idx)
         if self.rows is not None:
-            return self.rows(rep)
+            return self.rows(idx)
+        rep = self.replica_at.gather(1, idx)
         x = self.state.x
         return x.gather(1, rep[..., None].expand(*rep.shape, x.shape[-1]))
 
