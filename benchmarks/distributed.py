@@ -63,6 +63,15 @@ def worker(spec: dict) -> None:
     comm = distributed.from_env("cpu")
     ready = time.perf_counter() - t_start
     results = []
+    if comm is not None:  # the latency of one small all_gather (what an iteration pays twice)
+        t = torch.zeros(1, 4, 6, dtype=torch.float64)
+        for _ in range(20):
+            comm.gather_replicas(t, 4 * comm.world)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            comm.gather_replicas(t, 4 * comm.world)
+        results.append({"kind": "all_gather", "P": 0, "rep": 0,
+                        "per_it_s": (time.perf_counter() - t0) / 200})
     for rep in range(spec["repeats"]):
         for case in spec["cases"]:
             target = Logistic() if case["kind"] == "expensive" else None
@@ -118,6 +127,10 @@ def main() -> None:
     print(f"\n{'workload':<10} {'P':>4} {'procs':>5} {'ms / iteration':>15} {'vs 1 process':>13}")
     for (kind, P, n), times in sorted(table.items()):
         med = statistics.median(times)
+        if kind == "all_gather":
+            print(f"{'gather':<10} {'-':>4} {n:>5} {1e3 * med:>15.3f}   (one all_gather of "
+                  f"[1, 4, 6] float64 per rank)")
+            continue
         one = statistics.median(table[(kind, P, 1)]) if (kind, P, 1) in table else float("nan")
         print(f"{kind:<10} {P:>4} {n:>5} {1e3 * med:>15.3f} {med / one:>12.2f}x")
     print("\nwhole worker process (start-up, rendezvous, all repeats): "

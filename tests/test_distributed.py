@@ -170,3 +170,38 @@ def test_checkpoint_of_2_processes_resumes_on_m(tmp_path, m):
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr
     assert _same(ref, _records(tmp_path / "two")) == []
+
+
+def test_interrupted_multi_process_run_stops_together_and_resumes_on_other_count(tmp_path):
+    # SIGINT to the launcher reaches every rank; they agree on the iteration to stop after
+    # (the flag travels with the gathered scalars), checkpoint, exit 130; resuming on another
+    # number of processes gives the uninterrupted run bit for bit
+    import signal
+    import time
+
+    target = f"{DATA / 'slow_target.py'}:TARGET"  # >= 3 ms per iteration
+    args = ["--preset", "none", "--target", target, "--chains", "4", "--seed", "6",
+            "--iterations", "1200", "--explorer", "rwmh", "--scheme", "deo"]
+    out = tmp_path / "cut"
+    cmd = [sys.executable, "-m", "nrpt", "run", *args, "--out", str(out), "--no-progress",
+           "--figures", "false", "--nproc", "2"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "config.toml").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside the run: 1200 iterations take >= 3.6 s
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    cut = torch.load(out / "checkpoint.pt", weights_only=True)["engine"]["k"]
+    assert 0 < cut < 1200
+    r = subprocess.run([sys.executable, "-m", "nrpt", "resume", str(out), "--no-progress",
+                        "--nproc", "3"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr
+    full = _cli([*args, "--out", str(tmp_path / "full")])
+    assert full.returncode == 0, full.stderr
+    assert _same(_records(tmp_path / "full"), _records(out)) == []

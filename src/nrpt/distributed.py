@@ -174,7 +174,7 @@ def spawn(nproc: int, command: list[str]) -> int:
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
                        WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(subprocess.Popen(command, env=env))
+            procs.append(subprocess.Popen(command, env=env, preexec_fn=_stop_with_parent))
         codes = _wait(procs)
     finally:
         for s, h in old.items():
@@ -185,6 +185,16 @@ def spawn(nproc: int, command: list[str]) -> int:
     if codes[0] != 0:
         return codes[0]
     return next((c for c in codes if c != 0), 0)
+
+
+def _stop_with_parent() -> None:
+    """(Linux) a rank gets SIGTERM when the launcher dies, so no rank outlives it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 #: seconds the other ranks get to finish once one rank has failed (they are usually blocked in
