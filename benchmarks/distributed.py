@@ -123,7 +123,7 @@ def main() -> None:
                 data = json.loads(Path(spec["result"]).read_text())
                 startup[(kind, n)] = (time.perf_counter() - t0, data["startup_s"])
                 for r in data["results"]:
-                    table.setdefault((kind, r["P"], n), []).append(r["per_it_s"])
+                    table.setdefault((r["kind"], r["P"], n), []).append(r["per_it_s"])
     print(f"\n{'workload':<10} {'P':>4} {'procs':>5} {'ms / iteration':>15} {'vs 1 process':>13}")
     for (kind, P, n), times in sorted(table.items()):
         med = statistics.median(times)
