@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import report
+from . import runfolder as rf
 from .build import build
 from .config import RunConfig
 from .engine import PTEngine
@@ -65,9 +66,7 @@ class Result:
 
 
 def _atomic_text(text: str, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    rf.atomic_write(path, text, sync=False)
 
 
 def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
@@ -113,13 +112,15 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
 
 def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays) -> None:
     if len(run.plan.segments) > 1:
-        report.write_round_table(outcome.rows, out / "rounds.csv")
+        with rf.atomic_path(out / "rounds.csv") as tmp:
+            report.write_round_table(outcome.rows, tmp)
         _atomic_text("\n".join([report.ROW_HEADER] + [report.format_row(r)
                                                       for r in outcome.rows]) + "\n",
                      out / "report.txt")
     trace = run.recorders.get("trace")
     if trace is not None:
-        np.savez(out / "adaptation.npz", **trace.arrays())
+        with rf.atomic_path(out / "adaptation.npz") as tmp:
+            np.savez(tmp, **trace.arrays())
     samples = np.asarray(arrays["samples"])
     if samples.size:
         try:  # an optional extra (arviz + a netCDF engine): never fail the run here

@@ -21,7 +21,6 @@ saved state is always consistent); they hold the engine, every adaptor and every
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -34,11 +33,11 @@ import torch
 
 from .engine import PTEngine
 from .roles import SegmentView
+from .runfolder import CHECKPOINT, atomic_path
 
 __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "atomic_save", "load_checkpoint",
            "CHECKPOINT", "RunError"]
 
-CHECKPOINT = "checkpoint.pt"
 CALLBACK_EVERY = 256
 
 
@@ -118,17 +117,21 @@ class Outcome:
 
 
 def atomic_save(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file, then rename (a crash never leaves half a file)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` to a unique temporary file, then rename (a crash never leaves half a
+    file)."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Load a checkpoint written by :func:`execute` (no pickle: ``weights_only=True``)."""
+    """Load one checkpoint file (no pickle: ``weights_only=True``).  A run folder's checkpoints
+    are read, verified and matched to their run by :func:`nrpt.runfolder.read_checkpoint`."""
+    from .runfolder import load_file
+
     try:
-        return torch.load(path, weights_only=True)
+        return load_file(Path(path))
+    except ValueError:
+        raise
     except Exception as err:  # noqa: BLE001 - any failure to read is reported the same way
         raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
 
