@@ -284,10 +284,10 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         finally:
             if bar is not None:
                 bar.close()
-    if "draws" in recorders:
-        recorders["draws"].flush()
     wall = elapsed + time.perf_counter() - t0
     if consistent:  # a second Ctrl-C inside an iteration keeps the previous checkpoint
         checkpoint()
+    if "draws" in recorders:  # flushed, and the record files cut to their valid rows
+        recorders["draws"].close()
     return Outcome(rows=rows, notes=notes, wall_time_s=wall, interrupted=interrupted,
                    segments_done=seg_i)
