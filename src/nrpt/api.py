@@ -10,6 +10,7 @@ and on Ctrl-C), ``posterior.nc`` (ArviZ), the figures (``figures = true``), and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -24,7 +25,7 @@ from . import runfolder as rf
 from .build import build
 from .config import RunConfig
 from .engine import PTEngine
-from .loop import CHECKPOINT, Outcome, Run, execute, load_checkpoint
+from .loop import CHECKPOINT, Interrupt, Outcome, Run, execute, load_checkpoint
 from .summary import build_summary, format_summary
 from .swap import Rule
 
@@ -69,23 +70,33 @@ def _atomic_text(text: str, path: Path) -> None:
     rf.atomic_write(path, text, sync=False)
 
 
+@contextlib.contextmanager
+def _guard(out: Path | None):
+    """Signals deferred to iteration boundaries (:class:`~nrpt.loop.Interrupt`) for a whole
+    run: set-up, loop and outputs."""
+    with Interrupt() as stop:
+        yield stop
+
+
 def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
                callback=None, resume_from: str | os.PathLike | None = None) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes."""
     out = Path(cfg.out) if cfg.out else None
-    ck = None
-    if resume_from is not None:
-        ck = load_checkpoint(Path(resume_from) / CHECKPOINT)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None)
-    if out is not None:
-        geometric = run.facts.get("target_kind") == "geometric"
-        cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
-    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
-                      callback=callback, resume=ck, header={"config": cfg.to_dict()},
-                      say=print if progress else None)
-    return _finish(run, cfg, outcome, out)
+    with _guard(out) as stop:
+        ck = None
+        if resume_from is not None:
+            ck = load_checkpoint(Path(resume_from) / CHECKPOINT)
+        run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None)
+        if out is not None:
+            geometric = run.facts.get("target_kind") == "geometric"
+            cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
+        outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every,
+                          progress=progress, callback=callback, resume=ck,
+                          header={"config": cfg.to_dict()}, say=print if progress else None,
+                          stop=stop)
+        return _finish(run, cfg, outcome, out)
 
 
 def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Result:

@@ -1,5 +1,8 @@
 """Command line: ``nrpt run`` (flags or a TOML config), ``nrpt resume DIR``, ``nrpt list``.
 
+Exit status: 0 done, 2 an error the user can fix (``nrpt: error: ...``), 130 interrupted (Ctrl-C
+or SIGTERM: the run checkpointed and wrote its outputs; continue with ``nrpt resume DIR``).
+
 Flags mirror :class:`nrpt.config.RunConfig` field by field; a flag given on the command line
 overrides the same key of ``--config FILE``.  The names offered for ``--explorer``,
 ``--scheme``, ``--swap-rule`` and ``--target`` come from :mod:`nrpt.registry`.  Every error a
@@ -216,8 +219,24 @@ def _list(role: str | None) -> None:
             print(f"  {name:<{width}}  {summary}{tags}")
 
 
+def _interrupted(result, out) -> int:
+    """Exit status 130 (and how to go on) for an interrupted run, 0 otherwise."""
+    if result.summary.get("interrupted"):
+        print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")
+        return 130
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:  # before a run installed its handler (or after it finished)
+        print("nrpt: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
     from . import api
 
     try:
@@ -234,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = api.resume(args.out, progress=not args.no_progress,
                                     iterations=args.iterations)
             print(result)
-            return 0
+            return _interrupted(result, args.out)
         data: dict = {}
         for f in fields(RunConfig):
             v = getattr(args, f.name, None)
@@ -265,10 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nrpt: error: {err}", file=sys.stderr)
         return 2
     print(result)
-    if result.summary.get("interrupted"):
-        print(f"interrupted; continue with: nrpt resume {cfg.out}" if cfg.out else "interrupted")
-        return 130
-    return 0
+    return _interrupted(result, cfg.out)
 
 
 if __name__ == "__main__":  # pragma: no cover
