@@ -182,6 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for the target factory (repeatable)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the run already in the --out folder (its run files are "
+                          "removed first); without it such a folder is refused")
     res = sub.add_parser("resume", help="continue an interrupted run from its folder")
     res.add_argument("out")
     res.add_argument("--iterations", type=_INT, default=None,
@@ -278,7 +281,8 @@ def _main(args) -> int:
             cfg = RunConfig.from_dict(data, defaults=defaults)
         with warnings.catch_warnings():  # the report prints every finding itself
             warnings.simplefilter("ignore", SamplingWarning)
-            result = api.run_config(cfg, progress=not args.no_progress)
+            result = api.run_config(cfg, progress=not args.no_progress,
+                                    overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError, RuntimeError) as err:
         print(f"nrpt: error: {err}", file=sys.stderr)
