@@ -387,6 +387,7 @@ def test_an_interrupted_run_folder_holds_only_valid_rows(at, tmp_path, systems, 
     side = json.loads((out / "checkpoint.json").read_text())
     assert side["iteration"] == k
     assert side["rows"] == {"index": k + 1, "samples": n, "energies": n}
+    assert_plain_permissions(out)  # also the files cut by a copy (R > 1)
     resumed = nrpt.resume(out, target=Kicker())
     assert_same_run(resumed, fullrun)
     assert_same_files(out, tmp_path / "full")
@@ -453,6 +454,16 @@ def test_every_file_is_written_under_a_unique_temporary_name(tmp_path, monkeypat
     assert len(set(temporaries)) == len(temporaries)
     assert all(s.parent == out for s in temporaries)
     assert not [p for p in out.iterdir() if ".tmp" in p.name]  # none left behind
+    assert_plain_permissions(out)
+
+
+def assert_plain_permissions(out: Path) -> None:
+    """Files get the permissions a plain open() gives (mkstemp's own are owner-only)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for name in ["config.toml", "run.json", "checkpoint.pt", "checkpoint.json", "summary.json",
+                 *runfolder.RECORD_FILES]:
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
 
 
 # ------------------------------------------------------------------ 6. file targets

@@ -103,9 +103,9 @@ def _resize(path: Path, shape: tuple[int, ...], axis: int) -> None:
             return
         except ValueError:
             pass  # no room in the header: copy
-    import tempfile
+    from .runfolder import temporary
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.npy")
+    fd, tmp = temporary(path)
     os.close(fd)
     try:
         old = np.load(path, mmap_mode="r")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -41,12 +40,17 @@ from typing import Any
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs without the folder lock
+    fcntl = None
+
 __all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON", "LOCK",
            "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "atomic_write", "atomic_path",
            "RunLock", "run_files", "clear_run", "config_hash", "target_record",
            "check_target_file", "new_run_record", "write_run_record", "read_run_record",
            "write_checkpoint", "read_checkpoint", "check_checkpoint", "checkpoint_exists",
-           "load_file", "sha256_file"]
+           "load_file", "sha256_file", "temporary"]
 
 CHECKPOINT = "checkpoint.pt"
 PREV_CHECKPOINT = "checkpoint.prev.pt"
@@ -73,8 +77,28 @@ class CheckpointWarning(UserWarning):
 
 
 # ------------------------------------------------------------------------------ atomic writes
-def _tmp_name(path: Path) -> tuple[int, str]:
-    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
+def _umask() -> int:
+    try:  # Linux: read it without changing it
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temporary(path: str | os.PathLike) -> tuple[int, str]:
+    """``(fd, name)`` of a new unique file beside ``path`` (``.NAME.XXXX.tmpSUFFIX``) with the
+    permissions a plain ``open`` would give it (mkstemp's are owner-only)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                               suffix=f".tmp{path.suffix}")
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -89,7 +113,7 @@ def _fsync_dir(folder: Path) -> None:
 def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = True) -> None:
     """Write ``data`` to a unique temporary file beside ``path`` (fsynced), then rename it."""
     path = Path(path)
-    fd, tmp = _tmp_name(path)
+    fd, tmp = temporary(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
@@ -108,7 +132,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A unique temporary path beside ``path`` (same suffix) for writers that need a file name
     (figures, netCDF, ``np.savez``); renamed to ``path`` when the block succeeds."""
     path = Path(path)
-    fd, tmp = _tmp_name(path)
+    fd, tmp = temporary(path)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -141,6 +165,8 @@ class RunLock:
 
     def __enter__(self) -> RunLock:
         path = self.out / LOCK
+        if fcntl is None:
+            return self
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -148,7 +174,10 @@ class RunLock:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
             os.close(fd)
             if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
+                warnings.warn(f"cannot lock {path} ({err}): this file system does not support "
+                              f"flock; nothing stops a second process from using {self.out}",
+                              RuntimeWarning, stacklevel=2)
+                return self
             who = f" (pid {holder})" if holder else ""
             raise RunFolderBusy(f"run folder {self.out} is in use by another nrpt process{who}: "
                                 f"wait for it to finish, or stop it (Ctrl-C / kill: it "
@@ -190,8 +219,9 @@ def clear_run(out: Path) -> None:
 
 # ------------------------------------------------------------------------------ run identity
 def config_hash(cfg) -> str:
-    """sha256 of the run's resolved settings, less those a resumption may change."""
-    data = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_HASHED}
+    """sha256 of the run's resolved settings, less those a resumption may change and those
+    that do not apply (``None``: a setting added in a later version does not change it)."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_HASHED and v is not None}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -290,7 +320,7 @@ def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
     if draws:
         side["rows"] = {"index": int(draws["next_row"]), "samples": int(draws["next_draw"]),
                         "energies": int(draws["next_draw"])}
-    fd, tmp = _tmp_name(out / CHECKPOINT)
+    fd, tmp = temporary(out / CHECKPOINT)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
