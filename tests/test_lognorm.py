@@ -51,6 +51,27 @@ def test_streaming_logsumexp_skips_and_counts_invalid_terms():
                                                          dtype=torch.float64))
 
 
+def test_reading_the_estimate_mid_stream_does_not_change_its_bits():
+    """A report row read between chunks must not regroup the terms: a run read at other times
+    (resumed, extended) has to end with the same bits.  Negative control: the grouping does
+    matter at this scale, so the check can fail."""
+    g = torch.Generator().manual_seed(3)
+    terms = 30.0 * torch.randn(200, 5, generator=g, dtype=torch.float64)
+    quiet, read = StreamingLogSumExp((5,), chunk=64), StreamingLogSumExp((5,), chunk=64)
+    for i, t in enumerate(terms):
+        quiet.add(t)
+        read.add(t)
+        if i in (10, 99, 150):
+            read.value(), read.invalid, read.zeros, read.log_mean()
+    assert torch.equal(quiet.value(), read.value())
+    regrouped = StreamingLogSumExp((5,), chunk=64)
+    for i, t in enumerate(terms):
+        regrouped.add(t)
+        if i in (10, 99, 150):
+            regrouped._flush()  # what a read did before
+    assert not torch.equal(quiet.value(), regrouped.value())
+
+
 def run_fixed(target, betas, iterations=600, seed=1, step=0.8):
     """PT on a fixed geometric schedule with the ``log_z`` recorder, through the run loop: a
     burn-in segment, then the main segment, whose start resets the recorder (the estimates

@@ -1,4 +1,4 @@
-"""``python -m nrpt`` (the command line, :mod:`nrpt.cli`)."""
+"""``python -m nrpt ...``: the command line (:mod:`nrpt.cli`)."""
 
 import sys
 

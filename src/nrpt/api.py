@@ -5,11 +5,18 @@ loop :func:`nrpt.loop.execute`.  A run folder holds ``config.toml`` (every setti
 rerun it), ``summary.json``, ``samples.npy`` / ``energies.npy`` / ``index.npy`` (streamed, see
 :mod:`nrpt.record`), ``checkpoint.pt`` (every ``checkpoint_every`` iterations, at segment ends
 and on Ctrl-C), ``posterior.nc`` (ArviZ), the figures (``figures = true``), and for adaptive runs
-``rounds.csv`` / ``report.txt``, for stochastic-gradient runs ``adaptation.npz``.
+``rounds.csv`` / ``report.txt``, for stochastic-gradient runs ``adaptation.npz``; and the
+bookkeeping of :mod:`nrpt.runfolder` (``run.json``, checkpoint sidecars, the lock).
+
+A run holds its folder's lock from start to finish and defers SIGINT / SIGTERM to the next
+iteration boundary (:class:`nrpt.loop.Interrupt`) until its outputs are written.  A new run
+refuses a folder that holds another run's files unless ``overwrite=True``; a resumption
+refuses a checkpoint, ``config.toml``, target file or record file that is not the run's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -20,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from . import report
+from . import runfolder as rf
 from .build import build
 from .config import RunConfig
 from .engine import PTEngine
-from .loop import CHECKPOINT, Outcome, Run, execute, load_checkpoint
+from .loop import Interrupt, Outcome, Run, execute
 from .summary import build_summary, format_summary
 from .swap import Rule
 
@@ -65,50 +73,144 @@ class Result:
 
 
 def _atomic_text(text: str, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    rf.atomic_write(path, text, sync=False)
+
+
+@contextlib.contextmanager
+def _guard(out: Path | None):
+    """Signals deferred to iteration boundaries (:class:`~nrpt.loop.Interrupt`) and the run
+    folder locked, for a whole run: set-up, loop and outputs."""
+    with Interrupt() as stop, (rf.RunLock(out) if out is not None else contextlib.nullcontext()):
+        yield stop
 
 
 def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
-               callback=None, resume_from: str | os.PathLike | None = None) -> Result:
+               callback=None, resume_from: str | os.PathLike | None = None,
+               overwrite: bool = False) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
 
+    A new run refuses a folder ``cfg.out`` that already holds an nrpt run unless
+    ``overwrite=True`` (which first removes that run's files).
+
     In processes launched by ``torchrun`` / ``nrpt run --nproc`` the replicas are spread over
-    the processes (:mod:`nrpt.distributed`); rank 0 writes the run folder and returns the
-    result, the other ranks return a :class:`Result` with empty arrays whose ``summary`` holds
-    only ``rank`` and ``interrupted``."""
+    the processes (:mod:`nrpt.distributed`); rank 0 owns the run folder (lock, checks, files)
+    and returns the result, the other ranks return a :class:`Result` with empty arrays whose
+    ``summary`` holds only ``rank`` and ``interrupted``."""
     from . import distributed
 
     distributed.check_world(int(os.environ.get("WORLD_SIZE", "1")), int(cfg.chains))
     comm = distributed.from_env(cfg.device)
-    lead = comm is None or comm.rank == 0
     if comm is not None:
         comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "config")
+    lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
-    ck = None
-    if resume_from is not None:
-        ck = load_checkpoint(Path(resume_from) / CHECKPOINT)
     if out is not None and lead:
         out.mkdir(parents=True, exist_ok=True)
-    if not lead:
-        out = None
+    resume_from = Path(resume_from) if resume_from is not None else None
+    with _guard(out if lead else None) as stop:
+        if not lead:
+            return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback,
+                           resume_from=resume_from)
+        return _run(cfg, stop, target=target, rule=rule, progress=progress, callback=callback,
+                    resume_from=resume_from, overwrite=overwrite, comm=comm)
+
+
+def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
+            resume_from: Path | None) -> Result:
+    """A rank > 0 of a distributed run: the folder is rank 0's; this rank takes the checkpoint
+    and the target file rank 0 validated, and runs its block of replicas."""
+    told = comm.share(None)
+    if told["error"] is not None:
+        raise ValueError(f"rank 0 stopped the run: {told['error']}")
+    ck = rf.load_file(Path(told["checkpoint"])) if told["checkpoint"] else None
+    if target is None and told["target"] is not None:
+        from .target import load_target
+
+        target = load_target(told["target"], **(cfg.target_options or {}))
+    run = build(cfg, target=target, rule=rule, out=None, resume=ck is not None, comm=comm)
+    outcome = execute(run, out=None, checkpoint_every=cfg.checkpoint_every, callback=callback,
+                      resume=ck, stop=stop)
+    run.engine.unshard()
+    empty = np.zeros(0)
+    return Result(samples=empty, energies=empty, index=empty,
+                  summary={"rank": comm.rank, "interrupted": outcome.interrupted},
+                  config=cfg, rows=outcome.rows, engine=run.engine, recorders=run.recorders)
+
+
+def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
+             record: dict | None):
+    """The folder checks of a run or a resumption: ``(checkpoint, its path, config hash,
+    run record, target, target file spec)``."""
+    out = Path(cfg.out) if cfg.out else None
+    ck = used = spec = None
+    chash = rf.config_hash(cfg)
+    if resume_from is not None:
+        if record is None:
+            record = rf.read_run_record(resume_from)
+        ck, used = rf.read_checkpoint(resume_from)
+        rf.check_checkpoint(ck, used, record, cfg, chash)
+        if record is not None:
+            spec = rf.check_target_file(record)  # the recorded file, wherever we run from
+            if target is None and spec is not None:
+                from .target import load_target
+
+                target = load_target(spec, **(cfg.target_options or {}))
+    elif out is not None:
+        present = rf.run_files(out)
+        if present and not overwrite:
+            raise ValueError(f"run folder {out} already holds a run ({', '.join(present[:4])}"
+                             f"{', ...' if len(present) > 4 else ''}): resume it with `nrpt "
+                             f"resume {out}`, choose another out, or pass overwrite=True "
+                             f"(--overwrite) to replace it")
+        rf.clear_run(out)
+        record = rf.new_run_record(cfg, chash)
+        if record["target"].get("path"):
+            spec = f"{record['target']['path']}:{record['target']['attribute']}"
+            if target is None:
+                from .target import load_target  # load the very file that was hashed
+
+                target = load_target(spec, **(cfg.target_options or {}))
+    return ck, used, chash, record, target, spec
+
+
+def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
+         resume_from: Path | None, overwrite: bool = False, record: dict | None = None,
+         comm=None) -> Result:
+    """The run itself (the caller holds the lock); ``record``: the folder's ``run.json``;
+    ``comm``: this is rank 0 of a distributed run, which tells the others what it found."""
+    try:
+        ck, used, chash, record, target, spec = _prepare(cfg, target, resume_from, overwrite,
+                                                         record)
+    except Exception as err:
+        if comm is not None:
+            comm.share({"error": f"{type(err).__name__}: {err}", "checkpoint": None,
+                        "target": None})
+        raise
+    if comm is not None:
+        comm.share({"error": None, "checkpoint": str(used) if used else None, "target": spec})
+    out = Path(cfg.out) if cfg.out else None
     run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None, comm=comm)
     if out is not None:
         geometric = run.facts.get("target_kind") == "geometric"
         cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
-    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every,
-                      progress=progress and lead, callback=callback, resume=ck,
-                      header={"config": cfg.to_dict()},
-                      say=print if progress and lead else None)
+        if ck is None:  # the hash a resumption will compare: of the settings as written
+            chash = rf.config_hash(RunConfig.from_toml(out / "config.toml"))
+            record = {**record, "config_hash": chash}
+        if record is None:  # a folder from before run.json: it gets one now
+            record = rf.new_run_record(cfg, chash)
+        if ck is None or record.get("iterations") != cfg.iterations or \
+                not (out / rf.RUN_JSON).exists():
+            record = {**record, "iterations": cfg.iterations}
+            rf.write_run_record(out, record)
+    header = {"config": cfg.to_dict(), "config_hash": chash, "seed": cfg.seed,
+              "iterations": cfg.iterations}
+    if record is not None:
+        header.update(run_id=record["run_id"], target=record.get("target"))
+    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
+                      callback=callback, resume=ck, header=header,
+                      say=print if progress else None, stop=stop)
     if comm is not None:
         run.engine.unshard()  # the summary and outputs read the whole state
-        if not lead:
-            empty = np.zeros(0)
-            return Result(samples=empty, energies=empty, index=empty,
-                          summary={"rank": comm.rank, "interrupted": outcome.interrupted},
-                          config=cfg, rows=outcome.rows, engine=run.engine,
-                          recorders=run.recorders)
     return _finish(run, cfg, outcome, out)
 
 
@@ -136,13 +238,15 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
 
 def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays) -> None:
     if len(run.plan.segments) > 1:
-        report.write_round_table(outcome.rows, out / "rounds.csv")
+        with rf.atomic_path(out / "rounds.csv") as tmp:
+            report.write_round_table(outcome.rows, tmp)
         _atomic_text("\n".join([report.ROW_HEADER] + [report.format_row(r)
                                                       for r in outcome.rows]) + "\n",
                      out / "report.txt")
     trace = run.recorders.get("trace")
     if trace is not None:
-        np.savez(out / "adaptation.npz", **trace.arrays())
+        with rf.atomic_path(out / "adaptation.npz") as tmp:
+            np.savez(tmp, **trace.arrays())
     samples = np.asarray(arrays["samples"])
     if samples.size:
         try:  # an optional extra (arviz + a netCDF engine): never fail the run here
@@ -161,7 +265,7 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
 
 
 def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | None = None,
-           callback=None, **options) -> Result:
+           callback=None, overwrite: bool = False, **options) -> Result:
     """Run parallel tempering on ``target``.
 
     ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
@@ -169,6 +273,7 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
     :class:`~nrpt.config.RunConfig` (``chains``, ``iterations``, ``scheme``, ``window``,
     ``explorer``, ``step_size``, ``seed``, ``systems``, ``rounds``, ``out``, ...); a setting that
     does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
+    ``overwrite``: replace a run already in the folder ``out`` (else that is an error).
 
     Example::
 
@@ -183,26 +288,49 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
         obj = target
         options["target"] = getattr(target, "name", type(target).__name__)
     cfg = RunConfig(**options)
-    return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback)
+    return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback,
+                      overwrite=overwrite)
 
 
 def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
            iterations: int | None = None, callback=None) -> Result:
     """Continue the run in folder ``out`` from its last checkpoint, to its configured length
-    or to ``iterations`` (a larger budget; fixed-length runs)."""
+    or to ``iterations`` (a larger budget; fixed-length runs).
+
+    The folder's settings (``config.toml``) must be the run's own: an edited setting, a
+    checkpoint of another run, a changed target file or a damaged record file is refused with
+    a ``ValueError`` that names it.  A ``file.py:NAME`` target is loaded from the absolute path
+    recorded in ``run.json`` (the code in that file runs)."""
+    from . import distributed
+
     out = Path(out)
-    if not (out / "config.toml").exists() or not (out / CHECKPOINT).exists():
-        raise FileNotFoundError(f"{out} has no config.toml/{CHECKPOINT} to resume from")
-    cfg = RunConfig.from_toml(out / "config.toml")
-    changes: dict[str, Any] = {"out": str(out)}
-    if iterations is not None:
-        if getattr(cfg, "rounds", None) is not None:
-            raise ValueError("iterations: an adaptive run is extended with more rounds, not "
-                             "iterations")
-        if iterations < cfg.iterations:
-            raise ValueError(f"iterations must be >= the run's {cfg.iterations}; got "
-                             f"{iterations}")
-        changes["iterations"] = iterations
-    cfg = cfg.replace(**changes)
-    return run_config(cfg, target=target, progress=progress, callback=callback,
-                      resume_from=out)
+    if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
+        raise FileNotFoundError(f"{out} has no config.toml/{rf.CHECKPOINT} to resume from")
+    comm = distributed.from_env(RunConfig.from_toml(out / "config.toml").device)
+    lead = comm is None or comm.rank == 0
+    with _guard(out if lead else None) as stop:
+        record = rf.read_run_record(out)
+        cfg = RunConfig.from_toml(out / "config.toml")
+        changes: dict[str, Any] = {"out": str(out)}
+        if record is not None and cfg.iterations != record.get("iterations"):
+            raise ValueError(f"{out / 'config.toml'} says iterations = {cfg.iterations} but the "
+                             f"run's budget is {record.get('iterations')} (run.json): a run's "
+                             f"settings cannot be edited; extend its budget with `nrpt resume "
+                             f"{out} --iterations N` (resume(iterations=N))")
+        if iterations is not None:
+            if getattr(cfg, "rounds", None) is not None:
+                raise ValueError("iterations: an adaptive run is extended with more rounds, not "
+                                 "iterations")
+            if iterations < cfg.iterations:
+                raise ValueError(f"iterations must be >= the run's {cfg.iterations}; got "
+                                 f"{iterations}")
+            changes["iterations"] = iterations
+        cfg = cfg.replace(**changes)
+        if comm is not None:
+            distributed.check_world(comm.world, int(cfg.chains))
+            comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "config")
+            if not lead:
+                return _follow(cfg, stop, comm, target=target, rule=None, callback=callback,
+                               resume_from=out)
+        return _run(cfg, stop, target=target, rule=None, progress=progress and lead,
+                    callback=callback, resume_from=out, record=record, comm=comm)

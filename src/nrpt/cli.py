@@ -1,5 +1,8 @@
 """Command line: ``nrpt run`` (flags or a TOML config), ``nrpt resume DIR``, ``nrpt list``.
 
+Exit status: 0 done, 2 an error the user can fix (``nrpt: error: ...``), 130 interrupted (Ctrl-C
+or SIGTERM: the run checkpointed and wrote its outputs; continue with ``nrpt resume DIR``).
+
 Flags mirror :class:`nrpt.config.RunConfig` field by field; a flag given on the command line
 overrides the same key of ``--config FILE``.  The names offered for ``--explorer``,
 ``--scheme``, ``--swap-rule`` and ``--target`` come from :mod:`nrpt.registry`.  Every error a
@@ -184,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="spread the replicas over N local processes (torch.distributed, "
                           "gloo; one GPU each with --device cuda); results are identical to "
                           "one process")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace the run already in the --out folder (its run files are "
+                          "removed first); without it such a folder is refused")
     res = sub.add_parser("resume", help="continue an interrupted run from its folder")
     res.add_argument("out")
     res.add_argument("--iterations", type=_INT, default=None,
@@ -223,6 +229,15 @@ def _list(role: str | None) -> None:
             print(f"  {name:<{width}}  {summary}{tags}")
 
 
+def _interrupted(result, out, lead: bool = True) -> int:
+    """Exit status 130 (and how to go on) for an interrupted run, 0 otherwise."""
+    if result.summary.get("interrupted"):
+        if lead:
+            print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")
+        return 130
+    return 0
+
+
 def _launch(args, argv: list[str]) -> int | None:
     """``--nproc N`` outside a launched process group: start N ranks running the same command
     (without ``--nproc``) and return the exit status; ``None`` to run here."""
@@ -254,6 +269,14 @@ def _launch(args, argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    try:
+        return _main(args, argv)
+    except KeyboardInterrupt:  # before a run installed its handler (or after it finished)
+        print("nrpt: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args, argv: list[str]) -> int:
     from . import api
 
     try:
@@ -280,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                                     iterations=args.iterations)
             if lead:
                 print(result)
-            return 130 if result.summary.get("interrupted") else 0
+            return _interrupted(result, args.out, lead)
         data: dict = {}
         for f in fields(RunConfig):
             v = getattr(args, f.name, None)
@@ -305,20 +328,15 @@ def main(argv: list[str] | None = None) -> int:
             cfg = RunConfig.from_dict(data, defaults=defaults)
         with warnings.catch_warnings():  # the report prints every finding itself
             warnings.simplefilter("ignore", SamplingWarning)
-            result = api.run_config(cfg, progress=not args.no_progress and lead)
+            result = api.run_config(cfg, progress=not args.no_progress and lead,
+                                    overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError, RuntimeError) as err:
         print(f"nrpt: error: {err}", file=sys.stderr)
         return 2
-    if result.summary.get("interrupted"):
-        if lead:
-            print(result)
-            print(f"interrupted; continue with: nrpt resume {cfg.out}" if cfg.out
-                  else "interrupted")
-        return 130
     if lead:
         print(result)
-    return 0
+    return _interrupted(result, cfg.out, lead)
 
 
 if __name__ == "__main__":  # pragma: no cover

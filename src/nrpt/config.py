@@ -338,7 +338,9 @@ class RunConfig:
     def write_toml(self, path: str | Path, omit: tuple[str, ...] = ()) -> None:
         """Write ``config.toml``; ``omit``: settings the built run turned out not to read
         (e.g. ``max_temperature`` for a target with a reference)."""
-        Path(path).write_text(to_toml(self.sections(omit)))
+        from .runfolder import atomic_write
+
+        atomic_write(path, to_toml(self.sections(omit)), sync=False)
 
 
 def _has_sections(data: dict[str, Any]) -> bool:

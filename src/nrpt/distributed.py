@@ -112,6 +112,13 @@ class Comm:
             raise ValueError(f"the {self.world} processes were given different {what}s; every "
                              f"rank must run the same {what}")
 
+    def share(self, obj):
+        """Rank 0's ``obj`` on every rank (small messages: what rank 0 found in the run
+        folder).  Pickled between the run's own processes only."""
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
     def barrier(self) -> None:
         self.dist.barrier(group=self.group)
 

@@ -68,33 +68,35 @@ class StreamingLogSumExp:
         if self.pending == self.buffer.shape[0]:
             self._flush()
 
-    def _flush(self) -> None:
+    def _pending(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(total, invalid, zeros)`` with the buffered terms merged in, the state unchanged:
+        reading an estimate mid-run (a segment's report row) must not regroup the terms, or a
+        run read at other times (resumed, extended) would differ in the last bits."""
         if self.pending == 0:
-            return
+            return self.total, self._invalid, self._zeros
         terms = self.buffer[:self.pending]
         bad = ~(terms < math.inf)  # NaN or +inf
-        self._invalid += bad.sum(0)
-        self._zeros += (terms == -math.inf).sum(0)
-        terms = terms.masked_fill(bad, -math.inf)
-        self.total = torch.logaddexp(self.total, torch.logsumexp(terms, 0))
-        self.pending = 0
+        total = torch.logaddexp(self.total, torch.logsumexp(terms.masked_fill(bad, -math.inf), 0))
+        return total, self._invalid + bad.sum(0), self._zeros + (terms == -math.inf).sum(0)
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.total, self._invalid, self._zeros = self._pending()
+            self.pending = 0
 
     @property
     def invalid(self) -> torch.Tensor:
         """Count of NaN / ``+inf`` terms (skipped), per entry."""
-        self._flush()
-        return self._invalid
+        return self._pending()[1].clone()
 
     @property
     def zeros(self) -> torch.Tensor:
         """Count of ``-inf`` terms (weight zero), per entry."""
-        self._flush()
-        return self._zeros
+        return self._pending()[2].clone()
 
     def value(self) -> torch.Tensor:
         """``log sum exp`` so far (``-inf`` if every term was ``-inf``)."""
-        self._flush()
-        return self.total.clone()
+        return self._pending()[0].clone()
 
     def log_mean(self) -> torch.Tensor:
         """``log((1/n) sum exp(t_i))`` (NaN before the first term)."""

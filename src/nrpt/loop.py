@@ -21,8 +21,9 @@ saved state is always consistent); they hold the engine, every adaptor and every
 
 from __future__ import annotations
 
-import os
+import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,11 +35,11 @@ import torch
 
 from .engine import PTEngine
 from .roles import SegmentView
+from .runfolder import CHECKPOINT, atomic_path, write_checkpoint
 
 __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "atomic_save", "load_checkpoint",
-           "CHECKPOINT", "RunError"]
+           "CHECKPOINT", "RunError", "Interrupt"]
 
-CHECKPOINT = "checkpoint.pt"
 CALLBACK_EVERY = 256
 
 
@@ -118,41 +119,60 @@ class Outcome:
 
 
 def atomic_save(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file, then rename (a crash never leaves half a file)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` to a unique temporary file, then rename (a crash never leaves half a
+    file)."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Load a checkpoint written by :func:`execute` (no pickle: ``weights_only=True``)."""
+    """Load one checkpoint file (no pickle: ``weights_only=True``).  A run folder's checkpoints
+    are read, verified and matched to their run by :func:`nrpt.runfolder.read_checkpoint`."""
+    from .runfolder import load_file
+
     try:
-        return torch.load(path, weights_only=True)
+        return load_file(Path(path))
+    except ValueError:
+        raise
     except Exception as err:  # noqa: BLE001 - any failure to read is reported the same way
         raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
 
 
-class _Interrupt:
-    """Turns SIGINT into a flag checked at iteration boundaries (main thread only)."""
+class Interrupt:
+    """SIGINT and SIGTERM become a flag that the loop checks between whole iterations.
+
+    The handler only sets the flag (a second signal too: the run still stops at the next
+    iteration boundary, so the checkpoint and the outputs are always consistent; ``kill -9``
+    is the way to stop at once).  Installed for as long as the block runs, from the main thread
+    only; a signal the process was started with ignored (``SIG_IGN``) stays ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.flag = False
-        self._old = None
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> Interrupt:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handler)
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._handler)
         return self
 
-    def _handler(self, signum, frame):
-        if self.flag:  # a second Ctrl-C: stop at once
-            raise KeyboardInterrupt
+    def _handler(self, signum, frame) -> None:
+        if self.flag:
+            with contextlib.suppress(Exception):
+                print(f"nrpt: {signal.Signals(signum).name} again: still stopping at the end of "
+                      f"this iteration (kill -9 stops at once; the last checkpoint is kept)",
+                      file=sys.stderr, flush=True)
         self.flag = True
+        self.signum = signum
 
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+    def __exit__(self, *exc) -> bool:
+        for sig, old in self._old.items():  # (None: a handler not set from Python)
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self._old.clear()
         return False
 
 
@@ -172,12 +192,28 @@ def _failure(k: int, err: Exception, out: Path | None) -> str:
 def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
             progress: bool = False, callback: Callable | None = None,
             resume: dict | None = None, header: dict | None = None,
-            say: Callable[[str], None] | None = None) -> Outcome:
+            say: Callable[[str], None] | None = None,
+            stop: Interrupt | None = None) -> Outcome:
     """Run ``run.plan`` (or its remainder, from the checkpoint dict ``resume``).
 
     ``callback(engine)`` is called every 256 iterations and at segment ends (raising
     ``KeyboardInterrupt`` there interrupts the run cleanly); ``header`` is stored in every
-    checkpoint (e.g. the config); ``say`` prints the per-segment rows."""
+    checkpoint (e.g. the config); ``say`` prints the per-segment rows; ``stop``: an
+    :class:`Interrupt` the caller installed (and keeps installed while it writes its outputs),
+    else one is installed for the loop.
+
+    With a run folder ``out``, a checkpoint is written before the first iteration, every
+    ``checkpoint_every`` iterations, at segment ends and when the run is interrupted; on the
+    way out the record files are cut to their valid rows."""
+    with contextlib.ExitStack() as stack:
+        if stop is None:
+            stop = stack.enter_context(Interrupt())
+        return _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
+                        stop)
+
+
+def _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
+             stop: Interrupt) -> Outcome:
     from . import report
 
     engine, plan = run.engine, run.plan
@@ -196,24 +232,34 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         rows, notes = list(resume["rows"]), dict(resume["notes"])
         seg_i, started = int(resume["segment"]), bool(resume["started"])
         elapsed = float(resume["wall_time_s"])
+        if seg_i == len(plan.segments) and engine.k < plan.total:
+            # a finished run given a larger budget: its last segment goes on (same statistics),
+            # and its report row is made again at the new end
+            seg_i, started, rows = seg_i - 1, True, rows[:-1]
     elif "draws" in recorders:
         recorders["draws"].initial(engine.slot_of)
 
     t0 = time.perf_counter()
 
-    def checkpoint():
-        if out is None and not engine.sharded:
-            return
-        # every rank assembles the payload (the engine's state is gathered: a collective);
-        # only the rank given a run folder writes it
-        payload = {"version": 2, "header": header or {}, "engine": engine.state_dict(),
-                     "adaptors": [a.state_dict() for a in adaptors],
-                     "recorders": {n: r.state_dict() for n, r in recorders.items()},
-                     "rows": rows, "notes": notes, "segment": seg_i, "started": started,
-                     "wall_time_s": elapsed + time.perf_counter() - t0}
-        if out is not None:
-            atomic_save(payload, out / CHECKPOINT)
+    def payload() -> dict[str, Any]:
+        """Everything a resumption needs, at an iteration boundary (the one place a checkpoint
+        is assembled; ``state_dict`` of the engine and recorders may be collective)."""
+        return {"version": 2, "header": header or {}, "engine": engine.state_dict(),
+                "adaptors": [a.state_dict() for a in adaptors],
+                "recorders": {n: r.state_dict() for n, r in recorders.items()},
+                "rows": rows, "notes": notes, "segment": seg_i, "started": started,
+                "wall_time_s": elapsed + time.perf_counter() - t0}
 
+    def checkpoint() -> None:
+        # a sharded engine's state is gathered on every rank (a collective); the rank given
+        # the run folder writes it
+        if out is not None or engine.sharded:
+            p = payload()
+            if out is not None:
+                write_checkpoint(p, out)
+
+    if resume is None:
+        checkpoint()  # a run stopped before its first periodic checkpoint can still resume
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -225,72 +271,72 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         (bar.write if bar is not None else say)(report.ROW_HEADER)
     interrupted = False
     consistent = True  # false only while an iteration is half done
-    with _Interrupt() as stop:
-        try:
-            while seg_i < len(plan.segments):
-                seg = plan.segments[seg_i]
-                if not started:
-                    for r in recorders.values():
-                        r.start_segment(seg.reset, seg.iterations)
-                    started = True
-                    notes["segment_b"] = engine.schedule.tolist()
-                end = starts[seg_i] + seg.iterations
-                seg_t0 = time.perf_counter()
-                while engine.k < end:
-                    consistent = False
-                    k_before = engine.k
-                    engine.stop_requested = stop.flag
-                    try:
-                        it = engine.step()
-                        for a in adaptors:
-                            engine.apply(a.observe(it))
-                        for r in recorders.values():
-                            r.record(it)
-                    except (KeyboardInterrupt, RunError):
-                        raise
-                    except Exception as err:  # a target or an explorer failed mid-run
-                        raise RunError(_failure(k_before, err, out)) from err
-                    consistent = True
-                    k = engine.k
-                    if bar is not None and (k % 64 == 0 or k == end):
-                        bar.update(k - bar.n)
-                    if callback is not None and k % CALLBACK_EVERY == 0:
-                        callback(engine)
-                    # sharded: the ranks stop at the same iteration (the flag is gathered)
-                    if engine.stop_agreed if engine.sharded else stop.flag:
-                        raise KeyboardInterrupt
-                    if k % checkpoint_every == 0 and k < end:
-                        checkpoint()
-                row = {"segment": seg.name, "round": seg_i + 1, "iterations": seg.iterations,
-                       "first_iteration": starts[seg_i], "b": notes.get("segment_b")}
+    try:
+        while seg_i < len(plan.segments):
+            seg = plan.segments[seg_i]
+            if not started:
                 for r in recorders.values():
-                    row.update(r.segment_row())
-                row["wall_s"] = time.perf_counter() - seg_t0
-                rows.append(row)
-                if show_rows:
-                    (bar.write if bar is not None else say)(report.format_row(row))
-                view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
-                                   last=seg_i == len(plan.segments) - 1, recorders=recorders,
-                                   schedule=engine.schedule, step_size=engine.step_size,
-                                   params=engine.params)
-                for a in adaptors:
-                    update = a.end_segment(view)
-                    if update is not None:
-                        notes.update(update.note)
-                        engine.apply(update)
-                seg_i, started = seg_i + 1, False
-                if callback is not None:
+                    r.start_segment(seg.reset, seg.iterations)
+                started = True
+                notes["segment_b"] = engine.schedule.tolist()
+            end = starts[seg_i] + seg.iterations
+            seg_t0 = time.perf_counter()
+            while engine.k < end:
+                # the only place a signal takes effect: between iterations (sharded: when the
+                # ranks agreed, from the flags gathered with the last iteration's scalars)
+                if engine.stop_agreed if engine.sharded else stop.flag:
+                    raise KeyboardInterrupt
+                consistent = False
+                k_before = engine.k
+                engine.stop_requested = stop.flag
+                try:
+                    it = engine.step()
+                    for a in adaptors:
+                        engine.apply(a.observe(it))
+                    for r in recorders.values():
+                        r.record(it)
+                except (KeyboardInterrupt, RunError):
+                    raise
+                except Exception as err:  # a target or an explorer failed mid-run
+                    raise RunError(_failure(k_before, err, out)) from err
+                consistent = True
+                k = engine.k
+                if bar is not None and (k % 64 == 0 or k == end):
+                    bar.update(k - bar.n)
+                if callback is not None and k % CALLBACK_EVERY == 0:
                     callback(engine)
-                checkpoint()
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            if bar is not None:
-                bar.close()
-    if "draws" in recorders:
-        recorders["draws"].flush()
+                if k % checkpoint_every == 0 and k < end:
+                    checkpoint()
+            row = {"segment": seg.name, "round": seg_i + 1, "iterations": seg.iterations,
+                   "first_iteration": starts[seg_i], "b": notes.get("segment_b")}
+            for r in recorders.values():
+                row.update(r.segment_row())
+            row["wall_s"] = time.perf_counter() - seg_t0
+            rows.append(row)
+            if show_rows:
+                (bar.write if bar is not None else say)(report.format_row(row))
+            view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
+                               last=seg_i == len(plan.segments) - 1, recorders=recorders,
+                               schedule=engine.schedule, step_size=engine.step_size,
+                               params=engine.params)
+            for a in adaptors:
+                update = a.end_segment(view)
+                if update is not None:
+                    notes.update(update.note)
+                    engine.apply(update)
+            seg_i, started = seg_i + 1, False
+            if callback is not None:
+                callback(engine)
+            checkpoint()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if bar is not None:
+            bar.close()
     wall = elapsed + time.perf_counter() - t0
-    if consistent:  # a second Ctrl-C inside an iteration keeps the previous checkpoint
-        checkpoint()
+    if interrupted and consistent:  # (a completed run was checkpointed at its last segment end;
+        checkpoint()                # an iteration broken off half way keeps the last checkpoint)
+    if "draws" in recorders:
+        recorders["draws"].close()
     return Outcome(rows=rows, notes=notes, wall_time_s=wall, interrupted=interrupted,
                    segments_done=seg_i)

@@ -46,8 +46,11 @@ _DPI = 150
 # ------------------------------------------------------------------------------ helpers
 def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
     """Write ``fig`` to ``path`` (format from the suffix, e.g. ``.png``); returns the path."""
+    from .runfolder import atomic_path
+
     path = Path(path)
-    fig.savefig(path, dpi=dpi)
+    with atomic_path(path) as tmp:  # a reader never sees half a figure
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or None)
     return path
 
 

@@ -3,9 +3,17 @@
 Records are written in chunks: the engine keeps a small device buffer and copies it to the
 host once per chunk (the only host sync of a run, besides the progress bar).  The sinks are
 NumPy arrays preallocated for the whole run — in memory, or ``.npy`` files opened as memory
-maps in the run folder, so a long run has flat memory and a crash loses at most what was not
-flushed yet (the checkpoint is written right after a flush, so a resumed run rewrites the same
-rows).
+maps in the run folder, so a long run has flat memory (after each flush the written pages are
+released from the process) and a crash loses at most what was not flushed yet (the checkpoint
+is written right after a flush, so a resumed run rewrites the same rows).
+
+A run folder's files hold only valid rows once the run ends or stops: :meth:`Draws.close` cuts
+them (a rewritten header and ``os.truncate`` when the rows are the leading axis, a copy when
+they are not: ``[R, n, ...]`` with R > 1).  A resumption checks each file before mapping it
+(present, as long as its header says -- a memory map would zero-extend a truncated file --, the
+right shape and dtype) and against the rows the checkpoint needs, then grows it back.  After
+``kill -9`` the files keep their full preallocated length; the checkpoint (and its sidecar
+``checkpoint.json``) says which rows are valid.
 
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 
@@ -19,6 +27,8 @@ Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from pathlib import Path
 
@@ -30,25 +40,112 @@ from .roles import RecorderBase
 __all__ = ["Draws"]
 
 
-def _open(path: Path | None, shape: tuple[int, ...], dtype, resume: bool) -> np.ndarray:
-    if path is None:
-        return np.zeros(shape, dtype=dtype)
-    if resume and path.exists():
-        arr = np.load(path, mmap_mode="r+")
-        if arr.shape == shape and arr.dtype == np.dtype(dtype):
-            return arr
-        grown = [i for i, (a, b) in enumerate(zip(arr.shape, shape, strict=False)) if a != b]
-        if arr.ndim != len(shape) or len(grown) != 1 or arr.shape[grown[0]] > shape[grown[0]]:
-            raise ValueError(f"cannot resume: {path} has shape {arr.shape}, expected {shape}")
-        # a longer budget (nrpt resume --iterations): copy into a larger file, then rename
-        tmp = path.with_name(path.stem + ".grow.npy")
-        new = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-        new[tuple(slice(0, n) for n in arr.shape)] = arr
+def _release(arr: np.memmap) -> None:
+    """Drop the written pages of a file map from this process's resident set (they were just
+    written back; the page cache keeps them): a long run's memory stays flat."""
+    mm = getattr(arr, "_mmap", None)
+    shared = getattr(arr, "mode", None) in ("r+", "w+")  # never a private (copy-on-write) map
+    if mm is not None and shared and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            mm.madvise(mmap.MADV_DONTNEED)
+
+
+def _layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` of a ``.npy`` file, from its header alone."""
+    with open(path, "rb") as fh:
+        try:
+            major, _ = np.lib.format.read_magic(fh)
+            read = {1: np.lib.format.read_array_header_1_0,
+                    2: np.lib.format.read_array_header_2_0}[major]
+            shape, fortran, dtype = read(fh)
+        except (ValueError, KeyError, OSError, SyntaxError) as err:
+            raise ValueError(f"cannot resume: {path} is not a readable .npy file "
+                             f"({type(err).__name__}: {err})") from None
+        if fortran:
+            raise ValueError(f"cannot resume: {path} is in Fortran order (not written by nrpt)")
+        return tuple(int(n) for n in shape), dtype, fh.tell()
+
+
+def _set_shape(path: Path, shape: tuple[int, ...]) -> None:
+    """Rewrite the header of ``path`` in place for ``shape`` (same dtype, same header length:
+    numpy pads headers, and a shape that differs only in its leading axis fits)."""
+    _, dtype, offset = _layout(path)
+    with open(path, "r+b") as fh:
+        major, _ = np.lib.format.read_magic(fh)
+        start = fh.tell() + (2 if major == 1 else 4)
+        descr, dims = np.lib.format.dtype_to_descr(dtype), tuple(int(n) for n in shape)
+        text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {dims!r}, }}"
+        room = offset - start - 1
+        if len(text) > room:
+            raise ValueError(f"{path}: the header has no room for shape {shape}")
+        fh.seek(start)
+        fh.write((text + " " * (room - len(text)) + "\n").encode("latin1"))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _resize(path: Path, shape: tuple[int, ...], axis: int) -> None:
+    """Give ``path`` the row count of ``shape`` along ``axis`` (the other axes agree): in place
+    for the leading axis (header and size; the size is changed so that a crash in between
+    leaves a file at least as long as its header says), by a copy for an inner axis."""
+    have, dtype, offset = _layout(path)
+    if tuple(have) == tuple(shape):
+        return
+    n_bytes = offset + int(np.prod(shape)) * dtype.itemsize
+    if axis == 0:
+        try:
+            if shape[0] > have[0]:
+                os.truncate(path, n_bytes)  # zeros
+                _set_shape(path, shape)
+            else:
+                _set_shape(path, shape)
+                os.truncate(path, n_bytes)
+            return
+        except ValueError:
+            pass  # no room in the header: copy
+    from .runfolder import temporary
+
+    fd, tmp = temporary(path)
+    os.close(fd)
+    try:
+        old = np.load(path, mmap_mode="r")
+        new = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=tuple(shape))
+        keep = min(have[axis], shape[axis])
+        cut = tuple(slice(0, keep) if i == axis else slice(None) for i in range(len(shape)))
+        if axis == 0:
+            new[cut] = old[cut]
+        else:
+            for i in range(shape[0]):  # one system at a time: flat memory
+                new[i][cut[1:]] = old[i][cut[1:]]
         new.flush()
-        del arr, new
+        del old, new
         os.replace(tmp, path)
-        return np.load(path, mmap_mode="r+")
-    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _check(path: Path, shape: tuple[int, ...], dtype, axis: int) -> int:
+    """Check a record file a resumption reopens, before anything maps it: it exists, is as long
+    as its header says (a memory map would silently zero-extend a truncated file), and agrees
+    with ``shape`` except in its row count along ``axis``; returns that row count."""
+    if not path.exists():
+        raise ValueError(f"cannot resume: {path} is missing (deleted?): the run's records are "
+                         f"gone; start a new run (overwrite=True / --overwrite)")
+    have, have_dtype, offset = _layout(path)
+    need = offset + int(np.prod(have)) * have_dtype.itemsize
+    size = path.stat().st_size
+    if size < need:
+        raise ValueError(f"cannot resume: {path} is truncated: {size} bytes, but its header "
+                         f"describes {have} {have_dtype} ({need} bytes)")
+    others = [i for i in range(len(shape)) if i != axis]
+    if have_dtype != np.dtype(dtype) or len(have) != len(shape) or \
+            any(have[i] != shape[i] for i in others) or have[axis] > shape[axis]:
+        raise ValueError(f"cannot resume: {path} has shape {have} {have_dtype}, this run needs "
+                         f"{shape} {np.dtype(dtype)} (rows along axis {axis}; not this run's "
+                         f"file?)")
+    return have[axis]
 
 
 #: records held in memory (no run folder) beyond this many bytes are refused
@@ -102,18 +199,37 @@ class Draws(RecorderBase):
         e_tail = () if slots == "target" else (P,)
         s_shape = (self.n_draws, *tail) if R == 1 else (R, self.n_draws, *tail)
         e_shape = (self.n_draws, *e_tail) if R == 1 else (R, self.n_draws, *e_tail)
-        self.samples = _open(out / "samples.npy" if out else None, s_shape, dtype, resume)
-        self.energies = _open(out / "energies.npy" if out else None, e_shape, dtype, resume)
-        self.index = _open(out / "index.npy" if out else None,
-                           (self.K + 1 if self.store else 0, R, P), np.int16, resume)
-        # views with the system axis first, for uniform writing
-        self._s = self.samples.reshape(R, self.n_draws, *tail)
-        self._e = self.energies.reshape(R, self.n_draws, *e_tail)
+        row_axis = 0 if R == 1 else 1
+        self._paths = None if out is None else {
+            "samples": (out / "samples.npy", s_shape, dtype, row_axis),
+            "energies": (out / "energies.npy", e_shape, dtype, row_axis),
+            "index": (out / "index.npy", (self.K + 1, R, P), np.int16, 0)}
+        self._disk: dict[str, int] | None = None
+        self._tail, self._e_tail = tail, e_tail
+        if out is None:
+            self.samples = np.zeros(s_shape, dtype=dtype)
+            self.energies = np.zeros(e_shape, dtype=dtype)
+            self.index = np.zeros((self.K + 1 if self.store else 0, R, P), dtype=np.int16)
+        elif resume:  # checked now, reopened by load_state_dict once the rows needed are known
+            self._disk = {name: _check(*spec) for name, spec in self._paths.items()}
+            self.samples = self.energies = self.index = self._s = self._e = None
+        else:
+            self.samples, self.energies, self.index = (
+                np.lib.format.open_memmap(path, mode="w+", dtype=dt, shape=shape)
+                for path, shape, dt, _ in self._paths.values())
+        if self.samples is not None:
+            self._views()
         self._buf_x: list[torch.Tensor] = []
         self._buf_v: list[torch.Tensor] = []
         self._buf_i: list[torch.Tensor] = []
         self._next_draw = 0
         self._next_row = 0
+
+    def _views(self) -> None:
+        """Views with the system axis first, for uniform writing."""
+        n = self.samples.shape[0 if self.R == 1 else 1]
+        self._s = self.samples.reshape(self.R, n, *self._tail)
+        self._e = self.energies.reshape(self.R, n, *self._e_tail)
 
     def set_position(self, n_done: int) -> None:
         """Resume writing after ``n_done`` completed iterations (row 0 is already written)."""
@@ -149,6 +265,42 @@ class Draws(RecorderBase):
 
     def load_state_dict(self, sd: dict) -> None:
         self._next_row, self._next_draw = int(sd["next_row"]), int(sd["next_draw"])
+        if self._disk is not None:
+            for name, need in (("index", self._next_row), ("samples", self._next_draw),
+                               ("energies", self._next_draw)):
+                if self._disk[name] < need:
+                    raise ValueError(
+                        f"cannot resume: {self._paths[name][0]} holds {self._disk[name]} rows "
+                        f"but the checkpoint needs {need}: the file was cut short or replaced; "
+                        f"restore it or start a new run (overwrite=True / --overwrite)")
+            self._reopen("r+", {name: spec[1] for name, spec in self._paths.items()})
+
+    def valid_rows(self) -> dict[str, int]:
+        """Rows of each record written so far."""
+        return {"samples": self._next_draw, "energies": self._next_draw,
+                "index": self._next_row}
+
+    def close(self) -> None:
+        """Flush, and cut the record files to their valid rows (a run's end or interruption: a
+        reader of the folder sees only real draws; a resumption grows them back).  The arrays
+        stay readable, as copy-on-write maps of the cut files."""
+        self.flush()
+        if self._paths is None:
+            return
+        rows = self.valid_rows()
+        self._reopen("c", {name: tuple(rows[name] if i == axis else n for i, n in
+                                       enumerate(shape))
+                           for name, (_, shape, _, axis) in self._paths.items()})
+
+    def _reopen(self, mode: str, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Resize the record files to ``shapes`` and map them again (``mode`` of np.load)."""
+        # no map of the files may outlive a truncation
+        self.samples = self.energies = self.index = self._s = self._e = None
+        for name, (path, _, _, axis) in self._paths.items():
+            _resize(path, shapes[name], axis)
+        self.samples, self.energies, self.index = (
+            np.load(self._paths[n][0], mmap_mode=mode) for n in ("samples", "energies", "index"))
+        self._views()
 
     def flush(self) -> None:
         if self._buf_i:
@@ -168,6 +320,7 @@ class Draws(RecorderBase):
         for arr in (self.samples, self.energies, self.index):
             if isinstance(arr, np.memmap):
                 arr.flush()
+                _release(arr)
 
     def arrays(self, first: int, done: int) -> dict[str, np.ndarray]:
         """Views of the draws of iterations ``first .. done - 1`` and the index process of

@@ -166,5 +166,8 @@ def export_inference_data(path: str | Path, *, samples: np.ndarray, energies: np
         warnings.simplefilter("ignore")
         idata = az.from_dict(posterior={"x": x}, sample_stats={"path_energy": e},
                              constant_data=constant, dims=dims, attrs=attrs)
-        idata.to_netcdf(str(path))
+        from .runfolder import atomic_path
+
+        with atomic_path(path) as tmp:
+            idata.to_netcdf(str(tmp))
     return Path(path).name

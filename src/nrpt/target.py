@@ -63,6 +63,7 @@ __all__ = [
     "BUILTIN_TARGETS",
     "TargetError",
     "load_target",
+    "file_spec",
     "path_kind",
     "validate_target",
 ]
@@ -302,6 +303,14 @@ def _load_module(path: Path) -> Any:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
     return module
+
+
+def file_spec(spec: str) -> tuple[Path, str] | None:
+    """``(path, NAME)`` of a ``"path/to/file.py:NAME"`` spec; None for any other spec."""
+    head, sep, attr = spec.rpartition(":")
+    if sep and head.endswith(".py") and attr:
+        return Path(head), attr
+    return None
 
 
 def load_target(spec: str, **kwargs: Any) -> Any:

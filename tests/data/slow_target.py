@@ -3,8 +3,6 @@ interrupt a run in its middle whatever the machine's speed."""
 
 import time
 
-import torch
-
 
 class SlowGaussian:
     name = "slow-gaussian"

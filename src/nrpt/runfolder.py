@@ -1,0 +1,433 @@
+"""The run folder's bookkeeping: one writer at a time, atomic writes, verified checkpoints.
+
+A run folder holds, besides the outputs (:mod:`nrpt.api`):
+
+=========================  ================================================================
+``run.json``               who the run is: a run id (uuid), the seed, a hash of its settings,
+                           its budget, and for a ``file.py:NAME`` target the file's absolute
+                           path and sha256
+``checkpoint.pt``          the newest checkpoint (:func:`write_checkpoint`)
+``checkpoint.json``        its sidecar: size, sha256, iteration, the valid rows of the records
+``checkpoint.prev.pt``     the checkpoint before it, and its sidecar ``checkpoint.prev.json``
+``.nrpt.lock``             locked (``flock``) by the process running or resuming the run
+=========================  ================================================================
+
+Every file is written to a unique temporary name in the folder and renamed into place
+(:func:`atomic_write`), so a crash leaves either the old or the new version, never half a file.
+A checkpoint is used only if its size and sha256 match a sidecar and ``torch.load(...,
+weights_only=True)`` accepts it; a damaged newest checkpoint falls back to the previous one
+with a :class:`CheckpointWarning`.  A checkpoint, ``config.toml`` or target file that does not
+belong to the folder's run is refused with a ``ValueError`` naming the file and what differs.
+
+Only :func:`write_checkpoint` writes checkpoints (a distributed backend calls it on one rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs without the folder lock
+    fcntl = None
+
+__all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON", "LOCK",
+           "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "atomic_write", "atomic_path",
+           "RunLock", "run_files", "clear_run", "config_hash", "target_record",
+           "check_target_file", "new_run_record", "write_run_record", "read_run_record",
+           "write_checkpoint", "read_checkpoint", "check_checkpoint", "checkpoint_exists",
+           "load_file", "sha256_file", "temporary"]
+
+CHECKPOINT = "checkpoint.pt"
+PREV_CHECKPOINT = "checkpoint.prev.pt"
+SIDECAR = "checkpoint.json"
+PREV_SIDECAR = "checkpoint.prev.json"
+RUN_JSON = "run.json"
+LOCK = ".nrpt.lock"
+RECORD_FILES = ("samples.npy", "energies.npy", "index.npy")
+#: every file an nrpt run writes into its folder (what ``overwrite`` removes)
+RUN_FILES = (RUN_JSON, "config.toml", CHECKPOINT, SIDECAR, PREV_CHECKPOINT, PREV_SIDECAR,
+             *RECORD_FILES, "summary.json", "posterior.nc", "adaptation.npz", "rounds.csv",
+             "report.txt", "density.png", "index_process.png", "swap_acceptance.png",
+             "adaptation.png", "local_barrier.png", "schedules.png")
+#: settings that may differ between a run and its resumption (the folder's path, the budget)
+_NOT_HASHED = ("out", "iterations")
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process holds the run folder's lock."""
+
+
+class CheckpointWarning(UserWarning):
+    """The newest checkpoint was damaged and the previous one is used instead."""
+
+
+# ------------------------------------------------------------------------------ atomic writes
+def _umask() -> int:
+    try:  # Linux: read it without changing it
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temporary(path: str | os.PathLike) -> tuple[int, str]:
+    """``(fd, name)`` of a new unique file beside ``path`` (``.NAME.XXXX.tmpSUFFIX``) with the
+    permissions a plain ``open`` would give it (mkstemp's are owner-only)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                               suffix=f".tmp{path.suffix}")
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = True) -> None:
+    """Write ``data`` to a unique temporary file beside ``path`` (fsynced), then rename it."""
+    path = Path(path)
+    fd, tmp = temporary(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A unique temporary path beside ``path`` (same suffix) for writers that need a file name
+    (figures, netCDF, ``np.savez``); renamed to ``path`` when the block succeeds."""
+    path = Path(path)
+    fd, tmp = temporary(path)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def sha256_file(path: str | os.PathLike) -> tuple[str, int]:
+    """``(sha256 hex, size in bytes)`` of a file, read in chunks."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+            n += len(block)
+    return h.hexdigest(), n
+
+
+# ------------------------------------------------------------------------------ the lock
+class RunLock:
+    """An exclusive ``flock`` on ``.nrpt.lock`` in the run folder for as long as the block
+    runs: a second run or resume of the same folder fails at once with
+    :class:`RunFolderBusy` (the lock goes with the process, also when it is killed)."""
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        path = self.out / LOCK
+        if fcntl is None:
+            return self
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                warnings.warn(f"cannot lock {path} ({err}): this file system does not support "
+                              f"flock; nothing stops a second process from using {self.out}",
+                              RuntimeWarning, stacklevel=2)
+                return self
+            who = f" (pid {holder})" if holder else ""
+            raise RunFolderBusy(f"run folder {self.out} is in use by another nrpt process{who}: "
+                                f"wait for it to finish, or stop it (Ctrl-C / kill: it "
+                                f"checkpoints) before running or resuming this folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        _remove_stale_temporaries(self.out)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        return False
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Temporary files a killed writer left (we hold the lock: nobody is writing them)."""
+    for p in out.glob(".*.tmp*"):
+        if any(p.name.startswith(f".{name}.") for name in RUN_FILES):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def run_files(out: Path) -> list[str]:
+    """The nrpt run files present in ``out``."""
+    return [name for name in RUN_FILES if (out / name).exists()]
+
+
+def clear_run(out: Path) -> None:
+    """Remove the run files of a previous run (``overwrite``); other files stay."""
+    for name in run_files(out):
+        (out / name).unlink()
+
+
+# ------------------------------------------------------------------------------ run identity
+def config_hash(cfg) -> str:
+    """sha256 of the run's resolved settings, less those a resumption may change and those
+    that do not apply (``None``: a setting added in a later version does not change it)."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_HASHED and v is not None}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _settings_diff(then: dict, now: dict) -> list[str]:
+    keys = sorted((set(then) | set(now)) - set(_NOT_HASHED))
+    return [f"{k} = {then.get(k)!r} in the run, {now.get(k)!r} now" for k in keys
+            if then.get(k) != now.get(k)]
+
+
+def target_record(spec: str) -> dict[str, Any]:
+    """What ``run.json`` keeps about the target: for ``file.py:NAME`` the file's absolute path
+    and sha256 (so a resumption runs the same code, wherever it is started from)."""
+    from .target import file_spec
+
+    parsed = file_spec(spec)
+    if parsed is None:
+        return {"spec": spec}
+    path, attr = parsed
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        return {"spec": spec}  # load_target reports the missing file
+    sha, size = sha256_file(path)
+    return {"spec": spec, "path": str(path), "attribute": attr, "sha256": sha, "size": size}
+
+
+def check_target_file(record: dict[str, Any]) -> str | None:
+    """For a ``file.py:NAME`` target: the spec with the recorded absolute path, after checking
+    the file is the one the run started with; None for other targets."""
+    tgt = record.get("target") or {}
+    if "path" not in tgt:
+        return None
+    path = Path(tgt["path"])
+    if not path.is_file():
+        raise ValueError(f"the run's target file {path} (recorded in run.json) no longer "
+                         f"exists: restore it to resume the run")
+    sha, _ = sha256_file(path)
+    if sha != tgt["sha256"]:
+        raise ValueError(f"the run's target file {path} changed since the run started (sha256 "
+                         f"{tgt['sha256'][:16]}... then, {sha[:16]}... now): resuming would run "
+                         f"different code in the same chain; restore the file, or start a new "
+                         f"run (overwrite=True / --overwrite)")
+    return f"{path}:{tgt['attribute']}"
+
+
+def new_run_record(cfg, chash: str) -> dict[str, Any]:
+    from . import __version__
+
+    return {"format": 1, "run_id": uuid.uuid4().hex, "seed": cfg.seed, "config_hash": chash,
+            "iterations": cfg.iterations, "rounds": cfg.rounds,
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "nrpt_version": __version__, "target": target_record(cfg.target)}
+
+
+def write_run_record(out: Path, record: dict[str, Any]) -> None:
+    atomic_write(out / RUN_JSON, json.dumps(record, indent=2) + "\n")
+
+
+def read_run_record(out: Path) -> dict[str, Any] | None:
+    """``run.json`` of ``out``; None when the folder predates it (no run.json, no sidecar)."""
+    path = out / RUN_JSON
+    if not path.exists():
+        if (out / SIDECAR).exists() or (out / PREV_SIDECAR).exists():
+            raise ValueError(f"{path} is missing: the folder's checkpoints cannot be matched to "
+                             f"its run; restore run.json or start a new run")
+        return None
+    try:
+        record = json.loads(path.read_text())
+        record["run_id"], record["config_hash"]  # noqa: B018 - must be there
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is damaged ({type(err).__name__}: {err}); restore it or start "
+                         f"a new run") from None
+    return record
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def checkpoint_exists(out: Path) -> bool:
+    return (out / CHECKPOINT).exists() or (out / PREV_CHECKPOINT).exists()
+
+
+def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
+    """Write ``payload`` (assembled by :func:`nrpt.loop.execute`) as ``checkpoint.pt``, keeping
+    the one before as ``checkpoint.prev.pt``; each with a sidecar holding its size and sha256,
+    the iteration and the valid rows of the record files.  The one function that writes
+    checkpoints: call it on one process only."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getvalue()
+    header = payload.get("header") or {}
+    draws = (payload.get("recorders") or {}).get("draws") or {}
+    side = {"file": CHECKPOINT, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "iteration": int(payload["engine"]["k"]), "segment": int(payload["segment"]),
+            "run_id": header.get("run_id"), "seed": header.get("seed"),
+            "config_hash": header.get("config_hash")}
+    if draws:
+        side["rows"] = {"index": int(draws["next_row"]), "samples": int(draws["next_draw"]),
+                        "energies": int(draws["next_draw"])}
+    fd, tmp = temporary(out / CHECKPOINT)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # the sidecars list the hashes of good checkpoints; any one of them vouches for a file
+        # (read_checkpoint), so a crash between these renames never strands a good checkpoint
+        if (out / CHECKPOINT).exists():
+            os.replace(out / CHECKPOINT, out / PREV_CHECKPOINT)
+        if (out / SIDECAR).exists():
+            os.replace(out / SIDECAR, out / PREV_SIDECAR)
+        atomic_write(out / SIDECAR, json.dumps(side, indent=2) + "\n")
+        os.replace(tmp, out / CHECKPOINT)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(out)
+
+
+def _sidecars(out: Path) -> list[dict[str, Any]]:
+    found = []
+    for name in (SIDECAR, PREV_SIDECAR):
+        with contextlib.suppress(OSError, ValueError):
+            side = json.loads((out / name).read_text())
+            if isinstance(side, dict) and "sha256" in side and "size" in side:
+                found.append(side)
+    return found
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    try:
+        with warnings.catch_warnings():  # torch's remarks on a foreign pickle's protocol
+            warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
+            ck = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"refusing to load {path}: it holds Python objects that only an unrestricted "
+            f"unpickler would build (nrpt loads checkpoints with torch.load(weights_only=True) "
+            f"and never runs code from them); it was not written by nrpt, or was tampered "
+            f"with: {str(err).splitlines()[0]}") from None
+    if not isinstance(ck, dict) or "engine" not in ck:
+        raise ValueError(f"{path} is not an nrpt checkpoint")
+    return ck
+
+
+def read_checkpoint(out: Path) -> tuple[dict[str, Any], Path]:
+    """The newest usable checkpoint of ``out`` and its path.
+
+    A checkpoint is usable when a sidecar vouches for its size and sha256 (folders that predate
+    sidecars: when it loads) and it loads with ``weights_only=True``.  When ``checkpoint.pt``
+    is missing, truncated or damaged, ``checkpoint.prev.pt`` is used with a
+    :class:`CheckpointWarning`; one that needs an unrestricted unpickler is refused outright."""
+    sides = _sidecars(out)
+    known = {(s["sha256"], int(s["size"])) for s in sides}
+    legacy = not sides and not (out / RUN_JSON).exists()
+    problems: list[str] = []
+    for name in (CHECKPOINT, PREV_CHECKPOINT):
+        path = out / name
+        if not path.exists():
+            problems.append(f"{name} is missing")
+            continue
+        if not legacy:
+            sha, size = sha256_file(path)
+            if (sha, size) not in known:
+                problems.append(f"{name} fails its checksum ({size} bytes; truncated or damaged)"
+                                if sides else f"{name} has no sidecar ({SIDECAR}) to verify it")
+                continue
+        try:
+            ck = load_file(path)
+        except ValueError as err:
+            if "refusing" in str(err):
+                raise
+            problems.append(str(err))
+            continue
+        except Exception as err:  # noqa: BLE001 - a damaged file fails in many ways
+            problems.append(f"{name} cannot be read ({type(err).__name__}: {err})")
+            continue
+        if name != CHECKPOINT:
+            warnings.warn(f"{out / CHECKPOINT}: {problems[0]}; resuming from the previous "
+                          f"checkpoint {path} (iteration {int(ck['engine']['k'])})",
+                          CheckpointWarning, stacklevel=3)
+        return ck, path
+    raise ValueError(f"no usable checkpoint in {out}: " + "; ".join(problems))
+
+
+def check_checkpoint(ck: dict[str, Any], path: Path, record: dict[str, Any] | None, cfg,
+                     chash: str) -> None:
+    """Refuse a checkpoint (or an edited ``config.toml``) that does not belong to the folder's
+    run: another run id, another seed, other settings."""
+    head = ck.get("header") or {}
+    if record is None:
+        if head.get("run_id") is not None:
+            raise ValueError(f"{path.parent / RUN_JSON} is missing: restore it to resume")
+        return  # a folder written before run ids: nothing to compare
+    if head.get("run_id") != record["run_id"]:
+        raise ValueError(f"{path} belongs to another run (run id {head.get('run_id')}) than "
+                         f"{path.parent / RUN_JSON} (run id {record['run_id']}): it was copied "
+                         f"from another run folder; restore this run's own checkpoint")
+    if int(record["seed"]) != cfg.seed or int(head.get("seed", cfg.seed)) != cfg.seed:
+        raise ValueError(f"{path.parent / 'config.toml'} says seed {cfg.seed} but the run "
+                         f"(run.json, {path.name}) has seed {record['seed']}: a run's seed "
+                         f"cannot change on resume; restore the seed or start a new run")
+    if chash != record["config_hash"] or head.get("config_hash") != record["config_hash"]:
+        diff = _settings_diff(head.get("config") or {}, cfg.to_dict())
+        what = ("; ".join(diff) if diff and chash != record["config_hash"] else
+                f"{path.name} was written with other settings than run.json records")
+        raise ValueError(f"{path.parent / 'config.toml'} does not match the run's settings "
+                         f"({what}): only the budget may change on resume (nrpt resume "
+                         f"--iterations N); restore the file or start a new run")
