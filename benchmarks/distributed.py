@@ -6,9 +6,10 @@ Two workloads, each timed in 1, 2 and 4 processes side by side in one run:
   to nothing, so the time per iteration is the engine's and the communication's (one
   ``all_gather`` of the per-replica scalars and one of the slot-0 row per iteration).  The ratio
   to one process is the price of communication.
-* **expensive** — a Bayesian logistic regression with N = 20,000 observations (d = 10) per
-  energy evaluation, P = 8, RWMH: exploration dominates, and each process evaluates only its
-  block of replicas, so the ratio shows the throughput gain (bounded by the number of cores).
+* **expensive** — a 10-d target whose energy makes 32 or 256 elementwise passes over a
+  ``[n, 4096]`` hidden layer (compute-bound per replica), P = 8, RWMH: exploration dominates,
+  and each process evaluates only its block of replicas, so the ratio shows the throughput gain
+  (bounded by the number of cores).
 
 Each process runs the full loop (explore, gather, swap, recorders; no run folder), warms up,
 then times ``--iterations`` iterations; the configurations are interleaved and repeated
@@ -34,22 +35,25 @@ from pathlib import Path
 import torch
 
 
-class Logistic:
-    """Bayesian logistic regression, N(0, I) prior; ``energy(x[n, d]) -> [n]``."""
+class Heavy:
+    """A 10-d target whose energy costs ``depth`` elementwise passes over a ``[n, 4096]`` hidden
+    layer per evaluation: compute-bound per replica (unlike a big-data likelihood, whose
+    matrix product reads the same data for every replica and is bound by memory bandwidth, so
+    that splitting the replicas over processes does not split its cost)."""
 
-    name = "logistic-20000"
+    dim = 10
 
-    def __init__(self, n: int = 20_000, dim: int = 10, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.dim = dim
-        self.X = torch.randn(n, dim, generator=g, dtype=torch.float64)
-        w = torch.randn(dim, generator=g, dtype=torch.float64)
-        self.y = torch.where(torch.rand(n, generator=g, dtype=torch.float64)
-                             < torch.sigmoid(self.X @ w), 1.0, -1.0)
+    def __init__(self, depth: int = 32, width: int = 4096):
+        self.depth = int(depth)
+        self.name = f"heavy-{self.depth}"
+        g = torch.Generator().manual_seed(0)
+        self.A = torch.randn(self.dim, width, generator=g, dtype=torch.float64) / width ** 0.5
 
     def energy(self, x):
-        z = (x @ self.X.T) * self.y  # [n, N]
-        return torch.nn.functional.softplus(-z).sum(-1) + 0.5 * (x * x).sum(-1)
+        z = x @ self.A
+        for _ in range(self.depth):
+            z = torch.sin(z) + 0.5 * z
+        return 0.5 * (x * x).sum(-1) + 1e-3 * z.sum(-1)
 
 
 def worker(spec: dict) -> None:
@@ -74,7 +78,7 @@ def worker(spec: dict) -> None:
                         "per_it_s": (time.perf_counter() - t0) / 200})
     for rep in range(spec["repeats"]):
         for case in spec["cases"]:
-            target = Logistic() if case["kind"] == "expensive" else None
+            target = Heavy(depth=spec["depth"]) if spec["depth"] else None
             cfg = RunConfig(target="twenty-five-modes" if target is None else target.name,
                             chains=case["P"], iterations=spec["iterations"], explorer="rwmh",
                             scheme="deo", seed=rep, step_size=0.05 if target else 0.5,
@@ -96,6 +100,10 @@ def main() -> None:
     ap.add_argument("--chains", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--expensive-iterations", type=int, default=100)
+    ap.add_argument("--depth", type=int, nargs="+", default=[32, 256],
+                    help="hidden-layer passes per energy of the expensive target (one workload "
+                         "each)")
+    ap.add_argument("--only", choices=["cheap", "expensive"], default=None)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -108,12 +116,17 @@ def main() -> None:
     table: dict = {}
     startup = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, chains, iters in (("cheap", args.chains, args.iterations),
-                                    ("expensive", [8], args.expensive_iterations)):
+        work = [("cheap", args.chains, args.iterations, 0)]
+        work += [("expensive", [8], args.expensive_iterations, nd) for nd in args.depth]
+        for kind, chains, iters, depth in work:
+            if args.only and kind != args.only:
+                continue
             for n in args.procs:
-                cases = [{"kind": kind, "P": P} for P in chains if P >= n]
+                cases = [{"kind": kind if not depth else f"heavy-{depth}", "P": P}
+                         for P in chains if P >= n]
                 spec = {"cases": cases, "iterations": iters, "warmup": args.warmup,
-                        "repeats": args.repeats, "result": str(Path(tmp) / f"{kind}{n}.json")}
+                        "repeats": args.repeats, "depth": depth,
+                        "result": str(Path(tmp) / f"{kind}{depth}-{n}.json")}
                 cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
                 t0 = time.perf_counter()
                 env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -121,7 +134,7 @@ def main() -> None:
                 if code != 0:
                     raise SystemExit(f"worker with {n} processes failed ({code})")
                 data = json.loads(Path(spec["result"]).read_text())
-                startup[(kind, n)] = (time.perf_counter() - t0, data["startup_s"])
+                startup[(cases[0]["kind"], n)] = (time.perf_counter() - t0, data["startup_s"])
                 for r in data["results"]:
                     table.setdefault((r["kind"], r["P"], n), []).append(r["per_it_s"])
     print(f"\n{'workload':<10} {'P':>4} {'procs':>5} {'ms / iteration':>15} {'vs 1 process':>13}")
@@ -133,6 +146,8 @@ def main() -> None:
             continue
         one = statistics.median(table[(kind, P, 1)]) if (kind, P, 1) in table else float("nan")
         print(f"{kind:<10} {P:>4} {n:>5} {1e3 * med:>15.3f} {med / one:>12.2f}x")
+    print("(cheap: the 25-mode 2-D target; heavy-D: D passes over a [n, 4096] layer per "
+          "energy)")
     print("\nwhole worker process (start-up, rendezvous, all repeats): "
           + ", ".join(f"{k} x{n}: {t:.1f} s (group ready after {s:.2f} s)"
                       for (k, n), (t, s) in startup.items()))
