@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive clean
+.PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-memory clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-sgpt-%: $(STAMP)
 # adaptive NRPT against the analytic Gaussian path (docs/benchmarks-adaptive.md)
 bench-adaptive: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/adaptive.py
+
+# resident memory of runs of 10k, 100k and 1M iterations (docs/benchmarks.md)
+bench-memory: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/memory.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
