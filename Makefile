@@ -7,7 +7,8 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed clean
+.PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
+        bench-memory clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +51,10 @@ bench-adaptive: $(STAMP)
 # per-iteration cost of 1, 2 and 4 gloo processes (docs/benchmarks.md)
 bench-distributed: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/distributed.py
+
+# resident memory of runs of 10k, 100k and 1M iterations (docs/benchmarks.md)
+bench-memory: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/memory.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

@@ -118,9 +118,10 @@ def interrupted(out: Path, at, sig=signal.SIGINT, **over):
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, at):
-    """A run folder interrupted in iteration 181 (checkpoints at 140 and 181)."""
+    """A run folder interrupted in iteration 181 (checkpoints at 140 and 181); by SIGTERM,
+    since module fixtures are set up before :func:`foreground_sigint`."""
     out = tmp_path_factory.mktemp("template") / "cut"
-    interrupted(out, [at(181, 2)])
+    interrupted(out, [at(181, 2)], signal.SIGTERM)
     return out
 
 
@@ -266,7 +267,8 @@ def test_a_crafted_pickle_checkpoint_is_refused_and_never_runs(cut, tmp_path, mo
         sha, size = runfolder.sha256_file(out / "checkpoint.pt")
         side.update(sha256=sha, size=size)
         (out / "checkpoint.json").write_text(json.dumps(side))
-        with pytest.raises(ValueError, match=r"refusing to load .*checkpoint.pt.*weights_only"):
+        with pytest.raises(runfolder.UnsafeCheckpoint,
+                           match=r"refusing to load .*checkpoint.pt.*weights_only"):
             nrpt.resume(out, target=Kicker())
     else:
         (out / "checkpoint.json").unlink()

@@ -46,7 +46,8 @@ except ImportError:  # not POSIX: runs without the folder lock
     fcntl = None
 
 __all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON", "LOCK",
-           "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "atomic_write", "atomic_path",
+           "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "UnsafeCheckpoint",
+           "atomic_write", "atomic_path",
            "RunLock", "run_files", "clear_run", "config_hash", "target_record",
            "check_target_file", "new_run_record", "write_run_record", "read_run_record",
            "write_checkpoint", "read_checkpoint", "check_checkpoint", "checkpoint_exists",
@@ -74,6 +75,10 @@ class RunFolderBusy(RuntimeError):
 
 class CheckpointWarning(UserWarning):
     """The newest checkpoint was damaged and the previous one is used instead."""
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file that only an unrestricted unpickler would load: never loaded."""
 
 
 # ------------------------------------------------------------------------------ atomic writes
@@ -357,7 +362,7 @@ def load_file(path: Path) -> dict[str, Any]:
             warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
             ck = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
-        raise ValueError(
+        raise UnsafeCheckpoint(
             f"refusing to load {path}: it holds Python objects that only an unrestricted "
             f"unpickler would build (nrpt loads checkpoints with torch.load(weights_only=True) "
             f"and never runs code from them); it was not written by nrpt, or was tampered "
@@ -391,9 +396,9 @@ def read_checkpoint(out: Path) -> tuple[dict[str, Any], Path]:
                 continue
         try:
             ck = load_file(path)
+        except UnsafeCheckpoint:
+            raise
         except ValueError as err:
-            if "refusing" in str(err):
-                raise
             problems.append(str(err))
             continue
         except Exception as err:  # noqa: BLE001 - a damaged file fails in many ways
