@@ -29,6 +29,7 @@ return ``None``).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import math
 import os
@@ -136,9 +137,20 @@ def from_env(device: str = "cpu") -> Comm | None:
             return None
         backend = "nccl" if str(device).startswith("cuda") else "gloo"
         dist.init_process_group(backend)
+        # tear the group down before the interpreter does: a gloo group destroyed during
+        # interpreter shutdown can abort the process ("terminate called without an active
+        # exception", exit -6) after the run itself has finished
+        atexit.register(_destroy)
     if dist.get_world_size() <= 1:
         return None
     return Comm()
+
+
+def _destroy() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def local_device(device: str) -> str:
