@@ -2,7 +2,9 @@
 process, samples and reported numbers with 1 (in-process), 2 and 4 gloo processes, for exact
 and stochastic-gradient samplers; a checkpoint written by N processes resumes on M; a changed
 seed *is* detected (negative control).  The multi-process runs are real processes on CPU
-(``nrpt run --nproc N`` spawns them with the torchrun environment)."""
+(``nrpt run --nproc N`` spawns them with the torchrun environment); each costs seconds of
+start-up on 2 cores, so the default suite runs the exact sampler on 1/2/4 processes and the
+cheap checks, and ``make test-slow`` the SG, minibatch, resume-on-M and interrupt checks."""
 
 from __future__ import annotations
 
@@ -107,8 +109,8 @@ def test_exact_sampler_is_identical_on_1_2_and_4_processes(tmp_path):
     assert "samples" in diff and "index" in diff
 
 
-@pytest.mark.parametrize("nprocs", [(2,), pytest.param((4,), marks=pytest.mark.slow)],
-                         ids=["2", "4"])
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [(2,), (4,)], ids=["2", "4"])
 def test_sg_headline_is_identical_on_1_2_and_4_processes(tmp_path, nprocs):
     # the DEO*-SGD x P16 headline (adaptive C and learning rates, W* window), shortened
     args = ["--iterations", "400", "--seed", "2"]
@@ -136,8 +138,8 @@ def test_adaptive_rounds_with_slice_are_identical_on_3_processes(tmp_path):
     assert _same(*outs) == []
 
 
-@pytest.mark.parametrize("vr_every", [pytest.param(0, marks=pytest.mark.slow), 3],
-                         ids=["minibatch", "control-variate"])
+@pytest.mark.slow
+@pytest.mark.parametrize("vr_every", [0, 3], ids=["minibatch", "control-variate"])
 def test_minibatch_energies_are_identical_on_2_processes(tmp_path, vr_every):
     opts = dict(explorer="sgld", chains=5, max_temperature=20.0, batch_size=10, iterations=300,
                 swap_rule="bias-corrected", seed=7, figures=False)
@@ -154,7 +156,8 @@ def test_minibatch_energies_are_identical_on_2_processes(tmp_path, vr_every):
     assert _same(*outs) == []
 
 
-@pytest.mark.parametrize("m", [3, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [3, 1])
 def test_checkpoint_of_2_processes_resumes_on_m(tmp_path, m):
     # reference: 300 iterations in one process, extended to 600 from its checkpoint
     one = nrpt.sample("twenty-five-modes", chains=6, iterations=150, explorer="rwmh", seed=9,
@@ -172,6 +175,7 @@ def test_checkpoint_of_2_processes_resumes_on_m(tmp_path, m):
     assert _same(ref, _records(tmp_path / "two")) == []
 
 
+@pytest.mark.slow
 def test_interrupted_multi_process_run_stops_together_and_resumes_on_other_count(tmp_path):
     # SIGINT to the launcher reaches every rank; they agree on the iteration to stop after
     # (the flag travels with the gathered scalars), checkpoint, exit 130; resuming on another
