@@ -37,9 +37,8 @@ import torch
 
 class Heavy:
     """A 10-d target whose energy costs ``depth`` elementwise passes over a ``[n, 4096]`` hidden
-    layer per evaluation: compute-bound per replica (unlike a big-data likelihood, whose
-    matrix product reads the same data for every replica and is bound by memory bandwidth, so
-    that splitting the replicas over processes does not split its cost)."""
+    layer per evaluation: a cost proportional to the rows evaluated, set by one knob
+    (``--split-check`` shows that halving the rows per process halves it here)."""
 
     dim = 10
 
@@ -92,6 +91,37 @@ def worker(spec: dict) -> None:
         Path(spec["result"]).write_text(json.dumps({"results": results, "startup_s": ready}))
 
 
+def _time_energy(rows: int, depth: int, out=None) -> float:
+    torch.set_num_threads(1)
+    target = Heavy(depth=depth)
+    x = torch.randn(rows, target.dim, dtype=torch.float64)
+    target.energy(x)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        target.energy(x)
+    dt = (time.perf_counter() - t0) / 20
+    if out is not None:
+        out.put(dt)
+    return dt
+
+
+def split_check(depth: int) -> None:
+    """Does splitting the rows over two processes split the energy's cost on this machine?"""
+    import multiprocessing as mp
+
+    one = _time_energy(8, depth)
+    q = mp.get_context("fork").Queue()
+    procs = [mp.get_context("fork").Process(target=_time_energy, args=(4, depth, q))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    both = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    print(f"heavy-{depth} energy: 8 rows in one process {1e3 * one:.1f} ms; 4 rows in each of "
+          f"two concurrent processes {1e3 * both[0]:.1f} and {1e3 * both[1]:.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=400)
@@ -104,10 +134,16 @@ def main() -> None:
                     help="hidden-layer passes per energy of the expensive target (one workload "
                          "each)")
     ap.add_argument("--only", choices=["cheap", "expensive"], default=None)
+    ap.add_argument("--split-check", action="store_true",
+                    help="only time the heavy energy on 8 rows in one process and on 4 rows in "
+                         "each of two concurrent processes (no nrpt, no communication)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
+        return
+    if args.split_check:
+        split_check(args.depth[0])
         return
     from nrpt.distributed import spawn
 

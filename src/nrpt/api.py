@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import report
+from . import distributed, report
 from . import runfolder as rf
 from .build import build
 from .config import RunConfig
@@ -96,12 +96,7 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progres
     the processes (:mod:`nrpt.distributed`); rank 0 owns the run folder (lock, checks, files)
     and returns the result, the other ranks return a :class:`Result` with empty arrays whose
     ``summary`` holds only ``rank`` and ``interrupted``."""
-    from . import distributed
-
-    distributed.check_world(int(os.environ.get("WORLD_SIZE", "1")), int(cfg.chains))
-    comm = distributed.from_env(cfg.device)
-    if comm is not None:
-        comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "config")
+    comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
     if out is not None and lead:
@@ -109,14 +104,20 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progres
     resume_from = Path(resume_from) if resume_from is not None else None
     with _guard(out if lead else None) as stop:
         if not lead:
-            return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback,
-                           resume_from=resume_from)
+            return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback)
         return _run(cfg, stop, target=target, rule=rule, progress=progress, callback=callback,
                     resume_from=resume_from, overwrite=overwrite, comm=comm)
 
 
-def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
-            resume_from: Path | None) -> Result:
+def _join(cfg: RunConfig, comm):
+    """``comm`` once every rank runs the same settings, at most one rank per chain."""
+    if comm is not None:
+        distributed.check_world(comm.world, int(cfg.chains))
+        comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "config")
+    return comm
+
+
+def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback) -> Result:
     """A rank > 0 of a distributed run: the folder is rank 0's; this rank takes the checkpoint
     and the target file rank 0 validated, and runs its block of replicas."""
     told = comm.share(None)
@@ -301,8 +302,6 @@ def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
     checkpoint of another run, a changed target file or a damaged record file is refused with
     a ``ValueError`` that names it.  A ``file.py:NAME`` target is loaded from the absolute path
     recorded in ``run.json`` (the code in that file runs)."""
-    from . import distributed
-
     out = Path(out)
     if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
         raise FileNotFoundError(f"{out} has no config.toml/{rf.CHECKPOINT} to resume from")
@@ -326,11 +325,7 @@ def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
                                  f"{iterations}")
             changes["iterations"] = iterations
         cfg = cfg.replace(**changes)
-        if comm is not None:
-            distributed.check_world(comm.world, int(cfg.chains))
-            comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "config")
-            if not lead:
-                return _follow(cfg, stop, comm, target=target, rule=None, callback=callback,
-                               resume_from=out)
+        if _join(cfg, comm) is not None and not lead:
+            return _follow(cfg, stop, comm, target=target, rule=None, callback=callback)
         return _run(cfg, stop, target=target, rule=None, progress=progress and lead,
                     callback=callback, resume_from=out, record=record, comm=comm)

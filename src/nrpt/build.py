@@ -239,6 +239,6 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
                                dtype=np.float64 if dtype == torch.float64 else np.float32,
                                resume=resume, slots=record,
                                store=comm is None or comm.rank == 0)
-    engine.watch(range(P) if record == "all" else [0])  # positions the recorders read
-    engine.watch(recorders["spread"].slots)
+    for r in recorders.values():  # positions the recorders read every iteration
+        engine.watch(getattr(r, "reads_slots", ()))
     return Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)

@@ -12,8 +12,9 @@ system, ``[R, P / world, dim]``, and they never move.  An iteration is
    uniforms, so the permutation ``slot_of`` is the same everywhere; states stay where they are.
 
 Recorders that need positions (the slot-0 draws; the hottest slot's spread) ask for the rows of
-the replicas at those slots (:meth:`nrpt.roles.Iteration.slot_x`), one ``all_gather`` of
-``[R, S, dim]``.  Checkpoints gather the full state on every rank and rank 0 writes it, so a
+the replicas at those slots (:meth:`nrpt.roles.Iteration.slot_x`): the slots the recorders
+declare (``reads_slots``) come together in one ``all_gather`` of ``[R, S, dim]`` per
+iteration.  Checkpoints gather the full state on every rank and rank 0 writes it, so a
 checkpoint written by N processes resumes on M.  Gathers only copy (no arithmetic), every
 reduction runs on the full tensors in the single-process order, and every rank runs the same
 adaptors and recorders: for targets whose per-row evaluation does not depend on how many rows
@@ -22,9 +23,9 @@ process.
 
 Launch with ``nrpt run --nproc N ...`` (N local processes, gloo) or ``torchrun
 --nproc-per-node N -m nrpt run ...``; in Python, any ``nrpt.sample``/``run_config`` call made in
-processes started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) runs distributed, and
-only rank 0 writes the run folder and returns a :class:`~nrpt.api.Result` (the other ranks
-return ``None``).
+processes started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) runs distributed;
+rank 0 owns the run folder and returns the :class:`~nrpt.api.Result`, the other ranks return a
+``Result`` with empty arrays whose ``summary`` holds only ``rank`` and ``interrupted``.
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ import torch
 
 from .rng import Block
 
-__all__ = ["Comm", "from_env", "launch", "spawn", "block_of", "check_world", "local_device"]
+__all__ = ["Comm", "from_env", "launch", "spawn", "block_of", "block_size", "check_world",
+           "local_device"]
+
+
+def block_size(world: int, P: int) -> int:
+    """Replicas per rank: blocks of ``ceil(P / world)``, the last ranks may hold fewer."""
+    return math.ceil(P / world)
 
 
 def block_of(rank: int, world: int, P: int) -> Block:
-    """Rank ``rank``'s contiguous block of ``P`` replicas (blocks of ``ceil(P / world)``; the
-    last ranks may hold fewer)."""
-    size = math.ceil(P / world)
+    """Rank ``rank``'s contiguous block of ``P`` replicas (:func:`block_size`)."""
+    size = block_size(world, P)
     lo = min(P, rank * size)
     return Block(lo, min(P, lo + size), P)
 
@@ -84,9 +90,13 @@ class Comm:
         self.dist.all_gather(parts, t, group=self.group)
         return parts
 
+    def owner(self, replicas: torch.Tensor, P: int) -> torch.Tensor:
+        """The rank holding each of ``replicas``."""
+        return replicas // block_size(self.world, P)
+
     def gather_replicas(self, t: torch.Tensor, P: int) -> torch.Tensor:
         """A per-replica tensor ``[R, local, ...]`` from every rank -> ``[R, P, ...]``."""
-        size = math.ceil(P / self.world)
+        size = block_size(self.world, P)
         width = t.shape[1]
         if width < size:  # pad the short last blocks to the common size
             pad = torch.zeros((t.shape[0], size - width, *t.shape[2:]), dtype=t.dtype,

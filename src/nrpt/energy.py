@@ -204,13 +204,14 @@ def _batch_indices(shape, n_data: int, batch: int, replacement: bool, key, devic
     """Keyed minibatch indices ``[*shape, batch]`` (without replacement: the first ``batch``
     entries of a uniformly random permutation per replica)."""
     seed, *parts = key
-    block = getattr(key, "block", None)  # a process's replicas: draw at full width, slice
+    # a process's block of replicas (rng.Block): draw at full width, keep the block
+    block = getattr(key, "block", None)
+    full = tuple(shape) if block is None else block.widen(shape)
+    take = (lambda t: t) if block is None else block.take
     g = rng.generator_for(seed, SG_STREAMS.BATCH, *parts, device=device)
     if replacement:
-        full = (*shape, batch) if block is None else block.widen((*shape, batch))
-        idx = torch.randint(n_data, full, generator=g, device=device)
-        return idx if block is None else block.take(idx)
-    u = rng.rand_rows(g, (*shape, n_data), block, device=device)
+        return take(torch.randint(n_data, (*full, batch), generator=g, device=device))
+    u = take(torch.rand((*full, n_data), generator=g, device=device))
     if batch == n_data:
         return u.argsort(-1)
     return u.topk(batch, dim=-1, largest=False, sorted=False).indices

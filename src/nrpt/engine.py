@@ -93,6 +93,7 @@ class PTEngine:
         #: slots whose positions recorders read every iteration (:meth:`watch`): when sharded,
         #: their rows are gathered together, once per iteration
         self.watched: list[int] = []
+        self._watch_pos: dict[int, int] = {}
         self._row_cache: tuple[int, torch.Tensor] | None = None
 
         # replica r starts at slot r
@@ -237,22 +238,17 @@ class PTEngine:
     def watch(self, slots) -> None:
         """Declare that recorders read the positions at ``slots`` every iteration."""
         self.watched = sorted(set(self.watched) | {int(s) for s in slots})
+        self._watch_pos = {s: i for i, s in enumerate(self.watched)}
         self._row_cache = None
-        self._watch_pos = torch.full((self.P,), -1, dtype=torch.long, device=self.device)
-        self._watch_pos[self.watched] = torch.arange(len(self.watched), device=self.device)
 
-    def _slot_rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """Positions at ``slots[R, S]`` after this iteration's swaps (sharded engines): the
-        watched slots' rows come from one gather per iteration, others are gathered apart."""
-        wanted = sorted(set(slots.unique().tolist()))
-        if self.watched and set(wanted) <= set(self.watched):
-            if self._row_cache is None or self._row_cache[0] != self.k:
-                w = torch.tensor(self.watched, device=self.device).reshape(1, -1)
-                self._row_cache = (self.k, self.rows(self.replica_at.gather(
-                    1, w.expand(self.R, -1))))
-            pos, rows = self._watch_pos, self._row_cache[1]
-            return rows.gather(1, pos[slots][..., None].expand(*slots.shape, self.dim))
-        return self.rows(self.replica_at.gather(1, slots))
+    def _slot_rows(self, slots: list[int]) -> torch.Tensor:
+        """Positions at ``slots`` after this iteration's swaps (sharded engines): the watched
+        slots' rows come from one gather per iteration, others are gathered apart."""
+        if not all(s in self._watch_pos for s in slots):
+            return self.rows(self.replica_at[:, slots])
+        if self._row_cache is None or self._row_cache[0] != self.k:
+            self._row_cache = (self.k, self.rows(self.replica_at[:, self.watched]))
+        return self._row_cache[1][:, [self._watch_pos[s] for s in slots]]
 
     def rows(self, replicas: torch.Tensor) -> torch.Tensor:
         """Positions ``[R, S, dim]`` of the replicas ``replicas[R, S]`` (a collective when
@@ -268,8 +264,7 @@ class PTEngine:
             x = torch.where(mine[..., None], x, torch.zeros_like(x))
         else:
             x = torch.zeros((R, S, self.dim), dtype=self.dtype, device=self.device)
-        owner = replicas // math.ceil(self.P / self.comm.world)
-        return self.comm.gather_rows(x, owner)
+        return self.comm.gather_rows(x, self.comm.owner(replicas, self.P))
 
     def _full_state(self) -> ReplicaState:
         """The whole state ``[R, P, ...]`` (a collective when sharded)."""

@@ -31,14 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .engine import PTEngine
 from .roles import SegmentView
-from .runfolder import CHECKPOINT, atomic_path, write_checkpoint
+from .runfolder import CHECKPOINT, write_checkpoint
 
-__all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "atomic_save", "load_checkpoint",
-           "CHECKPOINT", "RunError", "Interrupt"]
+__all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "CHECKPOINT", "RunError",
+           "Interrupt"]
 
 CALLBACK_EVERY = 256
 
@@ -116,26 +114,6 @@ class Outcome:
     wall_time_s: float
     interrupted: bool
     segments_done: int
-
-
-def atomic_save(obj, path: Path) -> None:
-    """``torch.save`` to a unique temporary file, then rename (a crash never leaves half a
-    file)."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
-def load_checkpoint(path: Path) -> dict:
-    """Load one checkpoint file (no pickle: ``weights_only=True``).  A run folder's checkpoints
-    are read, verified and matched to their run by :func:`nrpt.runfolder.read_checkpoint`."""
-    from .runfolder import load_file
-
-    try:
-        return load_file(Path(path))
-    except ValueError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any failure to read is reported the same way
-        raise ValueError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from err
 
 
 class Interrupt:

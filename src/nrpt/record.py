@@ -186,6 +186,7 @@ class Draws(RecorderBase):
             raise ValueError(f"slots must be 'target' or 'all'; got {slots!r}")
         self.K, self.R, self.P, self.dim, self.thin = int(n_iterations), R, P, dim, int(thin)
         self.slots = slots
+        self.reads_slots = (0,) if slots == "target" else tuple(range(P))
         self.n_draws = self.K // self.thin
         self.chunk = int(chunk)
         out = Path(out_dir) if out_dir is not None else None
@@ -231,11 +232,6 @@ class Draws(RecorderBase):
         self._s = self.samples.reshape(self.R, n, *self._tail)
         self._e = self.energies.reshape(self.R, n, *self._e_tail)
 
-    def set_position(self, n_done: int) -> None:
-        """Resume writing after ``n_done`` completed iterations (row 0 is already written)."""
-        self._next_row = n_done + 1
-        self._next_draw = n_done // self.thin
-
     def initial(self, slot_of: torch.Tensor) -> None:
         if self.store:
             self.index[0] = slot_of.to("cpu", torch.int16).numpy()
@@ -243,17 +239,16 @@ class Draws(RecorderBase):
 
     def record(self, it) -> None:
         """Record one :class:`~nrpt.roles.Iteration` (``it.k`` 0-based)."""
+        draw = (it.k + 1) % self.thin == 0
+        x = it.slot_x(self.reads_slots) if draw else None  # every rank takes part in the gather
         if not self.store:
-            if (it.k + 1) % self.thin == 0:  # the rows are gathered on every rank
-                it.slot_x([0] if self.slots == "target" else list(range(self.P)))
             return
         self._buf_i.append(it.slot_of.to(torch.int16))
-        if (it.k + 1) % self.thin == 0:
+        if draw:
             if self.slots == "target":
-                x = it.slot_x([0]).squeeze(1)
-                v = it.slot_energies[:, 0]
+                x, v = x.squeeze(1), it.slot_energies[:, 0]
             else:
-                x, v = it.slot_x(list(range(self.P))), it.slot_energies
+                v = it.slot_energies
             self._buf_x.append(x.detach().clone())
             self._buf_v.append(v.detach().clone())
         if len(self._buf_i) >= self.chunk:

@@ -208,7 +208,7 @@ class SlotSpread(RecorderBase):
                  dtype=torch.float64, device="cpu"):
         self.slots = list(range(P)) if slots is None else [int(s) for s in slots]
         self.shape = (R, len(self.slots), dim)
-        self.index = torch.tensor(self.slots, device=device).reshape(1, -1)
+        self.reads_slots = tuple(self.slots)
         self.dtype, self.device = dtype, device
         self.start_segment(True)
 
@@ -219,7 +219,7 @@ class SlotSpread(RecorderBase):
             self.m2 = torch.zeros_like(self.mean)
 
     def record(self, it: Iteration) -> None:
-        x = it.slot_x(self.index.expand(it.R, -1))
+        x = it.slot_x(self.slots)
         self.n += 1
         delta = x - self.mean
         self.mean = self.mean + delta / self.n

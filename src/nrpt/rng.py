@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Stream", "Block", "Key", "key", "generator_for", "normal", "uniform", "rand_rows"]
+__all__ = ["Stream", "Block", "Key", "key", "generator_for", "normal", "uniform"]
 
 _M64 = (1 << 64) - 1
 
@@ -128,11 +128,4 @@ def uniform(shape, seed: int, *parts: int, dtype=torch.float64, device="cpu",
     in :func:`normal`."""
     u = torch.rand(_widen(shape, block), generator=generator_for(seed, *parts, device=device),
                    dtype=dtype, device=device)
-    return u if block is None else block.take(u)
-
-
-def rand_rows(generator: torch.Generator, shape, block: Block | None = None, *,
-              device="cpu") -> torch.Tensor:
-    """``torch.rand(shape)`` (float32) from ``generator``, per-replica as in :func:`normal`."""
-    u = torch.rand(_widen(shape, block), generator=generator, device=device)
     return u if block is None else block.take(u)

@@ -31,7 +31,7 @@ the pair's lower slot.  Sign convention: energy ``U = -log pi``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
@@ -90,16 +90,15 @@ class Iteration:
     decisions: list[PhaseDecision]
     has_reference: bool = False
     #: the engine's row fetcher when replicas are spread over processes (slots -> positions)
-    rows: Callable[[torch.Tensor], torch.Tensor] | None = None
+    rows: Callable[[list[int]], torch.Tensor] | None = None
 
-    def slot_x(self, slots) -> torch.Tensor:
-        """Positions ``[R, S, dim]`` of the replicas at ``slots`` (a list of S slot indices,
-        or a ``[R, S]`` tensor of slot indices)."""
-        idx = torch.as_tensor(slots, device=self.replica_at.device)
-        idx = idx.reshape(1, -1).expand(self.R, -1) if idx.dim() <= 1 else idx
+    def slot_x(self, slots: Sequence[int]) -> torch.Tensor:
+        """Positions ``[R, S, dim]`` of the replicas at ``slots`` (S slot indices, the same for
+        every system)."""
+        slots = list(slots)
         if self.rows is not None:
-            return self.rows(idx)
-        rep = self.replica_at.gather(1, idx)
+            return self.rows(slots)
+        rep = self.replica_at[:, slots]
         x = self.state.x
         return x.gather(1, rep[..., None].expand(*rep.shape, x.shape[-1]))
 
@@ -241,6 +240,10 @@ class RecorderBase:
     """Convenience base: no-op hooks and an empty state."""
 
     name = "recorder"
+    #: slots whose positions :meth:`record` reads every iteration (``Iteration.slot_x``); the
+    #: builder declares them to the engine, which, when replicas are spread over processes,
+    #: fetches all of them with one gather per iteration
+    reads_slots: tuple[int, ...] = ()
 
     def start_segment(self, reset: bool, length: int = 0) -> None:
         pass
