@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev,arviz]"
+	$(PY) -m pip install -q -e ".[dev,arviz,deep]"
 	touch $(STAMP)
 
 install: $(STAMP)
