@@ -1,0 +1,318 @@
+"""P copies of one ``torch.nn.Module`` as flat parameter vectors, evaluated as one batched model.
+
+The engine moves replicas as rows ``theta[R, P, dim]`` (:mod:`nrpt.engine`); a network replica is
+its parameters flattened into such a row (:class:`FunctionalNet` packs and unpacks them), so the
+schemes, rules, adaptors, recorders and checkpoints of every other run apply unchanged, and a
+swap exchanges two slot indices, never weights.  What is not a parameter lives with the replica
+in ``ReplicaState.extras``: the momentum (the explorer's buffer) and the BatchNorm running
+statistics (``extras["bn"]``, ``[R, P, buffer_dim]``, updated by the energy estimator of
+:mod:`nrpt.deep.energy`).
+
+One forward/backward for all replicas, three interchangeable execution strategies:
+
+============  ===========================================================================
+``loop``      a plain Python loop over replicas, one ``functional_call`` and one backward
+              each: the reference implementation, and the fallback for models that cannot
+              be vmapped (data-dependent control flow, ``.item()``)
+``vmap``      ``torch.func.vmap(grad_and_value(...))`` over the stacked parameters: one
+              batched forward/backward
+``compile``   ``torch.compile`` of the ``vmap`` function (first call compiles: seconds to
+              minutes; falls back to ``vmap`` with a warning where compilation fails)
+============  ===========================================================================
+
+``strategy="auto"`` times ``loop`` and ``vmap`` for a few steps on the actual batch and keeps
+the faster (``compile`` is opt-in: its one-off compilation cost is only repaid by long runs,
+and measured on this CPU it pays for small convolutional nets, see docs/deep.md).  The choice
+and the timings are reported.
+
+**BatchNorm under vmap.**  ``vmap`` silently drops BatchNorm's in-place update of its running
+statistics (measured: the stacked buffers come back unchanged), so the statistics are updated
+here, functionally and identically for every strategy: a forward pre-hook on each BatchNorm
+layer records the batch mean and unbiased variance of its input, and the new running
+statistics are ``(1 - momentum) * old + momentum * batch``, exactly PyTorch's rule.  BatchNorm
+with ``momentum=None`` (a cumulative average that needs ``num_batches_tracked``) is refused.
+
+**Dropout.**  Random layers draw from a generator seeded from the iteration's key inside
+``torch.random.fork_rng`` (``vmap(randomness="different")``: each replica its own draws), so a
+run stays reproducible and the caller's global RNG is untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+__all__ = ["FunctionalNet", "STRATEGIES", "StrategyWarning", "choose_strategy"]
+
+STRATEGIES = ("auto", "loop", "vmap", "compile")
+
+_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class StrategyWarning(UserWarning):
+    """An execution strategy could not be used and another one runs instead."""
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, y, reduction="none")
+
+
+class FunctionalNet:
+    """A module's parameters as one flat vector of ``dim`` numbers and its floating-point buffers
+    (BatchNorm running statistics) as one of ``buffer_dim``; batched evaluation of many.
+
+    Args:
+        module: any ``torch.nn.Module`` whose parameters are floating point and on one device.
+            It is copied; the caller's module is never modified.
+        loss: ``loss(logits[B, C], y[B]) -> [B]`` per-example losses (default cross entropy).
+    """
+
+    def __init__(self, module: nn.Module, loss: Callable | None = None):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module; got {type(module).__name__}")
+        params = list(module.named_parameters())
+        if not params:
+            raise ValueError("model has no parameters to sample")
+        devices = {p.device for _, p in params} | {b.device for _, b in module.named_buffers()}
+        if len(devices) > 1:
+            raise ValueError(f"model's parameters and buffers are on different devices "
+                             f"({sorted(map(str, devices))}): move the model to one device")
+        dtypes = {p.dtype for _, p in params}
+        if len(dtypes) > 1 or not next(iter(dtypes)).is_floating_point:
+            raise ValueError(f"model's parameters must share one floating dtype; got {dtypes}")
+        self.module = copy.deepcopy(module)
+        self.device, self.dtype = next(iter(devices)), next(iter(dtypes))
+        self.loss = loss or _loss
+        self.names = [n for n, _ in params]
+        self.shapes = [p.shape for _, p in params]
+        self.numels = [p.numel() for _, p in params]
+        self.dim = sum(self.numels)
+        bufs = list(self.module.named_buffers())
+        self.buffer_names = [n for n, b in bufs if b.is_floating_point()]
+        self.buffer_shapes = [b.shape for n, b in bufs if b.is_floating_point()]
+        self.buffer_numels = [b.numel() for n, b in bufs if b.is_floating_point()]
+        self.buffer_dim = sum(self.buffer_numels)
+        self.int_buffers = {n: b for n, b in bufs if not b.is_floating_point()}
+        # BatchNorm layers: their running statistics are updated here (see the module doc)
+        self._bn: list[tuple[str, nn.Module]] = []
+        for name, mod in self.module.named_modules():
+            if isinstance(mod, _BN) and mod.track_running_stats:
+                if mod.momentum is None:
+                    raise ValueError(f"BatchNorm layer {name!r} has momentum=None (a cumulative "
+                                     "average); give it a momentum (e.g. 0.1)")
+                self._bn.append((name, mod))
+                mod.register_forward_pre_hook(self._hook(name))
+        self._stash: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    # ------------------------------------------------------------------ packing
+    def pack(self, module: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(theta[dim], buffers[buffer_dim])`` of ``module`` (default: the copy held here)."""
+        module = self.module if module is None else module
+        p = dict(module.named_parameters())
+        b = dict(module.named_buffers())
+        theta = torch.cat([p[n].detach().reshape(-1) for n in self.names])
+        buf = (torch.cat([b[n].detach().reshape(-1) for n in self.buffer_names])
+               if self.buffer_names else theta.new_zeros(0))
+        return theta, buf
+
+    def params(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views of one flat vector ``theta[dim]`` as the module's named parameters."""
+        return {n: c.view(s) for n, c, s in zip(self.names, theta.split(self.numels),
+                                                 self.shapes, strict=True)}
+
+    def buffers(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {n: c.view(s) for n, c, s in zip(self.buffer_names, buf.split(self.buffer_numels),
+                                                self.buffer_shapes, strict=True)}
+        # integer buffers (num_batches_tracked): fresh per call, never read (momentum is set)
+        out.update({n: torch.zeros_like(b) for n, b in self.int_buffers.items()})
+        return out
+
+    def load(self, theta: torch.Tensor, buf: torch.Tensor | None = None) -> nn.Module:
+        """A fresh copy of the module holding ``theta`` (and ``buf``)."""
+        m = copy.deepcopy(self.module)
+        with torch.no_grad():
+            for name, t in self.params(theta).items():
+                m.get_parameter(name).copy_(t)
+            if buf is not None:
+                for name, t in zip(self.buffer_names, buf.split(self.buffer_numels),
+                                   strict=True):
+                    m.get_buffer(name).copy_(t.view_as(m.get_buffer(name)))
+        return m
+
+    # ------------------------------------------------------------------ BatchNorm statistics
+    def _hook(self, name: str):
+        def hook(mod, args):
+            if self._stash is None or not mod.training:
+                return None
+            (x,) = args[:1]
+            dims = [0, *range(2, x.dim())]
+            self._stash[name] = (x.mean(dims), x.var(dims, unbiased=True))
+            return None
+
+        return hook
+
+    def _new_buffers(self, buf: torch.Tensor) -> torch.Tensor:
+        """Running statistics after one training-mode forward (from the stash)."""
+        if not self.buffer_names:
+            return buf
+        old = self.buffers(buf)
+        new = dict(old)
+        for name, mod in self._bn:
+            mean, var = self._stash[name]
+            m = mod.momentum
+            pre = f"{name}." if name else ""
+            new[pre + "running_mean"] = (1 - m) * old[pre + "running_mean"] + m * mean.detach()
+            new[pre + "running_var"] = (1 - m) * old[pre + "running_var"] + m * var.detach()
+        return torch.cat([new[n].reshape(-1) for n in self.buffer_names])
+
+    # ------------------------------------------------------------------ one replica
+    def _one(self, theta, buf, x, y):
+        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode."""
+        self._stash = {}
+        try:
+            logits = functional_call(self.module, (self.params(theta), self.buffers(buf)),
+                                     (x,))
+            losses = self.loss(logits, y)
+            new = self._new_buffers(buf)
+        finally:
+            self._stash = None
+        return losses.sum(), (losses.detach(), new)
+
+    # ------------------------------------------------------------------ batched evaluation
+    def loss_and_grad(self, theta, buf, x, y, strategy: str = "vmap", seed: int | None = None):
+        """Training-mode losses and gradients of ``n`` replicas on their own batches.
+
+        ``theta[n, dim]``, ``buf[n, buffer_dim]``, ``x[n, B, ...]``, ``y[n, B]`` ->
+        ``(losses[n, B], grad[n, dim], new_buf[n, buffer_dim])`` where ``grad`` is the gradient
+        of the summed losses.  ``seed`` seeds random layers (dropout)."""
+        self.module.train()
+        with _seeded(seed, self.device):
+            if strategy == "loop":
+                return self._loop(theta, buf, x, y)
+            fn = self._batched(strategy)
+            g, (_, (losses, new)) = fn(theta, buf, x, y)
+            return losses, g, new
+
+    def _loop(self, theta, buf, x, y):
+        out_l, out_g, out_b = [], [], []
+        for i in range(theta.shape[0]):
+            with torch.enable_grad():
+                th = theta[i].detach().requires_grad_(True)
+                total, (losses, new) = self._one(th, buf[i], x[i], y[i])
+                (g,) = torch.autograd.grad(total, th)
+            out_l.append(losses)
+            out_g.append(g)
+            out_b.append(new.detach())
+        return torch.stack(out_l), torch.stack(out_g), torch.stack(out_b)
+
+    def _batched(self, strategy: str):
+        cache = self.__dict__.setdefault("_fns", {})
+        if strategy not in cache:
+            fn = vmap(grad_and_value(self._one, has_aux=True), randomness="different")
+            if strategy == "compile":
+                fn = torch.compile(fn, dynamic=False)
+            cache[strategy] = fn
+        return cache[strategy]
+
+    @torch.no_grad()
+    def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
+        """Eval-mode logits ``[n, B, C]`` of ``n`` replicas on one shared input ``x[B, ...]``
+        (running statistics from ``buf``), in chunks of ``chunk`` examples."""
+        self.module.eval()
+        try:
+            outs = []
+            for xs in x.split(chunk):
+                if strategy == "loop":
+                    outs.append(torch.stack([
+                        functional_call(self.module, (self.params(theta[i]),
+                                                      self.buffers(buf[i])), (xs,))
+                        for i in range(theta.shape[0])]))
+                else:
+                    fn = vmap(lambda t, b, xx: functional_call(
+                        self.module, (self.params(t), self.buffers(b)), (xx,)),
+                        in_dims=(0, 0, None))
+                    outs.append(fn(theta, buf, xs))
+            return torch.cat(outs, dim=1)
+        finally:
+            self.module.train()
+
+
+class _seeded:
+    """``torch.random.fork_rng`` seeded from ``seed`` (nothing when ``seed`` is None)."""
+
+    def __init__(self, seed, device):
+        self.seed, self.device = seed, torch.device(device)
+        self._ctx = None
+
+    def __enter__(self):
+        if self.seed is None:
+            return self
+        devices = [self.device] if self.device.type == "cuda" else []
+        self._ctx = torch.random.fork_rng(devices=devices)
+        self._ctx.__enter__()
+        torch.manual_seed(int(self.seed) % (2 ** 63))
+        return self
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            return self._ctx.__exit__(*exc)
+        return False
+
+
+def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto",
+                    repeats: int = 3) -> tuple[str, dict[str, float]]:
+    """The execution strategy to use and the measured seconds per step of each tried.
+
+    ``auto``: ``loop`` and ``vmap`` are each timed for ``repeats`` steps after one warm-up on
+    the given batch and the faster is kept.  An explicit ``vmap`` / ``compile`` that fails on
+    this model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
+    timings: dict[str, float] = {}
+
+    def works(s: str) -> bool:
+        try:
+            _time(net, s, theta, buf, x, y, 0)
+            return True
+        except Exception as err:  # noqa: BLE001 - any failure means: use another strategy
+            nxt = "vmap" if s == "compile" else "loop"
+            warnings.warn(f"strategy {s!r} failed on this model ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:200]}); using {nxt!r}",
+                          StrategyWarning, stacklevel=3)
+            return False
+
+    if strategy == "loop":
+        return "loop", timings
+    if strategy == "compile":
+        if works("compile"):
+            return "compile", timings
+        strategy = "vmap"
+    if strategy == "vmap":
+        return ("vmap" if works("vmap") else "loop"), timings
+    # auto
+    if not works("vmap"):
+        return "loop", timings
+    for s in ("loop", "vmap"):
+        timings[s] = _time(net, s, theta, buf, x, y, repeats)
+    return min(timings, key=timings.get), timings
+
+
+def _time(net, strategy, theta, buf, x, y, repeats: int) -> float:
+    net.loss_and_grad(theta, buf, x, y, strategy)  # warm-up (and the check that it runs)
+    if repeats == 0:
+        return 0.0
+    if theta.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        net.loss_and_grad(theta, buf, x, y, strategy)
+    if theta.device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeats
