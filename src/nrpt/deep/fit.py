@@ -387,7 +387,7 @@ def _engine(target, estimator, explorer, P: int, temps, step, scheme, rule, seed
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
-        **options) -> DeepResult:
+        callback=None, **options) -> DeepResult:
     """Tempered replicas of ``model`` on ``train = (X, y)``, evaluated on ``test = (X, y)``.
 
     ``method`` is one of :data:`METHODS`; every other setting is a :class:`DeepConfig` field
@@ -395,7 +395,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     ``collect_every``, ``average``, ``strategy``, ...).  ``augment(x, generator)`` is applied to
     every training batch.  With ``out`` the run folder gets ``config.json``, ``summary.json``,
     ``metrics.csv``, ``index.npy``, checkpoints and figures; ``resume=True`` continues the
-    interrupted run in ``out`` (give the same model and data)."""
+    interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
+    every 256 iterations of the main run; raising ``KeyboardInterrupt`` there stops it cleanly
+    (as Ctrl-C does), with a checkpoint to resume from."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     net = FunctionalNet(model)
     dev, dtype = net.device, net.dtype
@@ -456,7 +458,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         explorer = Cyclical(MomentumSGD(estimator, momentum=cfg.momentum), 1, pre_iters)
         eng = _engine(target, estimator, explorer, P, [0.0] * P, cfg.lr_max / N, NoSwap(),
                       Deterministic(0.0), rng.key(cfg.seed, 0x9E7), theta0, buf0, dtype, dev)
-        execute(Run(eng, [], {}, Plan.fixed(pre_iters)), progress=progress)
+        pre = execute(Run(eng, [], {}, Plan.fixed(pre_iters)), progress=progress)
+        if pre.interrupted:
+            raise KeyboardInterrupt("interrupted during pretraining (nothing to resume yet)")
         theta0, buf0 = eng.state.x[0].detach().clone(), eng.state.extras["bn"][0].clone()
     if pre_path is not None and saved is None:
         torch.save({"theta": theta0.cpu(), "buffers": buf0.cpu(), "strategy": strategy},
@@ -533,7 +537,7 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         checkpoint, _ = read_checkpoint(out)
     outcome = execute(Run(eng, adaptors, recorders, Plan.fixed(iters), facts), out=out,
                       checkpoint_every=cfg.checkpoint_every, progress=progress,
-                      resume=checkpoint, header=header)
+                      resume=checkpoint, header=header, callback=callback)
 
     # the average
     if cfg.method == "swag":

@@ -176,8 +176,9 @@ class FunctionalNet:
         """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode."""
         self._stash = {}
         try:
-            logits = functional_call(self.module, (self.params(theta), self.buffers(buf)),
-                                     (x,))
+            # a copy: BatchNorm updates the buffers it is given in place (outside vmap)
+            logits = functional_call(self.module,
+                                     (self.params(theta), self.buffers(buf.clone())), (x,))
             losses = self.loss(logits, y)
             new = self._new_buffers(buf)
         finally:

@@ -1,0 +1,269 @@
+"""Network replicas (nrpt.deep): stacked evaluation equals the per-replica loop and PyTorch's own
+training step, swaps move slots and never weights, fit runs every method through the one loop,
+resumes bit for bit, and refuses bad input by name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from nrpt import rng
+from nrpt.deep.energy import NetworkEnergy, NetworkTarget
+from nrpt.deep.fit import DeepConfig, fit
+from nrpt.deep.metrics import evaluate
+from nrpt.deep.replicas import FunctionalNet, StrategyWarning, choose_strategy
+from nrpt.engine import PTEngine
+from nrpt.explorers.sgmcmc import MomentumSGD
+from nrpt.paths import NoiseLadder
+from nrpt.swap import DEOW, Deterministic, NoSwap
+
+
+def _bn_mlp(d=6, h=8, c=3, dtype=torch.float64, seed=0):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(d, h), nn.BatchNorm1d(h), nn.ReLU(),
+                             nn.Linear(h, c)).to(dtype)
+
+
+def _bn_cnn(dtype=torch.float64):
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.BatchNorm1d(4), nn.ReLU(),
+                             nn.Flatten(), nn.Linear(4 * 10, 3)).to(dtype)
+
+
+def _toy(n=120, d=6, c=3, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=dtype)
+    W = torch.randn(d, c, generator=g, dtype=dtype)
+    y = (X @ W + 0.3 * torch.randn(n, c, generator=g, dtype=dtype)).argmax(1)
+    return X, y
+
+
+# ------------------------------------------------------------------ stacked == loop
+@pytest.mark.parametrize("make,shape", [(_bn_mlp, (6,)), (_bn_cnn, (1, 10))])
+def test_vmap_equals_loop_forward_loss_grad_buffers(make, shape):
+    net = FunctionalNet(make())
+    theta0, buf0 = net.pack()
+    g = torch.Generator().manual_seed(3)
+    P, B = 3, 16
+    theta = theta0 + 0.1 * torch.randn(P, net.dim, generator=g, dtype=torch.float64)
+    buf = buf0 + 0.05 * torch.rand(P, net.buffer_dim, generator=g, dtype=torch.float64)
+    x = torch.randn(P, B, *shape, generator=g, dtype=torch.float64)
+    y = torch.randint(3, (P, B), generator=g)
+    l1, g1, b1 = net.loss_and_grad(theta, buf, x, y, "loop")
+    l2, g2, b2 = net.loss_and_grad(theta, buf, x, y, "vmap")
+    assert torch.allclose(l1, l2, rtol=0, atol=1e-10)
+    assert torch.allclose(g1, g2, rtol=0, atol=1e-10)
+    assert torch.allclose(b1, b2, rtol=0, atol=1e-12)
+    assert (b1 - buf).abs().max() > 1e-3  # the statistics did move (vmap must not drop them)
+    # and both equal a plain module's training forward/backward
+    for i in range(P):
+        m = net.load(theta[i], buf[i]).train()
+        loss = nn.functional.cross_entropy(m(x[i]), y[i], reduction="sum")
+        loss.backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
+        assert torch.allclose(grad, g1[i], rtol=0, atol=1e-10)
+        assert torch.allclose(net.pack(m)[1], b1[i], rtol=0, atol=1e-12)
+    # eval-mode logits of the stack equal each module's
+    lg_loop = net.logits(theta, buf, x[0], "loop")
+    lg_vmap = net.logits(theta, buf, x[0], "vmap")
+    assert torch.allclose(lg_loop, lg_vmap, rtol=0, atol=1e-10)
+    for i in range(P):
+        ref = net.load(theta[i], buf[i]).eval()(x[0])
+        assert torch.allclose(lg_loop[i], ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_two_momentum_sgd_steps_equal_torch_optim(strategy):
+    """Full-batch energy (batch = N: a permutation, so deterministic) and the engine's mSGD at
+    learning rate lr / N equal torch.optim.SGD(lr, momentum, weight_decay) on each replica."""
+    X, y = _toy(n=40)
+    lr, mom, wd, P = 0.1, 0.9, 5e-3, 2
+    net = FunctionalNet(_bn_mlp())
+    theta0, buf0 = net.pack()
+    g = torch.Generator().manual_seed(5)
+    start = theta0 + 0.2 * torch.randn(P, net.dim, generator=g, dtype=torch.float64)
+    target = NetworkTarget(net, X, y, weight_decay=wd, strategy=strategy)
+    est = NetworkEnergy(target, batch_size=40)
+    eng = PTEngine(target, NoiseLadder([0.0] * P), MomentumSGD(est, momentum=mom), NoSwap(),
+                   Deterministic(0.0), step_size=lr / 40, seed=0, initial_states=start[None])
+    eng.step()
+    eng.step()
+    for r in range(P):
+        m = net.load(start[r], buf0).train()
+        opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=mom, weight_decay=wd)
+        for _ in range(2):
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(X), y).backward()
+            opt.step()
+        with torch.no_grad():
+            m(X)  # the engine evaluates the energy (a training forward) at the new state
+        theta_ref, buf_ref = net.pack(m)
+        assert torch.allclose(eng.state.x[0, r], theta_ref, rtol=0, atol=1e-10)
+        # BatchNorm saw the same three training forwards (x0, x1, x2) in both
+        assert torch.allclose(eng.state.extras["bn"][0, r], buf_ref, rtol=0, atol=1e-10)
+
+
+# ------------------------------------------------------------------ swaps move slots only
+def test_swaps_exchange_slots_not_weights_and_learning_rates_follow():
+    X, y = _toy()
+    P = 4
+    net = FunctionalNet(_bn_mlp())
+    theta0, _ = net.pack()
+    g = torch.Generator().manual_seed(2)
+    start = (theta0 + 0.2 * torch.randn(P, net.dim, generator=g, dtype=torch.float64))[None]
+    steps = [0.01 / 120 * 2 ** p for p in range(P)]
+
+    def engine(rule, scheme):
+        target = NetworkTarget(net, X, y, strategy="vmap")
+        est = NetworkEnergy(target, batch_size=16)
+        return PTEngine(target, NoiseLadder([0.0] * P), MomentumSGD(est), scheme, rule,
+                        step_size=steps, seed=4, initial_states=start)
+
+    swapping = engine(Deterministic(-1e12), DEOW(1))  # every proposed pair swaps
+    still = engine(Deterministic(0.0), NoSwap())
+    swapping.step()
+    still.step()
+    for key in ("momentum", "bn", "sg_grad"):
+        assert torch.equal(swapping.state.extras[key], still.state.extras[key])
+    assert torch.equal(swapping.state.x, still.state.x)
+    assert not torch.equal(swapping.slot_of, still.slot_of)  # the slots did move
+    # next move: each replica at the learning rate of its new slot
+    before = swapping.state
+    slot = swapping.slot_of[0]
+    swapping.step()
+    for r in range(P):
+        eta = steps[int(slot[r])]
+        m = 0.9 * before.extras["momentum"][0, r] - eta * before.extras["sg_grad"][0, r]
+        assert torch.allclose(swapping.state.x[0, r], before.x[0, r] + m, rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ fit
+def _fit(method, **kw):
+    X, y = _toy(n=200, dtype=torch.float32)
+    model = _bn_mlp(dtype=torch.float32)
+    opts = dict(chains=4, epochs=4, seed=0, batch_size=25, lr_min=0.02, lr_max=0.2,
+                pretrain_epochs=1, swap_rate=0.3, strategy="vmap")
+    opts.update(kw)
+    return fit(model, (X[:150], y[:150]), (X[150:], y[150:]), method=method, **opts), X, y
+
+
+@pytest.mark.parametrize("method", ["deo-star", "deo", "ensemble", "cyclical", "swag"])
+def test_fit_every_method_reports_the_summary_and_predicts(method):
+    res, X, y = _fit(method)
+    s = res.summary
+    for key in ("accuracy", "nll_mean", "nll_sum", "ece", "brier", "round_trips", "swap_rates",
+                "learning_rates", "correction", "gradient_evaluations"):
+        assert key in s, key
+    assert s["models_collected"] >= 1
+    # equal budget: every method is charged epochs * chains * ceil(N / B) minibatch gradients
+    assert s["gradient_evaluations"] == 4 * 4 * math.ceil(150 / 25)
+    assert s["accuracy"] > 0.5  # three classes: chance is about 1/3
+    probs = res.predict_proba(X[150:])
+    assert probs.shape == (50, 3)
+    assert torch.allclose(probs.sum(1), torch.ones(50, dtype=probs.dtype), atol=1e-6)
+    again = evaluate(probs, y[150:])
+    assert again["nll_mean"] == pytest.approx(s["nll_mean"], rel=1e-5)
+    if method in ("deo-star", "deo"):
+        assert len(s["swap_rates"]) == 3 and s["correction"] is not None
+        assert res.index.shape == (s["iterations"], 4)
+    else:
+        assert s["round_trips"] == 0
+
+
+def test_fit_deo_star_uses_the_optimal_window_and_deo_uses_one():
+    a, _, _ = _fit("deo-star", epochs=1, pretrain_epochs=0, swap_rate=0.005)
+    b, _, _ = _fit("deo", epochs=1, pretrain_epochs=0, swap_rate=0.005)
+    # W* = ceil((log 4 + log log 4) / -log(0.995)) = 343
+    assert a.summary["window"] == math.ceil((math.log(4) + math.log(math.log(4)))
+                                            / -math.log(1 - 0.005))
+    assert b.summary["window"] == 1
+
+
+def test_fit_resumes_bit_for_bit(tmp_path):
+    X, y = _toy(n=200, dtype=torch.float32)
+    kw = dict(method="deo-star", chains=3, epochs=45, seed=1, batch_size=25, lr_min=0.02,
+              lr_max=0.2, pretrain_epochs=0, swap_rate=0.3, strategy="vmap",
+              checkpoint_every=100)
+    train, test = (X[:150], y[:150]), (X[150:], y[150:])
+    whole = fit(_bn_mlp(dtype=torch.float32), train, test, **kw)
+
+    def stop(engine):
+        raise KeyboardInterrupt
+
+    part = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", callback=stop,
+               **kw)
+    assert part.summary["interrupted"] and part.summary["iterations"] == 256
+    done = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
+               **kw)
+    assert not done.summary["interrupted"]
+    for key in ("accuracy", "nll_sum", "ece", "brier", "round_trips", "correction",
+                "learning_rates", "swap_rates"):
+        assert done.summary[key] == whole.summary[key], key
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert (tmp_path / "run" / "index_process.png").exists()
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_is_refused_by_name():
+    X, y = _toy(n=60, dtype=torch.float32)
+    model = _bn_mlp(dtype=torch.float32)
+    with pytest.raises(ValueError, match="chains"):
+        fit(model, (X, y), (X, y), chains=1)
+    with pytest.raises(ValueError, match="method"):
+        fit(model, (X, y), (X, y), method="sgld")
+    with pytest.raises(ValueError, match="do not fit the model"):
+        fit(model, (X[:, :4], y), (X[:, :4], y))
+    with pytest.raises(ValueError, match=r"labels must be in \[0, 3\)"):
+        fit(model, (X, y + 5), (X, y))
+    with pytest.raises(ValueError, match="X has 60 rows"):
+        fit(model, (X, y[:10]), (X, y))
+    with pytest.raises(ValueError, match="batch_size"):
+        fit(model, (X, y), (X, y), batch_size=500)
+    with pytest.raises(ValueError, match="average"):
+        DeepConfig(average="median")
+    split = _bn_mlp(dtype=torch.float32)
+    split[0].weight = nn.Parameter(torch.empty(8, 6, device="meta"))
+    with pytest.raises(ValueError, match="different devices"):
+        fit(split, (X, y), (X, y))
+
+
+def test_a_model_that_cannot_be_vmapped_falls_back_to_the_loop_with_a_warning():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 3).double()
+
+        def forward(self, x):
+            if x.sum().item() > 0:  # data-dependent control flow
+                return self.lin(x)
+            return -self.lin(x)
+
+    net = FunctionalNet(Branchy())
+    theta, buf = net.pack()
+    X, y = _toy(n=8)
+    with pytest.warns(StrategyWarning, match="using 'loop'"):
+        chosen, _ = choose_strategy(net, theta.expand(2, -1), buf.expand(2, -1),
+                                    X.expand(2, 8, 6), y.expand(2, 8), "vmap")
+    assert chosen == "loop"
+
+
+def test_dropout_is_keyed_and_leaves_the_global_rng_alone():
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3)).double()
+    net = FunctionalNet(m)
+    theta, buf = net.pack()
+    X, y = _toy(n=8)
+    args = (theta.expand(2, -1), buf.expand(2, -1), X.expand(2, 8, 6), y.expand(2, 8), "vmap")
+    state = torch.get_rng_state()
+    a = net.loss_and_grad(*args, seed=rng.key(1, 2))[0]
+    b = net.loss_and_grad(*args, seed=rng.key(1, 2))[0]
+    c = net.loss_and_grad(*args, seed=rng.key(1, 3))[0]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert not torch.equal(a[0], a[1])  # randomness="different": each replica its own mask
