@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory clean
+        bench-memory bench-deep clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,13 @@ bench-distributed: $(STAMP)
 # resident memory of runs of 10k, 100k and 1M iterations (docs/benchmarks.md)
 bench-memory: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/memory.py
+
+# deep posteriors (docs/reproduction/deep.md): strategy throughput, the equal-budget table on
+# MNIST-1D, round trips with W* vs W = 1
+bench-deep: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py throughput
+	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py table --dataset mnist1d --seeds 5
+	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py windows --dataset mnist1d --seeds 3
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

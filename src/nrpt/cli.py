@@ -197,6 +197,9 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--no-progress", action="store_true")
     res.add_argument("--nproc", type=_INT, default=None, metavar="N",
                      help="resume on N local processes (any N: checkpoints hold every replica)")
+    from .deep.cli import add_parser as add_deep
+
+    add_deep(sub)
     sub.add_parser("targets", help="list the built-in targets")
     ls = sub.add_parser("list", help="list the registered explorers, schemes, rules, adaptors "
                                      "and targets")
@@ -296,6 +299,10 @@ def _main(args, argv: list[str]) -> int:
         if args.command == "list":
             _list(args.role)
             return 0
+        if args.command == "deep":
+            from .deep.cli import run as run_deep
+
+            return run_deep(args)
         if args.command == "resume":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SamplingWarning)

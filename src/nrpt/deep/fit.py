@@ -269,13 +269,13 @@ class EpochMetrics(RecorderBase):
     name = "epochs"
 
     def __init__(self, bma: BMARecorder, net, x_test, y_test, *, every: int, lr_unit: float,
-                 strategy: str):
+                 strategy: str, per_epoch: int = 1, say=None):
         self.bma, self.net, self.x, self.y = bma, net, x_test, y_test
         self.every, self.lr_unit, self.strategy = int(every), float(lr_unit), strategy
         self.rows: list[dict[str, Any]] = []
         self._acc = self._n = None
         self.reads_slots = ()
-        self.P = None
+        self.per_epoch, self.say = int(per_epoch), say
 
     def record(self, it) -> None:
         A, listed = it.pair_indicators
@@ -299,10 +299,13 @@ class EpochMetrics(RecorderBase):
         logits = self.net.logits(theta.to(self.net.dtype), buf.to(self.net.dtype), self.x,
                                  self.strategy)
         row["slot_accuracy"] = (logits.argmax(-1) == self.y).double().mean(-1).tolist()
+        row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
         if "C" in it.params:
             row["C"] = float(it.params["C"][0, 0])
         self.rows.append(row)
+        if self.say is not None:
+            self.say(_line(row))
         self._acc.zero_()
         self._n.zero_()
 
@@ -315,6 +318,16 @@ class EpochMetrics(RecorderBase):
     def load_state_dict(self, sd):
         self.rows = json.loads(sd["rows"])
         self._acc, self._n = sd["acc"], sd["n"]
+
+
+def _line(row: dict[str, Any]) -> str:
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    return (f"epoch {row['epoch']:7.2f}  swap rate {f(row.get('swap_rate'), '.3f')}  "
+            f"C {f(row.get('C'), '.4g')}  slot-0 acc {row['slot_accuracy'][0]:.4f}  "
+            f"BMA acc {f(row.get('bma_accuracy'), '.4f')}  "
+            f"BMA NLL {f(row.get('bma_nll_mean'), '.4f')}")
 
 
 # ---------------------------------------------------------------------------------- result
@@ -387,7 +400,7 @@ def _engine(target, estimator, explorer, P: int, temps, step, scheme, rule, seed
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
-        callback=None, **options) -> DeepResult:
+        callback=None, say=None, **options) -> DeepResult:
     """Tempered replicas of ``model`` on ``train = (X, y)``, evaluated on ``test = (X, y)``.
 
     ``method`` is one of :data:`METHODS`; every other setting is a :class:`DeepConfig` field
@@ -397,7 +410,8 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     ``metrics.csv``, ``index.npy``, checkpoints and figures; ``resume=True`` continues the
     interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
     every 256 iterations of the main run; raising ``KeyboardInterrupt`` there stops it cleanly
-    (as Ctrl-C does), with a checkpoint to resume from."""
+    (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)`` receives one line per
+    evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     net = FunctionalNet(model)
     dev, dtype = net.device, net.dtype
@@ -520,7 +534,8 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         recorders = {"swag": SWAGRecorder(net.dim, cfg.swag_rank, every=every, start=start)}
     recorders["epochs"] = EpochMetrics(bma, net, Xte, yte,
                                        every=max(1, round(cfg.eval_every * per_epoch)),
-                                       lr_unit=N, strategy=strategy)
+                                       lr_unit=N, strategy=strategy, per_epoch=per_epoch,
+                                       say=say)
     if n_slots > 1:
         recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype)
         recorders["round_trips"] = RoundTrips(eng.slot_of, n_slots)

@@ -1,0 +1,134 @@
+"""``nrpt deep``: tempered network replicas on a bundled dataset, from the command line.
+
+    nrpt deep --dataset mnist1d --model mlp --method deo-star --chains 4 --epochs 40 \\
+              --seed 0 --out runs/deep
+    nrpt deep --resume runs/deep
+
+The run folder gets ``cli.json`` (the command's settings, written first so that ``--resume``
+can rebuild the data and the model), then what :func:`nrpt.deep.fit` writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from .fit import METHODS, DeepConfig
+
+__all__ = ["add_parser", "run"]
+
+DATASETS = ("digits", "mnist1d", "cifar10", "cifar100")
+MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
+#: a sensible model per dataset when --model is not given
+DEFAULT_MODEL = {"digits": "mlp", "mnist1d": "mlp", "cifar10": "resnet20",
+                 "cifar100": "resnet20"}
+_SKIP = {"method", "chains", "epochs", "seed"}
+
+
+def _type(f):
+    if f.name == "window":
+        return lambda s: s if s == "optimal" else int(s)
+    if f.name in ("lr", "collect_every", "cycles"):
+        return (float if f.name == "lr" else int)
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
+    return {"int": int, "float": float, "str": str}.get(t.split(" ")[0], str)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("deep", help="tempered network replicas (DEO*-mSGD and baselines) on "
+                                    "digits / MNIST-1D / CIFAR, evaluated as a model average")
+    p.add_argument("--dataset", choices=DATASETS, default="mnist1d")
+    p.add_argument("--model", choices=MODELS, default=None,
+                   help="default: mlp for digits and mnist1d, resnet20 for CIFAR")
+    p.add_argument("--method", choices=METHODS, default="deo-star")
+    p.add_argument("--chains", type=int, default=4, help="P replicas (single-chain methods run "
+                   "P times the iterations)")
+    p.add_argument("--epochs", type=float, default=20.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="run folder")
+    p.add_argument("--data-dir", default=None,
+                   help="CIFAR: the folder holding cifar-10-batches-py / cifar-100-python")
+    p.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue the interrupted run in DIR (other flags are ignored)")
+    p.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("settings (nrpt.deep.DeepConfig)")
+    for f in fields(DeepConfig):
+        if f.name in _SKIP:
+            continue
+        g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                       type=_type(f))
+    return p
+
+
+def _build(settings: dict):
+    import torch
+
+    from .. import rng
+    from .data import load_dataset
+    from .models import build_model
+
+    ds = load_dataset(settings["dataset"], root=settings.get("data_dir"),
+                      seed=settings["seed"])
+    g = torch.Generator().manual_seed(rng.key(settings["seed"], rng.Stream.INIT, 0xDEE9))
+    model = build_model(settings["model"], tuple(ds.input_shape), ds.classes, generator=g)
+    return ds, model
+
+
+def run(args) -> int:
+    from .fit import fit
+
+    if args.resume:
+        out = Path(args.resume)
+        if not (out / "cli.json").exists():
+            print(f"nrpt: error: {out} holds no `nrpt deep` run (cli.json missing)",
+                  file=sys.stderr)
+            return 2
+        settings = json.loads((out / "cli.json").read_text())
+        resume = True
+    else:
+        settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
+                    "data_dir": args.data_dir, "method": args.method, "chains": args.chains,
+                    "epochs": args.epochs, "seed": args.seed,
+                    "options": {f.name: getattr(args, f.name) for f in fields(DeepConfig)
+                                if f.name not in _SKIP and getattr(args, f.name) is not None}}
+        DeepConfig(method=args.method, chains=args.chains, epochs=args.epochs, seed=args.seed,
+                   **settings["options"])  # bad values fail here, before any data is loaded
+        out = Path(args.out) if args.out else None
+        resume = False
+    ds, model = _build(settings)
+    if out is not None and not resume:
+        out.mkdir(parents=True, exist_ok=True)
+        if (out / "checkpoint.pt").exists():
+            print(f"nrpt: error: {out} already holds a run; `nrpt deep --resume {out}` or "
+                  f"choose another --out", file=sys.stderr)
+            return 2
+        (out / "cli.json").write_text(json.dumps(settings, indent=2))
+    progress = not args.no_progress
+    say = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        say = tqdm.write
+    res = fit(model, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test),
+              method=settings["method"], chains=settings["chains"], epochs=settings["epochs"],
+              seed=settings["seed"], out=out, progress=progress, augment=ds.augment,
+              resume=resume, say=say, **settings["options"])
+    s = res.summary
+    keys = ("method", "accuracy", "nll_mean", "nll_sum", "ece", "brier", "round_trips",
+            "swap_rates", "learning_rates", "correction", "gradient_evaluations",
+            "models_collected", "strategy", "wall_time_s")
+    for k in keys:
+        v = s.get(k)
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        elif isinstance(v, list):
+            v = "[" + ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in v) + "]"
+        print(f"{k:>22}: {v}")
+    if out is not None:
+        print(f"{'run folder':>22}: {out}")
+    if s.get("interrupted"):
+        print(f"interrupted; continue with: nrpt deep --resume {out}" if out else "interrupted")
+        return 130
+    return 0
