@@ -70,8 +70,8 @@ def throughput(args) -> None:
                     t0 = time.perf_counter()
                     net.loss_and_grad(theta, buf, x, y, s)
                     row["compile_s"] = time.perf_counter() - t0
-                row[s] = _median_time(lambda s=s: net.loss_and_grad(theta, buf, x, y, s),
-                                      args.repeats)
+                call = (net.loss_and_grad, (theta, buf, x, y, s))
+                row[s] = _median_time(lambda c=call: c[0](*c[1]), args.repeats)
             rate = {s: P * B / row[s] for s in ("loop", "vmap", "compile") if s in row}
             print(f"{name:<7} {P:>3} {rate['loop']:>10.0f} {rate['vmap']:>10.0f} "
                   f"{rate.get('compile', float('nan')):>10.0f} "

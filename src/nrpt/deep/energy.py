@@ -29,7 +29,7 @@ import math
 import torch
 
 from .. import rng
-from ..energy import Estimate, EnergyEstimator, _batch_indices
+from ..energy import EnergyEstimator, Estimate, _batch_indices
 from .replicas import FunctionalNet
 
 __all__ = ["NetworkTarget", "NetworkEnergy", "DEEP_STREAMS"]
