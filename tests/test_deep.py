@@ -267,3 +267,63 @@ def test_dropout_is_keyed_and_leaves_the_global_rng_alone():
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert not torch.equal(a[0], a[1])  # randomness="different": each replica its own mask
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # raised inside torch's compiler
+def test_compiled_strategy_equals_the_loop():
+    """torch.compile of the vmapped step (about 15 s to compile on 2 cores: slow suite)."""
+    net = FunctionalNet(_bn_mlp())
+    theta0, buf0 = net.pack()
+    g = torch.Generator().manual_seed(3)
+    theta = theta0 + 0.1 * torch.randn(3, net.dim, generator=g, dtype=torch.float64)
+    buf = buf0.expand(3, -1).clone()
+    x = torch.randn(3, 16, 6, generator=g, dtype=torch.float64)
+    y = torch.randint(3, (3, 16), generator=g)
+    for a, b in zip(net.loss_and_grad(theta, buf, x, y, "loop"),
+                    net.loss_and_grad(theta, buf, x, y, "compile"), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10)
+
+
+def test_a_failing_compile_falls_back_to_vmap(monkeypatch):
+    def broken(fn, **kw):
+        def call(*a, **k):
+            raise RuntimeError("no compiler here")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    net = FunctionalNet(_bn_mlp())
+    theta, buf = net.pack()
+    X, y = _toy(n=8)
+    with pytest.warns(StrategyWarning, match="using 'vmap'"):
+        chosen, _ = choose_strategy(net, theta.expand(2, -1), buf.expand(2, -1),
+                                    X.expand(2, 8, 6), y.expand(2, 8), "compile")
+    assert chosen == "vmap"
+
+
+def test_cli_deep_runs_writes_the_folder_and_resumes(tmp_path, capsys):
+    from nrpt.cli import main
+
+    out = tmp_path / "deep"
+    args = ["deep", "--dataset", "digits", "--method", "deo-star", "--chains", "2", "--epochs",
+            "2", "--seed", "0", "--out", str(out), "--no-progress", "--pretrain-epochs", "0.5",
+            "--batch-size", "64", "--strategy", "vmap", "--swap-rate", "0.2"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "accuracy" in text and "round_trips" in text
+    for name in ("cli.json", "config.json", "summary.json", "metrics.csv", "index.npy",
+                 "models.pt", "reliability.png", "slot_accuracy.png", "index_process.png"):
+        assert (out / name).exists(), name
+    assert main(args) == 2  # the folder holds a run
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["deep", "--resume", str(out), "--no-progress"]) == 0  # finished: same result
+
+
+def test_cli_deep_cifar_without_files_says_what_to_put_where(tmp_path, capsys):
+    from nrpt.cli import main
+
+    code = main(["deep", "--dataset", "cifar100", "--data-dir", str(tmp_path), "--epochs", "1",
+                 "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cifar-100-python" in err

@@ -461,8 +461,11 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         strategy, timings = saved["strategy"], {}
     else:
         probe_idx = torch.arange(P * B, device=dev).reshape(P, B) % N
+        # steps of P replicas (single-chain methods take P x as many steps of one replica,
+        # which cost no less: a lower bound of their time)
+        total = pre_iters + main_iters
         strategy, timings = choose_strategy(net, theta0.to(dev), buf0.to(dev), Xtr[probe_idx],
-                                            ytr[probe_idx], cfg.strategy)
+                                            ytr[probe_idx], cfg.strategy, iterations=total)
     target.strategy = strategy
 
     # pretraining: every replica, one cosine cycle from lr_max, no swaps
