@@ -35,7 +35,8 @@ import torch
 from . import rng
 
 __all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
-           "MinibatchEnergy", "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad"]
+           "MinibatchEnergy", "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad",
+           "batch_indices"]
 
 
 class SG_STREAMS:  # noqa: N801 - a namespace of constants, like rng.Stream
@@ -200,7 +201,7 @@ def _flat(fn, x):
     return fn(x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
 
 
-def _batch_indices(shape, n_data: int, batch: int, replacement: bool, key, device):
+def batch_indices(shape, n_data: int, batch: int, replacement: bool, key, device):
     """Keyed minibatch indices ``[*shape, batch]`` (without replacement: the first ``batch``
     entries of a uniformly random permutation per replica)."""
     seed, *parts = key
@@ -245,7 +246,7 @@ class MinibatchEnergy(EnergyEstimator):
             return _flat(self.target.energy, x)
 
     def batch(self, x, key):
-        idx = _batch_indices(x.shape[:-1], self.n_data, self.batch_size, self.replacement, key,
+        idx = batch_indices(x.shape[:-1], self.n_data, self.batch_size, self.replacement, key,
                              x.device)
         return self.target.data[idx]  # [R, P, n, ...]
 

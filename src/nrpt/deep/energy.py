@@ -29,7 +29,7 @@ import math
 import torch
 
 from .. import rng
-from ..energy import EnergyEstimator, Estimate, _batch_indices
+from ..energy import EnergyEstimator, Estimate, batch_indices
 from .replicas import FunctionalNet
 
 __all__ = ["NetworkTarget", "NetworkEnergy", "DEEP_STREAMS"]
@@ -111,7 +111,7 @@ class NetworkEnergy(EnergyEstimator):
         t, net = self.target, self.target.net
         lead, d = x.shape[:-1], x.shape[-1]
         n = math.prod(lead)
-        idx = _batch_indices(lead, self.n_data, self.batch_size, False, key, x.device)
+        idx = batch_indices(lead, self.n_data, self.batch_size, False, key, x.device)
         xb = t.x[idx.reshape(n, -1)]  # [n, B, ...]
         yb = t.y[idx.reshape(n, -1)]
         seed, *parts = key
