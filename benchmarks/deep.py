@@ -166,7 +166,8 @@ def windows(args) -> None:
             s = res.summary
             out[m].append(s)
             print(f"  seed {seed} {m:<9} W {s['window']:>4} round trips {s['round_trips']:>3} "
-                  f"swap rates {[round(r, 3) for r in s['swap_rates']]}", flush=True)
+                  f"indicator rates {[round(r, 3) for r in s['indicator_rates']]} "
+                  f"acceptance {[round(r or 0, 3) for r in s['swap_rates']]}", flush=True)
     a = statistics.mean(s["round_trips"] for s in out["deo-star"])
     b = statistics.mean(s["round_trips"] for s in out["deo"])
     print(f"\nround trips: W* {a:.1f}, W = 1 {b:.1f}, ratio {a / max(b, 1e-9):.2f}")

@@ -33,6 +33,7 @@ authors' released code does.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -91,7 +92,7 @@ class DeepConfig:
     swag_rank: int = 20
     swag_samples: int = 20
     seed: int = 0
-    device: str = "cpu"
+    device: str | None = None          # default: where the model's parameters are
     strategy: str = "auto"
     eval_every: float = 1.0            # epochs between per-epoch metric rows
     checkpoint_every: int = 2000
@@ -415,8 +416,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     net = FunctionalNet(model)
     dev, dtype = net.device, net.dtype
-    if str(cfg.device) != "cpu" and torch.device(cfg.device) != dev:
-        net = FunctionalNet(model.to(cfg.device))
+    if cfg.device is not None and torch.device(cfg.device) != dev:
+        model = copy.deepcopy(model).to(cfg.device)  # the caller's model stays where it is
+        net = FunctionalNet(model)
         dev = net.device
     Xtr, ytr = _check_data("train", train)
     n_classes = _classes_of(net, Xtr.to(dev, dtype))
@@ -665,6 +667,9 @@ def _summary(cfg, bma, recorders, eng, N, B, per_epoch, iters, pre_iters, facts,
     if "swaps" in recorders:
         sw = recorders["swaps"].summary()
         s["swap_rates"] = sw["swap_acceptance"]
+        # the per-pair rate of the swap condition over every iteration: what C and the
+        # learning rates are adapted to bring to S (the paper's "acceptance rates")
+        s["indicator_rates"] = recorders["trace"].summary().get("indicator_rate")
         rt = recorders["round_trips"].summary()
         s["round_trips"] = rt["round_trips"]
         s["round_trips_per_100_epochs"] = (float(s["round_trips"]) * 100 * per_epoch
