@@ -327,3 +327,27 @@ def test_cli_deep_cifar_without_files_says_what_to_put_where(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "cifar-100-python" in err
+
+
+def test_cifar_pipeline_runs_end_to_end_on_a_tiny_fake_folder(tmp_path, capsys):
+    """ResNet-20, the paper's augmentation and the CLI on 40 fake CIFAR-10 images (a smoke test
+    of the pipeline the GPU command uses; the numbers mean nothing)."""
+    from test_deep_data import _write_batch
+
+    import numpy as np
+
+    from nrpt.cli import main
+
+    gen = np.random.default_rng(0)
+    base = tmp_path / "data" / "cifar-10-batches-py"
+    base.mkdir(parents=True)
+    for i in range(1, 6):
+        _write_batch(base / f"data_batch_{i}", 8, b"labels", 10, gen)
+    _write_batch(base / "test_batch", 6, b"labels", 10, gen)
+    code = main(["deep", "--dataset", "cifar10", "--data-dir", str(tmp_path / "data"),
+                 "--model", "resnet20", "--method", "deo-star", "--chains", "2", "--epochs",
+                 "2", "--batch-size", "8", "--pretrain-epochs", "0", "--strategy", "loop",
+                 "--no-progress", "--out", str(tmp_path / "run")])
+    assert code == 0
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert "accuracy" in capsys.readouterr().out
