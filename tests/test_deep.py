@@ -332,9 +332,8 @@ def test_cli_deep_cifar_without_files_says_what_to_put_where(tmp_path, capsys):
 def test_cifar_pipeline_runs_end_to_end_on_a_tiny_fake_folder(tmp_path, capsys):
     """ResNet-20, the paper's augmentation and the CLI on 40 fake CIFAR-10 images (a smoke test
     of the pipeline the GPU command uses; the numbers mean nothing)."""
-    from test_deep_data import _write_batch
-
     import numpy as np
+    from test_deep_data import _write_batch
 
     from nrpt.cli import main
 
