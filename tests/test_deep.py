@@ -198,6 +198,9 @@ def test_fit_resumes_bit_for_bit(tmp_path):
     part = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", callback=stop,
                **kw)
     assert part.summary["interrupted"] and part.summary["iterations"] == 256
+    with pytest.raises(ValueError, match="lr_max: 0.2 -> 0.3"):
+        fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
+            **{**kw, "lr_max": 0.3})
     done = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
                **kw)
     assert not done.summary["interrupted"]

@@ -555,6 +555,13 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         from ..runfolder import read_checkpoint
 
         checkpoint, _ = read_checkpoint(out)
+        then = json.loads(checkpoint.get("header", {}).get("deep_config", "{}"))
+        now = json.loads(header["deep_config"])
+        changed = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+        if changed:
+            diff = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
+            raise ValueError(f"cannot resume {out}: settings differ from the run's own "
+                             f"({diff})")
     outcome = execute(Run(eng, adaptors, recorders, Plan.fixed(iters), facts), out=out,
                       checkpoint_every=cfg.checkpoint_every, progress=progress,
                       resume=checkpoint, header=header, callback=callback)
