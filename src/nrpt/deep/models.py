@@ -5,7 +5,9 @@ stacked over replicas with ``torch.func.stack_module_state`` and evaluated with
 ``torch.func.vmap(torch.func.functional_call)``: no in-place ops on activations (``nn.ReLU()``,
 never ``inplace=True``), no ``.item()``, no data-dependent control flow.  BatchNorm layers use
 their running statistics in ``eval()`` mode; in ``train()`` mode under ``vmap`` they normalise
-with the batch statistics of each replica and update each replica's own running buffers.
+with the batch statistics of each replica and update each replica's own running buffers when
+those are separate stacked tensors (``stack_module_state``); :mod:`nrpt.deep.replicas` keeps
+them as views of one flat vector, whose updates vmap drops, and updates them itself.
 
 Initialisation never touches torch's global RNG: the modules are built on the ``meta`` device
 and their parameters drawn from ``generator`` (default: a generator seeded with 0, so two calls

@@ -27,9 +27,10 @@ fastest.  Measured on a 2-core CPU (docs/reproduction/deep.md): ``vmap`` is 1.1-
 for an MLP at P >= 4 but 0.6-1.0x for a BatchNorm CNN, and ``compile`` 2.4-2.7x (MLP) and
 1.0-1.5x (CNN), after 7-24 s of compilation.  The choice and the timings are reported.
 
-**BatchNorm under vmap.**  ``vmap`` silently drops BatchNorm's in-place update of its running
-statistics (measured: the stacked buffers come back unchanged), so the statistics are updated
-here, functionally and identically for every strategy: a forward pre-hook on each BatchNorm
+**BatchNorm under vmap.**  The running statistics of a replica are views into one flat vector,
+and ``vmap`` silently drops BatchNorm's in-place update of such views (measured with torch
+2.13: the vector comes back unchanged; separately stacked buffer tensors would be updated), so
+the statistics are updated here, functionally and identically for every strategy: a forward pre-hook on each BatchNorm
 layer records the batch mean and unbiased variance of its input, and the new running
 statistics are ``(1 - momentum) * old + momentum * batch``, exactly PyTorch's rule.  BatchNorm
 with ``momentum=None`` (a cumulative average that needs ``num_batches_tracked``) is refused.
