@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from nrpt import rng  # noqa: E402
 from nrpt.deep.data import load_dataset  # noqa: E402
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget  # noqa: E402
-from nrpt.deep.fit import METHODS, fit  # noqa: E402
+from nrpt.deep.fitting import METHODS, fit  # noqa: E402
 from nrpt.deep.models import build_model  # noqa: E402
 from nrpt.deep.replicas import FunctionalNet  # noqa: E402
 from nrpt.engine import PTEngine  # noqa: E402
@@ -162,7 +162,7 @@ def windows(args) -> None:
                       chains=args.chains, epochs=args.epochs, seed=seed,
                       batch_size=args.batch, lr_min=args.lr_min, lr_max=args.lr_max,
                       swap_rate=args.swap_rate, pretrain_epochs=args.pretrain_epochs,
-                      strategy="vmap")
+                      strategy="vmap", sa_pairs=args.sa_pairs)
             s = res.summary
             out[m].append(s)
             print(f"  seed {seed} {m:<9} W {s['window']:>4} round trips {s['round_trips']:>3} "
@@ -197,6 +197,8 @@ def main(argv=None) -> None:
         q.add_argument("--split-seed", type=int, default=0)
         q.add_argument("--methods", default=",".join(METHODS))
         q.add_argument("--json", default=None)
+        q.add_argument("--sa-pairs", default="all", choices=["all", "attempted"],
+                       help="verdicts C and the learning rates are adapted on (adapt.sa)")
     args = p.parse_args(argv)
     {"throughput": throughput, "table": table, "windows": windows}[args.what](args)
 

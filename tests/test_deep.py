@@ -12,7 +12,7 @@ from torch import nn
 
 from nrpt import rng
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
-from nrpt.deep.fit import DeepConfig, fit
+from nrpt.deep.fitting import DeepConfig, fit
 from nrpt.deep.metrics import evaluate
 from nrpt.deep.replicas import FunctionalNet, StrategyWarning, choose_strategy
 from nrpt.engine import PTEngine

@@ -487,3 +487,27 @@ def test_bias_corrected_rule_with_energy_noise_samples_the_tilted_double_well():
 def test_bias_corrected_rule_samples_the_tilted_double_well_long():
     # 1024 systems x 4000 kept iterations: se ~ 0.0015, tolerance ~0.011
     _check_sigma2_reaches_the_rule(systems=1024, iterations=4500, burn_in=500)
+
+
+def test_adaptors_on_attempted_pairs_count_only_the_pairs_allowed_to_swap():
+    """pairs="attempted": only active pairs' verdicts move C and the learning rates (a pair the
+    scheme did not let swap is ignored, whatever its verdict); pairs="all" is Eq. 13."""
+    R, P, S = 1, 4, 0.25
+    lo = torch.arange(P - 1).expand(R, P - 1)
+    verdict = torch.tensor([[True, True, False]])
+    active = torch.tensor([[False, True, True]])  # pair 0 not allowed this iteration
+    dec = [PhaseDecision(lo, lo + 1, active, verdict, verdict & active, verdict.double())]
+    eta = torch.tensor([[0.1, 0.2, 0.4, 0.8]], dtype=torch.float64)
+    it = iteration(5000, dec, R, P, params={"C": torch.zeros(R, 1, dtype=torch.float64)},
+                   step_size=eta)
+    g = sa.SAStepSize()(5000)
+    c_all = sa.CorrectionAdaptor(S).observe(it).params["C"]
+    c_att = sa.CorrectionAdaptor(S, pairs="attempted").observe(it).params["C"]
+    assert float(c_all) == pytest.approx(g * (2 / 3 - S))   # 2 of 3 pairs
+    assert float(c_att) == pytest.approx(g * (1 / 2 - S))   # 1 of the 2 attempted
+    eta_att = sa.LearningRateAdaptor(S, pairs="attempted").observe(it).step_size
+    want = sa.LearningRateAdaptor.update(eta, torch.tensor([[0.0, 1.0, 0.0]],
+                                                          dtype=torch.float64), active, S, g)
+    assert torch.equal(eta_att, want)
+    with pytest.raises(ValueError, match="pairs must be one of"):
+        sa.CorrectionAdaptor(S, pairs="some")

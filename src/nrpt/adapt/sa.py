@@ -87,18 +87,51 @@ class SAStepSize:
         return {"a": self.a, "kappa": self.kappa, "b": self.b}
 
 
+PAIRS = ("all", "attempted")
+
+
+def _check_pairs(pairs: str) -> str:
+    if pairs not in PAIRS:
+        raise ValueError(f"pairs must be one of {PAIRS}; got {pairs!r}")
+    return pairs
+
+
+def attempted_indicators(it: Iteration) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(A[R, P-1], attempted[R, P-1])``: the swap verdicts of the adjacent pairs the scheme
+    allowed to swap this iteration (active, gate open) and which those were."""
+    A, _ = it.pair_indicators
+    attempted = torch.zeros_like(A, dtype=torch.bool)
+    for d in it.decisions:
+        adj = (d.hi - d.lo) == 1
+        lo = torch.where(adj, d.lo, torch.zeros_like(d.lo))
+        attempted.scatter_(1, lo, (d.active & adj) | attempted.gather(1, lo))
+    return A * attempted, attempted
+
+
+def _indicators(it: Iteration, pairs: str):
+    return it.pair_indicators if pairs == "all" else attempted_indicators(it)
+
+
 class CorrectionAdaptor(AdaptorBase):
     """Eq. 12/13 for the :class:`~nrpt.swap.noisy.Deterministic` rule: returns the new buffer
-    ``C`` (per system, ``[R, 1]``) as an update of the rule parameter ``"C"``."""
+    ``C`` (per system, ``[R, 1]``) as an update of the rule parameter ``"C"``.
+
+    ``pairs="all"`` (Algorithm 1): the mean verdict of every adjacent pair at every iteration
+    is driven to ``S``.  ``pairs="attempted"``: only the pairs the scheme allowed to swap this
+    iteration count.  Under DEO_W (W > 1) with network replicas the two differ: pairs that may
+    not swap keep their configuration for a window and their verdicts run several times higher
+    than the attempted pairs', so Eq. 13 raises ``C`` and the attempts rarely succeed
+    (docs/reproduction/deep.md)."""
 
     name = "correction"
 
-    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None):
+    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None, pairs: str = "all"):
         self.S = check_swap_rate(swap_rate)
         self.gamma = gamma or SAStepSize()
+        self.pairs = _check_pairs(pairs)
 
     def observe(self, it: Iteration) -> Update:
-        A, listed = it.pair_indicators
+        A, listed = _indicators(it, self.pairs)
         n = listed.sum(1, keepdim=True)
         mean = A.sum(1, keepdim=True) / n.clamp_min(1)
         step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
@@ -110,9 +143,10 @@ class LearningRateAdaptor(AdaptorBase):
 
     name = "learning-rates"
 
-    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None):
+    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None, pairs: str = "all"):
         self.S = check_swap_rate(swap_rate)
         self.gamma = gamma or SAStepSize()
+        self.pairs = _check_pairs(pairs)
 
     @staticmethod
     def update(eta: torch.Tensor, A: torch.Tensor, listed: torch.Tensor, S: float,
@@ -129,7 +163,7 @@ class LearningRateAdaptor(AdaptorBase):
         return torch.where(ordered, new, eta)
 
     def observe(self, it: Iteration) -> Update:
-        A, listed = it.pair_indicators
+        A, listed = _indicators(it, self.pairs)
         return Update(step_size=self.update(it.step_size, A, listed, self.S, self.gamma(it.k)))
 
 

@@ -6,12 +6,12 @@ model average (docs/deep.md).
     res.summary["accuracy"], res.predict_proba(X_new)
 
 Submodules: :mod:`~nrpt.deep.replicas` (stacked evaluation, strategies),
-:mod:`~nrpt.deep.energy` (the network posterior as an energy target), :mod:`~nrpt.deep.fit`
+:mod:`~nrpt.deep.energy` (the network posterior as an energy target), :mod:`~nrpt.deep.fitting`
 (methods, collection, the run folder), :mod:`~nrpt.deep.metrics` (BMA metrics),
 :mod:`~nrpt.deep.data`, :mod:`~nrpt.deep.models`, :mod:`~nrpt.deep.swag`.
 """
 
-from .fit import METHODS, DeepConfig, DeepResult, fit
+from .fitting import METHODS, DeepConfig, DeepResult, fit
 from .metrics import BMA, evaluate, reliability
 from .replicas import FunctionalNet, StrategyWarning
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .fit import METHODS, DeepConfig
+from .fitting import METHODS, DeepConfig
 
 __all__ = ["add_parser", "run"]
 
@@ -77,7 +77,7 @@ def _build(settings: dict):
 
 
 def run(args) -> int:
-    from .fit import fit
+    from .fitting import fit
 
     if args.resume:
         out = Path(args.resume)

@@ -1,4 +1,4 @@
-"""``nrpt.deep.fit``: tempered network replicas (and the baselines of the AAAI paper's Table 2)
+"""``nrpt.deep.fit`` (this module: ``nrpt.deep.fitting``): tempered network replicas (and the baselines of the AAAI paper's Table 2)
 run by the one loop and evaluated as a Bayesian model average.
 
 Methods, each charged the same number of minibatch gradient evaluations
@@ -83,6 +83,7 @@ class DeepConfig:
     window: int | str = "optimal"      # "optimal" = W* from S; deo forces 1
     correction: float = 0.0            # initial C
     sa_scale: float = 25.0             # C's SA gain per unit of the energy noise sd
+    sa_pairs: str = "all"              # "all" (Algorithm 1) or "attempted" (see adapt.sa)
     pretrain_epochs: float = 2.0
     burn_in: float = 0.25              # fraction of the main run before collection
     collect_every: int | None = None   # iterations (default: one epoch)
@@ -107,6 +108,8 @@ class DeepConfig:
             bad("average", f"one of {AVERAGES}")
         if self.strategy not in STRATEGIES:
             bad("strategy", f"one of {STRATEGIES}")
+        if self.sa_pairs not in ("all", "attempted"):
+            bad("sa_pairs", "'all' or 'attempted'")
         if not (isinstance(self.chains, int) and self.chains >= 2):
             bad("chains", "an integer >= 2 (P replicas; single-chain methods run chains x the "
                 "iterations)")
@@ -509,9 +512,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
                                     + bn0.to(eng.state.x.dtype)}, need_grad=False)
                          .var.mean().sqrt())
         facts["energy_noise_sd"] = noise_sd
-        adaptors = [CorrectionAdaptor(cfg.swap_rate, SAStepSize(cfg.sa_scale * max(noise_sd,
-                                                                                  1e-12))),
-                    LearningRateAdaptor(cfg.swap_rate, SAStepSize())]
+        gain = SAStepSize(cfg.sa_scale * max(noise_sd, 1e-12))
+        adaptors = [CorrectionAdaptor(cfg.swap_rate, gain, pairs=cfg.sa_pairs),
+                    LearningRateAdaptor(cfg.swap_rate, SAStepSize(), pairs=cfg.sa_pairs)]
         slots = [0]
     elif cfg.method == "ensemble":
         explorer = MomentumSGD(estimator, momentum=cfg.momentum)
