@@ -1,5 +1,6 @@
-"""``nrpt.deep.fit`` (this module: ``nrpt.deep.fitting``): tempered network replicas (and the baselines of the AAAI paper's Table 2)
-run by the one loop and evaluated as a Bayesian model average.
+"""``nrpt.deep.fit`` (this module, ``nrpt.deep.fitting``): tempered network replicas, and the
+baselines of the AAAI paper's Table 2, run by the one loop and evaluated as a Bayesian model
+average.
 
 Methods, each charged the same number of minibatch gradient evaluations
 ``epochs * chains * ceil(N / batch_size)`` after the same pretraining:
