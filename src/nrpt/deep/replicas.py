@@ -32,8 +32,9 @@ and ``vmap`` silently drops BatchNorm's in-place update of such views (measured 
 2.13: the vector comes back unchanged; separately stacked buffer tensors would be updated), so
 the statistics are updated here, functionally and identically for every strategy: a forward
 pre-hook on each BatchNorm layer records the batch mean and unbiased variance of its input,
-and the new running statistics are ``(1 - momentum) * old + momentum * batch``, exactly PyTorch's rule.  BatchNorm
-with ``momentum=None`` (a cumulative average that needs ``num_batches_tracked``) is refused.
+and the new running statistics are ``(1 - momentum) * old + momentum * batch``, exactly
+PyTorch's rule.  BatchNorm with ``momentum=None`` (a cumulative average that needs
+``num_batches_tracked``) is refused.
 
 **Dropout.**  Random layers draw from a generator seeded from the iteration's key inside
 ``torch.random.fork_rng`` (``vmap(randomness="different")``: each replica its own draws), so a
