@@ -188,7 +188,7 @@ def test_fit_resumes_bit_for_bit(tmp_path):
     X, y = _toy(n=200, dtype=torch.float32)
     kw = dict(method="deo-star", chains=3, epochs=45, seed=1, batch_size=25, lr_min=0.02,
               lr_max=0.2, pretrain_epochs=0, swap_rate=0.3, strategy="vmap",
-              checkpoint_every=100)
+              checkpoint_every=100, eval_every=15)
     train, test = (X[:150], y[:150]), (X[150:], y[150:])
     whole = fit(_bn_mlp(dtype=torch.float32), train, test, **kw)
 
