@@ -120,7 +120,7 @@ def table(args) -> None:
                       chains=args.chains, epochs=args.epochs, seed=seed,
                       batch_size=args.batch, lr_min=args.lr_min, lr_max=args.lr_max,
                       swap_rate=args.swap_rate, pretrain_epochs=args.pretrain_epochs,
-                      augment=ds.augment, strategy="vmap")
+                      augment=ds.augment, strategy="vmap", sa_pairs=args.sa_pairs)
             s = dict(res.summary)
             s["seconds"] = time.perf_counter() - t0
             rows[m].append(s)
@@ -197,7 +197,7 @@ def main(argv=None) -> None:
         q.add_argument("--split-seed", type=int, default=0)
         q.add_argument("--methods", default=",".join(METHODS))
         q.add_argument("--json", default=None)
-        q.add_argument("--sa-pairs", default="all", choices=["all", "attempted"],
+        q.add_argument("--sa-pairs", default="attempted", choices=["all", "attempted"],
                        help="verdicts C and the learning rates are adapted on (adapt.sa)")
     args = p.parse_args(argv)
     {"throughput": throughput, "table": table, "windows": windows}[args.what](args)

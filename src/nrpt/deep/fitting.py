@@ -84,7 +84,8 @@ class DeepConfig:
     window: int | str = "optimal"      # "optimal" = W* from S; deo forces 1
     correction: float = 0.0            # initial C
     sa_scale: float = 25.0             # C's SA gain per unit of the energy noise sd
-    sa_pairs: str = "all"              # "all" (Algorithm 1) or "attempted" (see adapt.sa)
+    sa_pairs: str = "attempted"        # verdicts that adapt C and the rates: "attempted" pairs,
+                                       # or "all" pairs every iteration (Algorithm 1, Eq. 13)
     pretrain_epochs: float = 2.0
     burn_in: float = 0.25              # fraction of the main run before collection
     collect_every: int | None = None   # iterations (default: one epoch)
