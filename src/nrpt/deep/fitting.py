@@ -47,7 +47,13 @@ import torch
 from torch import nn
 
 from .. import rng
-from ..adapt.sa import CorrectionAdaptor, LearningRateAdaptor, SAStepSize, window_from_swap_rate
+from ..adapt.sa import (
+    CorrectionAdaptor,
+    LearningRateAdaptor,
+    SAStepSize,
+    attempted_indicators,
+    window_from_swap_rate,
+)
 from ..engine import PTEngine
 from ..explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
 from ..loop import Plan, Run, execute
@@ -284,7 +290,7 @@ class EpochMetrics(RecorderBase):
         self.per_epoch, self.say = int(per_epoch), say
 
     def record(self, it) -> None:
-        A, listed = it.pair_indicators
+        A, listed = attempted_indicators(it)  # swaps per attempt: what S is about
         if self._acc is None:
             self._acc, self._n = torch.zeros_like(A), torch.zeros_like(A)
         self._acc += A
