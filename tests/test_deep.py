@@ -211,6 +211,29 @@ def test_fit_resumes_bit_for_bit(tmp_path):
     assert (tmp_path / "run" / "index_process.png").exists()
 
 
+def test_fit_interrupted_in_pretraining_resumes_bit_for_bit(tmp_path):
+    X, y = _toy(n=200, dtype=torch.float32)
+    kw = dict(method="deo", chains=2, epochs=3, seed=2, batch_size=25, lr_min=0.02,
+              lr_max=0.2, pretrain_epochs=45, swap_rate=0.3, strategy="vmap",
+              checkpoint_every=100, eval_every=3)
+    train, test = (X[:150], y[:150]), (X[150:], y[150:])
+    whole = fit(_bn_mlp(dtype=torch.float32), train, test, **kw)
+
+    def stop(engine):
+        raise KeyboardInterrupt
+
+    part = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", callback=stop,
+               **kw)
+    assert part.summary["interrupted"] and part.summary["phase"] == "pretraining"
+    assert not (tmp_path / "run" / "pretrained.pt").exists()
+    with pytest.raises(FileExistsError, match="already holds a deep run"):
+        fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", **kw)
+    done = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
+               **kw)
+    for key in ("accuracy", "nll_sum", "ece", "round_trips", "correction", "learning_rates"):
+        assert done.summary[key] == whole.summary[key], key
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_input_is_refused_by_name():
     X, y = _toy(n=60, dtype=torch.float32)

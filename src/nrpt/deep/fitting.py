@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from .. import rng
+from .. import runfolder as rf
 from ..adapt.sa import (
     CorrectionAdaptor,
     LearningRateAdaptor,
@@ -70,6 +71,7 @@ METHODS = ("deo-star", "deo", "ensemble", "cyclical", "swag")
 PT_METHODS = ("deo-star", "deo")
 SINGLE_CHAIN = ("cyclical", "swag")
 AVERAGES = ("probabilities", "logits")
+STRATEGY_FILE = "strategy.json"
 
 
 @dataclass
@@ -421,8 +423,8 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     every training batch.  With ``out`` the run folder gets ``config.json``, ``summary.json``,
     ``metrics.csv``, ``index.npy``, checkpoints and figures; ``resume=True`` continues the
     interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
-    every 256 iterations of the main run; raising ``KeyboardInterrupt`` there stops it cleanly
-    (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)`` receives one line per
+    every 256 iterations of the pretraining and of the main run; raising ``KeyboardInterrupt``
+    there stops it cleanly (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)`` receives one line per
     evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     net = FunctionalNet(model)
@@ -443,13 +445,18 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     Xtr, Xte = Xtr.to(dev, dtype), Xte.to(dev, dtype)
     ytr, yte = ytr.to(dev), yte.to(dev)
     out = Path(out) if out is not None else None
+    header = {"deep_config": json.dumps(asdict(cfg))}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        if not resume and (out / "checkpoint.pt").exists():
+        started = any((out / f).exists() for f in ("checkpoint.pt", STRATEGY_FILE,
+                                                    "pretrained.pt"))
+        if not resume and started:
             raise FileExistsError(f"{out} already holds a deep run: resume it (resume=True / "
                                   f"`nrpt deep --resume {out}`) or choose another folder")
-        if resume and not (out / "checkpoint.pt").exists():
-            raise FileNotFoundError(f"no checkpoint.pt in {out} to resume")
+        if resume and not started:
+            raise FileNotFoundError(f"{out} holds no deep run to resume")
+    elif resume:
+        raise ValueError("resume=True needs out (the run folder)")
 
     N, B, P = int(ytr.shape[0]), cfg.batch_size, cfg.chains
     if B > N:
@@ -466,12 +473,8 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     theta0, buf0 = _initial_replicas(net, model, P, cfg.seed)
     pre_iters = round(cfg.pretrain_epochs * per_epoch)
     pre_path = out / "pretrained.pt" if out is not None else None
-    saved = None
-    if resume:
-        if pre_path is None or not pre_path.exists():
-            raise FileNotFoundError(f"no pretrained.pt in {out}: the run cannot be resumed")
-        saved = torch.load(pre_path, weights_only=True)
-        strategy, timings = saved["strategy"], {}
+    if resume and (out / STRATEGY_FILE).exists():
+        strategy, timings = json.loads((out / STRATEGY_FILE).read_text())["strategy"], {}
     else:
         probe_idx = torch.arange(P * B, device=dev).reshape(P, B) % N
         # steps of P replicas (single-chain methods take P x as many steps of one replica,
@@ -479,22 +482,39 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         total = pre_iters + main_iters
         strategy, timings = choose_strategy(net, theta0.to(dev), buf0.to(dev), Xtr[probe_idx],
                                             ytr[probe_idx], cfg.strategy, iterations=total)
+        if out is not None:
+            rf.atomic_write(out / STRATEGY_FILE, json.dumps({"strategy": strategy,
+                                                             "timings_s": timings}))
     target.strategy = strategy
 
-    # pretraining: every replica, one cosine cycle from lr_max, no swaps
-    if saved is not None:
+    # pretraining: every replica, one cosine cycle from lr_max, no swaps (checkpointed in
+    # out/pretrain, so an interruption here loses nothing either)
+    if resume and pre_path.exists():
+        saved = torch.load(pre_path, weights_only=True)
         theta0, buf0 = saved["theta"].to(dev), saved["buffers"].to(dev)
-    elif pre_iters > 0:
-        explorer = Cyclical(MomentumSGD(estimator, momentum=cfg.momentum), 1, pre_iters)
-        eng = _engine(target, estimator, explorer, P, [0.0] * P, cfg.lr_max / N, NoSwap(),
-                      Deterministic(0.0), rng.key(cfg.seed, 0x9E7), theta0, buf0, dtype, dev)
-        pre = execute(Run(eng, [], {}, Plan.fixed(pre_iters)), progress=progress)
-        if pre.interrupted:
-            raise KeyboardInterrupt("interrupted during pretraining (nothing to resume yet)")
-        theta0, buf0 = eng.state.x[0].detach().clone(), eng.state.extras["bn"][0].clone()
-    if pre_path is not None and saved is None:
-        torch.save({"theta": theta0.cpu(), "buffers": buf0.cpu(), "strategy": strategy},
-                   pre_path)
+    else:
+        if pre_iters > 0:
+            explorer = Cyclical(MomentumSGD(estimator, momentum=cfg.momentum), 1, pre_iters)
+            eng = _engine(target, estimator, explorer, P, [0.0] * P, cfg.lr_max / N, NoSwap(),
+                          Deterministic(0.0), rng.key(cfg.seed, 0x9E7), theta0, buf0, dtype,
+                          dev)
+            pre_dir = out / "pretrain" if out is not None else None
+            ck = None
+            if pre_dir is not None:
+                pre_dir.mkdir(exist_ok=True)
+                if resume and rf.checkpoint_exists(pre_dir):
+                    ck = _resumable(pre_dir, header)
+            pre = execute(Run(eng, [], {}, Plan.fixed(pre_iters)), out=pre_dir,
+                          checkpoint_every=cfg.checkpoint_every, progress=progress, resume=ck,
+                          header=header, callback=callback)
+            if pre.interrupted:
+                return DeepResult(summary={"method": cfg.method, "interrupted": True,
+                                           "phase": "pretraining",
+                                           "iterations": int(eng.k)}, config=cfg, out=out)
+            theta0, buf0 = eng.state.x[0].detach().clone(), eng.state.extras["bn"][0].clone()
+        if pre_path is not None:
+            with rf.atomic_path(pre_path) as tmp:
+                torch.save({"theta": theta0.cpu(), "buffers": buf0.cpu()}, tmp)
 
     # the main run
     single = cfg.method in SINGLE_CHAIN
@@ -560,19 +580,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     for r in recorders.values():
         eng.watch(getattr(r, "reads_slots", ()))
 
-    header = {"deep_config": json.dumps(asdict(cfg))}
     checkpoint = None
-    if resume:
-        from ..runfolder import read_checkpoint
-
-        checkpoint, _ = read_checkpoint(out)
-        then = json.loads(checkpoint.get("header", {}).get("deep_config", "{}"))
-        now = json.loads(header["deep_config"])
-        changed = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
-        if changed:
-            diff = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
-            raise ValueError(f"cannot resume {out}: settings differ from the run's own "
-                             f"({diff})")
+    if resume and rf.checkpoint_exists(out):
+        checkpoint = _resumable(out, header)
     outcome = execute(Run(eng, adaptors, recorders, Plan.fixed(iters), facts), out=out,
                       checkpoint_every=cfg.checkpoint_every, progress=progress,
                       resume=checkpoint, header=header, callback=callback)
@@ -593,6 +603,18 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
 
         write_folder(res, out, Xte, yte)
     return res
+
+
+def _resumable(folder: Path, header: dict) -> dict:
+    """The checkpoint of ``folder``, refused if its settings differ from ``header``'s."""
+    checkpoint, _ = rf.read_checkpoint(folder)
+    then = json.loads(checkpoint.get("header", {}).get("deep_config", "{}"))
+    now = json.loads(header["deep_config"])
+    changed = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    if changed:
+        diff = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
+        raise ValueError(f"cannot resume {folder}: settings differ from the run's own ({diff})")
+    return checkpoint
 
 
 def _swag_average(swag, net, target, Xte, cfg, strategy, dev):
