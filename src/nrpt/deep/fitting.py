@@ -424,8 +424,8 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     ``metrics.csv``, ``index.npy``, checkpoints and figures; ``resume=True`` continues the
     interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
     every 256 iterations of the pretraining and of the main run; raising ``KeyboardInterrupt``
-    there stops it cleanly (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)`` receives one line per
-    evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy)."""
+    there stops it cleanly (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)``
+    receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     net = FunctionalNet(model)
     dev, dtype = net.device, net.dtype
