@@ -176,9 +176,12 @@ def test_fit_every_method_reports_the_summary_and_predicts(method):
 
 
 def test_fit_deo_star_uses_the_optimal_window_and_deo_uses_one():
-    a, _, _ = _fit("deo-star", epochs=1, pretrain_epochs=0, swap_rate=0.005)
+    from nrpt.health import SamplingWarning
+
+    with pytest.warns(SamplingWarning, match="windows of W = 342"):  # 6 iterations, W* = 342
+        a, _, _ = _fit("deo-star", epochs=1, pretrain_epochs=0, swap_rate=0.005)
     b, _, _ = _fit("deo", epochs=1, pretrain_epochs=0, swap_rate=0.005)
-    # W* = ceil((log 4 + log log 4) / -log(0.995)) = 343
+    # W* = ceil((log 4 + log log 4) / -log(0.995)) = 342
     assert a.summary["window"] == math.ceil((math.log(4) + math.log(math.log(4)))
                                             / -math.log(1 - 0.005))
     assert b.summary["window"] == 1

@@ -38,6 +38,7 @@ import copy
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ from ..adapt.sa import (
 )
 from ..engine import PTEngine
 from ..explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
+from ..health import SamplingWarning
 from ..loop import Plan, Run, execute
 from ..paths import NoiseLadder, geometric_ladder
 from ..recorders import RoundTrips, SwapStats, Trace, json_ready
@@ -530,6 +532,12 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         W = 1 if cfg.method == "deo" else (
             window_from_swap_rate(P, cfg.swap_rate) if cfg.window == "optimal" else cfg.window)
         facts["window"] = W
+        if iters < 4 * P * W:  # a replica crosses at most one pair per window
+            warnings.warn(
+                f"the main run holds {iters / W:.1f} windows of W = {W} iterations, but a round "
+                f"trip of {P} replicas needs at least {2 * (P - 1)}: expect few or no round "
+                f"trips; raise epochs or swap_rate (W* = ceil((log P + log log P) / -log(1 - S)))",
+                SamplingWarning, stacklevel=2)
         explorer = MomentumSGD(estimator, momentum=cfg.momentum)
         step = [v / N for v in geometric_ladder(cfg.lr_min, cfg.lr_max, P)]
         eng = _engine(target, estimator, explorer, P, [0.0] * P, step, DEOW(W),
