@@ -165,6 +165,15 @@ def windows(args) -> None:
                       strategy="vmap", sa_pairs=args.sa_pairs)
             s = res.summary
             out[m].append(s)
+            late = res.metrics[len(res.metrics) // 2:]  # the second half of the run
+
+            def mean(key, rows=late):
+                vals = [r[key] for r in rows if r.get(key) is not None]
+                return statistics.mean(vals) if vals else float("nan")
+
+            print(f"  seed {seed} {m:<9} second half: swaps per attempt {mean('swap_rate'):.4f}, "
+                  f"verdicts of the pairs that could not swap {mean('verdict_rate_others'):.4f}; "
+                  f"final C {s['correction']:.0f}")
             print(f"  seed {seed} {m:<9} W {s['window']:>4} round trips {s['round_trips']:>3} "
                   f"indicator rates {[round(r, 3) for r in s['indicator_rates']]} "
                   f"acceptance {[round(r or 0, 3) for r in s['swap_rates']]}", flush=True)

@@ -187,54 +187,52 @@ def test_fit_deo_star_uses_the_optimal_window_and_deo_uses_one():
     assert b.summary["window"] == 1
 
 
-def test_fit_resumes_bit_for_bit(tmp_path):
+def _interrupted_then_resumed(tmp_path, checks, **kw):
+    """An uninterrupted run, the same run stopped at its first callback (iteration 256) in
+    ``tmp_path / "run"``, ``checks(part, run)`` on the stopped one, and its resumption; the
+    resumed summary must equal the uninterrupted one."""
     X, y = _toy(n=200, dtype=torch.float32)
-    kw = dict(method="deo-star", chains=3, epochs=45, seed=1, batch_size=25, lr_min=0.02,
-              lr_max=0.2, pretrain_epochs=0, swap_rate=0.3, strategy="vmap",
-              checkpoint_every=100, eval_every=15)
+    kw = dict(chains=3, batch_size=25, lr_min=0.02, lr_max=0.2, swap_rate=0.3,
+              strategy="vmap", checkpoint_every=100, **kw)
     train, test = (X[:150], y[:150]), (X[150:], y[150:])
-    whole = fit(_bn_mlp(dtype=torch.float32), train, test, **kw)
+    run = lambda **more: fit(_bn_mlp(dtype=torch.float32), train, test,  # noqa: E731
+                             **{**kw, **more})
+    whole = run()
 
     def stop(engine):
         raise KeyboardInterrupt
 
-    part = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", callback=stop,
-               **kw)
-    assert part.summary["interrupted"] and part.summary["iterations"] == 256
-    with pytest.raises(ValueError, match="lr_max: 0.2 -> 0.3"):
-        fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
-            **{**kw, "lr_max": 0.3})
-    done = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
-               **kw)
+    part = run(out=tmp_path / "run", callback=stop)
+    assert part.summary["interrupted"]
+    checks(part, run)
+    done = run(out=tmp_path / "run", resume=True)
     assert not done.summary["interrupted"]
     for key in ("accuracy", "nll_sum", "ece", "brier", "round_trips", "correction",
                 "learning_rates", "swap_rates"):
         assert done.summary[key] == whole.summary[key], key
+
+
+def test_fit_resumes_bit_for_bit(tmp_path):
+    def checks(part, run):
+        assert part.summary["iterations"] == 256
+        with pytest.raises(ValueError, match="lr_max: 0.2 -> 0.3"):
+            run(out=tmp_path / "run", resume=True, lr_max=0.3)
+
+    _interrupted_then_resumed(tmp_path, checks, method="deo-star", epochs=45, seed=1,
+                              pretrain_epochs=0, eval_every=15)
     assert (tmp_path / "run" / "summary.json").exists()
     assert (tmp_path / "run" / "index_process.png").exists()
 
 
 def test_fit_interrupted_in_pretraining_resumes_bit_for_bit(tmp_path):
-    X, y = _toy(n=200, dtype=torch.float32)
-    kw = dict(method="deo", chains=2, epochs=3, seed=2, batch_size=25, lr_min=0.02,
-              lr_max=0.2, pretrain_epochs=45, swap_rate=0.3, strategy="vmap",
-              checkpoint_every=100, eval_every=3)
-    train, test = (X[:150], y[:150]), (X[150:], y[150:])
-    whole = fit(_bn_mlp(dtype=torch.float32), train, test, **kw)
+    def checks(part, run):
+        assert part.summary["phase"] == "pretraining"
+        assert not (tmp_path / "run" / "pretrained.pt").exists()
+        with pytest.raises(FileExistsError, match="already holds a deep run"):
+            run(out=tmp_path / "run")
 
-    def stop(engine):
-        raise KeyboardInterrupt
-
-    part = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", callback=stop,
-               **kw)
-    assert part.summary["interrupted"] and part.summary["phase"] == "pretraining"
-    assert not (tmp_path / "run" / "pretrained.pt").exists()
-    with pytest.raises(FileExistsError, match="already holds a deep run"):
-        fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", **kw)
-    done = fit(_bn_mlp(dtype=torch.float32), train, test, out=tmp_path / "run", resume=True,
-               **kw)
-    for key in ("accuracy", "nll_sum", "ece", "round_trips", "correction", "learning_rates"):
-        assert done.summary[key] == whole.summary[key], key
+    _interrupted_then_resumed(tmp_path, checks, method="deo", epochs=3, seed=2,
+                              pretrain_epochs=45, eval_every=3)
 
 
 # ------------------------------------------------------------------ bad input
@@ -404,3 +402,20 @@ def test_minibatch_network_energy_is_unbiased_and_its_variance_estimate_matches(
     # sample variance of 600 draws: relative se about sqrt(2 / 599) = 6 %; allow 25 %
     assert float(u.var()) == pytest.approx(float(var_est), rel=0.25)
     assert abs(0.97 * float(u.mean()) - U) > 4 * se  # negative control
+
+
+def test_refreshed_buffers_average_the_batch_statistics():
+    """SWAG's BatchNorm update: running mean/var = the mean over batches of each batch's mean and
+    unbiased variance of the layer's input (checked on the first layer, whose input is known)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.BatchNorm1d(6), nn.Linear(6, 3)).double()
+    net = FunctionalNet(model)
+    theta, buf = net.pack()
+    X, _ = _toy(n=40)
+    batches = list(X.split(16))  # 16, 16, 8
+    new = net.refreshed_buffers(theta, buf, batches)
+    mean = torch.stack([b.mean(0) for b in batches]).mean(0)
+    var = torch.stack([b.var(0) for b in batches]).mean(0)
+    assert torch.allclose(new, torch.cat([mean, var]), rtol=0, atol=1e-12)
+    assert torch.equal(net.refreshed_buffers(theta, buf, []), buf)  # no batches: unchanged

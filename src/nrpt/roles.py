@@ -145,6 +145,19 @@ class Iteration:
             listed.scatter_(1, lo, adj | listed.gather(1, lo))
         return A, listed
 
+    @cached_property
+    def attempted_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A[R, P-1], attempted[R, P-1])``: the verdicts of the adjacent pairs the scheme
+        allowed to swap this iteration (active: right parity, gate open), zero elsewhere, and
+        which those were.  Computed once per iteration, like :attr:`pair_indicators`."""
+        A, _ = self.pair_indicators
+        attempted = torch.zeros_like(A, dtype=torch.bool)
+        for d in self.decisions:
+            adj = (d.hi - d.lo) == 1
+            lo = torch.where(adj, d.lo, torch.zeros_like(d.lo))
+            attempted.scatter_(1, lo, (d.active & adj) | attempted.gather(1, lo))
+        return A * attempted, attempted
+
 
 @dataclass(frozen=True)
 class Update:

@@ -39,7 +39,7 @@ import json
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,6 @@ from ..adapt.sa import (
     CorrectionAdaptor,
     LearningRateAdaptor,
     SAStepSize,
-    attempted_indicators,
     window_from_swap_rate,
 )
 from ..engine import PTEngine
@@ -208,13 +207,13 @@ class BMARecorder(RecorderBase):
     name = "bma"
 
     def __init__(self, net: FunctionalNet, x_test, y_test, *, every: int, start: int,
-                 slots: list[int], strategy: str, stage=None, keep: bool = True):
+                 slots: list[int], strategy: str, stage=None):
         from .metrics import BMA
 
         self.net, self.x, self.y = net, x_test, y_test
         self.every, self.start, self.slots = int(every), int(start), list(slots)
         self.reads_slots = tuple(self.slots)
-        self.strategy, self.stage, self.keep = strategy, stage, keep
+        self.strategy, self.stage = strategy, stage
         self.bma = BMA()
         self.models: list[torch.Tensor] = []
         self.buffers: list[torch.Tensor] = []
@@ -235,9 +234,8 @@ class BMARecorder(RecorderBase):
         for row in logits:
             self.bma.add(row)
         self.collected_at.append(it.k + 1)
-        if self.keep:
-            self.models.append(theta.detach().to("cpu", torch.float32).clone())
-            self.buffers.append(buf.detach().to("cpu", torch.float32).clone())
+        self.models.append(theta.detach().to("cpu", torch.float32).clone())
+        self.buffers.append(buf.detach().to("cpu", torch.float32).clone())
 
     def summary(self) -> dict[str, Any]:
         return {"models_collected": int(self.bma.count)}
@@ -289,16 +287,19 @@ class EpochMetrics(RecorderBase):
         self.bma, self.net, self.x, self.y = bma, net, x_test, y_test
         self.every, self.lr_unit, self.strategy = int(every), float(lr_unit), strategy
         self.rows: list[dict[str, Any]] = []
-        self._acc = self._n = None
+        self._acc = None  # sums of [swaps, attempts, verdicts, listed pairs] per pair
         self.reads_slots = ()
         self.per_epoch, self.say = int(per_epoch), say
 
     def record(self, it) -> None:
-        A, listed = attempted_indicators(it)  # swaps per attempt: what S is about
+        A, attempted = it.attempted_indicators  # swaps per attempt: what S is about
+        V, listed = it.pair_indicators  # the verdict of every pair
         if self._acc is None:
-            self._acc, self._n = torch.zeros_like(A), torch.zeros_like(A)
-        self._acc += A
-        self._n += listed
+            self._acc = torch.zeros(4, *A.shape, dtype=A.dtype, device=A.device)
+        self._acc[0] += A
+        self._acc[1] += attempted
+        self._acc[2] += V
+        self._acc[3] += listed
         if (it.k + 1) % self.every:
             return
         from .metrics import evaluate
@@ -307,8 +308,11 @@ class EpochMetrics(RecorderBase):
         if self.bma.bma.count:
             row.update({f"bma_{k}": v for k, v in
                         evaluate(self.bma.bma.probs(), self.y).items()})
-        n = self._n.sum()
-        row["swap_rate"] = float(self._acc.sum() / n) if float(n) > 0 else None
+        a, n, v, m = self._acc.sum(dim=(1, 2)).tolist()
+        row["swap_rate"] = a / n if n > 0 else None
+        # verdicts of the pairs that could not swap (other parity, closed gate): under DEO_W
+        # they hold their configuration for a window (docs/deep.md, "Which verdicts adapt C")
+        row["verdict_rate_others"] = (v - a) / (m - n) if m > n else None
         P = it.slot_of.shape[1]
         theta = it.slot_x(list(range(P)))[0]
         buf = it.state.extras["bn"][0, it.replica_at[0]]
@@ -323,17 +327,16 @@ class EpochMetrics(RecorderBase):
         if self.say is not None:
             self.say(_line(row))
         self._acc.zero_()
-        self._n.zero_()
 
     def summary(self):
         return {}
 
     def state_dict(self):
-        return {"rows": json.dumps(json_ready(self.rows)), "acc": self._acc, "n": self._n}
+        return {"rows": json.dumps(json_ready(self.rows)), "acc": self._acc}
 
     def load_state_dict(self, sd):
         self.rows = json.loads(sd["rows"])
-        self._acc, self._n = sd["acc"], sd["n"]
+        self._acc = sd["acc"]
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -543,10 +546,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         eng = _engine(target, estimator, explorer, P, [0.0] * P, step, DEOW(W),
                       Deterministic(cfg.correction), cfg.seed, x0, bn0, dtype, dev)
         # C's gain scales with the energy noise (the paper's simulation: sd 2, a = 50)
-        noise_sd = float(estimator(eng.state.x, rng.Key((cfg.seed, 0x5CA1E)),
-                                   {"bn": eng.state.x.new_zeros(1, P, net.buffer_dim)
-                                    + bn0.to(eng.state.x.dtype)}, need_grad=False)
-                         .var.mean().sqrt())
+        key = rng.Key((cfg.seed, 0x5CA1E))
+        noise_sd = float(estimator(eng.state.x, key, estimator.init_extras(eng.state.x, key),
+                                   need_grad=False).var.mean().sqrt())
         facts["energy_noise_sd"] = noise_sd
         gain = SAStepSize(cfg.sa_scale * max(noise_sd, 1e-12))
         adaptors = [CorrectionAdaptor(cfg.swap_rate, gain, pairs=cfg.sa_pairs),
@@ -584,7 +586,7 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype)
         recorders["round_trips"] = RoundTrips(eng.slot_of, n_slots)
         recorders["trace"] = Trace(every=max(1, iters // 500))
-        recorders["index"] = IndexRecorder(iters, n_slots)
+        recorders["index"] = IndexRecorder()
     for r in recorders.values():
         eng.watch(getattr(r, "reads_slots", ()))
 
@@ -597,15 +599,18 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
 
     # the average
     if cfg.method == "swag":
-        bma = _swag_average(recorders["swag"].swag, net, target, Xte, cfg, strategy, dev)
-    summary = _summary(cfg, bma, recorders, eng, N, B, per_epoch, iters, pre_iters, facts,
+        average, models, buffers = _swag_average(recorders["swag"].swag, net, bn0[0], target,
+                                                 Xte, cfg, strategy, dev)
+    else:
+        average, models, buffers = bma.bma, bma.models, bma.buffers
+    summary = _summary(cfg, average, yte, recorders, eng, N, B, per_epoch, pre_iters, facts,
                        outcome, time.perf_counter() - t_start)
     res = DeepResult(summary=summary, config=cfg, metrics=recorders["epochs"].rows,
                      index=recorders["index"].array() if "index" in recorders else None,
                      trace=recorders["trace"].arrays() if "trace" in recorders else {},
                      net=net, out=out,
-                     models=torch.cat(bma.models) if bma.models else None,
-                     buffers=torch.cat(bma.buffers) if bma.buffers else None)
+                     models=torch.cat(models) if models else None,
+                     buffers=torch.cat(buffers) if buffers else None)
     if out is not None:
         from .report import write_folder
 
@@ -625,45 +630,23 @@ def _resumable(folder: Path, header: dict) -> dict:
     return checkpoint
 
 
-def _swag_average(swag, net, target, Xte, cfg, strategy, dev):
-    """``swag_samples`` SWAG draws, BatchNorm statistics refreshed on the training data."""
+def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev):
+    """``swag_samples`` SWAG draws, each with its BatchNorm statistics refreshed on the
+    training data: ``(BMA, models, buffers)``."""
     from .metrics import BMA
 
-    holder = BMARecorder.__new__(BMARecorder)
-    holder.bma, holder.models, holder.buffers = BMA(), [], []
+    average, models, buffers = BMA(), [], []
     if swag.n_collected < 2:
-        return holder
+        return average, models, buffers
     g = rng.generator_for(cfg.seed, 0x5A6, device="cpu")
     for _ in range(cfg.swag_samples):
         theta = swag.sample(g).to(dev, net.dtype)
-        buf = _refresh_bn(net, target, theta, cfg.batch_size)
-        logits = net.logits(theta[None], buf[None], Xte, strategy)
-        holder.bma.add(logits[0])
-        holder.models.append(theta[None].to("cpu", torch.float32))
-        holder.buffers.append(buf[None].to("cpu", torch.float32))
-    return holder
-
-
-@torch.no_grad()
-def _refresh_bn(net: FunctionalNet, target: NetworkTarget, theta, batch: int):
-    """Running statistics recomputed as the average of batch statistics over one pass of the
-    training data (SWAG's BatchNorm update)."""
-    if not net.buffer_dim:
-        return theta.new_zeros(0)
-    acc = None
-    n = 0
-    for xs, ys in zip(target.x.split(batch), target.y.split(batch), strict=True):
-        if xs.shape[0] < 2:
-            continue
-        zero = torch.zeros(1, net.buffer_dim, dtype=net.dtype, device=theta.device)
-        # momentum-1 trick: the new statistics of a zero buffer with momentum m are m * batch
-        _, _, new = net.loss_and_grad(theta[None], zero, xs[None], ys[None], "loop")
-        acc = new[0] if acc is None else acc + new[0]
-        n += 1
-    moms = torch.cat([torch.full((mod.running_mean.numel() * 2,), mod.momentum,
-                                 dtype=net.dtype, device=theta.device)
-                      for _, mod in net._bn])  # noqa: SLF001
-    return acc / n / moms if n else theta.new_zeros(net.buffer_dim)
+        buf = net.refreshed_buffers(theta, buf0.to(net.dtype), (
+            x for x in target.x.split(cfg.batch_size) if x.shape[0] > 1))
+        average.add(net.logits(theta[None], buf[None], Xte, strategy)[0])
+        models.append(theta[None].to("cpu", torch.float32))
+        buffers.append(buf[None].to("cpu", torch.float32))
+    return average, models, buffers
 
 
 class IndexRecorder(RecorderBase):
@@ -671,7 +654,7 @@ class IndexRecorder(RecorderBase):
 
     name = "index"
 
-    def __init__(self, iterations: int, P: int):
+    def __init__(self):
         self.rows: list[torch.Tensor] = []
         self.reads_slots = ()
 
@@ -692,21 +675,20 @@ class IndexRecorder(RecorderBase):
         self.rows = list(sd["rows"])
 
 
-def _summary(cfg, bma, recorders, eng, N, B, per_epoch, iters, pre_iters, facts, outcome,
-             wall) -> dict[str, Any]:
+def _summary(cfg, average, y_test, recorders, eng, N, B, per_epoch, pre_iters, facts,
+             outcome, wall) -> dict[str, Any]:
     from .metrics import evaluate
 
     s: dict[str, Any] = {"method": cfg.method, "chains": cfg.chains, "epochs": cfg.epochs,
                          "n_train": N, "batch_size": B, "iterations": int(eng.k),
                          "iterations_per_epoch": per_epoch}
-    if bma.bma.count:
-        probs = bma.bma.probs(cfg.average)
-        s.update(evaluate(probs, bma.y if hasattr(bma, "y") else recorders["epochs"].y))
+    if average.count:
+        s.update(evaluate(average.probs(cfg.average), y_test))
         other = "logits" if cfg.average == "probabilities" else "probabilities"
-        s[f"{other}_average"] = evaluate(bma.bma.probs(other), recorders["epochs"].y)
+        s[f"{other}_average"] = evaluate(average.probs(other), y_test)
     else:
         s.update({k: None for k in ("accuracy", "nll_mean", "nll_sum", "ece", "brier")})
-    s["models_collected"] = int(bma.bma.count)
+    s["models_collected"] = int(average.count)
     s["average"] = cfg.average
     n_rep = eng.P
     s["gradient_evaluations"] = int(eng.k) * n_rep
@@ -732,6 +714,3 @@ def _summary(cfg, bma, recorders, eng, N, B, per_epoch, iters, pre_iters, facts,
     s["loop_time_s"] = outcome.wall_time_s
     return json_ready(s)
 
-
-def config_fields() -> list[str]:
-    return [f.name for f in fields(DeepConfig)]

@@ -60,6 +60,9 @@ STRATEGIES = ("auto", "loop", "vmap", "compile")
 COMPILE_WORTH_S = 120.0
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+#: layers that draw random numbers in training mode (then each call is seeded from its key)
+_RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+           nn.FeatureAlphaDropout)
 
 
 class StrategyWarning(UserWarning):
@@ -116,6 +119,10 @@ class FunctionalNet:
                 self._bn.append((name, mod))
                 mod.register_forward_pre_hook(self._hook(name))
         self._stash: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+        # forking and seeding the RNG costs a state copy per call (a device sync on CUDA):
+        # only models with random layers pay it
+        self.random = any(isinstance(m, _RANDOM) for m in self.module.modules())
+        self._fns: dict[str, Callable] = {}
 
     # ------------------------------------------------------------------ packing
     def pack(self, module: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,19 +171,49 @@ class FunctionalNet:
 
         return hook
 
-    def _new_buffers(self, buf: torch.Tensor) -> torch.Tensor:
-        """Running statistics after one training-mode forward (from the stash)."""
+    def _new_buffers(self, buf: torch.Tensor, stats=None, weight: float | None = None
+                     ) -> torch.Tensor:
+        """``buf`` with each BatchNorm layer's statistics moved toward ``stats`` (default: the
+        stash of the last training-mode forward): ``(1 - w) * old + w * batch`` with ``w`` the
+        layer's momentum (PyTorch's rule), or ``weight`` when given."""
         if not self.buffer_names:
             return buf
+        stats = self._stash if stats is None else stats
         old = self.buffers(buf)
         new = dict(old)
         for name, mod in self._bn:
-            mean, var = self._stash[name]
-            m = mod.momentum
+            mean, var = stats[name]
+            m = mod.momentum if weight is None else weight
             pre = f"{name}." if name else ""
             new[pre + "running_mean"] = (1 - m) * old[pre + "running_mean"] + m * mean.detach()
             new[pre + "running_var"] = (1 - m) * old[pre + "running_var"] + m * var.detach()
         return torch.cat([new[n].reshape(-1) for n in self.buffer_names])
+
+    @torch.no_grad()
+    def refreshed_buffers(self, theta: torch.Tensor, buf: torch.Tensor, batches) -> torch.Tensor:
+        """BatchNorm statistics of one replica recomputed as the equal-weight average of the
+        batch statistics over ``batches`` (an iterable of inputs), other buffers kept: SWAG's
+        BatchNorm update for parameters that were never trained as such."""
+        if not self._bn:
+            return buf
+        total: dict[str, list[torch.Tensor]] = {}
+        n = 0
+        self.module.train()
+        for x in batches:
+            self._stash = {}
+            try:
+                functional_call(self.module, (self.params(theta), self.buffers(buf.clone())),
+                                (x,))
+                for name, (mean, var) in self._stash.items():
+                    acc = total.setdefault(name, [torch.zeros_like(mean), torch.zeros_like(var)])
+                    acc[0] += mean
+                    acc[1] += var
+            finally:
+                self._stash = None
+            n += 1
+        if n == 0:
+            return buf
+        return self._new_buffers(buf, {k: (m / n, v / n) for k, (m, v) in total.items()}, 1.0)
 
     # ------------------------------------------------------------------ one replica
     def _one(self, theta, buf, x, y):
@@ -200,7 +237,7 @@ class FunctionalNet:
         ``(losses[n, B], grad[n, dim], new_buf[n, buffer_dim])`` where ``grad`` is the gradient
         of the summed losses.  ``seed`` seeds random layers (dropout)."""
         self.module.train()
-        with _seeded(seed, self.device):
+        with _seeded(seed if self.random else None, self.device):
             if strategy == "loop":
                 return self._loop(theta, buf, x, y)
             fn = self._batched(strategy)
@@ -220,13 +257,12 @@ class FunctionalNet:
         return torch.stack(out_l), torch.stack(out_g), torch.stack(out_b)
 
     def _batched(self, strategy: str):
-        cache = self.__dict__.setdefault("_fns", {})
-        if strategy not in cache:
+        if strategy not in self._fns:
             fn = vmap(grad_and_value(self._one, has_aux=True), randomness="different")
             if strategy == "compile":
                 fn = torch.compile(fn, dynamic=False)
-            cache[strategy] = fn
-        return cache[strategy]
+            self._fns[strategy] = fn
+        return self._fns[strategy]
 
     @torch.no_grad()
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
