@@ -141,7 +141,7 @@ class PTEngine:
         g = generator_for(self.seed, Stream.INIT)
         if hasattr(self.target, "initial_states"):
             x = self.target.initial_states(R * P, g)
-        elif self.path.has_reference:
+        elif self.path.kind == "geometric":
             x = self.target.reference_sample(R * P, g)
         else:
             x = torch.randn(R * P, d, generator=g, dtype=self.dtype)
