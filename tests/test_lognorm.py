@@ -176,7 +176,7 @@ def test_a_ladder_stopping_short_of_the_reference_estimates_the_ratio_without_ii
     is explored by local moves alone (no iid refresh of the last slot) and the stepping stone
     gives log Z(1) - log Z(beta_min); negative control: that is measurably not log Z(1)."""
     target = CountingShifted(dim=2, shift=3.0)
-    betas = [1.0, 0.8, 0.6, 0.45, 0.3, 0.2]
+    betas = [1.0, 0.85, 0.7, 0.55, 0.45, 0.35]
     path = nrpt.GeometricPath(betas)
     assert not path.has_reference and nrpt.GeometricPath([1.0, 0.5, 0.0]).has_reference
     est = run_fixed(target, betas, iterations=1500)

@@ -67,7 +67,7 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         "path": path_kind, "chains": P, "systems": R, "explorer": cfg.explorer,
         "scheme": cfg.scheme, "window": window, "window_source": facts.get("window_source"),
         "rule": facts.get("rule"), "seed": cfg.seed, "n_iterations": K,
-        "wall_time_s": outcome.wall_time_s,
+        "wall_time_s": outcome.wall_time_s, "threads": outcome.notes.get("threads"),
         "iterations_per_s": K / outcome.wall_time_s if outcome.wall_time_s > 0 else None,
         "statistics_from": stats_from,
     }
