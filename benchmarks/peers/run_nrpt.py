@@ -27,11 +27,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
+import protocol  # noqa: E402
 import torch  # noqa: E402
+from mix25_nrpt import Mix25  # noqa: E402
 
 import nrpt  # noqa: E402
-import protocol  # noqa: E402
-from mix25_nrpt import Mix25  # noqa: E402
 
 
 def adaptive_rounds(iterations: int) -> int:
@@ -79,9 +79,9 @@ def main(argv=None) -> None:
     run(argparse.Namespace(**{**vars(args), "variant": "fixed"}), args.warmup, args.seed + 10**6)
     warm = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = run(args, args.iterations, args.seed)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 
     s = res.summary
     samples = np.asarray(res.samples)  # [R, n, 2] (last round for adaptive)
@@ -91,15 +91,15 @@ def main(argv=None) -> None:
     K = index.shape[0] - 1
     P = args.chains
     out = {"tool": "nrpt", "variant": args.variant, "ok": True, "seed": args.seed,
-           "wall_s": wall, "warmup_s": warm, "compile_s": None,
+           "wall_s": wall, "timed_cpu_s": cpu, "warmup_s": warm, "compile_s": None,
            "iterations": K, "systems": args.systems, "chains": P}
     out.update(protocol.draw_metrics(samples))
     if args.variant == "adaptive":  # the last round is already the second half of the run
         out["max_freq_error"] = protocol.max_frequency_error(samples)
         out["n_draws_kept"] = int(samples.shape[0] * samples.shape[1])
         out["rounds"] = s.get("rounds")
-        out["schedule_last_round"] = s.get("schedule")
-        out["step_size_last_round"] = s.get("step_size")
+        out["schedule_last_round_median"] = _slot_median(s.get("schedule"))
+        out["step_size_last_round_median"] = _slot_median(s.get("step_size"))
     out.update(protocol.trip_metrics(index.reshape(K + 1, -1), P - 1, K, args.systems))
     acc = s.get("swap_acceptance")
     out["swap_acceptance"] = _mean(acc)
@@ -108,8 +108,11 @@ def main(argv=None) -> None:
     lz = s.get("log_normalizer")
     lz = float(np.mean(lz)) if lz is not None else None
     note = s.get("log_normalizer_note")
-    out.update(protocol.log_z_fields(lz, f"stepping stone ({s.get('log_normalizer_kind')})",
-                                     note))
+    out.update(protocol.log_z_fields(lz, f"stepping stone ({s.get('log_normalizer_kind')}), "
+                                         f"mean over systems", note))
+    for half in ("forward", "reverse"):
+        v = s.get(f"log_normalizer_{half}")
+        out[f"log_z_{half}"] = float(np.mean(v)) if v is not None else None
     out["betas"] = betas_for(args)
     out["versions"] = {"nrpt": getattr(nrpt, "__version__", "0.1.0"), "torch": torch.__version__,
                        "numpy": np.__version__}
@@ -130,6 +133,13 @@ def _pairs(v):
         return None
     a = np.asarray(v, dtype=float)
     return (a.reshape(-1, a.shape[-1]).mean(0) if a.ndim > 1 else a).tolist()
+
+
+def _slot_median(v):
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=float)
+    return (np.median(a, axis=0) if a.ndim > 1 else a).tolist()
 
 
 def _sum(v):

@@ -44,11 +44,10 @@ import numpy as np  # noqa: E402
 if not hasattr(np, "trapz"):  # shim: removed in NumPy 2.4 (renamed trapezoid in 2.0)
     np.trapz = np.trapezoid
 
+import protocol  # noqa: E402
 import reddemcee  # noqa: E402
 from reddemcee.moves import Move, PTMove  # noqa: E402
 from reddemcee.state import State  # noqa: E402
-
-import protocol  # noqa: E402
 
 
 class RWMove(Move):
@@ -128,14 +127,14 @@ def main(argv=None) -> None:
     run(args, args.warmup, args.seed + 10**6)
     warm = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sampler = run(args, args.iterations, args.seed)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 
     K, P = args.iterations, args.chains
     mv = sampler._swap_move
     out = {"tool": "reddemcee", "variant": "rwmh", "ok": True, "seed": args.seed,
-           "wall_s": wall, "warmup_s": warm, "compile_s": None, "iterations": K,
+           "wall_s": wall, "timed_cpu_s": cpu, "warmup_s": warm, "compile_s": None, "iterations": K,
            "systems": 1, "walkers_per_temperature": args.walkers, "chains": P,
            "swap_rounds_per_iteration": 2}
     chain = sampler.get_chain()  # [P, K, W, 2]
