@@ -52,6 +52,11 @@ def test_target_is_normalized_and_follows_the_protocol():
     assert math.isclose(protocol.LOG_Z, -math.log(144.0))
 
 
+def test_numpy_quadrature_of_the_peers_side():
+    assert protocol.log_z_at(1.0, h=0.04) == pytest.approx(protocol.LOG_Z, abs=1e-6)
+    assert -0.03 < protocol.log_z_at(protocol.BETA_MIN, h=0.04) < -0.01  # ~ 1e-3 E_prior[l]
+
+
 def test_a_wrong_sigma_fails_the_normalization_check():
     z = _evidence(WrongSigma())
     assert abs(z * 144.0 - 1.0) > 0.5  # (0.25 / 0.2)^2 = 1.5625

@@ -317,6 +317,10 @@ def main(argv=None) -> None:
           f"/ {args.systems}): " + ", ".join(
               f"{t} {_f(summary[t]['round_trips_per_iter'], '.4f')}" for t in active))
 
+    ratio_exact = protocol.LOG_Z - protocol.log_z_at(protocol.BETA_MIN)
+    for r in runs:
+        if r.get("log_z") is not None:
+            r["log_z_error_vs_ratio"] = abs(r["log_z"] - ratio_exact)
     versions: dict[str, dict] = {}
     for r in runs:
         if r.get("versions"):
@@ -325,7 +329,11 @@ def main(argv=None) -> None:
         "benchmark": "peers/mix25", "command": "make bench-peers",
         "protocol": {"target": "uniform prior on [-6, 6]^2 x normalized mixture of 25 "
                                "Gaussians (sigma 0.2) on {-4, -2, 0, 2, 4}^2",
-                     "log_z_exact": protocol.LOG_Z, "chains": protocol.CHAINS,
+                     "log_z_exact": protocol.LOG_Z,
+                     "log_z_ratio_exact": ratio_exact,
+                     "log_z_ratio_note": "log(Z_1 / Z_beta_min), what a ladder ending at "
+                                         "beta_min estimates (midpoint rule)",
+                     "chains": protocol.CHAINS,
                      "betas": protocol.betas(), "rwmh_scales": protocol.scales(),
                      "systems": args.systems, "iterations": args.iterations,
                      "reps": args.reps, "quick": args.quick, "pin_cpu": args.pin_cpu},
