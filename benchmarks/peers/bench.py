@@ -97,7 +97,8 @@ def install_peers(groups: list[str], say=print) -> dict[str, str | None]:
             stamp.write_text(digest + "\n")
         r = subprocess.run([str(py), "-c", PROBES[g]], capture_output=True, text=True,
                            env=_env(peer=True))
-        status[g] = None if r.returncode == 0 else "import failed: " + _tail(r.stderr)
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        status[g] = None if r.returncode == 0 else "import failed: " + last[-300:]
     return status
 
 
