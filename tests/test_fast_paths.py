@@ -110,3 +110,75 @@ def test_a_run_uses_the_thread_count_it_reports_and_restores_the_callers():
     with torch_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+# ----------------------------------------------------------------------------- compiled step
+def engines(explorer, compiled, R=4, P=6, seed=3, **kw):
+    from nrpt.build import build
+    from nrpt.config import RunConfig
+
+    return build(RunConfig(target="twenty-five-modes", chains=P, systems=R, iterations=10,
+                           explorer=explorer, compile=compiled, step_size=0.3, seed=seed,
+                           figures=False, **kw)).engine
+
+
+@pytest.mark.parametrize("explorer", ["rwmh", "mala"])
+def test_the_compiled_step_gives_the_plain_steps_results(explorer):
+    """Same keyed draws, same decisions: the index process is identical and the states agree
+    to rounding (a fused kernel may round the last bits differently)."""
+    plain, fast = engines(explorer, False), engines(explorer, True)
+    assert fast.explorer.describe()["compiled"]
+    for _ in range(120):
+        plain.step()
+        fast.step()
+        assert torch.equal(plain.slot_of, fast.slot_of)
+    assert fast.explorer.failed is None and fast.explorer._fn  # it really ran compiled
+    torch.testing.assert_close(fast.state.x, plain.state.x, rtol=0, atol=1e-9)
+    torch.testing.assert_close(fast.state.v, plain.state.v, rtol=0, atol=1e-9)
+
+
+def test_compiled_hmc_starts_equal_and_is_invariant():
+    """HMC's leapfrog amplifies last-bit differences on a peaked target (the trajectories part
+    after some tens of steps), so beyond the first steps it is checked in distribution."""
+    from nrpt.explorers import HMC
+    from nrpt.explorers.compiled import Compiled
+    from nrpt.testing import assert_invariant
+    from nrpt.targets import Gaussian
+
+    plain, fast = engines("hmc", False, leapfrog_steps=3), engines("hmc", True,
+                                                                    leapfrog_steps=3)
+    for _ in range(3):
+        plain.step()
+        fast.step()
+    torch.testing.assert_close(fast.state.x, plain.state.x, rtol=0, atol=1e-9)
+    target = Gaussian(mean=[1.0, -2.0], cov=[[1.0, 0.6], [0.6, 2.0]])
+    report = assert_invariant(Compiled(HMC(leapfrog_steps=5)), target, step_size=0.35,
+                              n_steps=300, seed=1, cross=True)
+    assert report.moved > 0.2
+
+
+def test_a_failing_compiler_falls_back_to_the_plain_step(monkeypatch):
+    from nrpt.explorers.compiled import CompileWarning
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    plain, fast = engines("rwmh", False), engines("rwmh", True)
+    with pytest.warns(CompileWarning, match="no C\\+\\+ compiler here"):
+        for _ in range(20):
+            plain.step()
+            fast.step()
+    assert torch.equal(plain.state.x, fast.state.x)
+    assert not fast.explorer.describe()["compiled"]
+
+
+def test_compile_is_refused_where_a_step_cannot_be_replayed():
+    from nrpt.explorers import SliceSampler
+    from nrpt.explorers.compiled import Compiled
+
+    with pytest.raises(ValueError, match="compile works for rwmh, mala, hmc"):
+        Compiled(SliceSampler())
+    with pytest.raises(ValueError, match="compile is for explorers rwmh, mala, hmc"):
+        nrpt.sample("twenty-five-modes", chains=4, iterations=10, explorer="slice",
+                    compile=True)

@@ -170,6 +170,10 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
                    {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
         explorer = explorer_entry.load()(**options)
+        if cfg.compile:
+            from .explorers.compiled import Compiled
+
+            explorer = Compiled(explorer)
         domain = None
         step = cfg.step_size
         if path.kind == "temperature" and not isinstance(step, list):

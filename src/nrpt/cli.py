@@ -56,6 +56,9 @@ _HELP = {
                          "(default 0.3 rwmh, 0.574 mala, 0.65 hmc)",
     "slice_method": "interval growth of the slice explorer",
     "figures": "with --out: write the figures (true/false)",
+    "compile": "run the explorer step (rwmh, mala, hmc) as one torch.compile graph: faster "
+               "iterations after a compilation of seconds; falls back to the plain step "
+               "(true/false)",
     "swap_rule": "swap rule (default: metropolis for exact explorers, deterministic for "
                  "sgd/msgd/psgd, bias-corrected for sgld/sghmc/psgld)",
     "swap_rate": "target swap rate S in (0, 1) of the C and learning-rate adaptors; also sets "
@@ -128,7 +131,7 @@ _TYPES = {
     "temperatures": _FLOATS, "betas": _FLOATS, "learning_rates": _FLOATS, "sa_step": _FLOATS,
     "step_size": _typed("a number or comma-separated numbers", _step),
     "window": _typed("an integer >= 1, auto or swap-rate", _window),
-    "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL, "adapt": _BOOL,
+    "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL, "compile": _BOOL, "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS)}
 for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import registry
+from .explorers.compiled import COMPILABLE
 
 __all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION"]
 
@@ -46,7 +47,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "ladder": ("chains", "temperatures", "betas", "max_temperature", "bottom_temperature",
                "learning_rates", "lr_min", "lr_max"),
     "explorer": ("explorer", "step_size", "leapfrog_steps", "n_explore", "slice_method",
-                 "momentum", "domain"),
+                 "momentum", "domain", "compile"),
     "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
              "variance_factor", "variance_every"),
     "adaptation": ("adapt", "sa_step", "adapt_schedule", "adapt_step_size", "target_acceptance"),
@@ -226,6 +227,7 @@ class RunConfig:
     leapfrog_steps: int | None = None
     n_explore: int | None = None
     slice_method: str | None = None
+    compile: bool | None = None
     momentum: float | None = None
     domain: str | None = None
     # swap
@@ -456,6 +458,12 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
         cfg.leapfrog_steps = _int("leapfrog_steps", cfg.leapfrog_steps, 1)
     else:
         not_applicable("leapfrog_steps", "leapfrog_steps is for explorer 'hmc'")
+    if cfg.explorer in COMPILABLE:
+        default("compile", False)
+        cfg.compile = _bool("compile", cfg.compile)
+    else:
+        not_applicable("compile", f"compile is for explorers {', '.join(COMPILABLE)} (a step "
+                                  f"with a fixed set of draws)")
     if cfg.explorer == "slice":
         default("slice_method", "stepping-out")
         cfg.slice_method = _choice("slice_method", cfg.slice_method, SLICE_METHODS)

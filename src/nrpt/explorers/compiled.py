@@ -1,0 +1,151 @@
+"""An explorer step compiled with ``torch.compile`` (optional; falls back to the plain step).
+
+On small problems an iteration costs what its tensor ops cost to *launch*, not to compute:
+a random-walk step on ``[32, 8, 2]`` with a 25-component mixture target is some twenty
+dispatcher calls of a few microseconds each.  :class:`Compiled` runs the wrapped explorer's
+``step`` -- the proposal, the target's own code and the Metropolis decision -- as one compiled
+graph, so those launches fuse into a few kernels.
+
+The random numbers stay the engine's keyed draws (:mod:`nrpt.rng`), made outside the graph:
+the first step of each sub-step runs eagerly and *records* which draws the explorer asks
+:class:`~nrpt.explorers.base.Noise` for; later steps make exactly those draws and hand them to
+the compiled function, where a stand-in replays them in order.  The numbers consumed are
+therefore the plain step's, and so are the results, up to the last bits that a fused kernel may
+round differently (the tests hold the two to 1e-9 and the same accept/reject decisions).
+
+Only explorers whose draws do not depend on the state can be compiled (RWMH, MALA, HMC: a fixed
+number of normal and uniform draws per step); others are refused by :func:`compilable`.  If
+compilation or a compiled call fails, a :class:`CompileWarning` says why and the plain step is
+used from then on, so a run never fails for want of a compiler.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .base import ExploreInfo, Explorer, ReplicaState
+
+__all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE"]
+
+#: explorers whose every step makes the same draws (a fixed plan), so they can be replayed
+COMPILABLE = ("rwmh", "mala", "hmc")
+
+
+class CompileWarning(UserWarning):
+    """A compiled explorer step could not be built or run; the plain step is used instead."""
+
+
+def compilable(explorer: Explorer) -> bool:
+    return getattr(explorer, "name", "") in COMPILABLE
+
+
+class _Recording:
+    """Wraps the iteration's :class:`Noise`; notes every draw the explorer makes."""
+
+    def __init__(self, noise):
+        self.noise, self.calls = noise, []
+
+    def normal(self, *args, **kwargs):
+        self.calls.append(("normal", args, kwargs))
+        return self.noise.normal(*args, **kwargs)
+
+    def uniform(self, *args, **kwargs):
+        self.calls.append(("uniform", args, kwargs))
+        return self.noise.uniform(*args, **kwargs)
+
+    def key(self, *parts):
+        raise TypeError("an explorer that hands keys to an energy estimator draws inside it "
+                        "and cannot be compiled")
+
+
+class _Replay:
+    """Inside the compiled graph: returns the pre-made draws in the recorded order."""
+
+    def __init__(self, draws):
+        self.draws, self.i = draws, 0
+
+    def _next(self):
+        t = self.draws[self.i]
+        self.i += 1
+        return t
+
+    def normal(self, *args, **kwargs):
+        return self._next()
+
+    def uniform(self, *args, **kwargs):
+        return self._next()
+
+
+class Compiled(Explorer):
+    """``inner``'s step as one ``torch.compile`` graph (see the module docstring).
+
+    ``options`` go to ``torch.compile`` (default ``dynamic=False``: a run's shapes are
+    fixed)."""
+
+    def __init__(self, inner: Explorer, **options):
+        if not compilable(inner):
+            raise ValueError(f"explorer {getattr(inner, 'name', inner)!r} cannot be compiled "
+                             f"(its draws depend on the state); compile works for "
+                             f"{', '.join(COMPILABLE)}")
+        self.inner = inner
+        self.name, self.uses_gradient = inner.name, inner.uses_gradient
+        self.substeps = inner.substeps
+        self.options = {"dynamic": False, **options}
+        self._plans: dict[int, list] = {}
+        self._fn = None
+        self.failed: str | None = None
+
+    def prepare(self, state, density):
+        return self.inner.prepare(state, density)
+
+    def describe(self) -> dict:
+        return {**self.inner.describe(), "compiled": self.failed is None}
+
+    def __getattr__(self, name):  # the inner explorer's settings (leapfrog_steps, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _graph(self, density, sub: int):
+        inner = self.inner
+
+        def step(x, v, base, extras, b, h, draws):
+            new, info = inner.step(ReplicaState(x, v, base, extras), b, h, density,
+                                   _Replay(draws), sub)
+            return (new.x, new.v, new.base, new.extras, info.accept_prob, info.accepted,
+                    info.nonfinite)
+
+        return torch.compile(step, **self.options)
+
+    def step(self, state, b, step_size, density, noise, sub=0):
+        if self.failed is not None:
+            return self.inner.step(state, b, step_size, density, noise, sub)
+        plan = self._plans.get(sub)
+        if plan is None:  # the first step at this sub-step: plain, recording the draws
+            rec = _Recording(noise)
+            out = self.inner.step(state, b, step_size, density, rec, sub)
+            self._plans[sub] = rec.calls
+            return out
+        draws = tuple(getattr(noise, m)(*a, **kw) for m, a, kw in plan)
+        try:
+            if self._fn is None:
+                self._fn = {}
+            fn = self._fn.get(sub)
+            args = (state.x, state.v, state.base, dict(state.extras), b, step_size, draws)
+            if fn is None:  # compiles now: torch's own deprecation notices are not the user's
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    fn = self._fn[sub] = self._graph(density, sub)
+                    out = fn(*args)
+            else:
+                out = fn(*args)
+            x, v, base, extras, prob, accepted, nonfinite = out
+        except Exception as err:  # no compiler, an unsupported op in the target, ...
+            self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            warnings.warn(f"the compiled {self.name} step failed ({self.failed}); using the "
+                          f"plain step", CompileWarning, stacklevel=2)
+            return self.inner.step(state, b, step_size, density, noise, sub)
+        return ReplicaState(x, v, base, extras), ExploreInfo(prob, accepted, nonfinite)
