@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-scaling clean
+        bench-memory bench-deep bench-peers bench-scaling clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ bench-deep: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py throughput
 	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py table --dataset mnist1d --seeds 5
 	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py windows --dataset mnist1d --seeds 3
+
+# nrpt beside TFP's ReplicaExchangeMC, ptemcee and reddemcee on mix25 (docs/benchmarks.md); the
+# peers are installed (pinned) into the throwaway venv benchmarks/peers/.venv on first use
+bench-peers: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/peers/bench.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

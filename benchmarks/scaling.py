@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import math
 import os
@@ -61,6 +62,7 @@ from nrpt.explorers import Noise
 from nrpt.loop import execute
 
 ROOT = Path(__file__).resolve().parent.parent
+_EXECUTE_THREADS = "threads" in inspect.signature(execute).parameters  # newer nrpt
 EXPLORERS = ("rwmh", "mala", "hmc")
 DEFAULTS = {"P": [4, 8, 16, 32, 64, 128, 256], "dims": [2, 10, 100, 1000, 10_000],
             "dim_P": [16, 64], "reps": 5, "min_time": 0.2, "extra_systems": 8}
@@ -123,9 +125,13 @@ class Point:
                          scheme="deo", seed=self.seed, figures=False, **extra)
 
     def run(self, n: int) -> float:
-        """``n`` iterations of a freshly built run, by the loop's own clock."""
+        """``n`` iterations of a freshly built run, by the loop's own clock, with the torch
+        thread count in force (the one the bare step and the floor run with; the loop's own
+        choice, ``"auto"``, would take one thread for small states whatever ``--threads``)."""
         run = build(self.config(n), target=self.target)
-        out = execute(run)
+        kw = {"threads": torch.get_num_threads()} if _EXECUTE_THREADS else {}
+        out = execute(run, **kw)
+        self.loop_threads = out.notes.get("threads", torch.get_num_threads())
         self.engine, self.state, self.k = run.engine, run.engine.state, run.engine.k
         return out.wall_time_s
 
@@ -183,6 +189,7 @@ def measure(explorer: str, P: int, d: int, R: int, *, reps: int, min_time: float
             "full_over_floor": med["full"] / med["floor"],
             "evals_per_iteration": evals_per_iteration(explorer, leapfrog),
             "step_size": step_size(explorer, d), "iterations_per_rep": n,
+            "loop_threads": pt.loop_threads,
             "reps_us": per_it}
 
 

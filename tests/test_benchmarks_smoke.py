@@ -42,6 +42,7 @@ def test_scaling_quick(tmp_path):
             reps = r["reps_us"][kind]
             assert len(reps) == 2 and all(math.isfinite(t) and t > 0 for t in reps)
             assert r["iterations_per_rep"][kind] >= 1
+        assert r["loop_threads"] == 1
         assert r["evals_per_iteration"] == (2 if r["explorer"] == "hmc" else 1)
     for name in ("P", "dim"):
         fig = Path(data["figures"][name])

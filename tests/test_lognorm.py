@@ -157,3 +157,40 @@ def test_recorder_state_round_trips_through_a_state_dict_and_summarizes():
     assert other.n == 1
     other.start_segment(True, 10)
     assert other.n == 0
+
+
+class CountingShifted(ShiftedGaussianPath):
+    """Counts reference draws (the initial states are one call)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.draws = 0
+
+    def reference_sample(self, n, generator):
+        self.draws += 1
+        return super().reference_sample(n, generator)
+
+
+def test_a_ladder_stopping_short_of_the_reference_estimates_the_ratio_without_iid_draws():
+    """A geometric ladder whose hottest beta is > 0 (other tools' ladders end at, say, 1e-3)
+    is explored by local moves alone (no iid refresh of the last slot) and the stepping stone
+    gives log Z(1) - log Z(beta_min); negative control: that is measurably not log Z(1)."""
+    target = CountingShifted(dim=2, shift=3.0)
+    betas = [1.0, 0.85, 0.7, 0.55, 0.45, 0.35]
+    path = nrpt.GeometricPath(betas)
+    assert not path.has_reference and nrpt.GeometricPath([1.0, 0.5, 0.0]).has_reference
+    est = run_fixed(target, betas, iterations=1500)
+    assert target.draws == 1  # the initial states only
+    truth = target.log_normalizer_at(1.0) - target.log_normalizer_at(betas[-1])
+    assert check(est["log_normalizer"], truth) < Z
+    assert check(est["log_normalizer"], target.log_normalizer_at(1.0)) > Z
+    for bad in ([1.0, 0.5, -0.1], [1.0, 0.5, 1.0]):
+        with pytest.raises(ValueError, match="betas"):
+            nrpt.GeometricPath(bad)
+
+
+def test_a_run_on_a_ladder_stopping_short_says_log_z_is_a_ratio():
+    res = nrpt.sample("geometric-shifted-gaussian-path", chains=4, iterations=300,
+                      betas=[1.0, 0.5, 0.1, 0.01], explorer="rwmh")
+    assert res.summary["log_normalizer_kind"] == "ratio"
+    assert "beta = 0.01 > 0" in res.summary["log_normalizer_note"]

@@ -86,7 +86,7 @@ def _guard(out: Path | None):
 
 def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
                callback=None, resume_from: str | os.PathLike | None = None,
-               overwrite: bool = False) -> Result:
+               overwrite: bool = False, threads: int | str | None = None) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
 
     A new run refuses a folder ``cfg.out`` that already holds an nrpt run unless
@@ -95,7 +95,12 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progres
     In processes launched by ``torchrun`` / ``nrpt run --nproc`` the replicas are spread over
     the processes (:mod:`nrpt.distributed`); rank 0 owns the run folder (lock, checks, files)
     and returns the result, the other ranks return a :class:`Result` with empty arrays whose
-    ``summary`` holds only ``rank`` and ``interrupted``."""
+    ``summary`` holds only ``rank`` and ``interrupted``.
+
+    ``threads``: torch threads for the run (an int, or ``"auto"``: one thread for small
+    states, see :func:`nrpt.loop.choose_threads`; default the ``NRPT_THREADS`` environment
+    variable, else ``"auto"``).  Not a setting of the run: it changes speed, not the draws
+    beyond floating-point reduction order in large tensors."""
     comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
@@ -104,9 +109,10 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progres
     resume_from = Path(resume_from) if resume_from is not None else None
     with _guard(out if lead else None) as stop:
         if not lead:
-            return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback)
+            return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback,
+                           threads=threads)
         return _run(cfg, stop, target=target, rule=rule, progress=progress, callback=callback,
-                    resume_from=resume_from, overwrite=overwrite, comm=comm)
+                    resume_from=resume_from, overwrite=overwrite, comm=comm, threads=threads)
 
 
 def _join(cfg: RunConfig, comm):
@@ -117,7 +123,8 @@ def _join(cfg: RunConfig, comm):
     return comm
 
 
-def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback) -> Result:
+def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
+            threads=None) -> Result:
     """A rank > 0 of a distributed run: the folder is rank 0's; this rank takes the checkpoint
     and the target file rank 0 validated, and runs its block of replicas."""
     told = comm.share(None)
@@ -130,7 +137,7 @@ def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback) ->
         target = load_target(told["target"], **(cfg.target_options or {}))
     run = build(cfg, target=target, rule=rule, out=None, resume=ck is not None, comm=comm)
     outcome = execute(run, out=None, checkpoint_every=cfg.checkpoint_every, callback=callback,
-                      resume=ck, stop=stop)
+                      resume=ck, stop=stop, threads=threads)
     run.engine.unshard()
     empty = np.zeros(0)
     return Result(samples=empty, energies=empty, index=empty,
@@ -176,7 +183,7 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
 
 def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
          resume_from: Path | None, overwrite: bool = False, record: dict | None = None,
-         comm=None) -> Result:
+         comm=None, threads=None) -> Result:
     """The run itself (the caller holds the lock); ``record``: the folder's ``run.json``;
     ``comm``: this is rank 0 of a distributed run, which tells the others what it found."""
     try:
@@ -209,7 +216,7 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
         header.update(run_id=record["run_id"], target=record.get("target"))
     outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
                       callback=callback, resume=ck, header=header,
-                      say=print if progress else None, stop=stop)
+                      say=print if progress else None, stop=stop, threads=threads)
     if comm is not None:
         run.engine.unshard()  # the summary and outputs read the whole state
     return _finish(run, cfg, outcome, out)
@@ -266,7 +273,8 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
 
 
 def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | None = None,
-           callback=None, overwrite: bool = False, **options) -> Result:
+           callback=None, overwrite: bool = False, threads: int | str | None = None,
+           **options) -> Result:
     """Run parallel tempering on ``target``.
 
     ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
@@ -275,6 +283,8 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
     ``explorer``, ``step_size``, ``seed``, ``systems``, ``rounds``, ``out``, ...); a setting that
     does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
     ``overwrite``: replace a run already in the folder ``out`` (else that is an error).
+    ``threads``: torch threads while it runs (default ``"auto"``: one for small states; see
+    :func:`run_config`).
 
     Example::
 
@@ -290,11 +300,12 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
         options["target"] = getattr(target, "name", type(target).__name__)
     cfg = RunConfig(**options)
     return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback,
-                      overwrite=overwrite)
+                      overwrite=overwrite, threads=threads)
 
 
 def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
-           iterations: int | None = None, callback=None) -> Result:
+           iterations: int | None = None, callback=None,
+           threads: int | str | None = None) -> Result:
     """Continue the run in folder ``out`` from its last checkpoint, to its configured length
     or to ``iterations`` (a larger budget; fixed-length runs).
 
@@ -326,6 +337,8 @@ def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
             changes["iterations"] = iterations
         cfg = cfg.replace(**changes)
         if _join(cfg, comm) is not None and not lead:
-            return _follow(cfg, stop, comm, target=target, rule=None, callback=callback)
+            return _follow(cfg, stop, comm, target=target, rule=None, callback=callback,
+                           threads=threads)
         return _run(cfg, stop, target=target, rule=None, progress=progress and lead,
-                    callback=callback, resume_from=out, record=record, comm=comm)
+                    callback=callback, resume_from=out, record=record, comm=comm,
+                    threads=threads)

@@ -69,7 +69,8 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
     d = int(target.dim)
     g = generator_for(seed, Stream.INIT)
     share = 0.0
-    if path.has_reference:
+    drawn = path.kind == "geometric"  # reference draws start every slot of a geometric path
+    if drawn:
         density = Density(target, path)
         probe = torch.as_tensor(target.reference_sample(512, generator_for(seed, Stream.INIT,
                                                                            0x5EF)))
@@ -83,7 +84,7 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
                 "noticeable reference mass (choose a reference that covers the target)")
     if hasattr(target, "initial_states"):
         x = target.initial_states(R * P, g)
-    elif path.has_reference:
+    elif drawn:
         x = torch.as_tensor(target.reference_sample(R * P, g)).to(device, dtype)
         if share > 0.0:
             v, base = density(x)
@@ -186,7 +187,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     # 4. initial states and the engine
     x0, share = initial_states(target, path, R, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
-    facts["reference_normalized"] = path.kind == "geometric" and bool(
+    facts["reference_normalized"] = path.has_reference and bool(
         getattr(target, "reference_is_normalized", False))
     if domain is not None:
         domain.check_inside(x0)

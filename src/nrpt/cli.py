@@ -183,6 +183,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for the target factory (repeatable)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    threads_help = ("torch threads while sampling: an integer, or auto (default; also the "
+                    "NRPT_THREADS environment variable): one thread for small states, where "
+                    "torch's thread pool only slows tiny tensor ops")
+    run.add_argument("--threads", default=None, metavar="N|auto", help=threads_help)
     run.add_argument("--nproc", type=_INT, default=None, metavar="N",
                      help="spread the replicas over N local processes (torch.distributed, "
                           "gloo; one GPU each with --device cuda); results are identical to "
@@ -195,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--iterations", type=_INT, default=None,
                      help="extend a fixed-length run to this many iterations")
     res.add_argument("--no-progress", action="store_true")
+    res.add_argument("--threads", default=None, metavar="N|auto", help=threads_help)
     res.add_argument("--nproc", type=_INT, default=None, metavar="N",
                      help="resume on N local processes (any N: checkpoints hold every replica)")
     from .deep.cli import add_parser as add_deep
@@ -307,7 +312,7 @@ def _main(args, argv: list[str]) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SamplingWarning)
                 result = api.resume(args.out, progress=not args.no_progress and lead,
-                                    iterations=args.iterations)
+                                    iterations=args.iterations, threads=args.threads)
             if lead:
                 print(result)
             return _interrupted(result, args.out, lead)
@@ -336,7 +341,7 @@ def _main(args, argv: list[str]) -> int:
         with warnings.catch_warnings():  # the report prints every finding itself
             warnings.simplefilter("ignore", SamplingWarning)
             result = api.run_config(cfg, progress=not args.no_progress and lead,
-                                    overwrite=args.overwrite)
+                                    overwrite=args.overwrite, threads=args.threads)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError, RuntimeError) as err:
         print(f"nrpt: error: {err}", file=sys.stderr)

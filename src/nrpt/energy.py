@@ -161,8 +161,9 @@ class NoisyOracle(EnergyEstimator):
         u, g = self._exact.exact(x, need_grad)
         seed, *parts = key
         # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
-        z = rng.normal((*u.shape, 1 + x.shape[-1]), seed, SG_STREAMS.ORACLE_ENERGY, *parts,
-                       dtype=u.dtype, device=u.device, block=getattr(key, "block", None))
+        z = rng.iteration_normal((*u.shape, 1 + x.shape[-1]), seed, SG_STREAMS.ORACLE_ENERGY,
+                                 *parts, dtype=u.dtype, device=u.device,
+                                 block=getattr(key, "block", None))
         e_sd, g_sd = self._per_system(self.energy_sd, u), self._per_system(self.grad_sd, u)
         u = u + e_sd * z[..., 0]
         if g is not None:
@@ -203,16 +204,19 @@ def _flat(fn, x):
 
 def batch_indices(shape, n_data: int, batch: int, replacement: bool, key, device):
     """Keyed minibatch indices ``[*shape, batch]`` (without replacement: the first ``batch``
-    entries of a uniformly random permutation per replica)."""
+    entries of a uniformly random permutation per replica).  ``key = (seed, iteration, ...)``;
+    small draws are made in blocks of iterations (:func:`nrpt.rng.iteration_draw`)."""
     seed, *parts = key
-    # a process's block of replicas (rng.Block): draw at full width, keep the block
+    # a process's block of replicas (rng.Block): drawn at full width, sliced to the block
     block = getattr(key, "block", None)
-    full = tuple(shape) if block is None else block.widen(shape)
-    take = (lambda t: t) if block is None else block.take
-    g = rng.generator_for(seed, SG_STREAMS.BATCH, *parts, device=device)
     if replacement:
-        return take(torch.randint(n_data, (*full, batch), generator=g, device=device))
-    u = take(torch.rand((*full, n_data), generator=g, device=device))
+        return rng.iteration_draw(
+            lambda sh, g: torch.randint(n_data, sh, generator=g, device=device),
+            ("randint", n_data), (*shape, batch), seed, SG_STREAMS.BATCH, *parts,
+            device=device, block=block)
+    u = rng.iteration_draw(lambda sh, g: torch.rand(sh, generator=g, device=device),
+                           ("uniform", torch.float32), (*shape, n_data), seed,
+                           SG_STREAMS.BATCH, *parts, device=device, block=block)
     if batch == n_data:
         return u.argsort(-1)
     return u.topk(batch, dim=-1, largest=False, sorted=False).indices

@@ -95,6 +95,7 @@ class PTEngine:
         self.watched: list[int] = []
         self._watch_pos: dict[int, int] = {}
         self._row_cache: tuple[int, torch.Tensor] | None = None
+        self._ref_rows: tuple[int, ReplicaState] | None = None  # a block of reference draws
 
         # replica r starts at slot r
         self.slot_of = torch.arange(P, device=dev).expand(R, P).clone()
@@ -141,7 +142,7 @@ class PTEngine:
         g = generator_for(self.seed, Stream.INIT)
         if hasattr(self.target, "initial_states"):
             x = self.target.initial_states(R * P, g)
-        elif self.path.has_reference:
+        elif self.path.kind == "geometric":
             x = self.target.reference_sample(R * P, g)
         else:
             x = torch.randn(R * P, d, generator=g, dtype=self.dtype)
@@ -283,12 +284,26 @@ class PTEngine:
             self.comm, self.block = None, Block(0, self.P, self.P)
             self._view = self.state
 
+    def _reference_rows(self, k: int) -> ReplicaState:
+        """The prepared reference draws ``[R, 1, ...]`` of iteration ``k``.  Small draws are
+        made, evaluated and prepared for a block of iterations at once, from one generator keyed
+        by the block (as :func:`nrpt.rng.iteration_draw`; resuming mid-block redraws it)."""
+        R, d = self.R, self.dim
+        B = rng.block_length(R * d)
+        if self._ref_rows is None or self._ref_rows[0] != k // B:
+            g = (generator_for(self.seed, Stream.REFERENCE, k) if B == 1 else
+                 generator_for(self.seed, Stream.REFERENCE, rng._BLOCKED, k // B))
+            xr = torch.as_tensor(self.target.reference_sample(B * R, g))
+            xr = xr.to(self.device, self.dtype).reshape(B, R, d)
+            vr, br = self.density(xr)
+            self._ref_rows = (k // B, self.explorer.prepare(ReplicaState(xr, vr, br),
+                                                            self.density))
+        rows, i = self._ref_rows[1], k % B
+        return ReplicaState(rows.x[i, :, None], rows.v[i, :, None], rows.base[i, :, None],
+                            {n: t[i, :, None] for n, t in rows.extras.items()})
+
     def _refresh_reference(self, k: int) -> None:
-        g = generator_for(self.seed, Stream.REFERENCE, k)
-        xr = torch.as_tensor(self.target.reference_sample(self.R, g)).to(self.device, self.dtype)
-        xr = xr.reshape(self.R, 1, self.dim)
-        vr, br = self.density(xr)
-        fresh = self.explorer.prepare(ReplicaState(xr, vr, br), self.density)
+        fresh = self._reference_rows(k)
         top = self.block.take(self.slot_of == self.P - 1)  # one replica per system
         w = self.block.width
         full = ReplicaState(fresh.x.expand_as(self.state.x), fresh.v.expand(self.R, w),
@@ -304,8 +319,8 @@ class PTEngine:
         ctx = SwapContext(
             b_lo=self.schedule.gather(1, lo), b_hi=self.schedule.gather(1, hi),
             v_lo=self._view.v.gather(1, rep_lo), v_hi=self._view.v.gather(1, rep_hi),
-            u=rng.uniform(lo.shape, self.seed, Stream.SWAP, k, phase, dtype=self.dtype,
-                          device=self.device),
+            u=rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
+                                    dtype=self.dtype, device=self.device),
             iteration=k, lo=lo, hi=hi, params=self.params,
         )
         decision, prob = self.rule.decide(ctx)

@@ -212,12 +212,12 @@ def slot0_diagnostics(samples) -> dict:
     """Per-coordinate summary of slot-0 draws ``[R, n, dim]`` (``R`` independent PT systems,
     the chains of ArviZ; ``[n, dim]`` or ``[n]`` is one system).
 
-    Returns a JSON-ready dict: ``n_systems``, ``n_draws``, ``arviz`` (whether ESS / R-hat were
-    computed) and per-coordinate lists ``mean``, ``sd`` (pooled over systems, ``ddof=1``),
-    ``ess_bulk``, ``ess_tail`` and ``r_hat`` (ArviZ's rank-normalized split versions; ``None``
-    where undefined, e.g. fewer than 4 draws, or everywhere when ArviZ is not installed).
-    With one system R-hat is computed on its two halves as two chains (ArviZ needs two), which
-    is the split R-hat of that one chain.
+    Returns a JSON-ready dict: ``n_systems``, ``n_draws`` and per-coordinate lists ``mean``,
+    ``sd`` (pooled over systems, ``ddof=1``), ``ess_bulk``, ``ess_tail`` and ``r_hat`` (the
+    rank-normalized split versions of Vehtari et al. 2021, computed by
+    :mod:`nrpt.diagnostics.ess` to the numbers ArviZ gives, without importing ArviZ; ``None``
+    where undefined, e.g. fewer than 4 draws).  With one system R-hat is computed on its two
+    halves as two chains, which is the split R-hat of that one chain.
     """
     x = _as_3d(samples, "samples")
     R, n, dim = x.shape
@@ -225,29 +225,21 @@ def slot0_diagnostics(samples) -> dict:
         flat = x.reshape(R * n, dim)
         mean = np.mean(flat, axis=0) if R * n else np.full(dim, np.nan)
         sd = np.std(flat, axis=0, ddof=1) if R * n >= 2 else np.full(dim, np.nan)
-    out = {"n_systems": int(R), "n_draws": int(n), "arviz": False,
-           "mean": _plain(mean), "sd": _plain(sd),
-           "ess_bulk": [None] * dim, "ess_tail": [None] * dim, "r_hat": [None] * dim}
-    try:
-        with warnings.catch_warnings():  # arviz's import-time FutureWarning
-            warnings.simplefilter("ignore", FutureWarning)
-            import arviz as az
-    except Exception:  # ImportError, or a broken install failing at import
-        return out
+    from .diagnostics import ess  # (a function-level import: this module needs only numpy)
+
+    out = {"n_systems": int(R), "n_draws": int(n), "mean": _plain(mean), "sd": _plain(sd)}
     with _quiet():
-        ds = az.convert_to_dataset({"x": x})
-        out["ess_bulk"] = _plain(az.ess(ds, method="bulk")["x"].values)
-        out["ess_tail"] = _plain(az.ess(ds, method="tail")["x"].values)
+        out["ess_bulk"] = _plain(np.array([ess.ess_bulk(x[:, :, j]) for j in range(dim)]))
+        out["ess_tail"] = _plain(np.array([ess.ess_tail(x[:, :, j]) for j in range(dim)]))
         if R >= 2:
-            r_hat = az.rhat(ds)["x"].values
+            r_hat = np.array([ess.rhat(x[:, :, j]) for j in range(dim)])
         elif n >= 8:  # one system: its halves as two chains (each >= 4 draws)
             h = n // 2
-            halves = np.stack([x[0, :h], x[0, n - h:]])
-            r_hat = az.rhat(az.convert_to_dataset({"x": halves}))["x"].values
+            r_hat = np.array([ess.rhat(np.stack([x[0, :h, j], x[0, n - h:, j]]))
+                              for j in range(dim)])
         else:
             r_hat = np.full(dim, np.nan)
         out["r_hat"] = _plain(r_hat)
-    out["arviz"] = True
     return out
 
 

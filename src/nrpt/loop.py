@@ -22,6 +22,7 @@ saved state is always consistent); they hold the engine, every adaptor and every
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .engine import PTEngine
 from .roles import SegmentView
 from .runfolder import CHECKPOINT, write_checkpoint
@@ -39,6 +42,41 @@ __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "CHECKPOINT", "RunErr
            "Interrupt"]
 
 CALLBACK_EVERY = 256
+#: below this many numbers in the replica states ``[R, P, dim]``, tensors are tiny and torch's
+#: thread pool costs more than it gives (several times slower on 2 cores): one thread
+SMALL_STATE = 1 << 16
+
+
+def choose_threads(engine: PTEngine, threads: int | str | None = None) -> int:
+    """The torch intra-op thread count for a run: ``threads`` (an int >= 1), else the
+    environment's ``NRPT_THREADS``, else ``"auto"``: one thread for small states on the CPU
+    (fewer than :data:`SMALL_STATE` numbers), torch's own count otherwise."""
+    if threads is None:
+        threads = os.environ.get("NRPT_THREADS", "auto")
+    if isinstance(threads, str) and threads.strip().lower() == "auto":
+        small = engine.device.type == "cpu" and engine.R * engine.P * engine.dim < SMALL_STATE
+        return 1 if small else torch.get_num_threads()
+    try:
+        n = int(threads)
+    except (TypeError, ValueError):
+        n = 0
+    if isinstance(threads, bool) or n < 1 or str(n) != str(threads).strip():
+        raise ValueError(f"threads must be an integer >= 1 or 'auto' (also NRPT_THREADS); got "
+                         f"{threads!r}")
+    return n
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run a block with ``n`` torch intra-op threads, restoring the count afterwards."""
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
@@ -171,14 +209,16 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
             progress: bool = False, callback: Callable | None = None,
             resume: dict | None = None, header: dict | None = None,
             say: Callable[[str], None] | None = None,
-            stop: Interrupt | None = None) -> Outcome:
+            stop: Interrupt | None = None, threads: int | str | None = None) -> Outcome:
     """Run ``run.plan`` (or its remainder, from the checkpoint dict ``resume``).
 
     ``callback(engine)`` is called every 256 iterations and at segment ends (raising
     ``KeyboardInterrupt`` there interrupts the run cleanly); ``header`` is stored in every
     checkpoint (e.g. the config); ``say`` prints the per-segment rows; ``stop``: an
     :class:`Interrupt` the caller installed (and keeps installed while it writes its outputs),
-    else one is installed for the loop.
+    else one is installed for the loop; ``threads``: torch threads while it runs
+    (:func:`choose_threads`: default ``NRPT_THREADS`` or ``"auto"``, one thread for small
+    states; the count in force before is restored; ``outcome.notes["threads"]`` says which).
 
     With a run folder ``out``, a checkpoint is written before the first iteration, every
     ``checkpoint_every`` iterations, at segment ends and when the run is interrupted; on the
@@ -186,8 +226,11 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
     with contextlib.ExitStack() as stack:
         if stop is None:
             stop = stack.enter_context(Interrupt())
-        return _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
-                        stop)
+        n = stack.enter_context(torch_threads(choose_threads(run.engine, threads)))
+        outcome = _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
+                           stop)
+        outcome.notes["threads"] = n
+        return outcome
 
 
 def _execute(run, out, checkpoint_every, progress, callback, resume, header, say,

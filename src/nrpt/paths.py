@@ -145,25 +145,33 @@ class TemperatureLadder(Path):
 
 class GeometricPath(Path):
     """pi_beta ∝ pi_0^(1-beta) pi^beta, i.e. log pi_beta = log pi_0 + beta * l, with
-    beta_0 = 1 (target) > beta_1 > ... > beta_{P-1} = 0 (the reference, sampled iid)."""
+    beta_0 = 1 (target) > beta_1 > ... > beta_{P-1} >= 0.
+
+    With ``beta_{P-1} = 0`` the hottest slot *is* the reference and the engine samples it iid
+    every iteration (``has_reference``).  A ladder that stops short of it (``beta_{P-1} > 0``,
+    as in tools whose geometric ladders end at, say, 1e-3) is explored by the local moves
+    alone: no iid refresh, and the stepping-stone estimate is ``log(Z_1 / Z_{beta_{P-1}})``."""
 
     kind = "geometric"
-    has_reference = True
 
     def __init__(self, betas: Sequence[float]):
         bs = _as_float_list("betas", betas)
-        if abs(bs[0] - 1.0) > 1e-12 or abs(bs[-1]) > 1e-12:
+        if abs(bs[0] - 1.0) > 1e-12 or not 0.0 <= bs[-1] < 1.0:
             raise ValueError(
-                f"betas must run from 1 (slot 0 = target) down to 0 (last slot = reference); got "
-                f"betas[0] = {bs[0]}, betas[-1] = {bs[-1]}"
+                f"betas must run from 1 (slot 0 = target) down to a last value in [0, 1) (0: the "
+                f"reference, sampled iid); got betas[0] = {bs[0]}, betas[-1] = {bs[-1]}"
             )
         for i in range(1, len(bs)):
             if not bs[i] < bs[i - 1]:
                 raise ValueError(
-                    "betas must be strictly decreasing from 1 to 0; got "
+                    "betas must be strictly decreasing from 1; got "
                     f"betas[{i - 1}] = {bs[i - 1]} <= betas[{i}] = {bs[i]}"
                 )
+        if abs(bs[-1]) <= 1e-12:
+            bs[-1] = 0.0
         self.betas = bs
+        #: the hottest slot is the reference itself (sampled iid each iteration)
+        self.has_reference = bs[-1] == 0.0
         super().__init__(bs)
 
     @classmethod

@@ -16,13 +16,42 @@ that is negligible beside the gradient evaluations that consume it.  Draws are b
 reproducible on one machine and device type (CPU and CUDA generators differ).
 
 The key hash is SplitMix64 folded over the key parts, in plain Python integers.
+
+Per-iteration draws come in blocks
+----------------------------------
+Seeding a generator costs far more than drawing a few hundred numbers from it (tens of
+microseconds against a few), so the per-iteration draws of small runs (:func:`iteration_normal`,
+:func:`iteration_uniform`, :func:`iteration_draw`) are made for a *block* of ``B`` consecutive
+iterations at once, from one generator keyed by (seed, stream, block number, ...), and iteration
+``k`` reads row ``k mod B`` of its block.  ``B`` is a function of the full-width draw size only
+(:func:`block_length`: up to 512 iterations and ``BLOCK_ELEMENTS`` numbers per block), so the
+numbers still do not depend on how replicas are spread over processes, and a run resumed at any
+iteration redraws its block and reads the same row: resumption stays exact with the iteration
+counter as the only state.  Draws of ``BLOCK_ELEMENTS`` numbers or more (large models) have
+``B = 1`` and are keyed exactly as a plain :func:`normal` / :func:`uniform` of the iteration.
+Blocks live in a small cache (:data:`CACHE_ELEMENTS` numbers in all, least recently used out);
+a draw is a read-only view into it.
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["Stream", "Block", "Key", "key", "generator_for", "normal", "uniform"]
+__all__ = ["Stream", "Block", "Key", "key", "generator_for", "normal", "uniform",
+           "iteration_normal", "iteration_uniform", "iteration_draw", "block_length",
+           "BLOCK_ELEMENTS", "MAX_BLOCK"]
+
+#: the most numbers one block of per-iteration draws holds (a smaller per-iteration draw gets
+#: ``BLOCK_ELEMENTS // size`` iterations per block, at most :data:`MAX_BLOCK`)
+BLOCK_ELEMENTS = 1 << 16
+MAX_BLOCK = 512
+#: the cache of blocks holds at most this many numbers (least recently used blocks go first)
+CACHE_ELEMENTS = 1 << 23
+_BLOCKED = 0xB10C  # key part that tells a block's generator from a single iteration's
 
 _M64 = (1 << 64) - 1
 
@@ -129,3 +158,96 @@ def uniform(shape, seed: int, *parts: int, dtype=torch.float64, device="cpu",
     u = torch.rand(_widen(shape, block), generator=generator_for(seed, *parts, device=device),
                    dtype=dtype, device=device)
     return u if block is None else block.take(u)
+
+
+# ------------------------------------------------------------------ per-iteration draws in blocks
+def block_length(numel: int) -> int:
+    """Iterations per block for a per-iteration draw of ``numel`` numbers (full width)."""
+    return max(1, min(MAX_BLOCK, BLOCK_ELEMENTS // max(1, int(numel))))
+
+
+class _BlockCache:
+    def __init__(self, limit: int):
+        self.limit, self.size = int(limit), 0
+        self.blocks: OrderedDict[tuple, tuple[int, int, torch.Tensor]] = OrderedDict()
+
+    def get(self, ck: tuple):
+        return self.blocks.get(ck)
+
+    def put(self, ck: tuple, entry: tuple[int, int, torch.Tensor]) -> None:
+        """``entry = (first iteration, B, rows)``: one block per draw family (a new block
+        replaces the family's last one); least recently *drawn* families go first."""
+        old = self.blocks.pop(ck, None)
+        if old is not None:
+            self.size -= old[2].numel()
+        self.blocks[ck] = entry
+        self.size += entry[2].numel()
+        while self.size > self.limit and len(self.blocks) > 1:
+            _, old = self.blocks.popitem(last=False)
+            self.size -= old[2].numel()
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.size = 0
+
+
+_cache = _BlockCache(CACHE_ELEMENTS)
+
+
+def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: tuple,
+                   shape, seed: int, stream: int, iteration: int, *parts: int,
+                   device="cpu", block: Block | None = None) -> torch.Tensor:
+    """The draw of iteration ``iteration`` made by ``draw(shape, generator)`` (which must give
+    ``shape``-shaped, row-independent output, e.g. ``torch.randn``), keyed by
+    ``(seed, stream, iteration, *parts)`` and made in blocks of iterations (module docstring).
+
+    ``tag`` names the draw's kind and settings (dtype, bounds, ...) for the cache; ``block``:
+    a per-replica draw made at full width and sliced, as in :func:`normal`.  (This runs several
+    times per iteration: it is kept to one dictionary look-up and one index.)"""
+    full = tuple(shape) if block is None or block.full else block.widen(shape)
+    ck = (tag, seed, stream, parts, full, device)
+    hit = _cache.get(ck)
+    if hit is not None:
+        first, B, rows = hit
+        i = iteration - first
+        if 0 <= i < B:
+            t = rows[i]
+            return t if block is None else block.take(t)
+    B = _length(full)
+    k = int(iteration)
+    if B == 1:
+        t = draw(full, generator_for(seed, stream, k, *parts, device=device))
+    else:
+        rows = draw((B, *full), generator_for(seed, stream, _BLOCKED, k // B, *parts,
+                                              device=device))
+        _cache.put(ck, (k - k % B, B, rows))
+        t = rows[k % B]
+    return t if block is None else block.take(t)
+
+
+_lengths: dict[tuple, int] = {}
+
+
+def _length(full: tuple) -> int:
+    B = _lengths.get(full)
+    if B is None:
+        B = _lengths[full] = block_length(math.prod(full))
+    return B
+
+
+def iteration_normal(shape, seed: int, stream: int, iteration: int, *parts: int,
+                     dtype=torch.float64, device="cpu", block: Block | None = None
+                     ) -> torch.Tensor:
+    """Standard normals of iteration ``iteration`` (see :func:`iteration_draw`)."""
+    return iteration_draw(lambda sh, g: torch.randn(sh, generator=g, dtype=dtype, device=device),
+                          ("normal", dtype), shape, seed, stream, iteration, *parts,
+                          device=device, block=block)
+
+
+def iteration_uniform(shape, seed: int, stream: int, iteration: int, *parts: int,
+                      dtype=torch.float64, device="cpu", block: Block | None = None
+                      ) -> torch.Tensor:
+    """Uniform[0, 1) numbers of iteration ``iteration`` (see :func:`iteration_draw`)."""
+    return iteration_draw(lambda sh, g: torch.rand(sh, generator=g, dtype=dtype, device=device),
+                          ("uniform", dtype), shape, seed, stream, iteration, *parts,
+                          device=device, block=block)

@@ -67,7 +67,7 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         "path": path_kind, "chains": P, "systems": R, "explorer": cfg.explorer,
         "scheme": cfg.scheme, "window": window, "window_source": facts.get("window_source"),
         "rule": facts.get("rule"), "seed": cfg.seed, "n_iterations": K,
-        "wall_time_s": outcome.wall_time_s,
+        "wall_time_s": outcome.wall_time_s, "threads": outcome.notes.get("threads"),
         "iterations_per_s": K / outcome.wall_time_s if outcome.wall_time_s > 0 else None,
         "statistics_from": stats_from,
     }
@@ -121,6 +121,10 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     if "log_normalizer" in s and path_kind == "temperature":
         s["log_normalizer_note"] = ("temperature ladder: only the ratio log(Z(tau=1) / "
                                     "Z(tau_max)) is estimated, not log Z")
+    elif "log_normalizer" in s and not eng.path.has_reference:
+        s["log_normalizer_note"] = (
+            f"the ladder stops at beta = {eng.path.betas[-1]:g} > 0: only "
+            "log(Z(beta=1) / Z(beta_min)) is estimated, not log Z")
     elif "log_normalizer" in s and not facts.get("reference_normalized"):
         s.setdefault("log_normalizer_note", "the reference is not declared normalized "
                      "(reference_is_normalized): only log(Z_target / Z_reference) is estimated")

@@ -213,7 +213,7 @@ def _exact_sampler(target, b: float) -> Callable | None:
 def _default_start(target, path, n: int, g: torch.Generator) -> torch.Tensor:
     if callable(getattr(target, "initial_states", None)):
         return target.initial_states(n, g)
-    if path.has_reference:
+    if path.kind == "geometric":
         return target.reference_sample(n, g)
     return torch.randn(n, int(target.dim), generator=g, dtype=torch.float64, device=g.device)
 

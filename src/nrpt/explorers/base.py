@@ -210,16 +210,18 @@ class Noise:
         self.R, self.P, self.device, self.block = R, P, device, block
 
     def normal(self, sub: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return rng.normal((self.R, self.P, *tail), self.seed, rng.Stream.EXPLORE,
-                          self.iteration, sub, dtype=dtype, device=self.device, block=self.block)
+        return rng.iteration_normal((self.R, self.P, *tail), self.seed, rng.Stream.EXPLORE,
+                                    self.iteration, sub, dtype=dtype, device=self.device,
+                                    block=self.block)
 
     def uniform(self, sub: int, dtype: torch.dtype, tail: tuple[int, ...] = (),
                 parts: tuple[int, ...] = ()) -> torch.Tensor:
         """Uniforms ``[R, P, *tail]``; ``parts`` extend the key (default: the ACCEPT stream's
         ``(iteration, sub)``; with ``parts``, the EXPLORE stream's ``(iteration, sub, *parts)``)."""
         stream = rng.Stream.EXPLORE if parts else rng.Stream.ACCEPT
-        return rng.uniform((self.R, self.P, *tail), self.seed, stream, self.iteration, sub,
-                           *parts, dtype=dtype, device=self.device, block=self.block)
+        return rng.iteration_uniform((self.R, self.P, *tail), self.seed, stream, self.iteration,
+                                     sub, *parts, dtype=dtype, device=self.device,
+                                     block=self.block)
 
     def key(self, *parts: int) -> rng.Key:
         """``(seed, iteration, *parts)`` as a :class:`nrpt.rng.Key` carrying this block (the

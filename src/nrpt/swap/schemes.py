@@ -75,7 +75,8 @@ class SEO(Scheme):
 
     def phases(self, k, R, P, seed, systems, state):
         lo, hi = _adjacent(R, P, systems.device)
-        coin = rng.uniform((R, 1), seed, rng.Stream.SCHEME, k, device=systems.device) < 0.5
+        coin = rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k,
+                                     device=systems.device) < 0.5
         active = (lo % 2 == 1) == coin
         return [(lo, hi, active)]
 
@@ -126,7 +127,7 @@ class APE(Scheme):
     def phases(self, k, R, P, seed, systems, state):
         dev = systems.device
         i, j = torch.triu_indices(P, P, offset=1, device=dev)
-        u = rng.uniform((R, 1), seed, rng.Stream.SCHEME, k, device=dev)
+        u = rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k, device=dev)
         m = torch.clamp((u * i.numel()).long(), max=i.numel() - 1)
         return [(i[m], j[m], torch.ones_like(m, dtype=torch.bool))]
 

@@ -1,0 +1,153 @@
+"""nrpt on mix25 (peer benchmark runner, project venv): prints one JSON line.
+
+Two variants, through the public API ``nrpt.sample``:
+
+* ``fixed``: the protocol's ladder (8 geometric betas from 1 to 1e-3), RWMH with the protocol's
+  per-slot scales, DEO swaps, ``iterations`` iterations;
+* ``adaptive``: nrpt's adaptive rounds (``rounds = N``, round r runs 2^r iterations) from the
+  same initial ladder and scales; N is the largest with 2^(N+1) - 2 <= iterations + 48 (10 for
+  2000: 2046 iterations).  The hottest beta stays at 1e-3; the schedule and the RWMH scales
+  are re-fitted between rounds.  Draw scores use the last round (1024 iterations, the
+  statistics nrpt reports), round trips the whole run's index process.
+
+Run:  python benchmarks/peers/run_nrpt.py --variant fixed --iterations 2000 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+import protocol  # noqa: E402
+import torch  # noqa: E402
+from mix25_nrpt import Mix25  # noqa: E402
+
+import nrpt  # noqa: E402
+
+
+def adaptive_rounds(iterations: int) -> int:
+    """The largest N with 2^(N+1) - 2 <= iterations + 48 (at least 1)."""
+    n = 1
+    while 2 ** (n + 2) - 2 <= iterations + 48:
+        n += 1
+    return n
+
+
+def betas_for(args) -> list[float]:
+    b = protocol.betas(args.chains)
+    if args.zero_end:  # for an nrpt that still requires the last beta = 0
+        b[-1] = 0.0
+    return b
+
+
+def run(args, iterations: int, seed: int):
+    opts = dict(chains=args.chains, systems=args.systems, explorer="rwmh", scheme="deo",
+                betas=betas_for(args), step_size=protocol.scales(args.chains), seed=seed,
+                figures=False)
+    if args.variant == "adaptive":
+        opts["rounds"] = adaptive_rounds(iterations)
+    else:
+        opts["iterations"] = iterations
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nrpt.health's advice on short runs
+        return nrpt.sample(Mix25(), **opts)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", choices=("fixed", "adaptive"), default="fixed")
+    ap.add_argument("--iterations", type=int, default=protocol.ITERATIONS)
+    ap.add_argument("--systems", type=int, default=protocol.SYSTEMS)
+    ap.add_argument("--chains", type=int, default=protocol.CHAINS)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=20, help="iterations of the warm-up run")
+    ap.add_argument("--zero-end", action="store_true",
+                    help="end the ladder at beta = 0 (for an nrpt without beta_min > 0)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+
+    t0 = time.perf_counter()
+    run(argparse.Namespace(**{**vars(args), "variant": "fixed"}), args.warmup, args.seed + 10**6)
+    warm = time.perf_counter() - t0
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = run(args, args.iterations, args.seed)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    s = res.summary
+    samples = np.asarray(res.samples)  # [R, n, 2] (last round for adaptive)
+    if samples.ndim == 2:
+        samples = samples[None]
+    index = np.asarray(res.index)  # [K + 1, R, P] slot_of[replica]
+    K = index.shape[0] - 1
+    P = args.chains
+    out = {"tool": "nrpt", "variant": args.variant, "ok": True, "seed": args.seed,
+           "wall_s": wall, "timed_cpu_s": cpu, "warmup_s": warm, "compile_s": None,
+           "iterations": K, "systems": args.systems, "chains": P}
+    out.update(protocol.draw_metrics(samples))
+    if args.variant == "adaptive":  # the last round is already the second half of the run
+        out["max_freq_error"] = protocol.max_frequency_error(samples)
+        out["n_draws_kept"] = int(samples.shape[0] * samples.shape[1])
+        out["rounds"] = s.get("rounds")
+        out["schedule_last_round_median"] = _slot_median(s.get("schedule"))
+        out["step_size_last_round_median"] = _slot_median(s.get("step_size"))
+    out.update(protocol.trip_metrics(index.reshape(K + 1, -1), P - 1, K, args.systems))
+    acc = s.get("swap_acceptance")
+    out["swap_acceptance"] = _mean(acc)
+    out["swap_acceptance_per_pair"] = _pairs(acc)
+    out["nrpt_round_trips"] = _sum(s.get("round_trips"))
+    lz = s.get("log_normalizer")
+    lz = float(np.mean(lz)) if lz is not None else None
+    note = s.get("log_normalizer_note")
+    out.update(protocol.log_z_fields(lz, f"stepping stone ({s.get('log_normalizer_kind')}), "
+                                         f"mean over systems", note))
+    for half in ("forward", "reverse"):
+        v = s.get(f"log_normalizer_{half}")
+        out[f"log_z_{half}"] = float(np.mean(v)) if v is not None else None
+    out["betas"] = betas_for(args)
+    out["versions"] = {"nrpt": getattr(nrpt, "__version__", "0.1.0"), "torch": torch.__version__,
+                       "numpy": np.__version__}
+    out["threads"] = {"torch": torch.get_num_threads(),
+                      "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+    print(json.dumps(out))
+
+
+def _mean(v):
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=float)
+    return float(np.nanmean(a)) if a.size else None
+
+
+def _pairs(v):
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=float)
+    return (a.reshape(-1, a.shape[-1]).mean(0) if a.ndim > 1 else a).tolist()
+
+
+def _slot_median(v):
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=float)
+    return (np.median(a, axis=0) if a.ndim > 1 else a).tolist()
+
+
+def _sum(v):
+    if v is None:
+        return None
+    a = np.asarray(v, dtype=float)
+    return float(a.sum()) if np.all(np.isfinite(a)) else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The performance paths: per-iteration draws made in blocks (nrpt.rng), the thread policy of
+the run loop.  Speed itself is measured in benchmarks/, never asserted here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import nrpt
+from nrpt import rng
+from nrpt.loop import SMALL_STATE, choose_threads, torch_threads
+
+
+def draws(ks, shape=(3, 4, 2), seed=7, **kw):
+    return torch.stack([rng.iteration_normal(shape, seed, rng.Stream.EXPLORE, k, 0, **kw)
+                        for k in ks])
+
+
+def test_a_blocked_draw_depends_only_on_its_key_not_on_the_order_of_access():
+    B = rng.block_length(3 * 4 * 2)
+    assert 1 < B <= rng.MAX_BLOCK
+    ks = list(range(0, 3 * B + 5))
+    forward = draws(ks)
+    rng._cache.clear()
+    backward = draws(ks[::-1]).flip(0)  # resuming mid-block redraws the block, same rows
+    assert torch.equal(forward, backward)
+    rng._cache.clear()
+    mid = draws([B + 3, 2 * B - 1, 5])
+    assert torch.equal(mid, forward[[B + 3, 2 * B - 1, 5]])
+    # other seeds, streams and sub-steps are other numbers
+    assert not torch.equal(draws([5], seed=8)[0], forward[5])
+    other = rng.iteration_normal((3, 4, 2), 7, rng.Stream.EXPLORE, 5, 1)
+    assert not torch.equal(other, forward[5])
+
+
+def test_blocked_draws_are_iid_standard_normal_across_iterations():
+    """Moments and the lag-1 correlation across iterations (inside and across blocks) within
+    Monte Carlo error; negative control: the same statistic sees a row reused."""
+    K = 2048
+    x = draws(range(K), shape=(2, 8, 2)).reshape(K, -1)  # [K, 32]
+    n = x.numel()
+    assert abs(float(x.mean())) < 4.5 / math.sqrt(n)
+    assert abs(float(x.var()) - 1.0) < 4.5 * math.sqrt(2.0 / n)
+    lag1 = float((x[1:] * x[:-1]).mean())
+    assert abs(lag1) < 4.5 / math.sqrt(x[1:].numel())
+    reused = x[torch.arange(K) // 2 * 2]  # each row used by two iterations: a stuck stream
+    assert abs(float((reused[1:] * reused[:-1]).mean())) > 4.5 / math.sqrt(x[1:].numel())
+
+
+def test_a_process_block_of_replicas_gets_the_full_draws_rows():
+    P = 6
+    full = rng.iteration_uniform((2, P), 3, rng.Stream.ACCEPT, 11, 0)
+    part = rng.iteration_uniform((2, 3), 3, rng.Stream.ACCEPT, 11, 0, block=rng.Block(2, 5, P))
+    assert torch.equal(part, full[:, 2:5])
+
+
+def test_large_draws_are_keyed_per_iteration_as_plain_draws():
+    shape = (1, 4, rng.BLOCK_ELEMENTS)  # too big to block: B = 1, the plain keyed draw
+    assert rng.block_length(math.prod(shape)) == 1
+    a = rng.iteration_normal(shape, 5, rng.Stream.EXPLORE, 9, 2)
+    assert torch.equal(a, rng.normal(shape, 5, rng.Stream.EXPLORE, 9, 2))
+
+
+def test_the_block_cache_stays_within_its_budget():
+    rng._cache.clear()
+    for seed in range(300):
+        rng.iteration_normal((4, 64, 4), seed, rng.Stream.EXPLORE, 0, 0)
+    assert rng._cache.size <= rng.CACHE_ELEMENTS
+    rng._cache.clear()
+
+
+# ----------------------------------------------------------------------------- threads
+class Bowl:
+    def __init__(self, dim):
+        self.dim = dim
+
+    def energy(self, x):
+        return 0.5 * (x * x).sum(-1)
+
+
+def small_engine(dim=2, R=1, P=4):
+    return nrpt.PTEngine(Bowl(dim),
+                         nrpt.TemperatureLadder.geometric(P, 4.0), nrpt.make_explorer("rwmh"),
+                         nrpt.make_scheme("deo"), nrpt.make_rule("metropolis"), systems=R)
+
+
+def test_threads_auto_is_one_for_small_states_and_torch_default_for_large(monkeypatch):
+    monkeypatch.delenv("NRPT_THREADS", raising=False)
+    assert choose_threads(small_engine()) == 1
+    big = small_engine(dim=SMALL_STATE // 4)
+    assert big.R * big.P * big.dim >= SMALL_STATE
+    assert choose_threads(big) == torch.get_num_threads()
+    assert choose_threads(small_engine(), 3) == 3
+    monkeypatch.setenv("NRPT_THREADS", "2")
+    assert choose_threads(small_engine()) == 2
+    for bad in (0, -1, "two", 1.5, True):
+        with pytest.raises(ValueError, match="threads must be an integer >= 1 or 'auto'"):
+            choose_threads(small_engine(), bad)
+
+
+def test_a_run_uses_the_thread_count_it_reports_and_restores_the_callers():
+    before = torch.get_num_threads()
+    seen = []
+    res = nrpt.sample("twenty-five-modes", chains=4, iterations=300, threads=2,
+                      callback=lambda eng: seen.append(torch.get_num_threads()))
+    assert res.summary["threads"] == 2 and set(seen) == {2}
+    assert torch.get_num_threads() == before
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
