@@ -106,8 +106,8 @@ def evals_per_iteration(explorer: str, leapfrog: int) -> int:
 
 # ----------------------------------------------------------------------------- timings
 class Point:
-    """The three timings of one (explorer, P, d, R) point; each ``*_s(n)`` returns the seconds
-    that ``n`` iterations took."""
+    """The three timings of one (explorer, P, d, R) point: :meth:`run` (full), :meth:`bare`
+    and :meth:`floor` each return the seconds that ``n`` iterations took."""
 
     def __init__(self, explorer: str, P: int, d: int, R: int, leapfrog: int, seed: int = 0):
         self.explorer, self.P, self.d, self.R = explorer, int(P), int(d), int(R)
