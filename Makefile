@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers clean
+        bench-memory bench-deep bench-peers bench-scaling clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ bench-distributed: $(STAMP)
 # resident memory of runs of 10k, 100k and 1M iterations (docs/benchmarks.md)
 bench-memory: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/memory.py
+
+# cost per iteration vs P and dimension: full loop, bare explorer step, energy+gradient floor
+# (docs/benchmarks.md; writes benchmarks/scaling.json and docs/figures/scaling_*.png)
+bench-scaling: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/scaling.py
 
 # deep posteriors (docs/reproduction/deep.md): strategy throughput, the equal-budget table on
 # MNIST-1D, round trips with W* vs W = 1
