@@ -142,8 +142,8 @@ def test_compiled_hmc_starts_equal_and_is_invariant():
     after some tens of steps), so beyond the first steps it is checked in distribution."""
     from nrpt.explorers import HMC
     from nrpt.explorers.compiled import Compiled
-    from nrpt.testing import assert_invariant
     from nrpt.targets import Gaussian
+    from nrpt.testing import assert_invariant
 
     plain, fast = engines("hmc", False, leapfrog_steps=3), engines("hmc", True,
                                                                     leapfrog_steps=3)

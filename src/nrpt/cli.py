@@ -131,7 +131,8 @@ _TYPES = {
     "temperatures": _FLOATS, "betas": _FLOATS, "learning_rates": _FLOATS, "sa_step": _FLOATS,
     "step_size": _typed("a number or comma-separated numbers", _step),
     "window": _typed("an integer >= 1, auto or swap-rate", _window),
-    "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL, "compile": _BOOL, "adapt": _BOOL,
+    "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
+    "compile": _BOOL, "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS)}
 for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):
