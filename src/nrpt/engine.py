@@ -37,6 +37,7 @@ from .paths import Path
 from .rng import Block, Stream, generator_for
 from .roles import Iteration, PhaseDecision, Update
 from .swap import DEOW, Rule, Scheme, SwapContext
+from .swap.schemes import _adjacent
 
 __all__ = ["PTEngine"]
 
@@ -157,11 +158,9 @@ class PTEngine:
         if update is None:
             return
         if update.schedule is not None:
-            self.schedule = torch.as_tensor(update.schedule, dtype=self.dtype,
-                                            device=self.device).expand(self.R, self.P).clone()
+            self.schedule = self._table(update.schedule)
         if update.step_size is not None:
-            self.step_size = torch.as_tensor(update.step_size, dtype=self.dtype,
-                                             device=self.device).expand(self.R, self.P).clone()
+            self.step_size = self._table(update.step_size)
         for name, value in update.params.items():
             if name not in self.params:
                 raise KeyError(f"rule {self.rule.name!r} has no parameter {name!r} "
@@ -169,6 +168,14 @@ class PTEngine:
             self.params[name] = value.to(self.device, self.dtype)
         if update.window is not None:
             self.set_scheme(DEOW(update.window))
+
+    def _table(self, value) -> torch.Tensor:
+        """A per-slot table ``[R, P]`` of the engine's dtype and device (an adaptor's fresh
+        ``[R, P]`` tensor is taken as it is; anything else is broadcast and copied)."""
+        t = torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        if t.shape == (self.R, self.P) and t is not self.schedule and t is not self.step_size:
+            return t
+        return t.expand(self.R, self.P).clone()
 
     # ------------------------------------------------------------------ one iteration
     def slot_params(self, table: torch.Tensor) -> torch.Tensor:
@@ -181,16 +188,16 @@ class PTEngine:
                       blk if self.sharded else None)
         b = blk.take(self.slot_params(self.schedule))
         h = blk.take(self.slot_params(self.step_size))
-        accept = torch.zeros(self.R, blk.width, dtype=self.dtype, device=self.device)
-        nonfinite = torch.zeros(self.R, blk.width, dtype=torch.int64, device=self.device)
 
         # 1. explore: every replica at its slot's parameters, in one batched call per step
         for i in range(self.n_explore):
             self.state, info = self.explorer.step(self.state, b, h, self.density, noise,
                                                   sub=i * self.explorer.substeps)
-            accept += info.accept_prob
-            nonfinite += info.nonfinite.long()
-        slot_of_explored = self.slot_of
+            if i == 0:
+                accept, nonfinite = info.accept_prob, info.nonfinite.long()
+            else:
+                accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
+        explored_at = self.replica_at  # slot -> replica during the moves
 
         # 2. the reference end of a geometric path is sampled exactly
         if self.path.has_reference:
@@ -206,8 +213,10 @@ class PTEngine:
         ]
         self.k += 1
         # per-slot explorer statistics, at the slots where the moves were made
-        by_slot = torch.zeros_like(accept).scatter_(1, slot_of_explored, accept / self.n_explore)
-        nf = torch.zeros_like(nonfinite).scatter_(1, slot_of_explored, nonfinite)
+        by_slot = accept.gather(1, explored_at)
+        if self.n_explore > 1:
+            by_slot = by_slot / self.n_explore
+        nf = nonfinite.gather(1, explored_at)
         return Iteration(k=k, state=view, slot_of=self.slot_of,
                          replica_at=self.replica_at, schedule=self.schedule,
                          step_size=self.step_size, params=self.params, explore_accept=by_slot,
@@ -314,25 +323,39 @@ class PTEngine:
 
     def _swap_phase(self, k: int, phase: int, lo, hi, active) -> PhaseDecision:
         """Decide and execute one phase of disjoint pairs ``(lo, hi)`` ``[R, M]``."""
-        rep_lo = self.replica_at.gather(1, lo)
-        rep_hi = self.replica_at.gather(1, hi)
-        ctx = SwapContext(
-            b_lo=self.schedule.gather(1, lo), b_hi=self.schedule.gather(1, hi),
-            v_lo=self._view.v.gather(1, rep_lo), v_hi=self._view.v.gather(1, rep_hi),
-            u=rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
-                                    dtype=self.dtype, device=self.device),
-            iteration=k, lo=lo, hi=hi, params=self.params,
-        )
+        u = rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase, dtype=self.dtype,
+                                  device=self.device)
+        every = lo is _adjacent(self.R, self.P, self.device)[0]  # all P-1 pairs, in order
+        if every:  # (DEO, DEO_W, SEO) slices instead of gathers
+            v_at = self._view.v.gather(1, self.replica_at)
+            b_lo, b_hi = self.schedule[:, :-1], self.schedule[:, 1:]
+            v_lo, v_hi = v_at[:, :-1], v_at[:, 1:]
+        else:
+            b_lo, b_hi = self.schedule.gather(1, lo), self.schedule.gather(1, hi)
+            v_lo = self._view.v.gather(1, self.replica_at.gather(1, lo))
+            v_hi = self._view.v.gather(1, self.replica_at.gather(1, hi))
+        ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_lo, v_hi=v_hi, u=u, iteration=k, lo=lo,
+                          hi=hi, params=self.params)
         decision, prob = self.rule.decide(ctx)
         accepted = decision & active
-        # sigma: slot -> new slot; pairs in a phase are disjoint, so the adds never collide
-        step = (hi - lo) * accepted.long()
-        sigma = self.replica_ids.expand(self.R, self.P).clone()
-        sigma.scatter_add_(1, lo, step)
-        sigma.scatter_add_(1, hi, -step)
-        self.slot_of = sigma.gather(1, self.slot_of)
-        self.replica_at = torch.empty_like(self.replica_at).scatter_(
-            1, self.slot_of, self.replica_ids.expand(self.R, self.P))
+        ids = self.replica_ids.expand(self.R, self.P)
+        if every:
+            # slot p takes the replica of p + 1 if pair (p, p + 1) swapped, of p - 1 if pair
+            # (p - 1, p) did (pairs of a phase are disjoint), else keeps its own
+            ra = self.replica_at
+            no = torch.zeros_like(accepted[:, :1])
+            up, down = torch.cat([accepted, no], 1), torch.cat([no, accepted], 1)
+            self.replica_at = torch.where(up, ra.roll(-1, 1), torch.where(down, ra.roll(1, 1),
+                                                                          ra))
+            self.slot_of = torch.empty_like(self.slot_of).scatter_(1, self.replica_at, ids)
+        else:
+            # sigma: slot -> new slot; pairs in a phase are disjoint, so the adds never collide
+            step = (hi - lo) * accepted.long()
+            sigma = ids.clone()
+            sigma.scatter_add_(1, lo, step)
+            sigma.scatter_add_(1, hi, -step)
+            self.slot_of = sigma.gather(1, self.slot_of)
+            self.replica_at = torch.empty_like(self.replica_at).scatter_(1, self.slot_of, ids)
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
         return PhaseDecision(lo, hi, active, decision, accepted, prob)
 

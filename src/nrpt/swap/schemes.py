@@ -33,9 +33,22 @@ __all__ = ["Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"
 Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+_ADJACENT: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
 def _adjacent(R: int, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    lo = torch.arange(P - 1, device=device).expand(R, P - 1)
-    return lo, lo + 1
+    """The adjacent pairs ``(lo, hi)`` ``[R, P-1]`` (made once per shape: read-only)."""
+    return _pairs(R, P, device)[:2]
+
+
+def _pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
+    """``(lo, hi, even, odd)``: the adjacent pairs and the masks of even / odd ``lo``."""
+    key = (R, P, str(device))
+    got = _ADJACENT.get(key)
+    if got is None:
+        lo = torch.arange(P - 1, device=device).expand(R, P - 1)
+        got = _ADJACENT[key] = (lo, lo + 1, lo % 2 == 0, lo % 2 == 1)
+    return got
 
 
 class Scheme:
@@ -95,15 +108,17 @@ class DEOW(Scheme):
         return {"gate": torch.ones(R, P - 1, dtype=torch.bool, device=device)}
 
     def phases(self, k, R, P, seed, systems, state):
-        lo, hi = _adjacent(R, P, systems.device)
+        lo, hi, even, odd = _pairs(R, P, systems.device)
+        parity = odd if (k // self.window) % 2 else even
+        if self.window == 1:  # every window is one iteration: the gate is always open
+            return [(lo, hi, parity)]
         if k % self.window == 0:
             state["gate"].fill_(True)
-        parity = (k // self.window) % 2
-        active = (lo % 2 == parity) & state["gate"]
-        return [(lo, hi, active)]
+        return [(lo, hi, parity & state["gate"])]
 
     def after_phase(self, k, state, lo, accepted):
-        state["gate"] &= ~accepted
+        if self.window > 1:
+            state["gate"] &= ~accepted
 
     def describe(self):
         return {"scheme": self.name, "window": self.window}
