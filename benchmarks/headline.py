@@ -16,9 +16,10 @@ session, round-robin (the order rotates every repeat), ``--reps`` repeats of:
                      run, statistics, its records saved as .npy).
 
 Subprocesses get ``OMP_NUM_THREADS=1`` and the same ``nrpt`` as this process.  Peak memory: the
-peak RSS of each subprocess (``ru_maxrss`` from ``os.wait4``) and, for the in-process runs, the
-RSS high-water mark of the run minus the resident set before it, each in a fresh process
-(``/proc/self/status``; the mark is reset through ``/proc/self/clear_refs`` first).
+peak RSS of each subprocess (``ru_maxrss`` from ``os.wait4`` in a small fork/exec launcher, see
+:data:`LAUNCHER`) and, for the in-process runs, the RSS high-water mark of the run minus the
+resident set before it, each in a fresh process (``/proc/self/status``; the mark is reset
+through ``/proc/self/clear_refs`` first).
 
 The in-process runs use seed = repeat index for both implementations, so their statistics (final
 ``C`` and learning rates, swap-indicator rates, slot-0 mean / sd, restarts and round trips) are
@@ -357,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             "nrpt_run": max(r["peak_rss_mb"] for r in results["nrpt_run"]),
             "numpy_script": max(r["peak_rss_mb"] for r in results["numpy_script"])}
     notebook_s = NOTEBOOK_S_PER_1000 * K / 1000.0
-    lines = ["", f"## timings: {K} iterations, median of {args.reps} (development figures are "
-                 "labelled where quoted)",
+    load = f"load average {info['loadavg_start'][0]:.2f} at the start, " \
+           f"{info['loadavg_end'][0]:.2f} at the end"
+    lines = ["", f"## timings: {K} iterations, median of {args.reps} repeats ({load})",
              f"{'measurement':<44} {'median s':>9} {'min s':>8} {'max s':>8} {'it/s':>9} "
              f"{'peak MB':>8}"]
     for k in KINDS:
@@ -379,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{notebook_s:.0f} s for {K} it -> nrpt loop {notebook_s / med['nrpt_loop']:.0f}x, "
         f"nrpt run (whole process) {notebook_s / med['nrpt_run']:.0f}x, NumPy yardstick "
         f"{notebook_s / med['numpy']:.0f}x faster",
-        "peak MB: subprocesses: peak RSS (ru_maxrss via os.wait4); in-process rows: RSS "
-        "high-water mark of the run minus the RSS before it, each in a fresh process",
+        "peak MB: (c), (d): the process's peak RSS (ru_maxrss, from a small fork/exec "
+        "launcher); (a), (b): RSS high-water mark of the run minus the RSS before it, in a "
+        "fresh process",
     ]
     extra = [run_numpy(K, 1000 + i)["stats"] for i in range(args.stat_seeds)]  # untimed
     stat_lines, stat_table = compare([r["stats"] for r in results["nrpt_loop"]],

@@ -118,9 +118,16 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
              correction: float = HEADLINE["correction"], adapt: bool = HEADLINE["adapt"],
              sa_step=HEADLINE["sa_step"],
              bottom_temperature: float = HEADLINE["bottom_temperature"],
-             penalty: bool = HEADLINE["penalty"], window: int | None = None) -> dict:
+             penalty: bool = HEADLINE["penalty"], window: int | None = None,
+             noise=None) -> dict:
     """Run the headline algorithm; returns the records, the final tables and the statistics
-    (``loop_s``: wall time of the loop; ``stats_s``: of the statistics computed after it)."""
+    (``loop_s``: wall time of the loop; ``stats_s``: of the statistics computed after it).
+
+    ``noise`` (for checks only) replaces the generator: an object with ``initial(P) -> [P, 2]``
+    (the initial states), ``oracle(k) -> [P, 3]`` (the oracle's standard normals at iteration
+    ``k``; ``k = -1``: the evaluation at the initial states) and ``langevin(k) -> [P, 2]`` (the
+    Langevin normals of every replica; the yardstick uses the row of the replica at slot 0).
+    ``tests/test_headline_yardstick.py`` passes nrpt's keyed random numbers this way."""
     t0 = time.perf_counter()
     K, P, S = int(iterations), int(chains), float(swap_rate)
     sd_e = float(noise_sd)
@@ -129,7 +136,15 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
     W = int(window) if window is not None else window_from_swap_rate(P, S)
     rng = np.random.Generator(np.random.PCG64(seed))
 
-    x = 2.0 * rng.random((P, 2)) - 1.0  # uniform on [-1, 1]^2 (the target's initial states)
+    if noise is None:
+        x = 2.0 * rng.random((P, 2)) - 1.0  # uniform on [-1, 1]^2 (the target's initial states)
+        normal = rng.standard_normal
+        oracle_z = lambda k: normal((P, 3))  # noqa: E731
+        slot0_xi = lambda k, r: normal(2)  # noqa: E731
+    else:
+        x = np.array(noise.initial(P), dtype=np.float64)
+        oracle_z = noise.oracle
+        slot0_xi = lambda k, r: noise.langevin(k)[r]  # noqa: E731
     eta = lr_min * (lr_max / lr_min) ** (np.arange(P) / (P - 1))  # geometric initial ladder
     noise0 = math.sqrt(2.0 * eta[0] * bottom_temperature)  # slot 0's rate is an end point: fixed
     slot_of = np.arange(P)  # slot of each replica
@@ -154,15 +169,16 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
     trace_eta = np.empty((K // every, P))
 
     # the gradient at the initial states: one oracle evaluation before the first move
-    u, g = oracle(x, rng.standard_normal((P, 3)), sd_e, sd_g, penalty)
+    u, g = oracle(x, oracle_z(-1), sd_e, sd_g, penalty)
     t_loop = time.perf_counter()
     for k in range(K):
         if k == half:
             a_half = a_sum.copy()
         # 1. explore: SGD at each replica's slot rate, Langevin noise at slot 0
         x_new = x - eta[slot_of][:, None] * g
-        x_new[rep_at[0]] += noise0 * rng.standard_normal(2)
-        u_new, g_new = oracle(x_new, rng.standard_normal((P, 3)), sd_e, sd_g, penalty)
+        r0 = rep_at[0]
+        x_new[r0] += noise0 * slot0_xi(k, r0)
+        u_new, g_new = oracle(x_new, oracle_z(k), sd_e, sd_g, penalty)
         if math.isfinite(u_new.sum() + x_new.sum() + g_new.sum()):
             x, u, g = x_new, u_new, g_new
         else:  # keep the replicas whose step is not finite where they were
