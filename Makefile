@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-scaling clean
+        bench-memory bench-deep bench-peers bench-scaling bench-headline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ bench-memory: $(STAMP)
 # (docs/benchmarks.md; writes benchmarks/scaling.json and docs/figures/scaling_*.png)
 bench-scaling: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/scaling.py
+
+# the headline run (`nrpt run`) against its NumPy yardstick: loop and whole process, round-robin,
+# 5 repeats; writes benchmarks/headline.json (docs/benchmarks.md)
+bench-headline: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/headline.py
 
 # deep posteriors (docs/reproduction/deep.md): strategy throughput, the equal-budget table on
 # MNIST-1D, round trips with W* vs W = 1
