@@ -80,12 +80,13 @@ class KeyedNoise:
         from nrpt.energy import SG_STREAMS
 
         parts = (0, 0, 0) if k < 0 else (k, 0, 1)  # (iteration, sub-step, evaluation)
-        return rng.normal((1, self.P, 3), self.seed, SG_STREAMS.ORACLE_ENERGY, *parts)[0].numpy()
+        return rng.iteration_normal((1, self.P, 3), self.seed, SG_STREAMS.ORACLE_ENERGY,
+                                  *parts)[0].numpy()
 
     def langevin(self, k):
         from nrpt import rng
 
-        return rng.normal((1, self.P, 2), self.seed, rng.Stream.EXPLORE, k, 0)[0].numpy()
+        return rng.iteration_normal((1, self.P, 2), self.seed, rng.Stream.EXPLORE, k, 0)[0].numpy()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

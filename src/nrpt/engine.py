@@ -323,8 +323,10 @@ class PTEngine:
 
     def _swap_phase(self, k: int, phase: int, lo, hi, active) -> PhaseDecision:
         """Decide and execute one phase of disjoint pairs ``(lo, hi)`` ``[R, M]``."""
-        u = rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase, dtype=self.dtype,
-                                  device=self.device)
+        def u():  # drawn only for rules that read them
+            return rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
+                                         dtype=self.dtype, device=self.device)
+
         every = lo is _adjacent(self.R, self.P, self.device)[0]  # all P-1 pairs, in order
         if every:  # (DEO, DEO_W, SEO) slices instead of gathers
             v_at = self._view.v.gather(1, self.replica_at)
@@ -334,8 +336,8 @@ class PTEngine:
             b_lo, b_hi = self.schedule.gather(1, lo), self.schedule.gather(1, hi)
             v_lo = self._view.v.gather(1, self.replica_at.gather(1, lo))
             v_hi = self._view.v.gather(1, self.replica_at.gather(1, hi))
-        ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_lo, v_hi=v_hi, u=u, iteration=k, lo=lo,
-                          hi=hi, params=self.params)
+        ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_lo, v_hi=v_hi, uniform_or_draw=u,
+                          iteration=k, lo=lo, hi=hi, params=self.params)
         decision, prob = self.rule.decide(ctx)
         accepted = decision & active
         ids = self.replica_ids.expand(self.R, self.P)

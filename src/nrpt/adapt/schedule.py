@@ -29,9 +29,12 @@ carries no information and is returned unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.interpolate import PchipInterpolator
+
+if TYPE_CHECKING:  # SciPy is imported when a schedule is fitted (it costs ~1 s at start-up)
+    from scipy.interpolate import PchipInterpolator
 
 __all__ = ["BarrierFit", "clean_rejections", "fit_barrier", "equalized_schedule",
            "update_schedule", "validate_schedule"]
@@ -89,7 +92,7 @@ class BarrierFit:
 
     knots: np.ndarray
     cumulative: np.ndarray
-    interpolant: PchipInterpolator
+    interpolant: PchipInterpolator  # noqa: F821 (imported where used)
 
     @property
     def total(self) -> float:
@@ -143,6 +146,8 @@ def fit_barrier(schedule, rejection) -> BarrierFit:
     r = clean_rejections(rejection, b.size - 1)
     knots = b[::-1].copy()  # increasing: b_{P-1} .. b_0
     cumulative = np.concatenate([[0.0], np.cumsum(r[::-1])])  # Lambda at the knots
+    from scipy.interpolate import PchipInterpolator
+
     return BarrierFit(knots, cumulative, PchipInterpolator(knots, cumulative, extrapolate=True))
 
 

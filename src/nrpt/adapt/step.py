@@ -15,7 +15,6 @@ a Newton step in the coordinates where the model is linear.  Acceptances are cli
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import ndtri
 
 __all__ = ["ACCEPTANCE_ORDER", "step_size_factor"]
 
@@ -35,5 +34,7 @@ def step_size_factor(acceptance, target: float, order: int) -> np.ndarray:
     a = np.asarray(acceptance, dtype=float)
     seen = np.isfinite(a)
     a = np.clip(np.where(seen, a, target), *_CLIP_ACCEPTANCE)
+    from scipy.special import ndtri  # (imported on use: SciPy costs ~1 s at start-up)
+
     factor = (ndtri(target / 2.0) / ndtri(a / 2.0)) ** (1.0 / order)
     return np.where(seen, np.clip(factor, *_CLIP_FACTOR), 1.0)

@@ -13,6 +13,7 @@ the rule reads them from :attr:`SwapContext.params`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,11 +29,20 @@ class SwapContext:
     b_hi: torch.Tensor
     v_lo: torch.Tensor  # tempered energy of the replica at the lower slot
     v_hi: torch.Tensor
-    u: torch.Tensor  # Uniform(0, 1)
+    #: Uniform(0, 1) per pair, or a function that draws them on first use of :attr:`u` (the
+    #: deterministic rule never reads them, so they are not drawn for it)
+    uniform_or_draw: torch.Tensor | Callable[[], torch.Tensor]
     iteration: int
     lo: torch.Tensor | None = None  # the pairs' slots [R, M] (for per-slot parameters)
     hi: torch.Tensor | None = None
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # the rule's parameters
+
+    @property
+    def u(self) -> torch.Tensor:
+        """The pairs' keyed Uniform(0, 1) numbers ``[R, M]``."""
+        if callable(self.uniform_or_draw):
+            object.__setattr__(self, "uniform_or_draw", self.uniform_or_draw())
+        return self.uniform_or_draw
 
     @property
     def log_ratio(self) -> torch.Tensor:
@@ -72,7 +82,7 @@ class AlwaysAccept(Rule):
     exact = False
 
     def decide(self, ctx):
-        return torch.ones_like(ctx.u, dtype=torch.bool), torch.ones_like(ctx.u)
+        return torch.ones_like(ctx.v_lo, dtype=torch.bool), torch.ones_like(ctx.v_lo)
 
 
 class FixedRate(Rule):
@@ -90,8 +100,9 @@ class FixedRate(Rule):
         self.rejection = float(rejection)
 
     def decide(self, ctx):
-        p = torch.full_like(ctx.u, 1.0 - self.rejection)
-        return ctx.u < p, p
+        u = ctx.u
+        p = torch.full_like(u, 1.0 - self.rejection)
+        return u < p, p
 
     def describe(self):
         return {"rule": self.name, "rejection": self.rejection}
