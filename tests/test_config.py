@@ -153,6 +153,8 @@ BAD = [
     (dict(rounds=3, thin=9), "thin (9) must be <= the last round's length"),
     (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
     (dict(figures="no"), "figures must be true or false"),
+    (dict(compile="yes"), "compile must be true or false"),
+    (dict(compile=True, explorer="slice"), "compile is for explorers rwmh, mala, hmc"),
     (dict(out=5), "out must be a folder path"),
 ]
 

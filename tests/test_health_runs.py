@@ -23,8 +23,9 @@ def run_and_collect(target, **options):
 
 
 def test_separated_mixture_with_all_defaults_warns_that_systems_disagree():
-    # modes at -20 and 20: swaps look excellent, yet each system sits mostly in one mode
-    target = GaussianMixture([0.3, 0.7], [[-20.0], [20.0]], 1.0)
+    # modes at -30 and 30: swaps look excellent, yet the systems' mode shares disagree beyond
+    # their Monte Carlo error (R-hat 1.012-1.033 over seeds 0-3; at +-20 it is borderline)
+    target = GaussianMixture([0.3, 0.7], [[-30.0], [30.0]], 1.0)
     res, found = run_and_collect(target, systems=4, iterations=3000, seed=0)
     assert min(res.summary["swap_acceptance"][0]) > 0.5  # the swaps are not the problem
     text = " ".join(found)

@@ -46,6 +46,8 @@ TOOLS = {
                    "nrpt, the protocol's ladder, RWMH, DEO"),
     "nrpt-adaptive": ("run_nrpt.py", ["--variant", "adaptive"], None,
                       "nrpt, adaptive rounds (schedule + RWMH scales), DEO"),
+    "nrpt-compiled": ("run_nrpt.py", ["--variant", "compiled"], None,
+                      "nrpt, the protocol's ladder, RWMH step compiled (compile = true), DEO"),
     "tfp-even-odd": ("run_tfp.py", ["--swap", "even-odd"], "tfp",
                      "TFP ReplicaExchangeMC, RWMH, even_odd_swap_proposal_fn(1.)"),
     "tfp-default": ("run_tfp.py", ["--swap", "default"], "tfp",
@@ -160,7 +162,8 @@ def run_one(tool: str, args, seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------ report
-FIELDS = ("wall_s", "startup_s", "process_s", "cpu_per_wall", "process_cpu_per_wall",
+FIELDS = ("wall_s", "loop_s", "steady_s", "startup_s", "process_s", "cpu_per_wall",
+          "process_cpu_per_wall",
           "modes_visited", "max_freq_error",
           "round_trips_per_iter", "swap_acceptance", "log_z", "log_z_error")
 
@@ -194,7 +197,8 @@ def _f(v, spec: str) -> str:
 
 
 def table(summary: dict, unavailable: dict, tools: list[str]) -> str:
-    head = ["tool", "wall s", "(min-max)", "warm-up s", "process s", "cpu/wall", "modes",
+    head = ["tool", "wall s", "(min-max)", "loop s", "steady s", "warm-up s", "process s",
+            "cpu/wall", "modes",
             "max|f-1/25|", "RT/it/sys", "swap acc", "log Z", "|err|"]
     rows = []
     for t in tools:
@@ -207,6 +211,7 @@ def table(summary: dict, unavailable: dict, tools: list[str]) -> str:
             continue
         rows.append([t, _f(m["wall_s"], ".2f"),
                      f"{_f(m['wall_s_min'], '.2f')}-{_f(m['wall_s_max'], '.2f')}",
+                     _f(m.get("loop_s"), ".2f"), _f(m.get("steady_s"), ".2f"),
                      _f(m["startup_s"], ".2f"), _f(m["process_s"], ".2f"),
                      _f(m["cpu_per_wall"], ".2f"), _f(m["modes_visited"], ".0f"),
                      _f(m["max_freq_error"], ".4f"), _f(m["round_trips_per_iter"], ".4f"),
@@ -226,16 +231,22 @@ def table(summary: dict, unavailable: dict, tools: list[str]) -> str:
     return "\n".join(lines)
 
 
-def ratios(runs: list[dict], summary: dict) -> dict:
-    """nrpt wall / TFP even-odd wall: of the medians, and the median of the per-repetition
-    ratios (runs of one repetition are back to back)."""
+NRPT = ("nrpt-fixed", "nrpt-adaptive", "nrpt-compiled")
+
+
+def ratios(runs: list[dict], summary: dict, field: str = "wall_s") -> dict:
+    """nrpt ``field`` / TFP even-odd wall (its timed run, after compilation): of the medians,
+    and the median of the per-repetition ratios (runs of one repetition are back to back).
+    ``field``: ``wall_s`` (the whole ``nrpt.sample`` call: build, loop, summary) or
+    ``steady_s`` (the loop's cost past its first 256 iterations, scaled to the run)."""
     out = {}
     base = summary.get("tfp-even-odd", {}).get("wall_s")
-    for v in ("nrpt-fixed", "nrpt-adaptive"):
-        m = summary.get(v, {}).get("wall_s")
+    for v in NRPT:
+        m = summary.get(v, {}).get(field)
         per = []
         for rep in {r["rep"] for r in runs}:
-            a = [r["wall_s"] for r in runs if r["rep"] == rep and r["name"] == v and r.get("ok")]
+            a = [r.get(field) for r in runs
+                 if r["rep"] == rep and r["name"] == v and r.get("ok") and r.get(field)]
             b = [r["wall_s"] for r in runs
                  if r["rep"] == rep and r["name"] == "tfp-even-odd" and r.get("ok")]
             if a and b:
@@ -306,14 +317,17 @@ def main(argv=None) -> None:
 
     summary = {t: medians([r for r in runs if r["name"] == t]) for t in active}
     rat = ratios(runs, summary)
+    rat_steady = ratios(runs, summary, "steady_s")
     print()
     print(table(summary, unavailable, tools))
     print()
-    for v, r in rat.items():
-        if v in active and "tfp-even-odd" in active:
-            print(f"{v} wall / tfp-even-odd wall: {_f(r['ratio_of_medians'], '.2f')} (ratio of "
-                  f"medians), {_f(r['median_per_rep_ratio'], '.2f')} (median of per-repetition "
-                  f"ratios)")
+    for label, rr in (("whole nrpt.sample call", rat), ("steady loop", rat_steady)):
+        for v, r in rr.items():
+            if v in active and "tfp-even-odd" in active:
+                print(f"{v} {label} / tfp-even-odd timed run: "
+                      f"{_f(r['ratio_of_medians'], '.2f')} (ratio of medians), "
+                      f"{_f(r['median_per_rep_ratio'], '.2f')} (median of per-repetition "
+                      f"ratios)")
     print("round trips per iteration per system (slot 0 -> hottest -> slot 0; ensembles: total "
           f"/ {args.systems}): " + ", ".join(
               f"{t} {_f(summary[t]['round_trips_per_iter'], '.4f')}" for t in active))
@@ -341,7 +355,8 @@ def main(argv=None) -> None:
         "machine": machine(), "versions": versions, "peer_venv": str(peer_venv()),
         "peer_venv_freeze": peer_freeze() if groups else [],
         "unavailable": unavailable, "threads": ONE_THREAD,
-        "summary": summary, "ratios_vs_tfp_even_odd": rat, "runs": runs,
+        "summary": summary, "ratios_vs_tfp_even_odd": rat,
+        "steady_ratios_vs_tfp_even_odd": rat_steady, "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")

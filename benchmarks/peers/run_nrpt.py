@@ -49,10 +49,14 @@ def betas_for(args) -> list[float]:
     return b
 
 
-def run(args, iterations: int, seed: int):
+def run(args, iterations: int, seed: int, ticks: list | None = None):
+    """One ``nrpt.sample`` call; ``ticks`` collects ``(iteration, time)`` at every callback
+    (every 256 iterations), from which the steady per-iteration cost is read."""
     opts = dict(chains=args.chains, systems=args.systems, explorer="rwmh", scheme="deo",
                 betas=betas_for(args), step_size=protocol.scales(args.chains), seed=seed,
-                figures=False)
+                figures=False, compile=args.variant == "compiled")
+    if ticks is not None:
+        opts["callback"] = lambda eng: ticks.append((eng.k, time.perf_counter()))
     if args.variant == "adaptive":
         opts["rounds"] = adaptive_rounds(iterations)
     else:
@@ -64,7 +68,7 @@ def run(args, iterations: int, seed: int):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", choices=("fixed", "adaptive"), default="fixed")
+    ap.add_argument("--variant", choices=("fixed", "adaptive", "compiled"), default="fixed")
     ap.add_argument("--iterations", type=int, default=protocol.ITERATIONS)
     ap.add_argument("--systems", type=int, default=protocol.SYSTEMS)
     ap.add_argument("--chains", type=int, default=protocol.CHAINS)
@@ -76,12 +80,23 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
 
     t0 = time.perf_counter()
-    run(argparse.Namespace(**{**vars(args), "variant": "fixed"}), args.warmup, args.seed + 10**6)
+    warm_variant = "compiled" if args.variant == "compiled" else "fixed"
+    run(argparse.Namespace(**{**vars(args), "variant": warm_variant}), args.warmup,
+        args.seed + 10**6)
     warm = time.perf_counter() - t0
 
+    ticks: list = []
     t0, c0 = time.perf_counter(), time.process_time()
-    res = run(args, args.iterations, args.seed)
+    res = run(args, args.iterations, args.seed, ticks)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # steady cost: from the first callback (iteration 256, past any compilation) to the end
+    # of the loop, scaled to the run's iterations (the loop's own wall time is loop_s)
+    loop = float(res.summary["wall_time_s"])
+    steady = None
+    if len(ticks) >= 2 and ticks[-1][0] > ticks[0][0]:
+        k0, t_first = ticks[0]
+        k1, t_last = ticks[-1]
+        steady = (t_last - t_first) / (k1 - k0) * k1
 
     s = res.summary
     samples = np.asarray(res.samples)  # [R, n, 2] (last round for adaptive)
@@ -92,6 +107,7 @@ def main(argv=None) -> None:
     P = args.chains
     out = {"tool": "nrpt", "variant": args.variant, "ok": True, "seed": args.seed,
            "wall_s": wall, "timed_cpu_s": cpu, "warmup_s": warm, "compile_s": None,
+           "loop_s": loop, "steady_s": steady,
            "iterations": K, "systems": args.systems, "chains": P}
     out.update(protocol.draw_metrics(samples))
     if args.variant == "adaptive":  # the last round is already the second half of the run

@@ -37,7 +37,7 @@ from .paths import Path
 from .rng import Block, Stream, generator_for
 from .roles import Iteration, PhaseDecision, Update
 from .swap import DEOW, Rule, Scheme, SwapContext
-from .swap.schemes import _adjacent
+from .swap.schemes import adjacent_pairs
 
 __all__ = ["PTEngine"]
 
@@ -327,7 +327,7 @@ class PTEngine:
             return rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
                                          dtype=self.dtype, device=self.device)
 
-        every = lo is _adjacent(self.R, self.P, self.device)[0]  # all P-1 pairs, in order
+        every = lo is adjacent_pairs(self.R, self.P, self.device)[0]  # all P-1 pairs, in order
         if every:  # (DEO, DEO_W, SEO) slices instead of gathers
             v_at = self._view.v.gather(1, self.replica_at)
             b_lo, b_hi = self.schedule[:, :-1], self.schedule[:, 1:]

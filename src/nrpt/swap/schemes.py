@@ -28,7 +28,7 @@ import torch
 
 from .. import rng
 
-__all__ = ["Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"]
+__all__ = ["adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"]
 
 Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -36,7 +36,7 @@ Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _ADJACENT: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
-def _adjacent(R: int, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def adjacent_pairs(R: int, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The adjacent pairs ``(lo, hi)`` ``[R, P-1]`` (made once per shape: read-only)."""
     return _pairs(R, P, device)[:2]
 
@@ -87,7 +87,7 @@ class SEO(Scheme):
     name = "seo"
 
     def phases(self, k, R, P, seed, systems, state):
-        lo, hi = _adjacent(R, P, systems.device)
+        lo, hi = adjacent_pairs(R, P, systems.device)
         coin = rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k,
                                      device=systems.device) < 0.5
         active = (lo % 2 == 1) == coin
