@@ -157,6 +157,10 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         domain = parse_domain(cfg.domain)
         opts = {"momentum": cfg.momentum} if "momentum" in explorer_entry.options else {}
         explorer = explorer_entry.load()(estimator, domain, **opts)
+        if cfg.compile:
+            from .explorers.compiled import Compiled
+
+            explorer = Compiled(explorer)
         step = (check_ladder(cfg.learning_rates) if cfg.learning_rates is not None
                 else geometric_ladder(cfg.lr_min, cfg.lr_max, P))
         facts["energy"] = estimator.describe().get("energy")

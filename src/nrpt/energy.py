@@ -159,11 +159,9 @@ class NoisyOracle(EnergyEstimator):
 
     def __call__(self, x, key, extras, need_grad=True):
         u, g = self._exact.exact(x, need_grad)
-        seed, *parts = key
         # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
-        z = rng.iteration_normal((*u.shape, 1 + x.shape[-1]), seed, SG_STREAMS.ORACLE_ENERGY,
-                                 *parts, dtype=u.dtype, device=u.device,
-                                 block=getattr(key, "block", None))
+        z = rng.as_key(key).normal((*u.shape, 1 + x.shape[-1]), SG_STREAMS.ORACLE_ENERGY,
+                                   dtype=u.dtype, device=u.device)
         e_sd, g_sd = self._per_system(self.energy_sd, u), self._per_system(self.grad_sd, u)
         u = u + e_sd * z[..., 0]
         if g is not None:
@@ -206,17 +204,14 @@ def batch_indices(shape, n_data: int, batch: int, replacement: bool, key, device
     """Keyed minibatch indices ``[*shape, batch]`` (without replacement: the first ``batch``
     entries of a uniformly random permutation per replica).  ``key = (seed, iteration, ...)``;
     small draws are made in blocks of iterations (:func:`nrpt.rng.iteration_draw`)."""
-    seed, *parts = key
-    # a process's block of replicas (rng.Block): drawn at full width, sliced to the block
-    block = getattr(key, "block", None)
+    # a process's block of replicas (rng.Block, carried by the key): drawn at full width,
+    # sliced to the block
+    key = rng.as_key(key)
     if replacement:
-        return rng.iteration_draw(
-            lambda sh, g: torch.randint(n_data, sh, generator=g, device=device),
-            ("randint", n_data), (*shape, batch), seed, SG_STREAMS.BATCH, *parts,
-            device=device, block=block)
-    u = rng.iteration_draw(lambda sh, g: torch.rand(sh, generator=g, device=device),
-                           ("uniform", torch.float32), (*shape, n_data), seed,
-                           SG_STREAMS.BATCH, *parts, device=device, block=block)
+        return key.draw(lambda sh, g: torch.randint(n_data, sh, generator=g, device=device),
+                        ("randint", n_data), (*shape, batch), SG_STREAMS.BATCH, device=device)
+    u = key.draw(lambda sh, g: torch.rand(sh, generator=g, device=device),
+                 ("uniform", torch.float32), (*shape, n_data), SG_STREAMS.BATCH, device=device)
     if batch == n_data:
         return u.argsort(-1)
     return u.topk(batch, dim=-1, largest=False, sorted=False).indices

@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Stream", "Block", "Key", "key", "generator_for", "normal", "uniform",
+__all__ = ["Stream", "Block", "Key", "as_key", "key", "generator_for", "normal", "uniform",
            "iteration_normal", "iteration_uniform", "iteration_draw", "block_length",
            "BLOCK_ELEMENTS", "MAX_BLOCK"]
 
@@ -129,6 +129,24 @@ class Key(tuple):
         self = super().__new__(cls, tuple(int(p) for p in parts))
         self.block = block
         return self
+
+    # the draws of an energy estimator: ``(seed, iteration, *rest)`` -> the keyed draw of
+    # ``stream`` at that iteration (:func:`iteration_draw`), for this key's block of replicas
+    def draw(self, draw, tag: tuple, shape, stream: int, device="cpu") -> torch.Tensor:
+        seed, *parts = self
+        return iteration_draw(draw, tag, shape, seed, stream, *parts, device=device,
+                              block=self.block)
+
+    def normal(self, shape, stream: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
+        seed, *parts = self
+        return iteration_normal(shape, seed, stream, *parts, dtype=dtype, device=device,
+                                block=self.block)
+
+
+def as_key(key) -> Key:
+    """``key`` as a :class:`Key` (a plain ``(seed, iteration, ...)`` tuple gets no block; an
+    object with the key's ``draw`` / ``normal`` methods is taken as it is)."""
+    return key if hasattr(key, "draw") else Key(key)
 
 
 def _widen(shape, block: Block | None):

@@ -7,14 +7,25 @@ dispatcher calls of a few microseconds each.  :class:`Compiled` runs the wrapped
 graph, so those launches fuse into a few kernels.
 
 The random numbers stay the engine's keyed draws (:mod:`nrpt.rng`), made outside the graph:
-the first step of each sub-step runs eagerly and *records* which draws the explorer asks
-:class:`~nrpt.explorers.base.Noise` for; later steps make exactly those draws and hand them to
-the compiled function, where a stand-in replays them in order.  The numbers consumed are
-therefore the plain step's, and so are the results, up to the last bits that a fused kernel may
-round differently (the tests hold the two to 1e-9 and the same accept/reject decisions).
+a step runs eagerly once to *record* which draws the explorer asks
+:class:`~nrpt.explorers.base.Noise` for; that step and every later one with the same kind of
+state make exactly those draws and hand them to the compiled function, where a stand-in replays
+them in order.  The numbers consumed are therefore the plain step's, and so are the results, up
+to the last bits that a fused kernel may round differently (the tests hold the two to 1e-9 and
+the same accept/reject decisions).
 
-Only explorers whose draws do not depend on the state can be compiled (RWMH, MALA, HMC: a fixed
-number of normal and uniform draws per step); others are refused by :func:`compilable`.  If
+Which steps are compiled depends on the state alone, so a resumed run is the uninterrupted one
+bit for bit: a step whose state lacks buffers the explorer keeps (the first step of a
+stochastic-gradient explorer sets up its gradient; its draws differ) runs plain; a step whose
+state already holds them (``extras`` keys unchanged by the step) runs compiled, under the plan
+recorded for that kind of state (the recording step's own result is discarded).
+
+Only explorers whose draws do not depend on the state can be compiled: RWMH, MALA and HMC (a
+fixed number of normal and uniform draws per step) and the stochastic-gradient explorers with
+the exact, noisy-oracle or minibatch energy (their estimator draws through the
+:class:`~nrpt.rng.Key` it is handed, which is recorded and replayed the same way; the
+control-variate energy decides from the iteration number when to refresh its anchor, which a
+graph cannot); others are refused by :func:`compilable`.  If
 compilation or a compiled call fails, a :class:`CompileWarning` says why and the plain step is
 used from then on, so a run never fails for want of a compiler.
 """
@@ -30,7 +41,7 @@ from .base import ExploreInfo, Explorer, ReplicaState
 __all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE"]
 
 #: explorers whose every step makes the same draws (a fixed plan), so they can be replayed
-COMPILABLE = ("rwmh", "mala", "hmc")
+COMPILABLE = ("rwmh", "mala", "hmc", "sgd", "sgld", "sghmc", "msgd", "psgd", "psgld")
 
 
 class CompileWarning(UserWarning):
@@ -38,7 +49,11 @@ class CompileWarning(UserWarning):
 
 
 def compilable(explorer: Explorer) -> bool:
-    return getattr(explorer, "name", "") in COMPILABLE
+    if getattr(explorer, "name", "") not in COMPILABLE:
+        return False
+    from ..energy import ControlVariateEnergy
+
+    return not isinstance(getattr(explorer, "estimator", None), ControlVariateEnergy)
 
 
 class _Recording:
@@ -56,8 +71,31 @@ class _Recording:
         return self.noise.uniform(*args, **kwargs)
 
     def key(self, *parts):
-        raise TypeError("an explorer that hands keys to an energy estimator draws inside it "
-                        "and cannot be compiled")
+        return _RecordingKey(self, parts, self.noise.key(*parts))
+
+
+class _RecordingKey:
+    """The :class:`~nrpt.rng.Key` handed to an energy estimator, noting its draws."""
+
+    def __init__(self, rec: _Recording, parts, key):
+        self.rec, self.parts, self.real = rec, parts, key
+
+    def draw(self, *args, **kwargs):
+        self.rec.calls.append(("key", self.parts, "draw", args, kwargs))
+        return self.real.draw(*args, **kwargs)
+
+    def normal(self, *args, **kwargs):
+        self.rec.calls.append(("key", self.parts, "normal", args, kwargs))
+        return self.real.normal(*args, **kwargs)
+
+
+def _make(noise, call):
+    """Make the draw ``call`` recorded by :class:`_Recording` from this iteration's noise."""
+    if call[0] == "key":
+        _, parts, method, args, kwargs = call
+        return getattr(noise.key(*parts), method)(*args, **kwargs)
+    method, args, kwargs = call
+    return getattr(noise, method)(*args, **kwargs)
 
 
 class _Replay:
@@ -77,6 +115,20 @@ class _Replay:
     def uniform(self, *args, **kwargs):
         return self._next()
 
+    def key(self, *parts):
+        return _ReplayKey(self)
+
+
+class _ReplayKey:
+    def __init__(self, replay: _Replay):
+        self.replay = replay
+
+    def draw(self, *args, **kwargs):
+        return self.replay._next()
+
+    def normal(self, *args, **kwargs):
+        return self.replay._next()
+
 
 class Compiled(Explorer):
     """``inner``'s step as one ``torch.compile`` graph (see the module docstring).
@@ -87,13 +139,14 @@ class Compiled(Explorer):
     def __init__(self, inner: Explorer, **options):
         if not compilable(inner):
             raise ValueError(f"explorer {getattr(inner, 'name', inner)!r} cannot be compiled "
-                             f"(its draws depend on the state); compile works for "
+                             f"(its draws depend on the state or the iteration, e.g. the "
+                             f"control-variate energy); compile works for "
                              f"{', '.join(COMPILABLE)}")
         self.inner = inner
         self.name, self.uses_gradient = inner.name, inner.uses_gradient
         self.substeps = inner.substeps
         self.options = {"dynamic": False, **options}
-        self._plans: dict[int, list] = {}
+        self._plans: dict[tuple, list] = {}
         self._fn = None
         self.failed: str | None = None
 
@@ -122,13 +175,15 @@ class Compiled(Explorer):
     def step(self, state, b, step_size, density, noise, sub=0):
         if self.failed is not None:
             return self.inner.step(state, b, step_size, density, noise, sub)
-        plan = self._plans.get(sub)
-        if plan is None:  # the first step at this sub-step: plain, recording the draws
+        kind = (sub, tuple(sorted(state.extras)))
+        plan = self._plans.get(kind)
+        if plan is None:  # a plain step, recording its draws
             rec = _Recording(noise)
             out = self.inner.step(state, b, step_size, density, rec, sub)
-            self._plans[sub] = rec.calls
-            return out
-        draws = tuple(getattr(noise, m)(*a, **kw) for m, a, kw in plan)
+            if set(out[0].extras) != set(state.extras):  # it set up buffers: not a steady step
+                return out
+            plan = self._plans[kind] = rec.calls
+        draws = tuple(_make(noise, call) for call in plan)
         try:
             if self._fn is None:
                 self._fn = {}

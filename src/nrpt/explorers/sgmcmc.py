@@ -113,7 +113,7 @@ class SGExplorer(Explorer):
         # inf / nan anywhere in a replica's position, energy or gradient makes this sum non-finite
         ok = torch.isfinite(e1.u + x_new.sum(-1) + e1.grad.sum(-1))
         new = ReplicaState(x_new, e1.u, torch.zeros_like(e1.u), extras)
-        if not bool(ok.all()):
+        if torch.compiler.is_compiling() or not bool(ok.all()):  # (no host sync in a graph)
             old = ReplicaState(state.x, state.v, state.base,
                                {key: state.extras.get(key, val) for key, val in extras.items()})
             new = old.where(ok, new)
