@@ -53,20 +53,22 @@ import headline_numpy as hn  # noqa: E402
 
 #: the authors' research notebook on this machine: about 22 s per 1000 iterations (quoted)
 NOTEBOOK_S_PER_1000 = 22.0
-KINDS = ("numpy", "nrpt_loop", "nrpt_run", "numpy_script")
+KINDS = ("numpy", "nrpt_loop", "nrpt_run", "numpy_script", "nrpt_compiled")
 LABELS = {"numpy": "(a) NumPy yardstick, in-process",
           "nrpt_loop": "(b) nrpt loop, in-process (wall_time_s)",
           "nrpt_run": "(c) nrpt run, whole process",
-          "numpy_script": "(d) NumPy script, whole process"}
+          "numpy_script": "(d) NumPy script, whole process",
+          "nrpt_compiled": "(e) nrpt loop, compile = true, in-process"}
 
 
 # ------------------------------------------------------------------------------ the pieces
-def headline_config(iterations: int, seed: int):
-    """The run ``nrpt run`` makes with no arguments (other than ``iterations`` / ``seed``)."""
+def headline_config(iterations: int, seed: int, compiled: bool = False):
+    """The run ``nrpt run`` makes with no arguments (other than ``iterations`` / ``seed``;
+    ``compiled``: with ``compile = true``)."""
     from nrpt.config import RunConfig
     from nrpt.sgpt import HEADLINE
 
-    data = {}
+    data = {"compile": True} if compiled else {}
     if iterations != HEADLINE["iterations"]:
         data["iterations"] = iterations
     if seed != 0:
@@ -91,15 +93,23 @@ def nrpt_stats(run) -> dict:
             "slot0_mean": samples.mean(0).tolist(), "slot0_sd": samples.std(0, ddof=1).tolist()}
 
 
-def run_nrpt_loop(iterations: int, seed: int) -> dict:
+def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False) -> dict:
+    """The loop's ``wall_time_s`` and its steady cost per iteration (from the callback every
+    256 iterations, past the first 256: compilation included in the former only)."""
     from nrpt.build import build
     from nrpt.loop import execute
 
     t0 = time.perf_counter()
-    run = build(headline_config(iterations, seed))
+    run = build(headline_config(iterations, seed, compiled))
     t1 = time.perf_counter()
-    outcome = execute(run)
-    return {"time_s": outcome.wall_time_s, "build_s": t1 - t0, "stats": nrpt_stats(run)}
+    ticks: list = []
+    outcome = execute(run, callback=lambda eng: ticks.append((eng.k, time.perf_counter())))
+    steady = None
+    if len(ticks) >= 3:  # (the last callback is the segment end's, after its bookkeeping)
+        (k0, a), (k1, b) = ticks[0], ticks[-2]
+        steady = (b - a) / (k1 - k0) if k1 > k0 else None
+    return {"time_s": outcome.wall_time_s, "build_s": t1 - t0, "stats": nrpt_stats(run),
+            "steady_s_per_it": steady}
 
 
 def run_numpy(iterations: int, seed: int) -> dict:
@@ -336,12 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="nrpt-headline-") as tmpdir:
         tmp = Path(tmpdir)
         for rep in range(args.reps):
-            order = KINDS[rep % 4:] + KINDS[:rep % 4]
+            order = KINDS[rep % len(KINDS):] + KINDS[:rep % len(KINDS)]
             for kind in order:
                 if kind == "numpy":
                     r = run_numpy(K, rep)
                 elif kind == "nrpt_loop":
                     r = run_nrpt_loop(K, rep)
+                elif kind == "nrpt_compiled":
+                    r = run_nrpt_loop(K, rep, compiled=True)
                 elif kind == "nrpt_run":
                     r = run_nrpt_process(K, tmp, env)
                 else:
@@ -355,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {k: statistics.median(r["time_s"] for r in results[k]) for k in KINDS}
     peak = {"numpy": memory["numpy"]["peak_delta_mb"], "nrpt_loop": memory["nrpt"]["peak_delta_mb"],
+            "nrpt_compiled": memory["nrpt"]["peak_delta_mb"],
             "nrpt_run": max(r["peak_rss_mb"] for r in results["nrpt_run"]),
             "numpy_script": max(r["peak_rss_mb"] for r in results["numpy_script"])}
     notebook_s = NOTEBOOK_S_PER_1000 * K / 1000.0
@@ -372,7 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     cli_loop = statistics.median(r["loop_s"] for r in results["nrpt_run"])
     ratio_loop = med["nrpt_loop"] / med["numpy"]
     ratio_proc = med["nrpt_run"] / med["numpy_script"]
+    ratio_comp = med["nrpt_compiled"] / med["numpy"]
+    steady = {k: statistics.median(r["steady_s_per_it"] for r in results[k])
+              for k in ("nrpt_loop", "nrpt_compiled")}
+    np_per_it = np_loop / K
     lines += [
+        f"steady cost per iteration (past the first 256): nrpt {steady['nrpt_loop'] * 1e6:.0f} us,"
+        f" nrpt compiled {steady['nrpt_compiled'] * 1e6:.0f} us, NumPy yardstick "
+        f"{np_per_it * 1e6:.0f} us (its loop alone)",
+        f"ratio nrpt compiled loop / NumPy yardstick:   {ratio_comp:6.2f}x (compilation included;"
+        f" steady: {steady['nrpt_compiled'] / np_per_it:.2f}x)",
         f"nrpt build (not in the loop time): {build:.3f} s; nrpt run's own loop time "
         f"(summary.json wall_time_s): {cli_loop:.3f} s; yardstick loop alone: {np_loop:.3f} s",
         f"ratio nrpt loop / NumPy yardstick:            {ratio_loop:6.2f}x",
@@ -405,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                "numpy_loop_s": np_loop, "nrpt_run_loop_s": cli_loop,
                "ratio_nrpt_loop_over_numpy": ratio_loop,
                "ratio_nrpt_run_over_numpy_script": ratio_proc,
+               "ratio_nrpt_compiled_loop_over_numpy": ratio_comp,
+               "steady_s_per_iteration": {**steady, "numpy": np_per_it},
                "notebook_s_quoted": notebook_s,
                "speedup_vs_notebook": {k: notebook_s / med[k] for k in KINDS},
                "commands": {"nrpt_run": results["nrpt_run"][0]["command"],
