@@ -251,3 +251,33 @@ def test_a_resumed_compiled_run_is_the_uninterrupted_one_bit_for_bit(explorer):
     assert torch.equal(whole.engine.slot_of, resumed.engine.slot_of)
     assert all(torch.equal(whole.engine.params[k], resumed.engine.params[k])
                for k in whole.engine.params)
+
+
+def test_autograd_free_runs_use_inference_mode_with_the_same_numbers(monkeypatch):
+    """A gradient-free run executes in torch.inference_mode (less dispatch per op) and gives
+    the same numbers as without it; what it leaves behind are ordinary tensors (the engine and
+    recorders can go on outside the loop)."""
+    from nrpt.build import build
+    from nrpt.config import RunConfig
+    from nrpt.loop import execute
+
+    def run(free):
+        monkeypatch.setattr(nrpt.PTEngine, "autograd_free", property(lambda self: free))
+        r = build(RunConfig(target="twenty-five-modes", chains=5, systems=2, iterations=200,
+                            explorer="rwmh", figures=False))
+        out = execute(r)
+        assert out.notes["inference_mode"] is free
+        return r
+
+    fast, plain = run(True), run(False)
+    assert torch.equal(fast.engine.state.x, plain.engine.state.x)
+    assert torch.equal(fast.recorders["swaps"].accept_sum, plain.recorders["swaps"].accept_sum)
+    assert not fast.engine.state.x.is_inference()
+    assert not fast.recorders["swaps"].attempts.is_inference()
+    it = fast.engine.step()  # in-place updates outside the loop work
+    for rec in fast.recorders.values():
+        if rec.name != "draws":
+            rec.record(it)
+    monkeypatch.undo()
+    mala = build(RunConfig(target="gaussian", chains=3, iterations=5, explorer="mala"))
+    assert not mala.engine.autograd_free  # autograd gradients: no inference mode

@@ -119,6 +119,14 @@ class PTEngine:
     def sharded(self) -> bool:
         return self.comm is not None
 
+    @property
+    def autograd_free(self) -> bool:
+        """No step of this engine needs autograd: the explorer uses no gradient (RWMH, slice),
+        or the target declares ``analytic_gradients = True`` (its gradient methods are
+        closed forms).  The loop then runs in ``torch.inference_mode`` (:mod:`nrpt.loop`)."""
+        return (not getattr(self.explorer, "uses_gradient", True)
+                or bool(getattr(self.target, "analytic_gradients", False)))
+
     # ------------------------------------------------------------------ set-up helpers
     def _per_slot(self, name: str, value) -> torch.Tensor:
         vals = [float(value)] * self.P if np.ndim(value) == 0 else [float(v) for v in value]

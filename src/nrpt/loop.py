@@ -22,6 +22,7 @@ saved state is always consistent); they hold the engine, every adaptor and every
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -64,6 +65,43 @@ def choose_threads(engine: PTEngine, threads: int | str | None = None) -> int:
         raise ValueError(f"threads must be an integer >= 1 or 'auto' (also NRPT_THREADS); got "
                          f"{threads!r}")
     return n
+
+
+def release_inference_tensors(objects, depth: int = 3) -> None:
+    """Replace the inference tensors (made under ``torch.inference_mode``) held by ``objects``
+    -- in their attributes, and in dicts, lists, tuples, dataclasses and objects held there,
+    ``depth`` levels down -- by ordinary copies, so that code after the loop may update them
+    in place or use them with autograd.  Tensors made before the loop are left as they are."""
+    seen: set[int] = set()
+
+    def fix(v, d):
+        if isinstance(v, torch.Tensor):
+            return v.clone() if v.is_inference() else v
+        if d <= 0 or id(v) in seen or isinstance(v, str | bytes | int | float | bool | type):
+            return v
+        seen.add(id(v))
+        if isinstance(v, dict):
+            for k in list(v):
+                v[k] = fix(v[k], d - 1)
+            return v
+        if isinstance(v, list):
+            v[:] = [fix(x, d - 1) for x in v]
+            return v
+        if isinstance(v, tuple) and not hasattr(v, "_fields") and type(v) is tuple:
+            return tuple(fix(x, d - 1) for x in v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            changes = {f.name: fix(getattr(v, f.name), d - 1) for f in dataclasses.fields(v)
+                       if f.init}
+            return dataclasses.replace(v, **changes)
+        if hasattr(v, "__dict__") and not isinstance(v, torch.nn.Module):
+            for k, x in list(vars(v).items()):
+                new = fix(x, d - 1)
+                if new is not x:
+                    object.__setattr__(v, k, new)
+        return v
+
+    for obj in objects:
+        fix(obj, depth)
 
 
 @contextlib.contextmanager
@@ -227,9 +265,16 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         if stop is None:
             stop = stack.enter_context(Interrupt())
         n = stack.enter_context(torch_threads(choose_threads(run.engine, threads)))
-        outcome = _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
-                           stop)
+        fast = run.engine.autograd_free
+        try:
+            with torch.inference_mode(fast):
+                outcome = _execute(run, out, checkpoint_every, progress, callback, resume,
+                                   header, say, stop)
+        finally:
+            if fast:  # what the run leaves behind is ordinary tensors again
+                release_inference_tensors([run.engine, *run.adaptors, *run.recorders.values()])
         outcome.notes["threads"] = n
+        outcome.notes["inference_mode"] = fast
         return outcome
 
 

@@ -79,6 +79,10 @@ class TwentyFiveModes:
             ``[-grid_lim, grid_lim]^2`` is below ``1e-8``.
     """
 
+    #: ``grad_energy`` / ``energy_and_grad`` are closed forms (no autograd): runs may use
+    #: ``torch.inference_mode`` (:attr:`nrpt.PTEngine.autograd_free`)
+    analytic_gradients = True
+
     dim: int = 2
 
     def __init__(self, penalty: bool = False) -> None:
