@@ -56,9 +56,10 @@ _HELP = {
                          "(default 0.3 rwmh, 0.574 mala, 0.65 hmc)",
     "slice_method": "interval growth of the slice explorer",
     "figures": "with --out: write the figures (true/false)",
-    "compile": "run the explorer step (rwmh, mala, hmc) as one torch.compile graph: faster "
-               "iterations after a compilation of seconds; falls back to the plain step "
-               "(true/false)",
+    "compile": "run the explorer step (rwmh, mala, hmc, and the stochastic-gradient "
+               "explorers without control variates) as one torch.compile graph: faster "
+               "iterations after a compilation of seconds, the same draws; falls back to the "
+               "plain step (true/false)",
     "swap_rule": "swap rule (default: metropolis for exact explorers, deterministic for "
                  "sgd/msgd/psgd, bias-corrected for sgld/sghmc/psgld)",
     "swap_rate": "target swap rate S in (0, 1) of the C and learning-rate adaptors; also sets "
