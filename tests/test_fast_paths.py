@@ -281,3 +281,14 @@ def test_autograd_free_runs_use_inference_mode_with_the_same_numbers(monkeypatch
     monkeypatch.undo()
     mala = build(RunConfig(target="gaussian", chains=3, iterations=5, explorer="mala"))
     assert not mala.engine.autograd_free  # autograd gradients: no inference mode
+
+
+def test_finite_rows_by_the_sum_flags_exactly_the_rows_with_nan_or_inf():
+    from nrpt.explorers.metropolis import _finite_rows
+
+    x = torch.randn(4, 3, 50, dtype=torch.float64)
+    x[0, 1, 7], x[1, 2, 0], x[2, 0, 49] = math.nan, math.inf, -math.inf
+    x[3, 0, :2] = torch.tensor([math.inf, -math.inf])  # inf - inf: NaN, still flagged
+    assert torch.equal(_finite_rows(x), torch.isfinite(x).all(-1))
+    big = torch.full((1, 1, 4), 1e308, dtype=torch.float64)  # finite, but the sum overflows
+    assert not bool(_finite_rows(big))  # documented: such a proposal is rejected
