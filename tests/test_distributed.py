@@ -230,3 +230,17 @@ def test_rank_0_refusal_reaches_every_rank(tmp_path):
               "--out", str(tmp_path / "busy")], nproc=2)
     assert r.returncode == 2
     assert "already holds a run" in r.stderr and "rank 0 stopped the run" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_compiled_run_is_identical_on_1_and_2_processes(tmp_path):
+    """compile = true with the replicas over 2 processes: each rank replays its block of the
+    keyed draws into its compiled step, so the records equal the single-process run's."""
+    one = nrpt.sample("twenty-five-modes", chains=6, systems=2, iterations=300, explorer="mala",
+                      seed=4, out=str(tmp_path / "p1"), figures=False, compile=True)
+    assert one.engine.explorer.describe()["compiled"]
+    r = _cli([*EXACT, "--seed", "4", "--compile", "true", "--out", str(tmp_path / "p2")],
+             nproc=2)
+    assert r.returncode == 0, r.stderr
+    assert "using the plain step" not in r.stderr  # no rank fell back (CompileWarning)
+    assert _same(_records(one.out), _records(tmp_path / "p2")) == []
