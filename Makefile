@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-scaling bench-headline clean
+        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ bench-scaling: $(STAMP)
 # 5 repeats; writes benchmarks/headline.json (docs/benchmarks.md)
 bench-headline: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/headline.py
+
+# where an iteration's time goes: each adaptor, recorder and the explorer step on its own, with
+# and without torch.inference_mode, and the aten ops of one iteration (docs/benchmarks.md)
+bench-parts: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/parts.py
 
 # deep posteriors (docs/reproduction/deep.md): strategy throughput, the equal-budget table on
 # MNIST-1D, round trips with W* vs W = 1

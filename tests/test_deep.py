@@ -270,13 +270,17 @@ def test_a_model_that_cannot_be_vmapped_falls_back_to_the_loop_with_a_warning():
                 return self.lin(x)
             return -self.lin(x)
 
-    net = FunctionalNet(Branchy())
+    with pytest.warns(StrategyWarning, match="using 'loop'"):
+        assert _choose(FunctionalNet(Branchy()), "vmap") == "loop"
+
+
+def _choose(net: FunctionalNet, strategy: str) -> str:
+    """The strategy ``choose_strategy`` settles on for two replicas of ``net`` on toy data."""
     theta, buf = net.pack()
     X, y = _toy(n=8)
-    with pytest.warns(StrategyWarning, match="using 'loop'"):
-        chosen, _ = choose_strategy(net, theta.expand(2, -1), buf.expand(2, -1),
-                                    X.expand(2, 8, 6), y.expand(2, 8), "vmap")
-    assert chosen == "loop"
+    chosen, _ = choose_strategy(net, theta.expand(2, -1), buf.expand(2, -1), X.expand(2, 8, 6),
+                                y.expand(2, 8), strategy)
+    return chosen
 
 
 def test_dropout_is_keyed_and_leaves_the_global_rng_alone():
@@ -319,13 +323,8 @@ def test_a_failing_compile_falls_back_to_vmap(monkeypatch):
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    net = FunctionalNet(_bn_mlp())
-    theta, buf = net.pack()
-    X, y = _toy(n=8)
     with pytest.warns(StrategyWarning, match="using 'vmap'"):
-        chosen, _ = choose_strategy(net, theta.expand(2, -1), buf.expand(2, -1),
-                                    X.expand(2, 8, 6), y.expand(2, 8), "compile")
-    assert chosen == "vmap"
+        assert _choose(FunctionalNet(_bn_mlp()), "compile") == "vmap"
 
 
 def test_cli_deep_runs_writes_the_folder_and_resumes(tmp_path, capsys):

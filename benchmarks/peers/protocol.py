@@ -23,7 +23,9 @@ Metrics computed here on every tool's output (so all tools are scored by the sam
 
 from __future__ import annotations
 
+import argparse
 import math
+import time
 
 import numpy as np
 
@@ -180,3 +182,27 @@ def log_z_fields(estimate, method: str | None, note: str | None = None) -> dict:
                 "log_z_note": note}
     return {"log_z": float(estimate), "log_z_error": float(abs(estimate - LOG_Z)),
             "log_z_method": method, "log_z_note": note}
+
+
+# ------------------------------------------------------------------ the ensemble runners' frame
+def ensemble_args(description: str, argv=None) -> argparse.Namespace:
+    """The command line of an ensemble runner (ptemcee, reddemcee)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--iterations", type=int, default=ITERATIONS)
+    ap.add_argument("--walkers", type=int, default=SYSTEMS,
+                    help="walkers per temperature (32: 256 replicas, like 32 systems x 8)")
+    ap.add_argument("--chains", type=int, default=CHAINS)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=20)
+    return ap.parse_args(argv)
+
+
+def warm_then_time(run, args):
+    """``run(args, iterations, seed)`` once short (warm-up, another seed), then timed:
+    ``(result, warm-up s, wall s, cpu s)``."""
+    t0 = time.perf_counter()
+    run(args, args.warmup, args.seed + 10**6)
+    warm = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = run(args, args.iterations, args.seed)
+    return result, warm, time.perf_counter() - t0, time.process_time() - c0

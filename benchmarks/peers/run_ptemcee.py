@@ -23,11 +23,9 @@ over [0, 1e-3] is missing (about 1e-3 x E_prior[log L], ~0.01-0.02 here).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -79,22 +77,8 @@ def run(args, iterations, seed):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iterations", type=int, default=protocol.ITERATIONS)
-    ap.add_argument("--walkers", type=int, default=protocol.SYSTEMS,
-                    help="walkers per temperature (32: 256 replicas, like 32 systems x 8)")
-    ap.add_argument("--chains", type=int, default=protocol.CHAINS)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=20)
-    args = ap.parse_args(argv)
-
-    t0 = time.perf_counter()
-    run(args, args.warmup, args.seed + 10**6)
-    warm = time.perf_counter() - t0
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    sampler, ratios, level = run(args, args.iterations, args.seed)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    args = protocol.ensemble_args(__doc__.splitlines()[0], argv)
+    (sampler, ratios, level), warm, wall, cpu = protocol.warm_then_time(run, args)
 
     K, P = args.iterations, args.chains
     out = {"tool": "ptemcee", "variant": "stretch", "ok": True, "seed": args.seed,

@@ -29,11 +29,9 @@ Compatibility shim: ``np.trapz = np.trapezoid`` (removed in NumPy 2.4; used by i
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -114,22 +112,8 @@ def run(args, iterations, seed):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iterations", type=int, default=protocol.ITERATIONS)
-    ap.add_argument("--walkers", type=int, default=protocol.SYSTEMS,
-                    help="walkers per temperature (32: 256 replicas, like 32 systems x 8)")
-    ap.add_argument("--chains", type=int, default=protocol.CHAINS)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=20)
-    args = ap.parse_args(argv)
-
-    t0 = time.perf_counter()
-    run(args, args.warmup, args.seed + 10**6)
-    warm = time.perf_counter() - t0
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    sampler = run(args, args.iterations, args.seed)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    args = protocol.ensemble_args(__doc__.splitlines()[0], argv)
+    sampler, warm, wall, cpu = protocol.warm_then_time(run, args)
 
     K, P = args.iterations, args.chains
     mv = sampler._swap_move

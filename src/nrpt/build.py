@@ -157,10 +157,6 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         domain = parse_domain(cfg.domain)
         opts = {"momentum": cfg.momentum} if "momentum" in explorer_entry.options else {}
         explorer = explorer_entry.load()(estimator, domain, **opts)
-        if cfg.compile:
-            from .explorers.compiled import Compiled
-
-            explorer = Compiled(explorer)
         step = (check_ladder(cfg.learning_rates) if cfg.learning_rates is not None
                 else geometric_ladder(cfg.lr_min, cfg.lr_max, P))
         facts["energy"] = estimator.describe().get("energy")
@@ -174,10 +170,6 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
                    {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
         explorer = explorer_entry.load()(**options)
-        if cfg.compile:
-            from .explorers.compiled import Compiled
-
-            explorer = Compiled(explorer)
         domain = None
         step = cfg.step_size
         if path.kind == "temperature" and not isinstance(step, list):
@@ -191,6 +183,11 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if rule is None:
         rule = _rule(cfg, getattr(path, "finite", True))
     facts["rule"] = rule.name
+
+    if cfg.compile:  # the explorer step as one compiled graph (explorers.compiled)
+        from .explorers.compiled import Compiled
+
+        explorer = Compiled(explorer)
 
     # 4. initial states and the engine
     x0, share = initial_states(target, path, R, P, cfg.seed, dtype, device)

@@ -37,7 +37,7 @@ from .paths import Path
 from .rng import Block, Stream, generator_for
 from .roles import Iteration, PhaseDecision, Update
 from .swap import DEOW, Rule, Scheme, SwapContext
-from .swap.schemes import adjacent_pairs
+from .swap.schemes import is_sweep
 
 __all__ = ["PTEngine"]
 
@@ -178,12 +178,11 @@ class PTEngine:
             self.set_scheme(DEOW(update.window))
 
     def _table(self, value) -> torch.Tensor:
-        """A per-slot table ``[R, P]`` of the engine's dtype and device (an adaptor's fresh
-        ``[R, P]`` tensor is taken as it is; anything else is broadcast and copied)."""
+        """A per-slot table ``[R, P]`` of the engine's dtype and device: an ``[R, P]`` tensor
+        is taken as it is (the engine owns an :class:`Update`'s tables), anything else is
+        broadcast and copied."""
         t = torch.as_tensor(value, dtype=self.dtype, device=self.device)
-        if t.shape == (self.R, self.P) and t is not self.schedule and t is not self.step_size:
-            return t
-        return t.expand(self.R, self.P).clone()
+        return t if t.shape == (self.R, self.P) else t.expand(self.R, self.P).clone()
 
     # ------------------------------------------------------------------ one iteration
     def slot_params(self, table: torch.Tensor) -> torch.Tensor:
@@ -308,8 +307,7 @@ class PTEngine:
         R, d = self.R, self.dim
         B = rng.block_length(R * d)
         if self._ref_rows is None or self._ref_rows[0] != k // B:
-            g = (generator_for(self.seed, Stream.REFERENCE, k) if B == 1 else
-                 generator_for(self.seed, Stream.REFERENCE, rng._BLOCKED, k // B))
+            g = rng.block_generator(self.seed, Stream.REFERENCE, k, B)
             xr = torch.as_tensor(self.target.reference_sample(B * R, g))
             xr = xr.to(self.device, self.dtype).reshape(B, R, d)
             vr, br = self.density(xr)
@@ -335,7 +333,7 @@ class PTEngine:
             return rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
                                          dtype=self.dtype, device=self.device)
 
-        every = lo is adjacent_pairs(self.R, self.P, self.device)[0]  # all P-1 pairs, in order
+        every = is_sweep(lo, self.R, self.P)  # all P-1 pairs, in order
         if every:  # (DEO, DEO_W, SEO) slices instead of gathers
             v_at = self._view.v.gather(1, self.replica_at)
             b_lo, b_hi = self.schedule[:, :-1], self.schedule[:, 1:]

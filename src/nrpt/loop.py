@@ -87,7 +87,7 @@ def release_inference_tensors(objects, depth: int = 3) -> None:
         if isinstance(v, list):
             v[:] = [fix(x, d - 1) for x in v]
             return v
-        if isinstance(v, tuple) and not hasattr(v, "_fields") and type(v) is tuple:
+        if type(v) is tuple:  # (named tuples and other tuple types are left alone)
             return tuple(fix(x, d - 1) for x in v)
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             changes = {f.name: fix(getattr(v, f.name), d - 1) for f in dataclasses.fields(v)

@@ -31,6 +31,7 @@ import torch
 
 from .diagnostics import RoundTripTracker
 from .roles import Iteration, RecorderBase
+from .swap.schemes import is_sweep
 
 __all__ = ["SwapStats", "RoundTrips", "SlotSpread", "Trace", "per_system", "json_ready"]
 
@@ -84,6 +85,11 @@ class SwapStats(RecorderBase):
 
     def record(self, it: Iteration) -> None:
         for d in it.decisions:
+            if is_sweep(d.lo, self.R, self.P):  # pairs in slot order: plain adds
+                self.attempts += d.active
+                self.accept_sum += torch.where(d.active, d.prob, torch.zeros_like(d.prob))
+                self.swaps += d.accepted
+                continue
             adjacent = d.active & (d.hi - d.lo == 1)
             self.attempts.scatter_add_(1, d.lo, adjacent.long())
             self.accept_sum.scatter_add_(1, d.lo, torch.where(adjacent, d.prob,

@@ -43,6 +43,7 @@ import torch
 
 __all__ = ["Stream", "Block", "Key", "as_key", "key", "generator_for", "normal", "uniform",
            "iteration_normal", "iteration_uniform", "iteration_draw", "block_length",
+           "block_generator",
            "BLOCK_ELEMENTS", "MAX_BLOCK"]
 
 #: the most numbers one block of per-iteration draws holds (a smaller per-iteration draw gets
@@ -233,14 +234,25 @@ def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: 
             return t if block is None else block.take(t)
     B = _length(full)
     k = int(iteration)
+    g = block_generator(seed, stream, k, B, *parts, device=device)
     if B == 1:
-        t = draw(full, generator_for(seed, stream, k, *parts, device=device))
+        t = draw(full, g)
     else:
-        rows = draw((B, *full), generator_for(seed, stream, _BLOCKED, k // B, *parts,
-                                              device=device))
+        rows = draw((B, *full), g)
         _cache.put(ck, (k - k % B, B, rows))
         t = rows[k % B]
     return t if block is None else block.take(t)
+
+
+def block_generator(seed: int, stream: int, iteration: int, B: int, *parts: int,
+                    device="cpu") -> torch.Generator:
+    """The generator of the block of ``B`` iterations holding ``iteration`` (``B`` from
+    :func:`block_length`; ``B = 1``: the plain key of that iteration).  Every per-iteration
+    draw made in blocks takes its generator here (:func:`iteration_draw`, the engine's
+    reference refresh)."""
+    if B == 1:
+        return generator_for(seed, stream, iteration, *parts, device=device)
+    return generator_for(seed, stream, _BLOCKED, int(iteration) // B, *parts, device=device)
 
 
 _lengths: dict[tuple, int] = {}

@@ -41,7 +41,7 @@ import torch
 from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 from .paths import Path
 from .swap.rules import Rule, SwapContext
-from .swap.schemes import Scheme
+from .swap.schemes import Scheme, is_sweep
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "Update", "SegmentView",
@@ -129,12 +129,8 @@ class Iteration:
         shared by every adaptor and recorder that reads it."""
         R, P, dt = self.R, self.P, self.schedule.dtype
         ds = self.decisions
-        if len(ds) == 1 and ds[0].lo.shape[1] == P - 1:
-            d = ds[0]
-            if bool(((d.hi - d.lo) == 1).all()):  # SEO/DEO/DEO_W: every pair, in order
-                A = torch.empty(R, P - 1, dtype=dt, device=d.lo.device)
-                A.scatter_(1, d.lo, d.decision.to(dt))
-                return A, torch.ones(R, P - 1, dtype=torch.bool, device=A.device)
+        if len(ds) == 1 and is_sweep(ds[0].lo, R, P):  # SEO/DEO/DEO_W: every pair, in order
+            return ds[0].decision.to(dt), torch.ones_like(ds[0].active)
         dev = self.slot_of.device
         A = torch.zeros(R, P - 1, dtype=dt, device=dev)
         listed = torch.zeros(R, P - 1, dtype=torch.bool, device=dev)
@@ -151,6 +147,9 @@ class Iteration:
         allowed to swap this iteration (active: right parity, gate open), zero elsewhere, and
         which those were.  Computed once per iteration, like :attr:`pair_indicators`."""
         A, _ = self.pair_indicators
+        ds = self.decisions
+        if len(ds) == 1 and is_sweep(ds[0].lo, self.R, self.P):
+            return A * ds[0].active, ds[0].active
         attempted = torch.zeros_like(A, dtype=torch.bool)
         for d in self.decisions:
             adj = (d.hi - d.lo) == 1
@@ -166,7 +165,9 @@ class Update:
     ``schedule`` / ``step_size``: new per-slot tables ``[R, P]``; ``params``: new values of the
     rule's parameters (e.g. ``{"C": [R, 1]}``); ``window``: switch the scheme to DEO_W with this
     window (the tuning segment of ``window = "auto"``); ``note``: free-form facts for the report
-    (e.g. the measured rejection rate behind a window)."""
+    (e.g. the measured rejection rate behind a window).  The engine takes the tables it is
+    given as its own (no copy): an adaptor must not change a tensor in place after handing it
+    over."""
 
     schedule: torch.Tensor | None = None
     step_size: torch.Tensor | None = None

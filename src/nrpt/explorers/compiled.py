@@ -146,8 +146,8 @@ class Compiled(Explorer):
         self.name, self.uses_gradient = inner.name, inner.uses_gradient
         self.substeps = inner.substeps
         self.options = {"dynamic": False, **options}
-        self._plans: dict[tuple, list] = {}
-        self._fn = None
+        self._plans: dict[tuple, list] = {}  # kind of state -> the draws a step makes
+        self._fn: dict[int, object] = {}  # sub-step -> its compiled function
         self.failed: str | None = None
 
     def prepare(self, state, density):
@@ -185,8 +185,6 @@ class Compiled(Explorer):
             plan = self._plans[kind] = rec.calls
         draws = tuple(_make(noise, call) for call in plan)
         try:
-            if self._fn is None:
-                self._fn = {}
             fn = self._fn.get(sub)
             args = (state.x, state.v, state.base, dict(state.extras), b, step_size, draws)
             if fn is None:  # compiles now: torch's own deprecation notices are not the user's

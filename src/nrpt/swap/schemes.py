@@ -28,7 +28,7 @@ import torch
 
 from .. import rng
 
-__all__ = ["adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"]
+__all__ = ["is_sweep", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"]
 
 Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -36,13 +36,17 @@ Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _ADJACENT: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
-def adjacent_pairs(R: int, P: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The adjacent pairs ``(lo, hi)`` ``[R, P-1]`` (made once per shape: read-only)."""
-    return _pairs(R, P, device)[:2]
+def is_sweep(lo: torch.Tensor, R: int, P: int) -> bool:
+    """Whether a phase's pairs ``lo`` are all ``P - 1`` adjacent pairs in slot order (SEO, DEO,
+    DEO_W return the cached ``lo`` of :func:`_pairs` itself): per-pair tensors of such a phase
+    are already in pair order, so the engine, the indicators and the swap counters use them as
+    they are (slices and adds instead of gathers and scatters)."""
+    return lo is _pairs(R, P, lo.device)[0]
 
 
 def _pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
-    """``(lo, hi, even, odd)``: the adjacent pairs and the masks of even / odd ``lo``."""
+    """``(lo, hi, even, odd)``: the adjacent pairs ``[R, P-1]`` and the masks of even / odd
+    ``lo``, made once per shape and device (read-only: schemes hand them out as they are)."""
     key = (R, P, str(device))
     got = _ADJACENT.get(key)
     if got is None:
@@ -87,11 +91,10 @@ class SEO(Scheme):
     name = "seo"
 
     def phases(self, k, R, P, seed, systems, state):
-        lo, hi = adjacent_pairs(R, P, systems.device)
+        lo, hi, _, odd = _pairs(R, P, systems.device)
         coin = rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k,
                                      device=systems.device) < 0.5
-        active = (lo % 2 == 1) == coin
-        return [(lo, hi, active)]
+        return [(lo, hi, odd == coin)]
 
 
 class DEOW(Scheme):

@@ -1,0 +1,129 @@
+"""Where an iteration's time goes: each piece of the loop timed on its own, in one process.
+
+    python benchmarks/parts.py            # make bench-parts (OMP_NUM_THREADS=1)
+    python benchmarks/parts.py --quick    # a smoke run (numbers not for reporting)
+
+Two runs: the headline DEO*-SGD x P16 run (``nrpt.sgpt.HEADLINE``) and exact PT on the 25-mode
+target (RWMH, DEO, R = 32 systems x P = 8).  For each, after a warm-up, the µs per call of
+``engine.step``, the bare explorer step, every adaptor's ``observe`` and every recorder's
+``record`` (the ``draws`` recorder included: it keeps the draws in memory here), and one whole
+iteration (step + adaptors + recorders) -- with and without ``torch.inference_mode`` (the loop
+uses it for runs that need no autograd, ``PTEngine.autograd_free``).  Repeats are interleaved,
+medians are printed.  Also: the aten ops of one whole iteration (``torch.profiler``, nested
+calls included), and the two finiteness checks of a proposal ``[1, 16, 10^4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+
+from nrpt.build import build
+from nrpt.config import RunConfig
+from nrpt.explorers import Noise
+from nrpt.sgpt import HEADLINE
+
+
+def configs(iterations: int) -> dict[str, RunConfig]:
+    return {"headline (sgd, P16)": RunConfig.from_dict({}, defaults=dict(HEADLINE,
+                                                                         iterations=iterations)),
+            "exact (rwmh, R32 x P8)": RunConfig(target="twenty-five-modes", chains=8, systems=32,
+                                                iterations=iterations, explorer="rwmh",
+                                                scheme="deo", figures=False)}
+
+
+def pieces(run) -> dict:
+    """name -> a zero-argument call timing one piece (state carried between calls)."""
+    eng = run.engine
+    holder = {"it": eng.step()}
+
+    def iteration():
+        it = eng.step()
+        for a in run.adaptors:
+            eng.apply(a.observe(it))
+        for r in run.recorders.values():
+            r.record(it)
+        holder["it"] = it
+
+    def bare():
+        b, h = eng.slot_params(eng.schedule), eng.slot_params(eng.step_size)
+        eng.explorer.step(eng.state, b, h, eng.density, Noise(eng.seed, eng.k, eng.R, eng.P,
+                                                               eng.device))
+
+    out = {"whole iteration": iteration, "engine.step": lambda: holder.update(it=eng.step()),
+           "bare explorer step": bare}
+    for a in run.adaptors:
+        out[f"adaptor {a.name}"] = (lambda a=a: a.observe(holder["it"]))
+    for name, r in run.recorders.items():
+        out[f"recorder {name}"] = (lambda r=r: r.record(holder["it"]))
+    return out
+
+
+def per_call_us(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def aten_ops(fn, n: int = 50) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            fn()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / n
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=1000, help="calls per timing")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.reps, args.calls = 2, 50
+    torch.set_num_threads(1)
+    total = (args.reps * 2 + 2) * args.calls * 12 + 1000
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; medians of "
+          f"{args.reps} interleaved repeats of {args.calls} calls; us per call")
+    for label, cfg in configs(total).items():
+        run = build(cfg)
+        for r in run.recorders.values():
+            r.start_segment(True, total)
+        run.recorders["draws"].initial(run.engine.slot_of)
+        calls = pieces(run)
+        for _ in range(200):
+            calls["whole iteration"]()
+        times = {(name, mode): [] for name in calls for mode in ("plain", "inference")}
+        for _ in range(args.reps):
+            for mode in ("plain", "inference"):
+                ctx = torch.inference_mode() if mode == "inference" else contextlib.nullcontext()
+                with ctx:
+                    for name, fn in calls.items():
+                        times[name, mode].append(per_call_us(fn, args.calls))
+        print(f"\n{label}   (autograd_free: {run.engine.autograd_free})")
+        print(f"  {'piece':28s} {'plain':>9s} {'inference':>10s}")
+        for name in calls:
+            print(f"  {name:28s} {statistics.median(times[name, 'plain']):9.1f} "
+                  f"{statistics.median(times[name, 'inference']):10.1f}")
+        with torch.inference_mode(run.engine.autograd_free):
+            print(f"  aten ops per whole iteration (nested included): "
+                  f"{aten_ops(calls['whole iteration']):.0f}")
+    x = torch.randn(1, 16, 10_000, dtype=torch.float64)
+    checks = {"isfinite(x).all(-1)": lambda: torch.isfinite(x).all(-1),
+              "isfinite(x.sum(-1))": lambda: torch.isfinite(x.sum(-1))}
+    res = {k: [] for k in checks}
+    for _ in range(args.reps):
+        for k, fn in checks.items():
+            res[k].append(per_call_us(fn, args.calls))
+    print("\nfiniteness of a proposal [1, 16, 10^4] float64: " + ", ".join(
+        f"{k} {statistics.median(v):.1f} us" for k, v in res.items()))
+
+
+if __name__ == "__main__":
+    main()
