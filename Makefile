@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev,arviz,deep]"
+	$(PY) -m pip install -q -e ".[dev,arviz,deep,pymc]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -311,6 +311,36 @@ def _load_module(path: Path) -> Any:
     return module
 
 
+#: Models of other libraries that a ``file.py:NAME`` may hold: top-level package ->
+#: ``("module:Class" of the model, "module:function" that makes a target of it)``.  Both are
+#: strings imported on first use (as in :mod:`nrpt.registry`), so nrpt imports no such library
+#: unless an object's class comes from it.
+MODEL_ADAPTERS: dict[str, tuple[str, str]] = {
+    "pymc": ("pymc:Model", "nrpt.targets.pymc_model:from_pymc"),
+}
+
+
+def _import_attr(ref: str) -> Any:
+    module, attr = ref.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _model_adapter(obj: Any) -> Callable[..., Any] | None:
+    """The function that makes a target of ``obj`` if it is a model of a library in
+    :data:`MODEL_ADAPTERS` (e.g. a ``pymc.Model``), else None."""
+    packages = {(getattr(c, "__module__", None) or "").split(".")[0]
+                for c in type(obj).__mro__}
+    for package in packages.intersection(MODEL_ADAPTERS):
+        model_ref, adapter_ref = MODEL_ADAPTERS[package]
+        try:
+            model_class = _import_attr(model_ref)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(obj, model_class):
+            return _import_attr(adapter_ref)
+    return None
+
+
 def file_spec(spec: str) -> tuple[Path, str] | None:
     """``(path, NAME)`` of a ``"path/to/file.py:NAME"`` spec; None for any other spec."""
     head, sep, attr = spec.rpartition(":")
@@ -325,8 +355,10 @@ def load_target(spec: str, **kwargs: Any) -> Any:
     ``spec`` is either
 
     * ``"path/to/file.py:NAME"`` -- the file is imported as a fresh module and its attribute
-      ``NAME`` is taken; a class, or a function without a ``dim``, is called with ``kwargs`` to
-      build the target, anything else is returned as it is (``kwargs`` must then be empty);
+      ``NAME`` is taken; a ``pymc.Model`` becomes :func:`nrpt.targets.from_pymc` ``(model,
+      **kwargs)`` (e.g. ``path="temperature"``); a class, or a function without a ``dim``, is
+      called with ``kwargs`` to build the target, anything else is returned as it is
+      (``kwargs`` must then be empty);
     * the name of a built-in target (a key of :data:`BUILTIN_TARGETS`, ``_`` and ``-`` are
       interchangeable), whose factory is called with ``kwargs``.
 
@@ -345,6 +377,9 @@ def load_target(spec: str, **kwargs: Any) -> Any:
                 f"{path} has no attribute {attr!r} (its public names: {', '.join(public)})"
             )
         obj = getattr(module, attr)
+        adapter = _model_adapter(obj)
+        if adapter is not None:
+            return adapter(obj, **kwargs)
         if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "dim")):
             try:
                 return obj(**kwargs)

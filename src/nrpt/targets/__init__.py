@@ -2,6 +2,9 @@
 
 See :mod:`nrpt.target` for the target protocol and :data:`nrpt.target.BUILTIN_TARGETS` for the
 names under which :func:`nrpt.target.load_target` finds the factories below.
+
+:func:`from_pymc` (a PyMC model as a target, :mod:`nrpt.targets.pymc_model`) is exported lazily:
+importing :mod:`nrpt` or this package does not import PyMC.
 """
 
 from nrpt.targets.gaussian import (
@@ -22,7 +25,17 @@ __all__ = [
     "GeometricTarget",
     "TwentyFiveModes",
     "bimodal_1d",
+    "from_pymc",
     "gaussian",
     "geometric_bimodal",
     "mixture_2d",
 ]
+
+
+def __getattr__(name: str):
+    # the PyMC bridge is loaded on first use, so that `import nrpt` never imports PyMC
+    if name == "from_pymc":
+        from nrpt.targets.pymc_model import from_pymc
+
+        return from_pymc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,417 @@
+r"""PyMC models as nrpt targets: :func:`from_pymc`.
+
+A PyMC model is sampled on its *unconstrained* space: the model's value variables, i.e. every
+free random variable after its default transform (``log`` for a positive variable, ``logodds``
+/ ``interval`` for a bounded one, ``simplex`` for a Dirichlet, ...).  A state ``x`` is the
+concatenation of the raveled value variables (C order) **in the order of**
+``model.free_RVs`` (the order the variables were defined in); ``dim`` is their total size and
+:attr:`PyMCTarget.layout` lists ``(value variable name, slice, shape)`` for each block.
+
+Two paths (``path=``):
+
+``"prior"`` (default) -- a geometric path from the prior to the posterior:
+
+* ``reference_log_prob(x)``: the prior's log density on the unconstrained space, log-Jacobians
+  of the transforms included (PyMC's ``model.logp(vars=free_RVs, jacobian=True)``).  PyMC
+  priors are normalized, so ``reference_is_normalized = True`` and the stepping-stone estimate
+  is the absolute log marginal likelihood ``log Z``.
+* ``log_likelihood(x)``: the sum of the observed variables' log densities (the tempered part).
+* ``reference_sample(n, generator)``: exact iid prior draws by forward sampling the free
+  variables (PyTensor's random ops) and mapping them through the transforms' forward maps.
+  The draws are a function of ``generator`` alone: a 63-bit seed is drawn from it and seeds
+  the compiled sampler's random generators.
+
+  This needs a prior that forward sampling reproduces exactly: no ``pm.Potential`` and no free
+  variable that depends on an observed one (its "prior" would then be conditional on data).
+  Such models are refused with a message pointing to ``path="temperature"``.
+
+``"temperature"`` -- a temperature ladder on ``energy(x) = -(joint log density with
+Jacobian)`` (potentials included); for models whose prior cannot be sampled forward.
+``initial_states`` are PyMC's initial point jittered by ``Uniform(-1, 1)`` per coordinate.
+
+Gradients come from PyTensor's symbolic gradient (``grad_*`` methods, ``analytic_gradients =
+True``), so a run needs no torch autograd.  Every function is compiled once for a batch: the
+flat-vector log-density graph (:func:`pymc.pytensorf.join_nonshared_inputs`) is vectorized over
+a leading batch axis (:func:`pytensor.graph.replace.vectorize_graph`), so one call evaluates
+``[n, dim]`` states; if some op of the model cannot be vectorized, a per-state loop over the
+single-state function is used instead (``vectorize=False`` forces the loop; see
+:attr:`PyMCTarget.vectorized`).
+
+Numbers: PyTensor computes in float64; inputs may be torch tensors of any float dtype on any
+device (or numpy arrays) and results come back as torch tensors in the input's dtype and on
+its device.  The compiled functions hold mutable storage: a target must not be called from
+several threads at once.
+
+For the run's posterior file: :meth:`PyMCTarget.model_variables` maps states to the constrained
+values of every free variable and ``pm.Deterministic`` (``{name: [n, *shape]}``), with
+:attr:`~PyMCTarget.model_dims` / :attr:`~PyMCTarget.model_coords` from the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import numpy as np
+import torch
+
+from nrpt.target import TargetError
+from nrpt.targets._util import check_generator
+
+__all__ = ["PyMCTarget", "PyMCPriorTarget", "PyMCTemperatureTarget", "from_pymc", "PATHS"]
+
+#: the allowed values of ``from_pymc(path=...)``
+PATHS = ("prior", "temperature")
+
+_INSTALL = "pip install nrpt[pymc]"
+
+
+def _import_pymc():
+    """``(pymc, pytensor, pytensor.tensor)``, or an ImportError that says how to install."""
+    try:
+        pm = importlib.import_module("pymc")
+        pytensor = importlib.import_module("pytensor")
+        pt = importlib.import_module("pytensor.tensor")
+    except ImportError as e:
+        raise ImportError(f"nrpt.targets.from_pymc needs PyMC (>= 5.10), which is not "
+                          f"installed: {_INSTALL}  (import failed: {e})") from e
+    return pm, pytensor, pt
+
+
+def _compile(pm, inputs, outputs, **kwargs):
+    """``pm.compile`` without PyTensor's advisory that it found no BLAS to link (the models
+    here are small; the advice is about speed of large matrix products, not correctness)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*could not link to a BLAS")
+        return pm.compile(inputs, outputs, **kwargs)
+
+
+def from_pymc(model, *, path: str = "prior", vectorize: bool | None = None) -> PyMCTarget:
+    """An nrpt target for the PyMC model ``model`` (see the module docstring).
+
+    Args:
+        model: a ``pymc.Model`` with continuous free variables.
+        path: ``"prior"`` (geometric path prior -> posterior, absolute ``log Z``) or
+            ``"temperature"`` (temperature ladder on the joint density).
+        vectorize: ``None`` (default) vectorizes the compiled graphs over the batch and falls
+            back to a per-state loop if that fails; ``True`` requires vectorizing; ``False``
+            uses the loop.
+    """
+    cls = {"prior": PyMCPriorTarget, "temperature": PyMCTemperatureTarget}.get(path, PyMCTarget)
+    return cls(model, path=path, vectorize=vectorize)
+
+
+def _to_numpy(x, dim: int, who: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        a = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    else:
+        a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 2 or a.shape[1] != dim:
+        raise ValueError(f"{who} expects x of shape [n, {dim}]; got {list(a.shape)}")
+    return np.ascontiguousarray(a)
+
+
+def _to_torch(a: np.ndarray, x) -> torch.Tensor:
+    t = torch.from_numpy(np.array(a, dtype=np.float64))  # a copy: results may be read-only
+    if isinstance(x, torch.Tensor):
+        dtype = x.dtype if x.is_floating_point() else torch.float64
+        return t.to(dtype=dtype, device=x.device)
+    return t
+
+
+class _Batched:
+    """A compiled function of a flat state vector, evaluated on a batch ``[n, dim]``.
+
+    ``outputs`` are graphs of ``flat`` (a vector input); results come back with a leading
+    batch axis ``[n, *core_shape]``.  Vectorized: one call of the graph vectorized over the
+    batch (an output that does not depend on the state is broadcast).  Loop: one call of the
+    single-state function per state.  ``x0`` (a valid state) is evaluated once to learn the
+    outputs' shapes and to check that the vectorized function runs."""
+
+    def __init__(self, pm, pt, flat, x0: np.ndarray, outputs, vectorize: bool | None,
+                 what: str):
+        outputs = list(outputs)
+        ndims = [o.type.ndim for o in outputs]
+        self.vectorized = False
+        self._fn = None
+        error = None
+        if vectorize is not False:
+            try:
+                from pytensor.graph.replace import vectorize_graph
+
+                xb = pt.matrix(f"{what}_batch", dtype="float64")
+                outs = vectorize_graph(outputs, replace={flat: xb})
+                fn = _compile(pm, [xb], outs, on_unused_input="ignore")
+                res = fn(np.stack([x0, x0]))
+                shapes = []
+                for r, nd in zip(res, ndims, strict=True):
+                    r = np.asarray(r)
+                    if r.ndim == nd + 1 and r.shape[0] != 2:
+                        raise ValueError(f"batch axis of length {r.shape[0]}, not 2")
+                    shapes.append(r.shape[1:] if r.ndim == nd + 1 else r.shape)
+                self._fn, self.vectorized, self.core_shapes = fn, True, shapes
+            except Exception as e:  # an op without a batched form: fall back to the loop
+                error = e
+                if vectorize:
+                    raise TargetError(f"from_pymc: the {what} graph could not be vectorized "
+                                      f"over a batch ({type(e).__name__}: {e}); use "
+                                      f"vectorize=None or False for the per-state loop") from e
+        if self._fn is None:
+            if error is not None:
+                warnings.warn(f"from_pymc: the {what} graph could not be vectorized "
+                              f"({type(error).__name__}: {error}); evaluating states one at a "
+                              f"time", RuntimeWarning, stacklevel=4)
+            self._fn = _compile(pm, [flat], outputs, on_unused_input="ignore")
+            self.core_shapes = [np.shape(r) for r in self._fn(x0)]
+
+    def __call__(self, a: np.ndarray) -> list[np.ndarray]:
+        n = a.shape[0]
+        if self.vectorized:
+            res = self._fn(a)
+            return [np.broadcast_to(np.asarray(r, dtype=np.float64), (n, *s))
+                    for r, s in zip(res, self.core_shapes, strict=True)]
+        out = [np.empty((n, *s)) for s in self.core_shapes]
+        for i in range(n):
+            for o, r in zip(out, self._fn(a[i]), strict=True):
+                o[i] = r
+        return out
+
+
+class PyMCTarget:
+    """A PyMC model as an nrpt target; build it with :func:`from_pymc`."""
+
+    analytic_gradients = True
+
+    def __init__(self, model, *, path: str = "prior", vectorize: bool | None = None) -> None:
+        pm, pytensor, pt = _import_pymc()
+        if not isinstance(model, pm.Model):
+            raise TargetError(f"from_pymc expects a pymc.Model; got {type(model).__name__}")
+        if path not in PATHS:
+            raise TargetError(f"from_pymc: path must be one of {', '.join(map(repr, PATHS))} "
+                              f"('prior': geometric path from the prior, needs a prior that "
+                              f"forward sampling reproduces; 'temperature': temperature ladder "
+                              f"on the joint density); got {path!r}")
+        self._pm, self._pt = pm, pt
+        self.model = model
+        self.path = path
+        self._vectorize = vectorize
+        self.name = f"pymc:{model.name or 'model'}"
+        self._check_continuous()
+        if path == "prior":
+            self._check_prior_path()
+
+        free = list(model.free_RVs)
+        self._free = free
+        self._values = [model.rvs_to_values[rv] for rv in free]
+        point = model.initial_point()
+        self.layout: list[tuple[str, slice, tuple[int, ...]]] = []
+        start = 0
+        for v in self._values:
+            shape = tuple(int(s) for s in np.shape(point[v.name]))
+            size = int(np.prod(shape, dtype=np.int64))
+            self.layout.append((v.name, slice(start, start + size), shape))
+            start += size
+        self.dim = start
+        self._point = point
+        #: PyMC's initial point as a flat state
+        self._x0 = np.concatenate([np.ravel(point[v.name]) for v in self._values]
+                                  ).astype(np.float64) if self._values else np.zeros(0)
+        if self.dim < 1:
+            raise TargetError("from_pymc: the model has no free variables to sample")
+        self._fns: dict[str, _Batched] = {}
+        self._cache: tuple[np.ndarray, str, list[np.ndarray]] | None = None
+        self._sampler = None
+        self._rngs: list = []
+
+        if path == "prior":
+            self.reference_is_normalized = True
+            self._parts = [model.logp(vars=free, jacobian=True),
+                           model.logp(vars=list(model.observed_RVs), jacobian=True)]
+            self._build_sampler()  # compile now: a prior it cannot sample is refused here
+        else:
+            self._parts = [model.logp(jacobian=True)]
+
+        names = [rv.name for rv in free] + [d.name for d in model.deterministics]
+        self.model_dims: dict[str, list[str]] = {
+            k: list(v) for k, v in model.named_vars_to_dims.items()
+            if k in names and v is not None and len(v) > 0}
+        self.model_coords: dict[str, list] = {
+            k: list(v) for k, v in model.coords.items() if v is not None}
+
+    # ------------------------------------------------------------------------------- checks
+    def _check_continuous(self) -> None:
+        for rv in self.model.free_RVs:
+            if not str(rv.type.dtype).startswith("float"):
+                raise TargetError(
+                    f"from_pymc: free variable {rv.name!r} is discrete ({rv.type.dtype}); "
+                    f"nrpt's explorers move continuous unconstrained variables. Marginalize it "
+                    f"out of the model (e.g. replace a component label by pm.NormalMixture / "
+                    f"pm.Mixture, or sum a count variable out) or make it observed")
+
+    def _check_prior_path(self) -> None:
+        try:
+            from pytensor.graph.traversal import ancestors
+        except ImportError:  # pytensor < 2.32
+            from pytensor.graph.basic import ancestors
+
+        model = self.model
+        if not model.observed_RVs:
+            raise TargetError(
+                "from_pymc: the model has no observed variables, so there is no likelihood to "
+                "temper on the path from the prior; give a variable data with observed=... "
+                "(or use path='temperature' to temper the joint density)")
+        if model.potentials:
+            names = ", ".join(repr(p.name) for p in model.potentials)
+            raise TargetError(
+                f"from_pymc: the model has pm.Potential term(s) {names}, which forward sampling "
+                f"cannot reproduce, so the prior cannot be sampled exactly for path='prior'; "
+                f"use path='temperature'")
+        for rv in model.free_RVs:
+            hit = [o.name for o in model.observed_RVs if o in set(ancestors([rv]))]
+            if hit:
+                raise TargetError(
+                    f"from_pymc: free variable {rv.name!r} depends on the observed variable "
+                    f"{hit[0]!r}, so its prior is conditional on data and forward sampling "
+                    f"cannot reproduce it exactly for path='prior'; use path='temperature'")
+
+    # ------------------------------------------------------------------------------ compiling
+    def _flat(self, outputs):
+        """``(outputs as graphs of one flat state vector, that vector)``."""
+        from pymc.pytensorf import join_nonshared_inputs
+
+        outs, flat = join_nonshared_inputs(self._point, list(outputs), self._values)
+        return list(outs), flat
+
+    def _function(self, kind: str) -> _Batched:
+        fn = self._fns.get(kind)
+        if fn is not None:
+            return fn
+        pt = self._pt
+        if kind == "variables":
+            wanted = list(self._free) + list(self.model.deterministics)
+            outs, flat = self._flat(self.model.replace_rvs_by_values(wanted))
+        else:
+            outs, flat = self._flat(self._parts)
+            if kind == "grad":
+                outs = outs + [pt.grad(o, flat) for o in outs]
+        fn = self._fns[kind] = _Batched(self._pm, pt, flat, self._x0, outs, self._vectorize,
+                                        f"{self.path}-{kind}")
+        return fn
+
+    def _evaluate(self, x, kind: str, who: str) -> list[np.ndarray]:
+        a = _to_numpy(x, self.dim, who)
+        c = self._cache
+        if c is not None and (c[1] == kind or (c[1] == "grad" and kind == "value")) \
+                and c[0].shape == a.shape and np.array_equal(c[0], a):
+            return c[2]
+        res = self._function(kind)(a)
+        self._cache = (a.copy(), kind, res)
+        return res
+
+    # ---------------------------------------------------------------- prior forward sampler
+    def _build_sampler(self) -> None:
+        pm, pt = self._pm, self._pt
+        from pytensor.tensor.random.type import RandomGeneratorType
+
+        model = self.model
+        pieces = []
+        for rv in self._free:
+            tr = model.rvs_to_transforms.get(rv)
+            val = rv if tr is None else tr.forward(rv, *rv.owner.inputs)
+            pieces.append(pt.as_tensor_variable(val).astype("float64").ravel())
+        flat = pt.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        try:
+            fn = _compile(pm, [], flat, random_seed=0)
+            self._rngs = [v for v in fn.get_shared()
+                          if isinstance(v.type, RandomGeneratorType)]
+            draw = np.asarray(fn())
+        except Exception as e:
+            raise TargetError(
+                f"from_pymc: the prior cannot be sampled exactly by forward sampling "
+                f"({type(e).__name__}: {e}); use path='temperature'") from e
+        if draw.shape != (self.dim,):
+            raise TargetError(f"from_pymc: a forward draw has shape {list(draw.shape)}, not "
+                              f"[{self.dim}]; use path='temperature'")
+        self._sampler = fn
+
+    def reference_sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """``n`` exact iid prior draws on the unconstrained space, ``[n, dim]`` float64 on the
+        generator's device; a function of ``generator`` only."""
+        from pymc.pytensorf import reseed_rngs
+
+        g = check_generator(generator)
+        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=g, device=g.device).item())
+        reseed_rngs(self._rngs, seed)
+        out = np.empty((int(n), self.dim))
+        for i in range(int(n)):
+            out[i] = self._sampler()
+        return torch.from_numpy(out).to(device=g.device)
+
+    # --------------------------------------------------------------------- model variables
+    @property
+    def vectorized(self) -> dict[str, bool]:
+        """Which compiled functions so far run vectorized over the batch (else a loop)."""
+        return {k: f.vectorized for k, f in self._fns.items()}
+
+    def model_variables(self, x) -> dict[str, np.ndarray]:
+        """The constrained values of every free variable and ``pm.Deterministic`` at the
+        states ``x`` ``[n, dim]`` (numpy or torch): ``{name: array [n, *shape]}``, free
+        variables first in ``model.free_RVs`` order, then the deterministics."""
+        a = _to_numpy(x, self.dim, "model_variables")
+        res = self._function("variables")(a)
+        names = [rv.name for rv in self._free] + [d.name for d in self.model.deterministics]
+        return {k: np.array(v) for k, v in zip(names, res, strict=True)}
+
+    def unravel(self, x) -> dict[str, np.ndarray]:
+        """The states ``x`` ``[n, dim]`` split into the (unconstrained) value variables."""
+        a = _to_numpy(x, self.dim, "unravel")
+        return {name: a[:, sl].reshape(a.shape[0], *shape) for name, sl, shape in self.layout}
+
+    def __repr__(self) -> str:
+        return f"PyMCTarget({self.name!r}, path={self.path!r}, dim={self.dim})"
+
+
+class PyMCPriorTarget(PyMCTarget):
+    """``path="prior"``: the geometric form (prior reference, observed-data likelihood)."""
+
+    def reference_log_prob(self, x) -> torch.Tensor:
+        """The prior's log density on the unconstrained space (Jacobians included), ``[n]``."""
+        return _to_torch(self._evaluate(x, "value", "reference_log_prob")[0], x)
+
+    def log_likelihood(self, x) -> torch.Tensor:
+        """Sum of the observed variables' log densities, ``[n]``."""
+        return _to_torch(self._evaluate(x, "value", "log_likelihood")[1], x)
+
+    def grad_reference_log_prob(self, x) -> torch.Tensor:
+        """Gradient of :meth:`reference_log_prob`, ``[n, dim]``."""
+        return _to_torch(self._evaluate(x, "grad", "grad_reference_log_prob")[2], x)
+
+    def grad_log_likelihood(self, x) -> torch.Tensor:
+        """Gradient of :meth:`log_likelihood`, ``[n, dim]``."""
+        return _to_torch(self._evaluate(x, "grad", "grad_log_likelihood")[3], x)
+
+
+    def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Reference draws."""
+        return self.reference_sample(n, generator)
+
+
+class PyMCTemperatureTarget(PyMCTarget):
+    """``path="temperature"``: the temperature form (energy = -joint log density)."""
+
+    def energy(self, x) -> torch.Tensor:
+        """``-(joint log density with Jacobian)``, ``[n]`` (path='temperature')."""
+        return _to_torch(-self._evaluate(x, "value", "energy")[0], x)
+
+    def grad_energy(self, x) -> torch.Tensor:
+        """Gradient of :meth:`energy`, ``[n, dim]`` (path='temperature')."""
+        return _to_torch(-self._evaluate(x, "grad", "grad_energy")[1], x)
+
+
+    def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """PyMC's initial point jittered by ``U(-1, 1)`` per coordinate (as PyMC's
+        ``jitter+adapt_diag`` start)."""
+        g = check_generator(generator)
+        base = torch.from_numpy(self._x0.copy()).to(g.device)
+        u = torch.rand(int(n), self.dim, generator=g, dtype=torch.float64, device=g.device)
+        return base + (2.0 * u - 1.0)
