@@ -334,19 +334,6 @@ class PyMCTarget:
                               f"[{self.dim}]; use path='temperature'")
         self._sampler = fn
 
-    def reference_sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """``n`` exact iid prior draws on the unconstrained space, ``[n, dim]`` float64 on the
-        generator's device; a function of ``generator`` only."""
-        from pymc.pytensorf import reseed_rngs
-
-        g = check_generator(generator)
-        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=g, device=g.device).item())
-        reseed_rngs(self._rngs, seed)
-        out = np.empty((int(n), self.dim))
-        for i in range(int(n)):
-            out[i] = self._sampler()
-        return torch.from_numpy(out).to(device=g.device)
-
     # --------------------------------------------------------------------- model variables
     @property
     def vectorized(self) -> dict[str, bool]:
@@ -390,6 +377,19 @@ class PyMCPriorTarget(PyMCTarget):
         """Gradient of :meth:`log_likelihood`, ``[n, dim]``."""
         return _to_torch(self._evaluate(x, "grad", "grad_log_likelihood")[3], x)
 
+
+    def reference_sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """``n`` exact iid prior draws on the unconstrained space, ``[n, dim]`` float64 on the
+        generator's device; a function of ``generator`` only."""
+        from pymc.pytensorf import reseed_rngs
+
+        g = check_generator(generator)
+        seed = int(torch.randint(0, 2**63 - 1, (1,), generator=g, device=g.device).item())
+        reseed_rngs(self._rngs, seed)
+        out = np.empty((int(n), self.dim))
+        for i in range(int(n)):
+            out[i] = self._sampler()
+        return torch.from_numpy(out).to(device=g.device)
 
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """Reference draws."""
