@@ -126,11 +126,20 @@ class _Batched:
     batch axis ``[n, *core_shape]``.  Vectorized: one call of the graph vectorized over the
     batch (an output that does not depend on the state is broadcast).  Loop: one call of the
     single-state function per state.  ``x0`` (a valid state) is evaluated once to learn the
-    outputs' shapes and to check that the vectorized function runs."""
+    outputs' shapes and to check that the vectorized function runs.
+
+    ``grad=True`` appends the gradient of every (scalar) output with respect to the state.  In
+    the vectorized graph it is taken *after* vectorizing, as the gradient of the batch's sum
+    (the states do not interact, so row i is state i's gradient): vectorizing the gradient
+    graph instead leaves ops without a batched form (the ``Split`` that differentiates a
+    ``Join``) running as a Python loop over the batch.  Call with ``subset`` (output indices)
+    to compute only those outputs (e.g. the values without the gradients)."""
 
     def __init__(self, pm, pt, flat, x0: np.ndarray, outputs, vectorize: bool | None,
-                 what: str):
+                 what: str, grad: bool = False):
         outputs = list(outputs)
+        if grad:
+            outputs = outputs + [pt.grad(o, flat) for o in outputs]
         ndims = [o.type.ndim for o in outputs]
         self.vectorized = False
         self._fn = None
@@ -140,7 +149,10 @@ class _Batched:
                 from pytensor.graph.replace import vectorize_graph
 
                 xb = pt.matrix(f"{what}_batch", dtype="float64")
-                outs = vectorize_graph(outputs, replace={flat: xb})
+                values = outputs[:len(outputs) // 2] if grad else outputs
+                outs = list(vectorize_graph(values, replace={flat: xb}))
+                if grad:
+                    outs = outs + [pt.grad(o.sum(), xb) for o in outs]
                 fn = _compile(pm, [xb], outs, on_unused_input="ignore")
                 res = fn(np.stack([x0, x0]))
                 shapes = []
@@ -164,15 +176,18 @@ class _Batched:
             self._fn = _compile(pm, [flat], outputs, on_unused_input="ignore")
             self.core_shapes = [np.shape(r) for r in self._fn(x0)]
 
-    def __call__(self, a: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, a: np.ndarray, subset: list[int] | None = None) -> list[np.ndarray]:
         n = a.shape[0]
+        idx = list(range(len(self.core_shapes))) if subset is None else list(subset)
+        shapes = [self.core_shapes[i] for i in idx]
+        kw = {} if subset is None else {"output_subset": idx}
         if self.vectorized:
-            res = self._fn(a)
+            res = self._fn(a, **kw)
             return [np.broadcast_to(np.asarray(r, dtype=np.float64), (n, *s))
-                    for r, s in zip(res, self.core_shapes, strict=True)]
-        out = [np.empty((n, *s)) for s in self.core_shapes]
+                    for r, s in zip(res, shapes, strict=True)]
+        out = [np.empty((n, *s)) for s in shapes]
         for i in range(n):
-            for o, r in zip(out, self._fn(a[i]), strict=True):
+            for o, r in zip(out, self._fn(a[i], **kw), strict=True):
                 o[i] = r
         return out
 
@@ -219,7 +234,7 @@ class PyMCTarget:
         if self.dim < 1:
             raise TargetError("from_pymc: the model has no free variables to sample")
         self._fns: dict[str, _Batched] = {}
-        self._cache: tuple[np.ndarray, str, list[np.ndarray]] | None = None
+        self._cache: tuple[np.ndarray, bool, list[np.ndarray]] | None = None
         self._sampler = None
         self._rngs: list = []
 
@@ -283,29 +298,33 @@ class PyMCTarget:
         return list(outs), flat
 
     def _function(self, kind: str) -> _Batched:
+        """The compiled batch function ``kind``: ``"logp"`` (the log-density parts, then their
+        gradients) or ``"variables"`` (the constrained values); compiled on first use."""
         fn = self._fns.get(kind)
         if fn is not None:
             return fn
-        pt = self._pt
         if kind == "variables":
             wanted = list(self._free) + list(self.model.deterministics)
             outs, flat = self._flat(self.model.replace_rvs_by_values(wanted))
         else:
             outs, flat = self._flat(self._parts)
-            if kind == "grad":
-                outs = outs + [pt.grad(o, flat) for o in outs]
-        fn = self._fns[kind] = _Batched(self._pm, pt, flat, self._x0, outs, self._vectorize,
-                                        f"{self.path}-{kind}")
+        fn = self._fns[kind] = _Batched(self._pm, self._pt, flat, self._x0, outs,
+                                        self._vectorize, f"{self.path}-{kind}",
+                                        grad=kind == "logp")
         return fn
 
-    def _evaluate(self, x, kind: str, who: str) -> list[np.ndarray]:
+    def _evaluate(self, x, grad: bool, who: str) -> list[np.ndarray]:
+        """The log-density parts (``grad=False``) or the parts and their gradients, at ``x``;
+        the last evaluation is kept, so the members asking for the parts one by one at the
+        same states cost one call."""
         a = _to_numpy(x, self.dim, who)
         c = self._cache
-        if c is not None and (c[1] == kind or (c[1] == "grad" and kind == "value")) \
-                and c[0].shape == a.shape and np.array_equal(c[0], a):
+        if c is not None and (c[1] or not grad) and c[0].shape == a.shape \
+                and np.array_equal(c[0], a):
             return c[2]
-        res = self._function(kind)(a)
-        self._cache = (a.copy(), kind, res)
+        fn = self._function("logp")
+        res = fn(a) if grad else fn(a, subset=list(range(len(self._parts))))
+        self._cache = (a.copy(), grad, res)
         return res
 
     # ---------------------------------------------------------------- prior forward sampler
@@ -363,19 +382,19 @@ class PyMCPriorTarget(PyMCTarget):
 
     def reference_log_prob(self, x) -> torch.Tensor:
         """The prior's log density on the unconstrained space (Jacobians included), ``[n]``."""
-        return _to_torch(self._evaluate(x, "value", "reference_log_prob")[0], x)
+        return _to_torch(self._evaluate(x, False, "reference_log_prob")[0], x)
 
     def log_likelihood(self, x) -> torch.Tensor:
         """Sum of the observed variables' log densities, ``[n]``."""
-        return _to_torch(self._evaluate(x, "value", "log_likelihood")[1], x)
+        return _to_torch(self._evaluate(x, False, "log_likelihood")[1], x)
 
     def grad_reference_log_prob(self, x) -> torch.Tensor:
         """Gradient of :meth:`reference_log_prob`, ``[n, dim]``."""
-        return _to_torch(self._evaluate(x, "grad", "grad_reference_log_prob")[2], x)
+        return _to_torch(self._evaluate(x, True, "grad_reference_log_prob")[2], x)
 
     def grad_log_likelihood(self, x) -> torch.Tensor:
         """Gradient of :meth:`log_likelihood`, ``[n, dim]``."""
-        return _to_torch(self._evaluate(x, "grad", "grad_log_likelihood")[3], x)
+        return _to_torch(self._evaluate(x, True, "grad_log_likelihood")[3], x)
 
 
     def reference_sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -401,11 +420,11 @@ class PyMCTemperatureTarget(PyMCTarget):
 
     def energy(self, x) -> torch.Tensor:
         """``-(joint log density with Jacobian)``, ``[n]`` (path='temperature')."""
-        return _to_torch(-self._evaluate(x, "value", "energy")[0], x)
+        return _to_torch(-self._evaluate(x, False, "energy")[0], x)
 
     def grad_energy(self, x) -> torch.Tensor:
         """Gradient of :meth:`energy`, ``[n, dim]`` (path='temperature')."""
-        return _to_torch(-self._evaluate(x, "grad", "grad_energy")[1], x)
+        return _to_torch(-self._evaluate(x, True, "grad_energy")[1], x)
 
 
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
