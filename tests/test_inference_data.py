@@ -174,3 +174,19 @@ def test_writing_needs_no_arviz_import(tmp_path):
                           text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"
     assert (tmp_path / "posterior.nc").exists()
+
+
+def test_adaptive_thinned_runs_count_from_the_last_round(tmp_path):
+    # the draws of an adaptive run are the last round's, thinned: the cumulative counts start
+    # at that round, as the summary's statistics do
+    res = nrpt.sample(Hooked(), systems=2, chains=4, rounds=6, thin=2, explorer="rwmh",
+                      seed=1, figures=False, out=str(tmp_path))
+    stats = _read(tmp_path / "posterior.nc").sample_stats
+    n = res.samples.shape[1]
+    assert stats["restarts"].shape == (2, n)
+    assert stats["restarts"].values[:, -1].tolist() == res.summary["restarts"]
+    first = int(stats["restarts"].attrs["counted_from_iteration"])
+    assert first == res.summary["n_iterations"] - 2 * n
+    at0 = np.argmin(res.index, axis=-1)
+    rows = first + 2 * np.arange(1, n + 1)
+    assert np.array_equal(stats["slot0_replica"].values, at0[rows].T)
