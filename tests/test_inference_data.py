@@ -190,3 +190,24 @@ def test_adaptive_thinned_runs_count_from_the_last_round(tmp_path):
     at0 = np.argmin(res.index, axis=-1)
     rows = first + 2 * np.arange(1, n + 1)
     assert np.array_equal(stats["slot0_replica"].values, at0[rows].T)
+
+
+def test_unnamed_dims_and_boolean_variables(tmp_path):
+    class Wider(Hooked):
+        model_dims = {}
+        model_coords = {}
+
+        def model_variables(self, x):
+            x = np.asarray(x)
+            return {"positive": x[:, 0] > 0, "grid": np.stack([x[:, :2], 2 * x[:, 2:]], 1)}
+
+    res = nrpt.sample(Wider(), chains=4, iterations=40, explorer="rwmh", figures=False,
+                      out=str(tmp_path))
+    post = _read(tmp_path / "posterior.nc").posterior
+    assert post["positive"].dtype == bool and post["positive"].shape == (1, 40)
+    assert np.array_equal(post["positive"].values[0], res.samples[:, 0] > 0)
+    # dims the model does not name get ArviZ's names and integer coordinates
+    assert post["grid"].dims == ("chain", "draw", "grid_dim_0", "grid_dim_1")
+    assert post["grid"].shape == (1, 40, 2, 2)
+    assert list(post["grid_dim_1"].values) == [0, 1]
+    assert np.array_equal(post["grid"].values[0, :, 1], 2 * res.samples[:, 2:])

@@ -43,6 +43,8 @@ __all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
 
 #: the size of one block of draws converted and written at a time (bytes of unconstrained x)
 DRAW_BLOCK_BYTES = 8 * 2 ** 20
+#: the target size of one compressed netCDF chunk of a model variable (bytes)
+_CHUNK_BYTES = 2 ** 20
 #: rows of the index process read at a time (bytes of int64 work arrays, about)
 _INDEX_BLOCK_BYTES = 8 * 2 ** 20
 
@@ -130,7 +132,7 @@ def _per_chain(value, R: int) -> tuple[np.ndarray, bool]:
 def _group_attrs(extra: dict | None = None) -> dict[str, str]:
     from . import __version__
 
-    attrs = {"created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    attrs = {"created_at": datetime.datetime.now(datetime.UTC).isoformat(),
              "inference_library": "nrpt", "inference_library_version": str(__version__)}
     attrs.update(extra or {})
     return attrs
@@ -171,7 +173,7 @@ def _model_layout(target, x0: np.ndarray) -> dict[str, dict[str, Any]]:
         if name in ("chain", "draw") or {"chain", "draw"} & set(dims):
             raise ValueError(f"model variable {name!r}: 'chain' and 'draw' are reserved")
         coords = {}
-        for d, size in zip(dims, shape):
+        for d, size in zip(dims, shape, strict=True):
             c = coords_of.get(d)
             c = np.arange(size) if c is None else np.asarray(list(c))
             if len(c) != size:
@@ -194,22 +196,29 @@ def _write_model_posterior(tmp: Path, target, x: np.ndarray, layout: dict) -> No
         g = f["posterior"]
         handles = {}
         for name, spec in layout.items():
-            dtype = np.dtype(np.int8) if spec["dtype"] == bool else spec["dtype"]
-            chunks = (1, min(n, block), *[max(1, s) for s in spec["shape"]])
+            boolean = spec["dtype"].kind == "b"  # netCDF has no bool: int8 + a dtype attr
+            dtype = np.dtype(np.int8) if boolean else spec["dtype"]
+            per_draw = int(np.prod(spec["shape"], dtype=np.int64)) * max(dtype.itemsize, 1)
+            chunks = (1, max(1, min(n, _CHUNK_BYTES // max(per_draw, 1))),
+                      *[max(1, s) for s in spec["shape"]])
             handles[name] = g.create_variable(name, ("chain", "draw", *spec["dims"]),
                                               dtype=dtype, compression="gzip", chunks=chunks)
-            if spec["dtype"] == bool:
+            if boolean:
                 handles[name].attrs["dtype"] = "bool"  # xarray decodes it back to bool
         for r in range(R):
             for a in range(0, n, block):
                 values = _model_values(target, np.array(x[r, a:a + block], dtype=np.float64))
+                missing = set(layout) - set(values)
+                if missing:
+                    raise ValueError(f"model_variables: {sorted(missing)} missing from a "
+                                     f"block of draws")
                 for name, spec in layout.items():
                     v = np.asarray(values[name])
                     if v.shape[1:] != spec["shape"] or v.shape[0] != min(block, n - a):
                         raise ValueError(f"model_variables: {name!r} changed shape to "
                                          f"{v.shape} (was [n, {spec['shape']}])")
-                    handles[name][r, a:a + len(v)] = v.astype(np.int8) \
-                        if spec["dtype"] == bool else v
+                    handles[name][r, a:a + len(v)] = \
+                        v.astype(np.int8) if v.dtype.kind == "b" else v
 
 
 # ------------------------------------------------------------------------------ the file
