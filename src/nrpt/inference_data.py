@@ -186,35 +186,47 @@ def _model_layout(target, x0: np.ndarray) -> dict[str, dict[str, Any]]:
     return layout
 
 
-def _write_model_posterior(tmp: Path, target, x: np.ndarray, layout: dict) -> None:
-    """Fill the ``posterior`` group (already holding its coordinates) block by block."""
+def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
+    """Write the draws into the groups that already hold their coordinates, one block of
+    draws of one system at a time: the unconstrained ``x`` (in ``posterior``, or in
+    ``unconstrained_posterior`` when ``layout`` -- the model variables -- is given) and the
+    hook's values of each block."""
     import h5netcdf
 
     R, n, dim = x.shape
     block = max(1, DRAW_BLOCK_BYTES // (8 * max(dim, 1)))
+
+    def create(group, name, dims, shape, dtype):
+        per_draw = int(np.prod(shape, dtype=np.int64)) * max(dtype.itemsize, 1)
+        chunks = (1, max(1, min(n, _CHUNK_BYTES // max(per_draw, 1))),
+                  *[max(1, s) for s in shape])
+        return group.create_variable(name, ("chain", "draw", *dims), dtype=dtype,
+                                     compression="gzip", chunks=chunks)
+
     with h5netcdf.File(tmp, "a") as f:
-        g = f["posterior"]
+        flat = create(f["posterior" if layout is None else "unconstrained_posterior"], "x",
+                      ("x_dim",), (dim,), np.dtype(x.dtype))
         handles = {}
-        for name, spec in layout.items():
+        for name, spec in (layout or {}).items():
             boolean = spec["dtype"].kind == "b"  # netCDF has no bool: int8 + a dtype attr
-            dtype = np.dtype(np.int8) if boolean else spec["dtype"]
-            per_draw = int(np.prod(spec["shape"], dtype=np.int64)) * max(dtype.itemsize, 1)
-            chunks = (1, max(1, min(n, _CHUNK_BYTES // max(per_draw, 1))),
-                      *[max(1, s) for s in spec["shape"]])
-            handles[name] = g.create_variable(name, ("chain", "draw", *spec["dims"]),
-                                              dtype=dtype, compression="gzip", chunks=chunks)
+            handles[name] = create(f["posterior"], name, spec["dims"], spec["shape"],
+                                   np.dtype(np.int8) if boolean else spec["dtype"])
             if boolean:
                 handles[name].attrs["dtype"] = "bool"  # xarray decodes it back to bool
         for r in range(R):
             for a in range(0, n, block):
-                values = _model_values(target, np.array(x[r, a:a + block], dtype=np.float64))
-                missing = set(layout) - set(values)
+                xb = np.array(x[r, a:a + block])
+                flat[r, a:a + len(xb)] = xb
+                if not handles:
+                    continue
+                values = _model_values(target, xb.astype(np.float64, copy=False))
+                missing = set(handles) - set(values)
                 if missing:
                     raise ValueError(f"model_variables: {sorted(missing)} missing from a "
                                      f"block of draws")
                 for name, spec in layout.items():
                     v = np.asarray(values[name])
-                    if v.shape[1:] != spec["shape"] or v.shape[0] != min(block, n - a):
+                    if v.shape[1:] != spec["shape"] or v.shape[0] != len(xb):
                         raise ValueError(f"model_variables: {name!r} changed shape to "
                                          f"{v.shape} (was [n, {spec['shape']}])")
                     handles[name][r, a:a + len(v)] = \
@@ -252,8 +264,9 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
         "log_normalizer", "log_normalizer_kind", "barrier")}
 
     groups: dict[str, Any] = {}
-    flat = xr.Dataset({"x": (("chain", "draw", "x_dim"), x)},
-                      coords={"chain": chain, "draw": draw, "x_dim": np.arange(dim)},
+    # coordinates and attrs through xarray; the draws themselves are written block by block
+    # afterwards (:func:`_write_draws`), so no group holds all of them in memory at once
+    flat = xr.Dataset(coords={"chain": chain, "draw": draw, "x_dim": np.arange(dim)},
                       attrs=_group_attrs())
     layout = None
     if hook:
@@ -278,8 +291,7 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
         xr.Dataset(attrs=nrpt_attrs).to_netcdf(tmp, mode="w", engine="h5netcdf")
         for name, ds in groups.items():
             ds.to_netcdf(tmp, mode="a", group=name, engine="h5netcdf", encoding=_encoding(ds))
-        if layout is not None:
-            _write_model_posterior(tmp, target, x, layout)
+        _write_draws(tmp, target, x, layout)
     return Path(path).name
 
 
