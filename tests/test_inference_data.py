@@ -211,3 +211,29 @@ def test_unnamed_dims_and_boolean_variables(tmp_path):
     assert post["grid"].shape == (1, 40, 2, 2)
     assert list(post["grid_dim_1"].values) == [0, 1]
     assert np.array_equal(post["grid"].values[0, :, 1], 2 * res.samples[:, 2:])
+
+
+def test_nan_only_where_the_summary_says_undefined(tmp_path):
+    import types
+
+    R, n = 2, 8
+    swaps = types.SimpleNamespace(acceptance=lambda: torch.tensor([[0.5, math.nan]] * R),
+                                  explorer_acceptance=lambda: torch.ones(R, 3))
+    engine = types.SimpleNamespace(schedule=torch.ones(R, 3), step_size=torch.ones(R, 3),
+                                   target=types.SimpleNamespace(dim=2))
+    summary = {"log_normalizer": [1.25, None], "log_normalizer_forward": [1.0, 2.0],
+               "log_normalizer_reverse": [1.5, None], "barrier": [0.5, 0.75]}
+    name = inference_data.write_inference_data(
+        tmp_path / "posterior.nc", samples=np.zeros((R, n, 2)), energies=np.zeros((R, n)),
+        recorders={"swaps": swaps}, engine=engine, summary=summary)
+    idata = _read(tmp_path / name)
+    stats = idata.sample_stats
+    assert stats["log_normalizer"].values[0] == 1.25 and np.isnan(stats["log_normalizer"][1])
+    assert "null" in stats["log_normalizer"].attrs["nan_means"]
+    assert "nan_means" not in stats["log_normalizer_forward"].attrs
+    assert stats["barrier"].values.tolist() == [0.5, 0.75]
+    # a never-attempted pair: NaN in constant_data, and the attrs say why
+    assert np.isnan(idata.constant_data["swap_acceptance"].values[:, 1]).all()
+    assert "never attempted" in idata.constant_data["swap_acceptance"].attrs["nan_means"]
+    assert "nan_means" not in idata.constant_data["schedule"].attrs
+    assert idata.posterior["x"].shape == (R, n, 2) and "restarts" not in stats  # no index

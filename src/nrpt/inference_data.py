@@ -28,7 +28,9 @@ Groups:
   acceptance, per-slot log Z, Method I barrier), dims ``system`` / ``slot`` / ``pair``.
 
 NaN is written only where the summary reports a value as undefined (``null`` in
-``summary.json``), and every variable that can hold NaN says what it means in its attrs.
+``summary.json``) or a recorder's table holds NaN for "undefined" (a pair never attempted);
+such a variable says what NaN means in its ``nan_means`` attribute.  Infinite values are
+written as they are (earlier versions turned them into NaN).
 """
 
 from __future__ import annotations
@@ -354,11 +356,11 @@ def _constant_data(xr, recorders, engine, nrpt_attrs):
             "undefined at that slot (a non-finite estimate)")
     data = {}
     for key, (dims, v, why) in table.items():
-        bad = ~np.isfinite(v)
-        attrs = {}
-        if bad.any():
-            attrs["nan_means"] = why or "a non-finite value (undefined)"
-        data[key] = (dims, np.where(bad, np.nan, v), attrs)
+        # written as they are: an infinite value stays infinite (a stochastic-gradient run's
+        # schedule holds inf where the summary reports noise temperature 0), NaN is the
+        # recorder's own "undefined" and is explained
+        attrs = {"nan_means": why or "undefined"} if np.isnan(v).any() else {}
+        data[key] = (dims, v, attrs)
     sizes = {d: v.shape[i] for dims, v, _ in table.values() for i, d in enumerate(dims)}
     return xr.Dataset(data, coords={d: np.arange(s) for d, s in sizes.items()},
                       attrs=_group_attrs(nrpt_attrs))
