@@ -234,6 +234,7 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
         first, last = start, start + segs[done - 1].iterations
     arrays = draws.arrays(first, last)
     arrays["index"] = draws.arrays(k, k)["index"]  # the index process of the whole run
+    arrays["first"] = first  # the iteration the draws start from (for posterior.nc)
     samples = np.asarray(arrays["samples"])
     summary = build_summary(run, cfg, outcome, samples)
     if out is not None:
@@ -260,7 +261,9 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
         try:  # an optional extra (arviz + a netCDF engine): never fail the run here
             summary["inference_data"] = report.export_inference_data(
                 out / "posterior.nc", samples=samples, energies=np.asarray(arrays["energies"]),
-                recorders=run.recorders, engine=run.engine, summary=summary)
+                recorders=run.recorders, engine=run.engine, summary=summary,
+                index=np.asarray(arrays["index"]), first=int(arrays["first"]),
+                thin=run.recorders["draws"].thin, target=run.engine.target)
         except (ImportError, ValueError, OSError) as err:
             summary["inference_data"] = None
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"

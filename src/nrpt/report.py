@@ -3,9 +3,11 @@
 * :func:`format_row` / :data:`ROW_HEADER` -- the one-line-per-round table printed during a run
   and kept in ``report.txt`` / ``rounds.csv``;
 * :func:`write_figures` -- the figures of :mod:`nrpt.plots` that apply to the run;
-* :func:`export_inference_data` -- ``posterior.nc`` for every run: the slot-0 draws of the
-  sampling segments as the ``posterior`` group (``chain`` = PT system), so that
-  ``arviz.summary`` gives ESS and R-hat (R-hat needs ``systems >= 2``).
+* :func:`export_inference_data` -- ``posterior.nc`` for every run (:mod:`nrpt.inference_data`):
+  the slot-0 draws of the sampling segments as the ``posterior`` group (``chain`` = PT
+  system; in the model's own variables where the target has ``model_variables``) and nrpt's
+  diagnostics as ``sample_stats``, so that ``arviz.summary`` gives ESS and R-hat (R-hat needs
+  ``systems >= 2``).
 """
 
 from __future__ import annotations
@@ -131,43 +133,15 @@ def import_arviz():
 
 
 def export_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
-                          recorders: dict, engine, summary: dict) -> str | None:
-    """Write ``posterior.nc``: the slot-0 draws as the ``posterior`` group (``chain`` = PT
-    system), the slot-0 energy as ``sample_stats``, and the per-slot / per-pair statistics
-    (schedule, step sizes, swap and explorer acceptance, log Z per slot, Method I) as
-    ``constant_data``; returns its file name, or None when ArviZ is not installed
-    (``pip install nrpt[arviz]``)."""
-    az = import_arviz()
-    if az is None:
-        return None
-    x = np.asarray(samples, dtype=float)
-    e = np.asarray(energies, dtype=float)
-    if x.ndim == 2:  # one system: [n, dim] -> [1, n, dim]
-        x, e = x[None], e[None]
-    np_ = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
-    swaps = recorders["swaps"]
-    constant = {"schedule": np_(engine.schedule), "step_size": np_(engine.step_size),
-                "swap_acceptance": np_(swaps.acceptance()),
-                "explorer_acceptance": np_(swaps.explorer_acceptance())}
-    dims = {"x": ["x_dim"], "schedule": ["system", "slot"], "step_size": ["system", "slot"],
-            "swap_acceptance": ["system", "pair"], "explorer_acceptance": ["system", "slot"]}
-    if "log_z" in recorders:
-        constant["log_normalizer_per_slot"] = np_(recorders["log_z"].estimate()["per_slot"])
-        dims["log_normalizer_per_slot"] = ["system", "slot"]
-    if "slot_energies" in recorders:
-        constant["local_barrier_method_i"] = np.asarray(
-            recorders["slot_energies"].local_barrier(), dtype=float)
-        dims["local_barrier_method_i"] = ["system", "slot"]
-    constant = {k: np.where(np.isfinite(v), v, np.nan) for k, v in constant.items()}
-    attrs = {"nrpt_" + k: str(summary.get(k)) for k in (
-        "target", "path", "chains", "explorer", "scheme", "window", "rule", "statistics_from",
-        "log_normalizer", "log_normalizer_kind", "barrier")}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        idata = az.from_dict(posterior={"x": x}, sample_stats={"path_energy": e},
-                             constant_data=constant, dims=dims, attrs=attrs)
-        from .runfolder import atomic_path
+                          recorders: dict, engine, summary: dict, index: np.ndarray | None = None,
+                          first: int = 0, thin: int = 1, target=None) -> str | None:
+    """Write ``posterior.nc`` (:func:`nrpt.inference_data.write_inference_data`: the draws as
+    the ``posterior`` group -- in the model's variables for targets with ``model_variables`` --,
+    nrpt's per-draw and per-system diagnostics as ``sample_stats``, the per-slot / per-pair
+    tables as ``constant_data``); returns its file name, or None when xarray / h5netcdf are
+    not installed (``pip install nrpt[arviz]``).  ArviZ itself is not imported."""
+    from .inference_data import write_inference_data
 
-        with atomic_path(path) as tmp:
-            idata.to_netcdf(str(tmp))
-    return Path(path).name
+    return write_inference_data(path, samples=samples, energies=energies, recorders=recorders,
+                                engine=engine, summary=summary, index=index, first=first,
+                                thin=thin, target=target)

@@ -48,6 +48,17 @@ Optional members:
     ``True`` when those gradient methods use no autograd (closed forms): runs of gradient
     explorers then execute in ``torch.inference_mode``, as gradient-free runs always do
     (about 15 % less overhead per iteration on small problems).
+``model_variables(x) -> dict[str, np.ndarray]``, ``model_dims``, ``model_coords``
+    the model-variable hook, for targets built from a model (e.g. a PyMC model) whose state
+    ``x`` is an unconstrained vector.  ``model_variables`` takes a NumPy array ``[n, dim]`` of
+    unconstrained states and returns each model variable's *constrained* values, shape
+    ``[n, *var_shape]``; ``model_dims: dict[str, list[str]]`` names the dims of the variables
+    that have named dims, ``model_coords: dict[str, list]`` gives coordinates for those dims.
+    With the hook, ``posterior.nc`` holds one posterior variable per model variable (``[chain,
+    draw, *var_shape]``, its dims and coordinates; unnamed dims are ``<name>_dim_<i>``) and the
+    unconstrained draws in the ``unconstrained_posterior`` group; without it, the posterior is
+    the flat ``x`` ``[chain, draw, x_dim]`` (:mod:`nrpt.inference_data`).  The hook is called
+    on blocks of draws after the run, never during sampling.
 
 Built-in targets live in :mod:`nrpt.targets`; :data:`BUILTIN_TARGETS` maps their names to
 factories, and :func:`load_target` resolves either a built-in name or ``path/to/file.py:NAME``.

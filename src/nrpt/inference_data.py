@@ -1,0 +1,366 @@
+"""``posterior.nc``: a run's draws and diagnostics as an ArviZ InferenceData netCDF file.
+
+The file is written with xarray and h5netcdf alone (no ArviZ import: that costs about 2.7 s
+on every run); it follows ArviZ's InferenceData layout, so ``arviz.from_netcdf`` reads it and
+``arviz.summary`` / ``plot_trace`` / ``plot_pair`` work on it unchanged.  ``chain`` is the PT
+system (one chain per independent system), ``draw`` the slot-0 draw of the sampling segments.
+
+Groups:
+
+* ``posterior`` -- for a target with the model-variable hook (``model_variables``, see
+  :mod:`nrpt.target`): one variable per model variable, in its constrained space, with its
+  name, shape ``[chain, draw, *var_shape]``, dims and coordinates (dims the model does not name
+  are ``<name>_dim_<i>`` with integer coordinates, as ArviZ names them).  The conversion runs
+  over blocks of draws and writes each block straight into the file, so memory stays flat
+  for long runs.  Without the hook: one variable ``x`` ``[chain, draw, x_dim]``, the
+  sampler's own coordinates;
+* ``unconstrained_posterior`` -- (hook targets only) ``x``: the draws in the sampler's
+  unconstrained coordinates, ArviZ's group for exactly that; kept out of ``posterior`` so
+  that summaries and plots see each quantity once, in the model's own parameterization;
+* ``sample_stats`` -- per chain and draw: ``path_energy`` (the tempered energy ``V`` at slot
+  0), ``slot0_replica`` (the replica at slot 0), ``target_swap_accepted`` (whether the slot-0
+  occupant changed in the iteration that produced the draw: a swap involving the target slot
+  was accepted), ``restarts`` and ``round_trips`` (cumulative per system since the start of
+  the sampled segment, Syed et al. definitions of :mod:`nrpt.diagnostics.roundtrips`); per
+  chain: ``log_normalizer`` and its two stepping-stone halves ``log_normalizer_forward`` /
+  ``log_normalizer_reverse``, and ``barrier`` (the global barrier Λ̂), copied from the summary;
+* ``constant_data`` -- per-slot and per-pair tables (schedule, step sizes, swap and explorer
+  acceptance, per-slot log Z, Method I barrier), dims ``system`` / ``slot`` / ``pair``.
+
+NaN is written only where the summary reports a value as undefined (``null`` in
+``summary.json``) or a recorder's table holds NaN for "undefined" (a pair never attempted);
+such a variable says what NaN means in its ``nan_means`` attribute.  Infinite values are
+written as they are (earlier versions turned them into NaN).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
+
+#: the size of one block of draws converted and written at a time (bytes of unconstrained x)
+DRAW_BLOCK_BYTES = 8 * 2 ** 20
+#: the target size of one compressed netCDF chunk of a model variable (bytes)
+_CHUNK_BYTES = 2 ** 20
+#: rows of the index process read at a time (bytes of int64 work arrays, about)
+_INDEX_BLOCK_BYTES = 8 * 2 ** 20
+
+
+# ------------------------------------------------------------------------------ index process
+def index_statistics(index: np.ndarray, rows: np.ndarray, first: int = 0) -> dict[str, np.ndarray]:
+    """Statistics of the index process at chosen rows, read in blocks (flat memory).
+
+    ``index`` is ``[K + 1, R, P]`` (``slot_of[replica]``, row 0 before the first iteration, row
+    ``t`` after iteration ``t``); ``rows`` the increasing index rows of the draws; ``first`` the
+    row the cumulative counts start from.  Returns ``[R, len(rows)]`` arrays:
+
+    * ``slot0_replica`` -- the replica at slot 0 at each row;
+    * ``target_swap_accepted`` -- whether that replica differs from the one at the row before;
+    * ``restarts``, ``round_trips`` -- events in rows ``first + 1 .. row``, by the per-replica
+      state machine of :class:`nrpt.diagnostics.RoundTripTracker`, run from row 0 (a replica's
+      phase carries over from before ``first``).  A restart is an arrival at slot 0 whose last
+      visit to an end slot was the top ``P - 1``; a round trip an arrival at the top whose last
+      end visit was slot 0, with the top visited before that.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    K1, R, P = index.shape
+    m = len(rows)
+    out = {"slot0_replica": np.zeros((R, m), dtype=np.int16),
+           "target_swap_accepted": np.zeros((R, m), dtype=bool),
+           "restarts": np.zeros((R, m), dtype=np.int64),
+           "round_trips": np.zeros((R, m), dtype=np.int64)}
+    if m == 0:
+        return out
+    if rows[0] < 1 or rows[-1] >= K1 or first < 0 or first > rows[0]:
+        raise ValueError(f"index rows must lie in 1 .. {K1 - 1} after first = {first}; got "
+                         f"{rows[0]} .. {rows[-1]}")
+    top = P - 1
+    last = np.zeros((R, P), dtype=np.int8)        # last end visited: 0 none, 1 slot 0, 2 top
+    seen_top = np.zeros((R, P), dtype=bool)       # the top visited at some row so far
+    counts = np.zeros((2, R), dtype=np.int64)     # restarts, round trips before this block
+    base = np.zeros((2, R), dtype=np.int64)       # the counts at row ``first``
+    prev_occupant = None
+    block = max(1, _INDEX_BLOCK_BYTES // (8 * R * P))
+    end = int(rows[-1]) + 1
+    j = 0  # the next draw row to fill
+    for a in range(0, end, block):
+        b = min(a + block, end)
+        slots = np.asarray(index[a:b], dtype=np.int64)            # [m, R, P]
+        ev = np.where(slots == 0, 1, np.where(slots == top, 2, 0)).astype(np.int8)
+        n = b - a
+        # the last end visit strictly before each row (forward fill, seeded by the carry)
+        pos = np.where(ev > 0, np.arange(n)[:, None, None], -1)
+        pos = np.maximum.accumulate(pos, axis=0)
+        filled = np.where(pos >= 0, np.take_along_axis(ev, np.maximum(pos, 0), 0), last)
+        before = np.concatenate([last[None], filled[:-1]], 0)
+        tops = np.logical_or.accumulate(ev == 2, axis=0) | seen_top
+        top_before = np.concatenate([seen_top[None], tops[:-1]], 0)
+        restart = (ev == 1) & (before == 2)
+        trip = (ev == 2) & (before == 1) & top_before
+        if a == 0:  # row 0 is the initial state, not an iteration
+            restart[0] = trip[0] = False
+        per_row = np.stack([restart.sum(-1), trip.sum(-1)], 0)    # [2, m, R]
+        cum = counts[:, None, :] + np.cumsum(per_row, axis=1)     # counts through each row
+        if a <= first < b:
+            base = cum[:, first - a].copy()
+        occupant = np.argmin(slots, axis=-1).astype(np.int16)     # [m, R]: slot 0 is the min
+        while j < m and rows[j] < b:
+            t = int(rows[j]) - a
+            out["slot0_replica"][:, j] = occupant[t]
+            earlier = occupant[t - 1] if t >= 1 else prev_occupant
+            out["target_swap_accepted"][:, j] = occupant[t] != earlier
+            out["restarts"][:, j] = cum[0, t] - base[0]
+            out["round_trips"][:, j] = cum[1, t] - base[1]
+            j += 1
+        counts = cum[:, -1]
+        last, seen_top, prev_occupant = filled[-1], tops[-1], occupant[-1]
+    return out
+
+
+# ------------------------------------------------------------------------------ helpers
+def _per_chain(value, R: int) -> tuple[np.ndarray, bool]:
+    """A per-system summary field (a scalar when R = 1, else a list; None = undefined) as a
+    float array ``[R]`` with NaN for None; and whether any was None."""
+    vals = value if isinstance(value, list) else [value] * (1 if R == 1 else R)
+    arr = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
+    return arr, any(v is None for v in vals)
+
+
+def _group_attrs(extra: dict | None = None) -> dict[str, str]:
+    from . import __version__
+
+    attrs = {"created_at": datetime.datetime.now(datetime.UTC).isoformat(),
+             "inference_library": "nrpt", "inference_library_version": str(__version__)}
+    attrs.update(extra or {})
+    return attrs
+
+
+def _encoding(ds) -> dict:
+    return {name: {"zlib": True} for name, v in ds.variables.items()
+            if v.dtype.kind in "biufc"}
+
+
+def _model_values(target, x: np.ndarray) -> dict:
+    """The hook on a block of states; its own errors become ValueErrors that name it (the
+    run's other outputs are still written: see :func:`nrpt.api._write_outputs`)."""
+    try:
+        return target.model_variables(x)
+    except Exception as err:  # noqa: BLE001 -- any failure of user code, reported
+        raise ValueError(f"target.model_variables failed: {type(err).__name__}: {err}") \
+            from err
+
+
+def _model_layout(target, x0: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Each model variable's dims, coordinates, shape and dtype, from the hook applied to one
+    state; refuses dims / coords that do not fit the values."""
+    values = _model_values(target, x0)
+    dims_of = dict(getattr(target, "model_dims", None) or {})
+    coords_of = dict(getattr(target, "model_coords", None) or {})
+    layout: dict[str, dict[str, Any]] = {}
+    for name, v in values.items():
+        v = np.asarray(v)
+        if v.ndim < 1 or v.shape[0] != x0.shape[0]:
+            raise ValueError(f"model_variables: {name!r} has shape {v.shape}; expected "
+                             f"[{x0.shape[0]}, *shape] for {x0.shape[0]} states")
+        shape = tuple(int(s) for s in v.shape[1:])
+        dims = list(dims_of.get(name) or [f"{name}_dim_{i}" for i in range(len(shape))])
+        if len(dims) != len(shape):
+            raise ValueError(f"model_dims: {name!r} names {len(dims)} dims {dims} but its "
+                             f"values have shape {shape}")
+        if name in ("chain", "draw") or {"chain", "draw"} & set(dims):
+            raise ValueError(f"model variable {name!r}: 'chain' and 'draw' are reserved")
+        coords = {}
+        for d, size in zip(dims, shape, strict=True):
+            c = coords_of.get(d)
+            c = np.arange(size) if c is None else np.asarray(list(c))
+            if len(c) != size:
+                raise ValueError(f"model_coords: dim {d!r} of {name!r} has {len(c)} "
+                                 f"coordinates but size {size}")
+            coords[d] = c
+        layout[name] = {"dims": dims, "shape": shape, "dtype": v.dtype, "coords": coords}
+    if not layout:
+        raise ValueError("model_variables returned no variables")
+    return layout
+
+
+def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
+    """Write the draws into the groups that already hold their coordinates, one block of
+    draws of one system at a time: the unconstrained ``x`` (in ``posterior``, or in
+    ``unconstrained_posterior`` when ``layout`` -- the model variables -- is given) and the
+    hook's values of each block."""
+    import h5netcdf
+
+    R, n, dim = x.shape
+    block = max(1, DRAW_BLOCK_BYTES // (8 * max(dim, 1)))
+
+    def create(group, name, dims, shape, dtype):
+        per_draw = int(np.prod(shape, dtype=np.int64)) * max(dtype.itemsize, 1)
+        chunks = (1, max(1, min(n, _CHUNK_BYTES // max(per_draw, 1))),
+                  *[max(1, s) for s in shape])
+        return group.create_variable(name, ("chain", "draw", *dims), dtype=dtype,
+                                     compression="gzip", chunks=chunks)
+
+    with h5netcdf.File(tmp, "a") as f:
+        flat = create(f["posterior" if layout is None else "unconstrained_posterior"], "x",
+                      ("x_dim",), (dim,), np.dtype(x.dtype))
+        handles = {}
+        for name, spec in (layout or {}).items():
+            boolean = spec["dtype"].kind == "b"  # netCDF has no bool: int8 + a dtype attr
+            handles[name] = create(f["posterior"], name, spec["dims"], spec["shape"],
+                                   np.dtype(np.int8) if boolean else spec["dtype"])
+            if boolean:
+                handles[name].attrs["dtype"] = "bool"  # xarray decodes it back to bool
+        for r in range(R):
+            for a in range(0, n, block):
+                xb = np.array(x[r, a:a + block])
+                flat[r, a:a + len(xb)] = xb
+                if not handles:
+                    continue
+                values = _model_values(target, xb.astype(np.float64, copy=False))
+                missing = set(handles) - set(values)
+                if missing:
+                    raise ValueError(f"model_variables: {sorted(missing)} missing from a "
+                                     f"block of draws")
+                for name, spec in layout.items():
+                    v = np.asarray(values[name])
+                    if v.shape[1:] != spec["shape"] or v.shape[0] != len(xb):
+                        raise ValueError(f"model_variables: {name!r} changed shape to "
+                                         f"{v.shape} (was [n, {spec['shape']}])")
+                    handles[name][r, a:a + len(v)] = \
+                        v.astype(np.int8) if v.dtype.kind == "b" else v
+
+
+# ------------------------------------------------------------------------------ the file
+def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
+                         recorders: dict, engine, summary: dict, index: np.ndarray | None = None,
+                         first: int = 0, thin: int = 1, target=None) -> str | None:
+    """Write ``posterior.nc`` (the layout of the module docstring); returns its file name, or
+    None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
+
+    ``samples`` ``[n, dim]`` / ``[R, n, dim]`` and ``energies`` are the slot-0 draws of the
+    iterations from ``first`` on (``first`` a multiple of ``thin`` or the run's sample start),
+    ``index`` the index process of the whole run ``[K + 1, R, P]`` (None: no index-process
+    statistics), ``target`` the run's target (default ``engine.target``)."""
+    try:
+        import h5netcdf  # noqa: F401  (the engine)
+        import xarray as xr
+    except ImportError:
+        return None
+    from .runfolder import atomic_path
+
+    target = engine.target if target is None else target
+    x = np.asarray(samples) if not isinstance(samples, np.ndarray) else samples
+    e = np.asarray(energies, dtype=float)
+    if x.ndim == 2:  # one system: [n, dim] -> [1, n, dim]
+        x, e = x[None], e[None]
+    R, n, dim = x.shape
+    chain, draw = np.arange(R), np.arange(n)
+    hook = callable(getattr(target, "model_variables", None))
+    nrpt_attrs = {"nrpt_" + k: str(summary.get(k)) for k in (
+        "target", "path", "chains", "explorer", "scheme", "window", "rule", "statistics_from",
+        "log_normalizer", "log_normalizer_kind", "barrier")}
+
+    groups: dict[str, Any] = {}
+    # coordinates and attrs through xarray; the draws themselves are written block by block
+    # afterwards (:func:`_write_draws`), so no group holds all of them in memory at once
+    flat = xr.Dataset(coords={"chain": chain, "draw": draw, "x_dim": np.arange(dim)},
+                      attrs=_group_attrs())
+    layout = None
+    if hook:
+        layout = _model_layout(target, np.array(x[0, :1], dtype=np.float64))
+        coords = {"chain": chain, "draw": draw}
+        for spec in layout.values():
+            for d, c in spec["coords"].items():
+                if d in coords and not np.array_equal(coords[d], c):
+                    raise ValueError(f"model_coords: dim {d!r} has two sets of coordinates")
+                coords[d] = c
+        groups["posterior"] = xr.Dataset(coords=coords, attrs=_group_attrs(
+            {"nrpt_parameterization": "the model's constrained variables "
+             "(target.model_variables); the sampler's unconstrained draws are in the group "
+             "unconstrained_posterior"}))
+        groups["unconstrained_posterior"] = flat
+    else:
+        groups["posterior"] = flat
+    groups["sample_stats"] = _sample_stats(xr, e, chain, draw, summary, index, first, thin, R,
+                                           n)
+    groups["constant_data"] = _constant_data(xr, recorders, engine, nrpt_attrs)
+    with atomic_path(path) as tmp:
+        xr.Dataset(attrs=nrpt_attrs).to_netcdf(tmp, mode="w", engine="h5netcdf")
+        for name, ds in groups.items():
+            ds.to_netcdf(tmp, mode="a", group=name, engine="h5netcdf", encoding=_encoding(ds))
+        _write_draws(tmp, target, x, layout)
+    return Path(path).name
+
+
+def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n):
+    data: dict[str, Any] = {"path_energy": (("chain", "draw"), e, {
+        "description": "the tempered energy V of the slot-0 state (as drawn; never altered)"})}
+    if index is not None and n:
+        first = int(first)
+        start = first // thin
+        rows = (start + np.arange(1, n + 1)) * thin
+        st = index_statistics(index, rows, first)
+        data["slot0_replica"] = (("chain", "draw"), st["slot0_replica"], {
+            "description": "the replica at slot 0 (the target) after the draw's iteration"})
+        data["target_swap_accepted"] = (("chain", "draw"), st["target_swap_accepted"], {
+            "description": "a swap involving slot 0 was accepted in the draw's iteration "
+                           "(the slot-0 replica changed)"})
+        for key, what in (("restarts", "restarts (reference to target)"),
+                          ("round_trips", "round trips (Syed et al.)")):
+            data[key] = (("chain", "draw"), st[key], {
+                "description": f"cumulative {what} of the system, counted from iteration "
+                               f"{first} (the start of the sampled segment) through the draw",
+                "counted_from_iteration": first})
+    notes = {
+        "log_normalizer": "stepping-stone log Z (or log ratio, see log_normalizer_kind): the "
+                          "average of the forward and reverse halves",
+        "log_normalizer_forward": "forward stepping-stone half (aimed at Z)",
+        "log_normalizer_reverse": "reverse stepping-stone half (aimed at 1/Z)",
+        "barrier": "global communication barrier Λ̂ = sum of the pair rejection rates"}
+    for key, text in notes.items():
+        if key not in summary:
+            continue
+        vals, undefined = _per_chain(summary[key], R)
+        attrs = {"description": text, "source": f"summary.json: {key}"}
+        if key.startswith("log_normalizer"):
+            attrs["kind"] = str(summary.get("log_normalizer_kind"))
+        if undefined:
+            attrs["nan_means"] = ("undefined: summary.json reports null for this system "
+                                  "(a non-finite estimate)")
+        data[key] = (("chain",), vals, attrs)
+    return xr.Dataset(data, coords={"chain": chain, "draw": draw}, attrs=_group_attrs())
+
+
+def _constant_data(xr, recorders, engine, nrpt_attrs):
+    def np_(t):
+        return t.detach().cpu().double().numpy()
+
+    swaps = recorders["swaps"]
+    table = {"schedule": (["system", "slot"], np_(engine.schedule), None),
+             "step_size": (["system", "slot"], np_(engine.step_size), None),
+             "swap_acceptance": (["system", "pair"], np_(swaps.acceptance()),
+                                 "the pair was never attempted (acceptance undefined)"),
+             "explorer_acceptance": (["system", "slot"], np_(swaps.explorer_acceptance()),
+                                     None)}
+    if "log_z" in recorders:
+        table["log_normalizer_per_slot"] = (["system", "slot"], np_(
+            recorders["log_z"].estimate()["per_slot"]), "a non-finite estimate (undefined)")
+    if "slot_energies" in recorders:
+        table["local_barrier_method_i"] = (["system", "slot"], np.asarray(
+            recorders["slot_energies"].local_barrier(), dtype=float),
+            "undefined at that slot (a non-finite estimate)")
+    data = {}
+    for key, (dims, v, why) in table.items():
+        # written as they are: an infinite value stays infinite (a stochastic-gradient run's
+        # schedule holds inf where the summary reports noise temperature 0), NaN is the
+        # recorder's own "undefined" and is explained
+        attrs = {"nan_means": why or "undefined"} if np.isnan(v).any() else {}
+        data[key] = (dims, v, attrs)
+    sizes = {d: v.shape[i] for dims, v, _ in table.values() for i, d in enumerate(dims)}
+    return xr.Dataset(data, coords={d: np.arange(s) for d, s in sizes.items()},
+                      attrs=_group_attrs(nrpt_attrs))
