@@ -209,3 +209,17 @@ def test_cli_offers_the_reference_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "--rounds", "3", "--reference", "bogus", "--out", str(tmp_path / "a")])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_benchmark_runs_end_to_end(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "variational.py"
+    spec = importlib.util.spec_from_file_location("bench_variational", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--rounds", "3", "--systems", "2", "--chains", "3", "--n", "40", "--dim", "2",
+                 "--explorer", "rwmh"])
+    out = capsys.readouterr().out
+    assert out.count("variational") >= 2 and "prior" in out
