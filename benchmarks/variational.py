@@ -19,7 +19,7 @@ wall time of the whole ``nrpt.sample`` call with one torch thread.
 
 Usage::
 
-    python benchmarks/variational.py                         # the committed table (make bench-variational)
+    python benchmarks/variational.py            # the table (make bench-variational)
     python benchmarks/variational.py --rounds 6 --systems 2  # smoke test
 """
 

@@ -272,8 +272,9 @@ def format_summary(s: dict[str, Any]) -> str:
     if "barrier_variational_leg" in s:
         lines.append(f"  legs            barrier Λ̂ prior leg {_fmt(s['barrier_prior_leg'])}, "
                      f"variational leg {_fmt(s['barrier_variational_leg'])} "
-                     f"({s.get('reference')}); log Z {_fmt(s.get('log_normalizer_prior_leg'), '.4g')}"
-                     f" / {_fmt(s.get('log_normalizer_variational_leg'), '.4g')}")
+                     f"({s.get('reference')}); log Z "
+                     f"{_fmt(s.get('log_normalizer_prior_leg'), '.4g')} / "
+                     f"{_fmt(s.get('log_normalizer_variational_leg'), '.4g')}")
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
                      f"Λ̂ = {_fmt(s.get('barrier'))}: about 2Λ̂ = "

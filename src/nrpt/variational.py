@@ -302,7 +302,7 @@ class TwoLegEngine(PTEngine):
 
     def _bridge(self, go: torch.Tensor) -> None:
         """Exchange the slot-0 states of rows 2r and 2r+1 where ``go[r]``."""
-        st, E, d = self.state, self.R, self.dim
+        st, E = self.state, self.R
         rep = self.replica_at[:, 0]  # [E] replica at slot 0 of each row
         partner = torch.arange(E, device=self.device) ^ 1  # 2r <-> 2r+1
         mask = go.repeat_interleave(2)  # [E]
@@ -426,7 +426,8 @@ def leg_summary(run, s: dict) -> dict:
     R = eng.user_R
     swaps = rec["swaps"]
     bar = swaps.barrier()
-    out = {"reference": run.facts.get("reference"),
+    out = {"systems": R, "engine_systems": eng.R,  # per-system lists have engine_systems
+           "reference": run.facts.get("reference"),
            "variational_family": run.facts.get("variational_family"),
            "barrier_prior_leg": bar[0::2], "barrier_variational_leg": bar[1::2],
            "bridges": eng.bridges,
