@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
 .PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts clean
+        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench-sgpt: $(STAMP)
 
 bench-sgpt-%: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/deo_star_sgd.py $*
+
+# the variational reference vs the prior on Bayesian logistic regression (docs/variational.md)
+bench-variational: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/variational.py
 
 # adaptive NRPT against the analytic Gaussian path (docs/benchmarks-adaptive.md)
 bench-adaptive: $(STAMP)

@@ -235,6 +235,12 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     arrays = draws.arrays(first, last)
     arrays["index"] = draws.arrays(k, k)["index"]  # the index process of the whole run
     arrays["first"] = first  # the iteration the draws start from (for posterior.nc)
+    if run.facts.get("legs"):  # two legs per system: the prior leg's slot 0 is the chain
+        arrays = dict(arrays)  # (nrpt.variational; samples.npy keeps both legs' rows)
+        for name in ("samples", "energies"):
+            a = np.asarray(arrays[name])[0::2]
+            arrays[name] = a[0] if a.shape[0] == 1 else a
+        arrays["index"] = np.asarray(arrays["index"])[:, 0::2]  # [K + 1, R, P]
     samples = np.asarray(arrays["samples"])
     summary = build_summary(run, cfg, outcome, samples)
     if out is not None:

@@ -55,6 +55,10 @@ _HELP = {
     "target_acceptance": "explorer acceptance aimed at by --adapt-step-size "
                          "(default 0.3 rwmh, 0.574 mala, 0.65 hmc)",
     "slice_method": "interval growth of the slice explorer",
+    "reference": "hot end of a geometric path: prior (default), or with --rounds a Gaussian "
+                 "fitted to the target draws between rounds, full-rank (variational) or "
+                 "diagonal (variational-meanfield), annealed in a second leg joined to the "
+                 "prior leg at the target",
     "figures": "with --out: write the figures (true/false)",
     "compile": "run the explorer step (rwmh, mala, hmc, and the stochastic-gradient "
                "explorers without control variates) as one torch.compile graph: faster "
@@ -135,7 +139,8 @@ _TYPES = {
     "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
     "compile": _BOOL, "adapt": _BOOL,
 }
-_CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS)}
+_CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
+            "reference": ["prior", "variational", "variational-meanfield"]}
 for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):
     _CHOICES[_field] = registry.names(_role)
 

@@ -45,7 +45,7 @@ MAX_ROUNDS = 24  # round r runs 2^r iterations: 2^25 iterations in all at most
 SECTIONS: dict[str, tuple[str, ...]] = {
     "run": ("target", "iterations", "rounds", "systems", "seed", "dtype", "device"),
     "ladder": ("chains", "temperatures", "betas", "max_temperature", "bottom_temperature",
-               "learning_rates", "lr_min", "lr_max"),
+               "learning_rates", "lr_min", "lr_max", "reference"),
     "explorer": ("explorer", "step_size", "leapfrog_steps", "n_explore", "slice_method",
                  "momentum", "domain", "compile"),
     "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
@@ -221,6 +221,10 @@ class RunConfig:
     learning_rates: list[float] | None = None
     lr_min: float | None = None
     lr_max: float | None = None
+    #: the hot end of a geometric path: "prior" (default), or a Gaussian fitted between rounds
+    #: -- "variational" (full-rank) / "variational-meanfield" (diagonal) -- annealed in a
+    #: second leg joined to the prior leg at the target (:mod:`nrpt.variational`)
+    reference: str | None = None
     # explorer
     explorer: str | None = None
     step_size: float | list[float] | None = None
@@ -517,6 +521,23 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
         for name in ("learning_rates", "lr_min", "lr_max", "bottom_temperature"):
             not_applicable(name, f"{name} is for stochastic-gradient explorers "
                                  f"({', '.join(registry.names('explorer', 'sg'))})")
+    if cfg.reference is not None:
+        from .variational import REFERENCES
+
+        if cfg.reference not in REFERENCES:
+            raise ValueError(f"reference must be one of {', '.join(map(repr, REFERENCES))}; "
+                             f"got {cfg.reference!r}")
+        if cfg.reference == "prior":
+            cfg.reference = None  # the default: a plain run, its settings unchanged
+        elif sg or cfg.rounds is None:
+            raise ValueError(f"reference {cfg.reference!r} is fitted between adaptive rounds: "
+                             f"it needs rounds (rounds = N) and an exact explorer; got "
+                             f"{'explorer ' + repr(cfg.explorer) if sg else 'no rounds'} (use "
+                             f"reference 'prior')")
+        elif cfg.compile:
+            raise ValueError(f"reference {cfg.reference!r} does not run with compile = true "
+                             f"(the compiled step would keep the old reference after a refit); "
+                             f"set compile = false or reference 'prior'")
     if not (sg and zero):
         if cfg.temperatures is not None and cfg.betas is not None:
             raise ValueError("give temperatures or betas, not both")

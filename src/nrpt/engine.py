@@ -64,6 +64,10 @@ class PTEngine:
         A :class:`nrpt.distributed.Comm`: this process holds only its block of replicas.
     """
 
+    #: evaluates the path components (a subclass may bring its own, e.g.
+    #: :class:`nrpt.variational.TwoLegDensity`)
+    density_class = Density
+
     def __init__(self, target, path: Path, explorer: Explorer, scheme: Scheme, rule: Rule, *,
                  step_size: float | list[float] = 0.5, systems: int = 1, seed: int = 0,
                  n_explore: int = 1, dtype: torch.dtype = torch.float64,
@@ -83,7 +87,7 @@ class PTEngine:
         self.schedule = path.schedule.to(dev, dtype).expand(R, P).clone()  # b per slot [R, P]
         self.step_size = self._per_slot("step_size", step_size)
         self.params = {k: v.to(dev, dtype) for k, v in rule.initial_params(R, P, dtype).items()}
-        self.density = Density(target, path)
+        self.density = self.density_class(target, path)
         self.system_ids = torch.arange(R, device=dev).reshape(R, 1)
         self.replica_ids = torch.arange(P, device=dev).reshape(1, P)
         self.comm = comm
@@ -176,6 +180,14 @@ class PTEngine:
             self.params[name] = value.to(self.device, self.dtype)
         if update.window is not None:
             self.set_scheme(DEOW(update.window))
+        if update.reference is not None:
+            self.set_fitted_reference(update.reference)
+
+    def set_fitted_reference(self, reference) -> None:
+        """Install a fitted reference (:class:`nrpt.variational.TwoLegEngine`); a plain engine
+        has none to change."""
+        raise ValueError("this run's reference is fixed (reference 'prior'); a fitted "
+                         "reference needs reference 'variational' or 'variational-meanfield'")
 
     def _table(self, value) -> torch.Tensor:
         """A per-slot table ``[R, P]`` of the engine's dtype and device: an ``[R, P]`` tensor

@@ -128,6 +128,10 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     elif "log_normalizer" in s and not facts.get("reference_normalized"):
         s.setdefault("log_normalizer_note", "the reference is not declared normalized "
                      "(reference_is_normalized): only log(Z_target / Z_reference) is estimated")
+    if facts.get("legs"):
+        from .variational import leg_summary
+
+        s.update(leg_summary(run, s))
     s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
     findings = _health(run, cfg, s, samples)
     s["warnings"] = [f"{f.message} (turn: {f.knob})" for f in findings]
@@ -187,8 +191,9 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     if spread is not None and spread.n >= 2:
         j = spread.slots.index(eng.P - 1) if (eng.P - 1) in spread.slots else None
         if j is not None:
-            hot = {"mean": spread.mean[:, j].cpu().double().numpy(),
-                   "sd": spread.sd()[:, j].cpu().double().numpy(), "n": spread.n}
+            rows = slice(0, None, 2) if facts.get("legs") else slice(None)  # prior leg's
+            hot = {"mean": spread.mean[rows, j].cpu().double().numpy(),
+                   "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
     ref_sd = None
     if eng.path.has_reference and exact:
         g = torch.Generator().manual_seed(12345)
@@ -264,6 +269,12 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  {label:<15} {_fmt(s['log_normalizer'], '.4g')}  (forward "
                      f"{_fmt(s['log_normalizer_forward'], '.4g')}, reverse "
                      f"{_fmt(s['log_normalizer_reverse'], '.4g')})")
+    if "barrier_variational_leg" in s:
+        lines.append(f"  legs            barrier Λ̂ prior leg {_fmt(s['barrier_prior_leg'])}, "
+                     f"variational leg {_fmt(s['barrier_variational_leg'])} "
+                     f"({s.get('reference')}); log Z "
+                     f"{_fmt(s.get('log_normalizer_prior_leg'), '.4g')} / "
+                     f"{_fmt(s.get('log_normalizer_variational_leg'), '.4g')}")
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
                      f"Λ̂ = {_fmt(s.get('barrier'))}: about 2Λ̂ = "

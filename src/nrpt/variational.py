@@ -1,0 +1,458 @@
+r"""Parallel tempering with a variational reference, in its stabilized two-leg form.
+
+Idea (Surjanovic, Syed, Bouchard-Côté & Campbell, NeurIPS 2022): annealing from the prior is
+slow when the posterior sits far from it; annealing from a reference ``q`` fitted to the
+posterior is fast.  Between adaptive rounds a normalized Gaussian ``q`` (full-rank, or diagonal
+"mean-field") is fitted to the target chain's draws of the round by moment matching -- the
+forward-KL minimizer over Gaussians is the mean and covariance of the target -- and a
+*variational leg* anneals ``log pi_beta = (1 - beta) log q + beta log pi``.  Because a poor fit
+could make matters worse, the fixed *prior leg* ``pi_beta ∝ p0 L^beta`` is kept as well and the
+two legs are joined at the target::
+
+    prior  p0 ... pi  |bridge|  pi ... q   variational
+    slot   P-1 ... 0            0 ... P-1
+
+How it maps onto the engine (design "legs as paired systems")
+------------------------------------------------------------
+User system ``r`` becomes two engine systems: row ``2r`` is the prior leg, row ``2r + 1`` the
+variational leg; each has slot 0 = target and slot ``P - 1`` = its reference (prior draws, or
+Gaussian draws from ``q``), its own schedule (adapted from its own rejection rates), its own
+barrier, round trips and stepping-stone ``log Z``.  Per-system machinery already exists for all
+of those, so nothing downstream of the engine had to learn about legs.  What differs per leg
+is the path's split ``log pi_p = base - b_p V``:
+
+==============  =========================  =======================
+leg             V(x)                       base(x)
+==============  =========================  =======================
+prior           -l(x)                      log p0(x)
+variational     -(log p0 + l - log q)(x)   log q(x)
+==============  =========================  =======================
+
+:class:`TwoLegPath` computes ``l``, ``log p0`` once and ``log q`` (cheap) per state and selects
+by row; :class:`TwoLegDensity` does the same with target-supplied gradients.
+
+After the swap phase, :class:`TwoLegEngine` runs a **bridge**: the slot-0 states of rows ``2r``
+and ``2r + 1`` are exchanged (positions and explorer extras; ``V``, ``base`` and the gradient
+cache recomputed under the new leg).  Both slots have density ``pi``, so the exchange is always
+accepted.  Seen as one ladder of ``2P`` slots (prior leg reversed, then the variational leg:
+prior slot ``p`` at position ``P-1-p``, variational slot ``p`` at ``P+p``), DEO's pair ``(p,
+p+1)`` of either leg is joined pair ``P-2-p`` or ``P+p``, both of parity ``P + k`` at iteration
+``k``; the bridge is joined pair ``P - 1``, of that parity exactly when ``k`` is odd, i.e. when
+the legs' pair ``(0, 1)`` is inactive.  So bridging on the iterations where pair ``(0, 1)`` was
+not attempted (in both rows) makes the joined ladder exactly DEO on ``2P`` slots; for other
+schemes the same rule gives a valid (pi-invariant) move.
+
+Outputs: the run's samples are the prior leg's slot-0 chain (row ``2r``) of each user system.
+The variational leg's slot 0 is also an exact chain of ``pi``, but the two are coupled by the
+bridge (they exchange states), so presenting them as independent chains would overstate the
+effective sample size; and the recorded slot-0 energy is ``V`` of the leg (``-l`` on the prior
+leg, the same quantity as a plain run).  ``samples.npy`` keeps both rows.  Per-system summary
+lists have ``2R`` entries (even: prior leg, odd: variational leg); the summary adds per-leg
+fields (:func:`leg_summary`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import rng
+from .engine import PTEngine
+from .explorers.base import GRAD_KEYS, Density, ReplicaState
+from .paths import GeometricPath, _flat_call
+from .recorders import json_ready
+from .roles import AdaptorBase, RecorderBase, SegmentView, Update
+
+__all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
+           "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "leg_summary"]
+
+#: the ``reference`` setting: what the hot end of the ladder is
+REFERENCES = ("prior", "variational", "variational-meanfield")
+#: ``reference`` values that run the two-leg ladder, and the covariance family of their ``q``
+VARIATIONAL = {"variational": "full-rank", "variational-meanfield": "mean-field"}
+#: stream tag of the Gaussian draws of the variational reference (the prior's draws keep
+#: :data:`nrpt.rng.Stream.REFERENCE`)
+VARIATIONAL_STREAM = rng.Stream.USER + 1
+#: covariance shrinkage toward its diagonal: lambda = d / (n + d) (full-rank fits), and the
+#: jitter added to the diagonal, relative to its mean
+JITTER = 1e-6
+
+
+@dataclass
+class GaussianReference:
+    """``q_r = N(mean[r], chol[r] chol[r]^T)`` for each user system ``r`` (``[R, d]``,
+    ``[R, d, d]`` lower triangular).  ``inv`` and ``logdet`` (of the covariance) are derived."""
+
+    mean: torch.Tensor
+    chol: torch.Tensor
+
+    def __post_init__(self):
+        d = self.mean.shape[-1]
+        eye = torch.eye(d, dtype=self.chol.dtype, device=self.chol.device).expand_as(self.chol)
+        self.inv = torch.linalg.solve_triangular(self.chol, eye, upper=False)
+        self.logdet = 2.0 * torch.diagonal(self.chol, dim1=-2, dim2=-1).log().sum(-1)
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[-1])
+
+    def log_prob(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``log q`` of ``x[..., E, S, d]`` where engine row ``e`` uses ``q_{rows[e]}``."""
+        m = self.mean[rows][:, None]  # [E, 1, d]
+        inv = self.inv[rows][:, None]  # [E, 1, d, d]
+        z = (inv @ (x - m)[..., None]).squeeze(-1)
+        c = self.logdet[rows][:, None] + self.dim * math.log(2 * math.pi)
+        return -0.5 * ((z * z).sum(-1) + c)
+
+    def sample(self, z: torch.Tensor) -> torch.Tensor:
+        """Draws from standard normals ``z[..., R, d]`` (one per user system)."""
+        return self.mean + (self.chol @ z[..., None]).squeeze(-1)
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "chol": self.chol}
+
+    @classmethod
+    def from_state(cls, sd: dict, dtype, device) -> GaussianReference:
+        return cls(sd["mean"].to(device, dtype), sd["chol"].to(device, dtype))
+
+
+def fit_gaussian(n: torch.Tensor, mean: torch.Tensor, comoment: torch.Tensor, family: str,
+                 previous: GaussianReference) -> tuple[GaussianReference, torch.Tensor]:
+    """Moment matching per user system: ``q_r = N(sample mean, regularized covariance)``.
+
+    ``n[R]`` draws with running ``mean[R, d]`` and ``comoment[R, d, d]`` (sum of centred outer
+    products).  The covariance is shrunk toward its diagonal (full-rank: weight ``d / (n + d)``
+    on the diagonal; mean-field: the diagonal alone) and given a relative jitter on the
+    diagonal.  A system whose fit is degenerate (fewer than ``d + 2`` draws for a full-rank
+    fit, 3 for mean-field, a non-finite moment, a zero variance or a failed Cholesky factor)
+    keeps its previous ``q``.  Returns ``(q, refitted[R] bool)``."""
+    R, d = mean.shape
+    nf = n.to(mean.dtype)
+    cov = comoment / (nf - 1).clamp_min(1)[:, None, None]
+    diag = torch.diagonal(cov, dim1=-2, dim2=-1)
+    if family == "mean-field":
+        cov = torch.diag_embed(diag)
+        need = 3
+    else:
+        lam = (d / (nf + d))[:, None, None]
+        cov = (1 - lam) * cov + lam * torch.diag_embed(diag)
+        need = d + 2
+    jitter = JITTER * diag.mean(-1).abs().clamp_min(1e-300)
+    cov = cov + jitter[:, None, None] * torch.eye(d, dtype=cov.dtype, device=cov.device)
+    chol, info = torch.linalg.cholesky_ex(cov)
+    ok = ((n >= need) & (info == 0) & torch.isfinite(mean).all(-1)
+          & torch.isfinite(chol).all(-1).all(-1) & (diag > 0).all(-1))
+    new_mean = torch.where(ok[:, None], mean, previous.mean)
+    new_chol = torch.where(ok[:, None, None], chol, previous.chol)
+    return GaussianReference(new_mean, new_chol), ok
+
+
+def initial_reference(target, R: int, seed: int, dtype, device, family: str,
+                      n: int = 4096) -> GaussianReference:
+    """``q`` before the first fit: moment-matched to ``n`` prior draws (keyed by the seed),
+    so that before the first round both legs anneal from (nearly) the same reference."""
+    g = rng.generator_for(seed, VARIATIONAL_STREAM, 0x1417)
+    x = torch.as_tensor(target.reference_sample(n, g)).to(device, dtype)
+    m = x.mean(0)
+    xc = x - m
+    d = x.shape[-1]
+    eye = torch.eye(d, dtype=dtype, device=device)
+    prev = GaussianReference(m.expand(R, d).clone(), eye.expand(R, d, d).clone())
+    q, ok = fit_gaussian(torch.full((R,), n, device=device), m.expand(R, d),
+                         (xc.T @ xc).expand(R, d, d), family, prev)
+    return q
+
+
+class TwoLegPath(GeometricPath):
+    """The geometric path of both legs (see the module docstring); ``components`` takes
+    states ``x[..., E, S, d]`` whose engine row (system) axis ``E = 2R`` is third from the
+    end, as every engine call has it (explorers: ``[..., E, P, d]``; reference draws
+    ``[B, E, 1, d]``)."""
+
+    def __init__(self, betas, R: int, q: GaussianReference):
+        super().__init__(betas)
+        self.R = int(R)
+        E = 2 * self.R
+        self.rows = torch.arange(E, device=q.mean.device) // 2  # engine row -> user system
+        self.leg = (torch.arange(E, device=q.mean.device) % 2 == 1)[:, None]  # [E, 1]
+        self.q = q
+        if not self.has_reference:
+            raise ValueError("reference 'variational' needs betas ending at 0 (the references "
+                             "are sampled exactly at the hot end of each leg)")
+
+    def set_reference(self, q: GaussianReference) -> None:
+        self.q = q
+
+    def split(self, target, x):
+        """``(l, log p0, log q)`` at ``x``."""
+        ll = _flat_call(target.log_likelihood, x, "log_likelihood")
+        lp0 = _flat_call(target.reference_log_prob, x, "reference_log_prob")
+        return ll, lp0, self.q.log_prob(x, self.rows)
+
+    def components(self, target, x):
+        ll, lp0, lq = self.split(target, x)
+        v = torch.where(self.leg, -(lp0 + ll - lq), -ll)
+        base = torch.where(self.leg, lq, lp0)
+        return v, base
+
+    def describe(self) -> dict:
+        return {**super().describe(), "legs": ["prior", "variational"]}
+
+
+class TwoLegDensity(Density):
+    """:class:`~nrpt.explorers.base.Density` for :class:`TwoLegPath`: target-supplied
+    gradients (``grad_log_likelihood``, ``grad_reference_log_prob``) are combined per leg with
+    the closed-form gradient of ``log q``; otherwise autograd through the components."""
+
+    def _supplied_components(self, x):
+        t, path = self.target, self.path
+        if not (hasattr(t, "grad_log_likelihood") and hasattr(t, "grad_reference_log_prob")):
+            return None
+        v, base = self(x)
+        flat = x.reshape(-1, x.shape[-1])
+        g_ref = t.grad_reference_log_prob(flat).to(x.dtype).reshape(x.shape)
+        g_ll = t.grad_log_likelihood(flat).to(x.dtype).reshape(x.shape)
+        q = path.q
+        m = q.mean[path.rows][:, None]
+        inv = q.inv[path.rows][:, None]
+        prec_z = (inv.transpose(-1, -2) @ (inv @ (x - m)[..., None])).squeeze(-1)
+        g_q = -prec_z
+        leg = path.leg[..., None]
+        g_v = torch.where(leg, -(g_ref + g_ll - g_q), -g_ll)
+        g_base = torch.where(leg, g_q, g_ref)
+        return v, base, g_v, g_base
+
+
+class TwoLegEngine(PTEngine):
+    """:class:`~nrpt.engine.PTEngine` over ``2R`` rows, two per user system (prior leg,
+    variational leg), with leg-aware reference draws, the bridge after the swaps and the
+    reference ``q`` in its checkpoints.  Plain runs never construct it."""
+
+    density_class = TwoLegDensity
+
+    def __init__(self, target, path: TwoLegPath, *args, **kwargs):
+        super().__init__(target, path, *args, **kwargs)
+        if self.sharded:
+            raise ValueError("reference 'variational' runs in one process; got a run spread "
+                             "over processes (use reference 'prior' with --nproc)")
+        self.user_R = self.R // 2
+        self.refits = torch.zeros(self.user_R, dtype=torch.int64)
+        self.fallbacks = torch.zeros(self.user_R, dtype=torch.int64)
+        self.bridges = 0
+
+    @property
+    def q(self) -> GaussianReference:
+        return self.path.q
+
+    # ------------------------------------------------------------------ the reference
+    def set_fitted_reference(self, reference) -> None:
+        """``Update.reference = (q, refitted[R])`` from :class:`VariationalRefit`."""
+        q, ok = reference
+        ok = torch.as_tensor(ok, dtype=torch.bool).cpu()
+        self.refits += ok.long()
+        self.fallbacks += (~ok).long()
+        self.set_reference(q.__class__(q.mean.to(self.device, self.dtype),
+                                       q.chol.to(self.device, self.dtype)))
+
+    def set_reference(self, q: GaussianReference) -> None:
+        """Install a new ``q``: the variational rows' cached components (and gradient caches)
+        are recomputed and the block of reference draws is dropped."""
+        self.path.set_reference(q)
+        st = self.state
+        v, base = self.density(st.x)
+        leg = self.path.leg
+        plain = {k: t for k, t in st.extras.items() if k not in GRAD_KEYS}
+        fresh = self.explorer.prepare(ReplicaState(st.x, v, base, plain), self.density)
+        self.state = st.where(leg.expand(self.R, self.P), fresh)
+        self._view = self.state
+        self._ref_rows = None
+
+    def _reference_rows(self, k: int) -> ReplicaState:
+        """Prior draws for the even rows (keyed as a plain run's), draws from ``q`` for the odd
+        rows, made for a block of iterations at once."""
+        E, R, d = self.R, self.user_R, self.dim
+        B = rng.block_length(E * d)
+        if self._ref_rows is None or self._ref_rows[0] != k // B:
+            g = rng.block_generator(self.seed, rng.Stream.REFERENCE, k, B)
+            xp = torch.as_tensor(self.target.reference_sample(B * R, g))
+            xp = xp.to(self.device, self.dtype).reshape(B, R, d)
+            gq = rng.block_generator(self.seed, VARIATIONAL_STREAM, k, B)
+            z = torch.randn(B, R, d, generator=gq, dtype=self.dtype).to(self.device)
+            xq = self.q.sample(z)
+            xr = torch.stack([xp, xq], dim=2).reshape(B, E, 1, d)
+            vr, br = self.density(xr)
+            rows = self.explorer.prepare(ReplicaState(xr, vr, br), self.density)
+            self._ref_rows = (k // B, rows)
+        rows, i = self._ref_rows[1], k % B
+        return ReplicaState(rows.x[i], rows.v[i], rows.base[i],
+                            {n: t[i] for n, t in rows.extras.items()})
+
+    # ------------------------------------------------------------------ the bridge
+    def step(self):
+        it = super().step()
+        _, attempted = it.attempted_indicators
+        quiet = ~attempted[:, 0]  # pair (0, 1) not attempted this iteration, per row
+        go = quiet[0::2] & quiet[1::2]  # [R]
+        if bool(go.any()):
+            self._bridge(go)
+            it.state = self.state
+        return it
+
+    def _bridge(self, go: torch.Tensor) -> None:
+        """Exchange the slot-0 states of rows 2r and 2r+1 where ``go[r]``."""
+        st, E = self.state, self.R
+        rep = self.replica_at[:, 0]  # [E] replica at slot 0 of each row
+        partner = torch.arange(E, device=self.device) ^ 1  # 2r <-> 2r+1
+        mask = go.repeat_interleave(2)  # [E]
+
+        def at0(t):
+            idx = rep.reshape(E, 1, *([1] * (t.dim() - 2))).expand(E, 1, *t.shape[2:])
+            return t.gather(1, idx)
+
+        x0 = at0(st.x)[partner]  # the partner row's slot-0 position, [E, 1, d]
+        extras0 = {n: at0(t)[partner] for n, t in st.extras.items()}
+        plain = {k: t for k, t in extras0.items() if k not in GRAD_KEYS}
+        v0, b0 = self.density(x0)
+        moved = self.explorer.prepare(ReplicaState(x0, v0, b0, plain), self.density)
+        extras = dict(extras0)
+        extras.update(moved.extras)
+        # scatter the new slot-0 states into the replica-major state where mask
+        where = torch.zeros(E, self.P, dtype=torch.bool, device=self.device)
+        where[torch.arange(E, device=self.device), rep] = mask
+
+        def spread(t, small):
+            full = t.clone()
+            idx = rep.reshape(E, 1, *([1] * (t.dim() - 2))).expand(E, 1, *t.shape[2:])
+            return full.scatter(1, idx, small.to(t.dtype))
+
+        new = ReplicaState(spread(st.x, moved.x), spread(st.v, moved.v),
+                           spread(st.base, moved.base),
+                           {n: spread(t, extras[n]) if n in extras else t
+                            for n, t in st.extras.items()})
+        self.state = st.where(where, new)
+        self._view = self.state
+        self.bridges += int(mask.sum()) // 2
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd["variational"] = {**self.q.state_dict(), "refits": self.refits.clone(),
+                             "fallbacks": self.fallbacks.clone(), "bridges": self.bridges}
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        vs = sd["variational"]
+        self.path.set_reference(GaussianReference.from_state(vs, self.dtype, self.device))
+        self.refits, self.fallbacks = vs["refits"].clone(), vs["fallbacks"].clone()
+        self.bridges = int(vs["bridges"])
+        self._ref_rows = None
+        super().load_state_dict(sd)
+
+
+class TargetMoments(RecorderBase):
+    """Running mean and co-moment (Welford) of the slot-0 states of every engine row since the
+    last reset -- the draws the next ``q`` is fitted to.  ``full``: keep the ``d x d``
+    co-moment (full-rank fits), else its diagonal only."""
+
+    name = "target_moments"
+    reads_slots = (0,)
+
+    def __init__(self, E: int, dim: int, full: bool, dtype=torch.float64, device="cpu"):
+        self.E, self.dim, self.full = E, dim, bool(full)
+        self.dtype, self.device = dtype, device
+        self.start_segment(True)
+
+    def start_segment(self, reset: bool, length: int = 0) -> None:
+        if reset:
+            self.n = 0
+            self.mean = torch.zeros(self.E, self.dim, dtype=self.dtype, device=self.device)
+            shape = (self.E, self.dim, self.dim) if self.full else (self.E, self.dim)
+            self.m2 = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def record(self, it) -> None:
+        x = it.slot_x([0])[:, 0]
+        self.n += 1
+        delta = x - self.mean
+        self.mean = self.mean + delta / self.n
+        after = x - self.mean
+        if self.full:
+            self.m2 = self.m2 + delta[:, :, None] * after[:, None, :]
+        else:
+            self.m2 = self.m2 + delta * after
+
+    def pooled(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(n[R], mean[R, d], comoment[R, d, d])`` pooling both rows of each user system
+        (both slot-0 chains target ``pi``)."""
+        n = self.n
+        ma, mb = self.mean[0::2], self.mean[1::2]
+        m2 = self.m2 if self.full else torch.diag_embed(self.m2)
+        mean = 0.5 * (ma + mb)
+        dm = ma - mb
+        co = m2[0::2] + m2[1::2] + 0.5 * n * dm[:, :, None] * dm[:, None, :]
+        R = ma.shape[0]
+        return torch.full((R,), 2 * n, device=self.device), mean, co
+
+    def state_dict(self) -> dict:
+        return {"n": self.n, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.n, self.mean, self.m2 = int(sd["n"]), sd["mean"], sd["m2"]
+
+
+class VariationalRefit(AdaptorBase):
+    """Between rounds: fit ``q`` to the round's target draws (the ``target_moments`` recorder,
+    :func:`fit_gaussian`) and hand it to the engine (``Update.reference``)."""
+
+    name = "variational"
+
+    def __init__(self, family: str, previous):
+        self.family = family
+        self.previous = previous  # a callable returning the engine's current q
+
+    def end_segment(self, view: SegmentView) -> Update | None:
+        if view.last:
+            return None
+        n, mean, co = view.recorders["target_moments"].pooled()
+        q, ok = fit_gaussian(n, mean, co, self.family, self.previous())
+        return Update(reference=(q, ok),
+                      note={"variational_refitted": ok.tolist()})
+
+
+def leg_summary(run, s: dict) -> dict:
+    """Per-leg fields for the summary of a two-leg run."""
+    eng, rec = run.engine, run.recorders
+    R = eng.user_R
+    swaps = rec["swaps"]
+    bar = swaps.barrier()
+    out = {"systems": R, "engine_systems": eng.R,  # per-system lists have engine_systems
+           "reference": run.facts.get("reference"),
+           "variational_family": run.facts.get("variational_family"),
+           "barrier_prior_leg": bar[0::2], "barrier_variational_leg": bar[1::2],
+           "bridges": eng.bridges,
+           "variational_refits": eng.refits, "variational_fallbacks": eng.fallbacks,
+           "variational_mean": eng.q.mean,
+           "variational_cov": eng.q.chol @ eng.q.chol.transpose(-1, -2),
+           "schedule_prior_leg": eng.schedule[0::2], "schedule_variational_leg":
+               eng.schedule[1::2]}
+    rt = rec["round_trips"].counts()
+    n = max(rec["round_trips"].n, 1)
+    out["restart_rate_prior_leg"] = rt["restarts"][0::2].double() / n
+    out["restart_rate_variational_leg"] = rt["restarts"][1::2].double() / n
+    lz = rec.get("log_z")
+    if lz is not None:
+        est = lz.estimate()["log_normalizer"]
+        out["log_normalizer_prior_leg"] = est[0::2]
+        out["log_normalizer_variational_leg"] = est[1::2]
+    res = {}
+    for k, v in out.items():
+        v = json_ready(v)
+        if R == 1 and isinstance(v, list) and k not in ("schedule_prior_leg",
+                                                        "schedule_variational_leg"):
+            v = v[0]
+        res[k] = v
+    if R == 1:
+        res["schedule_prior_leg"] = res["schedule_prior_leg"][0]
+        res["schedule_variational_leg"] = res["schedule_variational_leg"][0]
+    return res
