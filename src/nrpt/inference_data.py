@@ -322,17 +322,25 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n):
         "log_normalizer_forward": "forward stepping-stone half (aimed at Z)",
         "log_normalizer_reverse": "reverse stepping-stone half (aimed at 1/Z)",
         "barrier": "global communication barrier Λ̂ = sum of the pair rejection rates"}
+    # a variational run (nrpt.variational) has two engine rows per system, the prior leg's
+    # (even) and the variational leg's (odd): each leg's estimates get a variable of their own
+    legs = summary.get("engine_systems") == 2 * R and summary.get("reference") is not None
     for key, text in notes.items():
         if key not in summary:
             continue
-        vals, undefined = _per_chain(summary[key], R)
-        attrs = {"description": text, "source": f"summary.json: {key}"}
-        if key.startswith("log_normalizer"):
-            attrs["kind"] = str(summary.get("log_normalizer_kind"))
-        if undefined:
-            attrs["nan_means"] = ("undefined: summary.json reports null for this system "
-                                  "(a non-finite estimate)")
-        data[key] = (("chain",), vals, attrs)
+        parts = [("", summary[key], "")]
+        if legs and isinstance(summary[key], list) and len(summary[key]) == 2 * R:
+            parts = [("_prior_leg", summary[key][0::2], " (prior leg)"),
+                     ("_variational_leg", summary[key][1::2], " (variational leg)")]
+        for suffix, value, leg in parts:
+            vals, undefined = _per_chain(value, R)
+            attrs = {"description": text + leg, "source": f"summary.json: {key}"}
+            if key.startswith("log_normalizer"):
+                attrs["kind"] = str(summary.get("log_normalizer_kind"))
+            if undefined:
+                attrs["nan_means"] = ("undefined: summary.json reports null for this system "
+                                      "(a non-finite estimate)")
+            data[key + suffix] = (("chain",), vals, attrs)
     return xr.Dataset(data, coords={"chain": chain, "draw": draw}, attrs=_group_attrs())
 
 
