@@ -90,7 +90,7 @@ class Path:
         raise NotImplementedError
 
 
-def _flat_call(fn, x: torch.Tensor, what: str) -> torch.Tensor:
+def flat_call(fn, x: torch.Tensor, what: str) -> torch.Tensor:
     lead = x.shape[:-1]
     flat = x.reshape(-1, x.shape[-1])
     out = fn(flat)
@@ -136,7 +136,7 @@ class TemperatureLadder(Path):
         return [1.0 / float(b) for b in schedule]
 
     def components(self, target, x):
-        v = _flat_call(target.energy, x, "energy")
+        v = flat_call(target.energy, x, "energy")
         return v, torch.zeros_like(v)
 
     def describe(self) -> dict:
@@ -182,8 +182,8 @@ class GeometricPath(Path):
         return cls([1.0 - p / (n - 1) for p in range(n)])
 
     def components(self, target, x):
-        v = -_flat_call(target.log_likelihood, x, "log_likelihood")
-        base = _flat_call(target.reference_log_prob, x, "reference_log_prob")
+        v = -flat_call(target.log_likelihood, x, "log_likelihood")
+        base = flat_call(target.reference_log_prob, x, "reference_log_prob")
         return v, base
 
     def describe(self) -> dict:

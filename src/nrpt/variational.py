@@ -61,7 +61,7 @@ import torch
 from . import rng
 from .engine import PTEngine
 from .explorers.base import GRAD_KEYS, Density, ReplicaState
-from .paths import GeometricPath, _flat_call
+from .paths import GeometricPath, flat_call
 from .recorders import json_ready
 from .roles import AdaptorBase, RecorderBase, SegmentView, Update
 
@@ -187,8 +187,8 @@ class TwoLegPath(GeometricPath):
 
     def split(self, target, x):
         """``(l, log p0, log q)`` at ``x``."""
-        ll = _flat_call(target.log_likelihood, x, "log_likelihood")
-        lp0 = _flat_call(target.reference_log_prob, x, "reference_log_prob")
+        ll = flat_call(target.log_likelihood, x, "log_likelihood")
+        lp0 = flat_call(target.reference_log_prob, x, "reference_log_prob")
         return ll, lp0, self.q.log_prob(x, self.rows)
 
     def components(self, target, x):
