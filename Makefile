@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-slow lint bench-schemes bench-sgpt bench-adaptive bench-distributed \
+.PHONY: install run test test-slow lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
         bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational clean
 
 $(STAMP): pyproject.toml
@@ -89,3 +89,13 @@ bench-peers: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+
+# PyMC models: log Z against pm.sample_smc at equal wall time, at two budgets (docs/pymc.md)
+bench-pymc: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_smc.py --smc-draws 1000 --json benchmarks/pymc_smc_1000.json
+	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_smc.py --smc-draws 5000 --json benchmarks/pymc_smc_5000.json
+
+# conjugate PyMC models: posterior means, variances and log Z against closed forms (docs/pymc.md)
+bench-pymc-conjugate: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_conjugate.py --systems 16 --seed 2
+	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_conjugate.py --systems 16 --seed 2 --reference variational

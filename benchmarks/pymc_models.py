@@ -4,7 +4,7 @@ the workflow example (``docs/examples/pymc_workflow.py``).
 Every builder returns ``(model, log_z, facts)``: a ``pm.Model`` over synthetic data drawn from a
 fixed NumPy seed, its exact log marginal likelihood ``log p(y)`` (closed form, or one- and
 two-dimensional quadrature of closed-form conditionals), and a dict of facts (posterior means
-where they are known in closed form).
+and variances where they are known in closed form, by variable name).
 
 * ``normal-normal``  -- y_i ~ N(mu, 1), mu ~ N(0, 10^2): y ~ N(0, I + 100 11^T).
 * ``beta-binomial``  -- k ~ Binomial(n, p), p ~ Beta(2, 2): log C(n, k) + log B(a+k, b+n-k)
@@ -48,7 +48,9 @@ def beta_binomial(seed: int = 0, n: int = 100, a: float = 2.0, b: float = 2.0):
         pm.Binomial("k", n=n, p=p, observed=k)
     log_z = (special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
              + special.betaln(a + k, b + n - k) - special.betaln(a, b))
-    facts = {"mean": {"p": (a + k) / (a + b + n)}}
+    a1, b1 = a + k, b + n - k
+    facts = {"mean": {"p": a1 / (a1 + b1)},
+             "var": {"p": a1 * b1 / ((a1 + b1) ** 2 * (a1 + b1 + 1))}}
     return model, float(log_z), facts
 
 
@@ -63,7 +65,8 @@ def linear_regression(seed: int = 0, n: int = 100, noise: float = 0.5, prior_sd:
         w = pm.Normal("w", 0.0, prior_sd, dims="feature")
         pm.Normal("y", pm.math.dot(X, w), noise, observed=y)
     prec = X.T @ X / noise**2 + np.eye(3) / prior_sd**2
-    facts = {"mean": {"w": np.linalg.solve(prec, X.T @ y / noise**2)}}
+    facts = {"mean": {"w": np.linalg.solve(prec, X.T @ y / noise**2)},
+             "var": {"w": np.diag(np.linalg.inv(prec))}}
     cov = noise**2 * np.eye(n) + prior_sd**2 * X @ X.T
     return model, _mvn_logpdf(y, cov), facts
 
