@@ -306,10 +306,39 @@ def _batch_random_variable(pt, node, ins, batched, n) -> list:
     else:
         shape = compute_batch_shape(old_params, op.ndims_params)
         size = pt.concatenate([nvec, pt.as_tensor_variable(shape).astype("int64")])
-    new = op.make_node(rng, size, *new_params)
-    if new.outputs[op.default_output].type.ndim != rv.type.ndim + 1:
+    from pytensor.tensor.random.basic import DirichletRV
+
+    if isinstance(op, DirichletRV):
+        outs = _batched_dirichlet(pt, rng, size, new_params[0])
+    else:
+        outs = list(op.make_node(rng, size, *new_params).outputs)
+    if outs[op.default_output].type.ndim != rv.type.ndim + 1:
         raise ValueError(f"{op}: the batched draw has no extra leading axis")
-    return list(new.outputs)
+    return outs
+
+
+def _batched_dirichlet(pt, rng, size, alpha) -> list:
+    """``[next rng, Dirichlet(alpha) draws]`` for a batch: PyTensor's Dirichlet draws a
+    batched concentration one row at a time in Python, so the draws are built from gamma
+    variates instead, in log space: ``log G_i = log Gamma(alpha_i + 1) + log(U_i) / alpha_i``
+    (``G_i ~ Gamma(alpha_i)`` exactly: a Gamma(a + 1) variate times ``U^(1/a)``, which stays
+    finite for a small ``alpha_i`` where ``G_i`` itself underflows to 0) and ``w =
+    softmax(log G)`` (normalized independent gammas are exactly Dirichlet).  One generator,
+    chained through both draws."""
+    from pytensor.tensor.random.basic import gamma, uniform
+    from pytensor.tensor.type_other import NoneTypeT
+
+    if not isinstance(size.type, NoneTypeT):
+        size = pt.concatenate([size, pt.as_tensor_variable(alpha.shape[-1:]).astype("int64")])
+    else:
+        size = alpha.shape
+    g = gamma(alpha + 1.0, scale=1.0, size=size, rng=rng)
+    u = uniform(0.0, 1.0, size=size, rng=g.owner.outputs[0])
+    log_g = pt.log(g) + pt.log(u) / alpha
+    log_g = log_g - pt.max(log_g, axis=-1, keepdims=True)
+    w = pt.exp(log_g)
+    w = w / pt.sum(w, axis=-1, keepdims=True)
+    return [u.owner.outputs[0], w]
 
 
 class PyMCTarget:
