@@ -1,12 +1,14 @@
 """Cost of one PyMC-target evaluation per state: the graph vectorized over the batch against the
-per-state loop (``from_pymc(..., vectorize=False)``), at n = 64 states of a small model.
+per-state loop (``from_pymc(..., vectorize=False)``), at n = 64 states of a small model (and
+n = 2048 prior draws: a block of the engine's reference refresh).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/pymc_batch.py
 
 Prints microseconds per state for the log-density parts with their gradients (one compiled
 call: what ``log_likelihood`` / ``reference_log_prob`` / the ``grad_*`` members use), for the
-model variables (``model_variables``) and for exact reference draws (``reference_sample``, a
-per-draw loop in both modes).  Best of 5 repeats of 50 calls.
+model variables (``model_variables``) and for exact reference draws (``reference_sample``: one
+call of the forward-sampling graph vectorized over the draws, against one call per draw), at
+n = 64 and n = 2048 draws.  Best of 5 repeats of 50 calls (10 for the draws; 2 at n = 2048).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from nrpt.targets import from_pymc
 
 N = 64
+N_BLOCK = 2048
 
 
 def model():
@@ -33,7 +36,7 @@ def model():
     return m
 
 
-def per_state(fn, reps: int = 50, repeats: int = 5) -> float:
+def per_state(fn, reps: int = 50, repeats: int = 5, n: int = N) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -41,7 +44,7 @@ def per_state(fn, reps: int = 50, repeats: int = 5) -> float:
         for _ in range(reps):
             fn()
         best = min(best, (time.perf_counter() - t0) / reps)
-    return best / N * 1e6
+    return best / n * 1e6
 
 
 def main() -> None:
@@ -55,11 +58,14 @@ def main() -> None:
                      per_state(lambda: logp(x)),  # noqa: B023
                      per_state(lambda: t.model_variables(x)),  # noqa: B023
                      per_state(lambda: t.reference_sample(N, torch.Generator().manual_seed(1)),  # noqa: B023
-                               reps=10)))
+                               reps=10),
+                     per_state(lambda: t.reference_sample(N_BLOCK, torch.Generator().manual_seed(1)),  # noqa: B023
+                               reps=2, repeats=3, n=N_BLOCK)))
     print(f"from_pymc, dim = {t.dim}, n = {N} states per call; microseconds per state")
-    print(f"{'mode':<12}{'logp+grad':>12}{'variables':>12}{'prior draw':>12}")
-    for name, a, b, c in rows:
-        print(f"{name:<12}{a:>12.2f}{b:>12.2f}{c:>12.2f}")
+    print(f"{'mode':<12}{'logp+grad':>12}{'variables':>12}{'prior draw':>12}"
+          f"{f'draw n={N_BLOCK}':>15}")
+    for name, a, b, c, d in rows:
+        print(f"{name:<12}{a:>12.2f}{b:>12.2f}{c:>12.2f}{d:>15.2f}")
 
 
 if __name__ == "__main__":

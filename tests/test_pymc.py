@@ -133,6 +133,51 @@ def test_reference_draws_come_from_the_generator_only(mixed):
         t.reference_sample(3, None)
 
 
+def hierarchical_model():
+    """Root Beta, HalfNormal, Dirichlet; theta ~ Normal(mu, tau) with random mu and tau (the
+    downstream draw must see its own draw's parents) and a Uniform with random bounds."""
+    with pm.Model() as model:
+        pm.Beta("p", BETA_A, BETA_B)
+        pm.HalfNormal("s", HN_SIGMA)
+        mu = pm.Normal("mu", 0.0, 2.0)
+        tau = pm.HalfNormal("tau", 1.0)
+        theta = pm.Normal("theta", mu, tau, shape=4)
+        u = pm.Uniform("u", mu - 1.0, mu + tau)
+        w = pm.Dirichlet("w", np.array([1.0, 2.0, 3.0]))
+        pm.Normal("y", theta.sum() + u + w[0], 1.0, observed=Y[:4])
+    return model
+
+
+def test_vectorized_prior_draws_match_the_per_draw_loop():
+    model = hierarchical_model()
+    t, loop = from_pymc(model), from_pymc(model, vectorize=False)
+    assert t.vectorized["sample"] and not loop.vectorized["sample"]
+    a = t.reference_sample(N_DRAWS, gen(31))
+    assert a.shape == (N_DRAWS, t.dim) and a.dtype == torch.float64
+    assert torch.equal(t.reference_sample(N_DRAWS, gen(31)), a)  # the generator alone
+    assert not torch.equal(t.reference_sample(N_DRAWS, gen(32)), a)
+    b = loop.reference_sample(N_DRAWS, gen(33)).numpy()
+    x = a.numpy()
+    for j in range(t.dim):  # every coordinate: the same distribution as the loop's draws
+        assert stats.ks_2samp(x[:, j], b[:, j]).pvalue > ALPHA, j
+    # the joint structure: theta's draw i sees mu and tau of draw i -- (theta - mu) / tau is
+    # N(0, 1); u sits in (mu - 1, mu + tau) as Uniform: (u - lower) / (upper - lower) ~ U(0, 1)
+    mv = t.model_variables(a)
+    z = (mv["theta"] - mv["mu"][:, None]) / mv["tau"][:, None]
+    for j in range(4):
+        assert ks_pvalue(z[:, j], stats.norm.cdf) > ALPHA
+    r = (mv["u"] - mv["mu"] + 1.0) / (mv["tau"] + 1.0)
+    assert ks_pvalue(r, stats.uniform.cdf) > ALPHA
+    for j, alpha in enumerate((1.0, 2.0, 3.0)):  # Dirichlet(1, 2, 3) marginals
+        assert ks_pvalue(mv["w"][:, j], stats.beta(alpha, 6.0 - alpha).cdf) > ALPHA
+    # negative control: pairing theta with another draw's parents fails the same check
+    zbad = (mv["theta"] - np.roll(mv["mu"], 1)[:, None]) / np.roll(mv["tau"], 1)[:, None]
+    assert ks_pvalue(zbad[:, 0], stats.norm.cdf) < ALPHA
+    # a batch of one and an empty batch
+    assert t.reference_sample(1, gen(1)).shape == (1, t.dim)
+    assert t.reference_sample(0, gen(1)).shape == (0, t.dim)
+
+
 # ---------------------------------------------------------------------------------------------
 # densities and gradients against PyMC
 # ---------------------------------------------------------------------------------------------

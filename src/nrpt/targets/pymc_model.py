@@ -19,7 +19,12 @@ Two paths (``path=``):
 * ``reference_sample(n, generator)``: exact iid prior draws by forward sampling the free
   variables (PyTensor's random ops) and mapping them through the transforms' forward maps.
   The draws are a function of ``generator`` alone: a 63-bit seed is drawn from it and seeds
-  the compiled sampler's random generators.
+  the compiled sampler's random generators.  All ``n`` draws come from one call of the
+  forward-sampling graph vectorized over a leading batch axis of symbolic length ``n`` (each
+  random variable drawn ``(n, *shape)`` times, a downstream variable with its own draw's
+  parents, the transforms applied to the batch); if some op of the prior has no batched form
+  (e.g. ``pm.LKJCholeskyCov``), a loop calls the one-draw sampler ``n`` times
+  (``vectorized["sample"]`` says which).
 
   This needs a prior that forward sampling reproduces exactly: no ``pm.Potential`` and no free
   variable that depends on an observed one (its "prior" would then be conditional on data).
@@ -188,6 +193,154 @@ class _Batched:
         return out
 
 
+def _toposort(outputs) -> list:
+    try:
+        from pytensor.graph.traversal import toposort
+    except ImportError:  # pytensor < 2.32
+        from pytensor.graph.basic import graph_inputs, io_toposort
+
+        return io_toposort(list(graph_inputs(outputs)), list(outputs))
+    return list(toposort(outputs))
+
+
+def _vectorize_draws(pt, outputs, n, vect: dict | None = None, done: set | None = None) -> dict:
+    """``{variable of the one-draw forward graph of outputs: its version batched over a
+    leading axis of length n}`` for every variable that depends on a random draw.
+
+    Every random variable is drawn ``n`` times (:func:`_batch_random_variable`, or for a
+    PyMC symbolic random variable without a random parent, PyMC's ``change_dist_size``);
+    every other node with a batched input is vectorized by PyTensor's rules
+    (``vectorize_graph`` on the node alone).  A symbolic random variable that neither
+    handles (PyMC has no batched form of e.g. a ``ZeroSumNormal`` or ``Mixture`` with a
+    random parameter) is inlined: its inner graph, on the outer inputs, is vectorized the
+    same way.  Raises if some node has no batched form."""
+    from pytensor.graph.replace import clone_replace, vectorize_graph
+    from pytensor.tensor.random.op import RandomVariable
+
+    vect = {} if vect is None else vect
+    done = set() if done is None else done
+    for node in _toposort(outputs):
+        if node in done:
+            continue
+        done.add(node)
+        ins = [vect.get(i, i) for i in node.inputs]
+        batched = [i in vect for i in node.inputs]
+        if isinstance(node.op, RandomVariable):
+            outs = _batch_random_variable(pt, node, ins, batched, n)
+        elif _is_symbolic_rv(node.op):
+            try:
+                if any(batched):
+                    outs = vectorize_graph(list(node.outputs), dict(zip(node.inputs, ins)))
+                else:
+                    outs = _resize_root(node, n)
+            except Exception:  # noqa: BLE001 -- no batched form: inline its inner graph
+                inner = clone_replace(list(node.op.inner_outputs),
+                                      replace=dict(zip(node.op.inner_inputs, node.inputs)))
+                _vectorize_draws(pt, inner, n, vect, done)
+                outs = [vect.get(v, v) for v in inner]
+        elif any(batched):  # this node alone: every input replaced (most by itself)
+            outs = vectorize_graph(list(node.outputs), dict(zip(node.inputs, ins)))
+        else:
+            continue
+        for o, v in zip(node.outputs, outs, strict=True):
+            vect[o] = v
+    return vect
+
+
+def _is_symbolic_rv(op) -> bool:
+    try:
+        from pymc.distributions.distribution import SymbolicRandomVariable
+    except ImportError:
+        return False
+    return isinstance(op, SymbolicRandomVariable)
+
+
+def _resize_root(node, n) -> list:
+    """A root PyMC symbolic random variable (no random parent) drawn ``n`` times: its size
+    expanded by a leading ``n`` (:func:`pymc.distributions.shape_utils.change_dist_size`);
+    the outputs of the new node, in the order of ``node.outputs``."""
+    from pymc.distributions.shape_utils import change_dist_size
+
+    rv = node.outputs[node.op.default_output] if node.op.default_output is not None else None
+    if rv is None:
+        raise ValueError(f"{node.op} has no default output to resize")
+    new = change_dist_size(rv, (n,), expand=True)
+    if len(new.owner.outputs) != len(node.outputs):
+        raise ValueError(f"resizing {node.op} changed its outputs")
+    return list(new.owner.outputs)
+
+
+def _batch_random_variable(pt, node, ins, batched, n) -> list:
+    """The random-variable node ``node`` drawn once per row of a batch of ``n``; the outputs
+    of the new node.  Its batched parameters (leading axis ``n``: row i holds draw i's
+    parents) are padded after that axis to the one-draw variable's batch dimensions, so that
+    broadcasting lines row i up with draw i.  The size: ``(n, *old size)`` if it had one;
+    none if some parameter is batched (the parameters' broadcast shape is ``(n, *batch
+    shape)``); else (a root) ``(n, *the parameters' broadcast batch shape)``.  The rng input
+    is the same (shared) generator: the new node replaces the old one."""
+    from pytensor.tensor.random.utils import compute_batch_shape
+    from pytensor.tensor.type_other import NoneTypeT
+
+    op = node.op
+    rng, _size, *params = ins
+    if batched[0] or batched[1]:
+        raise ValueError(f"{op}: a random generator or size that depends on a random draw")
+    old_params = op.dist_params(node)
+    old_size = op.size_param(node)
+    rv = node.outputs[op.default_output]
+    batch_ndim = rv.type.ndim - op.ndim_supp
+    new_params = []
+    for p, old, b, core in zip(params, old_params, batched[2:], op.ndims_params, strict=True):
+        if b:
+            missing = batch_ndim - (old.type.ndim - core)
+            if p.type.ndim != old.type.ndim + 1 or missing < 0:
+                raise ValueError(f"{op}: a parameter with more than one batch axis")
+            if missing:
+                p = p.dimshuffle(0, *(["x"] * missing), *range(1, p.type.ndim))
+        new_params.append(p)
+    nvec = pt.atleast_1d(n).astype("int64")
+    if not isinstance(old_size.type, NoneTypeT):
+        size = pt.concatenate([nvec, pt.as_tensor_variable(old_size).astype("int64")])
+    elif any(batched[2:]):
+        size = old_size
+    else:
+        shape = compute_batch_shape(old_params, op.ndims_params)
+        size = pt.concatenate([nvec, pt.as_tensor_variable(shape).astype("int64")])
+    from pytensor.tensor.random.basic import DirichletRV
+
+    if isinstance(op, DirichletRV):
+        outs = _batched_dirichlet(pt, rng, size, new_params[0])
+    else:
+        outs = list(op.make_node(rng, size, *new_params).outputs)
+    if outs[op.default_output].type.ndim != rv.type.ndim + 1:
+        raise ValueError(f"{op}: the batched draw has no extra leading axis")
+    return outs
+
+
+def _batched_dirichlet(pt, rng, size, alpha) -> list:
+    """``[next rng, Dirichlet(alpha) draws]`` for a batch: PyTensor's Dirichlet draws a
+    batched concentration one row at a time in Python, so the draws are built from gamma
+    variates instead, in log space: ``log G_i = log Gamma(alpha_i + 1) + log(U_i) / alpha_i``
+    (``G_i ~ Gamma(alpha_i)`` exactly: a Gamma(a + 1) variate times ``U^(1/a)``, which stays
+    finite for a small ``alpha_i`` where ``G_i`` itself underflows to 0) and ``w =
+    softmax(log G)`` (normalized independent gammas are exactly Dirichlet).  One generator,
+    chained through both draws."""
+    from pytensor.tensor.random.basic import gamma, uniform
+    from pytensor.tensor.type_other import NoneTypeT
+
+    if not isinstance(size.type, NoneTypeT):
+        size = pt.concatenate([size, pt.as_tensor_variable(alpha.shape[-1:]).astype("int64")])
+    else:
+        size = alpha.shape
+    g = gamma(alpha + 1.0, scale=1.0, size=size, rng=rng)
+    u = uniform(0.0, 1.0, size=size, rng=g.owner.outputs[0])
+    log_g = pt.log(g) + pt.log(u) / alpha
+    log_g = log_g - pt.max(log_g, axis=-1, keepdims=True)
+    w = pt.exp(log_g)
+    w = w / pt.sum(w, axis=-1, keepdims=True)
+    return [u.owner.outputs[0], w]
+
+
 class PyMCTarget:
     """A PyMC model as an nrpt target; build it with :func:`from_pymc`."""
 
@@ -232,6 +385,7 @@ class PyMCTarget:
         self._fns: dict[str, _Batched] = {}
         self._cache: tuple[np.ndarray, list[np.ndarray]] | None = None
         self._sampler = None
+        self._sampler_batched = False
         self._rngs: list = []
 
         if path == "prior":
@@ -324,16 +478,43 @@ class PyMCTarget:
         return res
 
     # ---------------------------------------------------------------- prior forward sampler
+    def _forward_pieces(self) -> list:
+        """The free variables' forward draws mapped through their transforms (one graph per
+        free variable, in ``free_RVs`` order, each of its value variable's shape)."""
+        pt = self._pt
+        pieces = []
+        for rv in self._free:
+            tr = self.model.rvs_to_transforms.get(rv)
+            val = rv if tr is None else tr.forward(rv, *rv.owner.inputs)
+            pieces.append(pt.as_tensor_variable(val).astype("float64"))
+        return pieces
+
     def _build_sampler(self) -> None:
+        """Compile the prior sampler: vectorized (one call draws ``n``) if possible, else the
+        per-draw function called in a loop; a prior it cannot sample is refused here."""
+        error = None
+        if self._vectorize is not False:
+            try:
+                self._build_batched_sampler()
+                return
+            except Exception as e:  # noqa: BLE001 -- any failure: the per-draw loop
+                error = e
+                if self._vectorize:
+                    raise TargetError(
+                        f"from_pymc: the prior sampler could not be vectorized over a batch "
+                        f"({type(e).__name__}: {e}); use vectorize=None or False for the "
+                        f"per-draw loop") from e
+        self._build_loop_sampler()
+        if error is not None:
+            warnings.warn(f"from_pymc: the prior sampler could not be vectorized "
+                          f"({type(error).__name__}: {error}); drawing one prior sample at "
+                          f"a time", RuntimeWarning, stacklevel=4)
+
+    def _build_loop_sampler(self) -> None:
         pm, pt = self._pm, self._pt
         from pytensor.tensor.random.type import RandomGeneratorType
 
-        model = self.model
-        pieces = []
-        for rv in self._free:
-            tr = model.rvs_to_transforms.get(rv)
-            val = rv if tr is None else tr.forward(rv, *rv.owner.inputs)
-            pieces.append(pt.as_tensor_variable(val).astype("float64").ravel())
+        pieces = [p.ravel() for p in self._forward_pieces()]
         flat = pt.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         try:
             fn = _compile(pm, [], flat, random_seed=0)
@@ -347,13 +528,47 @@ class PyMCTarget:
         if draw.shape != (self.dim,):
             raise TargetError(f"from_pymc: a forward draw has shape {list(draw.shape)}, not "
                               f"[{self.dim}]; use path='temperature'")
-        self._sampler = fn
+        self._sampler, self._sampler_batched = fn, False
+
+    def _build_batched_sampler(self) -> None:
+        """The forward-sampling graph vectorized over a leading batch axis of symbolic length
+        ``n``: every random variable gets the size ``(n, *its batch shape)`` -- a root's
+        parameters are unbatched and broadcast over it, a downstream variable's batched
+        parameters (a leading axis of length ``n``: draw i's parents) line up with it -- and
+        every other op (the transforms' forward maps included) is vectorized by PyTensor's
+        rules.  Checked by drawing batches of 2 and 3."""
+        pm, pt = self._pm, self._pt
+        from pytensor.tensor.random.type import RandomGeneratorType
+
+        n = pt.lscalar("n_draws")
+        pieces = self._forward_pieces()
+        vect = _vectorize_draws(pt, pieces, n)
+        flat = []
+        for rv, p in zip(self._free, pieces, strict=True):
+            b = vect.get(p)
+            if b is None or b.type.ndim != p.type.ndim + 1:
+                raise ValueError(f"the draw of {rv.name!r} has no batch axis")
+            flat.append(b.reshape((n, -1)))
+        out = pt.concatenate(flat, axis=1) if len(flat) > 1 else flat[0]
+        fn = _compile(pm, [n], out, random_seed=0)
+        for k in (2, 3):
+            draw = np.asarray(fn(k))
+            if draw.shape != (k, self.dim):
+                raise ValueError(f"a batch of {k} draws has shape {list(draw.shape)}, not "
+                                 f"[{k}, {self.dim}]")
+            if not np.isfinite(draw).all():
+                raise ValueError("a batched draw is not finite")
+        self._rngs = [v for v in fn.get_shared() if isinstance(v.type, RandomGeneratorType)]
+        self._sampler, self._sampler_batched = fn, True
 
     # --------------------------------------------------------------------- model variables
     @property
     def vectorized(self) -> dict[str, bool]:
-        """Which compiled functions so far run vectorized over the batch (else a loop)."""
-        return {k: f.vectorized for k, f in self._fns.items()}
+        """Which compiled functions so far run vectorized over the batch (else a loop):
+        ``"sample"`` (the prior sampler, path='prior'), ``"logp"``, ``"variables"``."""
+        out = {"sample": self._sampler_batched} if self._sampler is not None else {}
+        out.update({k: f.vectorized for k, f in self._fns.items()})
+        return out
 
     def model_variables(self, x) -> dict[str, np.ndarray]:
         """The constrained values of every free variable and ``pm.Deterministic`` at the
@@ -400,10 +615,15 @@ class PyMCPriorTarget(PyMCTarget):
 
         g = check_generator(generator)
         seed = int(torch.randint(0, 2**63 - 1, (1,), generator=g, device=g.device).item())
+        n = int(n)
         reseed_rngs(self._rngs, seed)
-        out = np.empty((int(n), self.dim))
-        for i in range(int(n)):
-            out[i] = self._sampler()
+        if self._sampler_batched:
+            out = np.zeros((0, self.dim)) if n == 0 else np.array(self._sampler(n),
+                                                                   dtype=np.float64)
+        else:
+            out = np.empty((n, self.dim))
+            for i in range(n):
+                out[i] = self._sampler()
         return torch.from_numpy(out).to(device=g.device)
 
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
