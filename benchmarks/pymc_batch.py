@@ -25,6 +25,10 @@ N = 64
 N_BLOCK = 2048
 
 
+def draw(t, n: int):
+    return t.reference_sample(n, torch.Generator().manual_seed(1))
+
+
 def model():
     with pm.Model(coords={"k": ["a", "b", "c"]}) as m:
         p = pm.Beta("p", 2.0, 3.0)
@@ -57,10 +61,9 @@ def main() -> None:
         rows.append(("vectorized" if vectorize else "loop",
                      per_state(lambda: logp(x)),  # noqa: B023
                      per_state(lambda: t.model_variables(x)),  # noqa: B023
-                     per_state(lambda: t.reference_sample(N, torch.Generator().manual_seed(1)),  # noqa: B023
-                               reps=10),
-                     per_state(lambda: t.reference_sample(N_BLOCK, torch.Generator().manual_seed(1)),  # noqa: B023
-                               reps=2, repeats=3, n=N_BLOCK)))
+                     per_state(lambda: draw(t, N), reps=10),  # noqa: B023
+                     per_state(lambda: draw(t, N_BLOCK), reps=2, repeats=3,  # noqa: B023
+                               n=N_BLOCK)))
     print(f"from_pymc, dim = {t.dim}, n = {N} states per call; microseconds per state")
     print(f"{'mode':<12}{'logp+grad':>12}{'variables':>12}{'prior draw':>12}"
           f"{f'draw n={N_BLOCK}':>15}")
