@@ -237,3 +237,26 @@ def test_nan_only_where_the_summary_says_undefined(tmp_path):
     assert "never attempted" in idata.constant_data["swap_acceptance"].attrs["nan_means"]
     assert "nan_means" not in idata.constant_data["schedule"].attrs
     assert idata.posterior["x"].shape == (R, n, 2) and "restarts" not in stats  # no index
+
+
+def test_blocks_are_sized_by_the_model_variables_too(tmp_path, monkeypatch):
+    """A model variable far larger than the state (a per-observation Deterministic) must not
+    make a block of draws hold gigabytes: the hook sees blocks sized by all it returns."""
+    seen = []
+
+    class Big(Hooked):
+        model_dims = {}
+        model_coords = {}
+
+        def model_variables(self, x):
+            x = np.asarray(x)
+            seen.append(x.shape[0])
+            return {"mu": x[:, 0], "fitted": np.repeat(x[:, :1], 1000, axis=1)}
+
+    monkeypatch.setattr(inference_data, "DRAW_BLOCK_BYTES", 8 * 1000 * 50)  # 50 draws of fitted
+    res = nrpt.sample(Big(), chains=4, iterations=300, explorer="rwmh", figures=False,
+                      out=str(tmp_path))
+    assert max(seen) <= 50, seen  # control: sized by the 4-number state alone it would be 300
+    post = _read(tmp_path / "posterior.nc").posterior
+    assert post["fitted"].shape == (1, 300, 1000)
+    assert np.array_equal(post["fitted"].values[0, :, 999], res.samples[:, 0])

@@ -270,7 +270,7 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
                 recorders=run.recorders, engine=run.engine, summary=summary,
                 index=np.asarray(arrays["index"]), first=int(arrays["first"]),
                 thin=run.recorders["draws"].thin, target=run.engine.target)
-        except (ImportError, ValueError, OSError) as err:
+        except Exception as err:  # noqa: BLE001 -- the summary and the rest must still be written
             summary["inference_data"] = None
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"
     if cfg.figures and run.engine.k > 0:

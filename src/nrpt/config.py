@@ -35,6 +35,9 @@ from .explorers.compiled import COMPILABLE
 
 __all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION"]
 
+#: schemes under which the variational reference's bridge fires (pair (0, 1) rests on some
+#: iterations): DEO and DEO_W by design, SEO at random
+BRIDGED_SCHEMES = ("deo", "deo-w", "seo")
 VERSION = 2
 DTYPES = ("float64", "float32")
 SLICE_METHODS = ("stepping-out", "doubling")
@@ -557,6 +560,11 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     # -- swap
     default("scheme", "deo")
     cfg.scheme = _choice("scheme", cfg.scheme, registry.names("scheme"))
+    if cfg.reference is not None and cfg.scheme not in BRIDGED_SCHEMES:
+        raise ValueError(f"reference {cfg.reference!r} joins its two legs on the iterations where "
+                         f"pair (0, 1) rests, which scheme {cfg.scheme!r} never or hardly leaves; "
+                         f"use scheme {', '.join(map(repr, BRIDGED_SCHEMES))} (or reference "
+                         f"'prior')")
     if cfg.scheme == "deo-w":
         default("window", "auto")
         cfg.window = _window(cfg.window)

@@ -196,7 +196,12 @@ def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
     import h5netcdf
 
     R, n, dim = x.shape
-    block = max(1, DRAW_BLOCK_BYTES // (8 * max(dim, 1)))
+    # a block holds the unconstrained rows and every model variable's values of its draws
+    # (a per-observation Deterministic can be far larger than the state)
+    per_draw = 8 * max(dim, 1) + sum(
+        int(np.prod(spec["shape"], dtype=np.int64)) * max(spec["dtype"].itemsize, 1)
+        for spec in (layout or {}).values())
+    block = max(1, DRAW_BLOCK_BYTES // per_draw)
 
     def create(group, name, dims, shape, dtype):
         per_draw = int(np.prod(shape, dtype=np.int64)) * max(dtype.itemsize, 1)

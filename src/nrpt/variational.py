@@ -78,6 +78,9 @@ VARIATIONAL_STREAM = rng.Stream.USER + 1
 #: covariance shrinkage toward its diagonal: lambda = d / (n + d) (full-rank fits), and the
 #: jitter added to the diagonal, relative to its mean
 JITTER = 1e-6
+#: the summary carries a full-rank q's whole covariance up to this dimension (its diagonal,
+#: ``variational_var``, always; the checkpoint always holds the Cholesky factor)
+FULL_COV_IN_SUMMARY = 32
 
 
 @dataclass
@@ -270,8 +273,8 @@ class TwoLegEngine(PTEngine):
         self._ref_rows = None
 
     def _reference_rows(self, k: int) -> ReplicaState:
-        """Prior draws for the even rows (keyed as a plain run's), draws from ``q`` for the odd
-        rows, made for a block of iterations at once."""
+        """Prior draws for the even rows (the plain run's stream, blocks sized for the ``2R``
+        rows), draws from ``q`` for the odd rows, made for a block of iterations at once."""
         E, R, d = self.R, self.user_R, self.dim
         B = rng.block_length(E * d)
         if self._ref_rows is None or self._ref_rows[0] != k // B:
@@ -433,13 +436,15 @@ def leg_summary(run, s: dict) -> dict:
            "bridges": eng.bridges,
            "variational_refits": eng.refits, "variational_fallbacks": eng.fallbacks,
            "variational_mean": eng.q.mean,
-           "variational_cov": eng.q.chol @ eng.q.chol.transpose(-1, -2),
+           "variational_var": (eng.q.chol ** 2).sum(-1),
            "schedule_prior_leg": eng.schedule[0::2], "schedule_variational_leg":
                eng.schedule[1::2]}
     rt = rec["round_trips"].counts()
     n = max(rec["round_trips"].n, 1)
     out["restart_rate_prior_leg"] = rt["restarts"][0::2].double() / n
     out["restart_rate_variational_leg"] = rt["restarts"][1::2].double() / n
+    if run.facts.get("variational_family") == "full-rank" and eng.dim <= FULL_COV_IN_SUMMARY:
+        out["variational_cov"] = eng.q.chol @ eng.q.chol.transpose(-1, -2)
     lz = rec.get("log_z")
     if lz is not None:
         est = lz.estimate()["log_normalizer"]
@@ -455,4 +460,10 @@ def leg_summary(run, s: dict) -> dict:
     if R == 1:
         res["schedule_prior_leg"] = res["schedule_prior_leg"][0]
         res["schedule_variational_leg"] = res["schedule_variational_leg"][0]
+    if lz is not None and not run.facts.get("reference_normalized"):
+        # q is normalized, the prior is not declared so: the legs estimate different things
+        res["log_normalizer_legs_note"] = (
+            "the prior is not declared normalized (reference_is_normalized): the prior leg "
+            "estimates log(Z / Z_prior), the variational leg (q normalized) log Z itself, so "
+            "the two differ by log Z_prior")
     return res

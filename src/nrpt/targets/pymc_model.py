@@ -230,16 +230,18 @@ def _vectorize_draws(pt, outputs, n, vect: dict | None = None, done: set | None 
         elif _is_symbolic_rv(node.op):
             try:
                 if any(batched):
-                    outs = vectorize_graph(list(node.outputs), dict(zip(node.inputs, ins)))
+                    outs = vectorize_graph(list(node.outputs),
+                                           dict(zip(node.inputs, ins, strict=True)))
                 else:
                     outs = _resize_root(node, n)
             except Exception:  # noqa: BLE001 -- no batched form: inline its inner graph
                 inner = clone_replace(list(node.op.inner_outputs),
-                                      replace=dict(zip(node.op.inner_inputs, node.inputs)))
+                                      replace=dict(zip(node.op.inner_inputs, node.inputs,
+                                                         strict=True)))
                 _vectorize_draws(pt, inner, n, vect, done)
                 outs = [vect.get(v, v) for v in inner]
         elif any(batched):  # this node alone: every input replaced (most by itself)
-            outs = vectorize_graph(list(node.outputs), dict(zip(node.inputs, ins)))
+            outs = vectorize_graph(list(node.outputs), dict(zip(node.inputs, ins, strict=True)))
         else:
             continue
         for o, v in zip(node.outputs, outs, strict=True):
