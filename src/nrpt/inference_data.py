@@ -315,6 +315,11 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n):
         data["target_swap_accepted"] = (("chain", "draw"), st["target_swap_accepted"], {
             "description": "a swap involving slot 0 was accepted in the draw's iteration "
                            "(the slot-0 replica changed)"})
+        if summary.get("engine_systems") == 2 * R and summary.get("reference") is not None:
+            for key in ("slot0_replica", "target_swap_accepted"):
+                data[key][2]["note"] = (
+                    "the prior leg's index process: the bridge to the variational leg "
+                    "exchanges states, not replicas, and does not show here")
         for key, what in (("restarts", "restarts (reference to target)"),
                           ("round_trips", "round trips (Syed et al.)")):
             data[key] = (("chain", "draw"), st[key], {
