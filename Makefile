@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 # the package metadata itself accepts any torch>=2.2.
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+# benchmarks run one torch / BLAS thread (their figures say so)
+BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
         bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational clean
@@ -34,68 +36,68 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 bench-schemes: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/schemes.py
+	$(BENCH) benchmarks/schemes.py
 
 # Deng et al. (2023) simulations, DEO*-SGD (docs/reproduction/): all, or one of
 # bench-sgpt-fig4a / -fig5 / -fig3 / -c21 / -vr / -r2sgld / -speed
 bench-sgpt: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/deo_star_sgd.py all
+	$(BENCH) benchmarks/deo_star_sgd.py all
 
 bench-sgpt-%: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/deo_star_sgd.py $*
+	$(BENCH) benchmarks/deo_star_sgd.py $*
 
 # the variational reference vs the prior on Bayesian logistic regression (docs/variational.md)
 bench-variational: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/variational.py
+	$(BENCH) benchmarks/variational.py
 
 # adaptive NRPT against the analytic Gaussian path (docs/benchmarks-adaptive.md)
 bench-adaptive: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/adaptive.py
+	$(BENCH) benchmarks/adaptive.py
 
 # per-iteration cost of 1, 2 and 4 gloo processes (docs/benchmarks.md)
 bench-distributed: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/distributed.py
+	$(BENCH) benchmarks/distributed.py
 
 # resident memory of runs of 10k, 100k and 1M iterations (docs/benchmarks.md)
 bench-memory: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/memory.py
+	$(BENCH) benchmarks/memory.py
 
 # cost per iteration vs P and dimension: full loop, bare explorer step, energy+gradient floor
 # (docs/benchmarks.md; writes benchmarks/scaling.json and docs/figures/scaling_*.png)
 bench-scaling: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/scaling.py
+	$(BENCH) benchmarks/scaling.py
 
 # the headline run (`nrpt run`) against its NumPy yardstick: loop and whole process, round-robin,
 # 5 repeats; writes benchmarks/headline.json (docs/benchmarks.md)
 bench-headline: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/headline.py
+	$(BENCH) benchmarks/headline.py
 
 # where an iteration's time goes: each adaptor, recorder and the explorer step on its own, with
 # and without torch.inference_mode, and the aten ops of one iteration (docs/benchmarks.md)
 bench-parts: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/parts.py
+	$(BENCH) benchmarks/parts.py
 
 # deep posteriors (docs/reproduction/deep.md): strategy throughput, the equal-budget table on
 # MNIST-1D, round trips with W* vs W = 1
 bench-deep: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py throughput
-	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py table --dataset mnist1d --seeds 5
-	OMP_NUM_THREADS=1 $(PY) benchmarks/deep.py windows --dataset mnist1d --seeds 3
+	$(BENCH) benchmarks/deep.py throughput
+	$(BENCH) benchmarks/deep.py table --dataset mnist1d --seeds 5
+	$(BENCH) benchmarks/deep.py windows --dataset mnist1d --seeds 3
 
 # nrpt beside TFP's ReplicaExchangeMC, ptemcee and reddemcee on mix25 (docs/benchmarks.md); the
 # peers are installed (pinned) into the throwaway venv benchmarks/peers/.venv on first use
 bench-peers: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/peers/bench.py
+	$(BENCH) benchmarks/peers/bench.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
 
 # PyMC models: log Z against pm.sample_smc at equal wall time, at two budgets (docs/pymc.md)
 bench-pymc: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_smc.py --smc-draws 1000 --json benchmarks/pymc_smc_1000.json
-	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_smc.py --smc-draws 5000 --json benchmarks/pymc_smc_5000.json
+	$(BENCH) benchmarks/pymc_smc.py --smc-draws 1000 --json benchmarks/pymc_smc_1000.json
+	$(BENCH) benchmarks/pymc_smc.py --smc-draws 5000 --json benchmarks/pymc_smc_5000.json
 
 # conjugate PyMC models: posterior means, variances and log Z against closed forms (docs/pymc.md)
 bench-pymc-conjugate: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_conjugate.py --systems 16 --seed 2
-	OMP_NUM_THREADS=1 $(PY) benchmarks/pymc_conjugate.py --systems 16 --seed 2 --reference variational
+	$(BENCH) benchmarks/pymc_conjugate.py --systems 16 --seed 2
+	$(BENCH) benchmarks/pymc_conjugate.py --systems 16 --seed 2 --reference variational

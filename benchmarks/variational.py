@@ -112,7 +112,8 @@ def main(argv=None) -> None:
             lp, lv = s["log_normalizer_prior_leg"], s["log_normalizer_variational_leg"]
             tot = np.asarray(rp) + np.asarray(rv)
         na = f"{'-':>15}"
-        print(f"{ref:<22} {2 * a.chains:>6} {ms(bp):>15} {ms(bv) if bv is not None else na:>15} "
+        chains = str(P) if ref == "prior" else f"{P}+{P}"  # total, or per leg
+        print(f"{ref:<22} {chains:>6} {ms(bp):>15} {ms(bv) if bv is not None else na:>15} "
               f"{ms(rp):>18} {ms(rv) if rv is not None else '-':>17} {ms(tot):>16} "
               f"{ms(lp):>17} {ms(lv) if lv is not None else '-':>17} {wall:>7.1f}")
 

@@ -11,6 +11,7 @@ import torch
 import nrpt
 from nrpt import rng
 from nrpt.loop import SMALL_STATE, choose_threads, torch_threads
+from nrpt.swap import schemes
 
 
 def draws(ks, shape=(3, 4, 2), seed=7, **kw):
@@ -292,3 +293,17 @@ def test_finite_rows_by_the_sum_flags_exactly_the_rows_with_nan_or_inf():
     assert torch.equal(_finite_rows(x), torch.isfinite(x).all(-1))
     big = torch.full((1, 1, 4), 1e308, dtype=torch.float64)  # finite, but the sum overflows
     assert not bool(_finite_rows(big))  # documented: such a proposal is rejected
+
+
+def test_cached_draws_made_in_inference_mode_serve_autograd_later():
+    """The block cache outlives a run: draws first made inside torch.inference_mode (a
+    gradient-free run) and served again to an autograd run must be ordinary tensors."""
+    with torch.inference_mode():
+        first = rng.iteration_normal((4, 3), 12345, 0, 7)
+        pairs = schemes._pairs(5, 6, torch.device("cpu"))
+    again = rng.iteration_normal((4, 3), 12345, 0, 7)
+    assert torch.equal(first, again) and not again.is_inference()
+    assert not any(t.is_inference() for t in pairs)
+    w = torch.ones(3, dtype=again.dtype, requires_grad=True)
+    (again * w).sum().backward()  # raises for an inference tensor
+    assert torch.equal(w.grad, again.sum(0))

@@ -20,6 +20,7 @@ from dataclasses import fields
 from . import registry
 from .config import DTYPES, SECTIONS, SLICE_METHODS, RunConfig
 from .health import SamplingWarning
+from .variational import REFERENCES
 
 _HELP = {
     "target": "built-in target name or path/to/file.py:NAME (see `nrpt list targets`)",
@@ -140,7 +141,7 @@ _TYPES = {
     "compile": _BOOL, "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
-            "reference": ["prior", "variational", "variational-meanfield"]}
+            "reference": list(REFERENCES)}
 for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):
     _CHOICES[_field] = registry.names(_role)
 

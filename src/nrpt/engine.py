@@ -316,18 +316,25 @@ class PTEngine:
         """The prepared reference draws ``[R, 1, ...]`` of iteration ``k``.  Small draws are
         made, evaluated and prepared for a block of iterations at once, from one generator keyed
         by the block (as :func:`nrpt.rng.iteration_draw`; resuming mid-block redraws it)."""
-        R, d = self.R, self.dim
-        B = rng.block_length(R * d)
+        B = rng.block_length(self.R * self.dim)
         if self._ref_rows is None or self._ref_rows[0] != k // B:
-            g = rng.block_generator(self.seed, Stream.REFERENCE, k, B)
-            xr = torch.as_tensor(self.target.reference_sample(B * R, g))
-            xr = xr.to(self.device, self.dtype).reshape(B, R, d)
+            xr = self._reference_block(k, B)[:, :, None]  # [B, R, 1, d]
             vr, br = self.density(xr)
             self._ref_rows = (k // B, self.explorer.prepare(ReplicaState(xr, vr, br),
                                                             self.density))
         rows, i = self._ref_rows[1], k % B
-        return ReplicaState(rows.x[i, :, None], rows.v[i, :, None], rows.base[i, :, None],
-                            {n: t[i, :, None] for n, t in rows.extras.items()})
+        return ReplicaState(rows.x[i], rows.v[i], rows.base[i],
+                            {n: t[i] for n, t in rows.extras.items()})
+
+    def _reference_block(self, k: int, B: int) -> torch.Tensor:
+        """The reference draws ``[B, R, d]`` of the block of ``B`` iterations holding ``k``."""
+        return self._prior_draws(k, B, self.R)
+
+    def _prior_draws(self, k: int, B: int, rows: int) -> torch.Tensor:
+        """``[B, rows, d]`` draws of ``target.reference_sample`` keyed by the block of ``k``."""
+        g = rng.block_generator(self.seed, Stream.REFERENCE, k, B)
+        xr = torch.as_tensor(self.target.reference_sample(B * rows, g))
+        return xr.to(self.device, self.dtype).reshape(B, rows, self.dim)
 
     def _refresh_reference(self, k: int) -> None:
         fresh = self._reference_rows(k)

@@ -43,7 +43,6 @@ MCMC", Bayesian Analysis (R-hat < 1.01, bulk and tail ESS > 100 per chain); S. S
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -188,17 +187,10 @@ def _finite(values) -> np.ndarray:
 
 @contextmanager
 def _quiet():
-    """Silence numpy floating-point warnings, Python warnings and ArviZ's logger (shape
-    validation notes for tiny inputs) inside the block; restores everything afterwards."""
-    log = logging.getLogger("arviz")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        log.setLevel(level)
+    """Silence numpy floating-point warnings and Python warnings inside the block."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _slots(idx: np.ndarray, limit: int = 4) -> str:

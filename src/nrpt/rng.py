@@ -42,9 +42,8 @@ from collections.abc import Callable
 import torch
 
 __all__ = ["Stream", "Block", "Key", "as_key", "key", "generator_for", "normal", "uniform",
-           "iteration_normal", "iteration_uniform", "iteration_draw", "block_length",
-           "block_generator",
-           "BLOCK_ELEMENTS", "MAX_BLOCK"]
+           "iteration_random", "iteration_normal", "iteration_uniform", "iteration_draw",
+           "block_length", "block_generator", "BLOCK_ELEMENTS", "MAX_BLOCK"]
 
 #: the most numbers one block of per-iteration draws holds (a smaller per-iteration draw gets
 #: ``BLOCK_ELEMENTS // size`` iterations per block, at most :data:`MAX_BLOCK`)
@@ -238,7 +237,8 @@ def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: 
     if B == 1:
         t = draw(full, g)
     else:
-        rows = draw((B, *full), g)
+        with torch.inference_mode(False):  # the cache outlives the run: no inference tensors
+            rows = draw((B, *full), g)
         _cache.put(ck, (k - k % B, B, rows))
         t = rows[k % B]
     return t if block is None else block.take(t)
@@ -265,19 +265,26 @@ def _length(full: tuple) -> int:
     return B
 
 
-def iteration_normal(shape, seed: int, stream: int, iteration: int, *parts: int,
+#: the per-iteration draws of :func:`iteration_random`, by kind
+_SAMPLERS = {"normal": torch.randn, "uniform": torch.rand}
+
+
+def iteration_random(kind: str, shape, seed: int, stream: int, iteration: int, *parts: int,
                      dtype=torch.float64, device="cpu", block: Block | None = None
                      ) -> torch.Tensor:
-    """Standard normals of iteration ``iteration`` (see :func:`iteration_draw`)."""
-    return iteration_draw(lambda sh, g: torch.randn(sh, generator=g, dtype=dtype, device=device),
-                          ("normal", dtype), shape, seed, stream, iteration, *parts,
+    """Standard normals (``kind = "normal"``) or Uniform[0, 1) numbers (``"uniform"``) of
+    iteration ``iteration`` (see :func:`iteration_draw`)."""
+    sampler = _SAMPLERS[kind]
+    return iteration_draw(lambda sh, g: sampler(sh, generator=g, dtype=dtype, device=device),
+                          (kind, dtype), shape, seed, stream, iteration, *parts,
                           device=device, block=block)
 
 
-def iteration_uniform(shape, seed: int, stream: int, iteration: int, *parts: int,
-                      dtype=torch.float64, device="cpu", block: Block | None = None
-                      ) -> torch.Tensor:
-    """Uniform[0, 1) numbers of iteration ``iteration`` (see :func:`iteration_draw`)."""
-    return iteration_draw(lambda sh, g: torch.rand(sh, generator=g, dtype=dtype, device=device),
-                          ("uniform", dtype), shape, seed, stream, iteration, *parts,
-                          device=device, block=block)
+def iteration_normal(shape, *args, **kwargs) -> torch.Tensor:
+    """:func:`iteration_random` of kind ``"normal"``."""
+    return iteration_random("normal", shape, *args, **kwargs)
+
+
+def iteration_uniform(shape, *args, **kwargs) -> torch.Tensor:
+    """:func:`iteration_random` of kind ``"uniform"``."""
+    return iteration_random("uniform", shape, *args, **kwargs)

@@ -101,13 +101,22 @@ class GaussianReference:
     def dim(self) -> int:
         return int(self.mean.shape[-1])
 
-    def log_prob(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``log q`` of ``x[..., E, S, d]`` where engine row ``e`` uses ``q_{rows[e]}``."""
+    def _z(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Whitened ``x[..., E, S, d]``: ``chol^-1 (x - mean)`` with engine row ``e``'s q."""
         m = self.mean[rows][:, None]  # [E, 1, d]
         inv = self.inv[rows][:, None]  # [E, 1, d, d]
-        z = (inv @ (x - m)[..., None]).squeeze(-1)
+        return (inv @ (x - m)[..., None]).squeeze(-1)
+
+    def log_prob(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``log q`` of ``x[..., E, S, d]`` where engine row ``e`` uses ``q_{rows[e]}``."""
+        z = self._z(x, rows)
         c = self.logdet[rows][:, None] + self.dim * math.log(2 * math.pi)
         return -0.5 * ((z * z).sum(-1) + c)
+
+    def grad_log_prob(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``grad log q = -chol^-T z`` at ``x[..., E, S, d]`` (rows as :meth:`log_prob`)."""
+        inv = self.inv[rows][:, None]
+        return -(inv.transpose(-1, -2) @ self._z(x, rows)[..., None]).squeeze(-1)
 
     def sample(self, z: torch.Tensor) -> torch.Tensor:
         """Draws from standard normals ``z[..., R, d]`` (one per user system)."""
@@ -163,7 +172,7 @@ def initial_reference(target, R: int, seed: int, dtype, device, family: str,
     d = x.shape[-1]
     eye = torch.eye(d, dtype=dtype, device=device)
     prev = GaussianReference(m.expand(R, d).clone(), eye.expand(R, d, d).clone())
-    q, ok = fit_gaussian(torch.full((R,), n, device=device), m.expand(R, d),
+    q, _ = fit_gaussian(torch.full((R,), n, device=device), m.expand(R, d),
                          (xc.T @ xc).expand(R, d, d), family, prev)
     return q
 
@@ -210,20 +219,14 @@ class TwoLegDensity(Density):
     the closed-form gradient of ``log q``; otherwise autograd through the components."""
 
     def _supplied_components(self, x):
-        t, path = self.target, self.path
-        if not (hasattr(t, "grad_log_likelihood") and hasattr(t, "grad_reference_log_prob")):
+        plain = super()._supplied_components(x)  # (v, base) of the two legs, -grad l, grad p0
+        if plain is None:
             return None
-        v, base = self(x)
-        flat = x.reshape(-1, x.shape[-1])
-        g_ref = t.grad_reference_log_prob(flat).to(x.dtype).reshape(x.shape)
-        g_ll = t.grad_log_likelihood(flat).to(x.dtype).reshape(x.shape)
-        q = path.q
-        m = q.mean[path.rows][:, None]
-        inv = q.inv[path.rows][:, None]
-        prec_z = (inv.transpose(-1, -2) @ (inv @ (x - m)[..., None])).squeeze(-1)
-        g_q = -prec_z
+        v, base, minus_g_ll, g_ref = plain
+        path = self.path
+        g_q = path.q.grad_log_prob(x, path.rows)
         leg = path.leg[..., None]
-        g_v = torch.where(leg, -(g_ref + g_ll - g_q), -g_ll)
+        g_v = torch.where(leg, -(g_ref - minus_g_ll - g_q), minus_g_ll)
         g_base = torch.where(leg, g_q, g_ref)
         return v, base, g_v, g_base
 
@@ -243,7 +246,7 @@ class TwoLegEngine(PTEngine):
         self.user_R = self.R // 2
         self.refits = torch.zeros(self.user_R, dtype=torch.int64)
         self.fallbacks = torch.zeros(self.user_R, dtype=torch.int64)
-        self.bridges = 0
+        self.bridges = torch.zeros((), dtype=torch.int64, device=self.device)
 
     @property
     def q(self) -> GaussianReference:
@@ -272,25 +275,14 @@ class TwoLegEngine(PTEngine):
         self._view = self.state
         self._ref_rows = None
 
-    def _reference_rows(self, k: int) -> ReplicaState:
+    def _reference_block(self, k: int, B: int) -> torch.Tensor:
         """Prior draws for the even rows (the plain run's stream, blocks sized for the ``2R``
-        rows), draws from ``q`` for the odd rows, made for a block of iterations at once."""
+        rows), draws from ``q`` for the odd rows: ``[B, 2R, d]``."""
         E, R, d = self.R, self.user_R, self.dim
-        B = rng.block_length(E * d)
-        if self._ref_rows is None or self._ref_rows[0] != k // B:
-            g = rng.block_generator(self.seed, rng.Stream.REFERENCE, k, B)
-            xp = torch.as_tensor(self.target.reference_sample(B * R, g))
-            xp = xp.to(self.device, self.dtype).reshape(B, R, d)
-            gq = rng.block_generator(self.seed, VARIATIONAL_STREAM, k, B)
-            z = torch.randn(B, R, d, generator=gq, dtype=self.dtype).to(self.device)
-            xq = self.q.sample(z)
-            xr = torch.stack([xp, xq], dim=2).reshape(B, E, 1, d)
-            vr, br = self.density(xr)
-            rows = self.explorer.prepare(ReplicaState(xr, vr, br), self.density)
-            self._ref_rows = (k // B, rows)
-        rows, i = self._ref_rows[1], k % B
-        return ReplicaState(rows.x[i], rows.v[i], rows.base[i],
-                            {n: t[i] for n, t in rows.extras.items()})
+        xp = self._prior_draws(k, B, R)
+        gq = rng.block_generator(self.seed, VARIATIONAL_STREAM, k, B)
+        z = torch.randn(B, R, d, generator=gq, dtype=self.dtype).to(self.device)
+        return torch.stack([xp, self.q.sample(z)], dim=2).reshape(B, E, d)
 
     # ------------------------------------------------------------------ the bridge
     def step(self):
@@ -306,50 +298,45 @@ class TwoLegEngine(PTEngine):
     def _bridge(self, go: torch.Tensor) -> None:
         """Exchange the slot-0 states of rows 2r and 2r+1 where ``go[r]``."""
         st, E = self.state, self.R
-        rep = self.replica_at[:, 0]  # [E] replica at slot 0 of each row
+        rep = self.replica_at[:, :1]  # [E, 1] replica at slot 0 of each row
         partner = torch.arange(E, device=self.device) ^ 1  # 2r <-> 2r+1
         mask = go.repeat_interleave(2)  # [E]
 
-        def at0(t):
-            idx = rep.reshape(E, 1, *([1] * (t.dim() - 2))).expand(E, 1, *t.shape[2:])
-            return t.gather(1, idx)
+        def index(t):  # rep, shaped to gather / scatter one row of t [E, P, ...]
+            return rep.reshape(E, 1, *([1] * (t.dim() - 2))).expand(E, 1, *t.shape[2:])
 
-        x0 = at0(st.x)[partner]  # the partner row's slot-0 position, [E, 1, d]
-        extras0 = {n: at0(t)[partner] for n, t in st.extras.items()}
+        x0 = st.x.gather(1, index(st.x))[partner]  # the partner row's slot-0 state [E, 1, d]
+        extras0 = {n: t.gather(1, index(t))[partner] for n, t in st.extras.items()}
         plain = {k: t for k, t in extras0.items() if k not in GRAD_KEYS}
         v0, b0 = self.density(x0)
         moved = self.explorer.prepare(ReplicaState(x0, v0, b0, plain), self.density)
-        extras = dict(extras0)
-        extras.update(moved.extras)
-        # scatter the new slot-0 states into the replica-major state where mask
-        where = torch.zeros(E, self.P, dtype=torch.bool, device=self.device)
-        where[torch.arange(E, device=self.device), rep] = mask
+        extras = {**extras0, **moved.extras}
 
-        def spread(t, small):
-            full = t.clone()
-            idx = rep.reshape(E, 1, *([1] * (t.dim() - 2))).expand(E, 1, *t.shape[2:])
-            return full.scatter(1, idx, small.to(t.dtype))
+        def put(t, small):  # out of place: t with its slot-0 row replaced where mask
+            new = t.scatter(1, index(t), small.to(t.dtype))
+            m = mask.reshape(E, *([1] * (t.dim() - 1)))
+            return torch.where(m, new, t)
 
-        new = ReplicaState(spread(st.x, moved.x), spread(st.v, moved.v),
-                           spread(st.base, moved.base),
-                           {n: spread(t, extras[n]) if n in extras else t
-                            for n, t in st.extras.items()})
-        self.state = st.where(where, new)
+        self.state = ReplicaState(put(st.x, moved.x), put(st.v, moved.v),
+                                  put(st.base, moved.base),
+                                  {n: put(t, extras[n]) if n in extras else t
+                                   for n, t in st.extras.items()})
         self._view = self.state
-        self.bridges += int(mask.sum()) // 2
+        self.bridges += mask.sum() // 2  # a tensor: no host sync per iteration
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         sd = super().state_dict()
         sd["variational"] = {**self.q.state_dict(), "refits": self.refits.clone(),
-                             "fallbacks": self.fallbacks.clone(), "bridges": self.bridges}
+                             "fallbacks": self.fallbacks.clone(),
+                             "bridges": self.bridges.clone()}
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
         vs = sd["variational"]
         self.path.set_reference(GaussianReference.from_state(vs, self.dtype, self.device))
         self.refits, self.fallbacks = vs["refits"].clone(), vs["fallbacks"].clone()
-        self.bridges = int(vs["bridges"])
+        self.bridges = torch.as_tensor(vs["bridges"], dtype=torch.int64, device=self.device)
         self._ref_rows = None
         super().load_state_dict(sd)
 
@@ -433,7 +420,7 @@ def leg_summary(run, s: dict) -> dict:
            "reference": run.facts.get("reference"),
            "variational_family": run.facts.get("variational_family"),
            "barrier_prior_leg": bar[0::2], "barrier_variational_leg": bar[1::2],
-           "bridges": eng.bridges,
+           "bridges": int(eng.bridges),
            "variational_refits": eng.refits, "variational_fallbacks": eng.fallbacks,
            "variational_mean": eng.q.mean,
            "variational_var": (eng.q.chol ** 2).sum(-1),

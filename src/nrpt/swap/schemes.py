@@ -50,8 +50,9 @@ def _pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
     key = (R, P, str(device))
     got = _ADJACENT.get(key)
     if got is None:
-        lo = torch.arange(P - 1, device=device).expand(R, P - 1)
-        got = _ADJACENT[key] = (lo, lo + 1, lo % 2 == 0, lo % 2 == 1)
+        with torch.inference_mode(False):  # a cache outlives the run: never inference tensors
+            lo = torch.arange(P - 1, device=device).expand(R, P - 1)
+            got = _ADJACENT[key] = (lo, lo + 1, lo % 2 == 0, lo % 2 == 1)
     return got
 
 

@@ -434,7 +434,8 @@ class PyMCTarget:
                 f"cannot reproduce, so the prior cannot be sampled exactly for path='prior'; "
                 f"use path='temperature'")
         for rv in model.free_RVs:
-            hit = [o.name for o in model.observed_RVs if o in set(ancestors([rv]))]
+            up = set(ancestors([rv]))
+            hit = [o.name for o in model.observed_RVs if o in up]
             if hit:
                 raise TargetError(
                     f"from_pymc: free variable {rv.name!r} depends on the observed variable "
@@ -465,7 +466,7 @@ class PyMCTarget:
                                         grad=kind == "logp")
         return fn
 
-    def _evaluate(self, x, grad: bool, who: str) -> list[np.ndarray]:
+    def _evaluate(self, x, who: str) -> list[np.ndarray]:
         """The log-density parts and their gradients at ``x``, in one call of the compiled
         function (values alone would save about 40 % of a call; PyTensor has deprecated the
         ``output_subset`` that gave them, and a second compiled function would double the
@@ -595,19 +596,19 @@ class PyMCPriorTarget(PyMCTarget):
 
     def reference_log_prob(self, x) -> torch.Tensor:
         """The prior's log density on the unconstrained space (Jacobians included), ``[n]``."""
-        return _to_torch(self._evaluate(x, False, "reference_log_prob")[0], x)
+        return _to_torch(self._evaluate(x, "reference_log_prob")[0], x)
 
     def log_likelihood(self, x) -> torch.Tensor:
         """Sum of the observed variables' log densities, ``[n]``."""
-        return _to_torch(self._evaluate(x, False, "log_likelihood")[1], x)
+        return _to_torch(self._evaluate(x, "log_likelihood")[1], x)
 
     def grad_reference_log_prob(self, x) -> torch.Tensor:
         """Gradient of :meth:`reference_log_prob`, ``[n, dim]``."""
-        return _to_torch(self._evaluate(x, True, "grad_reference_log_prob")[2], x)
+        return _to_torch(self._evaluate(x, "grad_reference_log_prob")[2], x)
 
     def grad_log_likelihood(self, x) -> torch.Tensor:
         """Gradient of :meth:`log_likelihood`, ``[n, dim]``."""
-        return _to_torch(self._evaluate(x, True, "grad_log_likelihood")[3], x)
+        return _to_torch(self._evaluate(x, "grad_log_likelihood")[3], x)
 
 
     def reference_sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -638,11 +639,11 @@ class PyMCTemperatureTarget(PyMCTarget):
 
     def energy(self, x) -> torch.Tensor:
         """``-(joint log density with Jacobian)``, ``[n]`` (path='temperature')."""
-        return _to_torch(-self._evaluate(x, False, "energy")[0], x)
+        return _to_torch(-self._evaluate(x, "energy")[0], x)
 
     def grad_energy(self, x) -> torch.Tensor:
         """Gradient of :meth:`energy`, ``[n, dim]`` (path='temperature')."""
-        return _to_torch(-self._evaluate(x, True, "grad_energy")[1], x)
+        return _to_torch(-self._evaluate(x, "grad_energy")[1], x)
 
 
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
