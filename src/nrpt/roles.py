@@ -42,10 +42,11 @@ from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 from .paths import Path
 from .swap.rules import Rule, SwapContext
 from .swap.schemes import Scheme, is_sweep
+from .swap.schemes import _pairs as _sweep_pairs
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
-           "Density", "Noise", "PhaseDecision", "Iteration", "Update", "SegmentView",
-           "Adaptor", "Recorder"]
+           "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
+           "SegmentView", "Adaptor", "Recorder"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,73 @@ class Iteration:
         return A * attempted, attempted
 
 
+@dataclass
+class IterationBlock:
+    """``U`` consecutive iterations ``k0 .. k0 + U - 1`` stacked on a leading axis: what the
+    fused loop (:mod:`nrpt.fused`) hands to :meth:`Recorder.record_block` instead of ``U``
+    :class:`Iteration` objects.  Only single-phase sweep schemes (SEO, DEO, DEO_W) are fused, so
+    there is one phase per iteration and its pairs are all ``P - 1`` adjacent pairs in order.
+
+    Every field has the meaning of the :class:`Iteration` field of the same name, per iteration
+    ``u``: ``v``, ``base`` ``[U, R, P]`` (replica order, after the swaps), ``slot_of``,
+    ``replica_at`` ``[U, R, P]``, ``schedule`` and ``step_size`` ``[U, R, P]`` (the tables the
+    iteration ran with), ``params`` (name -> ``[U, ...]``, after the iteration's adaptors, as
+    ``Iteration.params`` is read by recorders), ``explore_accept`` and ``nonfinite``
+    ``[U, R, P]`` (by slot); the phase's ``active``, ``decision``, ``accepted`` (bool) and
+    ``prob`` ``[U, R, P - 1]``; ``slot_x[U, R, S, dim]`` the positions at the engine's
+    ``watched`` slots (after the swaps)."""
+
+    k0: int
+    v: torch.Tensor
+    base: torch.Tensor
+    slot_of: torch.Tensor
+    replica_at: torch.Tensor
+    schedule: torch.Tensor
+    step_size: torch.Tensor
+    params: dict[str, torch.Tensor]
+    explore_accept: torch.Tensor
+    nonfinite: torch.Tensor
+    active: torch.Tensor
+    decision: torch.Tensor
+    accepted: torch.Tensor
+    prob: torch.Tensor
+    slot_x: torch.Tensor
+    watched: list[int]
+    has_reference: bool = False
+
+    @property
+    def U(self) -> int:
+        return self.v.shape[0]
+
+    @cached_property
+    def slot_energies(self) -> torch.Tensor:
+        """``V`` of the replica at each slot, ``[U, R, P]``."""
+        return self.v.gather(2, self.replica_at)
+
+    def watched_x(self, slots: Sequence[int]) -> torch.Tensor:
+        """Positions ``[U, R, S, dim]`` at ``slots`` (all of them watched slots)."""
+        pos = [self.watched.index(int(s)) for s in slots]
+        if pos == list(range(len(self.watched))):
+            return self.slot_x
+        return self.slot_x[:, :, pos]
+
+    def iteration(self, u: int) -> Iteration:
+        """Iteration ``k0 + u`` as an :class:`Iteration` (for recorders without a block form;
+        positions only at the watched slots, through ``Iteration.rows``)."""
+        R, P = self.slot_of.shape[1:]
+        lo, hi, _, _ = _sweep_pairs(R, P, self.slot_of.device)
+        x = torch.empty((R, P, self.slot_x.shape[-1]), dtype=self.v.dtype, device="meta")
+        decision = PhaseDecision(lo, hi, self.active[u], self.decision[u], self.accepted[u],
+                                 self.prob[u])
+        return Iteration(k=self.k0 + u, state=ReplicaState(x, self.v[u], self.base[u]),
+                         slot_of=self.slot_of[u], replica_at=self.replica_at[u],
+                         schedule=self.schedule[u], step_size=self.step_size[u],
+                         params={n: t[u] for n, t in self.params.items()},
+                         explore_accept=self.explore_accept[u], nonfinite=self.nonfinite[u],
+                         decisions=[decision], has_reference=self.has_reference,
+                         rows=lambda slots: self.watched_x(slots)[u])
+
+
 @dataclass(frozen=True)
 class Update:
     """Changes an adaptor asks the engine to make (``None`` fields: no change).
@@ -226,6 +294,8 @@ class Recorder(Protocol):
 
     def record(self, it: Iteration) -> None: ...
 
+    def record_block(self, block: IterationBlock) -> None: ...
+
     def summary(self) -> dict[str, Any]: ...
 
     def segment_row(self) -> dict[str, Any]: ...
@@ -267,6 +337,13 @@ class RecorderBase:
 
     def record(self, it: Iteration) -> None:
         pass
+
+    def record_block(self, block: IterationBlock) -> None:
+        """Record ``block.U`` iterations at once (the fused loop, :mod:`nrpt.fused`); the
+        default records them one by one, and a recorder may do it with batched ops (the result
+        equal to :meth:`record` per iteration, up to the order of floating-point sums)."""
+        for u in range(block.U):
+            self.record(block.iteration(u))
 
     def summary(self) -> dict[str, Any]:
         return {}
