@@ -290,4 +290,14 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
                                                        family == "full-rank", **kw)
     for r in recorders.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
-    return Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
+    run = Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
+    if cfg.fuse:  # chunks of iterations at once (nrpt.fused), compiled with compile = true
+        from .fused import Fused, why_not
+
+        reason = why_not(run)
+        if reason is not None:
+            raise ValueError(f"fuse = true cannot run this configuration: {reason}; set "
+                             f"fuse = false")
+        run.fused = Fused(run, compile=bool(cfg.compile))
+    facts["fused"] = run.fused is not None
+    return run

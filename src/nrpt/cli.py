@@ -65,6 +65,9 @@ _HELP = {
                "explorers without control variates) as one torch.compile graph: faster "
                "iterations after a compilation of seconds, the same draws; falls back to the "
                "plain step (true/false)",
+    "fuse": "run the iterations in chunks of 8 (explore, swap, adapt, record) as one "
+            "function, one torch.compile graph with --compile: fewer launches per iteration; "
+            "runs with one process, schemes deo/deo-w/seo (true/false)",
     "swap_rule": "swap rule (default: metropolis for exact explorers, deterministic for "
                  "sgd/msgd/psgd, bias-corrected for sgld/sghmc/psgld)",
     "swap_rate": "target swap rate S in (0, 1) of the C and learning-rate adaptors; also sets "
@@ -138,7 +141,7 @@ _TYPES = {
     "step_size": _typed("a number or comma-separated numbers", _step),
     "window": _typed("an integer >= 1, auto or swap-rate", _window),
     "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
-    "compile": _BOOL, "adapt": _BOOL,
+    "compile": _BOOL, "fuse": _BOOL, "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
             "reference": list(REFERENCES)}

@@ -50,7 +50,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "ladder": ("chains", "temperatures", "betas", "max_temperature", "bottom_temperature",
                "learning_rates", "lr_min", "lr_max", "reference"),
     "explorer": ("explorer", "step_size", "leapfrog_steps", "n_explore", "slice_method",
-                 "momentum", "domain", "compile"),
+                 "momentum", "domain", "compile", "fuse"),
     "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
              "variance_factor", "variance_every"),
     "adaptation": ("adapt", "sa_step", "adapt_schedule", "adapt_step_size", "target_acceptance"),
@@ -235,6 +235,7 @@ class RunConfig:
     n_explore: int | None = None
     slice_method: str | None = None
     compile: bool | None = None
+    fuse: bool | None = None
     momentum: float | None = None
     domain: str | None = None
     # swap
@@ -468,9 +469,13 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     if cfg.explorer in COMPILABLE:
         default("compile", False)
         cfg.compile = _bool("compile", cfg.compile)
+        default("fuse", False)
+        cfg.fuse = _bool("fuse", cfg.fuse)
     else:
         not_applicable("compile", f"compile is for explorers {', '.join(COMPILABLE)} (a step "
                                   f"with a fixed set of draws)")
+        not_applicable("fuse", f"fuse is for explorers {', '.join(COMPILABLE)} (a step "
+                               f"with a fixed set of draws)")
     if cfg.explorer == "slice":
         default("slice_method", "stepping-out")
         cfg.slice_method = _choice("slice_method", cfg.slice_method, SLICE_METHODS)

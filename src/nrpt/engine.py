@@ -39,7 +39,47 @@ from .roles import Iteration, PhaseDecision, Update
 from .swap import DEOW, Rule, Scheme, SwapContext
 from .swap.schemes import is_sweep
 
-__all__ = ["PTEngine"]
+__all__ = ["PTEngine", "sweep_exchange", "slot_order", "refresh_top"]
+
+
+def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
+                   schedule: torch.Tensor, params: dict, active: torch.Tensor, uniforms, k: int,
+                   lo: torch.Tensor, hi: torch.Tensor):
+    """One phase over all ``P - 1`` adjacent pairs in slot order (DEO, DEO_W, SEO): the rule's
+    verdicts from the energies ``v[R, P]`` (replica order) put in slot order, the swaps of the
+    ``active`` pairs made on the permutation.  Returns ``(replica_at, slot_of, decision,
+    accepted, prob)``; pure (the engine and the fused loop, :mod:`nrpt.fused`, both call it).
+    ``uniforms``: the pairs' uniforms ``[R, P-1]`` or a function drawing them."""
+    v_at = v.gather(1, replica_at)
+    ctx = SwapContext(b_lo=schedule[:, :-1], b_hi=schedule[:, 1:], v_lo=v_at[:, :-1],
+                      v_hi=v_at[:, 1:], uniform_or_draw=uniforms, iteration=k, lo=lo, hi=hi,
+                      params=params)
+    decision, prob = rule.decide(ctx)
+    accepted = decision & active
+    # slot p takes the replica of p + 1 if pair (p, p + 1) swapped, of p - 1 if pair (p - 1, p)
+    # did (pairs of a phase are disjoint), else keeps its own
+    no = torch.zeros_like(accepted[:, :1])
+    up, down = torch.cat([accepted, no], 1), torch.cat([no, accepted], 1)
+    replica_at = torch.where(up, replica_at.roll(-1, 1),
+                             torch.where(down, replica_at.roll(1, 1), replica_at))
+    return replica_at, slot_order(replica_at), decision, accepted, prob
+
+
+def slot_order(replica_at: torch.Tensor) -> torch.Tensor:
+    """The inverse permutation ``slot_of[R, P]`` of ``replica_at[R, P]``."""
+    ids = torch.arange(replica_at.shape[1], device=replica_at.device).expand_as(replica_at)
+    return torch.empty_like(replica_at).scatter_(1, replica_at, ids)
+
+
+def refresh_top(state: ReplicaState, slot_of: torch.Tensor, fresh: ReplicaState,
+                top: int) -> ReplicaState:
+    """``state`` with the replica at slot ``top`` (one per system) replaced by ``fresh``
+    (``[R, 1, ...]`` rows: the reference's exact draws)."""
+    R, w = state.v.shape
+    full = ReplicaState(fresh.x.expand_as(state.x), fresh.v.expand(R, w),
+                        fresh.base.expand(R, w),
+                        {n: t.expand(R, w, *t.shape[2:]) for n, t in fresh.extras.items()})
+    return state.where(slot_of == top, full)
 
 
 class PTEngine:
@@ -337,14 +377,8 @@ class PTEngine:
         return xr.to(self.device, self.dtype).reshape(B, rows, self.dim)
 
     def _refresh_reference(self, k: int) -> None:
-        fresh = self._reference_rows(k)
-        top = self.block.take(self.slot_of == self.P - 1)  # one replica per system
-        w = self.block.width
-        full = ReplicaState(fresh.x.expand_as(self.state.x), fresh.v.expand(self.R, w),
-                            fresh.base.expand(self.R, w),
-                            {n: t.expand(self.R, w, *t.shape[2:])
-                             for n, t in fresh.extras.items()})
-        self.state = self.state.where(top, full)
+        self.state = refresh_top(self.state, self.block.take(self.slot_of), self._reference_rows(k),
+                                 self.P - 1)
 
     def _swap_phase(self, k: int, phase: int, lo, hi, active) -> PhaseDecision:
         """Decide and execute one phase of disjoint pairs ``(lo, hi)`` ``[R, M]``."""
@@ -352,31 +386,20 @@ class PTEngine:
             return rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
                                          dtype=self.dtype, device=self.device)
 
-        every = is_sweep(lo, self.R, self.P)  # all P-1 pairs, in order
-        if every:  # (DEO, DEO_W, SEO) slices instead of gathers
-            v_at = self._view.v.gather(1, self.replica_at)
-            b_lo, b_hi = self.schedule[:, :-1], self.schedule[:, 1:]
-            v_lo, v_hi = v_at[:, :-1], v_at[:, 1:]
+        if is_sweep(lo, self.R, self.P):  # all P-1 pairs, in order (DEO, DEO_W, SEO)
+            self.replica_at, self.slot_of, decision, accepted, prob = sweep_exchange(
+                self.rule, self._view.v, self.replica_at, self.schedule, self.params, active, u,
+                k, lo, hi)
         else:
             b_lo, b_hi = self.schedule.gather(1, lo), self.schedule.gather(1, hi)
             v_lo = self._view.v.gather(1, self.replica_at.gather(1, lo))
             v_hi = self._view.v.gather(1, self.replica_at.gather(1, hi))
-        ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_lo, v_hi=v_hi, uniform_or_draw=u,
-                          iteration=k, lo=lo, hi=hi, params=self.params)
-        decision, prob = self.rule.decide(ctx)
-        accepted = decision & active
-        ids = self.replica_ids.expand(self.R, self.P)
-        if every:
-            # slot p takes the replica of p + 1 if pair (p, p + 1) swapped, of p - 1 if pair
-            # (p - 1, p) did (pairs of a phase are disjoint), else keeps its own
-            ra = self.replica_at
-            no = torch.zeros_like(accepted[:, :1])
-            up, down = torch.cat([accepted, no], 1), torch.cat([no, accepted], 1)
-            self.replica_at = torch.where(up, ra.roll(-1, 1), torch.where(down, ra.roll(1, 1),
-                                                                          ra))
-            self.slot_of = torch.empty_like(self.slot_of).scatter_(1, self.replica_at, ids)
-        else:
+            ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_lo, v_hi=v_hi, uniform_or_draw=u,
+                              iteration=k, lo=lo, hi=hi, params=self.params)
+            decision, prob = self.rule.decide(ctx)
+            accepted = decision & active
             # sigma: slot -> new slot; pairs in a phase are disjoint, so the adds never collide
+            ids = self.replica_ids.expand(self.R, self.P)
             step = (hi - lo) * accepted.long()
             sigma = ids.clone()
             sigma.scatter_add_(1, lo, step)

@@ -181,6 +181,8 @@ class Run:
     recorders: dict[str, Any]
     plan: Plan
     facts: dict[str, Any] = field(default_factory=dict)
+    #: runs chunks of iterations at once (:class:`nrpt.fused.Fused`), or None
+    fused: Any = None
 
 
 @dataclass
@@ -337,6 +339,9 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
         (bar.write if bar is not None else say)(report.ROW_HEADER)
     interrupted = False
     consistent = True  # false only while an iteration is half done
+    fused = run.fused
+    # no fused chunk runs across a checkpoint or a callback
+    boundaries = (checkpoint_every, CALLBACK_EVERY if callback is not None else 0)
     try:
         while seg_i < len(plan.segments):
             seg = plan.segments[seg_i]
@@ -355,19 +360,23 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
                 consistent = False
                 k_before = engine.k
                 engine.stop_requested = stop.flag
+                chunk = 0 if fused is None else fused.chunk_at(k_before, end, boundaries)
                 try:
-                    it = engine.step()
-                    for a in adaptors:
-                        engine.apply(a.observe(it))
-                    for r in recorders.values():
-                        r.record(it)
+                    if chunk:  # iterations k .. k + chunk - 1 at once (nrpt.fused)
+                        fused.run_chunk(chunk)
+                    else:
+                        it = engine.step()
+                        for a in adaptors:
+                            engine.apply(a.observe(it))
+                        for r in recorders.values():
+                            r.record(it)
                 except (KeyboardInterrupt, RunError):
                     raise
                 except Exception as err:  # a target or an explorer failed mid-run
                     raise RunError(_failure(k_before, err, out)) from err
                 consistent = True
                 k = engine.k
-                if bar is not None and (k % 64 == 0 or k == end):
+                if bar is not None and (k // 64 != k_before // 64 or k == end):
                     bar.update(k - bar.n)
                 if callback is not None and k % CALLBACK_EVERY == 0:
                     callback(engine)

@@ -118,11 +118,20 @@ class CorrectionAdaptor(AdaptorBase):
         self.pairs = _check_pairs(pairs)
 
     def observe(self, it: Iteration) -> Update:
+        return self.observe_with(it, self.gamma(it.k))
+
+    def gain(self, k: int) -> float:
+        """The step size of iteration ``k`` (the fused loop, :mod:`nrpt.fused`, hands it to
+        :meth:`observe_with` as a tensor)."""
+        return self.gamma(k)
+
+    def observe_with(self, it, gain) -> Update:
+        """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         A, listed = _indicators(it, self.pairs)
         n = listed.sum(1, keepdim=True)
         mean = A.sum(1, keepdim=True) / n.clamp_min(1)
         step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
-        return Update(params={"C": it.params["C"] + self.gamma(it.k) * step})
+        return Update(params={"C": it.params["C"] + gain * step})
 
 
 class LearningRateAdaptor(AdaptorBase):
@@ -150,8 +159,14 @@ class LearningRateAdaptor(AdaptorBase):
         return torch.where(ordered, new, eta)
 
     def observe(self, it: Iteration) -> Update:
+        return self.observe_with(it, self.gamma(it.k))
+
+    gain = CorrectionAdaptor.gain
+
+    def observe_with(self, it, gain) -> Update:
+        """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         A, listed = _indicators(it, self.pairs)
-        return Update(step_size=self.update(it.step_size, A, listed, self.S, self.gamma(it.k)))
+        return Update(step_size=self.update(it.step_size, A, listed, self.S, gain))
 
 
 class VarianceTracker(AdaptorBase):

@@ -1,0 +1,395 @@
+"""The fused loop: ``U`` whole iterations per call, optionally one ``torch.compile`` graph.
+
+On small problems an iteration costs what its few hundred tensor ops cost to *launch*, not to
+compute.  :class:`Fused` runs a chunk of ``U`` consecutive iterations -- explore, refresh the
+reference, swap, adapt online, track the index process -- as one function of tensors, with
+every random number drawn beforehand (the engine's keyed draws, :mod:`nrpt.rng`), and hands the
+recorders the chunk at once (:class:`~nrpt.roles.IterationBlock`, ``record_block``).  Under
+``torch.compile`` the chunk is one graph whose hundreds of launches fuse into a few kernels;
+eager, the same function still saves the per-iteration bookkeeping.
+
+What a chunk computes is what the plain loop computes, with the same code:
+
+* the explorer's own ``step``, fed the draws a plain step asks :class:`~nrpt.explorers.Noise`
+  for (recorded once on a plain step, then made outside the graph and replayed inside, as
+  :mod:`nrpt.explorers.compiled` does);
+* :func:`nrpt.engine.sweep_exchange` and :func:`nrpt.engine.refresh_top`, which the engine's
+  own step calls;
+* the online adaptors' ``observe_with(view, gain)`` with the step size ``gain(k)`` handed in
+  as a tensor (the stochastic-approximation adaptors of :mod:`nrpt.adapt.sa`);
+* :meth:`nrpt.diagnostics.RoundTripTracker.advance` for the ``round_trips`` recorder, carried
+  inside the chunk (it is a per-iteration state machine); every other recorder gets the block.
+
+Eager, a chunk equals the plain iterations bit for bit, except where a recorder's block form
+regroups a floating-point sum; compiled, to the last bits a fused kernel rounds differently
+(tested).  Which iterations run in chunks is a function of the iteration number and the plan
+alone (:meth:`Fused.chunk_at`), so a resumed run chunks exactly as the uninterrupted one.
+
+Fused runs: one process; schemes DEO, DEO_W and SEO (one phase over all adjacent pairs);
+rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the explorers of
+:data:`nrpt.explorers.compiled.COMPILABLE`; adaptors without a per-iteration ``observe`` or
+with ``observe_with``; any recorders.  :func:`why_not` says why a run is not fused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .engine import PTEngine, refresh_top, sweep_exchange
+from .explorers import Noise, ReplicaState
+from .explorers.compiled import Compiled, CompileWarning, _make, _Recording, _Replay, compilable
+from .roles import AdaptorBase, IterationBlock
+from .swap.schemes import DEOW, SEO, _pairs
+
+__all__ = ["Fused", "why_not", "UNROLL", "RULES"]
+
+#: iterations per chunk
+UNROLL = 8
+#: rules a chunk may call (pure functions of the context, no host syncs)
+RULES = ("metropolis", "deterministic", "always", "fixed-rate")
+
+
+def _explorer(engine: PTEngine):
+    ex = engine.explorer
+    return ex.inner if isinstance(ex, Compiled) else ex
+
+
+def _online(adaptor) -> bool:
+    return type(adaptor).observe is not AdaptorBase.observe
+
+
+def why_not(run) -> str | None:
+    """Why ``run`` cannot be fused (``None``: it can)."""
+    eng = run.engine
+    if type(eng) is not PTEngine:
+        return f"engine {type(eng).__name__} (only the plain PTEngine is fused)"
+    if eng.sharded:
+        return "replicas spread over processes"
+    if not isinstance(eng.scheme, DEOW | SEO):
+        return f"scheme {eng.scheme.name!r} (fused: deo, deo-w, seo)"
+    if eng.rule.name not in RULES:
+        return f"rule {eng.rule.name!r} (fused: {', '.join(RULES)})"
+    if not compilable(_explorer(eng)):
+        return f"explorer {getattr(_explorer(eng), 'name', '?')!r} (its draws depend on the state)"
+    for a in run.adaptors:
+        if _online(a) and not hasattr(a, "observe_with"):
+            return f"adaptor {a.name!r} observes every iteration without observe_with"
+    return None
+
+
+@dataclass
+class _View:
+    """What an online adaptor reads of an iteration inside a chunk (the sweep phase only)."""
+
+    params: dict
+    step_size: torch.Tensor
+    schedule: torch.Tensor
+    decision: torch.Tensor
+    active: torch.Tensor
+
+    @property
+    def pair_indicators(self):
+        return self.decision.to(self.schedule.dtype), torch.ones_like(self.active)
+
+    @property
+    def attempted_indicators(self):
+        A = self.decision.to(self.schedule.dtype)
+        return A * self.active, self.active
+
+
+class Fused:
+    """Runs chunks of ``unroll`` iterations of ``run`` (a :class:`nrpt.loop.Run` that
+    :func:`why_not` accepts); ``compile``: as one ``torch.compile`` graph (falls back to the
+    eager chunk with a :class:`~nrpt.explorers.compiled.CompileWarning`)."""
+
+    def __init__(self, run, unroll: int = UNROLL, compile: bool = False):
+        reason = why_not(run)
+        if reason is not None:
+            raise ValueError(f"this run cannot be fused: {reason}")
+        if isinstance(unroll, bool) or int(unroll) != unroll or unroll < 1:
+            raise ValueError(f"unroll must be an integer >= 1; got {unroll!r}")
+        self.run, self.unroll, self.compile = run, int(unroll), bool(compile)
+        eng = run.engine
+        self.engine, self.explorer = eng, _explorer(eng)
+        self.online = [a for a in run.adaptors if _online(a)]
+        from .recorders import RoundTrips
+
+        self.trips = next((r for r in run.recorders.values() if isinstance(r, RoundTrips)),
+                          None)
+        self.others = [r for r in run.recorders.values() if r is not self.trips]
+        self.plan: list | None = None  # the draws of one iteration's explore phase
+        self._reads_uniforms: bool | None = None
+        self._fns: dict = {}
+        self.failed: str | None = None
+        self.chunks = 0
+
+    # ------------------------------------------------------------------ when to fuse
+    def chunk_at(self, k: int, end: int, boundaries) -> int:
+        """How many iterations to run fused from iteration ``k`` (0: a plain step).  A chunk
+        starts at a multiple of ``unroll``, ends by ``end``, and no iteration inside it ends
+        at a multiple of a ``boundaries`` entry (checkpoints, callbacks)."""
+        U = self.unroll
+        if k % U or k + U > end:
+            return 0
+        for every in boundaries:
+            if every and (k // every) != ((k + U - 1) // every):
+                return 0
+        if self.plan is None:
+            self._record_plan()
+        return U if self.plan is not None else 0
+
+    def _record_plan(self) -> None:
+        """Note the draws of the explore phase at the current state (a dry run whose result is
+        discarded).  A phase that sets up buffers (a stochastic-gradient explorer's first step)
+        is not a steady one: no plan yet.  Whether there is a plan thus depends on the state
+        alone, and so does which iterations are fused (resume stays exact)."""
+        eng = self.engine
+        rec = _Recording(Noise(eng.seed, eng.k, eng.R, eng.P, eng.device))
+        state = eng.state
+        b, h = eng.slot_params(eng.schedule), eng.slot_params(eng.step_size)
+        for i in range(eng.n_explore):
+            state, _ = self.explorer.step(state, b, h, eng.density, rec,
+                                          sub=i * self.explorer.substeps)
+        if sorted(state.extras) == sorted(eng.state.extras):
+            self.plan = rec.calls
+
+    # ------------------------------------------------------------------ one chunk
+    def _inputs(self, k0: int, U: int) -> dict:
+        eng = self.engine
+        R, P, dev, dt = eng.R, eng.P, eng.device, eng.dtype
+        ks = range(k0, k0 + U)
+        noises = [Noise(eng.seed, k, R, P, dev) for k in ks]
+        draws = [torch.stack([_make(n, call) for n in noises]) for call in self.plan]
+        inp = {"draws": draws}
+        if self._reads_uniforms is None:
+            self._reads_uniforms = _reads_uniforms(eng)
+        if self._reads_uniforms:
+            from .rng import Stream, iteration_uniform
+
+            inp["uniforms"] = torch.stack([iteration_uniform((R, P - 1), eng.seed, Stream.SWAP,
+                                                             k, 0, dtype=dt, device=dev)
+                                           for k in ks])
+        scheme = eng.scheme
+        if isinstance(scheme, SEO):
+            from .rng import Stream, iteration_uniform
+
+            inp["coins"] = torch.stack([iteration_uniform((R, 1), eng.seed, Stream.SCHEME, k,
+                                                          device=dev) < 0.5 for k in ks])
+        else:
+            W = scheme.window
+            inp["odd"] = torch.tensor([(k // W) % 2 == 1 for k in ks], device=dev)
+            if W > 1:
+                inp["open"] = torch.tensor([k % W == 0 for k in ks], device=dev)
+        if eng.path.has_reference:
+            rows = [eng._reference_rows(k) for k in ks]
+            inp["ref"] = ReplicaState(torch.stack([r.x for r in rows]),
+                                      torch.stack([r.v for r in rows]),
+                                      torch.stack([r.base for r in rows]),
+                                      {n: torch.stack([r.extras[n] for r in rows])
+                                       for n in rows[0].extras})
+        if self.online:
+            inp["gains"] = torch.tensor([[a.gain(k) for k in ks] for a in self.online],
+                                        dtype=dt, device=dev)
+        return inp
+
+    def _carry(self) -> dict:
+        eng = self.engine
+        st = eng.state
+        carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
+                 "replica_at": eng.replica_at, "slot_of": eng.slot_of,
+                 "schedule": eng.schedule, "step_size": eng.step_size,
+                 "params": dict(eng.params)}
+        if "gate" in eng.scheme_state:
+            carry["gate"] = eng.scheme_state["gate"]
+        if self.trips is not None:
+            carry["trips"] = self.trips.tracker.carry()
+        if torch.is_inference_mode_enabled():
+            # tensors made before the loop's inference mode would make a compiled chunk's
+            # first call a graph of its own (one copy each, once: the chunk returns inference
+            # tensors)
+            carry = torch.utils._pytree.tree_map(
+                lambda t: t.clone() if isinstance(t, torch.Tensor) and not t.is_inference()
+                else t, carry)
+        return carry
+
+    def _body(self, U: int):
+        """The chunk as a function ``(carry, inputs) -> (carry, stacked per-iteration
+        outputs)`` of tensors only (what ``torch.compile`` traces)."""
+        eng, explorer, online = self.engine, self.explorer, list(self.online)
+        density, rule, P = eng.density, eng.rule, eng.P
+        lo, hi, even, odd = _pairs(eng.R, P, eng.device)
+        n_explore, substeps = eng.n_explore, explorer.substeps
+        has_ref = eng.path.has_reference
+        watched = list(eng.watched)
+        seo = isinstance(eng.scheme, SEO)
+        W = None if seo else eng.scheme.window
+        trips = self.trips is not None
+        if trips:
+            from .diagnostics import RoundTripTracker
+
+            advance = RoundTripTracker.advance
+
+        def body(carry, inp):
+            x, v, base, extras = carry["x"], carry["v"], carry["base"], carry["extras"]
+            replica_at, slot_of = carry["replica_at"], carry["slot_of"]
+            schedule, step_size = carry["schedule"], carry["step_size"]
+            params, gate = dict(carry["params"]), carry.get("gate")
+            rt = carry.get("trips")
+            out: dict[str, list] = {n: [] for n in (
+                "v", "base", "slot_of", "replica_at", "schedule", "step_size", "accept",
+                "nonfinite", "active", "decision", "accepted", "prob", "slot_x")}
+            out_params: dict[str, list] = {n: [] for n in params}
+            for u in range(U):
+                state = ReplicaState(x, v, base, extras)
+                b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
+                noise = _Replay([d[u] for d in inp["draws"]])
+                for i in range(n_explore):
+                    state, info = explorer.step(state, b, h, density, noise, sub=i * substeps)
+                    if i == 0:
+                        accept, nonfinite = info.accept_prob, info.nonfinite.long()
+                    else:
+                        accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
+                explored_at = replica_at
+                if has_ref:
+                    ref = inp["ref"]
+                    fresh = ReplicaState(ref.x[u], ref.v[u], ref.base[u],
+                                         {n: t[u] for n, t in ref.extras.items()})
+                    state = refresh_top(state, slot_of, fresh, P - 1)
+                if seo:
+                    active = odd == inp["coins"][u]
+                else:
+                    parity = torch.where(inp["odd"][u], odd, even)
+                    if W > 1:
+                        gate = gate | inp["open"][u]
+                        active = parity & gate
+                    else:
+                        active = parity
+                uniforms = inp["uniforms"][u] if "uniforms" in inp else _no_uniforms
+                replica_at, slot_of, decision, accepted, prob = sweep_exchange(
+                    rule, state.v, replica_at, schedule, params, active, uniforms, 0, lo, hi)
+                if gate is not None and W > 1:
+                    gate = gate & ~accepted
+                by_slot = accept.gather(1, explored_at)
+                if n_explore > 1:
+                    by_slot = by_slot / n_explore
+                out["schedule"].append(schedule)
+                out["step_size"].append(step_size)
+                view = _View(params, step_size, schedule, decision, active)
+                for j, a in enumerate(online):
+                    upd = a.observe_with(view, inp["gains"][j, u])
+                    if upd.schedule is not None:
+                        schedule = upd.schedule
+                    if upd.step_size is not None:
+                        step_size = upd.step_size
+                    params.update(upd.params)  # (the view reads the live dict, as it.params)
+                if trips:
+                    rt = advance(rt, slot_of, P - 1)
+                x, v, base, extras = state.x, state.v, state.base, state.extras
+                for n, t in (("v", v), ("base", base), ("slot_of", slot_of),
+                             ("replica_at", replica_at), ("accept", by_slot),
+                             ("nonfinite", nonfinite.gather(1, explored_at)),
+                             ("active", active), ("decision", decision),
+                             ("accepted", accepted), ("prob", prob)):
+                    out[n].append(t)
+                if watched:
+                    rep = replica_at[:, watched]
+                    out["slot_x"].append(x.gather(1, rep[..., None].expand(*rep.shape,
+                                                                           x.shape[-1])))
+                for n in out_params:
+                    out_params[n].append(params[n])
+            new = {"x": x, "v": v, "base": base, "extras": extras, "replica_at": replica_at,
+                   "slot_of": slot_of, "schedule": schedule, "step_size": step_size,
+                   "params": params}
+            if gate is not None:
+                new["gate"] = gate
+            if trips:
+                new["trips"] = rt
+            stacked = {n: torch.stack(t) for n, t in out.items() if t}
+            stacked["params"] = {n: torch.stack(t) for n, t in out_params.items()}
+            return new, stacked
+
+        return body
+
+    def _function(self, U: int):
+        fn = self._fns.get(U)
+        if fn is None:
+            fn = self._body(U)
+            if self.compile and self.failed is None:
+                fn = torch.compile(fn, dynamic=False)
+            self._fns[U] = fn
+        return fn
+
+    def run_chunk(self, U: int) -> IterationBlock:
+        """Run iterations ``engine.k .. engine.k + U - 1``; returns their block (already
+        recorded)."""
+        eng = self.engine
+        k0 = eng.k
+        inp, carry = self._inputs(k0, U), self._carry()
+        if self.compile and self.failed is None:
+            try:
+                with warnings.catch_warnings():  # torch's own notices are not the user's
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    new, out = self._function(U)(carry, inp)
+            except Exception as err:  # no compiler, an op the compiler cannot take, ...
+                first = str(err).splitlines()[0] if str(err) else ""
+                self.failed = f"{type(err).__name__}: {first}"
+                warnings.warn(f"the compiled chunk failed ({self.failed}); running it eagerly",
+                              CompileWarning, stacklevel=2)
+                self._fns.clear()
+                new, out = self._function(U)(carry, inp)
+        else:
+            new, out = self._function(U)(carry, inp)
+        eng.state = ReplicaState(new["x"], new["v"], new["base"], new["extras"])
+        eng._view = eng.state
+        eng.replica_at, eng.slot_of = new["replica_at"], new["slot_of"]
+        eng.schedule, eng.step_size = new["schedule"], new["step_size"]
+        eng.params.update(new["params"])  # (the engine's dict keeps its identity)
+        if "gate" in new:
+            eng.scheme_state["gate"] = new["gate"]
+        eng.k = k0 + U
+        eng.stop_agreed = eng.stop_requested
+        if self.trips is not None:
+            self.trips.tracker.set_carry(new["trips"], U)
+            self.trips.n += U
+        block = IterationBlock(
+            k0=k0, v=out["v"], base=out["base"], slot_of=out["slot_of"],
+            replica_at=out["replica_at"], schedule=out["schedule"],
+            step_size=out["step_size"], params=out["params"], explore_accept=out["accept"],
+            nonfinite=out["nonfinite"], active=out["active"], decision=out["decision"],
+            accepted=out["accepted"], prob=out["prob"],
+            slot_x=out.get("slot_x", torch.empty(U, eng.R, 0, eng.dim, dtype=eng.dtype)),
+            watched=list(eng.watched), has_reference=eng.path.has_reference)
+        for r in self.others:
+            if hasattr(r, "record_block"):
+                r.record_block(block)
+            else:  # (a recorder without the block form: one iteration at a time)
+                for u in range(U):
+                    r.record(block.iteration(u))
+        self.chunks += 1
+        return block
+
+
+def _no_uniforms():
+    raise RuntimeError("a fused rule read swap uniforms that were not drawn")
+
+
+def _reads_uniforms(eng: PTEngine) -> bool:
+    """Whether the engine's rule reads the pairs' uniforms (a dry decision on the current
+    energies, which changes nothing)."""
+    from .swap.rules import SwapContext
+
+    read = []
+
+    def draw():
+        read.append(True)
+        return torch.full((eng.R, eng.P - 1), 0.5, dtype=eng.dtype, device=eng.device)
+
+    v = eng.state.v.gather(1, eng.replica_at)
+    eng.rule.decide(SwapContext(b_lo=eng.schedule[:, :-1], b_hi=eng.schedule[:, 1:],
+                                v_lo=v[:, :-1], v_hi=v[:, 1:], uniform_or_draw=draw,
+                                iteration=eng.k, params=eng.params))
+    return bool(read)
