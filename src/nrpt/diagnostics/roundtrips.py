@@ -155,7 +155,8 @@ class RoundTripTracker:
 
     @property
     def n_updates(self) -> int:
-        """Number of :meth:`update` calls since construction (or loaded state)."""
+        """Iterations the counters advanced since construction (or loaded state): the
+        :meth:`update` calls, plus the counts given to :meth:`set_carry`."""
         return self._n_updates
 
     def update(self, slot_of: torch.Tensor) -> None:
@@ -171,28 +172,51 @@ class RoundTripTracker:
             raise ValueError(f"slot_of must have shape {self._shape}, got {tuple(s.shape)}")
         if s.dtype != torch.long:
             s = s.to(torch.long)
+        self.set_carry(self.advance(self.carry(), s, self._top), 1)
+
+    @staticmethod
+    def advance(state: tuple[torch.Tensor, ...], s: torch.Tensor, top: int
+                ) -> tuple[torch.Tensor, ...]:
+        """One iteration of the counters as a pure function: ``state`` is
+        ``(phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin)`` (the order of
+        :meth:`carry`), ``s`` the new index ``long [R, P]`` and ``top = P - 1``; returns the new
+        state tuple.  No in-place op and no host sync, so it can be traced or compiled (the
+        fused loop, :mod:`nrpt.fused`, carries the state through its graph)."""
+        phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin = state
         at0 = s == 0
-        at_top = s == self._top
+        at_top = s == top
 
         # Syed et al. state machine: restarts on the first arrival at 0 after P-1,
         # round trips on the first arrival at P-1 after such a restart.
-        phase = self._phase
-        self._round_trips += at_top & (phase == DOWN_DONE)
-        self._restarts += at0 & (phase == AT_TOP_SIDE)
+        round_trips = round_trips + (at_top & (phase == DOWN_DONE))
+        restarts = restarts + (at0 & (phase == AT_TOP_SIDE))
         # NONE stays NONE at slot 0 (no restart without a prior visit to P-1).
-        self._phase = phase.masked_fill(at_top, AT_TOP_SIDE).masked_fill(
+        new_phase = phase.masked_fill(at_top, AT_TOP_SIDE).masked_fill(
             at0 & (phase != NONE), DOWN_DONE
         )
 
         # Deng et al. App. A.5: both ends hit, then back at the origin slot.
-        hit0 = self._hit0 | at0
-        hit_top = self._hit_top | at_top
-        done = hit0 & hit_top & (s == self._origin)
-        self._round_trips_a5 += done
+        hit0 = hit0 | at0
+        hit_top = hit_top | at_top
+        done = hit0 & hit_top & (s == origin)
+        round_trips_a5 = round_trips_a5 + done
         # After a completed trip, clear both flags except the end the origin lies on.
-        self._hit0 = hit0 & ~(done & (self._origin != 0))
-        self._hit_top = hit_top & ~(done & (self._origin != self._top))
-        self._n_updates += 1
+        hit0 = hit0 & ~(done & (origin != 0))
+        hit_top = hit_top & ~(done & (origin != top))
+        return new_phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin
+
+    def carry(self) -> tuple[torch.Tensor, ...]:
+        """The counters' state as the tuple :meth:`advance` takes: ``(phase, restarts,
+        round_trips, round_trips_a5, hit0, hit_top, origin)`` (the tracker's own tensors)."""
+        return (self._phase, self._restarts, self._round_trips, self._round_trips_a5,
+                self._hit0, self._hit_top, self._origin)
+
+    def set_carry(self, state: tuple[torch.Tensor, ...], n_updates_added: int) -> None:
+        """Take ``state`` (a tuple as :meth:`carry` returns, advanced ``n_updates_added``
+        iterations by :meth:`advance`) as the tracker's state."""
+        (self._phase, self._restarts, self._round_trips, self._round_trips_a5,
+         self._hit0, self._hit_top, self._origin) = state
+        self._n_updates += int(n_updates_added)
 
     # ----------------------------------------------------------------- results
     @property
