@@ -38,6 +38,7 @@ import math
 import torch
 
 from .recorders import per_system
+from .roles import IterationBlock, RecorderBase
 
 __all__ = ["SteppingStone", "StreamingLogSumExp"]
 
@@ -67,6 +68,21 @@ class StreamingLogSumExp:
         self.n += 1
         if self.pending == self.buffer.shape[0]:
             self._flush()
+
+    def add_many(self, t: torch.Tensor) -> None:
+        """Add ``t[0], t[1], ...`` (``t`` of shape ``[U, *shape]``): the same as ``U`` calls of
+        :meth:`add`, bit for bit (the terms are copied into the buffer a slice at a time and
+        the buffer is reduced exactly when it fills, so the terms are grouped as by :meth:`add`).
+        """
+        size, i, U = self.buffer.shape[0], 0, t.shape[0]
+        while i < U:
+            m = min(size - self.pending, U - i)
+            self.buffer[self.pending:self.pending + m] = t[i:i + m]
+            self.pending += m
+            self.n += m
+            i += m
+            if self.pending == size:
+                self._flush()
 
     def _pending(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(total, invalid, zeros)`` with the buffered terms merged in, the state unchanged:
@@ -121,7 +137,7 @@ class StreamingLogSumExp:
             self.buffer[:self.pending] = buf.to(self.buffer)
 
 
-class SteppingStone:
+class SteppingStone(RecorderBase):
     """Recorder (``log_z``, :mod:`nrpt.roles`) of the online stepping-stone estimate of
     ``log Z``; its statistics restart with every segment that resets (a new round), because
     the estimate assumes a fixed schedule.
@@ -156,6 +172,15 @@ class SteppingStone:
         db = b[:, :-1] - b[:, 1:]  # > 0
         self.forward.add(-db * v[:, 1:])
         self.reverse.add(db * v[:, :-1])
+
+    def record_block(self, block: IterationBlock) -> None:
+        """``U`` iterations at once (:meth:`StreamingLogSumExp.add_many`): the same terms, in
+        the same groups, as ``U`` calls of :meth:`record`."""
+        b = block.schedule  # [U, R, P]
+        v = block.slot_energies
+        db = b[..., :-1] - b[..., 1:]
+        self.forward.add_many(-db * v[..., 1:])
+        self.reverse.add_many(db * v[..., :-1])
 
     def summary(self) -> dict:
         est = self.estimate()

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .roles import RecorderBase
+from .roles import IterationBlock, RecorderBase
 
 __all__ = ["Draws"]
 
@@ -222,7 +222,9 @@ class Draws(RecorderBase):
             self._views()
         self._buf_x: list[torch.Tensor] = []
         self._buf_v: list[torch.Tensor] = []
+        # index rows [n, R, P], draws [n, R, (P,) dim] and energies [n, R, (P)] per entry
         self._buf_i: list[torch.Tensor] = []
+        self._buf_rows = 0
         self._next_draw = 0
         self._next_row = 0
 
@@ -243,16 +245,40 @@ class Draws(RecorderBase):
         x = it.slot_x(self.reads_slots) if draw else None  # every rank takes part in the gather
         if not self.store:
             return
-        self._buf_i.append(it.slot_of.to(torch.int16))
+        self._buffer(it.slot_of.to(torch.int16)[None])
         if draw:
             if self.slots == "target":
                 x, v = x.squeeze(1), it.slot_energies[:, 0]
             else:
                 v = it.slot_energies
+            self._buf_x.append(x.detach().clone()[None])
+            self._buf_v.append(v.detach().clone()[None])
+        if self._buf_rows >= self.chunk:
+            self.flush()
+
+    def record_block(self, block: IterationBlock) -> None:
+        """Record ``U`` iterations at once: the block's index rows, and its draws (the
+        iterations ``k`` with ``(k + 1) % thin == 0``: one strided slice) copied out of the
+        block; the files end as with ``U`` calls of :meth:`record`."""
+        if not self.store:
+            return
+        self._buffer(block.slot_of.to(torch.int16, copy=True))
+        first = (self.thin - (block.k0 + 1) % self.thin) % self.thin
+        if first < block.U:
+            x = block.watched_x(self.reads_slots)[first::self.thin]  # [D, R, S, dim]
+            v = block.slot_energies[first::self.thin]  # [D, R, P]
+            if self.slots == "target":
+                x, v = x[:, :, 0], v[:, :, 0]
+            # copies: the buffers must not hold views of the block
             self._buf_x.append(x.detach().clone())
             self._buf_v.append(v.detach().clone())
-        if len(self._buf_i) >= self.chunk:
+        if self._buf_rows >= self.chunk:
             self.flush()
+
+    def _buffer(self, rows: torch.Tensor) -> None:
+        """Hold index rows ``[n, R, P]`` (int16) until the next flush."""
+        self._buf_i.append(rows)
+        self._buf_rows += rows.shape[0]
 
     def state_dict(self) -> dict:
         self.flush()
@@ -299,13 +325,14 @@ class Draws(RecorderBase):
 
     def flush(self) -> None:
         if self._buf_i:
-            rows = torch.stack(self._buf_i).cpu().numpy()
+            rows = torch.cat(self._buf_i).cpu().numpy()
             self.index[self._next_row:self._next_row + len(rows)] = rows
             self._next_row += len(rows)
             self._buf_i.clear()
+            self._buf_rows = 0
         if self._buf_x:
-            xs = torch.stack(self._buf_x, dim=1).cpu().numpy()  # [R, c, (P,) dim]
-            vs = torch.stack(self._buf_v, dim=1).cpu().numpy()
+            xs = torch.cat(self._buf_x).movedim(0, 1).cpu().numpy()  # [R, c, (P,) dim]
+            vs = torch.cat(self._buf_v).movedim(0, 1).cpu().numpy()
             c = xs.shape[1]
             self._s[:, self._next_draw:self._next_draw + c] = xs
             self._e[:, self._next_draw:self._next_draw + c] = vs

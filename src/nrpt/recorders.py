@@ -5,6 +5,11 @@ engine's device (no host sync per iteration), reduces them to JSON-ready summary
 checkpoints itself.  ``start_segment(reset=True, ...)`` starts fresh statistics (a new round of
 adaptive NRPT); the summary always describes the statistics since the last reset.
 
+The fused loop (:mod:`nrpt.fused`) hands them ``U`` iterations at a time
+(:class:`~nrpt.roles.IterationBlock`): ``record_block`` does a constant number of tensor ops per
+block and ends with the state of ``U`` calls of ``record`` (bit for bit, except the Welford merge
+of :class:`SlotSpread`, equal up to rounding).
+
 =================  =============================================================================
 ``swaps``          per-pair swap acceptance (mean of min(1, alpha)), swaps executed, explorer
                    acceptance per slot, rejected non-finite proposals      (:class:`SwapStats`)
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 
 from .diagnostics import RoundTripTracker
-from .roles import Iteration, RecorderBase
+from .roles import Iteration, IterationBlock, RecorderBase
 from .swap.schemes import is_sweep
 
 __all__ = ["SwapStats", "RoundTrips", "SlotSpread", "Trace", "per_system", "json_ready"]
@@ -51,6 +56,15 @@ def json_ready(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
+
+
+def ordered_sum(total: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """``total + terms[0] + terms[1] + ...`` added in that order, as ``U`` in-place adds of
+    ``record`` would make them: a cumulative sum along the leading axis, a sequential scan (on
+    the CPU, and along an outer axis on CUDA), so the result is the one-by-one sum bit for bit
+    (float64; a float32 sum on the CPU is accumulated in float64, which rounds once instead).
+    Returns a tensor of ``total``'s shape and dtype."""
+    return torch.cat([total[None], terms.to(total.dtype)]).cumsum(0)[-1]
 
 
 def per_system(t, R: int):
@@ -99,6 +113,20 @@ class SwapStats(RecorderBase):
         self.nonfinite += it.nonfinite
         self.nonfinite_total += it.nonfinite
         self.n += 1
+
+    def record_block(self, block: IterationBlock) -> None:
+        """``U`` iterations of a sweep scheme (pairs in slot order) at once: counts summed over
+        the block, float sums added in iteration order (:func:`ordered_sum`)."""
+        active = block.active
+        self.attempts += active.sum(0)
+        self.swaps += block.accepted.sum(0)
+        accept = torch.where(active, block.prob, torch.zeros_like(block.prob))
+        self.accept_sum.copy_(ordered_sum(self.accept_sum, accept))
+        self.explore_sum.copy_(ordered_sum(self.explore_sum, block.explore_accept))
+        nonfinite = block.nonfinite.sum(0)
+        self.nonfinite += nonfinite
+        self.nonfinite_total += nonfinite
+        self.n += block.U
 
     def acceptance(self) -> torch.Tensor:
         """Mean of min(1, alpha) per adjacent pair ``[R, P-1]`` (NaN where never attempted)."""
@@ -231,6 +259,23 @@ class SlotSpread(RecorderBase):
         self.mean = self.mean + delta / self.n
         self.m2 = self.m2 + delta * (x - self.mean)
 
+    def record_block(self, block: IterationBlock) -> None:
+        """``U`` iterations at once: the block's mean and sum of squared deviations merged into
+        the running ones (Chan, Golub and LeVeque's pairwise update); equal to ``U`` Welford
+        steps up to rounding (the sums are grouped differently)."""
+        x = block.watched_x(self.slots).to(self.dtype)  # [U, R, S, dim]
+        n_a, n_b = self.n, block.U
+        n = n_a + n_b
+        var_b, mean_b = torch.var_mean(x, 0, correction=0)
+        m2_b = var_b * n_b
+        if n_a == 0:
+            self.mean, self.m2 = mean_b, m2_b
+        else:
+            delta = mean_b - self.mean
+            self.mean = self.mean + delta * (n_b / n)
+            self.m2 = self.m2 + m2_b + delta.square() * (n_a * n_b / n)
+        self.n = n
+
     def sd(self) -> torch.Tensor:
         """Per-coordinate standard deviation ``[R, S, dim]`` (NaN before two iterations)."""
         if self.n < 2:
@@ -284,6 +329,35 @@ class Trace(RecorderBase):
             self.rate.append(self._sum / self._n.clamp_min(1))
             self._sum.zero_()
             self._n.zero_()
+
+    def record_block(self, block: IterationBlock) -> None:
+        """``U`` iterations of a sweep scheme (every pair listed) at once: the indicators summed
+        segment by segment between the record points inside the block (a Python loop over those
+        points only), the rest carried.  The sums count 0/1 verdicts, exact in any order, so
+        the records equal those of ``U`` calls of :meth:`record` bit for bit."""
+        A = block.decision.to(block.schedule.dtype)  # [U, R, P-1]; listed: all ones
+        if self._sum is None:
+            self._sum, self._n = torch.zeros_like(A[0]), torch.zeros_like(A[0])
+            self.total_sum, self.total_n = torch.zeros_like(A[0]), torch.zeros_like(A[0])
+        U, k0, every = block.U, block.k0, self.every
+        self.total_sum += A.sum(0)
+        self.total_n += U
+        start = 0
+        table = block.step_size if self.values == "step_size" else block.schedule
+        for u in range((every - (k0 + 1) % every) % every, U, every):  # (k0 + u + 1) % every == 0
+            self.k.append(k0 + u + 1)
+            if "C" in block.params:
+                self.C.append(block.params["C"][u][:, 0].clone())
+            self.table.append(table[u].clone())
+            self._sum += A[start:u + 1].sum(0)
+            self._n += u + 1 - start
+            self.rate.append(self._sum / self._n.clamp_min(1))
+            self._sum.zero_()
+            self._n.zero_()
+            start = u + 1
+        if start < U:
+            self._sum += A[start:].sum(0)
+            self._n += U - start
 
     def indicator_rate(self) -> torch.Tensor | None:
         """Mean 0/1 verdict per adjacent pair over the run ``[R, P-1]``."""

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..recorders import per_system
+from ..roles import IterationBlock, RecorderBase
 
 __all__ = ["SlotEnergyRecorder", "mean_absolute_difference", "method_one"]
 
@@ -53,7 +54,7 @@ def method_one(slot_energies: np.ndarray) -> np.ndarray:
     return 0.5 * mean_absolute_difference(slot_energies, axis=0)
 
 
-class SlotEnergyRecorder:
+class SlotEnergyRecorder(RecorderBase):
     """Recorder (``slot_energies``) keeping ``V`` of the replica at every slot, ``[n, R, P]``,
     for one round.
 
@@ -89,6 +90,18 @@ class SlotEnergyRecorder:
             self.buffer[self.rows] = it.slot_energies
             self.rows += 1
         self._count += 1
+
+    def record_block(self, block: IterationBlock) -> None:
+        """``U`` iterations at once: the rows ``u`` with ``(count + u) % stride == 0``, while
+        the buffer has room, copied with one slice."""
+        U, stride = block.U, self.stride
+        first = -self._count % stride
+        m = min(self.buffer.shape[0] - self.rows, len(range(first, U, stride)))
+        if m > 0:
+            rows = block.slot_energies[first:first + (m - 1) * stride + 1:stride]
+            self.buffer[self.rows:self.rows + m] = rows
+            self.rows += m
+        self._count += U
 
     def summary(self) -> dict:
         return {"local_barrier_method_i": per_system(self.local_barrier(), self.R)}
