@@ -300,7 +300,7 @@ def test_cached_draws_made_in_inference_mode_serve_autograd_later():
     gradient-free run) and served again to an autograd run must be ordinary tensors."""
     with torch.inference_mode():
         first = rng.iteration_normal((4, 3), 12345, 0, 7)
-        pairs = schemes._pairs(5, 6, torch.device("cpu"))
+        pairs = schemes.adjacent_pairs(5, 6, torch.device("cpu"))
     again = rng.iteration_normal((4, 3), 12345, 0, 7)
     assert torch.equal(first, again) and not again.is_inference()
     assert not any(t.is_inference() for t in pairs)

@@ -165,4 +165,7 @@ def test_compiled_chunks_match_the_plain_loop():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mala-deo-w", "headline-sgd"])
 def test_compiled_chunks_match_the_plain_loop_slow(name):
-    _compiled_matches(name, 48)
+    # SGD at large constant learning rates is chaotic: a last-bit difference grows until a
+    # deterministic swap decision flips (1e-12 after one chunk, 1e-4 after two), so the headline is
+    # compared over its first chunks
+    _compiled_matches(name, 48 if name != "headline-sgd" else 16)

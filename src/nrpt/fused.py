@@ -40,9 +40,16 @@ import torch
 
 from .engine import PTEngine, refresh_top, sweep_exchange
 from .explorers import Noise, ReplicaState
-from .explorers.compiled import Compiled, CompileWarning, _make, _Recording, _Replay, compilable
+from .explorers.compiled import (
+    Compiled,
+    CompileWarning,
+    RecordingNoise,
+    ReplayNoise,
+    compilable,
+    make_draw,
+)
 from .roles import AdaptorBase, IterationBlock
-from .swap.schemes import DEOW, SEO, _pairs
+from .swap.schemes import DEOW, SEO, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "UNROLL", "RULES"]
 
@@ -147,7 +154,7 @@ class Fused:
         is not a steady one: no plan yet.  Whether there is a plan thus depends on the state
         alone, and so does which iterations are fused (resume stays exact)."""
         eng = self.engine
-        rec = _Recording(Noise(eng.seed, eng.k, eng.R, eng.P, eng.device))
+        rec = RecordingNoise(Noise(eng.seed, eng.k, eng.R, eng.P, eng.device))
         state = eng.state
         b, h = eng.slot_params(eng.schedule), eng.slot_params(eng.step_size)
         for i in range(eng.n_explore):
@@ -162,7 +169,7 @@ class Fused:
         R, P, dev, dt = eng.R, eng.P, eng.device, eng.dtype
         ks = range(k0, k0 + U)
         noises = [Noise(eng.seed, k, R, P, dev) for k in ks]
-        draws = [torch.stack([_make(n, call) for n in noises]) for call in self.plan]
+        draws = [torch.stack([make_draw(n, call) for n in noises]) for call in self.plan]
         inp = {"draws": draws}
         if self._reads_uniforms is None:
             self._reads_uniforms = _reads_uniforms(eng)
@@ -220,7 +227,7 @@ class Fused:
         outputs)`` of tensors only (what ``torch.compile`` traces)."""
         eng, explorer, online = self.engine, self.explorer, list(self.online)
         density, rule, P = eng.density, eng.rule, eng.P
-        lo, hi, even, odd = _pairs(eng.R, P, eng.device)
+        lo, hi, even, odd = adjacent_pairs(eng.R, P, eng.device)
         n_explore, substeps = eng.n_explore, explorer.substeps
         has_ref = eng.path.has_reference
         watched = list(eng.watched)
@@ -245,7 +252,7 @@ class Fused:
             for u in range(U):
                 state = ReplicaState(x, v, base, extras)
                 b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
-                noise = _Replay([d[u] for d in inp["draws"]])
+                noise = ReplayNoise([d[u] for d in inp["draws"]])
                 for i in range(n_explore):
                     state, info = explorer.step(state, b, h, density, noise, sub=i * substeps)
                     if i == 0:

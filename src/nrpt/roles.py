@@ -41,8 +41,7 @@ import torch
 from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 from .paths import Path
 from .swap.rules import Rule, SwapContext
-from .swap.schemes import Scheme, is_sweep
-from .swap.schemes import _pairs as _sweep_pairs
+from .swap.schemes import Scheme, adjacent_pairs, is_sweep
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
@@ -213,7 +212,7 @@ class IterationBlock:
         """Iteration ``k0 + u`` as an :class:`Iteration` (for recorders without a block form;
         positions only at the watched slots, through ``Iteration.rows``)."""
         R, P = self.slot_of.shape[1:]
-        lo, hi, _, _ = _sweep_pairs(R, P, self.slot_of.device)
+        lo, hi, _, _ = adjacent_pairs(R, P, self.slot_of.device)
         x = torch.empty((R, P, self.slot_x.shape[-1]), dtype=self.v.dtype, device="meta")
         decision = PhaseDecision(lo, hi, self.active[u], self.decision[u], self.accepted[u],
                                  self.prob[u])

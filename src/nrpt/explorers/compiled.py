@@ -38,7 +38,8 @@ import torch
 
 from .base import ExploreInfo, Explorer, ReplicaState
 
-__all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE"]
+__all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE", "RecordingNoise",
+           "ReplayNoise", "make_draw"]
 
 #: explorers whose every step makes the same draws (a fixed plan), so they can be replayed
 COMPILABLE = ("rwmh", "mala", "hmc", "sgd", "sgld", "sghmc", "msgd", "psgd", "psgld")
@@ -56,7 +57,7 @@ def compilable(explorer: Explorer) -> bool:
     return not isinstance(getattr(explorer, "estimator", None), ControlVariateEnergy)
 
 
-class _Recording:
+class RecordingNoise:
     """Wraps the iteration's :class:`Noise`; notes every draw the explorer makes."""
 
     def __init__(self, noise):
@@ -77,7 +78,7 @@ class _Recording:
 class _RecordingKey:
     """The :class:`~nrpt.rng.Key` handed to an energy estimator, noting its draws."""
 
-    def __init__(self, rec: _Recording, parts, key):
+    def __init__(self, rec: RecordingNoise, parts, key):
         self.rec, self.parts, self.real = rec, parts, key
 
     def draw(self, *args, **kwargs):
@@ -89,8 +90,8 @@ class _RecordingKey:
         return self.real.normal(*args, **kwargs)
 
 
-def _make(noise, call):
-    """Make the draw ``call`` recorded by :class:`_Recording` from this iteration's noise."""
+def make_draw(noise, call):
+    """Make the draw ``call`` recorded by :class:`RecordingNoise` from this iteration's noise."""
     if call[0] == "key":
         _, parts, method, args, kwargs = call
         return getattr(noise.key(*parts), method)(*args, **kwargs)
@@ -98,7 +99,7 @@ def _make(noise, call):
     return getattr(noise, method)(*args, **kwargs)
 
 
-class _Replay:
+class ReplayNoise:
     """Inside the compiled graph: returns the pre-made draws in the recorded order."""
 
     def __init__(self, draws):
@@ -120,7 +121,7 @@ class _Replay:
 
 
 class _ReplayKey:
-    def __init__(self, replay: _Replay):
+    def __init__(self, replay: ReplayNoise):
         self.replay = replay
 
     def draw(self, *args, **kwargs):
@@ -166,7 +167,7 @@ class Compiled(Explorer):
 
         def step(x, v, base, extras, b, h, draws):
             new, info = inner.step(ReplicaState(x, v, base, extras), b, h, density,
-                                   _Replay(draws), sub)
+                                   ReplayNoise(draws), sub)
             return (new.x, new.v, new.base, new.extras, info.accept_prob, info.accepted,
                     info.nonfinite)
 
@@ -178,12 +179,12 @@ class Compiled(Explorer):
         kind = (sub, tuple(sorted(state.extras)))
         plan = self._plans.get(kind)
         if plan is None:  # a plain step, recording its draws
-            rec = _Recording(noise)
+            rec = RecordingNoise(noise)
             out = self.inner.step(state, b, step_size, density, rec, sub)
             if set(out[0].extras) != set(state.extras):  # it set up buffers: not a steady step
                 return out
             plan = self._plans[kind] = rec.calls
-        draws = tuple(_make(noise, call) for call in plan)
+        draws = tuple(make_draw(noise, call) for call in plan)
         try:
             fn = self._fn.get(sub)
             args = (state.x, state.v, state.base, dict(state.extras), b, step_size, draws)

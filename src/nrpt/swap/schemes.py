@@ -28,7 +28,8 @@ import torch
 
 from .. import rng
 
-__all__ = ["is_sweep", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap", "make_scheme"]
+__all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
+           "make_scheme"]
 
 Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -38,13 +39,13 @@ _ADJACENT: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 def is_sweep(lo: torch.Tensor, R: int, P: int) -> bool:
     """Whether a phase's pairs ``lo`` are all ``P - 1`` adjacent pairs in slot order (SEO, DEO,
-    DEO_W return the cached ``lo`` of :func:`_pairs` itself): per-pair tensors of such a phase
-    are already in pair order, so the engine, the indicators and the swap counters use them as
-    they are (slices and adds instead of gathers and scatters)."""
-    return lo is _pairs(R, P, lo.device)[0]
+    DEO_W return the cached ``lo`` of :func:`adjacent_pairs` itself): per-pair tensors of such a
+    phase are already in pair order, so the engine, the indicators and the swap counters use
+    them as they are (slices and adds instead of gathers and scatters)."""
+    return lo is adjacent_pairs(R, P, lo.device)[0]
 
 
-def _pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
+def adjacent_pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
     """``(lo, hi, even, odd)``: the adjacent pairs ``[R, P-1]`` and the masks of even / odd
     ``lo``, made once per shape and device (read-only: schemes hand them out as they are)."""
     key = (R, P, str(device))
@@ -92,7 +93,7 @@ class SEO(Scheme):
     name = "seo"
 
     def phases(self, k, R, P, seed, systems, state):
-        lo, hi, _, odd = _pairs(R, P, systems.device)
+        lo, hi, _, odd = adjacent_pairs(R, P, systems.device)
         coin = rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k,
                                      device=systems.device) < 0.5
         return [(lo, hi, odd == coin)]
@@ -112,7 +113,7 @@ class DEOW(Scheme):
         return {"gate": torch.ones(R, P - 1, dtype=torch.bool, device=device)}
 
     def phases(self, k, R, P, seed, systems, state):
-        lo, hi, even, odd = _pairs(R, P, systems.device)
+        lo, hi, even, odd = adjacent_pairs(R, P, systems.device)
         parity = odd if (k // self.window) % 2 else even
         if self.window == 1:  # every window is one iteration: the gate is always open
             return [(lo, hi, parity)]
