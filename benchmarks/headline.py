@@ -53,22 +53,29 @@ import headline_numpy as hn  # noqa: E402
 
 #: the authors' research notebook on this machine: about 22 s per 1000 iterations (quoted)
 NOTEBOOK_S_PER_1000 = 22.0
-KINDS = ("numpy", "nrpt_loop", "nrpt_run", "numpy_script", "nrpt_compiled")
+KINDS = ("numpy", "nrpt_loop", "nrpt_run", "numpy_script", "nrpt_compiled", "nrpt_fused",
+         "nrpt_fused16")
 LABELS = {"numpy": "(a) NumPy yardstick, in-process",
           "nrpt_loop": "(b) nrpt loop, in-process (wall_time_s)",
           "nrpt_run": "(c) nrpt run, whole process",
           "numpy_script": "(d) NumPy script, whole process",
-          "nrpt_compiled": "(e) nrpt loop, compile = true, in-process"}
+          "nrpt_compiled": "(e) nrpt loop, compile = true, in-process",
+          "nrpt_fused": "(f) nrpt loop, fuse + compile, chunks of 8",
+          "nrpt_fused16": "(g) nrpt loop, fuse + compile, chunks of 16"}
+#: chunk length of the fused kinds
+UNROLL = {"nrpt_fused": 8, "nrpt_fused16": 16}
 
 
 # ------------------------------------------------------------------------------ the pieces
-def headline_config(iterations: int, seed: int, compiled: bool = False):
+def headline_config(iterations: int, seed: int, compiled: bool = False, fused: bool = False):
     """The run ``nrpt run`` makes with no arguments (other than ``iterations`` / ``seed``;
-    ``compiled``: with ``compile = true``)."""
+    ``compiled``: with ``compile = true``; ``fused``: and ``fuse = true``)."""
     from nrpt.config import RunConfig
     from nrpt.sgpt import HEADLINE
 
-    data = {"compile": True} if compiled else {}
+    data = {"compile": True} if compiled or fused else {}
+    if fused:
+        data["fuse"] = True
     if iterations != HEADLINE["iterations"]:
         data["iterations"] = iterations
     if seed != 0:
@@ -93,14 +100,18 @@ def nrpt_stats(run) -> dict:
             "slot0_mean": samples.mean(0).tolist(), "slot0_sd": samples.std(0, ddof=1).tolist()}
 
 
-def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False) -> dict:
+def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False, unroll: int = 0) -> dict:
     """The loop's ``wall_time_s`` and its steady cost per iteration (from the callback every
-    256 iterations, past the first 256: compilation included in the former only)."""
+    256 iterations, past the first 256: compilation included in the former only); ``unroll``:
+    the fused loop (nrpt.fused) with chunks of that many iterations, compiled."""
     from nrpt.build import build
+    from nrpt.fused import Fused
     from nrpt.loop import execute
 
     t0 = time.perf_counter()
-    run = build(headline_config(iterations, seed, compiled))
+    run = build(headline_config(iterations, seed, compiled, fused=unroll > 0))
+    if unroll and unroll != run.fused.unroll:
+        run.fused = Fused(run, unroll=unroll, compile=True)
     t1 = time.perf_counter()
     ticks: list = []
     outcome = execute(run, callback=lambda eng: ticks.append((eng.k, time.perf_counter())))
@@ -354,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_nrpt_loop(K, rep)
                 elif kind == "nrpt_compiled":
                     r = run_nrpt_loop(K, rep, compiled=True)
+                elif kind in UNROLL:
+                    r = run_nrpt_loop(K, rep, unroll=UNROLL[kind])
                 elif kind == "nrpt_run":
                     r = run_nrpt_process(K, tmp, env)
                 else:
@@ -368,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(r["time_s"] for r in results[k]) for k in KINDS}
     peak = {"numpy": memory["numpy"]["peak_delta_mb"], "nrpt_loop": memory["nrpt"]["peak_delta_mb"],
             "nrpt_compiled": memory["nrpt"]["peak_delta_mb"],
+            "nrpt_fused": memory["nrpt"]["peak_delta_mb"],
+            "nrpt_fused16": memory["nrpt"]["peak_delta_mb"],
             "nrpt_run": max(r["peak_rss_mb"] for r in results["nrpt_run"]),
             "numpy_script": max(r["peak_rss_mb"] for r in results["numpy_script"])}
     notebook_s = NOTEBOOK_S_PER_1000 * K / 1000.0
@@ -387,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio_proc = med["nrpt_run"] / med["numpy_script"]
     ratio_comp = med["nrpt_compiled"] / med["numpy"]
     steady = {k: statistics.median(r["steady_s_per_it"] for r in results[k])
-              for k in ("nrpt_loop", "nrpt_compiled")}
+              for k in ("nrpt_loop", "nrpt_compiled", *UNROLL)}
+    ratio_fused = {k: med[k] / med["numpy"] for k in UNROLL}
     np_per_it = np_loop / K
     lines += [
         f"steady cost per iteration (past the first 256): nrpt {steady['nrpt_loop'] * 1e6:.0f} us,"
@@ -395,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{np_per_it * 1e6:.0f} us (its loop alone)",
         f"ratio nrpt compiled loop / NumPy yardstick:   {ratio_comp:6.2f}x (compilation included;"
         f" steady: {steady['nrpt_compiled'] / np_per_it:.2f}x)",
+        *(f"ratio nrpt fused loop ({UNROLL[k]}) / NumPy yardstick: {ratio_fused[k]:6.2f}x "
+          f"(compilation included; steady: {steady[k] * 1e6:.0f} us, "
+          f"{steady[k] / np_per_it:.2f}x)" for k in UNROLL),
         f"nrpt build (not in the loop time): {build:.3f} s; nrpt run's own loop time "
         f"(summary.json wall_time_s): {cli_loop:.3f} s; yardstick loop alone: {np_loop:.3f} s",
         f"ratio nrpt loop / NumPy yardstick:            {ratio_loop:6.2f}x",
@@ -418,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cli['C']})")
     lines += ["", f"## same statistics? in-process runs, seeds 0..{args.reps - 1} each",
               *stat_lines]
+    fused_lines, fused_table = compare([r["stats"] for r in results["nrpt_fused"]],
+                                       [r["stats"] for r in results["numpy"]] + extra, K)
+    lines += ["", "## the fused loop (chunks of 8, compiled) against the same NumPy runs",
+              *fused_lines]
     print("\n".join(lines), flush=True)
 
     if json_path:
@@ -428,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                "ratio_nrpt_loop_over_numpy": ratio_loop,
                "ratio_nrpt_run_over_numpy_script": ratio_proc,
                "ratio_nrpt_compiled_loop_over_numpy": ratio_comp,
+               "ratio_nrpt_fused_loop_over_numpy": ratio_fused,
+               "statistics_fused": fused_table,
                "steady_s_per_iteration": {**steady, "numpy": np_per_it},
                "notebook_s_quoted": notebook_s,
                "speedup_vs_notebook": {k: notebook_s / med[k] for k in KINDS},

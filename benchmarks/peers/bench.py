@@ -48,6 +48,9 @@ TOOLS = {
                       "nrpt, adaptive rounds (schedule + RWMH scales), DEO"),
     "nrpt-compiled": ("run_nrpt.py", ["--variant", "compiled"], None,
                       "nrpt, the protocol's ladder, RWMH step compiled (compile = true), DEO"),
+    "nrpt-fused": ("run_nrpt.py", ["--variant", "fused"], None,
+                   "nrpt, the protocol's ladder, RWMH, DEO, chunks of 8 iterations as one "
+                   "compiled graph (fuse = true, compile = true)"),
     "tfp-even-odd": ("run_tfp.py", ["--swap", "even-odd"], "tfp",
                      "TFP ReplicaExchangeMC, RWMH, even_odd_swap_proposal_fn(1.)"),
     "tfp-default": ("run_tfp.py", ["--swap", "default"], "tfp",
@@ -231,7 +234,7 @@ def table(summary: dict, unavailable: dict, tools: list[str]) -> str:
     return "\n".join(lines)
 
 
-NRPT = ("nrpt-fixed", "nrpt-adaptive", "nrpt-compiled")
+NRPT = ("nrpt-fixed", "nrpt-adaptive", "nrpt-compiled", "nrpt-fused")
 
 
 def ratios(runs: list[dict], summary: dict, field: str = "wall_s") -> dict:

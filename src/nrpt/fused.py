@@ -132,6 +132,7 @@ class Fused:
         self._fns: dict = {}
         self.failed: str | None = None
         self.chunks = 0
+        self._inference = False
 
     # ------------------------------------------------------------------ when to fuse
     def chunk_at(self, k: int, end: int, boundaries) -> int:
@@ -168,23 +169,21 @@ class Fused:
         eng = self.engine
         R, P, dev, dt = eng.R, eng.P, eng.device, eng.dtype
         ks = range(k0, k0 + U)
-        noises = [Noise(eng.seed, k, R, P, dev) for k in ks]
-        draws = [torch.stack([make_draw(n, call) for n in noises]) for call in self.plan]
-        inp = {"draws": draws}
+        noise = Noise(eng.seed, k0, R, P, dev, count=U)  # every draw [U, ...]
+        inp = {"draws": [make_draw(noise, call) for call in self.plan]}
         if self._reads_uniforms is None:
             self._reads_uniforms = _reads_uniforms(eng)
         if self._reads_uniforms:
             from .rng import Stream, iteration_uniform
 
-            inp["uniforms"] = torch.stack([iteration_uniform((R, P - 1), eng.seed, Stream.SWAP,
-                                                             k, 0, dtype=dt, device=dev)
-                                           for k in ks])
+            inp["uniforms"] = iteration_uniform((R, P - 1), eng.seed, Stream.SWAP, k0, 0,
+                                                dtype=dt, device=dev, count=U)
         scheme = eng.scheme
         if isinstance(scheme, SEO):
             from .rng import Stream, iteration_uniform
 
-            inp["coins"] = torch.stack([iteration_uniform((R, 1), eng.seed, Stream.SCHEME, k,
-                                                          device=dev) < 0.5 for k in ks])
+            inp["coins"] = iteration_uniform((R, 1), eng.seed, Stream.SCHEME, k0, device=dev,
+                                             count=U) < 0.5
         else:
             W = scheme.window
             inp["odd"] = torch.tensor([(k // W) % 2 == 1 for k in ks], device=dev)
@@ -213,10 +212,11 @@ class Fused:
             carry["gate"] = eng.scheme_state["gate"]
         if self.trips is not None:
             carry["trips"] = self.trips.tracker.carry()
-        if torch.is_inference_mode_enabled():
+        if torch.is_inference_mode_enabled() and not self._inference:
+            self._inference = True
             # tensors made before the loop's inference mode would make a compiled chunk's
             # first call a graph of its own (one copy each, once: the chunk returns inference
-            # tensors)
+            # tensors, and so do the plain steps and adaptors in the loop's inference mode)
             carry = torch.utils._pytree.tree_map(
                 lambda t: t.clone() if isinstance(t, torch.Tensor) and not t.is_inference()
                 else t, carry)

@@ -124,10 +124,12 @@ class Key(tuple):
     draw is for (``None``: all).  Unpacks like the plain tuple (``seed, *parts = key``)."""
 
     block: Block | None
+    #: > 0: draws of ``count`` consecutive iterations from ``parts[1]`` on, stacked
+    count: int
 
-    def __new__(cls, parts, block: Block | None = None):
+    def __new__(cls, parts, block: Block | None = None, count: int = 0):
         self = super().__new__(cls, tuple(int(p) for p in parts))
-        self.block = block
+        self.block, self.count = block, int(count)
         return self
 
     # the draws of an energy estimator: ``(seed, iteration, *rest)`` -> the keyed draw of
@@ -135,12 +137,12 @@ class Key(tuple):
     def draw(self, draw, tag: tuple, shape, stream: int, device="cpu") -> torch.Tensor:
         seed, *parts = self
         return iteration_draw(draw, tag, shape, seed, stream, *parts, device=device,
-                              block=self.block)
+                              block=self.block, count=self.count)
 
     def normal(self, shape, stream: int, dtype=torch.float64, device="cpu") -> torch.Tensor:
         seed, *parts = self
         return iteration_normal(shape, seed, stream, *parts, dtype=dtype, device=device,
-                                block=self.block)
+                                block=self.block, count=self.count)
 
 
 def as_key(key) -> Key:
@@ -214,14 +216,20 @@ _cache = _BlockCache(CACHE_ELEMENTS)
 
 def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: tuple,
                    shape, seed: int, stream: int, iteration: int, *parts: int,
-                   device="cpu", block: Block | None = None) -> torch.Tensor:
+                   device="cpu", block: Block | None = None, count: int = 0) -> torch.Tensor:
     """The draw of iteration ``iteration`` made by ``draw(shape, generator)`` (which must give
     ``shape``-shaped, row-independent output, e.g. ``torch.randn``), keyed by
     ``(seed, stream, iteration, *parts)`` and made in blocks of iterations (module docstring).
 
     ``tag`` names the draw's kind and settings (dtype, bounds, ...) for the cache; ``block``:
     a per-replica draw made at full width and sliced, as in :func:`normal`.  (This runs several
-    times per iteration: it is kept to one dictionary look-up and one index.)"""
+    times per iteration: it is kept to one dictionary look-up and one index.)
+
+    ``count > 0``: the draws of iterations ``iteration .. iteration + count - 1`` stacked,
+    ``[count, *shape]`` (a slice of the block when it holds them all; the fused loop,
+    :mod:`nrpt.fused`)."""
+    if count:
+        return _rows(draw, tag, shape, seed, stream, iteration, parts, device, block, count)
     full = tuple(shape) if block is None or block.full else block.widen(shape)
     ck = (tag, seed, stream, parts, full, device)
     hit = _cache.get(ck)
@@ -242,6 +250,22 @@ def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: 
         _cache.put(ck, (k - k % B, B, rows))
         t = rows[k % B]
     return t if block is None else block.take(t)
+
+
+def _rows(draw, tag, shape, seed, stream, iteration, parts, device, block, count):
+    first = iteration_draw(draw, tag, shape, seed, stream, iteration, *parts, device=device,
+                           block=block)  # (makes or finds the block)
+    full = tuple(shape) if block is None or block.full else block.widen(shape)
+    hit = _cache.get((tag, seed, stream, parts, full, device))
+    if hit is not None and block is None:
+        start, B, rows = hit
+        i = iteration - start
+        if 0 <= i and i + count <= B:
+            return rows[i:i + count]
+    rows = [first] + [iteration_draw(draw, tag, shape, seed, stream, iteration + j, *parts,
+                                     device=device, block=block) for j in range(1, count)]
+    with torch.inference_mode(False):  # ordinary tensors, as the block slices above (a compiled
+        return torch.stack(rows)       # chunk would otherwise see two kinds of input)
 
 
 def block_generator(seed: int, stream: int, iteration: int, B: int, *parts: int,
@@ -270,14 +294,14 @@ _SAMPLERS = {"normal": torch.randn, "uniform": torch.rand}
 
 
 def iteration_random(kind: str, shape, seed: int, stream: int, iteration: int, *parts: int,
-                     dtype=torch.float64, device="cpu", block: Block | None = None
-                     ) -> torch.Tensor:
+                     dtype=torch.float64, device="cpu", block: Block | None = None,
+                     count: int = 0) -> torch.Tensor:
     """Standard normals (``kind = "normal"``) or Uniform[0, 1) numbers (``"uniform"``) of
     iteration ``iteration`` (see :func:`iteration_draw`)."""
     sampler = _SAMPLERS[kind]
     return iteration_draw(lambda sh, g: sampler(sh, generator=g, dtype=dtype, device=device),
                           (kind, dtype), shape, seed, stream, iteration, *parts,
-                          device=device, block=block)
+                          device=device, block=block, count=count)
 
 
 def iteration_normal(shape, *args, **kwargs) -> torch.Tensor:

@@ -203,16 +203,19 @@ class Noise:
     care."""
 
     def __init__(self, seed: int, iteration: int, R: int, P: int, device: torch.device,
-                 block: rng.Block | None = None):
+                 block: rng.Block | None = None, count: int = 0):
         self.seed, self.iteration = int(seed), int(iteration)
         if block is not None and block.width != P:
             raise ValueError(f"noise for {P} replicas but {block!r}")
         self.R, self.P, self.device, self.block = R, P, device, block
+        #: > 0: every draw is that of ``count`` consecutive iterations, stacked (the fused
+        #: loop's chunks, :mod:`nrpt.fused`)
+        self.count = int(count)
 
     def normal(self, sub: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return rng.iteration_normal((self.R, self.P, *tail), self.seed, rng.Stream.EXPLORE,
                                     self.iteration, sub, dtype=dtype, device=self.device,
-                                    block=self.block)
+                                    block=self.block, count=self.count)
 
     def uniform(self, sub: int, dtype: torch.dtype, tail: tuple[int, ...] = (),
                 parts: tuple[int, ...] = ()) -> torch.Tensor:
@@ -221,12 +224,12 @@ class Noise:
         stream = rng.Stream.EXPLORE if parts else rng.Stream.ACCEPT
         return rng.iteration_uniform((self.R, self.P, *tail), self.seed, stream, self.iteration,
                                      sub, *parts, dtype=dtype, device=self.device,
-                                     block=self.block)
+                                     block=self.block, count=self.count)
 
     def key(self, *parts: int) -> rng.Key:
         """``(seed, iteration, *parts)`` as a :class:`nrpt.rng.Key` carrying this block (the
         key handed to stochastic-gradient energy estimators)."""
-        return rng.Key((self.seed, self.iteration, *parts), self.block)
+        return rng.Key((self.seed, self.iteration, *parts), self.block, self.count)
 
 
 class Explorer:
