@@ -10,7 +10,9 @@ target (RWMH, DEO, R = 32 systems x P = 8).  For each, after a warm-up, the µs 
 iteration (step + adaptors + recorders) -- with and without ``torch.inference_mode`` (the loop
 uses it for runs that need no autograd, ``PTEngine.autograd_free``).  Repeats are interleaved,
 medians are printed.  Also: the aten ops of one whole iteration (``torch.profiler``, nested
-calls included), and the two finiteness checks of a proposal ``[1, 16, 10^4]``.
+calls included), and the two finiteness checks of a proposal ``[1, 16, 10^4]``.  Last, the
+fused loop (``fuse = true, compile = true``, chunks of 8) per iteration beside the bare explorer
+step, plain and compiled.
 """
 
 from __future__ import annotations
@@ -28,12 +30,60 @@ from nrpt.explorers import Noise
 from nrpt.sgpt import HEADLINE
 
 
-def configs(iterations: int) -> dict[str, RunConfig]:
-    return {"headline (sgd, P16)": RunConfig.from_dict({}, defaults=dict(HEADLINE,
-                                                                         iterations=iterations)),
+def configs(iterations: int, fused: bool = False) -> dict[str, RunConfig]:
+    """The two runs; ``fused``: with ``fuse = true, compile = true`` (nrpt.fused)."""
+    more = {"fuse": True, "compile": True} if fused else {}
+    return {"headline (sgd, P16)": RunConfig.from_dict({}, defaults=dict(
+                HEADLINE, iterations=iterations, **more)),
             "exact (rwmh, R32 x P8)": RunConfig(target="twenty-five-modes", chains=8, systems=32,
                                                 iterations=iterations, explorer="rwmh",
-                                                scheme="deo", figures=False)}
+                                                scheme="deo", figures=False, **more)}
+
+
+def fused_against_bare(reps: int, calls: int, unroll: int = 8) -> None:
+    """Per iteration: the fused loop's chunk (compiled, ``unroll`` iterations: explore, swap,
+    adapt, round trips, every recorder) against the bare explorer step, plain and compiled
+    (``explorers.compiled``), in the loop's inference mode; medians of interleaved repeats."""
+    from nrpt.explorers.compiled import Compiled
+
+    n_chunks = max(1, calls // unroll)
+    total = (reps + 2) * n_chunks * unroll + 1000
+    print(f"\nfused loop (chunks of {unroll}, compiled) vs the bare explorer step, us per "
+          f"iteration")
+    for label, cfg in configs(total, fused=True).items():
+        run = build(cfg)
+        for r in run.recorders.values():
+            r.start_segment(True, total)
+        run.recorders["draws"].initial(run.engine.slot_of)
+        eng, f = run.engine, run.fused
+        plain = pieces(run)
+        compiled = Compiled(f.explorer)
+
+        def bare_compiled(eng=eng, compiled=compiled):
+            b, h = eng.slot_params(eng.schedule), eng.slot_params(eng.step_size)
+            compiled.step(eng.state, b, h, eng.density, Noise(eng.seed, eng.k, eng.R, eng.P,
+                                                              eng.device))
+
+        with torch.inference_mode(eng.autograd_free):
+            while not f.chunk_at(eng.k, 10**12, ()):
+                plain["whole iteration"]()
+            t0 = time.perf_counter()
+            for _ in range(2):
+                f.run_chunk(unroll)
+                bare_compiled()
+            warm = time.perf_counter() - t0
+            t = {"fused iteration": [], "bare step": [], "bare step, compiled": []}
+            for _ in range(reps):
+                t["fused iteration"].append(
+                    per_call_us(lambda f=f: f.run_chunk(unroll), n_chunks) / unroll)
+                t["bare step"].append(per_call_us(plain["bare explorer step"], calls))
+                t["bare step, compiled"].append(per_call_us(bare_compiled, calls))
+        med = {k: statistics.median(v) for k, v in t.items()}
+        print(f"  {label}: fused iteration {med['fused iteration']:.1f}, bare step "
+              f"{med['bare step']:.1f}, bare step compiled {med['bare step, compiled']:.1f}; "
+              f"fused / bare {med['fused iteration'] / med['bare step']:.2f}x, fused / bare "
+              f"compiled {med['fused iteration'] / med['bare step, compiled']:.2f}x "
+              f"(compilations {warm:.1f} s)")
 
 
 def pieces(run) -> dict:
@@ -114,6 +164,7 @@ def main(argv=None) -> None:
         with torch.inference_mode(run.engine.autograd_free):
             print(f"  aten ops per whole iteration (nested included): "
                   f"{aten_ops(calls['whole iteration']):.0f}")
+    fused_against_bare(args.reps, args.calls)
     x = torch.randn(1, 16, 10_000, dtype=torch.float64)
     checks = {"isfinite(x).all(-1)": lambda: torch.isfinite(x).all(-1),
               "isfinite(x.sum(-1))": lambda: torch.isfinite(x.sum(-1))}
