@@ -51,6 +51,9 @@ TOOLS = {
     "nrpt-fused": ("run_nrpt.py", ["--variant", "fused"], None,
                    "nrpt, the protocol's ladder, RWMH, DEO, chunks of 8 iterations as one "
                    "compiled graph (fuse = true, compile = true)"),
+    "nrpt-fused-eager": ("run_nrpt.py", ["--variant", "fused-eager"], None,
+                         "nrpt, the protocol's ladder, RWMH, DEO, chunks of 8 iterations run "
+                         "eagerly (fuse = true)"),
     "tfp-even-odd": ("run_tfp.py", ["--swap", "even-odd"], "tfp",
                      "TFP ReplicaExchangeMC, RWMH, even_odd_swap_proposal_fn(1.)"),
     "tfp-default": ("run_tfp.py", ["--swap", "default"], "tfp",
@@ -234,7 +237,7 @@ def table(summary: dict, unavailable: dict, tools: list[str]) -> str:
     return "\n".join(lines)
 
 
-NRPT = ("nrpt-fixed", "nrpt-adaptive", "nrpt-compiled", "nrpt-fused")
+NRPT = ("nrpt-fixed", "nrpt-adaptive", "nrpt-compiled", "nrpt-fused", "nrpt-fused-eager")
 
 
 def ratios(runs: list[dict], summary: dict, field: str = "wall_s") -> dict:

@@ -6,7 +6,8 @@ Variants, through the public API ``nrpt.sample``:
   per-slot scales, DEO swaps, ``iterations`` iterations;
 * ``compiled``: ``fixed`` with the RWMH step compiled (``compile = true``);
 * ``fused``: ``fixed`` with chunks of 8 whole iterations as one compiled graph
-  (``fuse = true``, ``compile = true``; :mod:`nrpt.fused`);
+  (``fuse = true``, ``compile = true``; :mod:`nrpt.fused`); ``fused-eager``: the same chunks
+  run eagerly (``fuse = true`` alone: no compilation);
 * ``adaptive``: nrpt's adaptive rounds (``rounds = N``, round r runs 2^r iterations) from the
   same initial ladder and scales; N is the largest with 2^(N+1) - 2 <= iterations + 48 (10 for
   2000: 2046 iterations).  The hottest beta stays at 1e-3; the schedule and the RWMH scales
@@ -58,7 +59,7 @@ def run(args, iterations: int, seed: int, ticks: list | None = None):
     opts = dict(chains=args.chains, systems=args.systems, explorer="rwmh", scheme="deo",
                 betas=betas_for(args), step_size=protocol.scales(args.chains), seed=seed,
                 figures=False, compile=args.variant in ("compiled", "fused"),
-                fuse=args.variant == "fused")
+                fuse=args.variant in ("fused", "fused-eager"))
     if ticks is not None:
         opts["callback"] = lambda eng: ticks.append((eng.k, time.perf_counter()))
     if args.variant == "adaptive":
@@ -72,8 +73,8 @@ def run(args, iterations: int, seed: int, ticks: list | None = None):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", choices=("fixed", "adaptive", "compiled", "fused"),
-                    default="fixed")
+    ap.add_argument("--variant", choices=("fixed", "adaptive", "compiled", "fused",
+                                          "fused-eager"), default="fixed")
     ap.add_argument("--iterations", type=int, default=protocol.ITERATIONS)
     ap.add_argument("--systems", type=int, default=protocol.SYSTEMS)
     ap.add_argument("--chains", type=int, default=protocol.CHAINS)
@@ -85,7 +86,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
 
     t0 = time.perf_counter()
-    warm_variant = args.variant if args.variant in ("compiled", "fused") else "fixed"
+    warm_variant = args.variant if args.variant != "adaptive" else "fixed"
     run(argparse.Namespace(**{**vars(args), "variant": warm_variant}), args.warmup,
         args.seed + 10**6)
     warm = time.perf_counter() - t0
