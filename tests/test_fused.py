@@ -130,6 +130,18 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path):
             assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
 
 
+def test_a_chunk_length_from_the_config_and_the_cli():
+    assert build(config("rwmh-deo", 32, fuse=16)).fused.unroll == 16
+    assert build(config("rwmh-deo", 32, fuse=True)).fused.unroll == 8
+    assert build(config("rwmh-deo", 32)).fused is None
+    run = build(config("rwmh-deo", 32, fuse=True))
+    execute(run)
+    assert run.fused.describe() == {"chunk": 8, "chunks": 4, "compiled": False}
+    from nrpt.cli import _fuse
+
+    assert _fuse("true") is True and _fuse("16") == 16 and _fuse("no") is False
+
+
 def test_why_not_names_the_reason():
     run = build(RunConfig(target="twenty-five-modes", chains=4, explorer="rwmh", scheme="adj",
                           iterations=10, figures=False))

@@ -292,12 +292,13 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         engine.watch(getattr(r, "reads_slots", ()))
     run = Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
     if cfg.fuse:  # chunks of iterations at once (nrpt.fused), compiled with compile = true
-        from .fused import Fused, why_not
+        from .fused import UNROLL, Fused, why_not
 
         reason = why_not(run)
         if reason is not None:
             raise ValueError(f"fuse = true cannot run this configuration: {reason}; set "
                              f"fuse = false")
-        run.fused = Fused(run, compile=bool(cfg.compile))
+        unroll = UNROLL if cfg.fuse is True else int(cfg.fuse)
+        run.fused = Fused(run, unroll=unroll, compile=bool(cfg.compile))
     facts["fused"] = run.fused is not None
     return run

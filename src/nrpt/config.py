@@ -105,6 +105,16 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
+def _chunk(name: str, value: Any) -> bool | int:
+    """``true`` / ``false``, or a chunk length: an integer >= 1 (``fuse``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value >= 1:
+        return value
+    raise ValueError(f"{name} must be true, false or a chunk length (an integer >= 1); got "
+                     f"{value!r}")
+
+
 def _choice(name: str, value: Any, allowed) -> str:
     allowed = list(allowed)
     if not isinstance(value, str) or value not in allowed:
@@ -235,7 +245,7 @@ class RunConfig:
     n_explore: int | None = None
     slice_method: str | None = None
     compile: bool | None = None
-    fuse: bool | None = None
+    fuse: bool | int | None = None
     momentum: float | None = None
     domain: str | None = None
     # swap
@@ -470,7 +480,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
         default("compile", False)
         cfg.compile = _bool("compile", cfg.compile)
         default("fuse", False)
-        cfg.fuse = _bool("fuse", cfg.fuse)
+        cfg.fuse = _chunk("fuse", cfg.fuse)
     else:
         not_applicable("compile", f"compile is for explorers {', '.join(COMPILABLE)} (a step "
                                   f"with a fixed set of draws)")

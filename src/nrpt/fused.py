@@ -134,6 +134,12 @@ class Fused:
         self.chunks = 0
         self._inference = False
 
+    def describe(self) -> dict:
+        """For the summary: the chunk length, chunks run (this process), compiled or not."""
+        return {"chunk": self.unroll, "chunks": self.chunks,
+                "compiled": self.compile and self.failed is None,
+                **({"compile_failed": self.failed} if self.failed else {})}
+
     # ------------------------------------------------------------------ when to fuse
     def chunk_at(self, k: int, end: int, boundaries) -> int:
         """How many iterations to run fused from iteration ``k`` (0: a plain step).  A chunk

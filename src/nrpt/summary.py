@@ -73,6 +73,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     }
     if "window_rejection" in outcome.notes:
         s["window_rejection"] = outcome.notes["window_rejection"]
+    if getattr(run, "fused", None) is not None:
+        s["fused"] = run.fused.describe()
     for r in rec.values():
         s.update(r.summary())
     swaps = rec["swaps"]
