@@ -635,3 +635,14 @@ def test_run_summary_pairs_each_prediction_with_its_quantity():
         assert s["predicted_round_trips_a5_per_1000"] == pytest.approx(a5, abs=1e-3), scheme
         for key in ("restarts_per_1000", "round_trips_per_1000", "round_trips_a5_per_1000"):
             assert key in s
+
+
+def test_a5_only_gives_the_same_a5_rate_and_skips_the_syed_chain():
+    r = [0.3, 0.55, 0.2, 0.7]
+    for scheme, w in (("deo", 1), ("deo-w", 3), ("seo", 1)):
+        full = exact_event_rates(r, scheme, w)
+        part = exact_event_rates(r, scheme, w, a5_only=True)
+        assert part["round_trips_a5"] == full["round_trips_a5"]
+        assert math.isnan(part["restarts"]) and math.isnan(part["round_trips"])
+        other = exact_event_rates([0.3, 0.55, 0.2, 0.6], scheme, w, a5_only=True)
+        assert other["round_trips_a5"] != part["round_trips_a5"]  # (the test can fail)

@@ -148,8 +148,9 @@ def predicted_rates(
         return dict.fromkeys(
             ("restarts_per_1000", "round_trips_per_1000", "round_trips_a5_per_1000"), None
         )
-    exact = exact_event_rates(r, name, w)
-    restarts = (predicted_round_trips_per_1000(r, w, scheme=name) if name in ("deo", "deo-w")
+    lemma = name in ("deo", "deo-w")  # restarts in closed form: only the A.5 chain is solved
+    exact = exact_event_rates(r, name, w, a5_only=lemma)
+    restarts = (predicted_round_trips_per_1000(r, w, scheme=name) if lemma
                 else 1000.0 * exact["restarts"])
     return {
         "restarts_per_1000": restarts,
@@ -510,7 +511,8 @@ class _LongRun:
 
 
 def exact_event_rates(
-    rejection: Sequence[float] | np.ndarray, scheme: str, window: int = 1
+    rejection: Sequence[float] | np.ndarray, scheme: str, window: int = 1, *,
+    a5_only: bool = False,
 ) -> dict[str, float]:
     r"""Exact long-run restart and round-trip rates of ``scheme`` under independent rejections.
 
@@ -541,6 +543,10 @@ def exact_event_rates(
         equal, applied to every pair, as :class:`~nrpt.swap.FixedRate` does).
     window:
         ``W`` of DEO_W (must be 1 for the other schemes).
+    a5_only:
+        Compute only ``round_trips_a5`` (``restarts`` and ``round_trips`` are NaN): what
+        :func:`predicted_rates` needs for DEO and DEO_W, whose restart rate is Lemma 1's
+        closed form (the Syed chain is then skipped, half the work).
 
     Returns
     -------
@@ -575,13 +581,16 @@ def exact_event_rates(
     starts = base[4]
 
     out = dict.fromkeys(_EVENT_KEYS, 0.0)
-    nxt, events = _syed_automaton(n)
-    matrix, rewards = _augment(base, nxt, events)
-    chain = _LongRun(matrix)
-    for s in range(n):
-        phase0 = 1 if s == n - 1 else 0  # AT_TOP_SIDE if starting at the top, else NONE
-        for key, v in chain.average(int(starts[s]) * 3 + phase0, rewards).items():
-            out[key] += v
+    if a5_only:
+        out.update(restarts=math.nan, round_trips=math.nan)
+    else:
+        nxt, events = _syed_automaton(n)
+        matrix, rewards = _augment(base, nxt, events)
+        chain = _LongRun(matrix)
+        for s in range(n):
+            phase0 = 1 if s == n - 1 else 0  # AT_TOP_SIDE if starting at the top, else NONE
+            for key, v in chain.average(int(starts[s]) * 3 + phase0, rewards).items():
+                out[key] += v
     for origin in range(n):
         nxt, events, flags0 = _a5_automaton(n, origin)
         matrix, rewards = _augment(base, nxt, events)
