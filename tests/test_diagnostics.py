@@ -646,3 +646,20 @@ def test_a5_only_gives_the_same_a5_rate_and_skips_the_syed_chain():
         assert math.isnan(part["restarts"]) and math.isnan(part["round_trips"])
         other = exact_event_rates([0.3, 0.55, 0.2, 0.6], scheme, w, a5_only=True)
         assert other["round_trips_a5"] != part["round_trips_a5"]  # (the test can fail)
+
+
+def test_dense_and_sparse_long_run_solves_agree(monkeypatch):
+    """Small chains are solved dense (theory.DENSE_STATES): the same rates as the sparse
+    solves, including a ladder cut by r = 1 (several closed classes, absorption weights)."""
+    from nrpt.diagnostics import theory
+
+    cases = [([0.3, 0.55, 0.2, 0.7], "deo", 1), ([0.3, 0.55, 0.2, 0.7], "deo-w", 3),
+             ([0.1, 0.4, 0.8], "seo", 1), ([0.1, 0.4, 0.8], "adj", 1), ([0.2, 1.0, 0.3], "deo", 1)]
+    monkeypatch.setattr(theory, "DENSE_STATES", 10**9)
+    dense = [exact_event_rates(r, s, w) for r, s, w in cases]
+    monkeypatch.setattr(theory, "DENSE_STATES", 0)
+    sparse = [exact_event_rates(r, s, w) for r, s, w in cases]
+    for a, b in zip(dense, sparse, strict=True):
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-10, abs=1e-14), k
+    assert dense[0]["round_trips_a5"] != pytest.approx(dense[1]["round_trips_a5"], rel=1e-3)

@@ -448,6 +448,10 @@ def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
     return matrix, rewards
 
 
+#: chains with at most this many states are solved with dense linear algebra
+DENSE_STATES = 200
+
+
 class _LongRun:
     """Cesàro limits ``lim_K (1/K) sum_k E[g(X_k)]`` of a finite chain from given start states."""
 
@@ -463,6 +467,9 @@ class _LongRun:
         self.labels = labels
         self.closed = [c for c in range(n_comp) if not open_comp[c]]
         self._pi: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # small chains (the summary's predictions: a few hundred states) are solved dense:
+        # the sparse machinery costs far more than the arithmetic there
+        self.dense = matrix.toarray() if matrix.shape[0] <= DENSE_STATES else None
 
     def _stationary(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         from scipy import sparse
@@ -472,6 +479,12 @@ class _LongRun:
             idx = np.flatnonzero(self.labels == c)
             if idx.size == 1:
                 pi = np.ones(1)
+            elif self.dense is not None:  # the same equations, dense
+                a = self.dense[np.ix_(idx, idx)].T - np.eye(idx.size)
+                a[-1, :] = 1.0
+                b = np.zeros(idx.size)
+                b[-1] = 1.0
+                pi = np.linalg.solve(a, b)
             else:  # pi (T_C - I) = 0, sum(pi) = 1 (last balance equation replaced)
                 a = (self.m[idx][:, idx].T - sparse.identity(idx.size, format="csr")).tolil()
                 a[idx.size - 1, :] = np.ones(idx.size)
@@ -494,14 +507,22 @@ class _LongRun:
         else:  # absorption probabilities into each closed class (start is transient)
             in_closed = np.isin(self.labels[reach], classes)
             trans = np.sort(reach[~in_closed])
-            q = self.m[trans][:, trans]
-            lhs = (sparse.identity(trans.size, format="csr") - q).tocsc()
             pos = int(np.searchsorted(trans, start))
-            weights = {}
-            for c in classes:
-                cols = np.flatnonzero(self.labels == c)
-                b = np.asarray(self.m[trans][:, cols].sum(axis=1)).ravel()
-                weights[c] = float(np.atleast_1d(spsolve(lhs, b))[pos])
+            if self.dense is not None:  # the same equations, dense
+                lhs_d = np.eye(trans.size) - self.dense[np.ix_(trans, trans)]
+                cols_of = {c: np.flatnonzero(self.labels == c) for c in classes}
+                rhs = np.stack([self.dense[np.ix_(trans, cols_of[c])].sum(axis=1)
+                                for c in classes], axis=1)
+                sol = np.linalg.solve(lhs_d, rhs)[pos]
+                weights = {c: float(sol[i]) for i, c in enumerate(classes)}
+            else:
+                q = self.m[trans][:, trans]
+                lhs = (sparse.identity(trans.size, format="csr") - q).tocsc()
+                weights = {}
+                for c in classes:
+                    cols = np.flatnonzero(self.labels == c)
+                    b = np.asarray(self.m[trans][:, cols].sum(axis=1)).ravel()
+                    weights[c] = float(np.atleast_1d(spsolve(lhs, b))[pos])
         out = dict.fromkeys(rewards, 0.0)
         for c, w in weights.items():
             idx, pi = self._stationary(c)
