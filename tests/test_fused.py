@@ -27,6 +27,9 @@ CONFIGS = {
     "hmc-seo-n2": dict(target="twenty-five-modes", chains=4, systems=2, explorer="hmc",
                        scheme="seo", n_explore=2, leapfrog_steps=3, figures=False),
     "headline-sgd": dict(HEADLINE),
+    # DEO for a tuning segment, then DEO_W(W*) (engine.set_scheme at the segment's end)
+    "rwmh-auto-window": dict(target="twenty-five-modes", chains=6, systems=2, explorer="rwmh",
+                             scheme="deo-w", window="auto", window_tune=40, figures=False),
 }
 
 

@@ -327,12 +327,15 @@ class Fused:
         return body
 
     def _function(self, U: int):
-        fn = self._fns.get(U)
+        # the body bakes in the scheme's kind and window: a run whose window is tuned
+        # (window = "auto": DEO, then DEO_W(W*) from the next segment on) gets a new one
+        key = (U, type(self.engine.scheme).__name__, getattr(self.engine.scheme, "window", None))
+        fn = self._fns.get(key)
         if fn is None:
             fn = self._body(U)
             if self.compile and self.failed is None:
                 fn = torch.compile(fn, dynamic=False)
-            self._fns[U] = fn
+            self._fns[key] = fn
         return fn
 
     def run_chunk(self, U: int) -> IterationBlock:
