@@ -184,3 +184,50 @@ def test_compiled_chunks_match_the_plain_loop_slow(name):
     # deterministic swap decision flips (1e-12 after one chunk, 1e-4 after two), so the headline is
     # compared over its first chunks
     _compiled_matches(name, 48 if name != "headline-sgd" else 16)
+
+
+def test_float32_rounds_equal_the_plain_loop():
+    """Adaptors read the swap and explorer sums between rounds: the block forms must add in
+    the plain loop's order in float32 too (a float32 cumsum accumulates in float64)."""
+    kw = dict(dtype="float32", rounds=6)
+    base = dict(CONFIGS["rwmh-deo"])
+    plain = build(RunConfig.from_dict({}, defaults=dict(base, **kw)))
+    execute(plain)
+    fused = build(RunConfig.from_dict({}, defaults=dict(base, fuse=True, **kw)))
+    execute(fused)
+    assert fused.fused.chunks > 0
+    a, b = outcome(plain), outcome(fused)
+    for key in ("x", "schedule", "step_size", "swaps", "accept_sum", "explore"):
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
+    from nrpt.loop import RunError
+
+    run = build(config("rwmh-deo", 64, fuse=True))
+    f = run.fused
+    body = f._body
+
+    def failing(U):
+        inner = body(U)
+
+        def fn(carry, inp):
+            if run.engine.k == 8:
+                raise ValueError("boom")
+            return inner(carry, inp)
+
+        return fn
+
+    f._body = failing
+    with pytest.raises(RunError, match=r"iterations 9-16 \(a fused chunk.*boom"):
+        execute(run)
+    assert run.engine.k == 8  # the chunk's results were never taken
+
+    run = build(config("rwmh-deo", 64, fuse=True))
+
+    def dry_run_fails():
+        raise ValueError("dry")
+
+    run.fused._record_plan = dry_run_fails
+    with pytest.raises(RunError, match="iteration 1 failed: ValueError: dry"):
+        execute(run)

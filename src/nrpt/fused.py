@@ -22,8 +22,12 @@ What a chunk computes is what the plain loop computes, with the same code:
 
 Eager, a chunk equals the plain iterations bit for bit, except where a recorder's block form
 regroups a floating-point sum; compiled, to the last bits a fused kernel rounds differently
-(tested).  Which iterations run in chunks is a function of the iteration number and the plan
-alone (:meth:`Fused.chunk_at`), so a resumed run chunks exactly as the uninterrupted one.
+(tested).  Which iterations run in chunks depends on the iteration number, the run's
+checkpoint and callback periods, and the kind of state (whether the explore phase still sets up
+buffers) alone (:meth:`Fused.chunk_at`), so a resumed run with the same settings chunks exactly
+as the uninterrupted one.  An online adaptor's ``observe_with`` must be pure and return an
+:class:`~nrpt.roles.Update` of ``[R, P]`` tables and known rule parameters only (the chunk
+takes them as they are, without :meth:`nrpt.engine.PTEngine.apply`'s conversions).
 
 Fused runs: one process; schemes DEO, DEO_W and SEO (one phase over all adjacent pairs);
 rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the explorers of
@@ -33,6 +37,7 @@ with ``observe_with``; any recorders.  :func:`why_not` says why a run is not fus
 
 from __future__ import annotations
 
+import types
 import warnings
 from dataclasses import dataclass
 
@@ -55,6 +60,8 @@ __all__ = ["Fused", "why_not", "UNROLL", "RULES"]
 
 #: iterations per chunk
 UNROLL = 8
+#: the chunk function's code object per kind of run (:meth:`Fused._kind`)
+_CODES: dict[tuple, types.CodeType] = {}
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 
@@ -281,6 +288,8 @@ class Fused:
                     else:
                         active = parity
                 uniforms = inp["uniforms"][u] if "uniforms" in inp else _no_uniforms
+                # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
+                # iteration number would make every chunk a graph of its own)
                 replica_at, slot_of, decision, accepted, prob = sweep_exchange(
                     rule, state.v, replica_at, schedule, params, active, uniforms, 0, lo, hi)
                 if gate is not None and W > 1:
@@ -329,14 +338,33 @@ class Fused:
     def _function(self, U: int):
         # the body bakes in the scheme's kind and window: a run whose window is tuned
         # (window = "auto": DEO, then DEO_W(W*) from the next segment on) gets a new one
-        key = (U, type(self.engine.scheme).__name__, getattr(self.engine.scheme, "window", None))
+        compiled = self.compile and self.failed is None
+        key = (U, type(self.engine.scheme).__name__, getattr(self.engine.scheme, "window", None),
+               compiled)
         fn = self._fns.get(key)
         if fn is None:
             fn = self._body(U)
-            if self.compile and self.failed is None:
+            if compiled:
+                # one code object per kind of run: torch.compile keeps at most a few graphs per
+                # code object (then silently runs it eagerly), so the runs of a process
+                # (notebooks, benchmarks) must not all share one; runs of the same kind share
+                # it, and a later one finds the graph already compiled
+                code = _CODES.setdefault(self._kind(U), fn.__code__.replace(
+                    co_name=f"fused_chunk_{len(_CODES)}"))
+                fn = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
+                                        fn.__closure__)
                 fn = torch.compile(fn, dynamic=False)
             self._fns[key] = fn
         return fn
+
+    def _kind(self, U: int) -> tuple:
+        """What the compiled chunk's graph depends on beyond tensor shapes and values."""
+        eng = self.engine
+        return (U, type(eng.scheme).__name__, getattr(eng.scheme, "window", None),
+                type(self.explorer).__name__, eng.rule.name, type(eng.target).__name__,
+                eng.n_explore, eng.path.has_reference, eng.R, eng.P, eng.dim, eng.dtype,
+                self.trips is not None, tuple(type(a).__name__ for a in self.online),
+                tuple(eng.watched))
 
     def run_chunk(self, U: int) -> IterationBlock:
         """Run iterations ``engine.k .. engine.k + U - 1``; returns their block (already
@@ -351,12 +379,16 @@ class Fused:
                     warnings.simplefilter("ignore", FutureWarning)
                     new, out = self._function(U)(carry, inp)
             except Exception as err:  # no compiler, an op the compiler cannot take, ...
+                self.compile = False  # (the eager chunk: a target's own error raises there)
+                try:
+                    new, out = self._function(U)(carry, inp)
+                finally:
+                    self.compile = True
                 first = str(err).splitlines()[0] if str(err) else ""
                 self.failed = f"{type(err).__name__}: {first}"
-                warnings.warn(f"the compiled chunk failed ({self.failed}); running it eagerly",
-                              CompileWarning, stacklevel=2)
+                warnings.warn(f"the compiled chunk failed ({self.failed}); running the chunks "
+                              f"eagerly", CompileWarning, stacklevel=2)
                 self._fns.clear()
-                new, out = self._function(U)(carry, inp)
         else:
             new, out = self._function(U)(carry, inp)
         eng.state = ReplicaState(new["x"], new["v"], new["base"], new["extras"])
@@ -377,7 +409,8 @@ class Fused:
             step_size=out["step_size"], params=out["params"], explore_accept=out["accept"],
             nonfinite=out["nonfinite"], active=out["active"], decision=out["decision"],
             accepted=out["accepted"], prob=out["prob"],
-            slot_x=out.get("slot_x", torch.empty(U, eng.R, 0, eng.dim, dtype=eng.dtype)),
+            slot_x=out.get("slot_x", torch.empty(U, eng.R, 0, eng.dim, dtype=eng.dtype,
+                                                 device=eng.device)),
             watched=list(eng.watched), has_reference=eng.path.has_reference)
         for r in self.others:
             if hasattr(r, "record_block"):

@@ -237,8 +237,10 @@ class RunError(RuntimeError):
     on from the last checkpoint."""
 
 
-def _failure(k: int, err: Exception, out: Path | None) -> str:
-    msg = f"iteration {k + 1} failed: {type(err).__name__}: {err}"
+def _failure(k: int, err: Exception, out: Path | None, chunk: int = 0) -> str:
+    which = (f"iterations {k + 1}-{k + chunk} (a fused chunk; the engine is still at "
+             f"iteration {k})" if chunk > 1 else f"iteration {k + 1}")
+    msg = f"{which} failed: {type(err).__name__}: {err}"
     if out is not None and (out / CHECKPOINT).exists():
         msg += (f"; {out / CHECKPOINT} holds the last checkpoint: fix the cause, then "
                 f"`nrpt resume {out}`")
@@ -360,8 +362,10 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
                 consistent = False
                 k_before = engine.k
                 engine.stop_requested = stop.flag
-                chunk = 0 if fused is None else fused.chunk_at(k_before, end, boundaries)
+                chunk = 0
                 try:
+                    if fused is not None:  # (may evaluate the target: a dry explore step)
+                        chunk = fused.chunk_at(k_before, end, boundaries)
                     if chunk:  # iterations k .. k + chunk - 1 at once (nrpt.fused)
                         fused.run_chunk(chunk)
                     else:
@@ -373,7 +377,7 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
                 except (KeyboardInterrupt, RunError):
                     raise
                 except Exception as err:  # a target or an explorer failed mid-run
-                    raise RunError(_failure(k_before, err, out)) from err
+                    raise RunError(_failure(k_before, err, out, chunk)) from err
                 consistent = True
                 k = engine.k
                 if bar is not None and (k // 64 != k_before // 64 or k == end):

@@ -60,11 +60,17 @@ def json_ready(v):
 
 def ordered_sum(total: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
     """``total + terms[0] + terms[1] + ...`` added in that order, as ``U`` in-place adds of
-    ``record`` would make them: a cumulative sum along the leading axis, a sequential scan (on
-    the CPU, and along an outer axis on CUDA), so the result is the one-by-one sum bit for bit
-    (float64; a float32 sum on the CPU is accumulated in float64, which rounds once instead).
-    Returns a tensor of ``total``'s shape and dtype."""
-    return torch.cat([total[None], terms.to(total.dtype)]).cumsum(0)[-1]
+    ``record`` would make them, so the result is the one-by-one sum bit for bit: float64 on the
+    CPU as one cumulative sum along the leading axis (a sequential scan), anything else as
+    ``U`` adds (torch's CPU cumsum accumulates float32 in float64, which rounds differently,
+    and the adaptors that read these sums between rounds would then steer a fused run away
+    from the plain one).  Returns a tensor of ``total``'s shape and dtype."""
+    terms = terms.to(total.dtype)
+    if total.dtype == torch.float64 and total.device.type == "cpu":
+        return torch.cat([total[None], terms]).cumsum(0)[-1]
+    for t in terms:
+        total = total + t
+    return total
 
 
 def per_system(t, R: int):
