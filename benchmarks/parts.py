@@ -12,7 +12,8 @@ uses it for runs that need no autograd, ``PTEngine.autograd_free``).  Repeats ar
 medians are printed.  Also: the aten ops of one whole iteration (``torch.profiler``, nested
 calls included), and the two finiteness checks of a proposal ``[1, 16, 10^4]``.  Last, the
 fused loop (``fuse = true, compile = true``, chunks of 8) per iteration beside the bare explorer
-step, plain and compiled.
+step, plain and compiled; and a sum over a last axis of length 2 against the explicit sum (the
+mix25 target's squared distances).
 """
 
 from __future__ import annotations
@@ -178,6 +179,16 @@ def main(argv=None) -> None:
         for k, fn in checks.items():
             res[k].append(per_call_us(fn, args.calls))
     print("\nfiniteness of a proposal [1, 16, 10^4] float64: " + ", ".join(
+        f"{k} {statistics.median(v):.1f} us" for k, v in res.items()))
+    # the mix25 target's squared distances (benchmarks/peers/mix25_nrpt.py): torch's CPU sum
+    # over a last axis of length 2 against the explicit sum of the two coordinates
+    d = torch.randn(256, 25, 2, dtype=torch.float64)
+    sums = {"d.sum(-1)": lambda: d.sum(-1), "d[..., 0] + d[..., 1]": lambda: d[..., 0] + d[..., 1]}
+    res = {k: [] for k in sums}
+    for _ in range(args.reps):
+        for k, fn in sums.items():
+            res[k].append(per_call_us(fn, args.calls))
+    print("sum over the last axis of [256, 25, 2] float64: " + ", ".join(
         f"{k} {statistics.median(v):.1f} us" for k, v in res.items()))
 
 

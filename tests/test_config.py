@@ -125,7 +125,7 @@ BAD = [
     (dict(chains=3, betas=[1, 0.5, 0.7]), "betas must be strictly decreasing"),
     (dict(chains=3, betas=[1, 0.5, 0], temperatures=[1, 2, 3]), "not both"),
     (dict(explorer="slice", slice_method="bisect"), "slice_method must be one of"),
-    (dict(rounds=3, reference="posterior"), "reference must be one of 'prior', 'variational'"),
+    (dict(rounds=3, reference="posterior"), "reference must be one of prior, variational"),
     (dict(reference="variational"), "reference 'variational' is fitted between adaptive rounds"),
     (dict(explorer="sghmc", momentum=1.0), "momentum must be a finite number >= 0.0 and < 1.0"),
     (dict(explorer="sgd", domain="cube:1"), "domain"),

@@ -177,8 +177,27 @@ def test_compiled_chunks_match_the_plain_loop():
     _compiled_matches("rwmh-deo", 48)
 
 
+CONFIGS["mala-analytic"] = dict(target="twenty-five-modes", chains=5, systems=2,
+                               explorer="mala", scheme="deo-w", window=3, figures=False)
+
+
+def test_a_chunk_torch_compile_cannot_take_falls_back_to_eager_chunks():
+    """MALA on a target without analytic gradients calls torch.autograd.grad, which one graph
+    (fullgraph) cannot hold: a CompileWarning, then eager chunks, equal to the plain loop."""
+    from nrpt.explorers.compiled import CompileWarning
+
+    plain = build(config("mala-deo-w", 32))
+    execute(plain)
+    comp = build(config("mala-deo-w", 32, fuse=True, compile=True))
+    with pytest.warns(CompileWarning, match="autograd"):
+        execute(comp)
+    assert comp.fused.failed and comp.fused.describe()["compiled"] is False
+    assert comp.fused.chunks > 0
+    assert torch.equal(outcome(plain)["x"], outcome(comp)["x"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mala-deo-w", "headline-sgd"])
+@pytest.mark.parametrize("name", ["mala-analytic", "headline-sgd"])
 def test_compiled_chunks_match_the_plain_loop_slow(name):
     # SGD at large constant learning rates is chaotic: a last-bit difference grows until a
     # deterministic swap decision flips (1e-12 after one chunk, 1e-4 after two), so the headline is

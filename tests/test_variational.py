@@ -176,7 +176,7 @@ def test_resume_mid_round_is_bit_for_bit(tmp_path):
 
 
 @pytest.mark.parametrize("over, message", [
-    (dict(reference="bogus"), "reference must be one of 'prior', 'variational'"),
+    (dict(reference="bogus"), "reference must be one of prior, variational"),
     (dict(reference="variational", rounds=None, iterations=100), "needs rounds"),
     (dict(reference="variational", explorer="sgld", rounds=None, iterations=100),
      "reference 'variational'"),

@@ -35,8 +35,8 @@ class Mix25:
         if torch.compiler.is_compiling():  # (one compiled graph: the reduction fuses best)
             d2 = d.sum(-1)
         else:  # eagerly, coordinate by coordinate: torch's CPU sum over a last axis of length
-            # 2 costs 174 us on [256, 25, 2], the explicit sum 23 us (one thread, this
-            # machine); the same numbers (a sum of two terms is one rounded addition)
+            # 2 costs 165 us on [256, 25, 2], the explicit sum 9 us (make bench-parts, one
+            # thread); the same numbers (a sum of two terms is one rounded addition)
             d2 = d[..., 0]
             for i in range(1, self.dim):
                 d2 = d2 + d[..., i]

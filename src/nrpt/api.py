@@ -236,7 +236,7 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     arrays["index"] = draws.arrays(k, k)["index"]  # the index process of the whole run
     arrays["first"] = first  # the iteration the draws start from (for posterior.nc)
     if run.facts.get("legs"):  # two legs per system: the prior leg's slot 0 is the chain
-        arrays = dict(arrays)  # (nrpt.variational; samples.npy keeps both legs' rows)
+        # (nrpt.variational; samples.npy keeps both legs' rows)
         for name in ("samples", "energies"):
             a = np.asarray(arrays[name])[0::2]
             arrays[name] = a[0] if a.shape[0] == 1 else a
@@ -269,7 +269,7 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
                 out / "posterior.nc", samples=samples, energies=np.asarray(arrays["energies"]),
                 recorders=run.recorders, engine=run.engine, summary=summary,
                 index=np.asarray(arrays["index"]), first=int(arrays["first"]),
-                thin=run.recorders["draws"].thin, target=run.engine.target)
+                thin=run.recorders["draws"].thin, legs=bool(run.facts.get("legs")))
         except Exception as err:  # noqa: BLE001 -- the summary and the rest must still be written
             summary["inference_data"] = None
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"

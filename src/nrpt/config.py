@@ -542,9 +542,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     if cfg.reference is not None:
         from .variational import REFERENCES
 
-        if cfg.reference not in REFERENCES:
-            raise ValueError(f"reference must be one of {', '.join(map(repr, REFERENCES))}; "
-                             f"got {cfg.reference!r}")
+        cfg.reference = _choice("reference", cfg.reference, REFERENCES)
         if cfg.reference == "prior":
             cfg.reference = None  # the default: a plain run, its settings unchanged
         elif sg or cfg.rounds is None:

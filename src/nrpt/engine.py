@@ -44,7 +44,7 @@ __all__ = ["PTEngine", "sweep_exchange", "slot_order", "refresh_top"]
 
 def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
                    schedule: torch.Tensor, params: dict, active: torch.Tensor, uniforms, k: int,
-                   lo: torch.Tensor, hi: torch.Tensor):
+                   lo: torch.Tensor, hi: torch.Tensor, ids: torch.Tensor | None = None):
     """One phase over all ``P - 1`` adjacent pairs in slot order (DEO, DEO_W, SEO): the rule's
     verdicts from the energies ``v[R, P]`` (replica order) put in slot order, the swaps of the
     ``active`` pairs made on the permutation.  Returns ``(replica_at, slot_of, decision,
@@ -62,12 +62,14 @@ def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
     up, down = torch.cat([accepted, no], 1), torch.cat([no, accepted], 1)
     replica_at = torch.where(up, replica_at.roll(-1, 1),
                              torch.where(down, replica_at.roll(1, 1), replica_at))
-    return replica_at, slot_order(replica_at), decision, accepted, prob
+    return replica_at, slot_order(replica_at, ids), decision, accepted, prob
 
 
-def slot_order(replica_at: torch.Tensor) -> torch.Tensor:
-    """The inverse permutation ``slot_of[R, P]`` of ``replica_at[R, P]``."""
-    ids = torch.arange(replica_at.shape[1], device=replica_at.device).expand_as(replica_at)
+def slot_order(replica_at: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse permutation ``slot_of[R, P]`` of ``replica_at[R, P]`` (and the other way
+    round); ``ids``: ``arange(P)`` broadcast to ``[R, P]``, if the caller keeps one."""
+    if ids is None:
+        ids = torch.arange(replica_at.shape[1], device=replica_at.device).expand_as(replica_at)
     return torch.empty_like(replica_at).scatter_(1, replica_at, ids)
 
 
@@ -352,10 +354,12 @@ class PTEngine:
             self.comm, self.block = None, Block(0, self.P, self.P)
             self._view = self.state
 
-    def _reference_rows(self, k: int) -> ReplicaState:
+    def _reference_rows(self, k: int, count: int = 0) -> ReplicaState:
         """The prepared reference draws ``[R, 1, ...]`` of iteration ``k``.  Small draws are
         made, evaluated and prepared for a block of iterations at once, from one generator keyed
-        by the block (as :func:`nrpt.rng.iteration_draw`; resuming mid-block redraws it)."""
+        by the block (as :func:`nrpt.rng.iteration_draw`; resuming mid-block redraws it).
+        ``count > 0``: those of iterations ``k .. k + count - 1``, stacked ``[count, R, 1, ...]``
+        (a slice of the block when it holds them all; :mod:`nrpt.fused`)."""
         B = rng.block_length(self.R * self.dim)
         if self._ref_rows is None or self._ref_rows[0] != k // B:
             xr = self._reference_block(k, B)[:, :, None]  # [B, R, 1, d]
@@ -363,8 +367,18 @@ class PTEngine:
             self._ref_rows = (k // B, self.explorer.prepare(ReplicaState(xr, vr, br),
                                                             self.density))
         rows, i = self._ref_rows[1], k % B
-        return ReplicaState(rows.x[i], rows.v[i], rows.base[i],
-                            {n: t[i] for n, t in rows.extras.items()})
+        if not count:
+            return ReplicaState(rows.x[i], rows.v[i], rows.base[i],
+                                {n: t[i] for n, t in rows.extras.items()})
+        if i + count <= B:
+            sl = slice(i, i + count)
+            return ReplicaState(rows.x[sl], rows.v[sl], rows.base[sl],
+                                {n: t[sl] for n, t in rows.extras.items()})
+        parts = [self._reference_rows(j) for j in range(k, k + count)]  # (across two blocks)
+        return ReplicaState(torch.stack([r.x for r in parts]), torch.stack([r.v for r in parts]),
+                            torch.stack([r.base for r in parts]),
+                            {n: torch.stack([r.extras[n] for r in parts])
+                             for n in parts[0].extras})
 
     def _reference_block(self, k: int, B: int) -> torch.Tensor:
         """The reference draws ``[B, R, d]`` of the block of ``B`` iterations holding ``k``."""
@@ -389,7 +403,7 @@ class PTEngine:
         if is_sweep(lo, self.R, self.P):  # all P-1 pairs, in order (DEO, DEO_W, SEO)
             self.replica_at, self.slot_of, decision, accepted, prob = sweep_exchange(
                 self.rule, self._view.v, self.replica_at, self.schedule, self.params, active, u,
-                k, lo, hi)
+                k, lo, hi, self.replica_ids.expand(self.R, self.P))
         else:
             b_lo, b_hi = self.schedule.gather(1, lo), self.schedule.gather(1, hi)
             v_lo = self._view.v.gather(1, self.replica_at.gather(1, lo))
@@ -405,9 +419,35 @@ class PTEngine:
             sigma.scatter_add_(1, lo, step)
             sigma.scatter_add_(1, hi, -step)
             self.slot_of = sigma.gather(1, self.slot_of)
-            self.replica_at = torch.empty_like(self.replica_at).scatter_(1, self.slot_of, ids)
+            self.replica_at = slot_order(self.slot_of, ids)
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
         return PhaseDecision(lo, hi, active, decision, accepted, prob)
+
+    # ------------------------------------------------------------------ carried state
+    def carry(self) -> dict:
+        """What an iteration reads and writes, as a dict of tensors (the fused loop's chunk,
+        :mod:`nrpt.fused`, takes it in and hands it back to :meth:`set_carry`)."""
+        st = self.state
+        carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
+                 "replica_at": self.replica_at, "slot_of": self.slot_of,
+                 "schedule": self.schedule, "step_size": self.step_size,
+                 "params": dict(self.params)}
+        if "gate" in self.scheme_state:
+            carry["gate"] = self.scheme_state["gate"]
+        return carry
+
+    def set_carry(self, carry: dict, iterations: int) -> None:
+        """Take ``carry`` (as :meth:`carry` returns it) as the state after ``iterations`` more
+        iterations (one process only)."""
+        self.state = self._view = ReplicaState(carry["x"], carry["v"], carry["base"],
+                                               carry["extras"])
+        self.replica_at, self.slot_of = carry["replica_at"], carry["slot_of"]
+        self.schedule, self.step_size = carry["schedule"], carry["step_size"]
+        self.params.update(carry["params"])  # (the dict keeps its identity, as in apply)
+        if "gate" in carry:
+            self.scheme_state["gate"] = carry["gate"]
+        self.k += int(iterations)
+        self.stop_agreed = self.stop_requested
 
     # ------------------------------------------------------------------ views
     def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -435,8 +475,7 @@ class PTEngine:
                                   take(sd["base"].to(dev)),
                                   {k: take(v.to(dev)) for k, v in sd.get("extras", {}).items()})
         self.slot_of = sd["slot_of"].to(dev)
-        self.replica_at = torch.empty_like(self.slot_of).scatter_(
-            1, self.slot_of, self.replica_ids.expand(self.R, self.P))
+        self.replica_at = slot_order(self.slot_of, self.replica_ids.expand(self.R, self.P))
         self.schedule = sd["schedule"].to(dev)
         self.step_size = sd["step_size"].to(dev)
         self.params = {k: v.to(dev) for k, v in sd.get("params", {}).items()}

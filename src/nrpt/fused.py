@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import types
 import warnings
-from dataclasses import dataclass
 
 import torch
 
@@ -53,7 +52,7 @@ from .explorers.compiled import (
     compilable,
     make_draw,
 )
-from .roles import AdaptorBase, IterationBlock
+from .roles import AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from .swap.schemes import DEOW, SEO, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "UNROLL", "RULES"]
@@ -94,26 +93,6 @@ def why_not(run) -> str | None:
     return None
 
 
-@dataclass
-class _View:
-    """What an online adaptor reads of an iteration inside a chunk (the sweep phase only)."""
-
-    params: dict
-    step_size: torch.Tensor
-    schedule: torch.Tensor
-    decision: torch.Tensor
-    active: torch.Tensor
-
-    @property
-    def pair_indicators(self):
-        return self.decision.to(self.schedule.dtype), torch.ones_like(self.active)
-
-    @property
-    def attempted_indicators(self):
-        A = self.decision.to(self.schedule.dtype)
-        return A * self.active, self.active
-
-
 class Fused:
     """Runs chunks of ``unroll`` iterations of ``run`` (a :class:`nrpt.loop.Run` that
     :func:`why_not` accepts); ``compile``: as one ``torch.compile`` graph (falls back to the
@@ -125,7 +104,7 @@ class Fused:
             raise ValueError(f"this run cannot be fused: {reason}")
         if isinstance(unroll, bool) or int(unroll) != unroll or unroll < 1:
             raise ValueError(f"unroll must be an integer >= 1; got {unroll!r}")
-        self.run, self.unroll, self.compile = run, int(unroll), bool(compile)
+        self.unroll, self.compile = int(unroll), bool(compile)
         eng = run.engine
         self.engine, self.explorer = eng, _explorer(eng)
         self.online = [a for a in run.adaptors if _online(a)]
@@ -203,26 +182,14 @@ class Fused:
             if W > 1:
                 inp["open"] = torch.tensor([k % W == 0 for k in ks], device=dev)
         if eng.path.has_reference:
-            rows = [eng._reference_rows(k) for k in ks]
-            inp["ref"] = ReplicaState(torch.stack([r.x for r in rows]),
-                                      torch.stack([r.v for r in rows]),
-                                      torch.stack([r.base for r in rows]),
-                                      {n: torch.stack([r.extras[n] for r in rows])
-                                       for n in rows[0].extras})
+            inp["ref"] = eng._reference_rows(k0, count=U)
         if self.online:
             inp["gains"] = torch.tensor([[a.gain(k) for k in ks] for a in self.online],
                                         dtype=dt, device=dev)
         return inp
 
     def _carry(self) -> dict:
-        eng = self.engine
-        st = eng.state
-        carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
-                 "replica_at": eng.replica_at, "slot_of": eng.slot_of,
-                 "schedule": eng.schedule, "step_size": eng.step_size,
-                 "params": dict(eng.params)}
-        if "gate" in eng.scheme_state:
-            carry["gate"] = eng.scheme_state["gate"]
+        carry = self.engine.carry()
         if self.trips is not None:
             carry["trips"] = self.trips.tracker.carry()
         if torch.is_inference_mode_enabled() and not self._inference:
@@ -299,9 +266,15 @@ class Fused:
                     by_slot = by_slot / n_explore
                 out["schedule"].append(schedule)
                 out["step_size"].append(step_size)
-                view = _View(params, step_size, schedule, decision, active)
+                nonfinite = nonfinite.gather(1, explored_at)
+                # what the plain loop hands its adaptors (k is not read: the gain comes in)
+                it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
+                               schedule=schedule, step_size=step_size, params=params,
+                               explore_accept=by_slot, nonfinite=nonfinite,
+                               decisions=[PhaseDecision(lo, hi, active, decision, accepted,
+                                                        prob)], has_reference=has_ref)
                 for j, a in enumerate(online):
-                    upd = a.observe_with(view, inp["gains"][j, u])
+                    upd = a.observe_with(it, inp["gains"][j, u])
                     if upd.schedule is not None:
                         schedule = upd.schedule
                     if upd.step_size is not None:
@@ -312,7 +285,7 @@ class Fused:
                 x, v, base, extras = state.x, state.v, state.base, state.extras
                 for n, t in (("v", v), ("base", base), ("slot_of", slot_of),
                              ("replica_at", replica_at), ("accept", by_slot),
-                             ("nonfinite", nonfinite.gather(1, explored_at)),
+                             ("nonfinite", nonfinite),
                              ("active", active), ("decision", decision),
                              ("accepted", accepted), ("prob", prob)):
                     out[n].append(t)
@@ -335,10 +308,9 @@ class Fused:
 
         return body
 
-    def _function(self, U: int):
+    def _function(self, U: int, compiled: bool):
         # the body bakes in the scheme's kind and window: a run whose window is tuned
         # (window = "auto": DEO, then DEO_W(W*) from the next segment on) gets a new one
-        compiled = self.compile and self.failed is None
         key = (U, type(self.engine.scheme).__name__, getattr(self.engine.scheme, "window", None),
                compiled)
         fn = self._fns.get(key)
@@ -353,7 +325,9 @@ class Fused:
                     co_name=f"fused_chunk_{len(_CODES)}"))
                 fn = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
                                         fn.__closure__)
-                fn = torch.compile(fn, dynamic=False)
+                # fullgraph: a graph break would make torch.compile run the whole chunk
+                # eagerly without a word; it raises instead, and the fallback says so
+                fn = torch.compile(fn, dynamic=False, fullgraph=True)
             self._fns[key] = fn
         return fn
 
@@ -377,32 +351,19 @@ class Fused:
                 with warnings.catch_warnings():  # torch's own notices are not the user's
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                    new, out = self._function(U)(carry, inp)
+                    new, out = self._function(U, compiled=True)(carry, inp)
             except Exception as err:  # no compiler, an op the compiler cannot take, ...
-                self.compile = False  # (the eager chunk: a target's own error raises there)
-                try:
-                    new, out = self._function(U)(carry, inp)
-                finally:
-                    self.compile = True
+                # the eager chunk: a target's own error raises there, and compiling goes on
+                new, out = self._function(U, compiled=False)(carry, inp)
                 first = str(err).splitlines()[0] if str(err) else ""
                 self.failed = f"{type(err).__name__}: {first}"
                 warnings.warn(f"the compiled chunk failed ({self.failed}); running the chunks "
                               f"eagerly", CompileWarning, stacklevel=2)
-                self._fns.clear()
         else:
-            new, out = self._function(U)(carry, inp)
-        eng.state = ReplicaState(new["x"], new["v"], new["base"], new["extras"])
-        eng._view = eng.state
-        eng.replica_at, eng.slot_of = new["replica_at"], new["slot_of"]
-        eng.schedule, eng.step_size = new["schedule"], new["step_size"]
-        eng.params.update(new["params"])  # (the engine's dict keeps its identity)
-        if "gate" in new:
-            eng.scheme_state["gate"] = new["gate"]
-        eng.k = k0 + U
-        eng.stop_agreed = eng.stop_requested
+            new, out = self._function(U, compiled=False)(carry, inp)
+        eng.set_carry(new, U)
         if self.trips is not None:
-            self.trips.tracker.set_carry(new["trips"], U)
-            self.trips.n += U
+            self.trips.take_carry(new["trips"], U)
         block = IterationBlock(
             k0=k0, v=out["v"], base=out["base"], slot_of=out["slot_of"],
             replica_at=out["replica_at"], schedule=out["schedule"],

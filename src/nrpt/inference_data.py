@@ -109,14 +109,19 @@ def index_statistics(index: np.ndarray, rows: np.ndarray, first: int = 0) -> dic
         if a <= first < b:
             base = cum[:, first - a].copy()
         occupant = np.argmin(slots, axis=-1).astype(np.int16)     # [m, R]: slot 0 is the min
-        while j < m and rows[j] < b:
-            t = int(rows[j]) - a
-            out["slot0_replica"][:, j] = occupant[t]
-            earlier = occupant[t - 1] if t >= 1 else prev_occupant
-            out["target_swap_accepted"][:, j] = occupant[t] != earlier
-            out["restarts"][:, j] = cum[0, t] - base[0]
-            out["round_trips"][:, j] = cum[1, t] - base[1]
-            j += 1
+        hi = int(np.searchsorted(rows, b))  # the draws whose rows lie in this block
+        if hi > j:
+            t = rows[j:hi] - a
+            # the occupant one row earlier (row a - 1 is the previous block's last; rows >= 1,
+            # so t = 0 only when a > 0 and prev_occupant is set)
+            shifted = occupant if prev_occupant is None else np.concatenate(
+                [prev_occupant[None], occupant])
+            earlier = shifted[t if prev_occupant is not None else t - 1]
+            out["slot0_replica"][:, j:hi] = occupant[t].T
+            out["target_swap_accepted"][:, j:hi] = (occupant[t] != earlier).T
+            out["restarts"][:, j:hi] = (cum[0, t] - base[0]).T
+            out["round_trips"][:, j:hi] = (cum[1, t] - base[1]).T
+            j = hi
         counts = cum[:, -1]
         last, seen_top, prev_occupant = filled[-1], tops[-1], occupant[-1]
     return out
@@ -243,14 +248,17 @@ def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
 # ------------------------------------------------------------------------------ the file
 def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
                          recorders: dict, engine, summary: dict, index: np.ndarray | None = None,
-                         first: int = 0, thin: int = 1, target=None) -> str | None:
+                         first: int = 0, thin: int = 1, target=None,
+                         legs: bool = False) -> str | None:
     """Write ``posterior.nc`` (the layout of the module docstring); returns its file name, or
     None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
 
     ``samples`` ``[n, dim]`` / ``[R, n, dim]`` and ``energies`` are the slot-0 draws of the
     iterations from ``first`` on (``first`` a multiple of ``thin`` or the run's sample start),
     ``index`` the index process of the whole run ``[K + 1, R, P]`` (None: no index-process
-    statistics), ``target`` the run's target (default ``engine.target``)."""
+    statistics), ``target`` the run's target (default ``engine.target``); ``legs``: the summary
+    holds two engine rows per system (a variational reference, :mod:`nrpt.variational`: even
+    rows the prior leg, odd rows the variational leg; ``Run.facts["legs"]``)."""
     try:
         import h5netcdf  # noqa: F401  (the engine)
         import xarray as xr
@@ -292,7 +300,7 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     else:
         groups["posterior"] = flat
     groups["sample_stats"] = _sample_stats(xr, e, chain, draw, summary, index, first, thin, R,
-                                           n)
+                                           n, legs)
     groups["constant_data"] = _constant_data(xr, recorders, engine, nrpt_attrs)
     with atomic_path(path) as tmp:
         xr.Dataset(attrs=nrpt_attrs).to_netcdf(tmp, mode="w", engine="h5netcdf")
@@ -302,7 +310,7 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     return Path(path).name
 
 
-def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n):
+def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, legs):
     data: dict[str, Any] = {"path_energy": (("chain", "draw"), e, {
         "description": "the tempered energy V of the slot-0 state (as drawn; never altered)"})}
     if index is not None and n:
@@ -315,7 +323,7 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n):
         data["target_swap_accepted"] = (("chain", "draw"), st["target_swap_accepted"], {
             "description": "a swap involving slot 0 was accepted in the draw's iteration "
                            "(the slot-0 replica changed)"})
-        if summary.get("engine_systems") == 2 * R and summary.get("reference") is not None:
+        if legs:
             for key in ("slot0_replica", "target_swap_accepted"):
                 data[key][2]["note"] = (
                     "the prior leg's index process: the bridge to the variational leg "
@@ -334,7 +342,6 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n):
         "barrier": "global communication barrier Λ̂ = sum of the pair rejection rates"}
     # a variational run (nrpt.variational) has two engine rows per system, the prior leg's
     # (even) and the variational leg's (odd): each leg's estimates get a variable of their own
-    legs = summary.get("engine_systems") == 2 * R and summary.get("reference") is not None
     for key, text in notes.items():
         if key not in summary:
             continue

@@ -206,6 +206,12 @@ class RoundTrips(RecorderBase):
         self.tracker.update(it.slot_of)
         self.n += 1
 
+    def take_carry(self, state: tuple, iterations: int) -> None:
+        """The tracker's state after ``iterations`` more iterations, advanced elsewhere by
+        :meth:`~nrpt.diagnostics.RoundTripTracker.advance` (the fused loop's chunk)."""
+        self.tracker.set_carry(state, iterations)
+        self.n += int(iterations)
+
     def counts(self) -> dict[str, torch.Tensor]:
         """Counts per system since the last reset."""
         now = self._counts()

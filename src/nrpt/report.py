@@ -132,16 +132,13 @@ def import_arviz():
     return arviz
 
 
-def export_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
-                          recorders: dict, engine, summary: dict, index: np.ndarray | None = None,
-                          first: int = 0, thin: int = 1, target=None) -> str | None:
-    """Write ``posterior.nc`` (:func:`nrpt.inference_data.write_inference_data`: the draws as
-    the ``posterior`` group -- in the model's variables for targets with ``model_variables`` --,
-    nrpt's per-draw and per-system diagnostics as ``sample_stats``, the per-slot / per-pair
-    tables as ``constant_data``); returns its file name, or None when xarray / h5netcdf are
-    not installed (``pip install nrpt[arviz]``).  ArviZ itself is not imported."""
+def export_inference_data(path: str | Path, **options) -> str | None:
+    """Write ``posterior.nc`` (:func:`nrpt.inference_data.write_inference_data`, which takes
+    ``options``: the draws as the ``posterior`` group -- in the model's variables for targets
+    with ``model_variables`` --, nrpt's per-draw and per-system diagnostics as
+    ``sample_stats``, the per-slot / per-pair tables as ``constant_data``); returns its file
+    name, or None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
+    ArviZ itself is not imported."""
     from .inference_data import write_inference_data
 
-    return write_inference_data(path, samples=samples, energies=energies, recorders=recorders,
-                                engine=engine, summary=summary, index=index, first=first,
-                                thin=thin, target=target)
+    return write_inference_data(path, **options)

@@ -255,8 +255,7 @@ def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: 
 def _rows(draw, tag, shape, seed, stream, iteration, parts, device, block, count):
     first = iteration_draw(draw, tag, shape, seed, stream, iteration, *parts, device=device,
                            block=block)  # (makes or finds the block)
-    full = tuple(shape) if block is None or block.full else block.widen(shape)
-    hit = _cache.get((tag, seed, stream, parts, full, device))
+    hit = _cache.get((tag, seed, stream, parts, _widen(shape, block), device))
     if hit is not None and block is None:
         start, B, rows = hit
         i = iteration - start

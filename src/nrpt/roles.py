@@ -91,6 +91,15 @@ class Iteration:
     has_reference: bool = False
     #: the engine's row fetcher when replicas are spread over processes (slots -> positions)
     rows: Callable[[list[int]], torch.Tensor] | None = None
+    #: the per-iteration values below, computed once and shared by every reader (a plain dict:
+    #: torch.compile cannot trace the lock of a cached property, and the fused loop's adaptors
+    #: read them inside a compiled chunk)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _once(self, name: str, make):
+        if name not in self._cache:
+            self._cache[name] = make()
+        return self._cache[name]
 
     def slot_x(self, slots: Sequence[int]) -> torch.Tensor:
         """Positions ``[R, S, dim]`` of the replicas at ``slots`` (S slot indices, the same for
@@ -117,13 +126,16 @@ class Iteration:
             idx = idx.reshape(*idx.shape, *([1] * (t.dim() - 2))).expand_as(t)
         return t.gather(1, idx)
 
-    @cached_property
+    @property
     def slot_energies(self) -> torch.Tensor:
         """``V`` of the replica at each slot, ``[R, P]``."""
-        return self.at_slots(self.state.v)
+        return self._once("slot_energies", lambda: self.at_slots(self.state.v))
 
-    @cached_property
+    @property
     def pair_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._once("pair_indicators", self._pair_indicators)
+
+    def _pair_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A[R, P-1], listed[R, P-1])``: the 0/1 verdict of every adjacent pair listed in some
         phase (active or not) and which pairs were listed.  Computed once per iteration and
         shared by every adaptor and recorder that reads it."""
@@ -141,8 +153,11 @@ class Iteration:
             listed.scatter_(1, lo, adj | listed.gather(1, lo))
         return A, listed
 
-    @cached_property
+    @property
     def attempted_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._once("attempted_indicators", self._attempted_indicators)
+
+    def _attempted_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A[R, P-1], attempted[R, P-1])``: the verdicts of the adjacent pairs the scheme
         allowed to swap this iteration (active: right parity, gate open), zero elsewhere, and
         which those were.  Computed once per iteration, like :attr:`pair_indicators`."""

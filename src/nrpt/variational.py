@@ -62,7 +62,7 @@ from . import rng
 from .engine import PTEngine
 from .explorers.base import GRAD_KEYS, Density, ReplicaState
 from .paths import GeometricPath, flat_call
-from .recorders import json_ready
+from .recorders import per_system
 from .roles import AdaptorBase, RecorderBase, SegmentView, Update
 
 __all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
@@ -247,6 +247,7 @@ class TwoLegEngine(PTEngine):
         self.refits = torch.zeros(self.user_R, dtype=torch.int64)
         self.fallbacks = torch.zeros(self.user_R, dtype=torch.int64)
         self.bridges = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._partner = torch.arange(self.R, device=self.device) ^ 1  # engine rows 2r <-> 2r+1
 
     @property
     def q(self) -> GaussianReference:
@@ -259,8 +260,8 @@ class TwoLegEngine(PTEngine):
         ok = torch.as_tensor(ok, dtype=torch.bool).cpu()
         self.refits += ok.long()
         self.fallbacks += (~ok).long()
-        self.set_reference(q.__class__(q.mean.to(self.device, self.dtype),
-                                       q.chol.to(self.device, self.dtype)))
+        self.set_reference(GaussianReference.from_state(q.state_dict(), self.dtype,
+                                                        self.device))
 
     def set_reference(self, q: GaussianReference) -> None:
         """Install a new ``q``: the variational rows' cached components (and gradient caches)
@@ -299,7 +300,7 @@ class TwoLegEngine(PTEngine):
         """Exchange the slot-0 states of rows 2r and 2r+1 where ``go[r]``."""
         st, E = self.state, self.R
         rep = self.replica_at[:, :1]  # [E, 1] replica at slot 0 of each row
-        partner = torch.arange(E, device=self.device) ^ 1  # 2r <-> 2r+1
+        partner = self._partner
         mask = go.repeat_interleave(2)  # [E]
 
         def index(t):  # rep, shaped to gather / scatter one row of t [E, P, ...]
@@ -437,16 +438,7 @@ def leg_summary(run, s: dict) -> dict:
         est = lz.estimate()["log_normalizer"]
         out["log_normalizer_prior_leg"] = est[0::2]
         out["log_normalizer_variational_leg"] = est[1::2]
-    res = {}
-    for k, v in out.items():
-        v = json_ready(v)
-        if R == 1 and isinstance(v, list) and k not in ("schedule_prior_leg",
-                                                        "schedule_variational_leg"):
-            v = v[0]
-        res[k] = v
-    if R == 1:
-        res["schedule_prior_leg"] = res["schedule_prior_leg"][0]
-        res["schedule_variational_leg"] = res["schedule_variational_leg"][0]
+    res = {k: per_system(v, R) for k, v in out.items()}
     if lz is not None and not run.facts.get("reference_normalized"):
         # q is normalized, the prior is not declared so: the legs estimate different things
         res["log_normalizer_legs_note"] = (
