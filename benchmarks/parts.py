@@ -172,25 +172,25 @@ def main(argv=None) -> None:
                   f"{aten_ops(calls['whole iteration']):.0f}")
     fused_against_bare(args.reps, args.calls)
     x = torch.randn(1, 16, 10_000, dtype=torch.float64)
-    checks = {"isfinite(x).all(-1)": lambda: torch.isfinite(x).all(-1),
-              "isfinite(x.sum(-1))": lambda: torch.isfinite(x.sum(-1))}
-    res = {k: [] for k in checks}
-    for _ in range(args.reps):
-        for k, fn in checks.items():
-            res[k].append(per_call_us(fn, args.calls))
-    print("\nfiniteness of a proposal [1, 16, 10^4] float64: " + ", ".join(
-        f"{k} {statistics.median(v):.1f} us" for k, v in res.items()))
+    side_by_side("\nfiniteness of a proposal [1, 16, 10^4] float64",
+                 {"isfinite(x).all(-1)": lambda: torch.isfinite(x).all(-1),
+                  "isfinite(x.sum(-1))": lambda: torch.isfinite(x.sum(-1))}, args)
     # the mix25 target's squared distances (benchmarks/peers/mix25_nrpt.py): torch's CPU sum
     # over a last axis of length 2 against the explicit sum of the two coordinates
     d = torch.randn(256, 25, 2, dtype=torch.float64)
-    sums = {"d.sum(-1)": lambda: d.sum(-1), "d[..., 0] + d[..., 1]": lambda: d[..., 0] + d[..., 1]}
-    res = {k: [] for k in sums}
-    for _ in range(args.reps):
-        for k, fn in sums.items():
-            res[k].append(per_call_us(fn, args.calls))
-    print("sum over the last axis of [256, 25, 2] float64: " + ", ".join(
-        f"{k} {statistics.median(v):.1f} us" for k, v in res.items()))
+    side_by_side("sum over the last axis of [256, 25, 2] float64",
+                 {"d.sum(-1)": lambda: d.sum(-1),
+                  "d[..., 0] + d[..., 1]": lambda: d[..., 0] + d[..., 1]}, args)
 
+
+def side_by_side(title: str, calls: dict, args) -> None:
+    """Print the median µs per call of each of ``calls``, timed in interleaved repeats."""
+    res = {k: [] for k in calls}
+    for _ in range(args.reps):
+        for k, fn in calls.items():
+            res[k].append(per_call_us(fn, args.calls))
+    print(f"{title}: " + ", ".join(f"{k} {statistics.median(v):.1f} us"
+                                   for k, v in res.items()))
 
 if __name__ == "__main__":
     main()
