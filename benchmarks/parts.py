@@ -12,8 +12,9 @@ uses it for runs that need no autograd, ``PTEngine.autograd_free``).  Repeats ar
 medians are printed.  Also: the aten ops of one whole iteration (``torch.profiler``, nested
 calls included), and the two finiteness checks of a proposal ``[1, 16, 10^4]``.  Last, the
 fused loop (``fuse = true, compile = true``, chunks of 8) per iteration beside the bare explorer
-step, plain and compiled; and a sum over a last axis of length 2 against the explicit sum (the
-mix25 target's squared distances).
+step, plain and compiled; a sum over a last axis of length 2 against the explicit sum, exp of
+underflowing arguments against arguments in range, and the mix25 target's log-likelihood in its
+textbook form against the eager form of ``benchmarks/peers/mix25_nrpt.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -29,6 +32,9 @@ from nrpt.build import build
 from nrpt.config import RunConfig
 from nrpt.explorers import Noise
 from nrpt.sgpt import HEADLINE
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from mix25_nrpt import Mix25  # noqa: E402
 
 
 def configs(iterations: int, fused: bool = False) -> dict[str, RunConfig]:
@@ -181,6 +187,27 @@ def main(argv=None) -> None:
     side_by_side("sum over the last axis of [256, 25, 2] float64",
                  {"d.sum(-1)": lambda: d.sum(-1),
                   "d[..., 0] + d[..., 1]": lambda: d[..., 0] + d[..., 1]}, args)
+    # torch's CPU exp of arguments below -708 (they underflow) against arguments in range: the
+    # mix25 target floors its logsumexp exponents at -700 below the maximum for this reason
+    gen = torch.Generator().manual_seed(0)
+    wide = -1250.0 * torch.rand(256, 25, dtype=torch.float64, generator=gen)
+    near = -30.0 * torch.rand(256, 25, dtype=torch.float64, generator=gen)
+    side_by_side("exp of [256, 25] float64",
+                 {"arguments in [-1250, 0]": lambda: wide.exp(),
+                  "arguments in [-30, 0]": lambda: near.exp()}, args)
+    # the whole mix25 log-likelihood: the textbook form against the target's eager form
+    target = Mix25()
+    pts = 7.0 * (2.0 * torch.rand(256, 2, dtype=torch.float64, generator=gen) - 1.0)
+    centres = target._centres
+
+    def textbook():
+        d2 = ((pts[:, None, :] - centres) ** 2).sum(-1)
+        return torch.logsumexp(-0.5 * d2 / target.sigma**2, dim=-1) + target._const
+
+    assert torch.equal(textbook(), target.log_likelihood(pts))  # the same numbers
+    side_by_side("mix25 log-likelihood of [256, 2] float64",
+                 {"broadcast, sum(-1), logsumexp": textbook,
+                  "benchmarks/peers/mix25_nrpt.py": lambda: target.log_likelihood(pts)}, args)
 
 
 def side_by_side(title: str, calls: dict, args) -> None:

@@ -663,3 +663,40 @@ def test_dense_and_sparse_long_run_solves_agree(monkeypatch):
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-10, abs=1e-14), k
     assert dense[0]["round_trips_a5"] != pytest.approx(dense[1]["round_trips_a5"], rel=1e-3)
+
+
+def test_unichain_solve_equals_the_class_by_class_solve():
+    """With every 0 < r_p < 1 the index chain has one closed class and is solved in one go;
+    the general solve (closed classes found by reachability) gives the same limits, on chains
+    with transient states (counter flags that contradict the slot)."""
+    from nrpt.diagnostics import theory
+
+    for r, scheme in (([0.01, 0.5, 0.3], "deo"), ([0.3, 0.55, 0.2, 0.7], "deo"),
+                      ([0.1, 0.4, 0.8], "seo"), ([0.1, 0.4, 0.8], "adj")):
+        rr = np.asarray(r)
+        n = rr.size + 1
+        base = theory._base_chain(rr, scheme)
+        for origin in range(n):
+            nxt, events, flags0 = theory._a5_automaton(n, origin)
+            matrix, rewards = theory._augment(base, nxt, events)
+            start = int(base[4][origin]) * 4 + flags0
+            one = theory._DenseLongRun(matrix, unichain=True).average(start, rewards)
+            classes = theory._DenseLongRun(matrix, unichain=False)
+            assert classes.recurrent.sum() < matrix.shape[0]  # transient states exist
+            general = classes.average(start, rewards)
+            assert one["round_trips_a5"] == pytest.approx(general["round_trips_a5"],
+                                                          rel=1e-10, abs=1e-14)
+    # a cut ladder (r = 1) has several closed classes: the one-solve shortcut is wrong there,
+    # which is why exact_event_rates uses it only when every 0 < r_p < 1 (the test can fail)
+    rr = np.asarray([0.2, 1.0, 0.3])
+    base = theory._base_chain(rr, "deo")
+    nxt, events, flags0 = theory._a5_automaton(4, 0)
+    matrix, rewards = theory._augment(base, nxt, events)
+    start = int(base[4][0]) * 4 + flags0
+    general = theory._DenseLongRun(matrix).average(start, rewards)["round_trips_a5"]
+    with np.errstate(all="ignore"):
+        try:
+            one = theory._DenseLongRun(matrix, unichain=True).average(start, rewards)
+            assert one["round_trips_a5"] != pytest.approx(general, rel=1e-6)
+        except np.linalg.LinAlgError:
+            pass  # singular balance equations: several closed classes

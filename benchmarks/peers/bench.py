@@ -240,20 +240,23 @@ def table(summary: dict, unavailable: dict, tools: list[str]) -> str:
 NRPT = ("nrpt-fixed", "nrpt-adaptive", "nrpt-compiled", "nrpt-fused", "nrpt-fused-eager")
 
 
-def ratios(runs: list[dict], summary: dict, field: str = "wall_s") -> dict:
-    """nrpt ``field`` / TFP even-odd wall (its timed run, after compilation): of the medians,
-    and the median of the per-repetition ratios (runs of one repetition are back to back).
-    ``field``: ``wall_s`` (the whole ``nrpt.sample`` call: build, loop, summary) or
-    ``steady_s`` (the loop's cost past its first 256 iterations, scaled to the run)."""
+def ratios(runs: list[dict], summary: dict, field: str = "wall_s",
+           base_field: str = "wall_s") -> dict:
+    """nrpt ``field`` / TFP even-odd ``base_field``: of the medians, and the median of the
+    per-repetition ratios (runs of one repetition are back to back).  ``field``: ``wall_s``
+    (the whole ``nrpt.sample`` call: build, loop, summary), ``steady_s`` (the loop's cost past
+    its first 256 iterations, scaled to the run), both against TFP's timed run (after its
+    compilation); or ``process_s`` against TFP's ``process_s`` (whole processes: interpreter,
+    imports, warm-up or compilation, the timed run)."""
     out = {}
-    base = summary.get("tfp-even-odd", {}).get("wall_s")
+    base = summary.get("tfp-even-odd", {}).get(base_field)
     for v in NRPT:
         m = summary.get(v, {}).get(field)
         per = []
         for rep in {r["rep"] for r in runs}:
             a = [r.get(field) for r in runs
                  if r["rep"] == rep and r["name"] == v and r.get("ok") and r.get(field)]
-            b = [r["wall_s"] for r in runs
+            b = [r[base_field] for r in runs
                  if r["rep"] == rep and r["name"] == "tfp-even-odd" and r.get("ok")]
             if a and b:
                 per.append(a[0] / b[0])
@@ -324,13 +327,16 @@ def main(argv=None) -> None:
     summary = {t: medians([r for r in runs if r["name"] == t]) for t in active}
     rat = ratios(runs, summary)
     rat_steady = ratios(runs, summary, "steady_s")
+    rat_process = ratios(runs, summary, "process_s", "process_s")
     print()
     print(table(summary, unavailable, tools))
     print()
-    for label, rr in (("whole nrpt.sample call", rat), ("steady loop", rat_steady)):
+    for label, rr, base in (("whole nrpt.sample call", rat, "timed run"),
+                            ("steady loop", rat_steady, "timed run"),
+                            ("whole process", rat_process, "whole process")):
         for v, r in rr.items():
             if v in active and "tfp-even-odd" in active:
-                print(f"{v} {label} / tfp-even-odd timed run: "
+                print(f"{v} {label} / tfp-even-odd {base}: "
                       f"{_f(r['ratio_of_medians'], '.2f')} (ratio of medians), "
                       f"{_f(r['median_per_rep_ratio'], '.2f')} (median of per-repetition "
                       f"ratios)")
@@ -362,7 +368,8 @@ def main(argv=None) -> None:
         "peer_venv_freeze": peer_freeze() if groups else [],
         "unavailable": unavailable, "threads": ONE_THREAD,
         "summary": summary, "ratios_vs_tfp_even_odd": rat,
-        "steady_ratios_vs_tfp_even_odd": rat_steady, "runs": runs,
+        "steady_ratios_vs_tfp_even_odd": rat_steady,
+        "process_ratios_vs_tfp_even_odd": rat_process, "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")

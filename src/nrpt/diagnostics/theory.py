@@ -425,10 +425,19 @@ def _a5_automaton(n: int, origin: int):
     return nxt, {"round_trips_a5": done}, reset
 
 
-def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
-    """Product of the base chain with a counting automaton: sparse matrix and rewards."""
-    from scipy import sparse
+#: chains with at most this many states are solved with dense NumPy linear algebra (the
+#: DEO index chain of P <= 40 or the SEO one of P <= 80; a dense solve of 256 states took 34 ms
+#: per system against 107 ms sparse at P = 32, of 512 states 594 against 183 ms, one thread)
+DENSE_STATES = 320
 
+
+def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
+    """Product of the base chain with a counting automaton: transition matrix and rewards.
+
+    The matrix is a dense array for chains of at most :data:`DENSE_STATES` states (the
+    summary's predictions: a few dozen states, where SciPy's sparse machinery and its import
+    cost far more than the arithmetic), a SciPy CSR matrix otherwise.
+    """
     rows, cols, probs, slot_of_state, _ = base
     i = np.asarray(rows, dtype=np.int64)
     j = np.asarray(cols, dtype=np.int64)
@@ -440,7 +449,13 @@ def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
     aug_rows = (i[:, None] * n_a + a[None, :]).ravel()
     aug_cols = (j[:, None] * n_a + nxt[:, y].T).ravel()
     aug_p = np.repeat(p, n_a)
-    matrix = sparse.csr_matrix((aug_p, (aug_rows, aug_cols)), shape=(n_states, n_states))
+    if n_states <= DENSE_STATES:
+        matrix = np.zeros((n_states, n_states))
+        np.add.at(matrix, (aug_rows, aug_cols), aug_p)  # duplicates add, as in CSR
+    else:
+        from scipy import sparse
+
+        matrix = sparse.csr_matrix((aug_p, (aug_rows, aug_cols)), shape=(n_states, n_states))
     rewards = {
         key: np.bincount(aug_rows, weights=aug_p * ev[:, y].T.ravel(), minlength=n_states)
         for key, ev in events.items()
@@ -448,12 +463,85 @@ def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
     return matrix, rewards
 
 
-#: chains with at most this many states are solved with dense linear algebra
-DENSE_STATES = 200
+
+def _long_run(matrix, unichain: bool):
+    """The Cesàro-limit solver for ``matrix``: dense (NumPy only) or sparse (SciPy).
+
+    ``unichain``: the caller knows the chain has a single closed class (every
+    ``0 < r_p < 1``), so the dense solver skips finding the classes.
+    """
+    if isinstance(matrix, np.ndarray):
+        return _DenseLongRun(matrix, unichain)
+    return _SparseLongRun(matrix)
 
 
-class _LongRun:
-    """Cesàro limits ``lim_K (1/K) sum_k E[g(X_k)]`` of a finite chain from given start states."""
+def _stationary_of(block: np.ndarray) -> np.ndarray:
+    """Stationary law of a closed class: ``pi (T_C - I) = 0``, last equation ``sum(pi) = 1``."""
+    if block.shape[0] == 1:
+        return np.ones(1)
+    a = block.T - np.eye(block.shape[0])
+    a[-1, :] = 1.0
+    b = np.zeros(block.shape[0])
+    b[-1] = 1.0
+    return np.linalg.solve(a, b)
+
+
+class _DenseLongRun:
+    """Cesàro limits ``lim_K (1/K) sum_k E[g(X_k)]`` of a small finite chain (dense arrays).
+
+    Reachability is the transitive closure of the transition graph (repeated boolean
+    squaring); a state is recurrent when every state it reaches reaches it back, and its
+    closed class is then everything it reaches.  A chain known to have a single closed class
+    (``unichain``) needs none of this: its stationary law, zero on the transient states, is
+    the Cesàro limit from every start, one solve of the whole matrix (the balance equations
+    have rank ``n - 1`` exactly when the chain is unichain).
+    """
+
+    def __init__(self, matrix: np.ndarray, unichain: bool = False) -> None:
+        self.m = matrix
+        self.pi = _stationary_of(matrix) if unichain else None
+        if unichain:
+            return
+        n = matrix.shape[0]
+        reach = (matrix > 0) | np.eye(n, dtype=bool)
+        while True:
+            r32 = reach.astype(np.float32)  # path counts stay exact: only > 0 matters
+            wider = (r32 @ r32) > 0
+            if np.array_equal(wider, reach):
+                break
+            reach = wider
+        self.reach = reach
+        self.recurrent = ~np.any(reach & ~reach.T, axis=1)
+
+    def average(self, start: int, rewards: dict[str, np.ndarray]) -> dict[str, float]:
+        if self.pi is not None:
+            return {key: float(self.pi @ g) for key, g in rewards.items()}
+        reached = self.reach[start]
+        classes: list[np.ndarray] = []
+        seen = np.zeros(reached.size, dtype=bool)
+        for s in np.flatnonzero(reached & self.recurrent):
+            if not seen[s]:
+                idx = np.flatnonzero(self.reach[s])
+                seen[idx] = True
+                classes.append(idx)
+        if len(classes) == 1:
+            weights = [1.0]
+        else:  # absorption probabilities into each closed class (start is transient)
+            trans = np.flatnonzero(reached & ~self.recurrent)
+            pos = int(np.searchsorted(trans, start))
+            lhs = np.eye(trans.size) - self.m[np.ix_(trans, trans)]
+            rhs = np.stack([self.m[np.ix_(trans, idx)].sum(axis=1) for idx in classes], axis=1)
+            weights = [float(v) for v in np.linalg.solve(lhs, rhs)[pos]]
+        out = dict.fromkeys(rewards, 0.0)
+        for w, idx in zip(weights, classes, strict=True):
+            pi = _stationary_of(self.m[np.ix_(idx, idx)])
+            for key, g in rewards.items():
+                out[key] += w * float(pi @ g[idx])
+        return out
+
+
+class _SparseLongRun:
+    """The same limits as :class:`_DenseLongRun` for large chains (SciPy sparse solves)."""
 
     def __init__(self, matrix) -> None:
         from scipy.sparse import csgraph
@@ -467,9 +555,6 @@ class _LongRun:
         self.labels = labels
         self.closed = [c for c in range(n_comp) if not open_comp[c]]
         self._pi: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        # small chains (the summary's predictions: a few hundred states) are solved dense:
-        # the sparse machinery costs far more than the arithmetic there
-        self.dense = matrix.toarray() if matrix.shape[0] <= DENSE_STATES else None
 
     def _stationary(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         from scipy import sparse
@@ -479,12 +564,6 @@ class _LongRun:
             idx = np.flatnonzero(self.labels == c)
             if idx.size == 1:
                 pi = np.ones(1)
-            elif self.dense is not None:  # the same equations, dense
-                a = self.dense[np.ix_(idx, idx)].T - np.eye(idx.size)
-                a[-1, :] = 1.0
-                b = np.zeros(idx.size)
-                b[-1] = 1.0
-                pi = np.linalg.solve(a, b)
             else:  # pi (T_C - I) = 0, sum(pi) = 1 (last balance equation replaced)
                 a = (self.m[idx][:, idx].T - sparse.identity(idx.size, format="csr")).tolil()
                 a[idx.size - 1, :] = np.ones(idx.size)
@@ -508,21 +587,13 @@ class _LongRun:
             in_closed = np.isin(self.labels[reach], classes)
             trans = np.sort(reach[~in_closed])
             pos = int(np.searchsorted(trans, start))
-            if self.dense is not None:  # the same equations, dense
-                lhs_d = np.eye(trans.size) - self.dense[np.ix_(trans, trans)]
-                cols_of = {c: np.flatnonzero(self.labels == c) for c in classes}
-                rhs = np.stack([self.dense[np.ix_(trans, cols_of[c])].sum(axis=1)
-                                for c in classes], axis=1)
-                sol = np.linalg.solve(lhs_d, rhs)[pos]
-                weights = {c: float(sol[i]) for i, c in enumerate(classes)}
-            else:
-                q = self.m[trans][:, trans]
-                lhs = (sparse.identity(trans.size, format="csr") - q).tocsc()
-                weights = {}
-                for c in classes:
-                    cols = np.flatnonzero(self.labels == c)
-                    b = np.asarray(self.m[trans][:, cols].sum(axis=1)).ravel()
-                    weights[c] = float(np.atleast_1d(spsolve(lhs, b))[pos])
+            q = self.m[trans][:, trans]
+            lhs = (sparse.identity(trans.size, format="csr") - q).tocsc()
+            weights = {}
+            for c in classes:
+                cols = np.flatnonzero(self.labels == c)
+                b = np.asarray(self.m[trans][:, cols].sum(axis=1)).ravel()
+                weights[c] = float(np.atleast_1d(spsolve(lhs, b))[pos])
         out = dict.fromkeys(rewards, 0.0)
         for c, w in weights.items():
             idx, pi = self._stationary(c)
@@ -547,7 +618,8 @@ def exact_event_rates(
     augmented with the counting automata of :mod:`nrpt.diagnostics.roundtrips` (Syed et al.
     phase ``NONE / AT_TOP_SIDE / DOWN_DONE``; Deng et al. App. A.5 origin and ``hit0 /
     hit_top`` flags), and the expected number of events per iteration is computed from the
-    stationary distribution (sparse linear solve; ``P`` up to a few hundred is fine).
+    stationary distribution (dense NumPy solves up to :data:`DENSE_STATES` states, SciPy sparse
+    solves above; ``P`` up to a few hundred is fine).
 
     Replica ``i`` starts at slot ``i`` at iteration ``k = 0`` (the engine's initial index), so
     its A.5 origin is ``i``; the A.5 rate depends on the origin and the result sums over the
@@ -600,6 +672,12 @@ def exact_event_rates(
     n = r.size + 1
     base = _base_chain(r, name)
     starts = base[4]
+    # every 0 < r_p < 1: any sequence of accepts and rejects has positive probability, so
+    # from every state a replica can walk to slot 0, the top and back to any slot, and the
+    # slot chain and its products with the (resetting) counters have a single closed class.
+    # (r_p = 0 makes DEO deterministic: up- and down-going replicas are two closed cycles;
+    # r_p = 1 cuts the ladder.)
+    unichain = bool(np.all((r > 0.0) & (r < 1.0)))
 
     out = dict.fromkeys(_EVENT_KEYS, 0.0)
     if a5_only:
@@ -607,7 +685,7 @@ def exact_event_rates(
     else:
         nxt, events = _syed_automaton(n)
         matrix, rewards = _augment(base, nxt, events)
-        chain = _LongRun(matrix)
+        chain = _long_run(matrix, unichain)
         for s in range(n):
             phase0 = 1 if s == n - 1 else 0  # AT_TOP_SIDE if starting at the top, else NONE
             for key, v in chain.average(int(starts[s]) * 3 + phase0, rewards).items():
@@ -615,6 +693,6 @@ def exact_event_rates(
     for origin in range(n):
         nxt, events, flags0 = _a5_automaton(n, origin)
         matrix, rewards = _augment(base, nxt, events)
-        v = _LongRun(matrix).average(int(starts[origin]) * 4 + flags0, rewards)
+        v = _long_run(matrix, unichain).average(int(starts[origin]) * 4 + flags0, rewards)
         out["round_trips_a5"] += v["round_trips_a5"]
     return {key: per_step * v for key, v in out.items()}

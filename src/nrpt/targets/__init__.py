@@ -7,6 +7,7 @@ names under which :func:`nrpt.target.load_target` finds the factories below.
 importing :mod:`nrpt` or this package does not import PyMC.
 """
 
+from nrpt.targets._util import logsumexp, sum_last
 from nrpt.targets.gaussian import (
     Gaussian,
     GaussianMixture,
@@ -28,7 +29,9 @@ __all__ = [
     "from_pymc",
     "gaussian",
     "geometric_bimodal",
+    "logsumexp",
     "mixture_2d",
+    "sum_last",
 ]
 
 

@@ -15,7 +15,15 @@ from collections.abc import Sequence
 import torch
 
 from nrpt.target import TargetError
-from nrpt.targets._util import as_float64, check_states, like, randn, to_like_input
+from nrpt.targets._util import (
+    as_float64,
+    check_states,
+    like,
+    logsumexp,
+    randn,
+    sum_last,
+    to_like_input,
+)
 
 __all__ = [
     "Gaussian",
@@ -107,8 +115,9 @@ def gaussian(
 class GaussianMixture:
     """Mixture of isotropic normals ``sum_k w_k N(m_k, s_k^2 I)`` in ``dim`` dims.
 
-    ``U(x) = -log sum_k w_k N(x; m_k, s_k^2 I)`` (via ``logsumexp``); the density is normalized,
-    so ``log_normalizer = 0``.  ``mean`` and ``cov`` are the exact mixture moments.
+    ``U(x) = -log sum_k w_k N(x; m_k, s_k^2 I)`` (via :func:`~nrpt.targets.logsumexp`); the
+    density is normalized, so ``log_normalizer = 0``.  ``mean`` and ``cov`` are the exact
+    mixture moments.
 
     Args:
         weights: ``[K]`` positive (normalized to sum to 1).
@@ -157,12 +166,12 @@ class GaussianMixture:
         """``log w_k + log N(x; m_k, s_k^2 I)``, shape ``[n, K]``."""
         check_states(x, self.dim, "GaussianMixture.energy")
         diff = x[:, None, :] - like(self.means, x)[None, :, :]
-        sq = (diff * diff).sum(dim=-1)
+        sq = sum_last(diff * diff)
         return like(self._log_coef, x) - 0.5 * sq / like(self.stds, x) ** 2
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """Normalized log density, shape ``[n]``."""
-        return torch.logsumexp(self.component_log_prob(x), dim=1)
+        return logsumexp(self.component_log_prob(x))
 
     def energy(self, x: torch.Tensor) -> torch.Tensor:
         """``U(x) = -log pi(x)`` (normalized), shape ``[n]``."""
