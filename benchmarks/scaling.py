@@ -29,7 +29,10 @@ load average in the JSON.
 
 Sweeps (defaults): vs P in {4, ..., 256} at d = 2 and R = 1 for every explorer, plus the same
 sweep at R = 8 for RWMH (``--extra-systems``); vs d in {2, 10, 100, 1000, 10^4} at P = 16 and
-P = 64 (``--dim-P``).
+P = 64 (``--dim-P``); and vs d in {1000, 10^4} at P = 16 on :class:`LogisticRegression` with
+1000 observations (``--logistic-dims``, ``--logistic-n``: a target whose energy does a model's
+work, where ``full / floor`` can reach its floor).  An empty sweep: ``--P 0``, ``--dims 0``,
+``--logistic-dims 0``.
 
 Outputs: a printed table, ``benchmarks/scaling.json``, ``docs/figures/scaling_P.png`` and
 ``docs/figures/scaling_dim.png`` (log-log).
@@ -65,9 +68,10 @@ ROOT = Path(__file__).resolve().parent.parent
 _EXECUTE_THREADS = "threads" in inspect.signature(execute).parameters  # newer nrpt
 EXPLORERS = ("rwmh", "mala", "hmc")
 DEFAULTS = {"P": [4, 8, 16, 32, 64, 128, 256], "dims": [2, 10, 100, 1000, 10_000],
-            "dim_P": [16, 64], "reps": 5, "min_time": 0.2, "extra_systems": 8}
+            "dim_P": [16, 64], "reps": 5, "min_time": 0.2, "extra_systems": 8,
+            "logistic_dims": [1000, 10_000], "logistic_n": 1000}
 QUICK = {"P": [4, 16], "dims": [2, 100], "dim_P": [16], "reps": 2, "min_time": 0.02,
-         "extra_systems": 0}
+         "extra_systems": 0, "logistic_dims": [100], "logistic_n": 50}
 
 
 # ----------------------------------------------------------------------------- the target
@@ -95,6 +99,35 @@ class DiagonalGaussian:
         return x * self._prec(x)
 
 
+class LogisticRegression:
+    """Bayesian logistic regression with ``n`` observations in ``d`` dimensions (synthetic data,
+    features ``N(0, 1/d)``, labels ``+-1`` drawn from the model at a standard normal weight, a
+    standard normal prior): ``U(w) = sum_i log(1 + exp(-y_i x_i.w)) + |w|^2 / 2`` and
+    ``grad U(w) = -X^T (y sigmoid(-y X w)) + w``, each one ``[m, d] x [d, n]`` product.  A
+    target whose energy does the work of a model with data, unlike :class:`DiagonalGaussian`
+    (whose energy and gradient cost about what one elementwise pass over ``x`` costs)."""
+
+    analytic_gradients = True
+
+    def __init__(self, dim: int, n: int = 1000, seed: int = 0):
+        self.dim, self.n = int(dim), int(n)
+        self.name = f"logistic-regression-{self.dim}x{self.n}"
+        g = torch.Generator().manual_seed(seed)
+        self.X = torch.randn(self.n, self.dim, generator=g, dtype=torch.float64) / self.dim**0.5
+        w = torch.randn(self.dim, generator=g, dtype=torch.float64)
+        p = torch.sigmoid(self.X @ w)
+        self.y = torch.where(torch.rand(self.n, generator=g, dtype=torch.float64) < p, 1.0, -1.0)
+        self.Xt = self.X.T.contiguous()
+
+    def energy(self, w: torch.Tensor) -> torch.Tensor:
+        margins = (w @ self.Xt) * self.y
+        return torch.nn.functional.softplus(-margins).sum(-1) + 0.5 * (w * w).sum(-1)
+
+    def grad_energy(self, w: torch.Tensor) -> torch.Tensor:
+        margins = (w @ self.Xt) * self.y
+        return w - (self.y * torch.sigmoid(-margins)) @ self.X
+
+
 def step_size(explorer: str, d: int) -> float:
     """Slot-0 step size of the usual dimension scaling (the ladder widens hotter slots): the
     acceptance stays reasonable at every d, so the runs do typical work."""
@@ -111,10 +144,11 @@ class Point:
     """The three timings of one (explorer, P, d, R) point: :meth:`run` (full), :meth:`bare`
     and :meth:`floor` each return the seconds that ``n`` iterations took."""
 
-    def __init__(self, explorer: str, P: int, d: int, R: int, leapfrog: int, seed: int = 0):
+    def __init__(self, explorer: str, P: int, d: int, R: int, leapfrog: int, seed: int = 0,
+                 data: int = 0):
         self.explorer, self.P, self.d, self.R = explorer, int(P), int(d), int(R)
         self.leapfrog, self.seed = int(leapfrog), int(seed)
-        self.target = DiagonalGaussian(d)
+        self.target = LogisticRegression(d, data) if data else DiagonalGaussian(d)
         self.engine = None
         self.state = None
         self.k = 0
@@ -177,8 +211,8 @@ def calibrate(fn, min_time: float, warmup: int, cap: int = 1 << 22) -> int:
 
 
 def measure(explorer: str, P: int, d: int, R: int, *, reps: int, min_time: float,
-            leapfrog: int, warmup: int) -> dict[str, Any]:
-    pt = Point(explorer, P, d, R, leapfrog)
+            leapfrog: int, warmup: int, data: int = 0) -> dict[str, Any]:
+    pt = Point(explorer, P, d, R, leapfrog, data=data)
     kinds = {"full": pt.run, "bare": pt.bare, "floor": pt.floor}
     n = {k: calibrate(fn, min_time, warmup) for k, fn in kinds.items()}
     per_it: dict[str, list[float]] = {k: [] for k in kinds}
@@ -187,7 +221,7 @@ def measure(explorer: str, P: int, d: int, R: int, *, reps: int, min_time: float
         for k, fn in kinds.items():
             per_it[k].append(fn(n[k]) / n[k] * 1e6)
     med = {k: statistics.median(v) for k, v in per_it.items()}
-    return {"explorer": explorer, "P": P, "dim": d, "systems": R,
+    return {"explorer": explorer, "P": P, "dim": d, "systems": R, "target": pt.target.name,
             "full_us": med["full"], "bare_us": med["bare"], "floor_us": med["floor"],
             "full_over_bare": med["full"] / med["bare"],
             "full_over_floor": med["full"] / med["floor"],
@@ -227,14 +261,16 @@ def row_text(x: int, r: dict) -> str:
 
 def sweep(name: str, axis: str, explorer: str, values, fixed: dict, args) -> list[dict]:
     title = ", ".join(f"{k} = {v}" for k, v in fixed.items())
-    print(f"\n{explorer}: vs {axis} ({title}); us per iteration, medians of {args.reps}")
+    on = "logistic regression" if fixed.get("n") else "diagonal Gaussian"
+    print(f"\n{explorer} on the {on}: vs {axis} ({title}); us per iteration, medians of "
+          f"{args.reps}")
     print(HEAD.replace(f"{'':>6}", f"{axis:>6}", 1), flush=True)
     rows = []
     for v in values:
         kw = {"P": fixed.get("P"), "d": fixed.get("d"), "R": fixed.get("R", 1)}
         kw["P" if axis == "P" else "d"] = v
         r = measure(explorer, kw["P"], kw["d"], kw["R"], reps=args.reps, min_time=args.min_time,
-                    leapfrog=args.leapfrog, warmup=args.warmup)
+                    leapfrog=args.leapfrog, warmup=args.warmup, data=fixed.get("n", 0))
         r["sweep"] = name
         rows.append(r)
         print(row_text(v, r), flush=True)
@@ -324,11 +360,17 @@ def parse(argv):
     ap.add_argument("--quick", action="store_true",
                     help=f"few points, short timings (smoke test): {QUICK}")
     ap.add_argument("--explorers", nargs="+", choices=EXPLORERS, default=list(EXPLORERS))
-    ap.add_argument("--P", type=int, nargs="+", help=f"P sweep at d = 2 ({DEFAULTS['P']})")
+    ap.add_argument("--P", type=int, nargs="+", help=f"P sweep at d = 2 ({DEFAULTS['P']}); "
+                                                     "an empty sweep: --P 0")
     ap.add_argument("--dims", type=int, nargs="+",
                     help=f"dimension sweep ({DEFAULTS['dims']}); an empty sweep: --dims 0")
     ap.add_argument("--dim-P", type=int, nargs="+", help=f"P of the dimension sweep "
                                                          f"({DEFAULTS['dim_P']})")
+    ap.add_argument("--logistic-dims", type=int, nargs="+",
+                    help="dimension sweep on the logistic regression, at the first --dim-P "
+                         f"({DEFAULTS['logistic_dims']}); an empty sweep: --logistic-dims 0")
+    ap.add_argument("--logistic-n", type=int,
+                    help=f"observations of the logistic regression ({DEFAULTS['logistic_n']})")
     ap.add_argument("--reps", type=int, help=f"repeats per timing ({DEFAULTS['reps']})")
     ap.add_argument("--min-time", type=float,
                     help=f"seconds of iterations per repeat ({DEFAULTS['min_time']})")
@@ -346,6 +388,8 @@ def parse(argv):
         if getattr(args, k) is None:
             setattr(args, k, v)
     args.dims = [d for d in args.dims if d > 0]
+    args.P = [p for p in args.P if p > 0]
+    args.logistic_dims = [d for d in args.logistic_dims if d > 0]
     if args.reps < 1 or args.min_time <= 0:
         ap.error("--reps must be >= 1 and --min-time > 0")
     return args
@@ -382,9 +426,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for Pd in args.dim_P if args.dims else []:
         for e in args.explorers:
             rows_d += sweep("dim", "d", e, args.dims, {"P": Pd, "R": 1}, args)
+    rows_data: list[dict] = []
+    for e in args.explorers if args.logistic_dims else []:
+        rows_data += sweep("dim-logistic", "d", e, args.logistic_dims,
+                           {"P": args.dim_P[0], "R": 1, "n": args.logistic_n}, args)
+    meta["logistic_n"] = args.logistic_n
     meta["loadavg_end"] = loadavg()
     meta["wall_s"] = time.perf_counter() - t0
-    result = {"meta": meta, "rows": rows_P + rows_d, "figures": {}}
+    result = {"meta": meta, "rows": rows_P + rows_d + rows_data, "figures": {}}
     if not args.no_figures:
         if rows_P:
             result["figures"]["P"] = str(figure(rows_P, "P", "systems",

@@ -21,7 +21,8 @@ def test_scaling_quick(tmp_path):
     out = tmp_path / "scaling.json"
     result = scaling.main(["--quick", "--P", "4", "8", "--dims", "2", "20", "--dim-P", "4",
                            "--reps", "2", "--min-time", "0.002", "--warmup", "2",
-                           "--leapfrog", "2", "--extra-systems", "2",
+                           "--leapfrog", "2", "--extra-systems", "2", "--logistic-dims", "30",
+                           "--logistic-n", "20",
                            "--json", str(out), "--figures-dir", str(tmp_path)])
     data = json.loads(out.read_text())
     assert data["rows"] == json.loads(json.dumps(result["rows"]))
@@ -33,6 +34,8 @@ def test_scaling_quick(tmp_path):
     # P sweep: 3 explorers x 2 P, plus RWMH at R = 2; dimension sweep: 3 explorers x 2 d
     assert len([r for r in rows if r["sweep"] == "P"]) == 3 * 2 + 2
     assert len([r for r in rows if r["sweep"] == "dim"]) == 3 * 2
+    logistic = [r for r in rows if r["sweep"] == "dim-logistic"]  # 3 explorers x 1 d
+    assert len(logistic) == 3 and {r["target"] for r in logistic} == {"logistic-regression-30x20"}
     assert {r["explorer"] for r in rows} == {"rwmh", "mala", "hmc"}
     assert {r["systems"] for r in rows if r["sweep"] == "P"} == {1, 2}
     for r in rows:
