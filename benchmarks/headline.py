@@ -9,7 +9,8 @@ session, round-robin (the order rotates every repeat), ``--reps`` repeats of:
                      the statistics it computes from its records afterwards);
 (b) ``nrpt loop``    nrpt in this process: ``build(RunConfig.from_dict({}, defaults=HEADLINE))``
                      then ``execute(run)``; its ``wall_time_s`` (the loop only; the build is
-                     timed apart);
+                     timed apart); the default configuration, so eager chunks of 8 iterations
+                     (``fuse = "auto"``) since issue 10's third session, the plain loop before;
 (c) ``nrpt run``     the whole process ``nrpt run --out TMP --no-progress --overwrite`` (start to
                      exit: imports, build, loop, checkpoints, summary, posterior.nc, figures);
 (d) ``numpy script`` the whole process ``python benchmarks/headline_numpy.py --out TMP`` (imports,
@@ -56,7 +57,7 @@ NOTEBOOK_S_PER_1000 = 22.0
 KINDS = ("numpy", "nrpt_loop", "nrpt_run", "numpy_script", "nrpt_compiled", "nrpt_fused",
          "nrpt_fused16")
 LABELS = {"numpy": "(a) NumPy yardstick, in-process",
-          "nrpt_loop": "(b) nrpt loop, in-process (wall_time_s)",
+          "nrpt_loop": "(b) nrpt loop, default (eager chunks), in-process (wall_time_s)",
           "nrpt_run": "(c) nrpt run, whole process",
           "numpy_script": "(d) NumPy script, whole process",
           "nrpt_compiled": "(e) nrpt loop, compile = true, in-process",

@@ -39,7 +39,7 @@ from mix25_nrpt import Mix25  # noqa: E402
 
 def configs(iterations: int, fused: bool = False) -> dict[str, RunConfig]:
     """The two runs; ``fused``: with ``fuse = true, compile = true`` (nrpt.fused)."""
-    more = {"fuse": True, "compile": True} if fused else {}
+    more = {"fuse": True, "compile": True} if fused else {"fuse": False}  # (plain loop)
     return {"headline (sgd, P16)": RunConfig.from_dict({}, defaults=dict(
                 HEADLINE, iterations=iterations, **more)),
             "exact (rwmh, R32 x P8)": RunConfig(target="twenty-five-modes", chains=8, systems=32,

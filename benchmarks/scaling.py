@@ -158,7 +158,7 @@ class Point:
         extra = {"leapfrog_steps": self.leapfrog} if self.explorer == "hmc" else {}
         return RunConfig(target="gaussian", chains=self.P, systems=self.R, iterations=int(n),
                          explorer=self.explorer, step_size=step_size(self.explorer, self.d),
-                         scheme="deo", seed=self.seed, figures=False, **extra)
+                         scheme="deo", seed=self.seed, figures=False, fuse=False, **extra)
 
     def run(self, n: int) -> float:
         """``n`` iterations of a freshly built run, by the loop's own clock, with the torch

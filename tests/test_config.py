@@ -157,8 +157,8 @@ BAD = [
     (dict(figures="no"), "figures must be true or false"),
     (dict(compile="yes"), "compile must be true or false"),
     (dict(compile=True, explorer="slice"), "compile is for explorers rwmh, mala, hmc"),
-    (dict(fuse="yes"), "fuse must be true, false or a chunk length"),
-    (dict(fuse=0), "fuse must be true, false or a chunk length"),
+    (dict(fuse="yes"), "fuse must be auto, true, false or a chunk length"),
+    (dict(fuse=0), "fuse must be auto, true, false or a chunk length"),
     (dict(fuse=True, explorer="slice"), "fuse is for explorers rwmh, mala, hmc"),
     (dict(out=5), "out must be a folder path"),
 ]

@@ -56,7 +56,8 @@ def outcome(run) -> dict:
 
 
 def plain_and_fused(name: str, iterations: int, **changes):
-    plain = build(config(name, iterations, **changes))
+    plain = build(config(name, iterations, fuse=False, **changes))
+    assert plain.fused is None
     execute(plain)
     fused = build(config(name, iterations, fuse=True, **changes))
     execute(fused)
@@ -136,13 +137,51 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path):
 def test_a_chunk_length_from_the_config_and_the_cli():
     assert build(config("rwmh-deo", 32, fuse=16)).fused.unroll == 16
     assert build(config("rwmh-deo", 32, fuse=True)).fused.unroll == 8
-    assert build(config("rwmh-deo", 32)).fused is None
+    assert build(config("rwmh-deo", 32, fuse=False)).fused is None
     run = build(config("rwmh-deo", 32, fuse=True))
     execute(run)
     assert run.fused.describe() == {"chunk": 8, "chunks": 4, "compiled": False}
     from nrpt.cli import _fuse
 
     assert _fuse("true") is True and _fuse("16") == 16 and _fuse("no") is False
+    assert _fuse("auto") == "auto"
+
+
+def test_auto_is_the_default_and_runs_eager_chunks_where_they_run():
+    """fuse = "auto" (the default): eager chunks of 8 where why_not allows; the plain loop for
+    compile = true (its compiled explorer step), schemes the chunk does not run, explorers
+    outside COMPILABLE, and user recorders without their own record_block."""
+    from nrpt.roles import RecorderBase
+
+    run = build(config("rwmh-deo", 32))
+    assert run.fused is not None and run.fused.unroll == 8 and not run.fused.compile
+    assert run.engine.__class__.__name__ == "PTEngine"
+    assert build(config("rwmh-deo", 32, compile=True)).fused is None
+    adj = build(RunConfig(target="twenty-five-modes", chains=4, explorer="rwmh", scheme="adj",
+                          iterations=10, figures=False))
+    assert adj.fused is None  # (no error: auto falls back)
+    sl = build(RunConfig(target="twenty-five-modes", explorer="slice", iterations=10,
+                         figures=False, fuse="auto"))
+    assert sl.fused is None
+
+    class Mine(RecorderBase):  # reads what the plain loop hands it, one iteration at a time
+        name = "mine"
+
+        def record(self, it):
+            self.last = it.state.x.sum()
+
+    class MineBlock(Mine):
+        def record_block(self, block):
+            self.blocks = getattr(self, "blocks", 0) + 1
+
+    from nrpt.fused import auto
+
+    run = build(config("rwmh-deo", 32, fuse=False))
+    assert auto(run)
+    run.recorders["mine"] = Mine()
+    assert not auto(run)  # a user recorder written for the plain loop: not fused
+    run.recorders["mine"] = MineBlock()
+    assert auto(run)
 
 
 def test_why_not_names_the_reason():
@@ -160,7 +199,7 @@ def test_why_not_names_the_reason():
 
 
 def _compiled_matches(name: str, n: int):
-    plain = build(config(name, n))
+    plain = build(config(name, n, fuse=False))
     execute(plain)
     comp = build(config(name, n, fuse=True, compile=True))
     execute(comp)

@@ -30,9 +30,12 @@ from nrpt.record import Draws
 ROOT = Path(__file__).resolve().parents[1]
 
 #: a short exact run whose HMC explorer evaluates the energy three times per iteration, so a
-#: signal sent from the energy lands inside the explorer, between its leapfrog steps
+#: signal sent from the energy lands inside the explorer, between its leapfrog steps.  The
+#: plain loop (fuse = false): these tests place a signal in an iteration by counting energy
+#: calls; the default eager chunks (fuse = "auto") finish their chunk of 8 before stopping
+#: and are tested on their own (test_a_signal_inside_a_fused_chunk_...)
 OPTS = dict(chains=5, iterations=300, seed=11, checkpoint_every=70, figures=False,
-            explorer="hmc", leapfrog_steps=3, step_size=0.3, max_temperature=8.0)
+            explorer="hmc", leapfrog_steps=3, step_size=0.3, max_temperature=8.0, fuse=False)
 CALLS_PER_IT = 3
 
 
@@ -62,8 +65,9 @@ def foreground_sigint():
 
 
 #: summary keys that depend on the clock, the folder, the outputs written or the interruption
+#: ("fused" counts the chunks this process ran)
 VOLATILE = {"wall_time_s", "iterations_per_s", "wall_s", "interrupted", "out", "figures",
-            "inference_data", "inference_data_error"}
+            "inference_data", "inference_data_error", "fused"}
 
 
 def numbers(summary: dict) -> dict:
@@ -165,6 +169,23 @@ def test_signal_inside_the_explorer_stops_between_iterations_and_resumes_exactly
     assert part.summary["interrupted"] == (it < 300)
     resumed = nrpt.resume(tmp_path / "cut", target=Kicker())
     assert not resumed.summary["interrupted"]
+    assert_same_run(resumed, full)
+    assert_same_files(tmp_path / "cut", full.out)
+
+
+def test_a_signal_inside_a_fused_chunk_stops_at_its_end_and_resumes_exactly(full, at,
+                                                                             tmp_path):
+    """The default eager chunks (fuse = "auto"): a signal inside the explorer lets the chunk of
+    8 iterations finish; the run stops at its end (or between the plain steps around a
+    checkpoint), and the resumed run -- chunks again -- equals the plain uninterrupted run
+    bit for bit."""
+    opts = {**OPTS, "fuse": "auto"}
+    part = nrpt.sample(Kicker([at(101, 2)]), out=str(tmp_path / "cut"), **opts)
+    k = part.summary["n_iterations"]
+    assert part.summary["interrupted"] and part.summary["fused"]["chunks"] > 0
+    assert 95 <= k <= 112 and k % 8 == 0, k  # the end of the chunk the signal landed in
+    resumed = nrpt.resume(tmp_path / "cut", target=Kicker())
+    assert resumed.summary["fused"]["chunks"] > 0
     assert_same_run(resumed, full)
     assert_same_files(tmp_path / "cut", full.out)
 
@@ -568,7 +589,8 @@ def test_an_interrupted_cli_resume_exits_130(tmp_path, capsys, monkeypatch):
 
     out = tmp_path / "run"
     args = ["run", "--preset", "none", "--iterations", "400", "--chains", "4", "--figures",
-            "false", "--checkpoint-every", "100", "--out", str(out), "--no-progress"]
+            "false", "--checkpoint-every", "100", "--out", str(out), "--no-progress",
+            "--fuse", "false"]  # (the plain loop calls Draws.record every iteration)
     calls = {"n": 0}
     record = Draws.record
 

@@ -291,7 +291,12 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     for r in recorders.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
     run = Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
-    if cfg.fuse:  # chunks of iterations at once (nrpt.fused), compiled with compile = true
+    if cfg.fuse == "auto":  # eager chunks wherever they run (nrpt.fused.auto)
+        from .fused import UNROLL, Fused, auto
+
+        if auto(run, compile=bool(cfg.compile)):
+            run.fused = Fused(run, unroll=UNROLL, compile=False)
+    elif cfg.fuse:  # chunks of iterations at once (nrpt.fused), compiled with compile = true
         from .fused import UNROLL, Fused, why_not
 
         reason = why_not(run)

@@ -68,7 +68,8 @@ _HELP = {
     "fuse": "run the iterations in chunks (explore, swap, adapt, record) as one function, "
             "one torch.compile graph with --compile: fewer launches per iteration; true = "
             "chunks of 8, or a chunk length (16: faster, twice the compilation); one process, "
-            "schemes deo/deo-w/seo (true/false/N)",
+            "schemes deo/deo-w/seo; auto (default): eager chunks of 8 where they run, the "
+            "same numbers as the plain loop (auto/true/false/N)",
     "swap_rule": "swap rule (default: metropolis for exact explorers, deterministic for "
                  "sgd/msgd/psgd, bias-corrected for sgld/sghmc/psgld)",
     "swap_rate": "target swap rate S in (0, 1) of the C and learning-rate adaptors; also sets "
@@ -128,8 +129,8 @@ def _bool(text: str) -> bool:
 
 _INT = _typed("an integer", int)
 _FLOAT = _typed("a number", float)
-def _fuse(text: str) -> bool | int:
-    words = {"true": True, "yes": True, "false": False, "no": False}
+def _fuse(text: str) -> bool | int | str:
+    words = {"true": True, "yes": True, "false": False, "no": False, "auto": "auto"}
     return words[text.lower()] if text.lower() in words else int(text)
 
 
@@ -147,7 +148,7 @@ _TYPES = {
     "step_size": _typed("a number or comma-separated numbers", _step),
     "window": _typed("an integer >= 1, auto or swap-rate", _window),
     "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
-    "compile": _BOOL, "fuse": _typed("true, false or a chunk length", _fuse), "adapt": _BOOL,
+    "compile": _BOOL, "fuse": _typed("auto, true, false or a chunk length", _fuse), "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
             "reference": list(REFERENCES)}

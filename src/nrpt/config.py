@@ -105,14 +105,16 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
-def _chunk(name: str, value: Any) -> bool | int:
-    """``true`` / ``false``, or a chunk length: an integer >= 1 (``fuse``)."""
+def _chunk(name: str, value: Any) -> bool | int | str:
+    """``"auto"``, ``true`` / ``false``, or a chunk length: an integer >= 1 (``fuse``)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value >= 1:
         return value
-    raise ValueError(f"{name} must be true, false or a chunk length (an integer >= 1); got "
-                     f"{value!r}")
+    if isinstance(value, str) and value == "auto":
+        return value
+    raise ValueError(f"{name} must be auto, true, false or a chunk length (an integer >= 1); "
+                     f"got {value!r}")
 
 
 def _choice(name: str, value: Any, allowed) -> str:
@@ -245,7 +247,7 @@ class RunConfig:
     n_explore: int | None = None
     slice_method: str | None = None
     compile: bool | None = None
-    fuse: bool | int | None = None
+    fuse: bool | int | str | None = None
     momentum: float | None = None
     domain: str | None = None
     # swap
@@ -479,13 +481,16 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     if cfg.explorer in COMPILABLE:
         default("compile", False)
         cfg.compile = _bool("compile", cfg.compile)
-        default("fuse", False)
+        # auto: chunks run eagerly wherever nrpt.fused can run them (the same numbers as the
+        # plain loop, fewer launches); compile = true keeps its compiled explorer step
+        default("fuse", "auto")
         cfg.fuse = _chunk("fuse", cfg.fuse)
     else:
         not_applicable("compile", f"compile is for explorers {', '.join(COMPILABLE)} (a step "
                                   f"with a fixed set of draws)")
-        not_applicable("fuse", f"fuse is for explorers {', '.join(COMPILABLE)} (a step "
-                               f"with a fixed set of draws)")
+        if cfg.fuse not in ("auto", False):  # (auto and false mean the plain loop here)
+            not_applicable("fuse", f"fuse is for explorers {', '.join(COMPILABLE)} (a step "
+                                   f"with a fixed set of draws)")
     if cfg.explorer == "slice":
         default("slice_method", "stepping-out")
         cfg.slice_method = _choice("slice_method", cfg.slice_method, SLICE_METHODS)

@@ -7,8 +7,8 @@ adaptive NRPT); the summary always describes the statistics since the last reset
 
 The fused loop (:mod:`nrpt.fused`) hands them ``U`` iterations at a time
 (:class:`~nrpt.roles.IterationBlock`): ``record_block`` does a constant number of tensor ops per
-block and ends with the state of ``U`` calls of ``record`` (bit for bit, except the Welford merge
-of :class:`SlotSpread`, equal up to rounding).
+block (:class:`SlotSpread`: ``U`` Welford steps, the one sequential update) and ends with the
+state of ``U`` calls of ``record``, bit for bit.
 
 =================  =============================================================================
 ``swaps``          per-pair swap acceptance (mean of min(1, alpha)), swaps executed, explorer
@@ -272,21 +272,18 @@ class SlotSpread(RecorderBase):
         self.m2 = self.m2 + delta * (x - self.mean)
 
     def record_block(self, block: IterationBlock) -> None:
-        """``U`` iterations at once: the block's mean and sum of squared deviations merged into
-        the running ones (Chan, Golub and LeVeque's pairwise update); equal to ``U`` Welford
-        steps up to rounding (the sums are grouped differently)."""
+        """``U`` iterations at once: the Welford steps of :meth:`record` on the block's rows,
+        in order, so the result is the per-iteration one bit for bit (a merged block mean, as
+        in Chan et al.'s pairwise update, would round differently, and then a run's numbers
+        would depend on where its chunks fall: resumed and uninterrupted runs would differ)."""
         x = block.watched_x(self.slots).to(self.dtype)  # [U, R, S, dim]
-        n_a, n_b = self.n, block.U
-        n = n_a + n_b
-        var_b, mean_b = torch.var_mean(x, 0, correction=0)
-        m2_b = var_b * n_b
-        if n_a == 0:
-            self.mean, self.m2 = mean_b, m2_b
-        else:
-            delta = mean_b - self.mean
-            self.mean = self.mean + delta * (n_b / n)
-            self.m2 = self.m2 + m2_b + delta.square() * (n_a * n_b / n)
-        self.n = n
+        n, mean, m2 = self.n, self.mean, self.m2
+        for u in range(block.U):
+            n += 1
+            delta = x[u] - mean
+            mean = mean + delta / n
+            m2 = m2 + delta * (x[u] - mean)
+        self.n, self.mean, self.m2 = n, mean, m2
 
     def sd(self) -> torch.Tensor:
         """Per-coordinate standard deviation ``[R, S, dim]`` (NaN before two iterations)."""
