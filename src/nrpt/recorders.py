@@ -7,8 +7,8 @@ adaptive NRPT); the summary always describes the statistics since the last reset
 
 The fused loop (:mod:`nrpt.fused`) hands them ``U`` iterations at a time
 (:class:`~nrpt.roles.IterationBlock`): ``record_block`` does a constant number of tensor ops per
-block (:class:`SlotSpread`: ``U`` Welford steps, the one sequential update) and ends with the
-state of ``U`` calls of ``record``, bit for bit.
+block and ends with the state of ``U`` calls of ``record``, bit for bit (:class:`SlotSpread`
+merges groups of 8 iterations, counted from its reset, whichever way they arrive).
 
 =================  =============================================================================
 ``swaps``          per-pair swap acceptance (mean of min(1, alpha)), swaps executed, explorer
@@ -244,11 +244,21 @@ class RoundTrips(RecorderBase):
 
 
 class SlotSpread(RecorderBase):
-    """Running mean and variance (Welford) of the states at ``slots`` (default all) since the
-    last reset, ``[R, S, dim]``.  The slice explorer's width adaptor reads :meth:`scale`; the
-    health checks read the hottest slot's spread."""
+    """Running mean and variance of the states at ``slots`` (default all) since the last reset,
+    ``[R, S, dim]``.  The slice explorer's width adaptor reads :meth:`scale`; the health checks
+    read the hottest slot's spread.
+
+    The rows are taken in groups of :data:`GROUP` consecutive iterations (counted since the
+    reset): a full group's mean and sum of squared deviations are merged into the running
+    ones (Chan, Golub and LeVeque's pairwise update), a partial group waits (and is part of the
+    checkpoint).  The grouping depends on the rows alone, not on whether they come one by one
+    (:meth:`record`) or in chunks (:meth:`record_block`, the fused loop): both give the same
+    numbers bit for bit, wherever a run's chunks fall; and a chunk costs one merge per group
+    instead of a Welford step per iteration."""
 
     name = "spread"
+    #: iterations per merged group (the fused loop's default chunk)
+    GROUP = 8
 
     def __init__(self, R: int, P: int, dim: int, slots: list[int] | None = None,
                  dtype=torch.float64, device="cpu"):
@@ -260,46 +270,87 @@ class SlotSpread(RecorderBase):
 
     def start_segment(self, reset: bool, length: int = 0) -> None:
         if reset:
-            self.n = 0
-            self.mean = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-            self.m2 = torch.zeros_like(self.mean)
+            self._n = 0
+            self._mean = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self._m2 = torch.zeros_like(self._mean)
+            self._rows: list[torch.Tensor] = []  # the partial group, [R, S, dim] each
 
     def record(self, it: Iteration) -> None:
-        x = it.slot_x(self.slots)
-        self.n += 1
-        delta = x - self.mean
-        self.mean = self.mean + delta / self.n
-        self.m2 = self.m2 + delta * (x - self.mean)
+        self._take(it.slot_x(self.slots).to(self.dtype)[None])
 
     def record_block(self, block: IterationBlock) -> None:
-        """``U`` iterations at once: the Welford steps of :meth:`record` on the block's rows,
-        in order, so the result is the per-iteration one bit for bit (a merged block mean, as
-        in Chan et al.'s pairwise update, would round differently, and then a run's numbers
-        would depend on where its chunks fall: resumed and uninterrupted runs would differ)."""
-        x = block.watched_x(self.slots).to(self.dtype)  # [U, R, S, dim]
-        n, mean, m2 = self.n, self.mean, self.m2
-        for u in range(block.U):
-            n += 1
-            delta = x[u] - mean
-            mean = mean + delta / n
-            m2 = m2 + delta * (x[u] - mean)
-        self.n, self.mean, self.m2 = n, mean, m2
+        """``U`` iterations at once: the same groups and merges as ``U`` calls of
+        :meth:`record`."""
+        self._take(block.watched_x(self.slots).to(self.dtype))
+
+    def _take(self, x: torch.Tensor) -> None:
+        """Rows ``x[m, R, S, dim]``, in iteration order."""
+        G, i, m = self.GROUP, 0, x.shape[0]
+        while i < m:
+            if not self._rows and m - i >= G:  # a whole group inside x
+                self._merge(x[i:i + G])
+                i += G
+                continue
+            take = min(G - len(self._rows), m - i)
+            self._rows.extend(x[i + j] for j in range(take))
+            i += take
+            if len(self._rows) == G:
+                self._merge(torch.stack(self._rows))
+                self._rows = []
+
+    def _merge(self, group: torch.Tensor) -> None:
+        self._n, self._mean, self._m2 = _chan_merge(self._n, self._mean, self._m2, group)
+
+    def _stats(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """``(n, mean, m2)`` of every row so far (the partial group merged, not stored)."""
+        if not self._rows:
+            return self._n, self._mean, self._m2
+        return _chan_merge(self._n, self._mean, self._m2, torch.stack(self._rows))
+
+    @property
+    def n(self) -> int:
+        """Rows recorded since the reset."""
+        return self._n + len(self._rows)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Per-coordinate mean ``[R, S, dim]``."""
+        return self._stats()[1]
 
     def sd(self) -> torch.Tensor:
         """Per-coordinate standard deviation ``[R, S, dim]`` (NaN before two iterations)."""
-        if self.n < 2:
+        n, _, m2 = self._stats()
+        if n < 2:
             return torch.full(self.shape, math.nan, dtype=self.dtype, device=self.device)
-        return (self.m2 / (self.n - 1)).sqrt()
+        return (m2 / (n - 1)).sqrt()
 
     def scale(self) -> torch.Tensor:
         """Mean over coordinates of the standard deviation, ``[R, S]``."""
         return self.sd().mean(-1)
 
     def state_dict(self) -> dict:
-        return {"n": self.n, "mean": self.mean, "m2": self.m2}
+        rows = (torch.stack(self._rows) if self._rows
+                else torch.zeros((0, *self.shape), dtype=self.dtype, device=self.device))
+        return {"n": self._n, "mean": self._mean, "m2": self._m2, "rows": rows}
 
     def load_state_dict(self, sd: dict) -> None:
-        self.n, self.mean, self.m2 = int(sd["n"]), sd["mean"], sd["m2"]
+        self._n, self._mean, self._m2 = int(sd["n"]), sd["mean"], sd["m2"]
+        rows = sd.get("rows")  # (checkpoints before the grouping: none pending)
+        self._rows = [] if rows is None else list(rows.unbind(0))
+
+
+def _chan_merge(n_a: int, mean_a: torch.Tensor, m2_a: torch.Tensor, group: torch.Tensor):
+    """``(n, mean, m2)`` of ``n_a`` rows summarized by ``(mean_a, m2_a)`` and the rows of
+    ``group[m, ...]`` (Chan, Golub and LeVeque's pairwise update)."""
+    group = group.contiguous()  # (one memory layout, so one rounding, however it was built)
+    n_b = group.shape[0]
+    var_b, mean_b = torch.var_mean(group, 0, correction=0)
+    m2_b = var_b * n_b
+    if n_a == 0:
+        return n_b, mean_b, m2_b
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    return n, mean_a + delta * (n_b / n), m2_a + m2_b + delta.square() * (n_a * n_b / n)
 
 
 class Trace(RecorderBase):
