@@ -66,6 +66,8 @@ from nrpt.loop import execute
 
 ROOT = Path(__file__).resolve().parent.parent
 _EXECUTE_THREADS = "threads" in inspect.signature(execute).parameters  # newer nrpt
+#: the plain loop where nrpt has the fused one (fuse = "auto" is its default)
+_PLAIN = {"fuse": False} if "fuse" in inspect.signature(RunConfig).parameters else {}
 EXPLORERS = ("rwmh", "mala", "hmc")
 DEFAULTS = {"P": [4, 8, 16, 32, 64, 128, 256], "dims": [2, 10, 100, 1000, 10_000],
             "dim_P": [16, 64], "reps": 5, "min_time": 0.2, "extra_systems": 8,
@@ -158,7 +160,7 @@ class Point:
         extra = {"leapfrog_steps": self.leapfrog} if self.explorer == "hmc" else {}
         return RunConfig(target="gaussian", chains=self.P, systems=self.R, iterations=int(n),
                          explorer=self.explorer, step_size=step_size(self.explorer, self.d),
-                         scheme="deo", seed=self.seed, figures=False, fuse=False, **extra)
+                         scheme="deo", seed=self.seed, figures=False, **_PLAIN, **extra)
 
     def run(self, n: int) -> float:
         """``n`` iterations of a freshly built run, by the loop's own clock, with the torch
@@ -392,6 +394,8 @@ def parse(argv):
     args.logistic_dims = [d for d in args.logistic_dims if d > 0]
     if args.reps < 1 or args.min_time <= 0:
         ap.error("--reps must be >= 1 and --min-time > 0")
+    if args.logistic_n < 1:
+        ap.error("--logistic-n must be >= 1 (an empty logistic sweep: --logistic-dims 0)")
     return args
 
 

@@ -696,7 +696,34 @@ def test_unichain_solve_equals_the_class_by_class_solve():
     general = theory._DenseLongRun(matrix).average(start, rewards)["round_trips_a5"]
     with np.errstate(all="ignore"):
         try:
-            one = theory._DenseLongRun(matrix, unichain=True).average(start, rewards)
-            assert one["round_trips_a5"] != pytest.approx(general, rel=1e-6)
+            one = float(theory._stationary_of(matrix) @ rewards["round_trips_a5"])
+            assert one != pytest.approx(general, rel=1e-6)
         except np.linalg.LinAlgError:
             pass  # singular balance equations: several closed classes
+
+
+def test_rejections_below_rounding_are_not_taken_for_one_closed_class():
+    """r_p ~ 1e-17: 1 - r_p rounds to 1, so DEO's chain is the deterministic one (two closed
+    cycles); the one-solve shortcut must not be taken (it met a singular system)."""
+    from nrpt.diagnostics import theory
+
+    for r, scheme, w in (([1e-17] * 3, "deo", 1), ([1e-17] * 3, "deo-w", 2),
+                         ([5e-17] * 6, "deo", 1)):
+        dense = exact_event_rates(r, scheme, w)
+        assert dense == exact_event_rates([0.0] * len(r), scheme, w)  # what the chain is
+        assert predicted_rates(r, scheme, w)["restarts_per_1000"] > 0
+    # (the test can fail: the shortcut on this chain is wrong, or meets a singular system)
+    rr = np.asarray([1e-17] * 3)
+    base = theory._base_chain(rr, "deo")
+    total_one, total_general = 0.0, 0.0
+    try:
+        for origin in range(4):
+            nxt, events, flags0 = theory._a5_automaton(4, origin)
+            matrix, rewards = theory._augment(base, nxt, events)
+            start = int(base[4][origin]) * 4 + flags0
+            total_general += theory._DenseLongRun(matrix).average(start, rewards)[
+                "round_trips_a5"]
+            total_one += float(theory._stationary_of(matrix) @ rewards["round_trips_a5"])
+        assert total_one != pytest.approx(total_general, rel=1e-6)
+    except np.linalg.LinAlgError:
+        pass

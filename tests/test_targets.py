@@ -534,6 +534,12 @@ def test_logsumexp_equals_torch_bit_for_bit():
                          [-1e308, -1e308, -1e308]], dtype=torch.float64)
     torch.testing.assert_close(logsumexp(rows), torch.logsumexp(rows, dim=-1), rtol=0, atol=0,
                                equal_nan=True)
+    # gradients are torch's (a z that requires one goes to torch.logsumexp itself)
+    zg = (-30.0 * torch.rand(8, 25, dtype=torch.float64, generator=g)).requires_grad_()
+    (ga,) = torch.autograd.grad(logsumexp(zg).sum(), zg)
+    (gb,) = torch.autograd.grad(torch.logsumexp(zg, -1).sum(), zg)
+    assert torch.equal(ga, gb)
+    assert torch.equal(logsumexp(torch.zeros(3, 0)), torch.logsumexp(torch.zeros(3, 0), -1))
     # (the test can fail: a floor inside the range that matters changes the value)
     near = torch.tensor([[0.0, -3.0, -5.0]], dtype=torch.float64)
     assert not torch.equal(torch.logsumexp(near.clamp_min(-4.0), -1),

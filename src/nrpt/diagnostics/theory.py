@@ -499,9 +499,13 @@ class _DenseLongRun:
 
     def __init__(self, matrix: np.ndarray, unichain: bool = False) -> None:
         self.m = matrix
-        self.pi = _stationary_of(matrix) if unichain else None
+        self.pi = None
         if unichain:
-            return
+            try:
+                self.pi = _stationary_of(matrix)
+                return
+            except np.linalg.LinAlgError:  # (singular: not one closed class after all)
+                pass
         n = matrix.shape[0]
         reach = (matrix > 0) | np.eye(n, dtype=bool)
         while True:
@@ -677,7 +681,10 @@ def exact_event_rates(
     # slot chain and its products with the (resetting) counters have a single closed class.
     # (r_p = 0 makes DEO deterministic: up- and down-going replicas are two closed cycles;
     # r_p = 1 cuts the ladder.)
-    unichain = bool(np.all((r > 0.0) & (r < 1.0)))
+    # (read off the probabilities the chain is built from, accept a = 1 - r_p and reject
+    # 1 - a: below ~1e-16, a rounds to 1 and the reject move is not in the chain)
+    accept = 1.0 - r
+    unichain = bool(np.all((accept > 0.0) & (1.0 - accept > 0.0)))
 
     out = dict.fromkeys(_EVENT_KEYS, 0.0)
     if a5_only:

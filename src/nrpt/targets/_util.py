@@ -61,8 +61,8 @@ def sum_last(t: torch.Tensor) -> torch.Tensor:
     is not.  Same value for 2 entries (one rounded addition); for 3, ``(t0 + t1) + t2``.
     """
     n = t.shape[-1]
-    if n == 0 or n > 3:
-        return t.sum(-1)
+    if n == 0 or n > 3 or t.dtype not in (torch.float64, torch.float32):
+        return t.sum(-1)  # (half types: torch accumulates them in float32)
     out = t[..., 0]
     for i in range(1, n):
         out = out + t[..., i]
@@ -80,8 +80,12 @@ def logsumexp(z: torch.Tensor) -> torch.Tensor:
     than arguments in range (``make bench-parts``), and a mixture evaluated far from most of
     its components hands it many.  A floored term is below ``exp(-700) ≈ 1e-304`` times the
     maximum's ``exp(0) = 1``, so it vanishes in the sum: the value is torch's, bit for bit
-    (tested), including rows of ``-inf`` (gives ``-inf``), ``+inf`` and NaN.
+    (tested), including rows of ``-inf`` (gives ``-inf``), ``+inf`` and NaN.  A ``z`` that
+    requires a gradient, an empty last axis or a non-float ``z`` goes to ``torch.logsumexp``
+    itself, so gradients are torch's too.
     """
+    if z.requires_grad or z.shape[-1] == 0 or not z.is_floating_point():
+        return torch.logsumexp(z, dim=-1)
     top = z.amax(-1, keepdim=True)
     shift = top.nan_to_num(0.0, 0.0, 0.0)  # a non-finite maximum shifts by 0, as in torch
     # (top - shift) is 0 for a finite maximum, else +-inf or NaN: the floor keeps those
