@@ -133,12 +133,12 @@ class Iteration:
 
     @property
     def pair_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._once("pair_indicators", self._pair_indicators)
-
-    def _pair_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A[R, P-1], listed[R, P-1])``: the 0/1 verdict of every adjacent pair listed in some
         phase (active or not) and which pairs were listed.  Computed once per iteration and
         shared by every adaptor and recorder that reads it."""
+        return self._once("pair_indicators", self._pair_indicators)
+
+    def _pair_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
         R, P, dt = self.R, self.P, self.schedule.dtype
         ds = self.decisions
         if len(ds) == 1 and is_sweep(ds[0].lo, R, P):  # SEO/DEO/DEO_W: every pair, in order
@@ -155,12 +155,12 @@ class Iteration:
 
     @property
     def attempted_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._once("attempted_indicators", self._attempted_indicators)
-
-    def _attempted_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(A[R, P-1], attempted[R, P-1])``: the verdicts of the adjacent pairs the scheme
         allowed to swap this iteration (active: right parity, gate open), zero elsewhere, and
         which those were.  Computed once per iteration, like :attr:`pair_indicators`."""
+        return self._once("attempted_indicators", self._attempted_indicators)
+
+    def _attempted_indicators(self) -> tuple[torch.Tensor, torch.Tensor]:
         A, _ = self.pair_indicators
         ds = self.decisions
         if len(ds) == 1 and is_sweep(ds[0].lo, self.R, self.P):
