@@ -18,7 +18,7 @@ import torch
 
 from ..roles import AdaptorBase, SegmentView, Update
 from .schedule import update_schedule
-from .step import ACCEPTANCE_ORDER, step_size_factor
+from .step import ACCEPTANCE_ORDER, StepTuner
 
 __all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "DEFAULT_ACCEPTANCE",
            "SLICE_WIDTH"]
@@ -46,24 +46,41 @@ class ScheduleAdaptor(AdaptorBase):
 
 
 class StepSizeAdaptor(AdaptorBase):
-    """Multiply each slot's step size by :func:`nrpt.adapt.step.step_size_factor` of the
-    round's explorer acceptance (the ``swaps`` recorder) toward ``target`` acceptance."""
+    """Move each slot's step size toward ``target`` acceptance from the segment's explorer
+    acceptance (the ``swaps`` recorder): the Newton step of
+    :func:`nrpt.adapt.step.step_size_factor`, kept inside a per-slot bracket of steps seen to
+    accept too often / too rarely, with the curve's order re-estimated from the last two
+    measurements (:class:`nrpt.adapt.step.StepTuner`, part of the adaptor's checkpointed
+    state).
+
+    ``phase``: act only at the end of segments whose name starts with it (the warm-up windows
+    of a fixed-length run, ``"warm-up"``), so the sampling segments run a fixed kernel; by
+    default at the end of every segment but the last (adaptive rounds)."""
 
     name = "step-size"
 
-    def __init__(self, explorer: str, target: float | None = None):
+    def __init__(self, explorer: str, target: float | None = None, phase: str | None = None):
         if explorer not in ACCEPTANCE_ORDER:
             raise ValueError(f"step-size adaptation needs explorer {', '.join(ACCEPTANCE_ORDER)}"
                              f"; got {explorer!r}")
         self.order = ACCEPTANCE_ORDER[explorer]
         self.target = float(target) if target is not None else DEFAULT_ACCEPTANCE[explorer]
+        self.phase = phase
+        self.tuner = StepTuner(self.target, self.order)
 
     def end_segment(self, view: SegmentView) -> Update | None:
-        if view.last:
+        if view.last or (self.phase is not None and not view.name.startswith(self.phase)):
             return None
         acc = view.recorders["swaps"].explorer_acceptance().detach().cpu().double().numpy()
-        factor = torch.as_tensor(step_size_factor(acc, self.target, self.order))
-        return Update(step_size=view.step_size * factor.to(view.step_size))
+        h = view.step_size.detach().cpu().double().numpy()
+        new = self.tuner.update(h, acc)
+        return Update(step_size=torch.as_tensor(new).to(view.step_size))
+
+    def state_dict(self) -> dict:
+        return self.tuner.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.tuner.load_state_dict(sd)
 
 
 class SliceWidthAdaptor(AdaptorBase):

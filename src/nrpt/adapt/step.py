@@ -10,31 +10,132 @@ acceptance is ``a(h) = 2 Phi(-c h^k / 2)``.  One round's acceptance ``a`` at ste
 
 a Newton step in the coordinates where the model is linear.  Acceptances are clipped to
 ``[0.01, 0.99]`` (0 or 1 carry no scale) and the factor to ``[1/4, 4]`` per round.
+
+The model is asymptotic (small steps, many dimensions).  HMC in a few dimensions breaks it: the
+acceptance stays near 1 up to the leapfrog integrator's stability limit (``h = 2 sd`` on a
+Gaussian) and falls to 0 just past it, so the Newton step from an acceptance of 0.94 jumps over
+the cliff (x2.5), the next one comes back (x0.42), and the step bounces for ever (slot-0 step
+0.5 <-> 2.35 on a 3-D Gaussian).  :func:`bracketed_step` therefore keeps, per slot, a bracket
+``[lo, hi]`` of steps seen to give acceptance above / below the target and never leaves it: a
+Newton proposal outside the bracket is replaced by the geometric mean of the current step and
+the bracket's end (bisection in log step), which converges for any acceptance curve that falls
+with the step.  A bracket end contradicted by a later measurement is dropped, and both ends
+are relaxed by :data:`BRACKET_RELAX` per update, so a stale end (the slot's temperature moved
+with the schedule, or a noisy measurement) cannot pin the step for long.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ACCEPTANCE_ORDER", "step_size_factor"]
+__all__ = ["ACCEPTANCE_ORDER", "BRACKET_RELAX", "StepTuner", "bracketed_step", "step_size_factor"]
 
 #: exponent k of h in the spread of the log acceptance ratio
 ACCEPTANCE_ORDER = {"rwmh": 1, "mala": 3, "hmc": 2}
 
 _CLIP_ACCEPTANCE = (0.01, 0.99)
 _CLIP_FACTOR = (0.25, 4.0)
+#: both bracket ends move outwards by this factor per update (stale information fades)
+BRACKET_RELAX = 1.1
 
 
-def step_size_factor(acceptance, target: float, order: int) -> np.ndarray:
-    """Multiplicative step-size change per entry of ``acceptance`` (NaN -> 1: no data)."""
+def step_size_factor(acceptance, target: float, order) -> np.ndarray:
+    """Multiplicative step-size change per entry of ``acceptance`` (NaN -> 1: no data);
+    ``order``: the integer ``k`` of the model, or an array of (estimated) orders per entry."""
     if not 0.0 < float(target) < 1.0:
         raise ValueError(f"target acceptance must be in (0, 1); got {target!r}")
-    if int(order) != order or order < 1:
+    k = np.asarray(order, dtype=float)
+    if k.ndim == 0 and (int(order) != order or order < 1):
         raise ValueError(f"order must be an integer >= 1; got {order!r}")
     a = np.asarray(acceptance, dtype=float)
     seen = np.isfinite(a)
     a = np.clip(np.where(seen, a, target), *_CLIP_ACCEPTANCE)
     from scipy.special import ndtri  # (imported on use: SciPy costs ~1 s at start-up)
 
-    factor = (ndtri(target / 2.0) / ndtri(a / 2.0)) ** (1.0 / order)
+    factor = (ndtri(target / 2.0) / ndtri(a / 2.0)) ** (1.0 / k)
     return np.where(seen, np.clip(factor, *_CLIP_FACTOR), 1.0)
+
+
+
+class StepTuner:
+    """Per-slot step-size updates toward ``target`` acceptance, with memory (checkpointed via
+    :meth:`state_dict`): the bracket of :func:`bracketed_step`, and a secant estimate of the
+    acceptance curve's order.  The Newton step of :func:`step_size_factor` assumes the order
+    ``k`` of the asymptotic model; where the curve is steeper (HMC in a few dimensions: about
+    twice as steep as ``k = 2`` near acceptance 0.65) a full Newton step overshoots by that
+    ratio and the step oscillates about the target.  From the last two measurements at one slot
+    (steps at least 5 % apart, acceptances inside (0.02, 0.98)) the order is re-estimated as the
+    slope of ``log -Phi^{-1}(a/2)`` in ``log h``, clipped to ``[k/2, 4k]``; otherwise ``k``."""
+
+    def __init__(self, target: float, order: int):
+        step_size_factor([0.5], target, order)  # (validates both)
+        self.target, self.order = float(target), int(order)
+        self.lo = self.hi = self.prev_h = self.prev_a = None
+
+    def orders(self, h: np.ndarray, a: np.ndarray) -> np.ndarray:
+        k = np.full_like(h, float(self.order))
+        if self.prev_h is None or self.prev_h.shape != h.shape:
+            return k
+        from scipy.special import ndtri
+
+        h0, a0 = self.prev_h, self.prev_a
+        ok = (np.isfinite(a) & np.isfinite(a0) & (np.abs(np.log(h / h0)) > 0.05)
+              & (a > 0.02) & (a < 0.98) & (a0 > 0.02) & (a0 < 0.98))
+        with np.errstate(all="ignore"):
+            slope = (np.log(-ndtri(np.clip(a, 0.02, 0.98) / 2))
+                     - np.log(-ndtri(np.clip(a0, 0.02, 0.98) / 2))) / np.log(h / h0)
+        slope = np.clip(np.nan_to_num(slope, nan=self.order), self.order / 2, 4 * self.order)
+        return np.where(ok, slope, k)
+
+    def update(self, step, acceptance) -> np.ndarray:
+        """The new steps after measuring ``acceptance`` at ``step`` (arrays of one shape)."""
+        h = np.asarray(step, dtype=float)
+        a = np.asarray(acceptance, dtype=float)
+        if self.lo is not None and self.lo.shape != h.shape:
+            self.lo = self.hi = self.prev_h = self.prev_a = None
+        k = self.orders(h, a)
+        new, self.lo, self.hi = bracketed_step(h, a, self.target, k, self.lo, self.hi)
+        seen = np.isfinite(a)
+        if self.prev_h is None:
+            self.prev_h, self.prev_a = h.copy(), a.copy()
+        else:
+            self.prev_h = np.where(seen, h, self.prev_h)
+            self.prev_a = np.where(seen, a, self.prev_a)
+        return new
+
+    def state_dict(self) -> dict:
+        return {k: None if getattr(self, k) is None else getattr(self, k).tolist()
+                for k in ("lo", "hi", "prev_h", "prev_a")}
+
+    def load_state_dict(self, sd: dict) -> None:  # (checkpoints from before: no memory)
+        for k in ("lo", "hi", "prev_h", "prev_a"):
+            v = sd.get(k)
+            setattr(self, k, None if v is None else np.asarray(v, dtype=float))
+
+
+def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None):
+    """``(new step, lo, hi)``: the Newton step of :func:`step_size_factor`, kept inside the
+    bracket ``(lo, hi)`` of steps known to give acceptance above / below ``target`` (arrays of
+    the shape of ``step``; ``None``: no bracket yet, i.e. ``0`` and ``inf``).
+
+    The measurement at ``step`` first updates the bracket (acceptance below the target: ``hi``
+    = ``step``; above: ``lo`` = ``step``; an end on the wrong side of ``step`` is dropped as
+    contradicted); a proposal at or beyond an end becomes the geometric mean of ``step`` and
+    that end.  The returned ends are relaxed by :data:`BRACKET_RELAX`.  NaN acceptance (no
+    data) leaves the step and its bracket as they were."""
+    h = np.asarray(step, dtype=float)
+    a = np.asarray(acceptance, dtype=float)
+    lo = np.zeros_like(h) if lo is None else np.asarray(lo, dtype=float).copy()
+    hi = np.full_like(h, np.inf) if hi is None else np.asarray(hi, dtype=float).copy()
+    seen = np.isfinite(a)
+    below, above = seen & (a < target), seen & (a > target)
+    # a contradicted end (too large a step accepted often, or too small a step rarely) is stale
+    lo = np.where(below & (lo >= h), 0.0, lo)
+    hi = np.where(above & (hi <= h), np.inf, hi)
+    hi = np.where(below, np.minimum(hi, h), hi)
+    lo = np.where(above, np.maximum(lo, h), lo)
+    new = h * step_size_factor(a, target, order)
+    new = np.where(new >= hi, np.sqrt(h * hi), new)
+    new = np.where((new <= lo) & (lo > 0), np.sqrt(h * lo), new)
+    new = np.where(seen, new, h)
+    return new, lo / BRACKET_RELAX, hi * BRACKET_RELAX
