@@ -138,9 +138,12 @@ def test_a_chunk_length_from_the_config_and_the_cli():
     assert build(config("rwmh-deo", 32, fuse=16)).fused.unroll == 16
     assert build(config("rwmh-deo", 32, fuse=True)).fused.unroll == 8
     assert build(config("rwmh-deo", 32, fuse=False)).fused is None
-    run = build(config("rwmh-deo", 32, fuse=True))
+    run = build(config("rwmh-deo", 32, fuse=True, burn_in=0))
     execute(run)
     assert run.fused.describe() == {"chunk": 8, "chunks": 4, "compiled": False}
+    run = build(config("rwmh-deo", 32, fuse=True))  # a warm-up of 3 = floor(0.1 x 32), then 29
+    execute(run)
+    assert run.fused.describe() == {"chunk": 8, "chunks": 3, "compiled": False}
     from nrpt.cli import _fuse
 
     assert _fuse("true") is True and _fuse("16") == 16 and _fuse("no") is False
@@ -262,7 +265,7 @@ def test_float32_rounds_equal_the_plain_loop():
 def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
     from nrpt.loop import RunError
 
-    run = build(config("rwmh-deo", 64, fuse=True))
+    run = build(config("rwmh-deo", 64, fuse=True, burn_in=0))
     f = run.fused
     body = f._body
 
@@ -281,7 +284,7 @@ def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
         execute(run)
     assert run.engine.k == 8  # the chunk's results were never taken
 
-    run = build(config("rwmh-deo", 64, fuse=True))
+    run = build(config("rwmh-deo", 64, fuse=True, burn_in=0))
 
     def dry_run_fails():
         raise ValueError("dry")

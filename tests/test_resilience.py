@@ -363,11 +363,16 @@ def test_an_edited_config_is_refused(cut, key, old, new, message):
 
 
 def test_budget_extension_is_the_one_allowed_change(tmp_path):
-    longer = nrpt.sample(Kicker(), out=str(tmp_path / "long"), **{**OPTS, "iterations": 450})
+    # the burn-in stays the first run's (0.1 x 300 = 30 warm-up iterations, step sizes tuned
+    # and frozen there): the extended run is the fresh run of 450 iterations with burn_in = 30
+    longer = nrpt.sample(Kicker(), out=str(tmp_path / "long"),
+                         **{**OPTS, "iterations": 450, "burn_in": 30})
     out = tmp_path / "short"
     nrpt.sample(Kicker(), out=str(out), **OPTS)
     extended = nrpt.resume(out, target=Kicker(), iterations=450)
     assert_same_run(extended, longer)
+    assert extended.summary["burn_in"] == 30 and len(extended.samples) == 420
+    assert "burn_in = 0.1" in (out / "config.toml").read_text()
     assert json.loads((out / "run.json").read_text())["iterations"] == 450
     assert "iterations = 450" in (out / "config.toml").read_text()
 
@@ -408,8 +413,12 @@ def test_an_interrupted_run_folder_holds_only_valid_rows(at, tmp_path, systems, 
     samples, energies, index = (np.load(out / f) for f in runfolder.RECORD_FILES)
     axis = 0 if systems == 1 else 1
     assert samples.shape[axis] == energies.shape[axis] == n and index.shape[0] == k + 1
-    assert np.array_equal(samples, part.samples) and np.array_equal(index, part.index)
-    assert np.array_equal(samples, np.take(fullrun.samples, range(n), axis=axis))
+    # samples.npy keeps every row from iteration 0; the samples are those after the burn-in
+    m = part.samples.shape[axis]
+    assert part.summary["burn_in"] == 30 and m == n - 30 // thin
+    tail = np.take(samples, range(n - m, n), axis=axis)
+    assert np.array_equal(tail, part.samples) and np.array_equal(index, part.index)
+    assert np.array_equal(tail, np.take(fullrun.samples, range(m), axis=axis))
     side = json.loads((out / "checkpoint.json").read_text())
     assert side["iteration"] == k
     assert side["rows"] == {"index": k + 1, "samples": n, "energies": n}
@@ -453,7 +462,7 @@ def test_a_folder_with_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     args = ["run", "--preset", "none", "--iterations", "50", "--chains", "3", "--figures",
             "false", "--out", str(out), "--no-progress"]
     assert main(args) == 2 and "--overwrite" in capsys.readouterr().err
-    assert np.array_equal(np.load(out / "samples.npy"), first.samples)  # untouched
+    assert np.array_equal(np.load(out / "samples.npy")[-len(first.samples):], first.samples)  # untouched
     assert main([*args, "--overwrite"]) == 0
     assert np.load(out / "samples.npy").shape == (50, 2)
     assert not (out / "density.png").exists()  # the old run's files are gone
@@ -543,7 +552,7 @@ def test_a_crash_before_the_first_periodic_checkpoint_can_resume(full, tmp_path)
     out = tmp_path / "cut"
     with pytest.raises(loop.RunError, match=r"iteration \d+ failed.*nrpt resume"):
         nrpt.sample(Crash(), out=str(out), **OPTS)
-    assert json.loads((out / "checkpoint.json").read_text())["iteration"] == 0
+    assert json.loads((out / "checkpoint.json").read_text())["iteration"] == 30  # the warm-up's end
     assert_same_run(nrpt.resume(out, target=Kicker()), full)
 
 

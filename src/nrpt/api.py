@@ -72,6 +72,15 @@ class Result:
         return t.arrays() if t is not None else {}
 
 
+def _sets(path: Path, name: str) -> bool:
+    """Whether the TOML file ``path`` holds the setting ``name`` (in any section)."""
+    import tomllib
+
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    return name in data or any(isinstance(v, dict) and name in v for v in data.values())
+
+
 def _atomic_text(text: str, path: Path) -> None:
     rf.atomic_write(path, text, sync=False)
 
@@ -135,7 +144,8 @@ def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
         from .target import load_target
 
         target = load_target(told["target"], **(cfg.target_options or {}))
-    run = build(cfg, target=target, rule=rule, out=None, resume=ck is not None, comm=comm)
+    run = build(cfg, target=target, rule=rule, out=None, resume=ck is not None, comm=comm,
+                burn_in=_pinned_burn_in(ck))
     outcome = execute(run, out=None, checkpoint_every=cfg.checkpoint_every, callback=callback,
                       resume=ck, stop=stop, threads=threads)
     run.engine.unshard()
@@ -181,6 +191,15 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
     return ck, used, chash, record, target, spec
 
 
+def _pinned_burn_in(ck: dict | None) -> int | None:
+    """The burn-in a resumption keeps: the count its first run resolved (checkpoint header;
+    0 for a checkpoint from before burn-in existed), so that extending the budget
+    (``iterations``) never turns sampled iterations into warm-up; ``None`` for a new run."""
+    if ck is None:
+        return None
+    return int((ck.get("header") or {}).get("burn_in", 0))
+
+
 def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
          resume_from: Path | None, overwrite: bool = False, record: dict | None = None,
          comm=None, threads=None) -> Result:
@@ -197,7 +216,8 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
     if comm is not None:
         comm.share({"error": None, "checkpoint": str(used) if used else None, "target": spec})
     out = Path(cfg.out) if cfg.out else None
-    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None, comm=comm)
+    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None, comm=comm,
+                burn_in=_pinned_burn_in(ck))
     if out is not None:
         geometric = run.facts.get("target_kind") == "geometric"
         cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
@@ -211,7 +231,7 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
             record = {**record, "iterations": cfg.iterations}
             rf.write_run_record(out, record)
     header = {"config": cfg.to_dict(), "config_hash": chash, "seed": cfg.seed,
-              "iterations": cfg.iterations}
+              "iterations": cfg.iterations, "burn_in": run.plan.burn_in}
     if record is not None:
         header.update(run_id=record["run_id"], target=record.get("target"))
     outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
@@ -227,7 +247,8 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     k = run.engine.k
     first, last = min(run.plan.sample_start, k), k
     segs, done = run.plan.segments, outcome.segments_done
-    if done < len(segs) and len(segs) > 1 and segs[-1].reset and done >= 1:
+    if done < len(segs) and len(segs) > 1 and segs[-1].reset and done >= 1 and \
+            not run.plan.burn_in:
         # an interrupted adaptive run: the samples are the last completed round's (whose
         # statistics the summary reports)
         start = run.plan.starts()[done - 1]
@@ -331,6 +352,8 @@ def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
         record = rf.read_run_record(out)
         cfg = RunConfig.from_toml(out / "config.toml")
         changes: dict[str, Any] = {"out": str(out)}
+        if cfg.rounds is None and not _sets(out / "config.toml", "burn_in"):
+            changes["burn_in"] = 0  # a run from before burn-in existed: it had none
         if record is not None and cfg.iterations != record.get("iterations"):
             raise ValueError(f"{out / 'config.toml'} says iterations = {cfg.iterations} but the "
                              f"run's budget is {record.get('iterations')} (run.json): a run's "

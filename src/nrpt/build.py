@@ -14,7 +14,9 @@ Every kind of run is assembled here and nowhere else; names resolve through
    DEO*-SGD, and the variance tracker that the bias-corrected rule always needs;
 6. recorders: swaps, round trips, log Z (exact paths), Method I energies (rounds), spreads,
    the adaptation trace (stochastic-gradient runs) and the streamed draws;
-7. the plan: one segment, a tuning segment + the main one, or rounds of doubling length.
+7. the plan: the burn-in's warm-up windows (fixed-length runs; step sizes tuned between them
+   and frozen after) then one segment, or a tuning segment + the main one; or rounds of
+   doubling length.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .adapt.sa import (
     window_from_swap_rate,
 )
 from .adapt.window import WindowAdaptor
+from .config import burn_in_count
 from .diagnostics.barrier import SlotEnergyRecorder
 from .distributed import local_device
 from .domains import parse_domain
@@ -56,6 +59,10 @@ from .target import TargetError, load_target, validate_target
 __all__ = ["build", "initial_states", "DTYPES"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+#: step sizes are re-tuned after each warm-up window of at least this many iterations, in at
+#: most :data:`WARMUP_WINDOWS` windows (a burn-in of 1000 iterations: 8 windows of 125)
+WARMUP_WINDOW_MIN = 100
+WARMUP_WINDOWS = 8
 
 
 def initial_states(target, path, R: int, P: int, seed: int, dtype, device
@@ -141,12 +148,14 @@ def _check_variational(reference: str, kind: str, path, comm, cfg) -> None:
 
 
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
-          resume: bool = False, record: str = "target", comm=None) -> Run:
+          resume: bool = False, record: str = "target", comm=None,
+          burn_in: int | None = None) -> Run:
     """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` may be given as objects
     (``rule`` overrides ``cfg.swap_rule``); ``out`` is the run folder for streamed draws
     (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines);
     ``comm`` (:mod:`nrpt.distributed`) spreads the replicas over processes (only rank 0
-    stores the draws)."""
+    stores the draws).  ``burn_in``: the warm-up iterations, overriding the config's (a
+    resumption keeps its first run's count, :func:`nrpt.api.resume`)."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
     kind = validate_target(target)
@@ -240,6 +249,14 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     # 5. adaptors
     adaptors: list = []
     rounds = getattr(cfg, "rounds", None)
+    burn = 0 if rounds is not None else burn_in_count(cfg) if burn_in is None else int(burn_in)
+    tune_steps = (rounds is None and burn > 0 and bool(getattr(cfg, "adapt_step_size", None))
+                  and cfg.explorer in ("rwmh", "mala", "hmc"))
+    windows = max(1, min(WARMUP_WINDOWS, burn // WARMUP_WINDOW_MIN)) if tune_steps else 1
+    facts.update(burn_in=burn, warmup_windows=windows if burn else 0,
+                 step_size_tuned=tune_steps)
+    if tune_steps:  # between the warm-up windows only: the sampling kernel is fixed
+        adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance, phase="warm-up"))
     if rounds is not None:
         if cfg.adapt_schedule:
             adaptors.append(ScheduleAdaptor())
@@ -264,9 +281,10 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if rounds is not None:
         plan = Plan.rounds(rounds)
     elif source == "auto":
-        plan = Plan.tuned(cfg.window_tune or max(1, cfg.iterations // 10), cfg.iterations)
+        plan = Plan.tuned(cfg.window_tune or max(1, cfg.iterations // 10), cfg.iterations,
+                          burn, windows)
     else:
-        plan = Plan.fixed(cfg.iterations)
+        plan = Plan.fixed(cfg.iterations, burn, windows)
     kw = {"dtype": dtype, "device": device}
     R = E  # recorders see every engine system (both legs' rows)
     recorders: dict[str, Any] = {"swaps": SwapStats(R, P, **kw),

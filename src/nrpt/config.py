@@ -33,7 +33,7 @@ from typing import Any
 from . import registry
 from .explorers.compiled import COMPILABLE
 
-__all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION"]
+__all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION", "burn_in_count", "DEFAULT_BURN_IN"]
 
 #: schemes under which the variational reference's bridge fires (pair (0, 1) rests on some
 #: iterations): DEO and DEO_W by design, SEO at random
@@ -42,11 +42,13 @@ VERSION = 2
 DTYPES = ("float64", "float32")
 SLICE_METHODS = ("stepping-out", "doubling")
 WINDOW_NAMES = ("auto", "swap-rate")
+#: the warm-up fraction of a fixed-length run (``burn_in``)
+DEFAULT_BURN_IN = 0.1
 MAX_ROUNDS = 24  # round r runs 2^r iterations: 2^25 iterations in all at most
 
 #: TOML sections -> the fields they hold (``target_options`` is its own table)
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "run": ("target", "iterations", "rounds", "systems", "seed", "dtype", "device"),
+    "run": ("target", "iterations", "burn_in", "rounds", "systems", "seed", "dtype", "device"),
     "ladder": ("chains", "temperatures", "betas", "max_temperature", "bottom_temperature",
                "learning_rates", "lr_min", "lr_max", "reference"),
     "explorer": ("explorer", "step_size", "leapfrog_steps", "n_explore", "slice_method",
@@ -115,6 +117,32 @@ def _chunk(name: str, value: Any) -> bool | int | str:
         return value
     raise ValueError(f"{name} must be auto, true, false or a chunk length (an integer >= 1); "
                      f"got {value!r}")
+
+
+def _burn_in(value: Any, iterations: int) -> float | int:
+    """A fraction in [0, 1) (a float) or a count in [0, iterations - 1] (an integer): at least
+    one iteration is left to sample."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value) and 0.0 <= value < 1.0
+    elif ok:
+        ok = 0 <= value <= iterations - 1
+    if not ok:
+        raise ValueError(f"burn_in must be a fraction of iterations in [0, 1) (e.g. 0.1) or an "
+                         f"integer count of iterations in [0, {iterations - 1}] (iterations - 1); "
+                         f"got {value!r}")
+    return value
+
+
+def burn_in_count(cfg) -> int:
+    """The warm-up iterations of a fixed-length run ``cfg`` (0 for adaptive rounds): ``burn_in``
+    itself if it is an integer, else ``floor(burn_in * iterations)``, at most
+    ``iterations - 1``."""
+    b = getattr(cfg, "burn_in", None)
+    if b is None or cfg.rounds is not None:
+        return 0
+    n = int(b) if isinstance(b, int) else int(math.floor(float(b) * cfg.iterations))
+    return max(0, min(n, int(cfg.iterations) - 1))
 
 
 def _choice(name: str, value: Any, allowed) -> str:
@@ -221,6 +249,10 @@ class RunConfig:
     # run
     target: str | None = None
     iterations: int | None = None
+    #: warm-up of a fixed-length run, in no statistic and not in posterior.nc: a fraction of
+    #: ``iterations`` in [0, 1) (default 0.1) or a count (an integer); step sizes are tuned
+    #: during it (``adapt_step_size``) and frozen after it
+    burn_in: float | int | None = None
     rounds: int | None = None
     systems: int | None = None
     seed: int | None = None
@@ -436,9 +468,13 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
         cfg.rounds = _int("rounds", cfg.rounds, 1, MAX_ROUNDS)
         not_applicable("iterations", "an adaptive run (rounds) runs 2 + 4 + ... + 2^rounds "
                                      "iterations; give rounds only")
+        not_applicable("burn_in", "an adaptive run (rounds) already keeps only its last round; "
+                                  "burn_in is for fixed-length runs")
     else:
         default("iterations", 10_000)
         cfg.iterations = _int("iterations", cfg.iterations, 1)
+        default("burn_in", DEFAULT_BURN_IN)
+        cfg.burn_in = _burn_in(cfg.burn_in, cfg.iterations)
     default("systems", 1)
     cfg.systems = _int("systems", cfg.systems, 1)
     default("seed", 0)
@@ -653,12 +689,16 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     else:
         not_applicable("sa_step", "sa_step is the step size of the deterministic rule's "
                                   "adaptation (adapt = true)")
+    tunable = cfg.explorer in ("rwmh", "mala", "hmc")
     if cfg.rounds is not None:
         default("adapt_schedule", True)
         cfg.adapt_schedule = _bool("adapt_schedule", cfg.adapt_schedule)
+    else:
+        not_applicable("adapt_schedule", "adapt_schedule is for adaptive runs (rounds)")
+    if cfg.rounds is not None or (tunable and burn_in_count(cfg) > 0):
         default("adapt_step_size", True)
         cfg.adapt_step_size = _bool("adapt_step_size", cfg.adapt_step_size)
-        if cfg.adapt_step_size and cfg.explorer in ("rwmh", "mala", "hmc"):
+        if cfg.adapt_step_size and tunable:
             if cfg.target_acceptance is not None:
                 cfg.target_acceptance = _number("target_acceptance", cfg.target_acceptance,
                                                 0.0, strict=True, high=1.0)
@@ -666,8 +706,10 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
             not_applicable("target_acceptance", "target_acceptance is what adapt_step_size "
                                                 "aims at for rwmh, mala, hmc")
     else:
-        for name in ("adapt_schedule", "adapt_step_size", "target_acceptance"):
-            not_applicable(name, f"{name} is for adaptive runs (rounds)")
+        for name in ("adapt_step_size", "target_acceptance"):
+            not_applicable(name, f"{name} is for adaptive runs (rounds) and for the burn-in "
+                                 f"(burn_in > 0) of fixed-length runs with explorer rwmh, mala "
+                                 f"or hmc")
 
     # -- energy
     if sg:

@@ -1,8 +1,9 @@
 """The one run loop: every kind of run is a *plan* of segments executed here.
 
 ===================  ===========================================================================
-fixed-length run     one segment
-``window = "auto"``  a tuning segment (DEO), then the main one under DEO_W(W*)
+fixed-length run     warm-up windows (the burn-in; step sizes tuned between them), then the
+                     sampling segment (statistics reset: the burn-in is in no statistic)
+``window = "auto"``  warm-up windows, a tuning segment (DEO), then the main one under DEO_W(W*)
 adaptive NRPT        rounds: segments of 2, 4, ..., 2^N iterations, statistics reset each round
 ===================  ===========================================================================
 
@@ -131,20 +132,42 @@ class Segment:
 @dataclass(frozen=True)
 class Plan:
     segments: tuple[Segment, ...]
+    #: iterations of the warm-up windows before the sampling segments (fixed-length runs)
+    burn_in: int = 0
+
+    @staticmethod
+    def warm_up(burn_in: int, windows: int = 1) -> tuple[Segment, ...]:
+        """``burn_in`` iterations in ``windows`` near-equal segments ``"warm-up i"`` whose
+        draws are not samples (``reset``: each window's statistics are its own, which is what
+        the step-size tuning between them reads)."""
+        burn_in, windows = int(burn_in), max(1, min(int(windows), int(burn_in)))
+        if burn_in <= 0:
+            return ()
+        cuts = [burn_in * i // windows for i in range(windows + 1)]
+        return tuple(Segment(f"warm-up {i + 1}", cuts[i + 1] - cuts[i], reset=True, sample=False)
+                     for i in range(windows))
 
     @classmethod
-    def fixed(cls, iterations: int) -> Plan:
-        return cls((Segment("run", int(iterations)),))
+    def fixed(cls, iterations: int, burn_in: int = 0, windows: int = 1) -> Plan:
+        """``burn_in`` warm-up iterations (in ``windows``), then the rest: the samples, with
+        fresh statistics."""
+        burn_in = min(int(burn_in), int(iterations) - 1)
+        if burn_in <= 0:
+            return cls((Segment("run", int(iterations)),))
+        return cls(cls.warm_up(burn_in, windows) + (Segment("run", int(iterations) - burn_in),),
+                   burn_in)
 
     @classmethod
-    def tuned(cls, tune: int, iterations: int) -> Plan:
-        """A DEO tuning segment of ``tune`` iterations, then the rest (statistics continue:
-        both segments sample exactly)."""
-        tune = min(int(tune), int(iterations))
-        segs = [Segment("tune", tune)]
-        if iterations > tune:
-            segs.append(Segment("main", int(iterations) - tune, reset=False))
-        return cls(tuple(segs))
+    def tuned(cls, tune: int, iterations: int, burn_in: int = 0, windows: int = 1) -> Plan:
+        """Warm-up windows, a DEO tuning segment of ``tune`` iterations, then the rest
+        (statistics continue from the tuning segment: both sample exactly)."""
+        burn_in = max(0, min(int(burn_in), int(iterations) - 1))
+        rest = int(iterations) - burn_in
+        tune = min(int(tune), rest)
+        segs = list(cls.warm_up(burn_in, windows)) + [Segment("tune", tune)]
+        if rest > tune:
+            segs.append(Segment("main", rest - tune, reset=False))
+        return cls(tuple(segs), burn_in)
 
     @classmethod
     def rounds(cls, n: int) -> Plan:

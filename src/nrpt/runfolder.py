@@ -226,7 +226,8 @@ def clear_run(out: Path) -> None:
 def config_hash(cfg) -> str:
     """sha256 of the run's resolved settings, less those a resumption may change and those
     that do not apply (``None``: a setting added in a later version does not change it)."""
-    data = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_HASHED and v is not None}
+    data = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_HASHED and v is not None
+            and not (k == "burn_in" and v == 0)}  # (burn_in 0: what runs before it did)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -62,6 +62,10 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         stats_from = f"the last completed segment ({seg.name})" if done else "no completed round"
     else:
         stats_from = "the whole run (tuning segment included)"
+    burn = int(facts.get("burn_in") or 0)
+    if burn and done > len(run.plan.warm_up(burn, facts.get("warmup_windows") or 1)):
+        stats_from = (f"the {K - burn} iterations after the burn-in of {burn} (round_trips_total"
+                      f", restarts_total: the whole run)")
     s: dict[str, Any] = {
         "target": cfg.target, "target_options": dict(cfg.target_options or {}),
         "path": path_kind, "chains": P, "systems": R, "explorer": cfg.explorer,
@@ -70,6 +74,10 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         "wall_time_s": outcome.wall_time_s, "threads": outcome.notes.get("threads"),
         "iterations_per_s": K / outcome.wall_time_s if outcome.wall_time_s > 0 else None,
         "statistics_from": stats_from,
+        # fixed-length runs: warm-up iterations in no statistic, not in posterior.nc nor in
+        # Result.samples (samples.npy keeps every row, from iteration 0)
+        "burn_in": burn, "warmup_windows": facts.get("warmup_windows") or 0,
+        "step_size_tuned_in_burn_in": bool(facts.get("step_size_tuned")),
     }
     if "window_rejection" in outcome.notes:
         s["window_rejection"] = outcome.notes["window_rejection"]

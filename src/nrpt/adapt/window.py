@@ -1,6 +1,7 @@
 """``window = "auto"``: W* of DEO_W from the rejection rate measured in a tuning segment.
 
-The run's first segment (``window_tune`` iterations) uses DEO; at its end the mean rejection
+The run's tuning segment (``"tune"``, ``window_tune`` iterations, after the burn-in's warm-up
+windows) uses DEO; at its end the mean rejection
 rate ``r`` of the adjacent pairs (the ``swaps`` recorder) gives
 ``W* = ceil((log P + log log P) / -log r)`` (Deng et al. 2023, from Lemma 1;
 :func:`nrpt.diagnostics.theory.optimal_window`) and the scheme switches to DEO_W(W*).  (The
@@ -25,7 +26,7 @@ class WindowAdaptor(AdaptorBase):
         self.rejection: float | None = None
 
     def end_segment(self, view: SegmentView) -> Update | None:
-        if self.window is not None or view.last:
+        if self.window is not None or view.last or view.name != "tune":
             return None
         rej = view.recorders["swaps"].rejection().nan_to_num(nan=0.0).mean()
         self.rejection = float(rej.clamp(0.0, 1.0 - 1e-9))
