@@ -51,7 +51,7 @@ def test_window_auto_is_w_star_of_the_rejection_measured_while_tuning(tmp_path, 
     out = tmp_path / "auto"
     code, _, _ = run_cli(["run", "--iterations", "600", "--scheme", "deo-w", "--window", "auto",
                           "--window-tune", "200", "--chains", "8", "--out", str(out),
-                          "--no-progress"], capsys)
+                          "--no-progress", "--burn-in", "0"], capsys)
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     r = summary["window_rejection"]
@@ -61,7 +61,8 @@ def test_window_auto_is_w_star_of_the_rejection_measured_while_tuning(tmp_path, 
     assert summary["window"] == expected
     # and the measured rejection is the tuning segment's (DEO): rerun only that segment
     tune = run_cli(["run", "--iterations", "200", "--chains", "8", "--scheme", "deo",
-                    "--out", str(tmp_path / "tune"), "--no-progress", "--figures", "false"],
+                    "--out", str(tmp_path / "tune"), "--no-progress", "--figures", "false",
+                    "--burn-in", "0"],
                    capsys)
     assert tune[0] == 0
     acc = json.loads((tmp_path / "tune" / "summary.json").read_text())["swap_acceptance"]

@@ -67,9 +67,9 @@ def test_posterior_holds_the_model_variables(hooked_run):
     idata = _read(out / "posterior.nc")
     post = idata.posterior
     assert set(post.data_vars) == {"mu", "sigma", "w"}  # no flat x in the posterior
-    assert post["mu"].dims == ("chain", "draw") and post["mu"].shape == (2, 600)
-    assert post["sigma"].shape == (2, 600)
-    assert post["w"].dims == ("chain", "draw", "group") and post["w"].shape == (2, 600, 2)
+    assert post["mu"].dims == ("chain", "draw") and post["mu"].shape == (2, 540)  # 600 - burn-in 60
+    assert post["sigma"].shape == (2, 540)
+    assert post["w"].dims == ("chain", "draw", "group") and post["w"].shape == (2, 540, 2)
     assert list(post["group"].values) == ["north", "south"]
     assert list(post["chain"].values) == [0, 1]
     # exactly the hook applied to the run's slot-0 draws, system by system
@@ -103,7 +103,7 @@ def test_sample_stats_agree_with_the_summary(hooked_run):
     res, out = hooked_run
     summary = json.loads((out / "summary.json").read_text())
     stats = _read(out / "posterior.nc").sample_stats
-    assert stats["path_energy"].shape == (2, 600)
+    assert stats["path_energy"].shape == (2, 540)
     assert np.array_equal(stats["path_energy"].values, res.energies)
     # cumulative restarts / round trips end at the summary's counts, per system
     assert stats["restarts"].dims == ("chain", "draw")
@@ -113,8 +113,10 @@ def test_sample_stats_agree_with_the_summary(hooked_run):
     # the replica at slot 0, and whether a swap moved it, from the index process
     index = res.index
     at0 = np.argmin(index, axis=-1)  # [K + 1, R]
-    assert np.array_equal(stats["slot0_replica"].values, at0[1:].T)
-    assert np.array_equal(stats["target_swap_accepted"].values, (at0[1:] != at0[:-1]).T)
+    b = summary["burn_in"]  # the draws are those of iterations b + 1 .. K
+    assert b == 60
+    assert np.array_equal(stats["slot0_replica"].values, at0[b + 1:].T)
+    assert np.array_equal(stats["target_swap_accepted"].values, (at0[b + 1:] != at0[b:-1]).T)
     # per system: log Z, its two stepping-stone halves and the barrier, as in summary.json
     for key in ("log_normalizer", "log_normalizer_forward", "log_normalizer_reverse",
                 "barrier"):
@@ -202,7 +204,7 @@ def test_unnamed_dims_and_boolean_variables(tmp_path):
             return {"positive": x[:, 0] > 0, "grid": np.stack([x[:, :2], 2 * x[:, 2:]], 1)}
 
     res = nrpt.sample(Wider(), chains=4, iterations=40, explorer="rwmh", figures=False,
-                      out=str(tmp_path))
+                      out=str(tmp_path), burn_in=0)
     post = _read(tmp_path / "posterior.nc").posterior
     assert post["positive"].dtype == bool and post["positive"].shape == (1, 40)
     assert np.array_equal(post["positive"].values[0], res.samples[:, 0] > 0)
@@ -255,7 +257,7 @@ def test_blocks_are_sized_by_the_model_variables_too(tmp_path, monkeypatch):
 
     monkeypatch.setattr(inference_data, "DRAW_BLOCK_BYTES", 8 * 1000 * 50)  # 50 draws of fitted
     res = nrpt.sample(Big(), chains=4, iterations=300, explorer="rwmh", figures=False,
-                      out=str(tmp_path))
+                      out=str(tmp_path), burn_in=0)
     assert max(seen) <= 50, seen  # control: sized by the 4-number state alone it would be 300
     post = _read(tmp_path / "posterior.nc").posterior
     assert post["fitted"].shape == (1, 300, 1000)

@@ -26,6 +26,9 @@ _HELP = {
     "target": "built-in target name or path/to/file.py:NAME (see `nrpt list targets`)",
     "chains": "number of slots P on the ladder (>= 2)",
     "iterations": "number of PT iterations (explore + swap)",
+    "burn_in": "warm-up of a fixed-length run, in no statistic and not in posterior.nc: a "
+               "fraction of --iterations in [0, 1) (default 0.1) or a count (an integer); "
+               "rwmh/mala/hmc step sizes are tuned during it and then frozen",
     "scheme": "swap scheme",
     "window": "window W of deo-w: an integer >= 1, 'auto' (W* from the rejection rate measured "
               "in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - swap_rate)",
@@ -52,7 +55,8 @@ _HELP = {
               "explorer defaults to slice",
     "adapt_schedule": "with --rounds: re-fit the schedule between rounds (true/false)",
     "adapt_step_size": "with --rounds: tune rwmh/mala/hmc step sizes (slice widths) between "
-                       "rounds (true/false)",
+                       "rounds; in a fixed-length run: tune rwmh/mala/hmc step sizes during "
+                       "the burn-in (true/false, default true)",
     "target_acceptance": "explorer acceptance aimed at by --adapt-step-size "
                          "(default 0.3 rwmh, 0.574 mala, 0.65 hmc)",
     "slice_method": "interval growth of the slice explorer",
@@ -118,6 +122,14 @@ def _step(text: str):
     return vals[0] if len(vals) == 1 else vals
 
 
+def _burn_in(text: str):
+    """An integer count ("500") or a fraction ("0.1")."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
 def _window(text: str):
     return text if text in ("auto", "swap-rate") else int(text)
 
@@ -147,6 +159,7 @@ _TYPES = {
     "temperatures": _FLOATS, "betas": _FLOATS, "learning_rates": _FLOATS, "sa_step": _FLOATS,
     "step_size": _typed("a number or comma-separated numbers", _step),
     "window": _typed("an integer >= 1, auto or swap-rate", _window),
+    "burn_in": _typed("a fraction in [0, 1) or an integer count", _burn_in),
     "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
     "compile": _BOOL, "fuse": _typed("auto, true, false or a chunk length", _fuse), "adapt": _BOOL,
 }
