@@ -462,7 +462,8 @@ def test_a_folder_with_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     args = ["run", "--preset", "none", "--iterations", "50", "--chains", "3", "--figures",
             "false", "--out", str(out), "--no-progress"]
     assert main(args) == 2 and "--overwrite" in capsys.readouterr().err
-    assert np.array_equal(np.load(out / "samples.npy")[-len(first.samples):], first.samples)  # untouched
+    # untouched (samples.npy keeps the burn-in rows first)
+    assert np.array_equal(np.load(out / "samples.npy")[-len(first.samples):], first.samples)
     assert main([*args, "--overwrite"]) == 0
     assert np.load(out / "samples.npy").shape == (50, 2)
     assert not (out / "density.png").exists()  # the old run's files are gone

@@ -60,8 +60,9 @@ __all__ = ["build", "initial_states", "DTYPES"]
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: step sizes are re-tuned after each warm-up window of at least this many iterations, in at
-#: most :data:`WARMUP_WINDOWS` windows (a burn-in of 1000 iterations: 8 windows of 125)
-WARMUP_WINDOW_MIN = 100
+#: most :data:`WARMUP_WINDOWS` windows (a burn-in of 1000 iterations: 8 windows of 125; of
+#: 200: 4 of 50)
+WARMUP_WINDOW_MIN = 50
 WARMUP_WINDOWS = 8
 
 
