@@ -55,6 +55,8 @@ class Result:
     rows: list[dict[str, Any]] = field(default_factory=list)
     engine: PTEngine | None = field(default=None, repr=False)
     recorders: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: what :meth:`to_inference_data` needs besides the above (first iteration, thin, legs)
+    export: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __getattr__(self, name):
         summary = self.__dict__.get("summary", {})
@@ -64,6 +66,45 @@ class Result:
 
     def __str__(self) -> str:
         return format_summary(self.summary)
+
+    def to_inference_data(self):
+        """The run's draws and diagnostics as an ``arviz.InferenceData``, in memory: the same
+        groups as the run folder's ``posterior.nc`` (:mod:`nrpt.inference_data`: ``posterior``
+        -- the samples after the burn-in, in the model's variables for targets with
+        ``model_variables`` --, ``sample_stats``, ``constant_data``), for a run with or
+        without a folder.  Needs ArviZ: ``pip install nrpt[arviz]``."""
+        try:
+            import arviz as az
+            import h5netcdf  # noqa: F401  (the engine the builder writes with)
+            import xarray as xr
+        except ImportError as err:
+            raise ImportError(f"Result.to_inference_data needs ArviZ ({err.name} is not "
+                              f"installed): pip install nrpt[arviz]") from None
+        if self.engine is None or np.asarray(self.samples).size == 0:
+            raise ValueError("this result holds no samples (a rank > 0 of a distributed run, "
+                             "or a run stopped before its sampling segment)")
+        import tempfile
+
+        from .inference_data import write_inference_data
+
+        with tempfile.TemporaryDirectory(prefix="nrpt-idata-") as tmp:
+            path = Path(tmp) / "posterior.nc"
+            write_inference_data(path, samples=self.samples, energies=self.energies,
+                                 recorders=self.recorders, engine=self.engine,
+                                 summary=self.summary, index=self.index,
+                                 first=int(self.export.get("first", 0)),
+                                 thin=int(self.export.get("thin", 1)),
+                                 legs=bool(self.export.get("legs", False)))
+            # every group read into memory before the file goes away
+            import h5py  # (h5netcdf's own dependency: lists the groups)
+
+            with h5py.File(path, "r") as f:
+                names = [g for g in f.keys() if isinstance(f[g], h5py.Group)]
+            groups = {}
+            for g in names:
+                with xr.open_dataset(path, group=g, engine="h5netcdf") as ds:
+                    groups[g] = ds.load()
+        return az.InferenceData(**groups)
 
     def trace(self) -> dict[str, np.ndarray]:
         """The adaptation trace of a stochastic-gradient run (``adaptation.npz``): ``k``,
@@ -81,6 +122,33 @@ def _sets(path: Path, name: str) -> bool:
     return name in data or any(isinstance(v, dict) and name in v for v in data.values())
 
 
+def interactive() -> bool:
+    """Whether a person is likely watching: a notebook or IPython, the Python prompt, or a
+    terminal on stderr (where the progress bar goes) -- and not under pytest."""
+    import sys
+
+    if os.environ.get("PYTEST_CURRENT_TEST"):
+        return False
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None:
+        return True
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return False
+
+
+def _progress(progress: bool | None) -> bool:
+    if progress is None:
+        return interactive()
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be True, False or None (on when interactive); got "
+                         f"{progress!r}")
+    return progress
+
+
 def _atomic_text(text: str, path: Path) -> None:
     rf.atomic_write(path, text, sync=False)
 
@@ -93,7 +161,8 @@ def _guard(out: Path | None):
         yield stop
 
 
-def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progress: bool = False,
+def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
+               progress: bool | None = False,
                callback=None, resume_from: str | os.PathLike | None = None,
                overwrite: bool = False, threads: int | str | None = None) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
@@ -109,7 +178,11 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None, progres
     ``threads``: torch threads for the run (an int, or ``"auto"``: one thread for small
     states, see :func:`nrpt.loop.choose_threads`; default the ``NRPT_THREADS`` environment
     variable, else ``"auto"``).  Not a setting of the run: it changes speed, not the draws
-    beyond floating-point reduction order in large tensors."""
+    beyond floating-point reduction order in large tensors.
+
+    ``progress``: a progress bar and, for runs of several segments (warm-up windows, rounds),
+    one report row per segment (``None``: when :func:`interactive`)."""
+    progress = _progress(progress)
     comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
@@ -269,7 +342,9 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
         _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
     return Result(samples=samples, energies=np.asarray(arrays["energies"]),
                   index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
-                  rows=outcome.rows, engine=run.engine, recorders=run.recorders)
+                  rows=outcome.rows, engine=run.engine, recorders=run.recorders,
+                  export={"first": int(arrays["first"]), "thin": draws.thin,
+                          "legs": bool(run.facts.get("legs"))})
 
 
 def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays) -> None:
@@ -302,7 +377,8 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
                 index=np.asarray(arrays["index"]), rows=outcome.rows)
 
 
-def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | None = None,
+def sample(target="twenty-five-modes", *, progress: bool | None = None,
+           rule: Rule | None = None,
            callback=None, overwrite: bool = False, threads: int | str | None = None,
            **options) -> Result:
     """Run parallel tempering on ``target``.
@@ -314,12 +390,14 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
     does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
     ``overwrite``: replace a run already in the folder ``out`` (else that is an error).
     ``threads``: torch threads while it runs (default ``"auto"``: one for small states; see
-    :func:`run_config`).
+    :func:`run_config`).  ``progress``: a progress bar and the per-segment report rows (warm-up
+    windows, rounds) as the CLI prints them; default ``None``: on in a notebook, IPython, the
+    Python prompt or a terminal, off otherwise (pytest, output to a file).
 
     Example::
 
         res = nrpt.sample("twenty-five-modes", chains=10, iterations=20_000, scheme="deo")
-        res.samples.shape        # (20000, 2): draws at slot 0 (the target)
+        res.samples.shape        # (18000, 2): slot-0 draws after the burn-in (0.1)
         res.round_trips, res.barrier, res.swap_acceptance
     """
     obj = None
@@ -333,7 +411,7 @@ def sample(target="twenty-five-modes", *, progress: bool = False, rule: Rule | N
                       overwrite=overwrite, threads=threads)
 
 
-def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
+def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
            iterations: int | None = None, callback=None,
            threads: int | str | None = None) -> Result:
     """Continue the run in folder ``out`` from its last checkpoint, to its configured length
@@ -371,6 +449,6 @@ def resume(out: str | os.PathLike, *, progress: bool = False, target=None,
         if _join(cfg, comm) is not None and not lead:
             return _follow(cfg, stop, comm, target=target, rule=None, callback=callback,
                            threads=threads)
-        return _run(cfg, stop, target=target, rule=None, progress=progress and lead,
+        return _run(cfg, stop, target=target, rule=None, progress=_progress(progress) and lead,
                     callback=callback, resume_from=out, record=record, comm=comm,
                     threads=threads)
