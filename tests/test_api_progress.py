@@ -22,7 +22,8 @@ def test_progress_defaults_to_off_under_pytest_and_on_at_a_prompt(monkeypatch, c
     res = nrpt.sample("gaussian", chains=4, iterations=300, figures=False)
     out = capsys.readouterr().out
     # the per-segment rows the CLI prints: the warm-up windows (tuning), then the samples
-    assert "round" in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1 + len(res.rows)
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert "round" in out and len(lines) == 1 + len(res.rows)
     monkeypatch.delattr(sys, "ps1")
     res = nrpt.sample("gaussian", chains=4, iterations=300, figures=False, progress=False)
     assert capsys.readouterr().out == ""
