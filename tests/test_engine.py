@@ -267,7 +267,7 @@ def test_same_seed_same_run_bitwise_and_different_seed_differs():
 
 def test_systems_are_independent_copies_with_their_own_noise():
     res = nrpt.sample("twenty-five-modes", iterations=200, systems=3, seed=2)
-    assert res.samples.shape == (3, 200, 2) and res.index.shape == (201, 3, 10)
+    assert res.samples.shape == (3, 180, 2) and res.index.shape == (201, 3, 10)  # burn-in 20
     assert not np.array_equal(res.samples[0], res.samples[1])
     assert isinstance(res.round_trips, list) and len(res.round_trips) == 3
 
