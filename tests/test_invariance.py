@@ -105,8 +105,9 @@ def test_without_swaps_the_target_chain_is_stuck():
         def initial_states(self, n, generator):
             return 4.0 + torch.randn(n, 1, generator=generator, dtype=torch.float64)
 
+    # (step_size 0.5 kept: the burn-in's tuning would widen it until RWMH hops the modes)
     res = nrpt.sample(Start(), chains=2, temperatures=[1.0, 1.01], iterations=1500, systems=R,
-                      step_size=0.5, seed=2)
+                      step_size=0.5, seed=2, adapt_step_size=False)
     dev = deviations(res.samples, BIMODAL_F, bimodal_truth(bimodal_1d()))
     assert max(dev.values()) > Z, dev
 

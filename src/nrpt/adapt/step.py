@@ -65,7 +65,9 @@ class StepTuner:
     twice as steep as ``k = 2`` near acceptance 0.65) a full Newton step overshoots by that
     ratio and the step oscillates about the target.  From the last two measurements at one slot
     (steps at least 5 % apart, acceptances inside (0.02, 0.98)) the order is re-estimated as the
-    slope of ``log -Phi^{-1}(a/2)`` in ``log h``, clipped to ``[k/2, 4k]``; otherwise ``k``."""
+    slope of ``log -Phi^{-1}(a/2)`` in ``log h``, clipped to ``[k, 4k]`` (only ever damping
+    the Newton step: a shallower estimate is more likely noise of short windows); otherwise
+    ``k``."""
 
     def __init__(self, target: float, order: int):
         step_size_factor([0.5], target, order)  # (validates both)
@@ -84,7 +86,7 @@ class StepTuner:
         with np.errstate(all="ignore"):
             slope = (np.log(-ndtri(np.clip(a, 0.02, 0.98) / 2))
                      - np.log(-ndtri(np.clip(a0, 0.02, 0.98) / 2))) / np.log(h / h0)
-        slope = np.clip(np.nan_to_num(slope, nan=self.order), self.order / 2, 4 * self.order)
+        slope = np.clip(np.nan_to_num(slope, nan=self.order), self.order, 4 * self.order)
         return np.where(ok, slope, k)
 
     def update(self, step, acceptance) -> np.ndarray:
