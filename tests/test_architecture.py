@@ -119,8 +119,8 @@ SCHEMES = [s for s in registry.names("scheme")]
 def _options(explorer: str, scheme: str) -> dict:
     opts = {"chains": 4, "iterations": 24, "systems": 2, "seed": 1, "explorer": explorer,
             "scheme": scheme, "figures": False}
-    if scheme == "deo-w":
-        opts["window"] = 2
+    if scheme == "deo-w":  # a window > 1 with exact Metropolis swaps is refused (biased)
+        opts.update(window=2, swap_rule="always")
     return opts
 
 

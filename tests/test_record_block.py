@@ -72,7 +72,9 @@ def stack(its: list[Iteration], watched: list[int]) -> IterationBlock:
 class Recorded:
     def __init__(self, name: str):
         cfg = RunConfig(**{**CONFIGS[name], "iterations": K, "figures": False})
-        run = build(cfg)
+        # blocks vs one by one of the same iterations: DEO_W's gate with Metropolis verdicts
+        # (refused for sampling, biased) is kept for the active / accepted masks it makes
+        run = build(cfg, allow_gate_bias=True)
         eng = run.engine
         self.R, self.P, self.dim = eng.R, eng.P, eng.dim
         self.slot_of0 = eng.slot_of.clone()

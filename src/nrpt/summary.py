@@ -71,6 +71,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         "iterations_per_s": K / outcome.wall_time_s if outcome.wall_time_s > 0 else None,
         "statistics_from": stats_from,
     }
+    if facts.get("approximations"):  # e.g. DEO_W's gate on noisy swaps (nrpt.swap.check_gate)
+        s["approximations"] = list(facts["approximations"])
     if "window_rejection" in outcome.notes:
         s["window_rejection"] = outcome.notes["window_rejection"]
     if getattr(run, "fused", None) is not None:
