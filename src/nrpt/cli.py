@@ -28,7 +28,9 @@ _HELP = {
     "iterations": "number of PT iterations (explore + swap)",
     "scheme": "swap scheme",
     "window": "window W of deo-w: an integer >= 1, 'auto' (W* from the rejection rate measured "
-              "in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - swap_rate)",
+              "in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - swap_rate); for noisy / "
+              "stochastic-gradient swaps: a window > 1 with exact Metropolis swaps is refused "
+              "(biased; use --scheme deo)",
     "explorer": "local move (exact: rwmh, mala, hmc, slice; stochastic-gradient: the rest)",
     "step_size": "exact explorers: step size at slot 0 (scaled by sqrt(tau) up a temperature "
                  "ladder), or one per slot, comma-separated",
