@@ -65,8 +65,10 @@ _HELP = {
     "figures": "with --out: write the figures (true/false)",
     "compile": "run the explorer step (rwmh, mala, hmc, and the stochastic-gradient "
                "explorers without control variates) as one torch.compile graph: faster "
-               "iterations after a compilation of seconds, the same draws; falls back to the "
-               "plain step (true/false)",
+               "iterations after a compilation of seconds; each step equals the plain one to "
+               "rounding (a deterministic-rule run then diverges from the plain run after a "
+               "flipped verdict: the same chain in law, not the same numbers); falls back to "
+               "the plain step (true/false)",
     "fuse": "run the iterations in chunks (explore, swap, adapt, record) as one function, "
             "one torch.compile graph with --compile: fewer launches per iteration; true = "
             "chunks of 8, or a chunk length (16: faster, twice the compilation); one process, "
