@@ -43,7 +43,8 @@ def _says_why_and_what(message: str, window: str) -> None:
         assert part.lower() in message.lower(), (part, message)
 
 
-@pytest.mark.parametrize("window, shown", [(2, "2"), ("auto", "'auto'"), ("swap-rate", "8 (window 'swap-rate')")])
+@pytest.mark.parametrize("window, shown", [(2, "2"), ("auto", "'auto'"),
+                                           ("swap-rate", "8 (window 'swap-rate')")])
 def test_the_api_refuses_deo_w_with_exact_metropolis_swaps(window, shown):
     with pytest.raises(ValueError) as err:
         nrpt.sample("gaussian", scheme="deo-w", window=window, **{**FAST, "chains": 16})
