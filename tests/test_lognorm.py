@@ -1,10 +1,12 @@
-"""Stepping-stone log normalizing constants (nrpt.lognorm): the streaming log-sum-exp, the
+"""Log normalizing constants (nrpt.lognorm: bridge and stepping stone): the streaming log-sum-exp, the
 ``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
 
 Statistical checks use R independent PT systems (the engine's system axis): each gives one
 estimate, the standard error is sd / sqrt(R), and |mean - truth| < 4.5 se (for R = 8, a t_7
-tail probability of about 3e-3; seeds are fixed).  The stepping-stone estimator has an O(1/n)
-bias, far below se ~ 1/sqrt(n R) at these sizes.
+tail probability of about 3e-3; seeds are fixed).  The reported bridge estimator has an O(1/n)
+bias (finite-variance weights), far below se ~ 1/sqrt(n R) at these sizes; the reverse
+stepping-stone half does not where the likelihood vanishes faster than the reference (the
+Uniform/HalfNormal test at the end).
 """
 
 from __future__ import annotations

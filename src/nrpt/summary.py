@@ -278,7 +278,10 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"{_fmt(s.get('indicator_rate'), '.2f')}")
     if "log_normalizer" in s:
         label = "log Z" if s.get("log_normalizer_kind") == "log Z" else "log Z ratio"
-        lines.append(f"  {label:<15} {_fmt(s['log_normalizer'], '.4g')}  (forward "
+        se = s.get("log_normalizer_se")
+        se = "" if se is None else f" ± {_fmt(se, '.2g')}"
+        lines.append(f"  {label:<15} {_fmt(s['log_normalizer'], '.4g')}{se}  (bridge; "
+                     f"stepping-stone halves: forward "
                      f"{_fmt(s['log_normalizer_forward'], '.4g')}, reverse "
                      f"{_fmt(s['log_normalizer_reverse'], '.4g')})")
     if "barrier_variational_leg" in s:
