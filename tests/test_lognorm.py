@@ -1,5 +1,5 @@
-"""Log normalizing constants (nrpt.lognorm: bridge and stepping stone): the streaming log-sum-exp, the
-``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
+"""Log normalizing constants (nrpt.lognorm: bridge, stepping stone): the streaming log-sum-exp,
+the ``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
 
 Statistical checks use R independent PT systems (the engine's system axis): each gives one
 estimate, the standard error is sd / sqrt(R), and |mean - truth| < 4.5 se (for R = 8, a t_7

@@ -415,8 +415,8 @@ class SteppingStone(RecorderBase):
                 gap = float((est["forward"] - est["reverse"])[ok].mean())
                 out.append(Finding("log-z-halves", (
                     f"the stepping-stone halves of log Z disagree over the {int(ok.sum())} "
-                    f"systems together: the forward half exceeds the reverse by {gap:.3g} on "
-                    f"average, combined z = {comb:.1f} (threshold {HALVES_Z:g}); the reverse "
+                    f"systems together: forward minus reverse is {gap:.3g} on average, "
+                    f"combined z = {comb:.1f} (threshold {HALVES_Z:g}); the reverse "
                     f"half is biased upward where its weights have infinite variance (the "
                     f"likelihood vanishing faster than the reference); {what}"), knob))
         return out
