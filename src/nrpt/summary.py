@@ -207,7 +207,7 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     slot0 = x if x.ndim == 3 else (x[None] if x.ndim == 2 else None)
     n_stats = int(swaps.n)
     try:
-        return health.check_run(
+        findings = health.check_run(
             swap_acceptance=None if eng.scheme.name == "none" or not exact
             else swaps.acceptance().cpu().double().numpy(),
             restarts=None if eng.scheme.name == "none"
@@ -222,6 +222,16 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     except ValueError as err:  # never lose a run's result to a diagnostic
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
+    lz = rec.get("log_z")
+    if lz is not None:  # the log Z halves' self-check (nrpt.lognorm), per leg in two-leg runs
+        legs = facts.get("legs")
+        findings += lz.findings((lambda i: f"system {i // 2}, "
+                                 f"{'variational' if i % 2 else 'prior'} leg") if legs else None)
+        if legs:
+            from .variational import legs_findings
+
+            findings += legs_findings(run)
+    return findings
 
 
 def _fmt(v, spec=".3g") -> str:
@@ -270,7 +280,10 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"{_fmt(s.get('indicator_rate'), '.2f')}")
     if "log_normalizer" in s:
         label = "log Z" if s.get("log_normalizer_kind") == "log Z" else "log Z ratio"
-        lines.append(f"  {label:<15} {_fmt(s['log_normalizer'], '.4g')}  (forward "
+        se = s.get("log_normalizer_se")
+        se = "" if se is None else f" ± {_fmt(se, '.2g')}"
+        lines.append(f"  {label:<15} {_fmt(s['log_normalizer'], '.4g')}{se}  (bridge; "
+                     f"stepping-stone halves: forward "
                      f"{_fmt(s['log_normalizer_forward'], '.4g')}, reverse "
                      f"{_fmt(s['log_normalizer_reverse'], '.4g')})")
     if "barrier_variational_leg" in s:
