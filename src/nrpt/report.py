@@ -79,11 +79,15 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     x = samples if samples.ndim == 2 else samples[0]
     if x.shape[0] and x.shape[1] in (1, 2):
         floor = None
-        if hasattr(target, "density_grid") and x.shape[1] == 2:
-            try:
-                floor = iid_floor(target, x.shape[0])["tv"]
-            except (TypeError, ValueError):
-                floor = None
+        if callable(getattr(target, "density_grid", None)) and x.shape[1] == 2:
+            try:  # the TV of as many exact iid draws as system 0 has (the figure's sample)
+                grid = target.density_grid()
+                if len(grid) == 3:
+                    floor = iid_floor(x.shape[0], *grid)["tv"]
+            except Exception as err:  # noqa: BLE001 -- recorded in the summary, never hidden
+                summary.setdefault("figure_errors", []).append(
+                    f"density.png: the iid TV floor could not be computed: "
+                    f"{type(err).__name__}: {err}")
         save(plots.density(x, target if hasattr(target, "density_grid") else None,
                            tv_floor=floor), "density.png")
     boundaries = [r["first_iteration"] for r in rows[1:]]
