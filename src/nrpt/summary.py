@@ -327,10 +327,26 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
             explorer_target=target_acc, explorer_name=cfg.explorer,
             hot_states=hot if exact else None, reference_spread=ref_sd,
             reference_exact=eng.path.has_reference,
-            slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact)
+            slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact,
+            **_sg_ladder_inputs(run, cfg, s))
     except ValueError as err:  # never lose a run's result to a diagnostic
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
+
+
+def _sg_ladder_inputs(run: Run, cfg, s: dict) -> dict:
+    """The learning-rate ladder and, for an adapting deterministic rule, the per-pair indicator
+    rates with their target ``S`` (the ``ladder-collapse`` / ``swap-rate-off-target`` checks)."""
+    if not run.facts["sg"] or "learning-rates" not in {getattr(a, "name", None)
+                                                       for a in run.adaptors}:
+        return {}
+    out = {"learning_rates": run.engine.step_size.detach().cpu().double().numpy()}
+    rate = s.get("indicator_rate")
+    if rate is not None and s.get("swap_rate_target") is not None and getattr(cfg, "adapt",
+                                                                                False):
+        out["pair_rate"] = np.array(rate if run.engine.R > 1 else [rate], dtype=float)
+        out["swap_rate_target"] = float(s["swap_rate_target"])
+    return out
 
 
 def _fmt(v, spec=".3g") -> str:
