@@ -148,3 +148,20 @@ def test_format_summary_of_one_system_is_unchanged_in_shape():
     text = format_summary(res.summary)
     assert "  per system " not in text and "mean ± sd" not in text
     assert f"  temperatures    [1, " in text
+
+
+def test_the_local_barrier_figure_uses_log_axes_when_lambda_spans_decades():
+    from nrpt import plots
+
+    b = np.array([0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])  # a mixture model's schedule
+    grid = np.linspace(0.0, 1.0, 51)
+    spiky = 290.0 / (1.0 + 300.0 * grid) + 0.3
+    fig = plots.local_barrier(grid, spiky, b, 290.0 / (1.0 + 300.0 * b) + 0.3)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_xscale() == "symlog"
+    assert ax.get_xlim()[0] < 0.0 < 0.003 < ax.get_xlim()[1]  # beta = 0 stays on the axis
+    mild = 1.0 + grid
+    fig = plots.local_barrier(grid, mild, np.linspace(0, 1, 7), 1.0 + np.linspace(0, 1, 7))
+    assert fig.axes[0].get_yscale() == "linear" and fig.axes[0].get_xscale() == "linear"
+    fig = plots.local_barrier(grid, spiky, yscale="linear", xscale="linear")
+    assert fig.axes[0].get_yscale() == "linear"

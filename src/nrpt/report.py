@@ -112,6 +112,9 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
         at = np.asarray(mi.get("at", []), dtype=float)
         m1 = np.asarray([np.nan if v is None else v for v in np.ravel(mi.get("values", []))],
                         dtype=float).reshape(at.shape) if at.size else None
+        dense = _dense_local_barrier(rows, summary)
+        if dense is not None:  # the fit on a grid that also resolves small beta (log axis)
+            grid, values = dense
         exact = None
         if callable(getattr(target, "local_barrier", None)) and lb["coordinate"] == "beta":
             exact = np.asarray(target.local_barrier(grid), dtype=float)
@@ -122,6 +125,31 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
         sched = np.asarray([r["b"][0] for r in rows], dtype=float)
         save(plots.schedules(sched, lb["coordinate"]), "schedules.png")
     return written
+
+
+def _dense_local_barrier(rows, summary):
+    """System 0's fitted local barrier (:func:`nrpt.adapt.schedule.fit_barrier` on the last
+    round's schedule and swap rejections, as the summary's) on 201 evenly spaced points plus
+    200 log-spaced ones down to the smallest positive schedule point, so a log axis shows the
+    fit near ``beta = 0``; None where the inputs are missing."""
+    from .adapt.schedule import fit_barrier
+
+    acc = summary.get("swap_acceptance")
+    if not rows or "b" not in rows[-1] or acc is None:
+        return None
+    b = np.asarray(rows[-1]["b"], dtype=float)
+    b = b if b.ndim == 1 else b[0]
+    a = np.asarray([np.nan if v is None else v for v in np.ravel(acc)], dtype=float)
+    a = a[:b.size - 1] if a.size >= b.size - 1 else None
+    if a is None:
+        return None
+    fit = fit_barrier(b, np.nan_to_num(1.0 - a, nan=0.0))
+    lo, hi = float(fit.lo), float(fit.hi)
+    pos = b[b > 0]
+    grid = np.linspace(lo, hi, 201)
+    if pos.size and pos.min() > lo and hi > 0:
+        grid = np.union1d(grid, np.geomspace(pos.min(), hi, 200))
+    return grid, np.asarray(fit.local(grid), dtype=float)
 
 
 # ------------------------------------------------------------------------------ ArviZ
