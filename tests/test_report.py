@@ -165,3 +165,65 @@ def test_the_local_barrier_figure_uses_log_axes_when_lambda_spans_decades():
     assert fig.axes[0].get_yscale() == "linear" and fig.axes[0].get_xscale() == "linear"
     fig = plots.local_barrier(grid, spiky, yscale="linear", xscale="linear")
     assert fig.axes[0].get_yscale() == "linear"
+
+
+def test_trace_and_rank_plots_are_written_with_the_other_figures(sgd_run, tmp_path):
+    res = sgd_run
+    names = report.write_figures(tmp_path, run=_Run(res), summary=dict(res.summary),
+                                 samples=res.samples, index=res.index, rows=res.rows)
+    for name in ("trace.png", "rank.png"):
+        assert name in names and (tmp_path / name).stat().st_size > 10_000
+        assert (res.out / name).is_file()  # the run itself wrote them too
+
+
+def test_trace_and_rank_show_every_system_and_the_first_coordinates():
+    from nrpt import plots
+
+    rs = np.random.default_rng(0)
+    x = rs.normal(size=(3, 400, 10))
+    fig = plots.trace(x)
+    assert len(fig.axes) == 2 * 4  # the first 4 of 10 coordinates, histogram + trace each
+    assert len(fig.axes[1].lines) == 3  # one trace per system
+    assert "first 4 of 10 coordinates" in fig._suptitle.get_text()
+    fig = plots.rank(x[:, :, :2])
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["system 0", "system 1", "system 2"]
+    # one system: its quarters are the chains (a chain's own ranks are flat by construction)
+    fig = plots.rank(x[0, :, :1])
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [
+        f"quarter {i}" for i in range(1, 5)]
+    # a chain shifted away from the others piles its ranks at the top: the bars show it
+    y = x[:, :, :1].copy()
+    y[2] += 3.0
+    fig = plots.rank(y, bins=4)
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    top_of_shifted = heights[8:12]
+    assert top_of_shifted[-1] > 2.5 * 0.4 and top_of_shifted[0] < 0.1 * 0.4
+
+
+def test_recommended_chains_noisy_is_not_given_for_sgd_ladders(sgd_run):
+    # Eq. 53's sigma_p / tau_{p+1} is not invariant to the unknown factor of tau ∝ eta: the
+    # old summary passed the learning rates as temperatures
+    s = sgd_run.summary
+    assert s["recommended_chains_noisy"] is None
+    assert "no temperature" in s["recommended_chains_noisy_note"]
+
+
+def test_recommended_chains_noisy_uses_the_noise_temperatures_of_sgld():
+    from nrpt.adapt.chains import recommended_chains_noisy
+    from nrpt.targets.noisy import MinibatchTarget
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(100, generator=g, dtype=torch.float64)
+    y = 2.0 * a + torch.randn(100, generator=g, dtype=torch.float64)
+    target = MinibatchTarget(torch.stack([a, y], 1),
+                             lambda x, b: 0.5 * (b[..., 1] - b[..., 0] * x[:, :1]) ** 2, dim=1)
+    res = quiet_sample(target, explorer="sgld", batch_size=10, chains=4, max_temperature=8.0,
+                       learning_rates=[1e-3, 2e-3, 4e-3, 8e-3], iterations=100, seed=0,
+                       figures=False)
+    eng = res.engine
+    sigma = eng.state.extras["energy_var"].gather(1, eng.replica_at).sqrt()[0].numpy()
+    temps = [8.0 ** (p / 3) for p in range(4)]
+    assert res.summary["noise_temperatures"] == pytest.approx(temps)
+    assert res.summary["recommended_chains_noisy"] == pytest.approx(
+        list(recommended_chains_noisy(sigma, temps)))

@@ -16,7 +16,10 @@ has to be closed, and everything works headless.  Font sizes are set per artist.
   :func:`swap_acceptance_rounds` -- per pair per round (heat map);
 * :func:`local_barrier` -- the fitted local barrier ``lambda`` with the Method I points;
 * :func:`schedules` -- the schedule of every round;
-* :func:`restart_rate` -- restart rate against the number of chains (theory and observed).
+* :func:`restart_rate` -- restart rate against the number of chains (theory and observed);
+* :func:`trace` / :func:`rank` -- the slot-0 chains of the first coordinates: trace with the
+  marginal histograms (ArviZ's ``plot_trace``) and rank histograms (ArviZ's ``plot_rank``,
+  Vehtari et al. 2021), one chain per system (one system: its quarters).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 __all__ = ["density", "adaptation", "index_process", "swap_acceptance",
-           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "save"]
+           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "trace",
+           "rank", "save"]
 
 # font sizes (points) for figures shown on slides at their saved size
 _FS_LABEL = 12
@@ -757,3 +761,123 @@ def restart_rate(chains, predicted, observed=None, *, observed_chains=None,
     _legend(ax, loc="lower right")
     return fig
 
+
+
+# ------------------------------------------------------------------------------ chains
+def _chains(samples, max_coords: int) -> tuple[np.ndarray, int]:
+    """``samples`` as ``[R, n, k]`` (the first ``k <= max_coords`` coordinates) and the
+    state's dimension."""
+    x = np.asarray(samples, dtype=float)
+    if x.ndim == 1:
+        x = x[None, :, None]
+    elif x.ndim == 2:
+        x = x[None]
+    if x.ndim != 3 or x.shape[1] == 0 or x.shape[2] == 0:
+        raise ValueError(f"samples must be [R, n, dim], [n, dim] or [n] with n >= 1; got "
+                         f"{np.shape(samples)}")
+    return x[:, :, :max(1, int(max_coords))], x.shape[2]
+
+
+def _coord_names(names, k: int) -> list[str]:
+    if names is None:
+        return [f"x[{j}]" for j in range(k)]
+    names = list(names)
+    return [str(names[j]) if j < len(names) else f"x[{j}]" for j in range(k)]
+
+
+def trace(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
+          max_points: int = 5000, title: str = "Slot-0 trace") -> Figure:
+    """Trace plot of the slot-0 chains (ArviZ's ``plot_trace`` layout): per coordinate, the
+    marginal histogram of each chain (left) and its trace (right); chain = PT system.
+
+    Args:
+        samples: ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``: one system).
+        names: coordinate names (default ``x[j]``).
+        max_coords: the first this many coordinates are drawn (high-dimensional targets).
+        max_points: traces longer than this are thinned evenly (the title says so).
+    """
+    x, dim = _chains(samples, max_coords)
+    R, n, k = x.shape
+    labels = _coord_names(names, k)
+    stride = max(1, int(math.ceil(n / max(2, int(max_points)))))
+    it = np.arange(0, n, stride)
+    fig = _figure(12.0, 1.2 + 2.3 * k)
+    axes = fig.subplots(k, 2, squeeze=False, width_ratios=(1, 2.6))
+    colors = [f"C{r % 10}" for r in range(R)]
+    for j in range(k):
+        col = x[:, :, j]
+        fin = col[np.isfinite(col)]
+        edges = np.histogram_bin_edges(fin, bins=min(60, max(10, int(np.sqrt(n))))) \
+            if fin.size else np.linspace(-1, 1, 11)
+        a_h, a_t = axes[j]
+        for r in range(R):
+            h, _ = np.histogram(col[r], bins=edges, density=True)
+            a_h.stairs(h, edges, color=colors[r], lw=1.2, alpha=0.85,
+                       label=f"system {r}" if R > 1 else None)
+            a_t.plot(it, col[r, it], color=colors[r], lw=0.5, alpha=0.7, rasterized=True)
+        _style(a_h, labels[j], "density")
+        _style(a_t, "draw" + (f" (every {_ordinal(stride)} shown)" if stride > 1 else ""),
+               labels[j])
+        a_t.set_xlim(0, max(1, n - 1))
+    if R > 1:
+        _legend(axes[0, 0], loc="upper right")
+    more = f"; first {k} of {dim} coordinates" if dim > k else ""
+    fig.suptitle(f"{title}: {R} system{'s' if R > 1 else ''} (one chain each), {n:,} draws"
+                 f"{more}", fontsize=_FS_TITLE)
+    return fig
+
+
+def rank(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
+         bins: int = 20, title: str = "Slot-0 rank plot") -> Figure:
+    """Rank histograms (ArviZ's ``plot_rank``; Vehtari et al. 2021): the draws of all chains
+    are ranked together per coordinate and each chain's ranks histogrammed; chains that
+    sample the same distribution give flat histograms (the dashed line), a chain stuck in a
+    region shows as a slope or bump.  With one system its four quarters are the chains (as
+    split R-hat splits it): a single chain's own ranks would be flat by construction.
+
+    Args:
+        samples: ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``).
+        names, max_coords: as :func:`trace`.
+        bins: rank bins per chain.
+    """
+    x, dim = _chains(samples, max_coords)
+    R, n, k = x.shape
+    split = R == 1
+    if split:
+        q = n // 4
+        if q < 1:
+            raise ValueError(f"rank: one system needs >= 4 draws to split; got {n}")
+        x = np.stack([x[0, i * q:(i + 1) * q] for i in range(4)])
+    C, m = x.shape[0], x.shape[1]
+    labels = _coord_names(names, k)
+    ncols = min(k, 2)
+    nrows = int(math.ceil(k / ncols))
+    fig = _figure(6.2 * ncols, 1.0 + 0.55 * C * nrows + 1.0 * nrows)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    nb = max(2, min(int(bins), m))
+    edges = np.linspace(0, C * m, nb + 1)
+    for j in range(k):
+        ax = axes[j]
+        flat = x[:, :, j].ravel()
+        order = np.argsort(flat, kind="stable")
+        ranks = np.empty(flat.size)
+        ranks[order] = np.arange(flat.size)
+        ranks = ranks.reshape(C, m)
+        for c in range(C):
+            h, _ = np.histogram(ranks[c], bins=edges)
+            frac = h / m / (1.0 / nb)  # 1 = uniform
+            ax.bar(edges[:-1], 0.8 * frac / 2.0, width=np.diff(edges), bottom=c, align="edge",
+                   color=f"C{c % 10}", alpha=0.8, edgecolor="w", lw=0.3)
+            ax.axhline(c + 0.8 * 0.5, color="k", ls="--", lw=0.8)
+        ax.set_yticks(np.arange(C) + 0.4)
+        ax.set_yticklabels([f"quarter {c + 1}" if split else f"system {c}" for c in range(C)])
+        ax.set_ylim(-0.1, C)
+        ax.set_xlim(0, C * m)
+        _style(ax, f"rank of {labels[j]} among all {C * m:,} draws", "")
+    for ax in axes[k:]:
+        ax.set_visible(False)
+    more = f"; first {k} of {dim} coordinates" if dim > k else ""
+    what = "the run's four quarters as chains" if split else f"{C} systems as chains"
+    fig.suptitle(f"{title} ({what}{more}): flat = the chains agree; dashed = uniform",
+                 fontsize=_FS_TITLE)
+    return fig

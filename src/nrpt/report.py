@@ -64,8 +64,10 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     """Write the figures that apply to the run into ``out`` (:mod:`nrpt.plots`); returns
     their file names: ``density.png`` (1-D/2-D targets; with the exact density and the error
     where the target has ``density_grid``), ``index_process.png``, ``swap_acceptance.png``,
-    ``adaptation.png`` (runs with online adaptation), and for adaptive runs
-    ``local_barrier.png`` and ``schedules.png``."""
+    ``adaptation.png`` (runs with online adaptation), ``trace.png`` and ``rank.png`` (the
+    slot-0 chains of the first coordinates, one per system: :func:`nrpt.plots.trace`,
+    :func:`nrpt.plots.rank`), and for adaptive runs ``local_barrier.png`` and
+    ``schedules.png``."""
     from . import plots
 
     out = Path(out)
@@ -90,6 +92,10 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
                     f"{type(err).__name__}: {err}")
         save(plots.density(x, target if hasattr(target, "density_grid") else None,
                            tv_floor=floor), "density.png")
+    if samples.size and samples.shape[-2] >= 4:  # slot 0: one chain per system
+        names = _coordinate_names(target, samples.shape[-1])
+        save(plots.trace(samples, names=names), "trace.png")
+        save(plots.rank(samples, names=names), "rank.png")
     boundaries = [r["first_iteration"] for r in rows[1:]]
     save(plots.index_process(index, boundaries=boundaries or None,
                              boundary_label="segment boundary"), "index_process.png")
@@ -125,6 +131,17 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
         sched = np.asarray([r["b"][0] for r in rows], dtype=float)
         save(plots.schedules(sched, lb["coordinate"]), "schedules.png")
     return written
+
+
+def _coordinate_names(target, dim: int) -> list[str] | None:
+    """Names of the state's coordinates where the target gives them (``coordinate_names``),
+    else None (``x[j]``)."""
+    names = getattr(target, "coordinate_names", None)
+    try:
+        names = list(names() if callable(names) else names) if names is not None else None
+    except TypeError:
+        return None
+    return names if names and len(names) == dim else None
 
 
 def _dense_local_barrier(rows, summary):
