@@ -273,9 +273,9 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
     im2 = axes[2].imshow(err.T, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -emax, emax), **common)
     _style(axes[0], labels[0], labels[1], f"{title} (n = {n:,})")
     _style(axes[1], labels[0], labels[1], "exact density")
-    etitle = f"histogram − exact: TV = {tv:.3g}"
+    etitle = f"histogram − exact\nTV = {tv:.3g}"
     if tv_floor is not None:
-        etitle += f" (iid floor ≈ {tv_floor:.2g})"
+        etitle += f" (iid floor ≈ {tv_floor:.3g})"
     _style(axes[2], labels[0], labels[1], etitle)
     _colorbar(fig, im0, list(axes[:2]), f"probability per cell ({cell})", shrink=0.9)
     _colorbar(fig, im2, axes[2], "difference in probability per cell"
@@ -822,8 +822,8 @@ def trace(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
     if R > 1:
         _legend(axes[0, 0], loc="upper right")
     more = f"; first {k} of {dim} coordinates" if dim > k else ""
-    fig.suptitle(f"{title}: {R} system{'s' if R > 1 else ''} (one chain each), {n:,} draws"
-                 f"{more}", fontsize=_FS_TITLE)
+    chains = f"{R} systems (one chain each)" if R > 1 else "1 system"
+    fig.suptitle(f"{title}: {chains}, {n:,} draws{more}", fontsize=_FS_TITLE)
     return fig
 
 
