@@ -147,7 +147,7 @@ def test_format_summary_of_one_system_is_unchanged_in_shape():
     res = quiet_sample("twenty-five-modes", chains=4, iterations=300, seed=0, figures=False)
     text = format_summary(res.summary)
     assert "  per system " not in text and "mean ± sd" not in text
-    assert f"  temperatures    [1, " in text
+    assert "  temperatures    [1, " in text
 
 
 def test_the_local_barrier_figure_uses_log_axes_when_lambda_spans_decades():

@@ -53,7 +53,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "momentum", "domain", "compile", "fuse"),
     "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
              "variance_factor", "variance_every"),
-    "adaptation": ("adapt", "sa_step", "ladder_update", "adapt_schedule", "adapt_step_size", "target_acceptance"),
+    "adaptation": ("adapt", "sa_step", "ladder_update", "adapt_schedule", "adapt_step_size",
+                   "target_acceptance"),
     "energy": ("noise_sd", "grad_noise_sd", "batch_size", "vr_every"),
     "output": ("out", "thin", "checkpoint_every", "figures"),
 }

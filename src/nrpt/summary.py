@@ -11,6 +11,7 @@ the health findings (:mod:`nrpt.health`), which are also emitted as Python warni
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -375,8 +376,8 @@ def _spread(v: list, spec: str) -> str:
 def _vector_mean(v: list) -> list:
     """The mean over systems of per-system vectors ``[R][n]`` (None where all are missing)."""
     a = np.array([[_num(x) for x in row] for row in v], dtype=float)
-    with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
-        __import__("warnings").simplefilter("ignore", RuntimeWarning)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column of NaN: mean of nothing
         m = np.nanmean(a, axis=0)
     return [None if not np.isfinite(x) else float(x) for x in m]
 
@@ -412,8 +413,7 @@ def _system_table(s: dict[str, Any], R: int) -> list[str]:
             and not any(isinstance(x, list) for x in s[k])]
     if not cols:
         return []
-    if "log_normalizer" in dict((k, 0) for k, _, _ in cols) and \
-            s.get("log_normalizer_kind") != "log Z":
+    if s.get("log_normalizer_kind") != "log Z":
         cols = [(k, "log Z ratio" if k == "log_normalizer" else lab, sp) for k, lab, sp in cols]
     table = [[label for _, label, _ in cols]]
     table += [["n/a" if s[k][r] is None else format(float(s[k][r]), spec)
