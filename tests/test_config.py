@@ -139,6 +139,8 @@ BAD = [
     (dict(explorer="sgd", adapt="yes"), "adapt must be true or false"),
     (dict(explorer="sgd", sa_step=[1, 2]), "sa_step must be [a, kappa, b]"),
     (dict(explorer="sgd", sa_step=[1, 0.3, 1]), "sa_step kappa must be a finite number > 0.5"),
+    (dict(explorer="sgd", ladder_update="geometric"), "ladder_update must be one of"),
+    (dict(ladder_update="log-gaps"), "ladder_update"),
     (dict(explorer="sgd", bottom_temperature=-1), "bottom_temperature must be a finite number"),
     (dict(explorer="sgld", variance_factor=0.5), "variance_factor must be a finite number >= 1"),
     (dict(explorer="sgld", variance_every=0), "variance_every must be an integer >= 1"),

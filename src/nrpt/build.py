@@ -286,7 +286,9 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         S = check_swap_rate(cfg.swap_rate)
         adaptors.append(CorrectionAdaptor(S, gamma))
         if P >= 3:
-            adaptors.append(LearningRateAdaptor(S, gamma))
+            adaptors.append(LearningRateAdaptor(S, gamma,
+                                                ladder=getattr(cfg, "ladder_update", None)
+                                                or "paper"))
     if reference is not None:
         adaptors.append(va.VariationalRefit(family, lambda: engine.q))
     if "slot_variance" in engine.params:  # the bias-corrected rule always gets sigma^2

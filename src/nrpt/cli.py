@@ -86,6 +86,8 @@ _HELP = {
     "correction": "initial correction buffer C0 of the deterministic rule",
     "adapt": "deterministic rule: adapt C and the learning rates online (true/false)",
     "sa_step": "SA step sizes gamma_k = a / (k^kappa + b) as a,kappa,b (default 50,0.8,500)",
+    "ladder_update": "how the learning rates adapt: paper (Eq. 11/12 as written; can collapse "
+                     "two rungs) or log-gaps (Eq. 10 on the gaps of log eta, renormalized)",
     "bottom_temperature": "sgd/msgd/psgd: Langevin noise temperature at slot 0 (0: plain SGD)",
     "batch_size": "minibatch size (data targets); must not exceed the data",
     "vr_every": "variance-reduced energies: refresh the control-variate anchor every m "
@@ -155,6 +157,7 @@ _TYPES = {
     "compile": _BOOL, "fuse": _typed("auto, true, false or a chunk length", _fuse), "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
+            "ladder_update": ["paper", "log-gaps"],
             "reference": list(REFERENCES)}
 for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):
     _CHOICES[_field] = registry.names(_role)

@@ -53,7 +53,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "momentum", "domain", "compile", "fuse"),
     "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
              "variance_factor", "variance_every"),
-    "adaptation": ("adapt", "sa_step", "adapt_schedule", "adapt_step_size", "target_acceptance"),
+    "adaptation": ("adapt", "sa_step", "ladder_update", "adapt_schedule", "adapt_step_size",
+                   "target_acceptance"),
     "energy": ("noise_sd", "grad_noise_sd", "batch_size", "vr_every"),
     "output": ("out", "thin", "checkpoint_every", "figures"),
 }
@@ -262,6 +263,7 @@ class RunConfig:
     # adaptation
     adapt: bool | None = None
     sa_step: list[float] | None = None
+    ladder_update: str | None = None
     adapt_schedule: bool | None = None
     adapt_step_size: bool | None = None
     target_acceptance: float | None = None
@@ -650,9 +652,15 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
                        _number("sa_step kappa", cfg.sa_step[1], 0.5, strict=True, high=1.0,
                                high_strict=False),
                        _number("sa_step b", cfg.sa_step[2], 0.0, strict=True)]
+        default("ladder_update", "paper")
+        from .adapt.sa import check_ladder_update
+
+        cfg.ladder_update = check_ladder_update(cfg.ladder_update)
     else:
         not_applicable("sa_step", "sa_step is the step size of the deterministic rule's "
                                   "adaptation (adapt = true)")
+        not_applicable("ladder_update", "ladder_update is how the deterministic rule's "
+                                        "adaptation (adapt = true) moves the learning rates")
     if cfg.rounds is not None:
         default("adapt_schedule", True)
         cfg.adapt_schedule = _bool("adapt_schedule", cfg.adapt_schedule)
