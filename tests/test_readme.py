@@ -14,7 +14,9 @@ Only the budget is cut, so that the suite stays fast; the rest of the text is th
 
 The block ``make run`` / ``make test`` is not run (it builds a virtual environment and would run
 this suite inside itself).  Lines that compile (``--compile true``), start processes
-(``--nproc``) or compile a PyMC model are marked slow (``make test-slow``).  A failing line is
+(``--nproc``), compile a PyMC model or train on MNIST-1D are marked slow (``make test-slow``);
+the rest costs about 45 s of CPU (the command-line block 27 s: 11 processes of which five
+write a run folder with its figures).  A failing line is
 reported with its README line number and its output."""
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def test_every_block_is_run_by_a_test():
     firsts = [text.splitlines()[0] for _, _, text in blocks()]
     known = ("make run", "import nrpt", "import arviz", "nrpt run ", "import nrpt.deep",
              "nrpt deep ")
-    assert [f for f in firsts if not f.startswith(known)] == []
+    assert [f for f in firsts if not f.startswith(known)] == [], "give the new block a test"
     assert len(firsts) == 6, firsts
 
 
@@ -213,7 +215,10 @@ def test_deep_python_block(home):
     run_python(start, text, home)
 
 
+@pytest.mark.slow
 def test_deep_command_line_block(home):
+    """Slow: it generates MNIST-1D and trains for the digits/mnist1d default of 5 pretraining
+    epochs plus one (14 s of CPU); test_deep.py's CLI test is the fast representative."""
     pytest.importorskip("mnist1d")
     _, start, text = _block("nrpt deep ")
     run_shell(commands(start, text), home)
