@@ -179,3 +179,29 @@ def test_a_target_that_fails_mid_run_is_a_clear_error(tmp_path, capsys):
     assert code == 2
     assert err.startswith("nrpt: error: iteration") and "KeyError: 'lost the data'" in err
     assert "nrpt resume" in err and (out / "checkpoint.pt").exists()
+
+
+def test_a_start_outside_the_support_says_what_a_cli_user_can_do(tmp_path, capsys):
+    """The error named initial_states, which no flag sets: it says where to define them.
+    The failed start leaves no run folder behind."""
+    f = tmp_path / "halfline.py"
+    body = ("import torch\n"
+            "class HalfLine:\n"
+            "    dim = 1\n"
+            "    def energy(self, x):\n"
+            "        return torch.where(x[:, 0] > 0, x[:, 0], torch.inf)\n"
+            "{extra}"
+            "TARGET = HalfLine()\n")
+    f.write_text(body.format(extra=""))
+    out = tmp_path / "run"
+    args = ["run", "--target", f"{f}:TARGET", "--preset", "none", "--iterations", "50",
+            "--out", str(out), "--no-progress", "--figures", "false"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "non-finite energy" in err
+    assert "initial_states(n, generator)" in err and "in that file" in err
+    assert not out.exists()
+    f.write_text(body.format(extra="    def initial_states(self, n, generator):\n"
+                                   "        return torch.rand(n, 1, generator=generator, "
+                                   "dtype=torch.float64) + 0.5\n"))
+    code, stdout, _ = run_cli(args, capsys)
+    assert code == 0 and "round trips" in stdout

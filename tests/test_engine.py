@@ -491,3 +491,22 @@ def test_negative_control_stale_cache_after_reference_refresh_is_caught():
         a.step()
         b.step()
     assert not torch.allclose(a.state.x, b.state.x, rtol=1e-6, atol=1e-6)
+
+
+def test_releasing_inference_tensors_leaves_modules_alone():
+    """After the loop the inference tensors are copied; a module held by the run (a Comm holds
+    torch.distributed) is not walked: reading its attributes woke torch's deprecated
+    ``reduce_op``, a FutureWarning per process of every `nrpt run --nproc N` (an error here)."""
+    import torch.distributed as dist
+
+    from nrpt.loop import release_inference_tensors
+
+    class Comm:
+        pass
+
+    holder = Comm()
+    holder.dist = dist
+    with torch.inference_mode():
+        holder.x = torch.ones(3)
+    release_inference_tensors([holder])
+    assert not holder.x.is_inference() and holder.dist is dist

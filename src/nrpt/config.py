@@ -730,29 +730,14 @@ def _check_out(out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- TOML writer
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 def to_toml(data: dict[str, Any]) -> str:
-    """Minimal TOML writer: top-level keys, then one level of tables (``None`` omitted)."""
-    lines, tables = [], []
-    for k, v in data.items():
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            tables.append((k, v))
-        else:
-            lines.append(f"{k} = {_toml_value(v)}")
-    for name, table in tables:
-        lines.append(f"\n[{name}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
-    return "\n".join(lines) + "\n"
+    """``config.toml``'s text: top-level keys, then one level of tables, ``None`` omitted.
+    Written by ``tomli-w`` (strings with quotes, backslashes or control characters are
+    escaped: whatever a setting holds reads back equal with :mod:`tomllib`)."""
+    import tomli_w
+
+    def drop_none(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: drop_none(v) if isinstance(v, dict) else v for k, v in d.items()
+                if v is not None}
+
+    return tomli_w.dumps(drop_none(data))
