@@ -119,8 +119,8 @@ SCHEMES = [s for s in registry.names("scheme")]
 def _options(explorer: str, scheme: str) -> dict:
     opts = {"chains": 4, "iterations": 24, "systems": 2, "seed": 1, "explorer": explorer,
             "scheme": scheme, "figures": False}
-    if scheme == "deo-w":
-        opts["window"] = 2
+    if scheme == "deo-w":  # a window > 1 with exact Metropolis swaps is refused (biased)
+        opts.update(window=2, swap_rule="always")
     return opts
 
 
@@ -152,3 +152,13 @@ def test_registry_names_drive_the_errors():
         nrpt.make_explorer("nuts")
     with pytest.raises(ValueError, match="scheme must be one of adj, seo, deo"):
         nrpt.make_scheme("zigzag")
+
+
+def test_the_version_has_one_source():
+    """pyproject.toml takes its version from nrpt.__version__ (it said 0.1.0 beside 0.2.0)."""
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert "version" not in meta["project"] and "version" in meta["project"]["dynamic"]
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "nrpt.__version__"}
+    assert nrpt.__version__.count(".") == 2

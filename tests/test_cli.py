@@ -22,16 +22,16 @@ def run_cli(args, capsys):
 
 def test_run_writes_the_run_folder_and_summary(tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, _ = run_cli(["run", "--iterations", "400", "--chains", "6", "--scheme", "deo-w",
-                               "--window", "2", "--explorer", "mala", "--seed", "3", "--out",
-                               str(out), "--no-progress"], capsys)
+    code, stdout, _ = run_cli(["run", "--iterations", "400", "--chains", "6", "--scheme", "deo",
+                               "--explorer", "mala", "--seed", "3", "--out", str(out),
+                               "--no-progress"], capsys)
     assert code == 0
     assert "round trips" in stdout and "swap acceptance" in stdout
     for name in ("config.toml", "summary.json", "samples.npy", "index.npy", "checkpoint.pt"):
         assert (out / name).exists(), name
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
-    assert summary["n_iterations"] == 400 and summary["window"] == 2
+    assert summary["n_iterations"] == 400 and summary["window"] == 1
     assert len(summary["swap_acceptance"]) == 5 and len(summary["schedule"]) == 6
     samples = np.load(out / "samples.npy")
     assert samples.shape == (400, 2) and np.isfinite(samples).all()
@@ -48,10 +48,12 @@ def test_run_writes_the_run_folder_and_summary(tmp_path, capsys):
 
 
 def test_window_auto_is_w_star_of_the_rejection_measured_while_tuning(tmp_path, capsys):
+    # noisy swaps (DEO_W's setting; with exact Metropolis swaps a window > 1 is refused)
+    noisy = ["--explorer", "sgld", "--noise-sd", "1.0"]
     out = tmp_path / "auto"
     code, _, _ = run_cli(["run", "--iterations", "600", "--scheme", "deo-w", "--window", "auto",
                           "--window-tune", "200", "--chains", "8", "--out", str(out),
-                          "--no-progress", "--burn-in", "0"], capsys)
+                          "--no-progress", "--burn-in", "0", *noisy], capsys)
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     r = summary["window_rejection"]
@@ -62,8 +64,7 @@ def test_window_auto_is_w_star_of_the_rejection_measured_while_tuning(tmp_path, 
     # and the measured rejection is the tuning segment's (DEO): rerun only that segment
     tune = run_cli(["run", "--iterations", "200", "--chains", "8", "--scheme", "deo",
                     "--out", str(tmp_path / "tune"), "--no-progress", "--figures", "false",
-                    "--burn-in", "0"],
-                   capsys)
+                    "--burn-in", "0", *noisy], capsys)
     assert tune[0] == 0
     acc = json.loads((tmp_path / "tune" / "summary.json").read_text())["swap_acceptance"]
     assert r == pytest.approx(1.0 - float(np.mean(acc)), abs=1e-12)
@@ -178,3 +179,29 @@ def test_a_target_that_fails_mid_run_is_a_clear_error(tmp_path, capsys):
     assert code == 2
     assert err.startswith("nrpt: error: iteration") and "KeyError: 'lost the data'" in err
     assert "nrpt resume" in err and (out / "checkpoint.pt").exists()
+
+
+def test_a_start_outside_the_support_says_what_a_cli_user_can_do(tmp_path, capsys):
+    """The error named initial_states, which no flag sets: it says where to define them.
+    The failed start leaves no run folder behind."""
+    f = tmp_path / "halfline.py"
+    body = ("import torch\n"
+            "class HalfLine:\n"
+            "    dim = 1\n"
+            "    def energy(self, x):\n"
+            "        return torch.where(x[:, 0] > 0, x[:, 0], torch.inf)\n"
+            "{extra}"
+            "TARGET = HalfLine()\n")
+    f.write_text(body.format(extra=""))
+    out = tmp_path / "run"
+    args = ["run", "--target", f"{f}:TARGET", "--preset", "none", "--iterations", "50",
+            "--out", str(out), "--no-progress", "--figures", "false"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "non-finite energy" in err
+    assert "initial_states(n, generator)" in err and "in that file" in err
+    assert not out.exists()
+    f.write_text(body.format(extra="    def initial_states(self, n, generator):\n"
+                                   "        return torch.rand(n, 1, generator=generator, "
+                                   "dtype=torch.float64) + 0.5\n"))
+    code, stdout, _ = run_cli(args, capsys)
+    assert code == 0 and "round trips" in stdout

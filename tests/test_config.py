@@ -68,6 +68,17 @@ def test_toml_round_trip_in_sections(tmp_path):
     assert again.replace(iterations=20).iterations == 20
 
 
+def test_toml_strings_with_control_characters_read_back_equal(tmp_path):
+    """config.toml is written by tomli-w: quotes, backslashes, newlines and other control
+    characters in a setting are escaped (the old hand-written writer left them raw, and the
+    file did not load)."""
+    odd = 'tab\there, bell\x07, "quoted" \\ back\nslash\r\x1f end'
+    cfg = RunConfig(target_options={"label": odd, "n": 3})
+    cfg.write_toml(tmp_path / "c.toml")
+    again = RunConfig.from_toml(tmp_path / "c.toml")
+    assert again.target_options == {"label": odd, "n": 3} and again == cfg
+
+
 @pytest.mark.parametrize("name", ["legacy_default", "legacy_rounds", "legacy_sg_headline"])
 def test_config_files_written_by_nrpt_0_1_still_load(name):
     cfg = RunConfig.from_toml(DATA / f"{name}.toml")
@@ -147,6 +158,8 @@ BAD = [
     (dict(explorer="sgd", adapt="yes"), "adapt must be true or false"),
     (dict(explorer="sgd", sa_step=[1, 2]), "sa_step must be [a, kappa, b]"),
     (dict(explorer="sgd", sa_step=[1, 0.3, 1]), "sa_step kappa must be a finite number > 0.5"),
+    (dict(explorer="sgd", ladder_update="geometric"), "ladder_update must be one of"),
+    (dict(ladder_update="log-gaps"), "ladder_update"),
     (dict(explorer="sgd", bottom_temperature=-1), "bottom_temperature must be a finite number"),
     (dict(explorer="sgld", variance_factor=0.5), "variance_factor must be a finite number >= 1"),
     (dict(explorer="sgld", variance_every=0), "variance_every must be an integer >= 1"),

@@ -4,6 +4,7 @@ resumes bit for bit, and refuses bad input by name."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -342,7 +343,22 @@ def test_cli_deep_runs_writes_the_folder_and_resumes(tmp_path, capsys):
         assert (out / name).exists(), name
     assert main(args) == 2  # the folder holds a run
     assert "already holds a run" in capsys.readouterr().err
+    first = json.loads((out / "summary.json").read_text())
     assert main(["deep", "--resume", str(out), "--no-progress"]) == 0  # finished: same result
+    again = json.loads((out / "summary.json").read_text())
+    # the resumption adds its time to the run's (it used to replace it with its own)
+    assert again["wall_time_s"] >= first["wall_time_s"] >= first["loop_time_s"] > 0
+    assert again["wall_time_s"] >= again["loop_time_s"]
+
+
+def test_every_nrpt_deep_option_has_help():
+    import argparse
+
+    from nrpt.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    deep = sub.choices["deep"]
+    assert [a.option_strings for a in deep._actions if a.option_strings and not a.help] == []
 
 
 def test_cli_deep_cifar_without_files_says_what_to_put_where(tmp_path, capsys):

@@ -1,15 +1,18 @@
-"""Stepping-stone log normalizing constants (nrpt.lognorm): the streaming log-sum-exp, the
-``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
+"""Log normalizing constants (nrpt.lognorm: bridge, stepping stone): the streaming log-sum-exp,
+the ``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
 
 Statistical checks use R independent PT systems (the engine's system axis): each gives one
 estimate, the standard error is sd / sqrt(R), and |mean - truth| < 4.5 se (for R = 8, a t_7
-tail probability of about 3e-3; seeds are fixed).  The stepping-stone estimator has an O(1/n)
-bias, far below se ~ 1/sqrt(n R) at these sizes.
+tail probability of about 3e-3; seeds are fixed).  The reported bridge estimator has an O(1/n)
+bias (finite-variance weights), far below se ~ 1/sqrt(n R) at these sizes; the reverse
+stepping-stone half does not where the likelihood vanishes faster than the reference (the
+Uniform/HalfNormal test at the end).
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -139,24 +142,54 @@ def test_temperature_ladder_gives_the_ratio_of_normalizing_constants():
     assert check(est, 0.5 * d * math.log(1 / 16)) < Z
 
 
+def _fake_iteration(v):
+    """What :meth:`SteppingStone.record` reads of an iteration: 2 systems, betas (1, 0.5, 0)."""
+    return SimpleNamespace(schedule=torch.tensor([[1.0, 0.5, 0.0]] * 2, dtype=torch.float64),
+                           slot_energies=torch.as_tensor(v, dtype=torch.float64))
+
+
 def test_recorder_state_round_trips_through_a_state_dict_and_summarizes():
     stone = SteppingStone(2, 3, reference_normalized=True)
-    stone.forward.add(torch.ones(2, 2, dtype=torch.float64))
-    stone.reverse.add(torch.zeros(2, 2, dtype=torch.float64))
+    # V = (0, -2, -2) at slots (0, 1, 2), Delta = 0.5 per pair: forward terms -Delta V_{p+1} =
+    # (1, 1), reverse terms Delta V_p = (0, -1), the bridge's terms half of those
+    stone.record(_fake_iteration([[0.0, -2.0, -2.0]] * 2))
     other = SteppingStone(2, 3, reference_normalized=True)
     other.load_state_dict(stone.state_dict())
     for k, v in stone.estimate().items():
-        torch.testing.assert_close(other.estimate()[k], v)
-    # forward: log(Z_p / Z_{p+1}) = 1 per pair, reverse: 0 -> log Z = (2 + 0) / 2 = 1
+        torch.testing.assert_close(other.estimate()[k], v, equal_nan=True)
+    # log Z: forward 1 + 1 = 2, reverse 0 + 1 = 1, bridge (0.5 - 0) + (0.5 + 0.5) = 1.5
     s = other.summary()
-    assert s["log_normalizer"] == [1.0, 1.0] and s["log_normalizer_kind"] == "log Z"
-    assert s["log_normalizer_forward"] == [2.0, 2.0] and s["log_normalizer_reverse"] == [0, 0]
-    assert other.segment_row() == {"log_normalizer": 1.0}
+    assert s["log_normalizer"] == [1.5, 1.5] and s["log_normalizer_kind"] == "log Z"
+    assert s["log_normalizer_forward"] == [2.0, 2.0] and s["log_normalizer_reverse"] == [1, 1]
+    assert s["log_normalizer_method"] == "bridge"
+    assert s["log_normalizer_se"] == [None, None]  # fewer than 2 batches: no error bar
+    assert other.segment_row() == {"log_normalizer": 1.5}
     # a segment that resets starts fresh statistics (a new round's schedule)
     other.start_segment(False, 10)
     assert other.n == 1
     other.start_segment(True, 10)
     assert other.n == 0
+
+
+def test_a_checkpoint_from_before_the_bridge_loads_and_says_what_it_reports():
+    """An old checkpoint (halves only) resumes: the segment reports the old average of the
+    halves, says so, and gives no error bar; the next round is the bridge again."""
+    stone = SteppingStone(2, 3, reference_normalized=True)
+    stone.record(_fake_iteration([[0.0, -2.0, -2.0]] * 2))
+    old = {k: v for k, v in stone.state_dict().items() if k in ("forward", "reverse")}
+    for acc in old.values():
+        acc.pop("batches")
+    resumed = SteppingStone(2, 3, reference_normalized=True)
+    resumed.load_state_dict(old)
+    s = resumed.summary()
+    assert s["log_normalizer"] == [1.5, 1.5]  # (2 + 1) / 2: the old average
+    assert s["log_normalizer_method"] == "stepping-stone average"
+    assert "before the bridge" in s["log_normalizer_note"]
+    for _ in range(200):
+        resumed.record(_fake_iteration([[0.0, -2.0, -2.0]] * 2))
+    assert resumed.summary()["log_normalizer_se"] == [None, None]
+    resumed.start_segment(True, 10)
+    assert not resumed.legacy and resumed.summary()["log_normalizer_method"] == "bridge"
 
 
 class CountingShifted(ShiftedGaussianPath):
@@ -194,3 +227,107 @@ def test_a_run_on_a_ladder_stopping_short_says_log_z_is_a_ratio():
                       betas=[1.0, 0.5, 0.1, 0.01], explorer="rwmh")
     assert res.summary["log_normalizer_kind"] == "ratio"
     assert "beta = 0.01 > 0" in res.summary["log_normalizer_note"]
+
+
+class UniformHalfNormal:
+    """``mu ~ Uniform(a, b)``, ``sigma ~ HalfNormal(s)``, ``y_i ~ N(mu, sigma^2)`` as a
+    geometric target on the unconstrained ``(xi, eta)``, ``mu = a + (b - a) sigmoid(xi)``,
+    ``sigma = exp(eta)``; the reference is the prior (pushed forward, normalized, sampled
+    exactly).  The likelihood vanishes like ``exp(-S / (2 sigma^2))`` as ``sigma -> 0``, far
+    faster than the prior, so the reverse stepping-stone weights ``L^(-Delta)`` of the hottest
+    pair have infinite variance.  ``exact_log_z``: the ``mu`` integral in closed form (erf), the
+    ``sigma`` integral by quadrature."""
+
+    def __init__(self, y, a=-5.0, b=5.0, s=2.0):
+        self.y = torch.as_tensor(y, dtype=torch.float64)
+        self.a, self.b, self.s = a, b, s
+        self.dim, self.name, self.reference_is_normalized = 2, "uniform-halfnormal", True
+
+    def log_likelihood(self, x):
+        mu = self.a + (self.b - self.a) * torch.sigmoid(x[:, 0])
+        r = (self.y[None, :] - mu[:, None]) / torch.exp(x[:, 1:])
+        n = self.y.shape[0]
+        return -0.5 * r.square().sum(1) - n * x[:, 1] - 0.5 * n * math.log(2 * math.pi)
+
+    def reference_log_prob(self, x):
+        xi, eta = x[:, 0], x[:, 1]
+        logistic = torch.nn.functional.logsigmoid(xi) + torch.nn.functional.logsigmoid(-xi)
+        half_normal = (0.5 * math.log(2 / math.pi) - math.log(self.s)
+                       - 0.5 * (torch.exp(eta) / self.s) ** 2 + eta)
+        return logistic + half_normal
+
+    def reference_sample(self, n, generator):
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        sigma = self.s * torch.randn(n, generator=generator, dtype=torch.float64).abs()
+        return torch.stack([torch.log(u) - torch.log1p(-u), torch.log(sigma)], 1)
+
+    def exact_log_z(self):
+        from scipy import integrate, special
+
+        y = self.y.numpy()
+        n, ybar = len(y), float(y.mean())
+        ss = float(((y - ybar) ** 2).sum())
+
+        def log_f(sig):  # log of prior(sigma) * integral over mu of prior(mu) L(mu, sigma)
+            return (-0.5 * ss / sig**2 - (n - 1) * math.log(sig)
+                    - 0.5 * (n - 1) * math.log(2 * math.pi) - 0.5 * math.log(n)
+                    - math.log(self.b - self.a) + 0.5 * math.log(2 / math.pi)
+                    - math.log(self.s) - 0.5 * (sig / self.s) ** 2)
+
+        peak = max(log_f(s) for s in np.geomspace(1e-2, 10 * self.s, 400))
+
+        def f(sig):
+            t = math.sqrt(n) / sig
+            mass = special.ndtr((self.b - ybar) * t) - special.ndtr((self.a - ybar) * t)
+            return math.exp(log_f(sig) - peak) * mass
+
+        val, _ = integrate.quad(f, 0, np.inf, limit=200, epsabs=0, epsrel=1e-12)
+        return math.log(val) + peak
+
+
+def test_the_bridge_is_right_where_the_reverse_half_is_biased_and_the_run_is_warned():
+    """Issue 21 item 2: on a prior reference whose likelihood vanishes faster than the prior
+    (a Uniform mean and a HalfNormal sd) the reverse half's weights have infinite variance and
+    it is biased upward far beyond the spread over systems.  The reported log_normalizer (the
+    bridge) is within Z se of the quadrature value; negative controls: the old report (the
+    average of the halves) and the reverse half are more than Z bridge-se away; the halves'
+    disagreement is a finding; the batch-means error matches the spread over systems."""
+    target = UniformHalfNormal(np.random.default_rng(0).normal(1.0, 1.5, size=20))
+    exact = target.exact_log_z()
+    assert abs(exact - (-37.632738)) < 1e-5  # a 1501^2 grid in (xi, eta) gives -37.6327380
+    betas = list(np.geomspace(1.0, 0.2, 5)) + [0.0]
+    path = nrpt.GeometricPath(betas)
+    eng = nrpt.PTEngine(target, path, nrpt.make_explorer("rwmh"), nrpt.make_scheme("deo"),
+                        nrpt.make_rule("metropolis"), step_size=[0.5 / math.sqrt(b) if b else 1.0
+                                                                 for b in betas],
+                        systems=R, seed=1)
+    stone = SteppingStone(R, path.n_slots, reference_normalized=True)
+    plan = Plan((Segment("burn-in", 200, sample=False), Segment("main", 1024)))
+    execute(Run(engine=eng, adaptors=[], recorders={stone.name: stone}, plan=plan))
+    est = {k: v.numpy() for k, v in stone.estimate().items()}
+    bridge = est["log_normalizer"]
+    se = bridge.std(ddof=1) / math.sqrt(R)
+    assert abs(bridge.mean() - exact) < Z * se
+    old_report = 0.5 * (est["forward"] + est["reverse"])
+    assert old_report.mean() - exact > Z * se
+    assert est["reverse"].mean() - exact > 2 * Z * se
+    # the batch-means error of one system is about the spread over systems
+    assert 0.5 < est["se"].mean() / bridge.std(ddof=1) < 2.0
+    codes = [f.code for f in stone.findings()]
+    assert codes == ["log-z-halves"]
+
+
+def test_consistent_halves_give_no_finding():
+    """Negative control of the finding: a linear log-likelihood (finite-variance weights both
+    ways) at the same sizes."""
+    betas = list(np.linspace(1.0, 0.0, 7))
+    path = nrpt.GeometricPath(betas)
+    target = ShiftedGaussianPath(dim=2, shift=3.0)
+    eng = nrpt.PTEngine(target, path, nrpt.make_explorer("rwmh"), nrpt.make_scheme("deo"),
+                        nrpt.make_rule("metropolis"), step_size=0.8, systems=R, seed=1)
+    stone = SteppingStone(R, path.n_slots, reference_normalized=True)
+    plan = Plan((Segment("burn-in", 100, sample=False), Segment("main", 1024)))
+    execute(Run(engine=eng, adaptors=[], recorders={stone.name: stone}, plan=plan))
+    est = stone.estimate()
+    assert stone.findings() == []
+    assert bool(torch.isfinite(est["halves_z"]).all()) and float(est["halves_z"].abs().max()) < 3

@@ -472,6 +472,47 @@ def test_a_folder_with_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     assert_same_run(again, first)
 
 
+def test_a_failed_start_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
+    """A new run that fails before its first checkpoint (a target file that does not exist, a
+    start at a non-finite energy, a crash while starting) removes what it wrote and the folders
+    it created, so the next attempt needs no --overwrite; a folder that was there keeps the
+    user's files; an --overwrite whose target file is missing keeps the old run."""
+    from nrpt import api
+    from nrpt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--target", "my_model.py:TARGET", "--chains", "3", "--iterations", "20",
+            "--figures", "false", "--no-progress", "--out", "runs/mine"]
+    assert main(args) == 2 and "target file not found" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nor an empty locked runs/mine
+
+    class NaNStart(Kicker):
+        def energy(self, x):
+            return super().energy(x) + float("nan")
+
+    out = tmp_path / "kept"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="non-finite energy"):
+        nrpt.sample(NaNStart(), out=str(out), **OPTS)
+    assert sorted(p.name for p in out.iterdir()) in (["notes.txt"], [".nrpt.lock", "notes.txt"])
+
+    def broken(*a, **k):  # after config.toml and run.json, before the first checkpoint
+        raise RuntimeError("the node went away")
+
+    monkeypatch.setattr(api, "execute", broken)
+    with pytest.raises(RuntimeError, match="went away"):
+        nrpt.sample(Kicker(), out=str(tmp_path / "new"), **OPTS)
+    assert not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    first = nrpt.sample(Kicker(), out=str(tmp_path / "new"), **OPTS)  # no overwrite needed
+    assert first.samples.shape == (300, 2)
+    assert main([*args[:-1], "new", "--overwrite"]) == 2  # the missing file again
+    assert np.array_equal(np.load(tmp_path / "new" / "samples.npy"), first.samples)
+    nrpt.resume(tmp_path / "new", target=Kicker())  # still the run it was
+
+
 def test_every_file_is_written_under_a_unique_temporary_name(tmp_path, monkeypatch):
     out = tmp_path / "run"
     moves = []

@@ -98,6 +98,9 @@ def test_both_legs_estimate_log_z(far):
         assert abs(est.mean() - t.log_normalizer) < 4 * err + 0.05, (leg, est)
     var = np.array(s["log_normalizer_variational_leg"])
     assert var.std() < np.array(s["log_normalizer_prior_leg"]).std() + 0.05
+    # each leg's halves agree within their errors, and so do the legs: no log Z warning
+    assert not [w for w in s["warnings"] if "log Z" in w]
+    assert np.all(np.abs(s["log_normalizer_legs_z"]) < 4)
 
 
 def test_target_moments_of_the_samples(far):
@@ -132,6 +135,9 @@ def test_a_bad_q_leaves_the_stabilized_run_correct(monkeypatch):
     assert abs(est.mean() - t.log_normalizer) < 4 * est.std(ddof=1) / 2 + 0.05
     # the bad q really was in use: the variational leg's hot end sits at -20
     assert np.allclose(s["variational_mean"], -20.0)
+    # issue 21: its log Z is nonsense (halves of -2000 and +50000), and the run says so, twice
+    assert any("halves of log Z disagree" in w and "variational leg" in w for w in s["warnings"])
+    assert any("two legs' log Z disagree" in w for w in s["warnings"])
 
 
 def test_full_rank_beats_mean_field_on_a_correlated_target():

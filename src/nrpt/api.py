@@ -186,15 +186,44 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
+    created: list[Path] = []
     if out is not None and lead:
+        created = [p for p in (out, *out.parents) if not p.exists()]
         out.mkdir(parents=True, exist_ok=True)
     resume_from = Path(resume_from) if resume_from is not None else None
     with _guard(out if lead else None) as stop:
         if not lead:
             return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback,
                            threads=threads)
-        return _run(cfg, stop, target=target, rule=rule, progress=progress, callback=callback,
-                    resume_from=resume_from, overwrite=overwrite, comm=comm, threads=threads)
+        # the folder is this run's to clean up if the start fails: empty of runs, or overwritten
+        ours = out is not None and resume_from is None and (overwrite or not rf.run_files(out))
+        try:
+            return _run(cfg, stop, target=target, rule=rule, progress=progress,
+                        callback=callback, resume_from=resume_from, overwrite=overwrite,
+                        comm=comm, threads=threads)
+        except BaseException:
+            if ours and not rf.checkpoint_exists(out):
+                _discard_failed_start(out, created)
+            raise
+
+
+def _discard_failed_start(out: Path, created: list[Path]) -> None:
+    """A new run that failed before its first checkpoint (a bad target, setting or initial
+    state): remove the files it wrote, and the folders it created if nothing else is in them,
+    so the next attempt starts afresh (no ``--overwrite``).  Runs while the lock is held; a run
+    that got as far as its first checkpoint stays, resumable (``nrpt resume``)."""
+    with contextlib.suppress(OSError):
+        rf.clear_run(out)
+    if not created:
+        return
+    with contextlib.suppress(OSError):
+        if {p.name for p in out.iterdir()} <= {rf.LOCK}:
+            (out / rf.LOCK).unlink(missing_ok=True)
+    for folder in created:  # out first, then the parents it made (each only if empty)
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _join(cfg: RunConfig, comm):
@@ -232,6 +261,7 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
              record: dict | None):
     """The folder checks of a run or a resumption: ``(checkpoint, its path, config hash,
     run record, target, target file spec)``."""
+    from .target import file_spec, load_target
     out = Path(cfg.out) if cfg.out else None
     ck = used = spec = None
     chash = rf.config_hash(cfg)
@@ -243,8 +273,6 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
         if record is not None:
             spec = rf.check_target_file(record)  # the recorded file, wherever we run from
             if target is None and spec is not None:
-                from .target import load_target
-
                 target = load_target(spec, **(cfg.target_options or {}))
     elif out is not None:
         present = rf.run_files(out)
@@ -253,14 +281,14 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
                              f"{', ...' if len(present) > 4 else ''}): resume it with `nrpt "
                              f"resume {out}`, choose another out, or pass overwrite=True "
                              f"(--overwrite) to replace it")
-        rf.clear_run(out)
         record = rf.new_run_record(cfg, chash)
         if record["target"].get("path"):
             spec = f"{record['target']['path']}:{record['target']['attribute']}"
             if target is None:
-                from .target import load_target  # load the very file that was hashed
-
-                target = load_target(spec, **(cfg.target_options or {}))
+                target = load_target(spec, **(cfg.target_options or {}))  # the hashed file
+        elif target is None and file_spec(cfg.target) is not None:
+            load_target(cfg.target)  # a missing file: its error, before the old run goes
+        rf.clear_run(out)  # after the target loaded: a bad target file keeps the old run
     return ck, used, chash, record, target, spec
 
 

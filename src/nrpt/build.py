@@ -54,6 +54,7 @@ from .record import Draws
 from .recorders import RoundTrips, SlotSpread, SwapStats, Trace
 from .rng import Stream, generator_for
 from .swap import DEOW, Rule, make_scheme
+from .swap.schemes import check_gate
 from .target import TargetError, load_target, validate_target
 
 __all__ = ["build", "initial_states", "DTYPES"]
@@ -117,6 +118,19 @@ def _rule(cfg, finite: bool) -> Rule:
     return registry.create("rule", name)
 
 
+def _exact_energies(sg: bool, estimator) -> bool:
+    """Whether the swaps see exact energies: always for exact explorers; for stochastic-gradient
+    ones with a full-batch estimator without energy noise."""
+    if not sg:
+        return True
+    d = estimator.describe()
+    if d.get("energy") == "exact":
+        return True
+    if d.get("energy") == "noisy-oracle":
+        return not np.any(np.asarray(d.get("energy_sd", 0.0), dtype=float) > 0)
+    return False
+
+
 def _window(cfg, P: int) -> tuple[int, str]:
     """``(window to start with, source)``."""
     w = cfg.window
@@ -150,13 +164,20 @@ def _check_variational(reference: str, kind: str, path, comm, cfg) -> None:
 
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
           resume: bool = False, record: str = "target", comm=None,
-          burn_in: int | None = None) -> Run:
+          allow_gate_bias: bool = False, burn_in: int | None = None) -> Run:
     """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` may be given as objects
     (``rule`` overrides ``cfg.swap_rule``); ``out`` is the run folder for streamed draws
     (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines);
     ``comm`` (:mod:`nrpt.distributed`) spreads the replicas over processes (only rank 0
     stores the draws).  ``burn_in``: the warm-up iterations, overriding the config's (a
-    resumption keeps its first run's count, :func:`nrpt.api.resume`)."""
+    resumption keeps its first run's count, :func:`nrpt.api.resume`).
+
+    Every run (``nrpt.sample``, the CLI, config files, resumes, each process of a distributed
+    run) passes :func:`nrpt.swap.schemes.check_gate` here: scheme ``deo-w`` with a window
+    > 1 and Metropolis swaps on exact energies is refused (biased), and an approximate
+    combination is named in ``facts["approximations"]`` (and the summary).
+    ``allow_gate_bias=True`` skips the refusal: only for tests of the scheme machinery that
+    compare implementations (plain vs fused loops) rather than sample."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
     kind = validate_target(target)
@@ -212,6 +233,16 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if rule is None:
         rule = _rule(cfg, getattr(path, "finite", True))
     facts["rule"] = rule.name
+    if cfg.scheme == "deo-w":
+        try:
+            note = check_gate("auto" if source == "auto" else window, rule,
+                              _exact_energies(sg, estimator if sg else None), source)
+        except ValueError:
+            if not allow_gate_bias:
+                raise
+            note = "scheme 'deo-w' with exact Metropolis swaps: biased (allow_gate_bias)"
+        if note is not None:
+            facts.setdefault("approximations", []).append(note)
 
     if cfg.compile:  # the explorer step as one compiled graph (explorers.compiled)
         from .explorers.compiled import Compiled
@@ -272,7 +303,9 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         S = check_swap_rate(cfg.swap_rate)
         adaptors.append(CorrectionAdaptor(S, gamma))
         if P >= 3:
-            adaptors.append(LearningRateAdaptor(S, gamma))
+            adaptors.append(LearningRateAdaptor(S, gamma,
+                                                ladder=getattr(cfg, "ladder_update", None)
+                                                or "paper"))
     if reference is not None:
         adaptors.append(va.VariationalRefit(family, lambda: engine.q))
     if "slot_variance" in engine.params:  # the bias-corrected rule always gets sigma^2

@@ -31,7 +31,9 @@ _HELP = {
                "rwmh/mala/hmc step sizes are tuned during it and then frozen",
     "scheme": "swap scheme",
     "window": "window W of deo-w: an integer >= 1, 'auto' (W* from the rejection rate measured "
-              "in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - swap_rate)",
+              "in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - swap_rate); for noisy / "
+              "stochastic-gradient swaps: a window > 1 with exact Metropolis swaps is refused "
+              "(biased; use --scheme deo)",
     "explorer": "local move (exact: rwmh, mala, hmc, slice; stochastic-gradient: the rest)",
     "step_size": "exact explorers: step size at slot 0 (scaled by sqrt(tau) up a temperature "
                  "ladder), or one per slot, comma-separated",
@@ -67,8 +69,10 @@ _HELP = {
     "figures": "with --out: write the figures (true/false)",
     "compile": "run the explorer step (rwmh, mala, hmc, and the stochastic-gradient "
                "explorers without control variates) as one torch.compile graph: faster "
-               "iterations after a compilation of seconds, the same draws; falls back to the "
-               "plain step (true/false)",
+               "iterations after a compilation of seconds; each step equals the plain one to "
+               "rounding (a deterministic-rule run then diverges from the plain run after a "
+               "flipped verdict: the same chain in law, not the same numbers); falls back to "
+               "the plain step (true/false)",
     "fuse": "run the iterations in chunks (explore, swap, adapt, record) as one function, "
             "one torch.compile graph with --compile: fewer launches per iteration; true = "
             "chunks of 8, or a chunk length (16: faster, twice the compilation); one process, "
@@ -86,6 +90,8 @@ _HELP = {
     "correction": "initial correction buffer C0 of the deterministic rule",
     "adapt": "deterministic rule: adapt C and the learning rates online (true/false)",
     "sa_step": "SA step sizes gamma_k = a / (k^kappa + b) as a,kappa,b (default 50,0.8,500)",
+    "ladder_update": "how the learning rates adapt: paper (Eq. 11/12 as written; can collapse "
+                     "two rungs) or log-gaps (Eq. 10 on the gaps of log eta, renormalized)",
     "bottom_temperature": "sgd/msgd/psgd: Langevin noise temperature at slot 0 (0: plain SGD)",
     "batch_size": "minibatch size (data targets); must not exceed the data",
     "vr_every": "variance-reduced energies: refresh the control-variate anchor every m "
@@ -164,6 +170,7 @@ _TYPES = {
     "compile": _BOOL, "fuse": _typed("auto, true, false or a chunk length", _fuse), "adapt": _BOOL,
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
+            "ladder_update": ["paper", "log-gaps"],
             "reference": list(REFERENCES)}
 for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):
     _CHOICES[_field] = registry.names(_role)

@@ -55,7 +55,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "momentum", "domain", "compile", "fuse"),
     "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
              "variance_factor", "variance_every"),
-    "adaptation": ("adapt", "sa_step", "adapt_schedule", "adapt_step_size", "target_acceptance"),
+    "adaptation": ("adapt", "sa_step", "ladder_update", "adapt_schedule", "adapt_step_size",
+                   "target_acceptance"),
     "energy": ("noise_sd", "grad_noise_sd", "batch_size", "vr_every"),
     "output": ("out", "thin", "checkpoint_every", "figures"),
 }
@@ -294,6 +295,7 @@ class RunConfig:
     # adaptation
     adapt: bool | None = None
     sa_step: list[float] | None = None
+    ladder_update: str | None = None
     adapt_schedule: bool | None = None
     adapt_step_size: bool | None = None
     target_acceptance: float | None = None
@@ -686,9 +688,15 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
                        _number("sa_step kappa", cfg.sa_step[1], 0.5, strict=True, high=1.0,
                                high_strict=False),
                        _number("sa_step b", cfg.sa_step[2], 0.0, strict=True)]
+        default("ladder_update", "paper")
+        from .adapt.sa import check_ladder_update
+
+        cfg.ladder_update = check_ladder_update(cfg.ladder_update)
     else:
         not_applicable("sa_step", "sa_step is the step size of the deterministic rule's "
                                   "adaptation (adapt = true)")
+        not_applicable("ladder_update", "ladder_update is how the deterministic rule's "
+                                        "adaptation (adapt = true) moves the learning rates")
     tunable = cfg.explorer in ("rwmh", "mala", "hmc")
     if cfg.rounds is not None:
         default("adapt_schedule", True)
@@ -764,29 +772,14 @@ def _check_out(out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- TOML writer
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 def to_toml(data: dict[str, Any]) -> str:
-    """Minimal TOML writer: top-level keys, then one level of tables (``None`` omitted)."""
-    lines, tables = [], []
-    for k, v in data.items():
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            tables.append((k, v))
-        else:
-            lines.append(f"{k} = {_toml_value(v)}")
-    for name, table in tables:
-        lines.append(f"\n[{name}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items() if v is not None)
-    return "\n".join(lines) + "\n"
+    """``config.toml``'s text: top-level keys, then one level of tables, ``None`` omitted.
+    Written by ``tomli-w`` (strings with quotes, backslashes or control characters are
+    escaped: whatever a setting holds reads back equal with :mod:`tomllib`)."""
+    import tomli_w
+
+    def drop_none(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: drop_none(v) if isinstance(v, dict) else v for k, v in d.items()
+                if v is not None}
+
+    return tomli_w.dumps(drop_none(data))

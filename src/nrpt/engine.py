@@ -151,8 +151,13 @@ class PTEngine:
         v, base = self.density(x0)
         if not torch.isfinite(v).all() or not torch.isfinite(base).all():
             bad = int((~torch.isfinite(v) | ~torch.isfinite(base)).sum())
-            raise ValueError(f"{bad} initial state(s) have a non-finite energy / log density; "
-                             "give initial_states inside the support")
+            raise ValueError(
+                f"{bad} initial state(s) have a non-finite energy / log density: the chains "
+                f"must start inside the target's support. Give the target a method "
+                f"initial_states(n, generator) returning [n, dim] states where the energy is "
+                f"finite (for `nrpt run --target file.py:NAME`: on NAME, in that file; see "
+                f"docs/examples/my_model.py), or pass initial_states=[systems, chains, dim] "
+                f"to PTEngine")
         self.state = explorer.prepare(ReplicaState(x0, v, base), self.density)
         self.scheme_state = scheme.init_state(R, P, dev)
         self.k = 0

@@ -21,13 +21,15 @@ What a chunk computes is what the plain loop computes, with the same code:
   inside the chunk (it is a per-iteration state machine); every other recorder gets the block.
 
 Eager, a chunk equals the plain iterations bit for bit (recorders included); compiled, to the
-last bits a fused kernel rounds differently (tested).  Which iterations run in chunks depends
-on the iteration number, the run's checkpoint and callback periods, and the kind of state
-(whether the explore phase still sets up buffers) alone (:meth:`Fused.chunk_at`), so a
-resumed run with the same settings chunks exactly as the uninterrupted one.  An online
-adaptor's ``observe_with`` must be pure and return an :class:`~nrpt.roles.Update` of
-``[R, P]`` tables and known rule parameters only (the chunk takes them as they are, without
-:meth:`nrpt.engine.PTEngine.apply`'s conversions).
+last bits a fused kernel rounds differently (tested) -- per step: a deterministic swap rule
+(DEO*-SGD) flips a verdict on such a last bit within tens of iterations, after which the run
+is the plain run's chain in law, not in numbers (``tests/test_compile_law.py``).  Which
+iterations run in chunks depends on the iteration number, the run's checkpoint and callback
+periods, and the kind of state (whether the explore phase still sets up buffers) alone
+(:meth:`Fused.chunk_at`), so a resumed run with the same settings chunks exactly as the
+uninterrupted one.  An online adaptor's ``observe_with`` must be pure and return an
+:class:`~nrpt.roles.Update` of ``[R, P]`` tables and known rule parameters only (the chunk
+takes them as they are, without :meth:`nrpt.engine.PTEngine.apply`'s conversions).
 
 Fused runs: one process; schemes DEO, DEO_W and SEO (one phase over all adjacent pairs);
 rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the explorers of

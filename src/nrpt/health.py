@@ -33,6 +33,11 @@ code                   fires when                                          knob
                        :data:`R_HAT_MAX` (= 1.01) for some coordinate
 ``low-ess``            slot-0 bulk or tail ESS < :data:`ESS_MIN_PER_SYSTEM` :data:`KNOB_MIXING`
                        (= 100) times the number of systems
+``ladder-collapse``    two adjacent learning rates of an SG ladder closer  :data:`KNOB_SG_LADDER`
+                       than :data:`RUNG_GAP_MIN` (= 1 %) of the larger
+``swap-rate-off-target`` an adjacent pair's swap-indicator rate further    :data:`KNOB_SG_LADDER`
+                       than :data:`SWAP_RATE_TOLERANCE` (= 0.1) from the
+                       adaptation's target ``S``
 ====================== =================================================== ==================
 
 References: A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021),
@@ -65,6 +70,8 @@ __all__ = [
     "HOT_MEAN_DISAGREEMENT",
     "R_HAT_MAX",
     "ESS_MIN_PER_SYSTEM",
+    "RUNG_GAP_MIN",
+    "SWAP_RATE_TOLERANCE",
 ]
 
 
@@ -133,6 +140,23 @@ R_HAT_MAX = 1.01
 #: it R-hat itself and the Monte-Carlo error of means and quantiles are unreliable.
 ESS_MIN_PER_SYSTEM = 100.0
 
+#: Two adjacent rungs of a stochastic-gradient learning-rate ladder closer than this fraction of
+#: the larger have collapsed: they run (nearly) the same dynamics, so a slot is wasted, and the
+#: adaptation has stopped working there.  The initial geometric ladder of the default run has
+#: gaps of 29 %; adapted ladders that work keep gaps of several percent (4-6 % at the smallest
+#: with ``ladder_update = "log-gaps"`` on the default run), while Eq. 11/12 as written left
+#: 0.04 % (seed 0) and 0.4 % (seed 1) between rungs 1 and 2.
+RUNG_GAP_MIN = 0.01
+
+#: The learning-rate and correction adaptors aim every adjacent pair's swap-indicator rate at
+#: ``S``.  A pair further than this from ``S`` (absolute) over the statistics' span was not
+#: equalized: on the default run (``S = 0.4``) Eq. 11/12 as written leaves pair 0 at 0.58-0.59
+#: while ``"log-gaps"`` gives 0.40 at every pair; the binomial noise of a rate over 1000
+#: iterations is below 0.02.
+SWAP_RATE_TOLERANCE = 0.1
+
+KNOB_SG_LADDER = ("ladder_update = log-gaps (or the initial ladder: lr_min / lr_max / "
+                  "learning_rates / chains)")
 KNOB_LADDER = "chains / max_temperature (or --rounds to adapt the schedule)"
 KNOB_RESTARTS = "iterations / chains / schedule (max_temperature, or --rounds to adapt it)"
 KNOB_STEP = "step_size"
@@ -236,6 +260,50 @@ def slot0_diagnostics(samples) -> dict:
 
 
 # --------------------------------------------------------------------------- checks
+
+def _check_sg_ladder(ladder, pair_rate, target: float | None, gap_min: float,
+                     tolerance: float) -> list[Finding]:
+    """``ladder-collapse`` and ``swap-rate-off-target`` of a learning-rate ladder ``[R, P]``
+    and its per-pair indicator rates ``[R, P-1]``."""
+    out: list[Finding] = []
+    if ladder is not None:
+        lr = _as_2d(ladder, "learning_rates")
+        R = lr.shape[0]
+        with _quiet():
+            rel = np.diff(lr, axis=1) / np.abs(lr[:, 1:])
+        bad = np.isfinite(rel) & (rel < gap_min)
+        if bad.any():
+            r, p = np.unravel_index(int(np.nanargmin(np.where(bad, rel, np.nan))), rel.shape)
+            where = f" in system {r}" if R > 1 else ""
+            n_bad = int(bad.sum())
+            more = f" ({n_bad} adjacent pairs of rungs in all)" if n_bad > 1 else ""
+            out.append(Finding(
+                "ladder-collapse",
+                f"The learning-rate ladder has collapsed{where}: slots {p} and {p + 1} sit at "
+                f"{lr[r, p]:.6g} and {lr[r, p + 1]:.6g}, {100 * rel[r, p]:.2g} % apart "
+                f"(below {100 * gap_min:g} %){more}, so the two rungs run the same dynamics and "
+                "a slot is wasted; the adaptation (Deng et al. Eq. 11/12 as written) is stuck "
+                "there.", KNOB_SG_LADDER))
+    if pair_rate is not None and target is not None:
+        a = _as_2d(pair_rate, "pair_rate")
+        R = a.shape[0]
+        with _quiet():
+            off = np.abs(a - float(target))
+        bad = np.isfinite(off) & (off > tolerance)
+        if bad.any():
+            r, p = np.unravel_index(int(np.nanargmax(np.where(bad, off, np.nan))), off.shape)
+            pairs = np.flatnonzero(bad.any(axis=0))
+            where = f" in system {r}" if R > 1 else ""
+            more = f"; so are pairs {_slots(pairs)}" if len(pairs) > 1 else ""
+            out.append(Finding(
+                "swap-rate-off-target",
+                f"The swap-indicator rate of pair {p} (slots {p} and {p + 1}) is "
+                f"{a[r, p]:.2f}{where} against the adaptation's target S = {float(target):g} "
+                f"(off by more than {tolerance:g}{more}), so the learning-rate ladder was not "
+                "equalized: replicas cross that pair faster or slower than the rest.",
+                KNOB_SG_LADDER))
+    return out
+
 
 def _check_pairs(acc: np.ndarray, floor: float) -> list[Finding]:
     with _quiet():
@@ -447,7 +515,10 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
               slot0=None, exact: bool = True, pair_floor: float = PAIR_FLOOR,
               explorer_band: Sequence[float] = EXPLORER_BAND, n_chains: int | None = None,
               reference_exact: bool = False, r_hat_max: float = R_HAT_MAX,
-              ess_min_per_system: float = ESS_MIN_PER_SYSTEM) -> list[Finding]:
+              ess_min_per_system: float = ESS_MIN_PER_SYSTEM, learning_rates=None,
+              pair_rate=None, swap_rate_target: float | None = None,
+              rung_gap_min: float = RUNG_GAP_MIN,
+              swap_rate_tolerance: float = SWAP_RATE_TOLERANCE) -> list[Finding]:
     """Health checks of one run; returns the findings (empty when nothing is wrong).
 
     Every argument is optional and its check is skipped when it is ``None``.
@@ -486,6 +557,13 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         path with a sampleable reference): its explorer acceptance is irrelevant and skipped.
     r_hat_max, ess_min_per_system:
         Thresholds of the slot-0 checks (:data:`R_HAT_MAX`, :data:`ESS_MIN_PER_SYSTEM`).
+    learning_rates:
+        A stochastic-gradient learning-rate ladder ``[R, P]`` (or ``[P]``).  Check
+        ``ladder-collapse`` with ``rung_gap_min`` (:data:`RUNG_GAP_MIN`).
+    pair_rate, swap_rate_target:
+        Per-pair swap-indicator rates ``[R, P-1]`` of the deterministic rule and the target
+        ``S`` its adaptation aims at.  Check ``swap-rate-off-target`` with
+        ``swap_rate_tolerance`` (:data:`SWAP_RATE_TOLERANCE`).
     """
     findings: list[Finding] = []
     acc = None
@@ -504,6 +582,9 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         findings += _check_hot(hot_states, reference_spread)
     if slot0 is not None:
         findings += _check_slot0(slot0, float(r_hat_max), float(ess_min_per_system))
+    if learning_rates is not None or pair_rate is not None:
+        findings += _check_sg_ladder(learning_rates, pair_rate, swap_rate_target,
+                                     float(rung_gap_min), float(swap_rate_tolerance))
     return findings
 
 

@@ -22,7 +22,8 @@ Groups:
   occupant changed in the iteration that produced the draw: a swap involving the target slot
   was accepted), ``restarts`` and ``round_trips`` (cumulative per system since the start of
   the sampled segment, Syed et al. definitions of :mod:`nrpt.diagnostics.roundtrips`); per
-  chain: ``log_normalizer`` and its two stepping-stone halves ``log_normalizer_forward`` /
+  chain: ``log_normalizer`` (the bridge), its error ``log_normalizer_se`` and its two
+  stepping-stone halves ``log_normalizer_forward`` /
   ``log_normalizer_reverse``, and ``barrier`` (the global barrier Λ̂), copied from the summary;
 * ``constant_data`` -- per-slot and per-pair tables (schedule, step sizes, swap and explorer
   acceptance, per-slot log Z, Method I barrier), dims ``system`` / ``slot`` / ``pair``.
@@ -335,8 +336,9 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, legs):
                                f"{first} (the start of the sampled segment) through the draw",
                 "counted_from_iteration": first})
     notes = {
-        "log_normalizer": "stepping-stone log Z (or log ratio, see log_normalizer_kind): the "
-                          "average of the forward and reverse halves",
+        "log_normalizer": "log Z (or log ratio, see log_normalizer_kind) by the geometric "
+                          "bridge between neighbouring slots",
+        "log_normalizer_se": "batch-means standard error of log_normalizer",
         "log_normalizer_forward": "forward stepping-stone half (aimed at Z)",
         "log_normalizer_reverse": "reverse stepping-stone half (aimed at 1/Z)",
         "barrier": "global communication barrier Λ̂ = sum of the pair rejection rates"}

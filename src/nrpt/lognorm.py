@@ -1,30 +1,47 @@
-r"""Normalizing constants by stepping stone, accumulated online (the ``log_z`` recorder).
+r"""Normalizing constants by bridge sampling, accumulated online (the ``log_z`` recorder).
 
 Along a path with slot coefficients ``b_0 = 1 > b_1 > ... > b_{P-1}`` (:mod:`nrpt.paths`), the
 slot densities are ``pi_p ∝ exp(base - b_p V)`` with normalizing constants ``Z_p``.  For each
-adjacent pair the ratio of constants is an expectation under either neighbour
-(Syed et al. 2021, Sec. 6.2; the "stepping stone" of Xie et al. 2011):
+adjacent pair, with ``Delta = b_p - b_{p+1} > 0``, the ratio of constants has three estimates
+(Syed et al. 2021, Sec. 6.2; the "stepping stone" of Xie et al. 2011; the geometric bridge of
+Meng & Wong 1996):
 
-    Z_p / Z_{p+1}  =  E_{pi_{p+1}} [ exp(-(b_p - b_{p+1}) V(X)) ]          (forward)
-    Z_{p+1} / Z_p  =  E_{pi_p}     [ exp(+(b_p - b_{p+1}) V(X)) ]          (reverse)
+    Z_p / Z_{p+1}  =  E_{pi_{p+1}} [ exp(-Delta V) ]                             (forward)
+    Z_{p+1} / Z_p  =  E_{pi_p}     [ exp(+Delta V) ]                             (reverse)
+    Z_p / Z_{p+1}  =  E_{pi_{p+1}} [ exp(-Delta V / 2) ] / E_{pi_p} [ exp(+Delta V / 2) ]  (bridge)
 
-On a geometric path ``V = -l`` and ``-(b_p - b_{p+1}) V = (beta_p - beta_{p+1}) l``.  Every
-iteration adds, per pair, one term to each expectation from the replica that currently sits
-at slot ``p + 1`` (forward) or slot ``p`` (reverse).  The sample means are kept as streaming
-log-sum-exp accumulators (:class:`StreamingLogSumExp`), so terms of
-order ``10^6`` neither overflow nor underflow (terms are buffered and reduced in chunks).  Then
+On a geometric path ``V = -l``.  Every iteration adds, per pair, one term to each mean from the
+replica that currently sits at slot ``p + 1`` or slot ``p``.  The means are kept as streaming
+log-sum-exp accumulators (:class:`StreamingLogSumExp`), so terms of order ``10^6`` neither
+overflow nor underflow (terms are buffered and reduced in chunks).  Then
 
     log Z_0 - log Z_{P-1} = sum_p log(Z_p / Z_{p+1})
 
-is estimated by the forward sum (its exponential is the product of unbiased means, aimed at
-``Z``) and by minus the reverse sum (aimed at ``1 / Z``); the reported value is their average,
-with both halves shown (their gap is a self-check).  On a geometric path with a *normalized*
-reference ``Z_{P-1} = 1`` and the result is ``log Z`` of the target; otherwise (a temperature
-ladder, or a reference without a normalized density) only the *ratio* ``log(Z_0 / Z_{P-1})``
-is estimated.  The per-slot values ``log Z_p - log Z_{P-1}`` come for free.  Where the target
-vanishes on part of the reference's support the reverse half is biased (it cannot see the
-lost mass); this is detected online and only the forward half is used (:meth:`SteppingStone.
-estimate`).
+is estimated by the forward sum (aimed at ``Z``), minus the reverse sum (aimed at ``1 / Z``)
+and the bridge sum, which is **reported** (``log_normalizer``).  Why the bridge: its weights
+have finite variance on both sides whenever the ``Z``'s are finite (second moments
+``Z_p / Z_{p+1}`` and ``Z_{p+1} / Z_p``), so its bias is ``O(1/n)``; the reverse weights'
+second moment is ``∝ Z(b_p - 2 Delta)``, infinite at the hottest pair when the likelihood
+vanishes faster than the reference (a HalfNormal scale: ``l ~ -S / (2 sigma^2)``), and there
+the reverse half converges slowly and is biased upward far beyond its spread (issue 21; in
+``tests/test_lognorm.py`` the old report, the average of the halves, is 0.44 off at a standard
+error of 0.06).  The bridge
+also needs no support condition (only overlap), unlike the reverse half.
+
+Errors are batch means (:meth:`SteppingStone.estimate`, ``BATCHES``): each stream is cut into
+32-64 equal consecutive batches, and the delta method turns a batch's relative deviation of
+each mean, summed over pairs, into the deviation of the log estimate; this counts correlation
+in time, across pairs and between numerator and denominator, and assumes the batches are long
+enough to be nearly independent and the weights have finite variance (true for the bridge; for
+the reverse half in the case above the ``reverse_se`` understates).  The halves are kept as a
+self-check: ``halves_z``, their gap over its error, and a ``log-z-halves`` finding beyond
+``HALVES_Z`` (:meth:`SteppingStone.findings`).
+
+On a geometric path with a *normalized* reference ``Z_{P-1} = 1`` and the result is ``log Z`` of
+the target; otherwise (a temperature ladder, or a reference without a normalized density) only
+the *ratio* ``log(Z_0 / Z_{P-1})`` is estimated.  The per-slot values ``log Z_p - log Z_{P-1}``
+come for free.  Where the target vanishes on part of the reference's support the reverse half
+cannot see the lost mass; this is detected online and the halves are not compared there.
 
 The accumulators assume the schedule is fixed while they run: the recorder starts fresh
 statistics with every segment that resets (``start_segment(reset=True)``: each round of adaptive
@@ -40,7 +57,7 @@ import torch
 from .recorders import per_system
 from .roles import IterationBlock, RecorderBase
 
-__all__ = ["SteppingStone", "StreamingLogSumExp"]
+__all__ = ["SteppingStone", "StreamingLogSumExp", "BATCHES", "HALVES_Z"]
 
 
 class StreamingLogSumExp:
@@ -51,9 +68,17 @@ class StreamingLogSumExp:
     both of which subtract the maximum first, so nothing overflows or underflows.  ``-inf``
     terms (weight 0) are allowed and counted in ``zeros``; NaN and ``+inf`` terms are counted in
     ``invalid`` and skipped (they cannot come from a finite energy and a finite coefficient).
+
+    With ``batches = K > 0`` the stream is also cut into consecutive *batches* for batch-means
+    error estimates: each full chunk's ``log sum exp`` is added to the current batch; between
+    ``K`` and ``2K`` complete batches of equal size are kept (when ``2K`` are complete,
+    neighbours are merged and the batch size doubles).  :meth:`batch_log_means` gives them.
+    The batches are cut where the chunks are, so :meth:`add` and :meth:`add_many` give the same
+    batches bit for bit.
     """
 
-    def __init__(self, shape, dtype=torch.float64, device="cpu", chunk: int = 64):
+    def __init__(self, shape, dtype=torch.float64, device="cpu", chunk: int = 64,
+                 batches: int = 0):
         self.shape = tuple(shape)
         self.total = torch.full(self.shape, -math.inf, dtype=dtype, device=device)
         self._invalid = torch.zeros(self.shape, dtype=torch.int64, device=device)
@@ -61,6 +86,14 @@ class StreamingLogSumExp:
         self.buffer = torch.empty((int(chunk), *self.shape), dtype=dtype, device=device)
         self.pending = 0
         self.n = 0
+        self.K = int(batches)
+        if self.K:
+            self._batch = torch.full((2 * self.K, *self.shape), -math.inf, dtype=dtype,
+                                     device=device)
+            self._current = torch.full(self.shape, -math.inf, dtype=dtype, device=device)
+        self.n_batches = 0  # complete batches
+        self.batch_chunks = 1  # chunks per batch
+        self._current_chunks = 0  # chunks in the current (incomplete) batch
 
     def add(self, t: torch.Tensor) -> None:
         self.buffer[self.pending] = t
@@ -84,21 +117,51 @@ class StreamingLogSumExp:
             if self.pending == size:
                 self._flush()
 
+    def _chunk(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log sum exp, invalid, zeros)`` of the buffered terms."""
+        terms = self.buffer[:self.pending]
+        bad = ~(terms < math.inf)  # NaN or +inf
+        return (torch.logsumexp(terms.masked_fill(bad, -math.inf), 0), bad.sum(0),
+                (terms == -math.inf).sum(0))
+
     def _pending(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(total, invalid, zeros)`` with the buffered terms merged in, the state unchanged:
         reading an estimate mid-run (a segment's report row) must not regroup the terms, or a
         run read at other times (resumed, extended) would differ in the last bits."""
         if self.pending == 0:
             return self.total, self._invalid, self._zeros
-        terms = self.buffer[:self.pending]
-        bad = ~(terms < math.inf)  # NaN or +inf
-        total = torch.logaddexp(self.total, torch.logsumexp(terms.masked_fill(bad, -math.inf), 0))
-        return total, self._invalid + bad.sum(0), self._zeros + (terms == -math.inf).sum(0)
+        lse, bad, zeros = self._chunk()
+        return (torch.logaddexp(self.total, lse), self._invalid + bad, self._zeros + zeros)
 
     def _flush(self) -> None:
-        if self.pending:
-            self.total, self._invalid, self._zeros = self._pending()
-            self.pending = 0
+        if not self.pending:
+            return
+        lse, bad, zeros = self._chunk()
+        if self.K and self.pending == self.buffer.shape[0]:
+            self._current = torch.logaddexp(self._current, lse)
+            self._current_chunks += 1
+            if self._current_chunks == self.batch_chunks:
+                self._batch[self.n_batches] = self._current
+                self._current = torch.full_like(self._current, -math.inf)
+                self._current_chunks = 0
+                self.n_batches += 1
+                if self.n_batches == 2 * self.K:  # merge neighbours: K batches of twice the size
+                    merged = torch.logaddexp(self._batch[0::2], self._batch[1::2])
+                    self._batch.fill_(-math.inf)
+                    self._batch[:self.K] = merged
+                    self.n_batches, self.batch_chunks = self.K, 2 * self.batch_chunks
+        self.total = torch.logaddexp(self.total, lse)
+        self._invalid, self._zeros = self._invalid + bad, self._zeros + zeros
+        self.pending = 0
+
+    def batch_log_means(self) -> torch.Tensor:
+        """``[B, *shape]``: ``log`` of the mean of ``exp(t)`` over each complete batch (``B =
+        n_batches``, every batch of ``batch_chunks * chunk`` terms; the terms after the last
+        complete batch are left out)."""
+        if not self.K:
+            raise ValueError("StreamingLogSumExp: batches = 0 keeps no batches")
+        size = self.batch_chunks * self.buffer.shape[0]
+        return self._batch[:self.n_batches] - math.log(size)
 
     @property
     def invalid(self) -> torch.Tensor:
@@ -124,8 +187,14 @@ class StreamingLogSumExp:
     def state_dict(self) -> dict:
         # the pending buffer is saved as it is (not flushed), so a resumed run groups the
         # terms exactly as an uninterrupted one and reproduces it bit for bit
-        return {"total": self.total.clone(), "n": self.n, "invalid": self._invalid.clone(),
-                "zeros": self._zeros.clone(), "buffer": self.buffer[:self.pending].clone()}
+        sd = {"total": self.total.clone(), "n": self.n, "invalid": self._invalid.clone(),
+              "zeros": self._zeros.clone(), "buffer": self.buffer[:self.pending].clone()}
+        if self.K:
+            sd["batches"] = {"K": self.K, "batch": self._batch[:self.n_batches].clone(),
+                             "current": self._current.clone(),
+                             "current_chunks": self._current_chunks,
+                             "batch_chunks": self.batch_chunks}
+        return sd
 
     def load_state_dict(self, sd: dict) -> None:
         self.total = sd["total"].to(self.total)
@@ -135,12 +204,35 @@ class StreamingLogSumExp:
         self.pending = 0 if buf is None else int(buf.shape[0])
         if self.pending:
             self.buffer[:self.pending] = buf.to(self.buffer)
+        if self.K:
+            bt = sd.get("batches")
+            if bt is None or int(bt["K"]) != self.K:
+                raise ValueError("StreamingLogSumExp.load_state_dict: the state has no batches "
+                                 f"of K = {self.K} (written with batches = "
+                                 f"{0 if bt is None else bt['K']})")
+            self.n_batches = int(bt["batch"].shape[0])
+            self._batch.fill_(-math.inf)
+            self._batch[:self.n_batches] = bt["batch"].to(self._batch)
+            self._current = bt["current"].to(self._current)
+            self._current_chunks = int(bt["current_chunks"])
+            self.batch_chunks = int(bt["batch_chunks"])
+
+
+#: Batches kept for the batch-means errors (between ``BATCHES`` and ``2 * BATCHES``).
+BATCHES = 32
+
+#: The halves' gap, in units of its batch-means error, above which a run is warned about
+#: (per system, and for the systems' z values combined, ``sum z / sqrt(R)``).  With 32-64
+#: batches the z of a consistent pair of halves is close to a t with 31+ degrees of freedom:
+#: ``P(|t_31| > 4) ~ 4e-4`` per system.
+HALVES_Z = 4.0
 
 
 class SteppingStone(RecorderBase):
-    """Recorder (``log_z``, :mod:`nrpt.roles`) of the online stepping-stone estimate of
-    ``log Z``; its statistics restart with every segment that resets (a new round), because
-    the estimate assumes a fixed schedule.
+    """Recorder (``log_z``, :mod:`nrpt.roles`) of the online log ``Z`` estimates (module
+    docstring: the bridge, reported, and the two stepping-stone halves, with batch-means
+    errors); its statistics restart with every segment that resets (a new round), because the
+    estimates assume a fixed schedule.
 
     Args:
         systems, slots: ``R`` and ``P`` of the engine.
@@ -157,8 +249,13 @@ class SteppingStone(RecorderBase):
 
     def reset(self) -> None:
         shape = (self.R, self.P - 1)
-        self.forward = StreamingLogSumExp(shape, self.dtype, self.device)
-        self.reverse = StreamingLogSumExp(shape, self.dtype, self.device)
+
+        def acc():
+            return StreamingLogSumExp(shape, self.dtype, self.device, batches=BATCHES)
+
+        self.forward, self.reverse = acc(), acc()
+        self.bridge_num, self.bridge_den = acc(), acc()
+        self.legacy = False  # resumed from a checkpoint without the bridge (see load_state_dict)
 
     name = "log_z"
 
@@ -170,8 +267,11 @@ class SteppingStone(RecorderBase):
         b = it.schedule  # [R, P]
         v = it.slot_energies  # V of the replica at each slot
         db = b[:, :-1] - b[:, 1:]  # > 0
-        self.forward.add(-db * v[:, 1:])
-        self.reverse.add(db * v[:, :-1])
+        fw, rv = -db * v[:, 1:], db * v[:, :-1]
+        self.forward.add(fw)
+        self.reverse.add(rv)
+        self.bridge_num.add(0.5 * fw)  # exact halving: the bridge's terms are half the halves'
+        self.bridge_den.add(0.5 * rv)
 
     def record_block(self, block: IterationBlock) -> None:
         """``U`` iterations at once (:meth:`StreamingLogSumExp.add_many`): the same terms, in
@@ -179,21 +279,34 @@ class SteppingStone(RecorderBase):
         b = block.schedule  # [U, R, P]
         v = block.slot_energies
         db = b[..., :-1] - b[..., 1:]
-        self.forward.add_many(-db * v[..., 1:])
-        self.reverse.add_many(db * v[..., :-1])
+        fw, rv = -db * v[..., 1:], db * v[..., :-1]
+        self.forward.add_many(fw)
+        self.reverse.add_many(rv)
+        self.bridge_num.add_many(0.5 * fw)
+        self.bridge_den.add_many(0.5 * rv)
 
     def summary(self) -> dict:
         est = self.estimate()
         R = self.R
         out = {"log_normalizer": per_system(est["log_normalizer"], R),
+               "log_normalizer_se": per_system(est["se"], R),
                "log_normalizer_forward": per_system(est["forward"], R),
+               "log_normalizer_forward_se": per_system(est["forward_se"], R),
                "log_normalizer_reverse": per_system(est["reverse"], R),
+               "log_normalizer_reverse_se": per_system(est["reverse_se"], R),
+               "log_normalizer_halves_z": per_system(est["halves_z"], R),
                "log_normalizer_per_slot": per_system(est["per_slot"], R),
-               "log_normalizer_kind": "log Z" if self.reference_normalized else "ratio"}
-        if not bool(est["reverse_valid"].all()):
+               "log_normalizer_kind": "log Z" if self.reference_normalized else "ratio",
+               "log_normalizer_method": "bridge" if not self.legacy else "stepping-stone average"}
+        if self.legacy:
+            out["log_normalizer_note"] = (
+                "resumed from a checkpoint written before the bridge estimator: until the next "
+                "round log_normalizer is the old average of the stepping-stone halves (biased "
+                "upward where the reverse half's weights have infinite variance), without error")
+        elif not bool(est["reverse_valid"].all()):
             out["log_normalizer_note"] = (
                 "the target is zero on part of the reference's support, where the reverse "
-                "(1/Z) half cannot see the lost mass: log_normalizer is the forward half")
+                "(1/Z) half cannot see the lost mass: the reverse half is not used there")
         return out
 
     def segment_row(self) -> dict:
@@ -208,27 +321,127 @@ class SteppingStone(RecorderBase):
         """Estimates of ``log(Z_p / Z_{p+1})`` per pair, ``[R, P-1]``: (forward, reverse)."""
         return self.forward.log_mean(), -self.reverse.log_mean()
 
+    def bridge_log_ratios(self) -> torch.Tensor:
+        """The bridge's estimates of ``log(Z_p / Z_{p+1})`` per pair, ``[R, P-1]``."""
+        return self.bridge_num.log_mean() - self.bridge_den.log_mean()
+
+    def _batch_ses(self) -> dict[str, torch.Tensor]:
+        """Batch-means standard errors (``[R]`` each) of the bridge, the two halves and the
+        halves' gap, by the delta method: ``log`` of a mean ``m`` moves by ``(m_j - m) / m``
+        for a batch mean ``m_j``, summed over the pairs (so the pairs' and the two sides'
+        correlations are counted), and the variance of the mean of ``B`` batches is the
+        batches' sample variance over ``B``.  NaN with fewer than 2 complete batches."""
+        def rel(acc):  # [B, R, P-1]: m_j / m - 1, m the mean over the complete batches
+            lb = acc.batch_log_means()
+            B = lb.shape[0]
+            centre = torch.logsumexp(lb, 0) - math.log(max(B, 1))
+            return torch.expm1(lb - centre)
+
+        f, r = rel(self.forward), rel(self.reverse)
+        bn, bd = rel(self.bridge_num), rel(self.bridge_den)
+        B = f.shape[0]
+
+        def se(d):  # d: [B, R] linearized deviations of one estimate
+            if B < 2:
+                return torch.full(d.shape[1:], math.nan, dtype=d.dtype, device=d.device)
+            d = d - d.mean(0)
+            return (d.square().sum(0) / (B - 1) / B).sqrt()
+
+        return {"se": se((bn - bd).sum(2)), "forward_se": se(f.sum(2)),
+                "reverse_se": se(r.sum(2)), "gap_se": se((f + r).sum(2)), "batches": B}
+
     def estimate(self) -> dict[str, torch.Tensor]:
-        """``log_normalizer`` (average of the halves), ``forward``, ``reverse`` (``[R]``
-        each), ``per_slot`` (``[R, P]``: ``log Z_p - log Z_{P-1}``) and ``reverse_valid``
-        (``[R]``, bool).
+        """``log_normalizer`` (the bridge), ``forward``, ``reverse`` (the stepping-stone halves),
+        their batch-means standard errors ``se``, ``forward_se``, ``reverse_se``, the halves'
+        gap in units of its error ``halves_z`` (``[R]`` each), ``per_slot`` (``[R, P]``:
+        ``log Z_p - log Z_{P-1}`` by the bridge) and ``reverse_valid`` (``[R]``, bool).
 
         The reverse identity needs ``pi_p > 0`` wherever ``pi_{p+1} > 0``.  When the forward
         stream of a pair met states of weight zero (``V = +inf`` at slot ``p+1``: the target
         vanishes on part of the reference's support) that fails -- the reverse half cannot see
-        the missing mass -- so for that pair the forward half alone is used, and
-        ``reverse_valid`` is false for the system."""
+        the missing mass -- so ``reverse_valid`` is false for the system and its ``halves_z``
+        is NaN.  The bridge needs only that the neighbours overlap."""
         fwd, rev = self.pair_log_ratios()
         pair_ok = self.forward.zeros == 0
-        avg = torch.where(pair_ok, 0.5 * (fwd + rev), fwd)
-        tail = torch.flip(torch.cumsum(torch.flip(avg, [1]), 1), [1])  # sum_{q >= p}
+        if self.legacy:  # no bridge statistics for this segment: the old estimate
+            per_pair = torch.where(pair_ok, 0.5 * (fwd + rev), fwd)
+        else:
+            per_pair = self.bridge_log_ratios()
+        tail = torch.flip(torch.cumsum(torch.flip(per_pair, [1]), 1), [1])  # sum_{q >= p}
         per_slot = torch.cat([tail, torch.zeros_like(tail[:, :1])], dim=1)
-        return {"log_normalizer": avg.sum(1), "forward": fwd.sum(1), "reverse": rev.sum(1),
-                "per_slot": per_slot, "reverse_valid": pair_ok.all(1)}
+        ses = self._batch_ses()
+        if self.legacy:  # batches cover only the iterations since the resume: no errors
+            ses = {k: torch.full_like(v, math.nan) if torch.is_tensor(v) else v
+                   for k, v in ses.items()}
+        valid = pair_ok.all(1)
+        f, r = fwd.sum(1), rev.sum(1)
+        z = torch.where(valid, (f - r) / ses["gap_se"], torch.full_like(f, math.nan))
+        return {"log_normalizer": per_pair.sum(1), "forward": f, "reverse": r,
+                "se": ses["se"], "forward_se": ses["forward_se"],
+                "reverse_se": ses["reverse_se"], "halves_z": z, "per_slot": per_slot,
+                "reverse_valid": valid}
+
+    def findings(self, label=None) -> list:
+        """:class:`nrpt.health.Finding` s (code ``log-z-halves``) where the stepping-stone
+        halves disagree beyond their error: in some system, ``|halves_z| > HALVES_Z``, or in
+        the systems together, ``|sum z| / sqrt(R) > HALVES_Z``.  ``label(i)`` names engine
+        system ``i`` in the message (default ``"system i"``)."""
+        from .health import Finding
+
+        if self.n == 0:
+            return []
+        label = label or (lambda i: f"system {i}")
+        est = {k: v.detach().cpu().double() for k, v in self.estimate().items()}
+        z = est["halves_z"]
+        ok = torch.isfinite(z)
+        knob = ("iterations (more draws per round) / chains (closer neighbours on the ladder; "
+                "for a variational reference, a better q)")
+        what = ("log_normalizer is the bridge estimate, whose weights have finite variance, "
+                "but its error bar assumes the same overlap")
+        out = []
+        bad = [i for i in range(self.R) if bool(ok[i]) and abs(float(z[i])) > HALVES_Z]
+        if bad:
+            i = max(bad, key=lambda j: abs(float(z[j])))
+            more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
+            out.append(Finding("log-z-halves", (
+                f"the stepping-stone halves of log Z disagree in {label(i)}{more}: forward "
+                f"{float(est['forward'][i]):.4g}, reverse {float(est['reverse'][i]):.4g}, a gap "
+                f"of {abs(float(z[i])):.1f} times its batch-means error (threshold {HALVES_Z:g}; "
+                f"bridge {float(est['log_normalizer'][i]):.4g} ± {float(est['se'][i]):.2g}): "
+                f"neighbouring slots overlap too little for the halves; {what}"), knob))
+        elif int(ok.sum()) >= 2:
+            comb = float(z[ok].sum()) / math.sqrt(int(ok.sum()))
+            if abs(comb) > HALVES_Z:
+                gap = float((est["forward"] - est["reverse"])[ok].mean())
+                out.append(Finding("log-z-halves", (
+                    f"the stepping-stone halves of log Z disagree over the {int(ok.sum())} "
+                    f"systems together: forward minus reverse is {gap:.3g} on average, "
+                    f"combined z = {comb:.1f} (threshold {HALVES_Z:g}); the reverse "
+                    f"half is biased upward where its weights have infinite variance (the "
+                    f"likelihood vanishing faster than the reference); {what}"), knob))
+        return out
 
     def state_dict(self) -> dict:
-        return {"forward": self.forward.state_dict(), "reverse": self.reverse.state_dict()}
+        return {"forward": self.forward.state_dict(), "reverse": self.reverse.state_dict(),
+                "bridge_num": self.bridge_num.state_dict(),
+                "bridge_den": self.bridge_den.state_dict(), "legacy": self.legacy}
 
     def load_state_dict(self, sd: dict) -> None:
+        """Restore; a checkpoint written before the bridge (no ``bridge_num``) loads its halves
+        and marks the segment ``legacy``: until the next reset the headline is the old average
+        of the halves and the summary says so (the bridge cannot be rebuilt from the sums)."""
+        if "bridge_num" not in sd:
+            self.reset()
+            for name in ("forward", "reverse"):
+                old = dict(sd[name])
+                acc = getattr(self, name)
+                acc.K, keep = 0, acc.K  # no batches in the old state
+                acc.load_state_dict(old)
+                acc.K = keep  # its batch store stays empty: errors NaN (fewer than 2 batches)
+            self.legacy = True
+            return
         self.forward.load_state_dict(sd["forward"])
         self.reverse.load_state_dict(sd["reverse"])
+        self.bridge_num.load_state_dict(sd["bridge_num"])
+        self.bridge_den.load_state_dict(sd["bridge_den"])
+        self.legacy = bool(sd.get("legacy", False))

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +79,10 @@ def release_inference_tensors(objects, depth: int = 3) -> None:
     def fix(v, d):
         if isinstance(v, torch.Tensor):
             return v.clone() if v.is_inference() else v
-        if d <= 0 or id(v) in seen or isinstance(v, str | bytes | int | float | bool | type):
-            return v
+        if d <= 0 or id(v) in seen or isinstance(v, str | bytes | int | float | bool | type
+                                                  | types.ModuleType):
+            return v  # (a module, e.g. the torch.distributed a Comm holds, is not ours to walk:
+            # reading its attributes woke torch's deprecated reduce_op, a FutureWarning per rank)
         seen.add(id(v))
         if isinstance(v, dict):
             for k in list(v):

@@ -16,7 +16,10 @@ has to be closed, and everything works headless.  Font sizes are set per artist.
   :func:`swap_acceptance_rounds` -- per pair per round (heat map);
 * :func:`local_barrier` -- the fitted local barrier ``lambda`` with the Method I points;
 * :func:`schedules` -- the schedule of every round;
-* :func:`restart_rate` -- restart rate against the number of chains (theory and observed).
+* :func:`restart_rate` -- restart rate against the number of chains (theory and observed);
+* :func:`trace` / :func:`rank` -- the slot-0 chains of the first coordinates: trace with the
+  marginal histograms (ArviZ's ``plot_trace``) and rank histograms (ArviZ's ``plot_rank``,
+  Vehtari et al. 2021), one chain per system (one system: its quarters).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 __all__ = ["density", "adaptation", "index_process", "swap_acceptance",
-           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "save"]
+           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "trace",
+           "rank", "save"]
 
 # font sizes (points) for figures shown on slides at their saved size
 _FS_LABEL = 12
@@ -269,9 +273,9 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
     im2 = axes[2].imshow(err.T, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -emax, emax), **common)
     _style(axes[0], labels[0], labels[1], f"{title} (n = {n:,})")
     _style(axes[1], labels[0], labels[1], "exact density")
-    etitle = f"histogram − exact: TV = {tv:.3g}"
+    etitle = f"histogram − exact\nTV = {tv:.3g}"
     if tv_floor is not None:
-        etitle += f" (iid floor ≈ {tv_floor:.2g})"
+        etitle += f" (iid floor ≈ {tv_floor:.3g})"
     _style(axes[2], labels[0], labels[1], etitle)
     _colorbar(fig, im0, list(axes[:2]), f"probability per cell ({cell})", shrink=0.9)
     _colorbar(fig, im2, axes[2], "difference in probability per cell"
@@ -605,9 +609,17 @@ def swap_acceptance_rounds(acceptance, *, system_label: str = "system 0") -> Fig
 
 # ------------------------------------------------------------------------------ barrier
 def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "beta", *,
-                  exact=None, system: int = 0,
+                  exact=None, system: int = 0, yscale: str = "auto", xscale: str = "auto",
                   title: str = "Local communication barrier") -> Figure:
     """The local barrier ``lambda`` over the schedule coordinate.
+
+    ``lambda`` often spans orders of magnitude (about 290 at ``beta = 0`` against 0.3 near
+    ``beta = 1`` on a mixture model), which a linear axis squeezes into one spike: with
+    ``yscale="auto"`` the ``lambda`` axis is logarithmic when the drawn values span more than
+    a factor 20, and with ``xscale="auto"`` the coordinate axis is ``symlog`` (linear below
+    the smallest positive schedule point, logarithmic above, so ``beta = 0`` stays on it) when
+    the positive points span more than two decades.  ``"linear"`` / ``"log"`` / ``"symlog"``
+    force a scale.
 
     Args:
         grid: coordinate values ``[G]``.
@@ -643,9 +655,42 @@ def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "bet
     gg, vv = g[ok], v[ok]
     total = float(np.sum(0.5 * (vv[1:] + vv[:-1]) * np.diff(gg))) if ok.sum() > 1 else \
         float("nan")
-    ax.set_ylim(bottom=0.0)
+    drawn = [vv]
+    if at is not None and method_one is not None:
+        drawn.append(m[ok_m] if (ok_m := np.isfinite(m)).any() else np.array([]))
+    pos = np.concatenate([d[d > 0] for d in drawn]) if drawn else np.array([])
+    ys = yscale
+    if ys == "auto":
+        ys = "log" if pos.size and pos.max() > 20.0 * pos.min() else "linear"
+    if ys == "log" and pos.size:
+        ax.set_yscale("log")
+        ax.set_ylim(pos.min() / 1.5, pos.max() * 1.5)
+    else:
+        ax.set_yscale(ys) if ys != "linear" else None
+        ax.set_ylim(bottom=0.0)
+    xs = xscale
+    pts = np.concatenate([g, b.ravel() if at is not None and method_one is not None
+                          else np.array([])])
+    xpos = pts[np.isfinite(pts) & (pts > 0)]
+    if at is not None and method_one is not None and np.any(np.isfinite(b) & (b > 0)):
+        xpos = b[np.isfinite(b) & (b > 0)]  # the schedule's spread decides
+    if xs == "auto":
+        xs = "symlog" if xpos.size and xpos.max() > 100.0 * xpos.min() else "linear"
+    if xs == "symlog" and xpos.size:
+        sched = b[np.isfinite(b) & (b > 0)] if at is not None and method_one is not None \
+            else xpos
+        lin = float(sched.min() if sched.size else xpos.min())
+        ax.set_xscale("symlog", linthresh=lin, linscale=0.6)
+        finite = pts[np.isfinite(pts)]
+        ax.set_xlim(float(finite.min()) - 0.12 * lin, float(finite.max()) * 1.15)
+    elif xs != "linear":
+        ax.set_xscale(xs)
     name = {"beta": "β (annealing parameter)"}.get(coordinate, coordinate)
-    _style(ax, name, "local barrier λ", f"{title}: Λ = ∫ λ = {total:.3g}")
+    symlog = ax.get_xscale() == "symlog"
+    if symlog:
+        name += f"; linear below {ax.xaxis.get_transform().linthresh:.2g}, log above"
+    _style(ax, name, "local barrier λ" + (" (log scale)" if ax.get_yscale() == "log" else ""),
+           f"{title}: Λ = ∫ λ = {total:.3g}")
     _legend(ax, loc="best")
     return fig
 
@@ -716,3 +761,123 @@ def restart_rate(chains, predicted, observed=None, *, observed_chains=None,
     _legend(ax, loc="lower right")
     return fig
 
+
+
+# ------------------------------------------------------------------------------ chains
+def _chains(samples, max_coords: int) -> tuple[np.ndarray, int]:
+    """``samples`` as ``[R, n, k]`` (the first ``k <= max_coords`` coordinates) and the
+    state's dimension."""
+    x = np.asarray(samples, dtype=float)
+    if x.ndim == 1:
+        x = x[None, :, None]
+    elif x.ndim == 2:
+        x = x[None]
+    if x.ndim != 3 or x.shape[1] == 0 or x.shape[2] == 0:
+        raise ValueError(f"samples must be [R, n, dim], [n, dim] or [n] with n >= 1; got "
+                         f"{np.shape(samples)}")
+    return x[:, :, :max(1, int(max_coords))], x.shape[2]
+
+
+def _coord_names(names, k: int) -> list[str]:
+    if names is None:
+        return [f"x[{j}]" for j in range(k)]
+    names = list(names)
+    return [str(names[j]) if j < len(names) else f"x[{j}]" for j in range(k)]
+
+
+def trace(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
+          max_points: int = 5000, title: str = "Slot-0 trace") -> Figure:
+    """Trace plot of the slot-0 chains (ArviZ's ``plot_trace`` layout): per coordinate, the
+    marginal histogram of each chain (left) and its trace (right); chain = PT system.
+
+    Args:
+        samples: ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``: one system).
+        names: coordinate names (default ``x[j]``).
+        max_coords: the first this many coordinates are drawn (high-dimensional targets).
+        max_points: traces longer than this are thinned evenly (the title says so).
+    """
+    x, dim = _chains(samples, max_coords)
+    R, n, k = x.shape
+    labels = _coord_names(names, k)
+    stride = max(1, int(math.ceil(n / max(2, int(max_points)))))
+    it = np.arange(0, n, stride)
+    fig = _figure(12.0, 1.2 + 2.3 * k)
+    axes = fig.subplots(k, 2, squeeze=False, width_ratios=(1, 2.6))
+    colors = [f"C{r % 10}" for r in range(R)]
+    for j in range(k):
+        col = x[:, :, j]
+        fin = col[np.isfinite(col)]
+        edges = np.histogram_bin_edges(fin, bins=min(60, max(10, int(np.sqrt(n))))) \
+            if fin.size else np.linspace(-1, 1, 11)
+        a_h, a_t = axes[j]
+        for r in range(R):
+            h, _ = np.histogram(col[r], bins=edges, density=True)
+            a_h.stairs(h, edges, color=colors[r], lw=1.2, alpha=0.85,
+                       label=f"system {r}" if R > 1 else None)
+            a_t.plot(it, col[r, it], color=colors[r], lw=0.5, alpha=0.7, rasterized=True)
+        _style(a_h, labels[j], "density")
+        _style(a_t, "draw" + (f" (every {_ordinal(stride)} shown)" if stride > 1 else ""),
+               labels[j])
+        a_t.set_xlim(0, max(1, n - 1))
+    if R > 1:
+        _legend(axes[0, 0], loc="upper right")
+    more = f"; first {k} of {dim} coordinates" if dim > k else ""
+    chains = f"{R} systems (one chain each)" if R > 1 else "1 system"
+    fig.suptitle(f"{title}: {chains}, {n:,} draws{more}", fontsize=_FS_TITLE)
+    return fig
+
+
+def rank(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
+         bins: int = 20, title: str = "Slot-0 rank plot") -> Figure:
+    """Rank histograms (ArviZ's ``plot_rank``; Vehtari et al. 2021): the draws of all chains
+    are ranked together per coordinate and each chain's ranks histogrammed; chains that
+    sample the same distribution give flat histograms (the dashed line), a chain stuck in a
+    region shows as a slope or bump.  With one system its four quarters are the chains (as
+    split R-hat splits it): a single chain's own ranks would be flat by construction.
+
+    Args:
+        samples: ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``).
+        names, max_coords: as :func:`trace`.
+        bins: rank bins per chain.
+    """
+    x, dim = _chains(samples, max_coords)
+    R, n, k = x.shape
+    split = R == 1
+    if split:
+        q = n // 4
+        if q < 1:
+            raise ValueError(f"rank: one system needs >= 4 draws to split; got {n}")
+        x = np.stack([x[0, i * q:(i + 1) * q] for i in range(4)])
+    C, m = x.shape[0], x.shape[1]
+    labels = _coord_names(names, k)
+    ncols = min(k, 2)
+    nrows = int(math.ceil(k / ncols))
+    fig = _figure(6.2 * ncols, 1.0 + 0.55 * C * nrows + 1.0 * nrows)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    nb = max(2, min(int(bins), m))
+    edges = np.linspace(0, C * m, nb + 1)
+    for j in range(k):
+        ax = axes[j]
+        flat = x[:, :, j].ravel()
+        order = np.argsort(flat, kind="stable")
+        ranks = np.empty(flat.size)
+        ranks[order] = np.arange(flat.size)
+        ranks = ranks.reshape(C, m)
+        for c in range(C):
+            h, _ = np.histogram(ranks[c], bins=edges)
+            frac = h / m / (1.0 / nb)  # 1 = uniform
+            ax.bar(edges[:-1], 0.8 * frac / 2.0, width=np.diff(edges), bottom=c, align="edge",
+                   color=f"C{c % 10}", alpha=0.8, edgecolor="w", lw=0.3)
+            ax.axhline(c + 0.8 * 0.5, color="k", ls="--", lw=0.8)
+        ax.set_yticks(np.arange(C) + 0.4)
+        ax.set_yticklabels([f"quarter {c + 1}" if split else f"system {c}" for c in range(C)])
+        ax.set_ylim(-0.1, C)
+        ax.set_xlim(0, C * m)
+        _style(ax, f"rank of {labels[j]} among all {C * m:,} draws", "")
+    for ax in axes[k:]:
+        ax.set_visible(False)
+    more = f"; first {k} of {dim} coordinates" if dim > k else ""
+    what = "the run's four quarters as chains" if split else f"{C} systems as chains"
+    fig.suptitle(f"{title} ({what}{more}): flat = the chains agree; dashed = uniform",
+                 fontsize=_FS_TITLE)
+    return fig

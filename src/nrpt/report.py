@@ -64,8 +64,10 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     """Write the figures that apply to the run into ``out`` (:mod:`nrpt.plots`); returns
     their file names: ``density.png`` (1-D/2-D targets; with the exact density and the error
     where the target has ``density_grid``), ``index_process.png``, ``swap_acceptance.png``,
-    ``adaptation.png`` (runs with online adaptation), and for adaptive runs
-    ``local_barrier.png`` and ``schedules.png``."""
+    ``adaptation.png`` (runs with online adaptation), ``trace.png`` and ``rank.png`` (the
+    slot-0 chains of the first coordinates, one per system: :func:`nrpt.plots.trace`,
+    :func:`nrpt.plots.rank`), and for adaptive runs ``local_barrier.png`` and
+    ``schedules.png``."""
     from . import plots
 
     out = Path(out)
@@ -79,13 +81,21 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     x = samples if samples.ndim == 2 else samples[0]
     if x.shape[0] and x.shape[1] in (1, 2):
         floor = None
-        if hasattr(target, "density_grid") and x.shape[1] == 2:
-            try:
-                floor = iid_floor(target, x.shape[0])["tv"]
-            except (TypeError, ValueError):
-                floor = None
+        if callable(getattr(target, "density_grid", None)) and x.shape[1] == 2:
+            try:  # the TV of as many exact iid draws as system 0 has (the figure's sample)
+                grid = target.density_grid()
+                if len(grid) == 3:
+                    floor = iid_floor(x.shape[0], *grid)["tv"]
+            except Exception as err:  # noqa: BLE001 -- recorded in the summary, never hidden
+                summary.setdefault("figure_errors", []).append(
+                    f"density.png: the iid TV floor could not be computed: "
+                    f"{type(err).__name__}: {err}")
         save(plots.density(x, target if hasattr(target, "density_grid") else None,
                            tv_floor=floor), "density.png")
+    if samples.size and samples.shape[-2] >= 4:  # slot 0: one chain per system
+        names = _coordinate_names(target, samples.shape[-1])
+        save(plots.trace(samples, names=names), "trace.png")
+        save(plots.rank(samples, names=names), "rank.png")
     boundaries = [r["first_iteration"] for r in rows[1:]]
     save(plots.index_process(index, boundaries=boundaries or None,
                              boundary_label="segment boundary"), "index_process.png")
@@ -108,6 +118,9 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
         at = np.asarray(mi.get("at", []), dtype=float)
         m1 = np.asarray([np.nan if v is None else v for v in np.ravel(mi.get("values", []))],
                         dtype=float).reshape(at.shape) if at.size else None
+        dense = _dense_local_barrier(rows, summary)
+        if dense is not None:  # the fit on a grid that also resolves small beta (log axis)
+            grid, values = dense
         exact = None
         if callable(getattr(target, "local_barrier", None)) and lb["coordinate"] == "beta":
             exact = np.asarray(target.local_barrier(grid), dtype=float)
@@ -118,6 +131,42 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
         sched = np.asarray([r["b"][0] for r in rows], dtype=float)
         save(plots.schedules(sched, lb["coordinate"]), "schedules.png")
     return written
+
+
+def _coordinate_names(target, dim: int) -> list[str] | None:
+    """Names of the state's coordinates where the target gives them (``coordinate_names``),
+    else None (``x[j]``)."""
+    names = getattr(target, "coordinate_names", None)
+    try:
+        names = list(names() if callable(names) else names) if names is not None else None
+    except TypeError:
+        return None
+    return names if names and len(names) == dim else None
+
+
+def _dense_local_barrier(rows, summary):
+    """System 0's fitted local barrier (:func:`nrpt.adapt.schedule.fit_barrier` on the last
+    round's schedule and swap rejections, as the summary's) on 201 evenly spaced points plus
+    200 log-spaced ones down to the smallest positive schedule point, so a log axis shows the
+    fit near ``beta = 0``; None where the inputs are missing."""
+    from .adapt.schedule import fit_barrier
+
+    acc = summary.get("swap_acceptance")
+    if not rows or "b" not in rows[-1] or acc is None:
+        return None
+    b = np.asarray(rows[-1]["b"], dtype=float)
+    b = b if b.ndim == 1 else b[0]
+    a = np.asarray([np.nan if v is None else v for v in np.ravel(acc)], dtype=float)
+    a = a[:b.size - 1] if a.size >= b.size - 1 else None
+    if a is None:
+        return None
+    fit = fit_barrier(b, np.nan_to_num(1.0 - a, nan=0.0))
+    lo, hi = float(fit.lo), float(fit.hi)
+    pos = b[b > 0]
+    grid = np.linspace(lo, hi, 201)
+    if pos.size and pos.min() > lo and hi > 0:
+        grid = np.union1d(grid, np.geomspace(pos.min(), hi, 200))
+    return grid, np.asarray(fit.local(grid), dtype=float)
 
 
 # ------------------------------------------------------------------------------ ArviZ

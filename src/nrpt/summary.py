@@ -11,6 +11,7 @@ the health findings (:mod:`nrpt.health`), which are also emitted as Python warni
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -21,15 +22,100 @@ from .adapt.chains import recommended_chains, recommended_chains_noisy, restart_
 from .adapt.rounds import DEFAULT_ACCEPTANCE
 from .adapt.schedule import fit_barrier, update_schedule
 from .diagnostics import theory
+from .diagnostics.density import grid_errors, iid_floor
 from .loop import Outcome, Run
 from .recorders import json_ready, per_system
 
-__all__ = ["build_summary", "format_summary"]
+__all__ = ["build_summary", "format_summary", "exact_moments", "density_error"]
 
 
 def _schedule_values(b, kind: str) -> list:
     b = np.asarray(b, dtype=float)
     return (1.0 / b).tolist() if kind == "temperature" else b.tolist()
+
+
+def exact_moments(target, dim: int | None = None) -> dict[str, list] | None:
+    """The target's exact mean and marginal sd per coordinate, where it knows them: from
+    ``target.exact_moments()`` (a dict with ``"mean"`` and ``"sd"``) if it has one, else from
+    the ``mean`` ``[dim]`` and ``cov`` ``[dim, dim]`` the built-in targets carry
+    (:class:`~nrpt.targets.TwentyFiveModes`, ``Gaussian``, ``GaussianMixture``); None when
+    unknown or not of the state's shape (a user's ``mean`` attribute meaning something else is
+    not taken for the answer)."""
+    fn = getattr(target, "exact_moments", None)
+    try:
+        if callable(fn):
+            m = fn()
+            if m is None:
+                return None
+            mean, sd = np.asarray(m["mean"], dtype=float), np.asarray(m["sd"], dtype=float)
+        else:
+            mean, cov = getattr(target, "mean", None), getattr(target, "cov", None)
+            if mean is None or cov is None or callable(mean) or callable(cov):
+                return None
+            mean = np.asarray(torch.as_tensor(mean).detach().cpu().double(), dtype=float)
+            cov = np.asarray(torch.as_tensor(cov).detach().cpu().double(), dtype=float)
+            if cov.ndim != 2 or cov.shape != (mean.size, mean.size):
+                return None
+            sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    except (TypeError, ValueError, KeyError, RuntimeError):
+        return None
+    mean, sd = mean.reshape(-1), sd.reshape(-1)
+    if mean.shape != sd.shape or (dim is not None and mean.size != dim) \
+            or not (np.isfinite(mean).all() and np.isfinite(sd).all()):
+        return None
+    return {"mean": mean.tolist(), "sd": sd.tolist()}
+
+
+def density_error(target, samples) -> dict[str, Any] | None:
+    """Total variation between the histogram of the slot-0 draws (all systems pooled) and the
+    exact cell probabilities of a 2-D target with ``density_grid()``, beside the TV that as
+    many exact iid draws give (:func:`nrpt.diagnostics.density.iid_floor`: the finite-sample
+    floor a perfect sampler would show).  None for targets without an exact grid or samples
+    that are not 2-D.  Errors of the target's ``density_grid`` propagate (no silent floor)."""
+    fn = getattr(target, "density_grid", None)
+    x = np.asarray(samples, dtype=float)
+    if not callable(fn) or x.ndim not in (2, 3) or x.shape[-1] != 2:
+        return None
+    x = x.reshape(-1, 2)
+    if x.shape[0] == 0:
+        return None
+    grid = fn()
+    if len(grid) != 3:
+        return None
+    xs, ys, probs = grid
+    err = grid_errors(x, xs, ys, probs)
+    floor = iid_floor(x.shape[0], xs, ys, probs)
+    return {"tv": err["tv"], "tv_iid_floor": floor["tv"], "kl": err["kl"],
+            "kl_iid_floor": floor["kl"], "n": int(x.shape[0]), "cells": int(np.size(probs))}
+
+
+def _approximation_note(cfg, facts, s: dict) -> str | None:
+    """For stochastic-gradient runs: what the method approximates and, where the exact answer
+    is known, by how much (the measured errors of this run)."""
+    if not facts.get("sg"):
+        return None
+    rule = facts.get("rule")
+    swap = {"deterministic": "the deterministic swap rule (a fixed-threshold test of noisy "
+                             "energies with the correction C)",
+            "bias-corrected": "the bias-corrected swap rule of noisy energies"}.get(
+        rule, f"the {rule} swap rule")
+    method = "DEO*-SGD" if cfg.explorer == "sgd" and rule == "deterministic" else \
+        f"stochastic-gradient PT ({cfg.explorer})"
+    text = (f"{method} is approximate: {cfg.explorer} exploration (no Metropolis correction) with "
+            f"{swap} samples an approximation of the target, not the target itself "
+            "(Deng et al. 2023)")
+    parts = []
+    ex, slot0 = s.get("exact_moments"), s.get("slot0") or {}
+    if ex and slot0.get("sd") is not None:
+        parts.append(f"sd {_fmt(slot0['sd'], '.3g')} vs exact {_fmt(ex['sd'], '.3g')}")
+    de = s.get("density_error")
+    if de:
+        parts.append(f"TV {de['tv']:.3g} vs iid floor {de['tv_iid_floor']:.3g}")
+    if parts:
+        text += "; measured here: " + ", ".join(parts)
+    elif ex is None:
+        text += "; the size of the error is unknown for this target (no exact answer)"
+    return text
 
 
 def _predictions(rej: np.ndarray, scheme: str, window: int) -> dict[str, Any]:
@@ -79,6 +165,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         "burn_in": burn, "warmup_windows": facts.get("warmup_windows") or 0,
         "step_size_tuned_in_burn_in": bool(facts.get("step_size_tuned")),
     }
+    if facts.get("approximations"):  # e.g. DEO_W's gate on noisy swaps (nrpt.swap.check_gate)
+        s["approximations"] = list(facts["approximations"])
     if "window_rejection" in outcome.notes:
         s["window_rejection"] = outcome.notes["window_rejection"]
     if getattr(run, "fused", None) is not None:
@@ -96,25 +184,37 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         # a learning-rate ladder: no temperature path, no barrier; report the ladder itself
         s.pop("explorer_acceptance", None)
         s["learning_rates"] = per_system(eng.step_size, R)
-        s["noise_temperatures"] = [1.0 / b if b > 0 else math.inf
-                                   for b in eng.schedule[0].tolist()]
-        s["noise_temperatures"] = json_ready(s["noise_temperatures"])
+        temps = [[1.0 / b if b > 0 else math.inf for b in row] for row in eng.schedule.tolist()]
+        s["noise_temperatures"] = json_ready(temps[0])  # the ladder is fixed: the same in
+        if any(t != temps[0] for t in temps[1:]):  # every system (else each is reported)
+            s["noise_temperatures_per_system"] = json_ready(temps)
         s["energy"] = facts.get("energy")
         if "C" in eng.params:
             s["correction"] = per_system(eng.params["C"][:, 0], R)
         if facts.get("rule") == "deterministic":
             s["swap_rate_target"] = cfg.swap_rate
         var = eng.state.extras.get("energy_var")
+        zero_temperature = bool(np.any(eng.schedule.cpu().double().numpy()[:, 1:] == math.inf))
+        if var is not None and zero_temperature:
+            # Eq. 53 needs sigma_p / tau_{p+1}: scale-dependent, so learning rates (tau ∝ eta
+            # only up to an unknown factor) cannot stand in for temperatures
+            s["recommended_chains_noisy"] = None
+            s["recommended_chains_noisy_note"] = (
+                "not given: SGD exploration has no temperature, and Deng et al.'s Eq. 53 "
+                "(sigma_p / tau_{p+1}) is not invariant to the unknown factor of tau ∝ "
+                "learning rate")
         if var is not None:
             sigma = var.gather(1, eng.replica_at).clamp_min(0).sqrt().cpu().double().numpy()
-            lr = eng.step_size.cpu().double().numpy()
+            temps_np = 1.0 / eng.schedule.cpu().double().numpy()  # noise temperatures [R, P]
+        if var is not None and not zero_temperature:
             ranges = []
             for i in range(R):
                 try:
-                    ranges.append(list(recommended_chains_noisy(sigma[i], lr[i])))
+                    ranges.append(list(recommended_chains_noisy(sigma[i], temps_np[i])))
                 except ValueError:  # a diverged run (non-finite sigma): no recommendation
                     ranges.append(None)
             s["recommended_chains_noisy"] = ranges[0] if R == 1 else ranges
+        if var is not None:
             plain = eng.state.extras.get("energy_var_plain")
             if plain is not None:
                 ratio = float(plain.mean() / var.mean().clamp_min(1e-300))
@@ -122,7 +222,9 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     else:
         s["barrier"] = per_system(swaps.barrier(), R)
         s["schedule_kind"] = "temperatures" if path_kind == "temperature" else "betas"
-        s["schedule"] = _schedule_values(eng.schedule[0].cpu().numpy(), path_kind)
+        every = [_schedule_values(b, path_kind) for b in eng.schedule.cpu().numpy()]
+        s["schedules"] = every  # [R][P]: every system's (they differ once adapted)
+        s["schedule"] = every[0]  # system 0's (kept for readers of older summaries)
         s["step_size"] = per_system(eng.step_size, R)
     if getattr(cfg, "rounds", None) is not None:
         _rounds_fields(s, run, outcome, rej, path_kind)
@@ -143,6 +245,16 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
 
         s.update(leg_summary(run, s))
     s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
+    s["exact_moments"] = exact_moments(eng.target, eng.dim) if s["slot0"] else None
+    if s["slot0"]:
+        try:  # a diagnostic must not lose the run, but its failure is reported, never hidden
+            s["density_error"] = density_error(eng.target, samples)
+        except Exception as err:  # noqa: BLE001
+            s["density_error"] = None
+            s["density_error_failed"] = f"{type(err).__name__}: {err}"
+    note = _approximation_note(cfg, facts, s)
+    if note:
+        s["approximation_note"] = note
     findings = _health(run, cfg, s, samples)
     s["warnings"] = [f"{f.message} (turn: {f.knob})" for f in findings]
     s["interrupted"] = outcome.interrupted
@@ -186,7 +298,9 @@ def _rounds_fields(s, run: Run, outcome: Outcome, rej: np.ndarray, kind: str) ->
     s["restart_rate_curve"] = {"chains": chains.astype(int).tolist(),
                                "predicted_restart_rate":
                                    restart_rate_curve(float(lam.mean()), chains).tolist()}
-    s["adapted_schedule"] = _schedule_values(update_schedule(b[0], rej[0]), kind)
+    adapted = [_schedule_values(update_schedule(b[i], rej[i]), kind) for i in range(R)]
+    s["adapted_schedules"] = adapted  # [R][P]
+    s["adapted_schedule"] = adapted[0]  # system 0's (kept for readers of older summaries)
 
 
 def _health(run: Run, cfg, s: dict, samples) -> list:
@@ -213,7 +327,7 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     slot0 = x if x.ndim == 3 else (x[None] if x.ndim == 2 else None)
     n_stats = int(swaps.n)
     try:
-        return health.check_run(
+        findings = health.check_run(
             swap_acceptance=None if eng.scheme.name == "none" or not exact
             else swaps.acceptance().cpu().double().numpy(),
             restarts=None if eng.scheme.name == "none"
@@ -224,10 +338,36 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
             explorer_target=target_acc, explorer_name=cfg.explorer,
             hot_states=hot if exact else None, reference_spread=ref_sd,
             reference_exact=eng.path.has_reference,
-            slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact)
+            slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact,
+            **_sg_ladder_inputs(run, cfg, s))
     except ValueError as err:  # never lose a run's result to a diagnostic
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
+    lz = rec.get("log_z")
+    if lz is not None:  # the log Z halves' self-check (nrpt.lognorm), per leg in two-leg runs
+        legs = facts.get("legs")
+        findings += lz.findings((lambda i: f"system {i // 2}, "
+                                 f"{'variational' if i % 2 else 'prior'} leg") if legs else None)
+        if legs:
+            from .variational import legs_findings
+
+            findings += legs_findings(run)
+    return findings
+
+
+def _sg_ladder_inputs(run: Run, cfg, s: dict) -> dict:
+    """The learning-rate ladder and, for an adapting deterministic rule, the per-pair indicator
+    rates with their target ``S`` (the ``ladder-collapse`` / ``swap-rate-off-target`` checks)."""
+    if not run.facts["sg"] or "learning-rates" not in {getattr(a, "name", None)
+                                                       for a in run.adaptors}:
+        return {}
+    out = {"learning_rates": run.engine.step_size.detach().cpu().double().numpy()}
+    rate = s.get("indicator_rate")
+    if rate is not None and s.get("swap_rate_target") is not None and getattr(cfg, "adapt",
+                                                                                False):
+        out["pair_rate"] = np.array(rate if run.engine.R > 1 else [rate], dtype=float)
+        out["swap_rate_target"] = float(s["swap_rate_target"])
+    return out
 
 
 def _fmt(v, spec=".3g") -> str:
@@ -238,8 +378,86 @@ def _fmt(v, spec=".3g") -> str:
     return "n/a" if v is None else str(v)
 
 
+def _num(v) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _spread(v: list, spec: str) -> str:
+    """``mean ± sd`` of per-system scalars (sd over systems, ddof = 1)."""
+    a = np.array([_num(x) for x in v], dtype=float)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return "n/a"
+    if a.size == 1:
+        return format(float(a[0]), spec)
+    return f"{format(float(a.mean()), spec)} ± {format(float(a.std(ddof=1)), '.2g')}"
+
+
+def _vector_mean(v: list) -> list:
+    """The mean over systems of per-system vectors ``[R][n]`` (None where all are missing)."""
+    a = np.array([[_num(x) for x in row] for row in v], dtype=float)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column of NaN: mean of nothing
+        m = np.nanmean(a, axis=0)
+    return [None if not np.isfinite(x) else float(x) for x in m]
+
+
+def _per_system(label: str, v, R: int, spec: str = ".3g", suffix: str = "") -> list[str]:
+    """Lines of a per-slot / per-pair quantity: one line for one system (or when every system
+    has the same values); with several systems the mean over systems, then each system on its
+    own line below."""
+    if R == 1 and isinstance(v, list) and len(v) == 1 and isinstance(v[0], list):
+        v = v[0]  # one system's row of a [R][n] table
+    if R == 1 or not (isinstance(v, list) and v and isinstance(v[0], list)):
+        return [f"  {label:<15} {_fmt(v, spec)}{suffix}"]
+    if all(row == v[0] for row in v[1:]):
+        return [f"  {label:<15} {_fmt(v[0], spec)}{suffix} (every system)"]
+    out = [f"  {label:<15} {_fmt(_vector_mean(v), spec)}{suffix} (mean of {R} systems)"]
+    out += [f"    system {r:<6} {_fmt(row, spec)}" for r, row in enumerate(v)]
+    return out
+
+
+#: the per-system scalars of the table printed for runs with several systems
+_SYSTEM_COLUMNS = [("restarts", "restarts", ".0f"), ("restarts_per_1000", "/1000 it", ".3g"),
+                   ("predicted_restarts_per_1000", "pred.", ".3g"),
+                   ("round_trips", "trips", ".0f"), ("round_trips_a5", "A.5 trips", ".0f"),
+                   ("round_trips_a5_per_1000", "/1000 it", ".3g"),
+                   ("predicted_round_trips_a5_per_1000", "pred.", ".3g"),
+                   ("barrier", "Λ̂", ".3g"), ("log_normalizer", "log Z", ".4g"),
+                   ("correction", "C", ".3g"), ("recommended_chains", "2Λ̂ chains", ".0f")]
+
+
+def _system_table(s: dict[str, Any], R: int) -> list[str]:
+    cols = [(k, label, spec) for k, label, spec in _SYSTEM_COLUMNS
+            if isinstance(s.get(k), list) and len(s[k]) == R
+            and not any(isinstance(x, list) for x in s[k])]
+    if not cols:
+        return []
+    if s.get("log_normalizer_kind") != "log Z":
+        cols = [(k, "log Z ratio" if k == "log_normalizer" else lab, sp) for k, lab, sp in cols]
+    table = [[label for _, label, _ in cols]]
+    table += [["n/a" if s[k][r] is None else format(float(s[k][r]), spec)
+               for k, _, spec in cols] for r in range(R)]
+    table.append([_spread(s[k], spec) for k, _, spec in cols])
+    widths = [max(len(row[j]) for row in table) for j in range(len(cols))]
+    names = ["  per system     "] + [f"    system {r:<6}" for r in range(R)] + \
+        ["    mean ± sd   "]
+    return [name + "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
+            for name, row in zip(names, table, strict=True)]
+
+
+def _scalar(v, R: int, spec: str = ".3g") -> str:
+    """A per-system scalar: itself for one system, ``mean ± sd`` over several."""
+    if R > 1 and isinstance(v, list) and not any(isinstance(x, list) for x in v):
+        return _spread(v, spec)
+    return _fmt(v, spec)
+
+
 def format_summary(s: dict[str, Any]) -> str:
-    """The printed report of a run (any kind)."""
+    """The printed report of a run (any kind).  With several systems, per-system scalars are
+    shown as ``mean ± sd`` over the systems with a per-system table below, and per-slot /
+    per-pair vectors as their mean over systems with each system on its own line."""
+    R = int(s.get("systems") or 1)
     opts = s.get("target_options") or {}
     target = s["target"] + (" (" + ", ".join(f"{k}={v}" for k, v in opts.items()) + ")"
                             if opts else "")
@@ -249,62 +467,91 @@ def format_summary(s: dict[str, Any]) -> str:
              f"  iterations      {s['n_iterations']} in {s['wall_time_s']:.2f} s"
              f" ({_fmt(s.get('iterations_per_s'), '.0f')} it/s); statistics from "
              f"{s['statistics_from']}"]
+    if R > 1:
+        lines.append(f"  ({R} independent systems: a single number is the mean ± sd over the "
+                     "systems, each system's in the table below; per-slot values are the mean "
+                     "over systems, each system's on its own line)")
     if s["scheme"] != "none":
         lines += [
-            f"  restarts        {_fmt(s['restarts'])} observed; per 1000 it "
-            f"{_fmt(s['restarts_per_1000'])} vs {_fmt(s.get('predicted_restarts_per_1000'))}"
+            f"  restarts        {_scalar(s['restarts'], R, '.4g')} observed; per 1000 it "
+            f"{_scalar(s['restarts_per_1000'], R)} vs "
+            f"{_scalar(s.get('predicted_restarts_per_1000'), R)}"
             " predicted (Syed et al. 2021 Thm 1 / Deng et al. 2023 Lemma 1)",
-            f"  round trips     {_fmt(s['round_trips'])} (Syed et al.: restart, then back to the "
-            f"top); appendix-A.5 (Deng et al.) {_fmt(s['round_trips_a5'])}, per 1000 it "
-            f"{_fmt(s['round_trips_a5_per_1000'])} vs "
-            f"{_fmt(s.get('predicted_round_trips_a5_per_1000'))} predicted (the index process "
-            "solved exactly at the measured rates)",
-            f"  swap acceptance {_fmt(s['swap_acceptance'], '.2f')}"]
+            f"  round trips     {_scalar(s['round_trips'], R, '.4g')} (Syed et al.: restart, "
+            f"then back to the top); appendix-A.5 (Deng et al.) "
+            f"{_scalar(s['round_trips_a5'], R, '.4g')}, per 1000 it "
+            f"{_scalar(s['round_trips_a5_per_1000'], R)} vs "
+            f"{_scalar(s.get('predicted_round_trips_a5_per_1000'), R)} predicted (the index "
+            "process solved exactly at the measured rates)"]
+        lines += _per_system("swap acceptance", s["swap_acceptance"], R, ".2f")
     if "barrier" in s:
         label = "temperatures" if s["schedule_kind"] == "temperatures" else "betas"
-        lines += [f"  barrier Λ̂       {_fmt(s['barrier'])}",
-                  f"  {label:<15} {_fmt(s['schedule'], '.3g')}",
-                  f"  explorer acc.   {_fmt(s.get('explorer_acceptance'), '.2f')}"]
+        lines.append(f"  barrier Λ̂       {_scalar(s['barrier'], R)}")
+        lines += _per_system(label, s.get("schedules", s["schedule"]), R, ".3g")
+        lines += _per_system("explorer acc.", s.get("explorer_acceptance"), R, ".2f")
     if s.get("learning_rates") is not None:
         C = s.get("correction")
-        lines.append(f"  learning rates  {_fmt(s['learning_rates'], '.3g')}")
-        lines.append(f"  noise temps     {_fmt(s['noise_temperatures'], '.3g')}"
-                     f"; energy {s.get('energy')}")
+        lines += _per_system("learning rates", s["learning_rates"], R, ".3g")
+        lines += _per_system("noise temps", s.get("noise_temperatures_per_system",
+                                                  s["noise_temperatures"]), R, ".3g",
+                             f"; energy {s.get('energy')}")
         if C is not None:
-            lines.append(f"  correction C    {_fmt(C)} (target swap rate S = "
-                         f"{s.get('swap_rate_target')}); indicator rate per pair "
-                         f"{_fmt(s.get('indicator_rate'), '.2f')}")
+            lines.append(f"  correction C    {_scalar(C, R)} (target swap rate S = "
+                         f"{s.get('swap_rate_target')})")
+            lines += _per_system("indicator rate", s.get("indicator_rate"), R, ".2f",
+                                 " per pair")
     if "log_normalizer" in s:
         label = "log Z" if s.get("log_normalizer_kind") == "log Z" else "log Z ratio"
-        lines.append(f"  {label:<15} {_fmt(s['log_normalizer'], '.4g')}  (forward "
-                     f"{_fmt(s['log_normalizer_forward'], '.4g')}, reverse "
-                     f"{_fmt(s['log_normalizer_reverse'], '.4g')})")
+        se = s.get("log_normalizer_se")
+        # (one system: its standard error; several: the spread over systems says it)
+        se = "" if se is None or R > 1 else f" ± {_fmt(se, '.2g')}"
+        lines.append(f"  {label:<15} {_scalar(s['log_normalizer'], R, '.4g')}{se}  (bridge; "
+                     f"stepping-stone halves: forward "
+                     f"{_scalar(s['log_normalizer_forward'], R, '.4g')}, reverse "
+                     f"{_scalar(s['log_normalizer_reverse'], R, '.4g')})")
     if "barrier_variational_leg" in s:
-        lines.append(f"  legs            barrier Λ̂ prior leg {_fmt(s['barrier_prior_leg'])}, "
-                     f"variational leg {_fmt(s['barrier_variational_leg'])} "
+        lines.append(f"  legs            barrier Λ̂ prior leg {_scalar(s['barrier_prior_leg'], R)}"
+                     f", variational leg {_scalar(s['barrier_variational_leg'], R)} "
                      f"({s.get('reference')}); log Z "
-                     f"{_fmt(s.get('log_normalizer_prior_leg'), '.4g')} / "
-                     f"{_fmt(s.get('log_normalizer_variational_leg'), '.4g')}")
+                     f"{_scalar(s.get('log_normalizer_prior_leg'), R, '.4g')} / "
+                     f"{_scalar(s.get('log_normalizer_variational_leg'), R, '.4g')}")
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
-                     f"Λ̂ = {_fmt(s.get('barrier'))}: about 2Λ̂ = "
-                     f"{_fmt(s.get('recommended_chains'))} chains recommended")
+                     f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "
+                     f"{_scalar(s.get('recommended_chains'), R, '.3g')} chains recommended")
         if "restart_rate" in s:
-            lines.append(f"  restart rate    observed {_fmt(s['restart_rate'])} per iteration,"
-                         f" finite-P theory {_fmt(s['predicted_restart_rate'])}, "
-                         f"1/(2+2Λ̂) = {_fmt(s['asymptotic_restart_rate'])}")
+            lines.append(f"  restart rate    observed {_scalar(s['restart_rate'], R)} per "
+                         f"iteration, finite-P theory {_scalar(s['predicted_restart_rate'], R)}"
+                         f", 1/(2+2Λ̂) = {_scalar(s['asymptotic_restart_rate'], R)}")
+    if R > 1:
+        lines += _system_table(s, R)
     slot0 = s.get("slot0")
     if slot0:
+        pooled = f" (pooled over {R} systems)" if R > 1 else ""
         lines.append(f"  slot 0          mean {_fmt(slot0.get('mean'))}, sd "
-                     f"{_fmt(slot0.get('sd'))}, ESS bulk {_fmt(slot0.get('ess_bulk'), '.0f')}, "
-                     f"R-hat {_fmt(slot0.get('r_hat'), '.3f')}")
+                     f"{_fmt(slot0.get('sd'))}{pooled}, ESS bulk "
+                     f"{_fmt(slot0.get('ess_bulk'), '.0f')}, R-hat "
+                     f"{_fmt(slot0.get('r_hat'), '.3f')}")
+    ex = s.get("exact_moments")
+    if ex:
+        lines.append(f"  exact           mean {_fmt(ex['mean'])}, sd {_fmt(ex['sd'])} (the "
+                     "target's own moments)")
+    de = s.get("density_error")
+    if de:
+        ratio = de["tv"] / de["tv_iid_floor"] if de["tv_iid_floor"] > 0 else float("inf")
+        lines.append(f"  histogram TV    {de['tv']:.3g} vs {de['tv_iid_floor']:.3g} for "
+                     f"{de['n']} exact iid draws (the finite-sample floor; {ratio:.2g} x)")
+    if s.get("density_error_failed"):
+        lines.append(f"  histogram TV    could not be computed: {s['density_error_failed']}")
     if s.get("nonfinite_proposals"):
         lines.append(f"  rejected non-finite proposals: {s['nonfinite_proposals']}")
-    for note in (s.get("log_normalizer_note"),):
+    for note in (s.get("approximation_note"), s.get("log_normalizer_note")):
         if note:
             lines.append(f"  note: {note}")
     for w in s.get("warnings") or []:
         lines.append(f"  WARNING: {w}")
+    for w in s.get("figure_errors") or []:
+        lines.append(f"  WARNING: figure: {w}")
     if s.get("interrupted"):
         lines.append("  (interrupted: results cover the iterations completed)")
     if s.get("out"):

@@ -66,7 +66,8 @@ from .recorders import per_system
 from .roles import AdaptorBase, RecorderBase, SegmentView, Update
 
 __all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
-           "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "leg_summary"]
+           "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "leg_summary",
+           "legs_findings"]
 
 #: the ``reference`` setting: what the hot end of the ladder is
 REFERENCES = ("prior", "variational", "variational-meanfield")
@@ -411,6 +412,41 @@ class VariationalRefit(AdaptorBase):
                       note={"variational_refitted": ok.tolist()})
 
 
+def _legs_z(est: dict) -> torch.Tensor:
+    """Per user system: (prior leg - variational leg) bridge log Z over the combined batch-means
+    error (the legs' errors added in quadrature, as if independent: they share only the slot-0
+    exchanges of the bridge between legs)."""
+    a, b = est["log_normalizer"][0::2], est["log_normalizer"][1::2]
+    return (a - b) / (est["se"][0::2].square() + est["se"][1::2].square()).sqrt()
+
+
+def legs_findings(run) -> list:
+    """A ``log-z-legs`` finding where the two legs' log Z (both absolute: the prior declared
+    normalized) disagree beyond :data:`nrpt.lognorm.HALVES_Z` combined errors."""
+    from .health import Finding
+    from .lognorm import HALVES_Z
+
+    lz = run.recorders.get("log_z")
+    if lz is None or lz.n == 0 or not run.facts.get("reference_normalized"):
+        return []
+    est = {k: v.detach().cpu().double() for k, v in lz.estimate().items()}
+    z = _legs_z(est)
+    bad = [r for r in range(z.shape[0]) if math.isfinite(float(z[r]))
+           and abs(float(z[r])) > HALVES_Z]
+    if not bad:
+        return []
+    r = max(bad, key=lambda j: abs(float(z[j])))
+    more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
+    pa, va = float(est["log_normalizer"][2 * r]), float(est["log_normalizer"][2 * r + 1])
+    return [Finding("log-z-legs", (
+        f"the two legs' log Z disagree in system {r}{more}: prior leg {pa:.4g} ± "
+        f"{float(est['se'][2 * r]):.2g}, variational leg {va:.4g} ± "
+        f"{float(est['se'][2 * r + 1]):.2g}, {abs(float(z[r])):.1f} combined errors apart "
+        f"(threshold {HALVES_Z:g}): at least one leg's ladder overlaps too little for its error "
+        f"bar; trust neither until they agree"),
+        "iterations / chains (or rounds, to refit q)")]
+
+
 def leg_summary(run, s: dict) -> dict:
     """Per-leg fields for the summary of a two-leg run."""
     eng, rec = run.engine, run.recorders
@@ -435,9 +471,12 @@ def leg_summary(run, s: dict) -> dict:
         out["variational_cov"] = eng.q.chol @ eng.q.chol.transpose(-1, -2)
     lz = rec.get("log_z")
     if lz is not None:
-        est = lz.estimate()["log_normalizer"]
-        out["log_normalizer_prior_leg"] = est[0::2]
-        out["log_normalizer_variational_leg"] = est[1::2]
+        est = lz.estimate()
+        for key, name in (("log_normalizer", ""), ("se", "_se"), ("halves_z", "_halves_z")):
+            out[f"log_normalizer_prior_leg{name}"] = est[key][0::2]
+            out[f"log_normalizer_variational_leg{name}"] = est[key][1::2]
+        if run.facts.get("reference_normalized"):
+            out["log_normalizer_legs_z"] = _legs_z(est)
     res = {k: per_system(v, R) for k, v in out.items()}
     if lz is not None and not run.facts.get("reference_normalized"):
         # q is normalized, the prior is not declared so: the legs estimate different things

@@ -41,7 +41,7 @@ from ..diagnostics import theory
 from ..roles import AdaptorBase, Iteration, Update
 
 __all__ = ["SAStepSize", "CorrectionAdaptor", "LearningRateAdaptor", "VarianceTracker",
-           "window_from_swap_rate", "check_swap_rate", "check_ladder"]
+           "window_from_swap_rate", "check_swap_rate", "check_ladder", "LADDER_UPDATES"]
 
 
 def check_swap_rate(S) -> float:
@@ -134,15 +134,59 @@ class CorrectionAdaptor(AdaptorBase):
         return Update(params={"C": it.params["C"] + gain * step})
 
 
+#: how :class:`LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as written) or
+#: ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end points)
+LADDER_UPDATES = ("paper", "log-gaps")
+
+
+def check_ladder_update(value) -> str:
+    if value not in LADDER_UPDATES:
+        raise ValueError(f"ladder_update must be one of {LADDER_UPDATES}; got {value!r}")
+    return value
+
+
 class LearningRateAdaptor(AdaptorBase):
-    """Eqs. 8-11 on the learning rates ``step_size[:, 1:-1]`` (the end points stay fixed)."""
+    """Eqs. 8-11 on the learning rates ``step_size[:, 1:-1]`` (the end points stay fixed).
+
+    ``ladder="paper"`` is Eq. 11/12 as written.  It can collapse two rungs: a rung moves by
+    ``(v_{p-1} gamma H_{p-1} - v_p gamma H_p) / 2``, so a pair whose gap ``v_p`` has become
+    tiny has almost no pull, while its neighbour's keeps pushing the rung into it; an update
+    that would cross is refused for the whole system (the order check), which freezes the
+    ladder.  On the default DEO*-SGD run rungs 1 and 2 end at 0.015169 / 0.015176 and pair 0
+    swaps at 0.59 against S = 0.4 (:mod:`nrpt.health` warns: ``ladder-collapse``,
+    ``swap-rate-off-target``).
+
+    ``ladder="log-gaps"`` applies Eq. 10 to the gaps ``u_p = log eta_{p+1} - log eta_p`` (the
+    logarithmic scale the paper motivates its scheme with), ``u_p <- u_p exp(gamma H_p)``, and
+    rescales them to sum to ``log(eta_{P-1} / eta_0)`` (the end points stay fixed).  Gaps stay
+    positive (no order check needed, nothing freezes) and a pair's pull does not vanish with its
+    gap: the fixed point has equal indicator rates at every pair, which the correction ``C``
+    drives to ``S``."""
 
     name = "learning-rates"
 
-    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None, pairs: str = "all"):
+    def __init__(self, swap_rate: float, gamma: SAStepSize | None = None, pairs: str = "all",
+                 ladder: str = "paper"):
         self.S = check_swap_rate(swap_rate)
         self.gamma = gamma or SAStepSize()
         self.pairs = _check_pairs(pairs)
+        self.ladder = check_ladder_update(ladder)
+
+    @staticmethod
+    def update_log_gaps(eta: torch.Tensor, A: torch.Tensor, listed: torch.Tensor, S: float,
+                        gamma) -> torch.Tensor:
+        """One step of the ``"log-gaps"`` update for ladders ``eta[R, P]`` and indicators
+        ``A[R, P-1]``; the end points are kept exactly."""
+        if eta.shape[1] < 3:
+            return eta
+        H = (A - S) * listed
+        log_eta = eta.log()
+        u = log_eta.diff(dim=1) * torch.exp(gamma * H)
+        span = log_eta[:, -1:] - log_eta[:, :1]
+        u = u * (span / u.sum(1, keepdim=True))
+        new = eta.clone()
+        new[:, 1:-1] = torch.exp(log_eta[:, :1] + u.cumsum(1)[:, :-1])
+        return new
 
     @staticmethod
     def update(eta: torch.Tensor, A: torch.Tensor, listed: torch.Tensor, S: float,
@@ -166,7 +210,8 @@ class LearningRateAdaptor(AdaptorBase):
     def observe_with(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         A, listed = _indicators(it, self.pairs)
-        return Update(step_size=self.update(it.step_size, A, listed, self.S, gain))
+        step = self.update if self.ladder == "paper" else self.update_log_gaps
+        return Update(step_size=step(it.step_size, A, listed, self.S, gain))
 
 
 class VarianceTracker(AdaptorBase):

@@ -33,6 +33,45 @@ DATASET_DEFAULTS = {
     "cifar10": {}, "cifar100": {},
 }
 
+#: the help of each DeepConfig setting (tests/test_deep.py checks that every flag has one)
+HELP = {
+    "batch_size": "minibatch size of every gradient step",
+    "lr_min": "learning rate of slot 0 (per mean batch loss, as in PyTorch)",
+    "lr_max": "learning rate of the hottest slot P-1; the ladder is geometric in between",
+    "lr": "ensemble / swag: the learning rate (default: lr-min)",
+    "momentum": "SGD momentum in [0, 1) (stays with its replica across swaps)",
+    "weight_decay": "L2 penalty (the Gaussian prior of the weights)",
+    "swap_rate": "target swap rate S of adjacent pairs, in (0, 1): C and the learning rates are "
+                 "adapted to it",
+    "window": "swap window W of deo-star: an integer >= 1 or 'optimal' (W* from the swap "
+              "rate); deo uses W = 1",
+    "correction": "initial correction buffer C of the deterministic swap condition",
+    "sa_scale": "stochastic-approximation gain of C per unit of the energy noise sd",
+    "sa_pairs": "verdicts that adapt C and the learning rates: 'attempted' pairs, or 'all' "
+                "pairs every iteration (Algorithm 1, Eq. 13)",
+    "pretrain_epochs": "epochs of pretraining before tempering: every replica from its own "
+                       "initialisation, one cosine cycle of momentum SGD from lr-max, no swaps",
+    "burn_in": "fraction of the main run before models are collected, in [0, 1)",
+    "collect_every": "iterations between collected models (default: one epoch)",
+    "average": "the model average: 'probabilities' or 'logits'",
+    "cycles": "cyclical: cosine cycles (default: one per 10 epochs of the budget)",
+    "temperature": "cyclical: SGHMC noise temperature",
+    "swag_rank": "swag: rank of the low-rank covariance",
+    "swag_samples": "swag: models drawn from the fitted Gaussian for the average",
+    "device": "torch device (default: where the model's parameters are)",
+    "strategy": "how the replicas are evaluated: auto (measured), loop, vmap or compile",
+    "eval_every": "epochs between the per-epoch metric rows (metrics.csv)",
+    "checkpoint_every": "write a checkpoint every this many iterations",
+}
+
+
+def _default(name: str, value) -> str:
+    small = DATASET_DEFAULTS["digits"].get(name)
+    if value is None:
+        return ""
+    return f" (default {value!r}" + (f"; {small!r} on digits and mnist1d)" if small is not None
+                                     else ")")
+
 
 def _type(f):
     if f.name == "window":
@@ -50,26 +89,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "(the paper's CIFAR-100 ones), except on digits and mnist1d: "
                                    "lr 0.01-0.05, swap rate 0.05, 5 pretraining epochs (the "
                                    "settings of docs/reproduction/deep.md).")
-    p.add_argument("--dataset", choices=DATASETS, default="mnist1d")
+    p.add_argument("--dataset", choices=DATASETS, default="mnist1d",
+                   help="digits and mnist1d run offline; CIFAR reads --data-dir")
     p.add_argument("--model", choices=MODELS, default=None,
                    help="default: mlp for digits and mnist1d, resnet20 for CIFAR")
-    p.add_argument("--method", choices=METHODS, default="deo-star")
+    p.add_argument("--method", choices=METHODS, default="deo-star",
+                   help="deo-star (DEO*-mSGD: windows W* and the adapted swap condition), deo "
+                        "(W = 1), or a baseline: ensemble, cyclical, swag")
     p.add_argument("--chains", type=int, default=4, help="P replicas (single-chain methods run "
                    "P times the iterations)")
-    p.add_argument("--epochs", type=float, default=30.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=float, default=30.0,
+                   help="epochs of the main run (after --pretrain-epochs)")
+    p.add_argument("--seed", type=int, default=0, help="run seed")
     p.add_argument("--out", default=None, help="run folder")
     p.add_argument("--data-dir", default=None,
                    help="CIFAR: the folder holding cifar-10-batches-py / cifar-100-python")
     p.add_argument("--resume", metavar="DIR", default=None,
                    help="continue the interrupted run in DIR (other flags are ignored)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("settings (nrpt.deep.DeepConfig)")
     for f in fields(DeepConfig):
         if f.name in _SKIP:
             continue
         g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                       type=_type(f))
+                       type=_type(f), help=HELP[f.name] + _default(f.name, f.default))
     return p
 
 

@@ -34,6 +34,7 @@ authors' released code does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -472,6 +473,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
                            strategy="loop")
     estimator = NetworkEnergy(target, B)
     t_start = time.perf_counter()
+    # the wall time of the sessions before this one (an interrupted run's summary.json holds
+    # it), so that a resumption adds to the run's time instead of replacing it
+    earlier = _earlier_wall_time(out) if resume else 0.0
 
     # execution strategy, measured on one step of the real batch (a resumption reuses the
     # run's own: strategies agree only to rounding)
@@ -604,7 +608,7 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     else:
         average, models, buffers = bma.bma, bma.models, bma.buffers
     summary = _summary(cfg, average, yte, recorders, eng, N, B, per_epoch, pre_iters, facts,
-                       outcome, time.perf_counter() - t_start)
+                       outcome, earlier + time.perf_counter() - t_start)
     res = DeepResult(summary=summary, config=cfg, metrics=recorders["epochs"].rows,
                      index=recorders["index"].array() if "index" in recorders else None,
                      trace=recorders["trace"].arrays() if "trace" in recorders else {},
@@ -616,6 +620,14 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
 
         write_folder(res, out, Xte, yte)
     return res
+
+
+def _earlier_wall_time(folder: Path) -> float:
+    """``wall_time_s`` of ``folder``'s ``summary.json`` (0 when there is none: a run killed
+    before writing it; its loop time still counts through the checkpoint, see _summary)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        return float(json.loads((folder / "summary.json").read_text())["wall_time_s"])
+    return 0.0
 
 
 def _resumable(folder: Path, header: dict) -> dict:
@@ -710,7 +722,8 @@ def _summary(cfg, average, y_test, recorders, eng, N, B, per_epoch, pre_iters, f
     s["correction"] = float(eng.params["C"][0, 0]) if cfg.method in PT_METHODS else None
     s.update(json_ready(facts))
     s["interrupted"] = bool(outcome.interrupted)
-    s["wall_time_s"] = wall
+    # every session's time (a run killed before its summary: at least its loops' time)
+    s["wall_time_s"] = max(wall, outcome.wall_time_s)
     s["loop_time_s"] = outcome.wall_time_s
     return json_ready(s)
 

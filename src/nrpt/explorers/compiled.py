@@ -12,7 +12,12 @@ a step runs eagerly once to *record* which draws the explorer asks
 state make exactly those draws and hand them to the compiled function, where a stand-in replays
 them in order.  The numbers consumed are therefore the plain step's, and so are the results, up
 to the last bits that a fused kernel may round differently (the tests hold the two to 1e-9 and
-the same accept/reject decisions).
+the same accept/reject decisions over short runs).  A run is therefore the plain run only to
+rounding per step: with exact Metropolis swaps the decisions agree unless a uniform falls
+within rounding of an acceptance probability; the deterministic swap rule has no uniform to
+absorb the difference, a verdict flips within tens of iterations of a DEO*-SGD run and the two
+trajectories part -- the same chain in law (``tests/test_compile_law.py``), not the same
+numbers.
 
 Which steps are compiled depends on the state alone, so a resumed run is the uninterrupted one
 bit for bit: a step whose state lacks buffers the explorer keeps (the first step of a

@@ -53,6 +53,10 @@ class Rule:
     name = ""
     #: False for rules that do not target the tempered product distribution
     exact = True
+    #: False for rules whose verdicts ignore the states (``always``, ``fixed-rate``): under such
+    #: a rule DEO_W's one-swap-per-window gate is a fixed function of the verdicts' own coins
+    #: and biases nothing (:func:`nrpt.swap.schemes.check_gate`)
+    state_dependent = True
 
     def initial_params(self, R: int, P: int, dtype=torch.float64) -> dict[str, torch.Tensor]:
         """The rule's tunable parameters (owned by the engine), e.g. ``{"C": [R, 1]}``."""
@@ -80,6 +84,7 @@ class AlwaysAccept(Rule):
 
     name = "always"
     exact = False
+    state_dependent = False
 
     def decide(self, ctx):
         return torch.ones_like(ctx.v_lo, dtype=torch.bool), torch.ones_like(ctx.v_lo)
@@ -93,6 +98,7 @@ class FixedRate(Rule):
 
     name = "fixed-rate"
     exact = False
+    state_dependent = False
 
     def __init__(self, rejection: float):
         if not 0.0 <= float(rejection) < 1.0:

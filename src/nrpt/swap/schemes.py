@@ -16,7 +16,8 @@ DEO_W  generalized DEO (Deng et al. 2023, Section 3.1): even pairs during window
        floor(k / W) even, odd pairs otherwise; a pair's gate opens at the start of each window
        (k mod W == 0) and closes after it swaps, so *at most one swap per pair per window*.
        W = 1 is DEO.  For W > 1 the stopping time of the gate biases the target marginal
-       (the paper's Section C.2); see docs/architecture.md.
+       whenever the verdicts depend on the states (the paper's Section C.2): runs refuse it
+       with exact energies and Metropolis swaps, :func:`check_gate`; see docs/architecture.md.
 APE    one pair of slots (i < j, not necessarily adjacent) drawn uniformly per iteration
 none   no swaps: independent chains at their slots (the no-swap baselines, e.g. SGLD x P)
 ====== ======================================================================================
@@ -29,7 +30,7 @@ import torch
 from .. import rng
 
 __all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
-           "make_scheme"]
+           "make_scheme", "check_gate", "GATE_BIAS"]
 
 Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -172,3 +173,53 @@ def make_scheme(name: str, window: int = 1) -> Scheme:
         raise ValueError(f"window applies only to scheme 'deo-w'; scheme {name!r} got "
                          f"window={window}")
     return cls()
+
+
+#: what the gate did to an exact run (issue 21: ``nrpt run --target banana.py:TARGET --chains 16
+#: --iterations 100000 --scheme deo-w --window auto --explorer mala``)
+GATE_BIAS = ("a 2-D banana with exact sd(x1) = 2 and E[x2] = 0 gave sd(x1) = 2.81 and "
+             "E[x2] = 1.97 under scheme 'deo-w' with window 'auto' (2.02 and 0.08 under 'deo')")
+
+
+def check_gate(window: int | str, rule, exact_energies: bool, source: str = "given"
+               ) -> str | None:
+    """Whether a run may use DEO_W's gate (*at most one swap per pair per window*); every run
+    passes here (:func:`nrpt.build.build`).
+
+    The gate closes after a pair swaps, so whether a later attempt of the window happens
+    depends on the earlier verdicts.  Under a rule whose verdicts depend on the states that is
+    a stopping time: the swap moves are no longer a mixture of kernels that each leave the
+    tempered product distribution invariant, and slot 0 is biased (Deng et al. 2023, appendix
+    C.2; :data:`GATE_BIAS`).  Hence, for ``window`` (an integer, or ``"auto"``: W* chosen
+    later, possibly > 1; ``source``: where an integer came from, e.g. ``"swap-rate"``):
+
+    * ``window == 1`` (DEO), or a rule whose verdicts ignore the states (``always``,
+      ``fixed-rate``: scheme studies) -> ``None``, nothing approximate;
+    * a rule that samples the tempered product exactly (``metropolis``; ``bias-corrected``,
+      which *is* Metropolis when the energies are exact) on exact energies -> ``ValueError``
+      naming the scheme, window and rule and what to use instead (scheme ``deo``);
+    * otherwise (noisy or minibatch energies, or the deterministic rule: the paper's DEO*
+      setting, approximate anyway) -> a note naming the approximation, for the run's facts.
+    """
+    from .noisy import BiasCorrected
+
+    if window == 1 or not getattr(rule, "state_dependent", True):
+        return None
+    name = getattr(rule, "name", "") or type(rule).__name__
+    shown = ("'auto' (W* from a tuning segment, which can be > 1)" if window == "auto" else
+             f"{window} (window '{source}')" if source not in ("given", "scheme") else window)
+    metropolis = bool(getattr(rule, "exact", False)) or isinstance(rule, BiasCorrected)
+    if metropolis and exact_energies:
+        raise ValueError(
+            f"scheme 'deo-w' with window {shown} and swap_rule {name!r} on exact energies would "
+            f"give a biased answer, so it is refused: DEO_W lets a pair swap at most once per "
+            f"window, which makes later swap attempts depend on earlier verdicts; those depend "
+            f"on the states, so the tempered distributions are no longer invariant (Deng et al. "
+            f"2023, appendix C.2; {GATE_BIAS}).  Use scheme 'deo' (window 1): exact, and the "
+            f"scheme for exact swaps (lower the rejection rate with more chains or adaptive "
+            f"rounds, not a window).  DEO_W is for noisy or stochastic-gradient swaps "
+            f"(swap_rule 'deterministic', or 'bias-corrected' with minibatch / noisy energies)")
+    return (f"scheme 'deo-w' (window {window}) gates state-dependent swap verdicts (swap_rule "
+            f"{name!r}) at most once per pair per window: a stopping-time bias of slot 0 on "
+            f"top of the noisy swaps', mild only when the energy noise is large (Deng et al. "
+            f"2023, appendix C.2); scheme 'deo' has no such bias")
