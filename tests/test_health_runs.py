@@ -34,8 +34,14 @@ def test_separated_mixture_with_all_defaults_warns_that_systems_disagree():
 
 
 def test_hmc_at_the_default_step_size_on_25_modes_warns_about_the_step_size():
-    res, found = run_and_collect("twenty-five-modes", explorer="hmc", iterations=600, seed=0)
+    # the step as given (no tuning in the burn-in): the health check names step_size
+    res, found = run_and_collect("twenty-five-modes", explorer="hmc", iterations=600, seed=0,
+                                 adapt_step_size=False)
     assert any("hmc acceptance" in w and "step_size" in w for w in found), found
+    # by default the burn-in tunes the step toward HMC's target acceptance: no such warning
+    res, found = run_and_collect("twenty-five-modes", explorer="hmc", iterations=600, seed=0)
+    assert res.summary["step_size_tuned_in_burn_in"]
+    assert not any("hmc acceptance" in w for w in found), found
 
 
 def test_400d_gaussian_on_the_default_ladder_warns_about_the_ladder():
