@@ -41,7 +41,8 @@ __all__ = ["sample", "resume", "run_config", "Result"]
 @dataclass
 class Result:
     """What a run returns.  ``samples`` are the slot-0 draws of the sampling segments
-    (``[n, dim]``, or ``[R, n, dim]`` with R > 1 systems; for an adaptive run the last round);
+    (``[n, dim]``, or ``[R, n, dim]`` with R > 1 systems; for a fixed-length run those after
+    the burn-in, ``summary["burn_in"]`` iterations; for an adaptive run the last round);
     ``index`` is the index process of the whole run ``[K + 1, R, P]``.  Per-system figures are
     scalars when R = 1 and lists otherwise; ``summary`` is what ``summary.json`` holds (its keys
     are also attributes: ``res.round_trips``); ``rows`` the per-segment report rows."""
