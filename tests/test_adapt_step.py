@@ -80,14 +80,13 @@ def test_hmc_step_sizes_over_rounds_converge_to_the_target_acceptance(seed):
     # Before the fix (Newton step of the asymptotic model on a fixed-step HMC) the slot-0 step
     # bounced 0.5 <-> 2.35 on this target and 4 of 6 slots ended at acceptance 0: HMC's
     # acceptance with L fixed leapfrog steps is not monotone in h (resonances), and the Newton
-    # step overshoots HMC's steep curve.  Now: jittered steps (smooth curve), a bracket and a
-    # secant order.  Tolerance: the last round has 2048 iterations, the per-slot acceptance's
-    # Monte Carlo sd is ~0.02, and hot slots' temperatures still move with the schedule.
+    # step overshoots HMC's steep curve.  Now: jittered steps (smooth curve), a bracket, a
+    # secant order, and steps carried to a re-fitted temperature.  Tolerance: the last round
+    # has 2048 iterations, the per-slot acceptance's Monte Carlo sd is ~0.02.
     import nrpt
 
     res = nrpt.sample("gaussian", target_options={"dim": 3}, explorer="hmc", rounds=11,
                       chains=6, seed=seed, figures=False)
     acc = np.asarray(res.summary["explorer_acceptance"])
     target = DEFAULT_ACCEPTANCE["hmc"]
-    assert abs(acc[0] - target) < 0.06, acc  # slot 0's temperature is fixed
-    assert np.all(np.abs(acc - target) < 0.15), acc
+    assert np.all(np.abs(acc - target) < 0.1), acc  # (seeds 0-3: all within 0.06)

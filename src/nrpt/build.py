@@ -290,10 +290,14 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if tune_steps:  # between the warm-up windows only: the sampling kernel is fixed
         adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance, phase="warm-up"))
     if rounds is not None:
-        if cfg.adapt_schedule:
-            adaptors.append(ScheduleAdaptor())
+        schedule_adaptor = ScheduleAdaptor() if cfg.adapt_schedule else None
+        if schedule_adaptor is not None:
+            adaptors.append(schedule_adaptor)
         if cfg.adapt_step_size and cfg.explorer in ("rwmh", "mala", "hmc"):
-            adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance))
+            # on a temperature ladder the tuned steps follow a re-fitted schedule (sqrt(tau))
+            follow = schedule_adaptor if path.kind == "temperature" else None
+            adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance,
+                                            follow=follow))
         if cfg.adapt_step_size and cfg.explorer == "slice":
             adaptors.append(SliceWidthAdaptor())
     if source == "auto":

@@ -105,6 +105,15 @@ class StepTuner:
             self.prev_a = np.where(seen, a, self.prev_a)
         return new
 
+    def rescale(self, factor) -> None:
+        """Carry the memory (bracket, last step) to steps ``factor`` times larger (the slot's
+        scale changed, e.g. a new temperature)."""
+        f = np.asarray(factor, dtype=float)
+        for k in ("lo", "hi", "prev_h"):
+            v = getattr(self, k)
+            if v is not None:
+                setattr(self, k, v * f)
+
     def state_dict(self) -> dict:
         return {k: None if getattr(self, k) is None else getattr(self, k).tolist()
                 for k in ("lo", "hi", "prev_h", "prev_a")}
