@@ -128,9 +128,9 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
     ``k``; ``k = -1``: the evaluation at the initial states) and ``langevin(k) -> [P, 2]`` (the
     Langevin normals of every replica; the yardstick uses the row of the replica at slot 0).
     ``tests/test_headline_yardstick.py`` passes nrpt's keyed random numbers this way; the object
-    may also have ``observe(k, x, u, margin, C)``, called at every iteration with the positions
-    and noisy energies of the replicas, the margins ``U~_p - U~_{p+1} - C`` of the verdicts in
-    slot order (``A_p = margin_p > 0``) and ``C``."""
+    may also have ``observe(k, x, u, margin, C, eta)``, called at every iteration with the
+    positions and noisy energies of the replicas, the margins ``U~_p - U~_{p+1} - C`` of the
+    verdicts in slot order (``A_p = margin_p > 0``), ``C`` and the learning rates in force."""
     t0 = time.perf_counter()
     K, P, S = int(iterations), int(chains), float(swap_rate)
     sd_e = float(noise_sd)
@@ -198,7 +198,7 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
         v = u[rep_at]  # energies in slot order
         A = v[1:] + C < v[:-1]
         if observe is not None:  # (checks only) the state each verdict was made from
-            observe(k, x, u, v[:-1] - v[1:] - C, C)
+            observe(k, x, u, v[:-1] - v[1:] - C, C, eta)
         acc = A & parity_pairs[(k // W) % 2] & gate
         if acc.any():
             gate &= ~acc

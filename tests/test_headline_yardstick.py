@@ -96,14 +96,15 @@ class ObservedNoise(KeyedNoise):
         super().__init__(seed, P)
         self.rows = []
 
-    def observe(self, k, x, u, margin, C):
-        self.rows.append((x.copy(), u.copy(), margin.copy(), C))
+    def observe(self, k, x, u, margin, C, eta):
+        self.rows.append((x.copy(), u.copy(), margin.copy(), C, eta.copy()))
 
 
 def _nrpt_run_observed(seed, K):
     """nrpt's headline run of ``K`` iterations, one plain step at a time (the fused chunks
     execute the same ops, tests/test_fused.py), keeping per iteration the positions and noisy
-    energies of all replicas, the verdict margins ``U~_p - U~_{p+1} - C`` in slot order and C."""
+    energies of all replicas, the verdict margins ``U~_p - U~_{p+1} - C`` in slot order, C and
+    the learning rates in force."""
     from nrpt.build import build
     from nrpt.config import RunConfig
     from nrpt.loop import execute
@@ -116,10 +117,11 @@ def _nrpt_run_observed(seed, K):
     def observed_step():
         at = engine.replica_at[0].clone()  # slot -> replica during the moves and verdicts
         C = float(engine.params["C"].reshape(-1)[0])
+        eta = engine.step_size.reshape(-1).numpy().copy()
         it = step()
         v = engine.state.v[0][at]
         rows.append((engine.state.x[0].numpy().copy(), engine.state.v[0].numpy().copy(),
-                     (v[:-1] - v[1:] - C).numpy(), C))
+                     (v[:-1] - v[1:] - C).numpy(), C, eta))
         return it
 
     engine.step = observed_step
@@ -153,15 +155,15 @@ def test_with_nrpts_random_numbers_the_yardstick_is_nrpts_run(seed):
     noise = ObservedNoise(seed)
     y = hn.simulate(K, seed, noise=noise)
     H, rounding = K, 0.0
-    for k, ((xn, un, mn, Cn), (xy, uy, my, Cy)) in enumerate(zip(rows_n, noise.rows,
-                                                                    strict=True)):
+    for k, ((xn, un, mn, Cn, _), (xy, uy, my, Cy, _)) in enumerate(zip(rows_n, noise.rows,
+                                                                          strict=True)):
         rounding = np.abs(un - uy).max() + abs(Cn - Cy)
         if np.abs(my).min() <= ROUNDING_SAFETY * rounding + 1e-12:
             H = k
             break
         # a verdict decided far from its rounding: it must be the same one
         np.testing.assert_array_equal(mn > 0, my > 0, err_msg=f"verdicts at iteration {k}")
-        np.testing.assert_allclose(xn, xy, rtol=0, atol=max(1e-12, 10 * rounding))
+        np.testing.assert_allclose(xn, xy, rtol=0, atol=max(1e-12, 100 * rounding))
     W = 8
     assert H >= W, (f"the rounding horizon {H} is shorter than one window: the energies or C "
                     f"differ by {rounding:.3g} there, more than rounding (a different algorithm)")
@@ -173,15 +175,14 @@ def test_with_nrpts_random_numbers_the_yardstick_is_nrpts_run(seed):
                                rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(draws.energies).reshape(K)[:H], y["energies"][:H],
                                rtol=0, atol=1e-8)
-    # C and the ladder after iteration H - 1 (recorded before the verdicts of iteration H)
-    Cs_n = [r[3] for r in rows_n]
-    Cs_y = [r[3] for r in noise.rows]
-    np.testing.assert_allclose(Cs_n[: H + 1] if H < K else Cs_n, Cs_y[: H + 1] if H < K else Cs_y,
-                               rtol=0, atol=1e-12)
-    if H == K:
+    # C and the learning rates in force at iterations 0 .. H (H: after the last exact verdict's
+    # adaptation); both move by the verdicts only, so they agree to float64 rounding
+    n, m = rows_n[: H + 1], noise.rows[: H + 1]
+    np.testing.assert_allclose([r[3] for r in n], [r[3] for r in m], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.array([r[4] for r in n]), np.array([r[4] for r in m]),
+                               rtol=1e-12, atol=0)
+    if H == K:  # (not reached at K = 20 on any CPU seen: the horizon is ~11)
         assert abs(float(run.engine.params["C"].reshape(-1)[0]) - y["C"]) < 1e-12
-        np.testing.assert_allclose(run.engine.step_size.reshape(-1).numpy(),
-                                   y["learning_rates"], rtol=1e-12)
 
 
 K_LAW = 2000
