@@ -274,7 +274,7 @@ def test_systems_are_independent_copies_with_their_own_noise():
 
 def test_interrupted_run_resumes_bit_for_bit(tmp_path):
     full = nrpt.sample("twenty-five-modes", iterations=1200, seed=9, scheme="deo-w", window=3,
-                       out=str(tmp_path / "full"), checkpoint_every=250)
+                       out=str(tmp_path / "full"), checkpoint_every=250, figures=False)
 
     def interrupt(engine):
         if engine.k >= 700:
@@ -284,7 +284,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path):
     from nrpt.config import RunConfig
 
     cfg = RunConfig(iterations=1200, seed=9, scheme="deo-w", window=3,
-                    out=str(tmp_path / "cut"), checkpoint_every=250)
+                    out=str(tmp_path / "cut"), checkpoint_every=250, figures=False)
     part = run_config(cfg, callback=interrupt)
     assert part.summary["interrupted"] and part.summary["n_iterations"] < 1200
     resumed = nrpt.resume(tmp_path / "cut")
