@@ -53,7 +53,7 @@ def _z(a: dict, b: dict) -> dict[str, float]:
             for k in a}
 
 
-@pytest.mark.slow
+@pytest.mark.compile
 def test_compiled_default_sg_run_equals_the_plain_run_in_law():
     plain0, compiled0 = _run(False, 0), _run(True, 0)
     assert compiled0.summary.get("fused") is None  # the compiled explorer step in the plain loop
