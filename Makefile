@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # benchmarks run one torch / BLAS thread (their figures say so)
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
-.PHONY: install run test test-slow lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
+.PHONY: install run test test-slow test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
         bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational clean
 
 $(STAMP): pyproject.toml
@@ -31,6 +31,11 @@ test: $(STAMP)
 # stochastic-gradient distribution checks)
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow
+
+# everything: the default selection, the slow checks, the torch.compile tests (marked compile)
+# and the multi-process ones (marked distributed); `make test` leaves the last three out
+test-all: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m ""
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

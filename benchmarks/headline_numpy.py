@@ -127,7 +127,10 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
     (the initial states), ``oracle(k) -> [P, 3]`` (the oracle's standard normals at iteration
     ``k``; ``k = -1``: the evaluation at the initial states) and ``langevin(k) -> [P, 2]`` (the
     Langevin normals of every replica; the yardstick uses the row of the replica at slot 0).
-    ``tests/test_headline_yardstick.py`` passes nrpt's keyed random numbers this way."""
+    ``tests/test_headline_yardstick.py`` passes nrpt's keyed random numbers this way; the object
+    may also have ``observe(k, x, u, margin, C, eta)``, called at every iteration with the
+    positions and noisy energies of the replicas, the margins ``U~_p - U~_{p+1} - C`` of the
+    verdicts in slot order (``A_p = margin_p > 0``), ``C`` and the learning rates in force."""
     t0 = time.perf_counter()
     K, P, S = int(iterations), int(chains), float(swap_rate)
     sd_e = float(noise_sd)
@@ -136,6 +139,7 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
     W = int(window) if window is not None else window_from_swap_rate(P, S)
     rng = np.random.Generator(np.random.PCG64(seed))
 
+    observe = None
     if noise is None:
         x = 2.0 * rng.random((P, 2)) - 1.0  # uniform on [-1, 1]^2 (the target's initial states)
         normal = rng.standard_normal
@@ -145,6 +149,7 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
         x = np.array(noise.initial(P), dtype=np.float64)
         oracle_z = noise.oracle
         slot0_xi = lambda k, r: noise.langevin(k)[r]  # noqa: E731
+    observe = getattr(noise, "observe", None)
     eta = lr_min * (lr_max / lr_min) ** (np.arange(P) / (P - 1))  # geometric initial ladder
     noise0 = math.sqrt(2.0 * eta[0] * bottom_temperature)  # slot 0's rate is an end point: fixed
     slot_of = np.arange(P)  # slot of each replica
@@ -192,6 +197,8 @@ def simulate(iterations: int = HEADLINE["iterations"], seed: int = HEADLINE["see
             gate[:] = True
         v = u[rep_at]  # energies in slot order
         A = v[1:] + C < v[:-1]
+        if observe is not None:  # (checks only) the state each verdict was made from
+            observe(k, x, u, v[:-1] - v[1:] - C, C, eta)
         acc = A & parity_pairs[(k // W) % 2] & gate
         if acc.any():
             gate &= ~acc

@@ -13,7 +13,7 @@ chain (issue 21: bitwise equal for 8 iterations, C differing by 0.013 after 32).
 * negative control: a plain run with 1.5x the energy noise fails that same comparison.
 
 Measured (R = 16, 2000 iterations): compiled vs plain, largest |z| 2.0 (C), plain seed 0 vs 1:
-1.2; 1.5x noise: z 18.9 on C, 5.9 on E[x2^2].  ~40 s, most of it compiling: marked slow.
+1.2; 1.5x noise: z 18.9 on C, 5.9 on E[x2^2].  ~40 s, most of it compiling: marked compile (make test-all).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _z(a: dict, b: dict) -> dict[str, float]:
             for k in a}
 
 
-@pytest.mark.slow
+@pytest.mark.compile
 def test_compiled_default_sg_run_equals_the_plain_run_in_law():
     plain0, compiled0 = _run(False, 0), _run(True, 0)
     assert compiled0.summary.get("fused") is None  # the compiled explorer step in the plain loop

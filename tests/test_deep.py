@@ -302,6 +302,7 @@ def test_dropout_is_keyed_and_leaves_the_global_rng_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # raised inside torch's compiler
 def test_compiled_strategy_equals_the_loop():
     """torch.compile of the vmapped step (about 15 s to compile on 2 cores: slow suite)."""

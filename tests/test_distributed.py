@@ -83,6 +83,7 @@ def test_too_many_processes_is_a_clear_error():
     check_world(4, 4)
 
 
+@pytest.mark.distributed
 def test_a_failing_rank_ends_the_launch(tmp_path, monkeypatch):
     # rank 1 dies before the rendezvous; rank 0 would wait for it: the launcher kills it
     monkeypatch.setattr(nrpt.distributed, "FAILURE_GRACE_S", 0.5)
@@ -96,9 +97,10 @@ EXACT = ["--preset", "none", "--target", "twenty-five-modes", "--chains", "6", "
          "--iterations", "300", "--explorer", "mala"]
 
 
+@pytest.mark.distributed
 def test_exact_sampler_is_identical_on_1_and_4_processes(tmp_path):
     # 4 ranks over 6 replicas: blocks of 2, 2, 2 and 0 (an empty rank); 2 processes run in
-    # make test-slow
+    # the default suite
     one = nrpt.sample("twenty-five-modes", chains=6, systems=2, iterations=300, explorer="mala",
                       seed=4, out=str(tmp_path / "p1"), figures=False)
     ref = _records(one.out)
@@ -114,16 +116,23 @@ def test_exact_sampler_is_identical_on_1_and_4_processes(tmp_path):
     assert "samples" in diff and "index" in diff
 
 
-@pytest.mark.slow
 def test_exact_sampler_is_identical_on_2_processes(tmp_path):
-    one = nrpt.sample("twenty-five-modes", chains=6, systems=2, iterations=300, explorer="mala",
+    """The default suite's one multi-process run (the rest is marked distributed: make
+    test-all): 2 gloo processes give the single process's records bit for bit (the same kernels
+    on the same numbers; test_exact_sampler_is_identical_on_1_and_4_processes has the negative
+    control).  40 iterations: each one waits on a collective between the processes, seconds on
+    2 loaded cores."""
+    one = nrpt.sample("twenty-five-modes", chains=6, systems=2, iterations=40, explorer="mala",
                       seed=4, out=str(tmp_path / "p1"), figures=False)
-    r = _cli([*EXACT, "--seed", "4", "--out", str(tmp_path / "p2")], nproc=2)
+    assert (np.diff(_records(one.out)["index"], axis=1) != 0).any()  # swaps happened
+    args = [a if a != "300" else "40" for a in EXACT]
+    r = _cli([*args, "--seed", "4", "--out", str(tmp_path / "p2")], nproc=2)
     assert r.returncode == 0, r.stderr
     assert _same(_records(one.out), _records(tmp_path / "p2")) == []
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("nprocs", [(2,), (4,)], ids=["2", "4"])
 def test_sg_headline_is_identical_on_1_2_and_4_processes(tmp_path, nprocs):
     # the DEO*-SGD x P16 headline (adaptive C and learning rates, W* window), shortened
@@ -140,6 +149,7 @@ def test_sg_headline_is_identical_on_1_2_and_4_processes(tmp_path, nprocs):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_adaptive_rounds_with_slice_are_identical_on_3_processes(tmp_path):
     args = ["--preset", "none", "--target", "twenty-five-modes", "--rounds", "6", "--chains",
             "7", "--explorer", "slice", "--seed", "1"]
@@ -153,6 +163,7 @@ def test_adaptive_rounds_with_slice_are_identical_on_3_processes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("vr_every", [0, 3], ids=["minibatch", "control-variate"])
 def test_minibatch_energies_are_identical_on_2_processes(tmp_path, vr_every):
     opts = dict(explorer="sgld", chains=5, max_temperature=20.0, batch_size=10, iterations=300,
@@ -171,6 +182,7 @@ def test_minibatch_energies_are_identical_on_2_processes(tmp_path, vr_every):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("m", [3, 1])
 def test_checkpoint_of_2_processes_resumes_on_m(tmp_path, m):
     # reference: 300 iterations in one process, extended to 600 from its checkpoint
@@ -190,6 +202,7 @@ def test_checkpoint_of_2_processes_resumes_on_m(tmp_path, m):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_interrupted_multi_process_run_stops_together_and_resumes_on_other_count(tmp_path):
     # SIGINT to the launcher reaches every rank; they agree on the iteration to stop after
     # (the flag travels with the gathered scalars), checkpoint, exit 130; resuming on another
@@ -225,6 +238,7 @@ def test_interrupted_multi_process_run_stops_together_and_resumes_on_other_count
     assert _same(_records(tmp_path / "full"), _records(out)) == []
 
 
+@pytest.mark.distributed
 def test_rank_0_refusal_reaches_every_rank(tmp_path):
     # rank 0 owns the run folder; when it refuses (a run is already there), the other ranks
     # learn it from rank 0 and stop too, instead of waiting for it in a collective
@@ -236,6 +250,8 @@ def test_rank_0_refusal_reaches_every_rank(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.distributed
 def test_a_compiled_run_is_identical_on_1_and_2_processes(tmp_path):
     """compile = true with the replicas over 2 processes: each rank replays its block of the
     keyed draws into its compiled step, so the records equal the single-process run's."""

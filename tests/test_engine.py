@@ -276,7 +276,8 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path):
     # DEO_W's gates live in the checkpoint too; swap_rule 'always' (verdicts that ignore the
     # states) because a window > 1 with exact Metropolis swaps is refused (biased)
     full = nrpt.sample("twenty-five-modes", iterations=1200, seed=9, scheme="deo-w", window=3,
-                       swap_rule="always", out=str(tmp_path / "full"), checkpoint_every=250)
+                       swap_rule="always", out=str(tmp_path / "full"), checkpoint_every=250,
+                       figures=False)
 
     def interrupt(engine):
         if engine.k >= 700:
@@ -286,7 +287,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path):
     from nrpt.config import RunConfig
 
     cfg = RunConfig(iterations=1200, seed=9, scheme="deo-w", window=3, swap_rule="always",
-                    out=str(tmp_path / "cut"), checkpoint_every=250)
+                    out=str(tmp_path / "cut"), checkpoint_every=250, figures=False)
     part = run_config(cfg, callback=interrupt)
     assert part.summary["interrupted"] and part.summary["n_iterations"] < 1200
     resumed = nrpt.resume(tmp_path / "cut")

@@ -123,10 +123,15 @@ def engines(explorer, compiled, R=4, P=6, seed=3, **kw):
                            figures=False, **kw)).engine
 
 
+# (a cold inductor cache costs ~70 s for even this one step on 2 loaded cores: no real
+# torch.compile runs in the default suite; test_a_failing_compiler_falls_back_to_the_plain_step
+# and the refusals below are its representatives there)
+@pytest.mark.compile
 @pytest.mark.parametrize("explorer", ["rwmh", "mala"])
 def test_the_compiled_step_gives_the_plain_steps_results(explorer):
     """Same keyed draws, same decisions: the index process is identical and the states agree
-    to rounding (a fused kernel may round the last bits differently)."""
+    to rounding (a fused kernel may round the last bits differently; a Metropolis verdict
+    flips only where its uniform falls within that rounding of the acceptance probability)."""
     plain, fast = engines(explorer, False), engines(explorer, True)
     assert fast.explorer.describe()["compiled"]
     for _ in range(120):
@@ -138,6 +143,7 @@ def test_the_compiled_step_gives_the_plain_steps_results(explorer):
     torch.testing.assert_close(fast.state.v, plain.state.v, rtol=0, atol=1e-9)
 
 
+@pytest.mark.compile
 def test_compiled_hmc_starts_equal_and_is_invariant():
     """HMC's leapfrog amplifies last-bit differences on a peaked target (the trajectories part
     after some tens of steps), so beyond the first steps it is checked in distribution."""
@@ -194,13 +200,18 @@ def sg_engine(compiled, **kw):
                                                        compile=compiled, **kw)))
 
 
+@pytest.mark.compile
 def test_a_compiled_stochastic_gradient_step_replays_the_estimators_draws():
     """The headline DEO*-SGD run (noisy oracle: its draws go through the key handed to the
     estimator): compiled and plain agree to rounding over the first iterations (SGD at
-    learning rates up to 0.6 on steep wells multiplies rounding differences by ~10 per
-    iteration, so trajectories part later and are alike only in distribution)."""
+    learning rates up to 0.6 on steep wells multiplies rounding differences by ~10-20 per
+    iteration, so trajectories part later and are alike only in distribution).  Six
+    iterations: inductor's sin / cos / exp and ATen's may differ in the last bit on another
+    CPU (vector ISA), which grows to ~1e-11 by then (measured for torch vs NumPy,
+    tests/test_headline_yardstick.py), far inside the tolerance and far below the verdicts'
+    margins (> 1e-2 there); after 10 iterations it can reach 1e-6."""
     runs = [sg_engine(False), sg_engine(True)]
-    for _ in range(10):
+    for _ in range(6):
         for run in runs:
             it = run.engine.step()
             for a in run.adaptors:
@@ -208,7 +219,7 @@ def test_a_compiled_stochastic_gradient_step_replays_the_estimators_draws():
     plain, fast = (r.engine for r in runs)
     assert fast.explorer.failed is None and fast.explorer._fn
     assert torch.equal(plain.slot_of, fast.slot_of)
-    torch.testing.assert_close(fast.state.x, plain.state.x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(fast.state.x, plain.state.x, rtol=0, atol=1e-8)
     torch.testing.assert_close(fast.params["C"], plain.params["C"], rtol=0, atol=1e-12)
 
 
@@ -222,6 +233,7 @@ def test_the_control_variate_energy_is_not_compiled():
         Compiled(SGD(cv))
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("explorer", ["sgd", "hmc"])
 def test_a_resumed_compiled_run_is_the_uninterrupted_one_bit_for_bit(explorer):
     """Which steps run compiled depends on the state only, so a resumed run (a fresh compiled

@@ -221,6 +221,7 @@ def _compiled_matches(name: str, n: int):
             torch.testing.assert_close(b[key], a[key], rtol=1e-9, atol=1e-9, msg=key)
 
 
+@pytest.mark.compile
 def test_compiled_chunks_match_the_plain_loop():
     _compiled_matches("rwmh-deo", 48)
 
@@ -229,6 +230,7 @@ CONFIGS["mala-analytic"] = dict(target="twenty-five-modes", chains=5, systems=2,
                                explorer="mala", scheme="deo-w", window=3, figures=False)
 
 
+@pytest.mark.compile
 def test_a_chunk_torch_compile_cannot_take_falls_back_to_eager_chunks():
     """MALA on a target without analytic gradients calls torch.autograd.grad, which one graph
     (fullgraph) cannot hold: a CompileWarning, then eager chunks, equal to the plain loop."""
@@ -245,6 +247,7 @@ def test_a_chunk_torch_compile_cannot_take_falls_back_to_eager_chunks():
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 @pytest.mark.parametrize("name", ["mala-analytic", "headline-sgd"])
 def test_compiled_chunks_match_the_plain_loop_slow(name):
     # SGD at large constant learning rates is chaotic: a last-bit difference grows until a

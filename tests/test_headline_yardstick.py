@@ -89,34 +89,163 @@ class KeyedNoise:
         return rng.iteration_normal((1, self.P, 2), self.seed, rng.Stream.EXPLORE, k, 0)[0].numpy()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_with_nrpts_random_numbers_the_yardstick_is_nrpts_run(seed):
-    """Fed nrpt's own random numbers, the yardstick makes nrpt's run: the same index process
-    (swaps executed), slot-0 draws, C and learning rates.  (Only for a few windows: the SGD
-    steps of the hot slots, eta up to 0.6 on wells of curvature ~80, multiply a difference by
-    ~10 per iteration, so the last-bit differences between torch's and NumPy's sin / cos / exp
-    grow to order one within ~40 iterations; after that the two agree in law only, which the
-    statistical tests and benchmarks/headline.py check.)"""
+class ObservedNoise(KeyedNoise):
+    """:class:`KeyedNoise` that also keeps what the yardstick's every verdict was made from."""
+
+    def __init__(self, seed: int, P: int = 16):
+        super().__init__(seed, P)
+        self.rows = []
+
+    def observe(self, k, x, u, margin, C, eta):
+        self.rows.append((x.copy(), u.copy(), margin.copy(), C, eta.copy()))
+
+
+def _nrpt_run_observed(seed, K):
+    """nrpt's headline run of ``K`` iterations, one plain step at a time (the fused chunks
+    execute the same ops, tests/test_fused.py), keeping per iteration the positions and noisy
+    energies of all replicas, the verdict margins ``U~_p - U~_{p+1} - C`` in slot order, C and
+    the learning rates in force."""
     from nrpt.build import build
     from nrpt.config import RunConfig
     from nrpt.loop import execute
     from nrpt.sgpt import HEADLINE
 
-    K = 20
     run = build(RunConfig.from_dict({"iterations": K, "seed": seed}, defaults=HEADLINE))
+    run.fused = None
+    engine, step, rows = run.engine, run.engine.step, []
+
+    def observed_step():
+        at = engine.replica_at[0].clone()  # slot -> replica during the moves and verdicts
+        C = float(engine.params["C"].reshape(-1)[0])
+        eta = engine.step_size.reshape(-1).numpy().copy()
+        it = step()
+        v = engine.state.v[0][at]
+        rows.append((engine.state.x[0].numpy().copy(), engine.state.v[0].numpy().copy(),
+                     (v[:-1] - v[1:] - C).numpy(), C, eta))
+        return it
+
+    engine.step = observed_step
     execute(run)
+    return run, rows
+
+
+#: a verdict is exact while its margin exceeds this many times the largest difference between
+#: nrpt's and the yardstick's noisy energies (plus C's) at that iteration
+ROUNDING_SAFETY = 1e3
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_with_nrpts_random_numbers_the_yardstick_is_nrpts_run(seed):
+    """Fed nrpt's own random numbers, the yardstick makes nrpt's run -- for as long as that is
+    a property of the algorithm rather than of the CPU.  torch's and NumPy's sin / cos / exp
+    differ in the last bit (which bit depends on the CPU's vector units: AVX-512 vs AVX2 vs
+    scalar), and the SGD steps of the hot slots (eta up to 0.6 on wells of curvature ~80)
+    multiply a difference by ~10-20 per iteration, so the two runs agree to ~1e-7 after one
+    window (8 iterations) and only in law after ~15; a verdict of the deterministic rule whose
+    margin is below the accumulated difference may then go either way.
+
+    So the exact comparison runs up to the horizon ``H``: the first iteration with a verdict
+    whose margin is within ``ROUNDING_SAFETY`` times the measured difference of the energies
+    it was made from.  Before ``H`` every verdict, the index process, C and the learning rates
+    must agree exactly (up to float64 sums) and the states to the measured rounding; ``H`` must
+    cover the first window with swaps executed.  After it the runs are compared in law
+    (:func:`test_nrpt_and_the_yardstick_agree_in_law`)."""
+    K = 20
+    run, rows_n = _nrpt_run_observed(seed, K)
+    noise = ObservedNoise(seed)
+    y = hn.simulate(K, seed, noise=noise)
+    H, rounding = K, 0.0
+    for k, ((xn, un, mn, Cn, _), (xy, uy, my, Cy, _)) in enumerate(zip(rows_n, noise.rows,
+                                                                          strict=True)):
+        rounding = np.abs(un - uy).max() + abs(Cn - Cy)
+        if np.abs(my).min() <= ROUNDING_SAFETY * rounding + 1e-12:
+            H = k
+            break
+        # a verdict decided far from its rounding: it must be the same one
+        np.testing.assert_array_equal(mn > 0, my > 0, err_msg=f"verdicts at iteration {k}")
+        np.testing.assert_allclose(xn, xy, rtol=0, atol=max(1e-12, 100 * rounding))
+    W = 8
+    assert H >= W, (f"the rounding horizon {H} is shorter than one window: the energies or C "
+                    f"differ by {rounding:.3g} there, more than rounding (a different algorithm)")
+    index = np.asarray(run.recorders["draws"].index).reshape(K + 1, 16)[: H + 1]
+    assert (np.diff(index, axis=0) != 0).any(1).sum() >= 2  # swaps happened before H
+    np.testing.assert_array_equal(index, y["index"][: H + 1])
     draws = run.recorders["draws"]
-    y = hn.simulate(K, seed, noise=KeyedNoise(seed))
-    index = np.asarray(draws.index).reshape(K + 1, 16)
-    assert (np.diff(index, axis=0) != 0).any(1).sum() >= 4  # swaps happened
-    np.testing.assert_array_equal(index, y["index"])
-    np.testing.assert_allclose(np.asarray(draws.samples).reshape(K, 2), y["samples"],
-                               rtol=0, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(draws.energies).reshape(K), y["energies"],
-                               rtol=0, atol=1e-11)
-    assert abs(float(run.engine.params["C"].reshape(-1)[0]) - y["C"]) < 1e-12
-    np.testing.assert_allclose(run.engine.step_size.reshape(-1).numpy(),
-                               y["learning_rates"], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(draws.samples).reshape(K, 2)[:H], y["samples"][:H],
+                               rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(draws.energies).reshape(K)[:H], y["energies"][:H],
+                               rtol=0, atol=1e-8)
+    # C and the learning rates in force at iterations 0 .. H (H: after the last exact verdict's
+    # adaptation); both move by the verdicts only, so they agree to float64 rounding
+    n, m = rows_n[: H + 1], noise.rows[: H + 1]
+    np.testing.assert_allclose([r[3] for r in n], [r[3] for r in m], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.array([r[4] for r in n]), np.array([r[4] for r in m]),
+                               rtol=1e-12, atol=0)
+    if H == K:  # (not reached at K = 20 on any CPU seen: the horizon is ~11)
+        assert abs(float(run.engine.params["C"].reshape(-1)[0]) - y["C"]) < 1e-12
+
+
+K_LAW = 2000
+
+
+def _law_stats(index, samples, trace_c):
+    """Per run, over its second half: C's mean (the adaptation trace), swaps executed per
+    iteration, slot-0 E|x|^2; and the round trips of the whole run."""
+    h = K_LAW // 2
+    swaps = (np.diff(index[h:], axis=0) != 0).sum() / 2 / (K_LAW - h)
+    s = samples[h:]
+    return np.array([np.mean(trace_c[len(trace_c) // 2:]), swaps, (s ** 2).sum(1).mean(),
+                     hn.round_trips(index)[1].sum()])
+
+
+def _nrpt_law_stats(seed):
+    from nrpt.build import build
+    from nrpt.config import RunConfig
+    from nrpt.loop import execute
+    from nrpt.sgpt import HEADLINE
+
+    run = build(RunConfig.from_dict({"iterations": K_LAW, "seed": seed}, defaults=HEADLINE))
+    execute(run)
+    d = run.recorders["draws"]
+    return _law_stats(np.asarray(d.index).reshape(K_LAW + 1, 16),
+                      np.asarray(d.samples).reshape(K_LAW, 2),
+                      np.asarray(run.recorders["trace"].C).reshape(-1))
+
+
+def _yard_law_stats(seed, **kw):
+    y = hn.simulate(K_LAW, seed, **kw)
+    return _law_stats(y["index"], y["samples"], y["trace_C"])
+
+
+def _z(a, b):
+    """Two-sample z of the means per statistic, with the pooled between-seed variance (the
+    runs are independent; under the null both laws are the same)."""
+    pooled = np.concatenate([a - a.mean(0), b - b.mean(0)])
+    var = (pooled ** 2).sum(0) / (len(a) + len(b) - 2)
+    return (a.mean(0) - b.mean(0)) / np.sqrt(var * (1 / len(a) + 1 / len(b)))
+
+
+@pytest.fixture(scope="module")
+def law_yardstick():
+    return np.array([_yard_law_stats(100 + s) for s in range(8)])
+
+
+def test_nrpt_and_the_yardstick_agree_in_law(law_yardstick):
+    """Past the rounding horizon the two runs agree in law: nrpt (3 seeds) against the
+    yardstick's own PCG64 stream (8 seeds), on C's level, the swaps executed, slot 0's second
+    moment and the round trips, each within 4 standard errors of the between-seed spread."""
+    nrpt = np.array([_nrpt_law_stats(s) for s in range(3)])
+    z = _z(nrpt, law_yardstick)
+    assert (np.abs(z) < 4.0).all(), z
+
+
+def test_law_comparison_has_power(law_yardstick):
+    """Negative control: a yardstick with a wrong oracle noise (sd 3 instead of 2) or a wrong
+    target rate (S = 0.45) is told apart on the same statistics at the same sample sizes."""
+    noisy = np.array([_yard_law_stats(200 + s, noise_sd=3.0) for s in range(3)])
+    assert abs(_z(noisy, law_yardstick)[0]) > 4.0  # C absorbs the noise
+    rate = np.array([_yard_law_stats(300 + s, swap_rate=0.45) for s in range(3)])
+    assert abs(_z(rate, law_yardstick)[1]) > 4.0
 
 
 def test_round_trips_count_as_nrpt():

@@ -185,7 +185,7 @@ def test_command_line_block(home):
     assert (folder / "runs" / "again" / "summary.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.compile
 def test_command_line_block_compiled_lines(home):
     _, start, text = _block("nrpt run ")
     lines = [(no, line) for no, line in commands(start, text) if "--compile true" in line]
@@ -193,7 +193,7 @@ def test_command_line_block_compiled_lines(home):
     run_shell(lines, home)
 
 
-@pytest.mark.slow
+@pytest.mark.distributed
 def test_command_line_block_multi_process_lines(home):
     _, start, text = _block("nrpt run ")
     lines = [(no, line) for no, line in commands(start, text) if "--nproc" in line]

@@ -478,9 +478,9 @@ def _check_sigma2_reaches_the_rule(systems, iterations, burn_in):
 
 
 def test_bias_corrected_rule_with_energy_noise_samples_the_tilted_double_well():
-    # 256 systems x 2000 kept iterations: se ~ 0.004, so |p - 0.296| < ~0.02; the naive rule
-    # is off by ~0.07
-    _check_sigma2_reaches_the_rule(systems=256, iterations=2500, burn_in=500)
+    # 128 systems x 2000 kept iterations: se ~ 0.006, so |p - 0.296| < ~0.03 (measured 0.298);
+    # the naive rule is off by ~0.08 (measured 0.379, se 0.0054: 0.036 beyond its threshold)
+    _check_sigma2_reaches_the_rule(systems=128, iterations=2500, burn_in=500)
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ def test_sample_defaults_stay_exact_parallel_tempering():
 
 def test_interrupted_sg_run_resumes_bit_for_bit(tmp_path):
     opts = dict(explorer="sgd", chains=6, iterations=500, noise_sd=2.0, scheme="deo-w",
-                window="auto", seed=3, checkpoint_every=120)
+                window="auto", seed=3, checkpoint_every=120, figures=False)
     full = nrpt.sample("twenty-five-modes", out=str(tmp_path / "full"), **opts)
 
     def interrupt(engine):
