@@ -13,7 +13,8 @@ chain (issue 21: bitwise equal for 8 iterations, C differing by 0.013 after 32).
 * negative control: a plain run with 1.5x the energy noise fails that same comparison.
 
 Measured (R = 16, 2000 iterations): compiled vs plain, largest |z| 2.0 (C), plain seed 0 vs 1:
-1.2; 1.5x noise: z 18.9 on C, 5.9 on E[x2^2].  ~40 s, most of it compiling: marked compile (make test-all).
+1.2; 1.5x noise: z 18.9 on C, 5.9 on E[x2^2].  ~40 s, most of it compiling: marked compile
+(make test-all).
 """
 
 from __future__ import annotations
