@@ -227,3 +227,27 @@ def test_recommended_chains_noisy_uses_the_noise_temperatures_of_sgld():
     assert res.summary["noise_temperatures"] == pytest.approx(temps)
     assert res.summary["recommended_chains_noisy"] == pytest.approx(
         list(recommended_chains_noisy(sigma, temps)))
+
+
+def test_a_targets_failing_exact_moments_is_reported_not_dropped():
+    """A user's ``exact_moments()`` that raises or returns the wrong keys / size was swallowed
+    (the report then showed no exact line, as for a target without a known answer)."""
+    class Misnamed:  # "std" for "sd": the known answer must not vanish without a word
+        dim = 1
+        name = "misnamed"
+
+        def energy(self, x):
+            return 0.5 * (x * x).sum(1)
+
+        def initial_states(self, n, generator, dtype=torch.float64):
+            return torch.randn(n, 1, generator=generator, dtype=dtype)
+
+        def exact_moments(self):
+            return {"mean": [0.0], "std": [1.0]}
+
+    with pytest.raises(ValueError, match="exact_moments"):
+        exact_moments(Misnamed(), 1)
+    res = quiet_sample(Misnamed(), chains=3, iterations=200, seed=0, figures=False)
+    assert res.summary["exact_moments"] is None
+    assert "'sd'" in res.summary["exact_moments_failed"]
+    assert "exact           could not be read" in str(res)

@@ -40,25 +40,38 @@ def exact_moments(target, dim: int | None = None) -> dict[str, list] | None:
     the ``mean`` ``[dim]`` and ``cov`` ``[dim, dim]`` the built-in targets carry
     (:class:`~nrpt.targets.TwentyFiveModes`, ``Gaussian``, ``GaussianMixture``); None when
     unknown or not of the state's shape (a user's ``mean`` attribute meaning something else is
-    not taken for the answer)."""
+    not taken for the answer).  A target's own ``exact_moments()`` that fails or returns
+    something else than finite ``mean`` and ``sd`` of the state's size raises ``ValueError``
+    (the caller reports it: a known answer is never dropped silently)."""
     fn = getattr(target, "exact_moments", None)
-    try:
-        if callable(fn):
+    if callable(fn):
+        try:
             m = fn()
             if m is None:
                 return None
-            mean, sd = np.asarray(m["mean"], dtype=float), np.asarray(m["sd"], dtype=float)
-        else:
-            mean, cov = getattr(target, "mean", None), getattr(target, "cov", None)
-            if mean is None or cov is None or callable(mean) or callable(cov):
-                return None
-            mean = np.asarray(torch.as_tensor(mean).detach().cpu().double(), dtype=float)
-            cov = np.asarray(torch.as_tensor(cov).detach().cpu().double(), dtype=float)
-            if cov.ndim != 2 or cov.shape != (mean.size, mean.size):
-                return None
-            sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    except (TypeError, ValueError, KeyError, RuntimeError):
+            mean = np.asarray(m["mean"], dtype=float).reshape(-1)
+            sd = np.asarray(m["sd"], dtype=float).reshape(-1)
+        except Exception as err:  # noqa: BLE001 -- re-raised with the method named
+            raise ValueError(f"the target's exact_moments() failed: {type(err).__name__}: "
+                             f"{err} (it must return {{'mean': [dim], 'sd': [dim]}} or None)"
+                             ) from err
+        if mean.shape != sd.shape or (dim is not None and mean.size != dim) \
+                or not (np.isfinite(mean).all() and np.isfinite(sd).all()):
+            raise ValueError(f"the target's exact_moments() gave mean of shape {mean.shape} and "
+                             f"sd of shape {sd.shape}: both must be finite, of the state's size "
+                             f"({dim})")
+        return {"mean": mean.tolist(), "sd": sd.tolist()}
+    mean, cov = getattr(target, "mean", None), getattr(target, "cov", None)
+    if mean is None or cov is None or callable(mean) or callable(cov):
         return None
+    try:  # (attributes of these names may mean something else on a user's target)
+        mean = np.asarray(torch.as_tensor(mean).detach().cpu().double(), dtype=float)
+        cov = np.asarray(torch.as_tensor(cov).detach().cpu().double(), dtype=float)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if cov.ndim != 2 or cov.shape != (mean.size, mean.size):
+        return None
+    sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     mean, sd = mean.reshape(-1), sd.reshape(-1)
     if mean.shape != sd.shape or (dim is not None and mean.size != dim) \
             or not (np.isfinite(mean).all() and np.isfinite(sd).all()):
@@ -245,7 +258,12 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
 
         s.update(leg_summary(run, s))
     s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
-    s["exact_moments"] = exact_moments(eng.target, eng.dim) if s["slot0"] else None
+    s["exact_moments"] = None
+    if s["slot0"]:
+        try:
+            s["exact_moments"] = exact_moments(eng.target, eng.dim)
+        except ValueError as err:  # the target's own method failed: said, not hidden
+            s["exact_moments_failed"] = str(err)
     if s["slot0"]:
         try:  # a diagnostic must not lose the run, but its failure is reported, never hidden
             s["density_error"] = density_error(eng.target, samples)
@@ -536,6 +554,8 @@ def format_summary(s: dict[str, Any]) -> str:
     if ex:
         lines.append(f"  exact           mean {_fmt(ex['mean'])}, sd {_fmt(ex['sd'])} (the "
                      "target's own moments)")
+    if s.get("exact_moments_failed"):
+        lines.append(f"  exact           could not be read: {s['exact_moments_failed']}")
     de = s.get("density_error")
     if de:
         ratio = de["tv"] / de["tv_iid_floor"] if de["tv_iid_floor"] > 0 else float("inf")
