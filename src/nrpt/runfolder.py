@@ -303,8 +303,8 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
                                  f"{tgt.get('spec')!r}")
         path = path.expanduser()
         if not path.is_file():
-            hint = (f" (it was {tgt.get('path')} when the run started)" if tgt.get("path")
-                    else "")
+            hint = (f" (it was {tgt.get('path')} when the run started)"
+                    if tgt.get("path") and tgt.get("path") != str(path.absolute()) else "")
             raise ValueError(f"the run's target file {path} (config.toml) does not exist"
                              f"{'' if path.is_absolute() else ' in ' + os.getcwd()}{hint}: "
                              f"resume from the directory the run started in, or name the file "

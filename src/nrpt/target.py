@@ -338,12 +338,41 @@ def _load_module(path: Path) -> Any:
     before = set(sys.modules)
     sys.modules[module_name] = module  # dataclasses, pickling etc. look the module up here
     try:
-        spec.loader.exec_module(module)
+        with _imports_seen() as seen:
+            spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
-    module.__nrpt_local_modules__ = local_modules(module, set(sys.modules) - before)
+    module.__nrpt_local_modules__ = local_modules(module, set(sys.modules) - before, seen)
     return module
+
+
+@contextlib.contextmanager
+def _imports_seen():
+    """The modules the ``import`` statements executed in the block resolved to, also those
+    already in ``sys.modules`` (``from helper import X`` of a helper an earlier load cached)."""
+    import builtins
+
+    seen: list[Any] = []
+    real = builtins.__import__
+
+    def spy(name, globals=None, locals=None, fromlist=(), level=0):
+        mod = real(name, globals, locals, fromlist, level)
+        with contextlib.suppress(Exception):
+            seen.append(mod)
+            if level == 0 and name in sys.modules:
+                seen.append(sys.modules[name])  # import a.b: a.b as well as a
+            for attr in fromlist or ():
+                sub = getattr(mod, attr, None)
+                if isinstance(sub, types.ModuleType):
+                    seen.append(sub)
+        return mod
+
+    builtins.__import__ = spy
+    try:
+        yield seen
+    finally:
+        builtins.__import__ = real
 
 
 def _sha256(path: Path) -> str:
@@ -356,13 +385,15 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def local_modules(module: Any, new: set[str] = frozenset()) -> dict[str, str]:
+def local_modules(module: Any, new: set[str] = frozenset(),
+                  seen: list[Any] = ()) -> dict[str, str]:
     """The modules a target file's ``module`` imported from its own directory tree (their
     ``__file__`` under the file's directory), as ``{path relative to that directory: sha256}``.
 
-    Found among the modules the import added to ``sys.modules`` (``new``) and, for modules a
-    previous import had already loaded, among those the namespaces reach (``import helper``,
-    ``from helper import f``), followed transitively through the local ones."""
+    Found among the modules the import added to ``sys.modules`` (``new``), those its
+    ``import`` statements resolved to (``seen``: also modules a previous load had cached), and
+    those the namespaces reach (``import helper``, ``from helper import f``), followed
+    transitively through the local ones."""
     own = Path(module.__file__).resolve()
     root = own.parent
 
@@ -388,7 +419,7 @@ def local_modules(module: Any, new: set[str] = frozenset()) -> dict[str, str]:
         return out
 
     found: dict[Path, Any] = {}
-    todo = [sys.modules[n] for n in new if n in sys.modules] + reached(module)
+    todo = [sys.modules[n] for n in new if n in sys.modules] + list(seen) + reached(module)
     while todo:
         m = todo.pop()
         p = local(m)
