@@ -74,7 +74,7 @@ def helper(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
-# ------------------------------------------------------------------ item 1: run.json chooses no code
+# ------------------------------------------------------------------ item 1: run.json picks no code
 def test_a_run_json_naming_another_file_never_imports_it(tmp_path, evil, capsys):
     path, marker = evil
     out = tmp_path / "run"
@@ -213,3 +213,19 @@ def test_overwrite_takes_numpy_bools(tmp_path):
         nrpt.sample("gaussian", out=str(out), overwrite=np.bool_(False), **OPTS)
     again = nrpt.sample("gaussian", out=str(out), overwrite=np.bool_(True), **{**OPTS, "seed": 4})
     assert again.config.seed == 4
+
+
+@pytest.mark.parametrize("damage", [
+    lambda t: "evil.py:TARGET",
+    lambda t: {**t, "fingerprint": {"name": "well", "dim": 2, "kind": "temperature",
+                                    "probe": [1, 2]}},
+    lambda t: {**t, "fingerprint": {**t["fingerprint"], "probe": {"energy": ["x", {}, 3]}}},
+])
+def test_a_damaged_target_record_is_refused_clearly(tmp_path, damage):
+    out = tmp_path / "run"
+    nrpt.sample(Well(), out=str(out), **OPTS)
+    record = json.loads((out / "run.json").read_text())
+    record["target"] = damage(record["target"])
+    (out / "run.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"run.json|not the run's target"):
+        nrpt.resume(out, target=Well(), iterations=60)

@@ -4,8 +4,10 @@ A run folder holds, besides the outputs (:mod:`nrpt.api`):
 
 =========================  ================================================================
 ``run.json``               who the run is: a run id (uuid), the seed, a hash of its settings,
-                           its budget, and for a ``file.py:NAME`` target the file's absolute
-                           path and sha256
+                           its budget, the target's fingerprint, and for a ``file.py:NAME``
+                           target the file's absolute path and sha256 and those of the
+                           modules it imported from its directory (a record to check against:
+                           never a source of code to import)
 ``checkpoint.pt``          the newest checkpoint (:func:`write_checkpoint`)
 ``checkpoint.json``        its sidecar: size, sha256, iteration, the valid rows of the records
 ``checkpoint.prev.pt``     the checkpoint before it, and its sidecar ``checkpoint.prev.json``
@@ -345,7 +347,7 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
         raise _tampered(out, "run.json's target modules are not a table")
     for rel, then in sorted(modules.items()):
         parts = Path(rel).parts
-        if not parts or Path(rel).is_absolute() or ".." in parts:
+        if not parts or Path(rel).is_absolute() or ".." in parts or "\x00" in rel:
             raise _tampered(out, f"run.json names the module {rel!r} outside the target's "
                                  f"directory")
         file = path.parent / rel
@@ -365,10 +367,11 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
 
 def check_target_modules(record: dict[str, Any], modules: dict[str, str], path: str) -> None:
     """After the import: the target file imported no module of its tree that the run did not."""
-    then = (record.get("target") or {}).get("modules")
+    tgt = record.get("target")
+    then = tgt.get("modules") if isinstance(tgt, dict) else None
     if then is None:
         return  # a run.json from before module records
-    extra = sorted(set(modules) - set(then))
+    extra = sorted(set(modules) - set(then if isinstance(then, dict) else ()))
     if extra:
         raise ValueError(f"the run's target file {path} now imports {', '.join(extra)} from "
                          f"its directory, which it did not when the run started: resuming "
@@ -379,10 +382,18 @@ def check_fingerprint(record: dict[str, Any], now: dict[str, Any], out: Path) ->
     """The target of a resumption is the run's own (:func:`nrpt.target.fingerprint`)."""
     from .target import fingerprint_differences
 
-    then = (record.get("target") or {}).get("fingerprint")
-    if not isinstance(then, dict):
+    tgt = record.get("target")
+    then = tgt.get("fingerprint") if isinstance(tgt, dict) else tgt
+    if then is None:
         return  # a run.json from before fingerprints
-    diff = fingerprint_differences(then, now)
+    if not isinstance(then, dict):
+        raise ValueError(f"{out / RUN_JSON}: the target's record is damaged (not a table); "
+                         f"restore run.json or start a new run")
+    try:
+        diff = fingerprint_differences(then, now)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{out / RUN_JSON}: the target's fingerprint is damaged ({err}); "
+                         f"restore run.json or start a new run") from None
     if diff:
         raise ValueError(f"the target given to resume {out} is not the run's target "
                          f"({'; '.join(diff)}; recorded in {RUN_JSON}): resuming would "

@@ -576,7 +576,8 @@ def fingerprint_differences(then: dict[str, Any], now: dict[str, Any]) -> list[s
         new = (now.get("probe") or {}).get(member)
         if old is None or new is None:
             continue  # a member that failed to evaluate: nothing to compare
-        if len(old) != len(new) or not all(_close(a, b, rtol) for a, b in zip(old, new)):
+        if len(old) != len(new) or not all(_close(a, b, rtol)
+                                               for a, b in zip(old, new, strict=True)):
             shown = ", ".join(f"{v:.6g}" if not isinstance(v, str) else v for v in old)
             now_shown = ", ".join(f"{v:.6g}" if not isinstance(v, str) else v for v in new)
             diff.append(f"{member} at the probe states [{shown}] then, [{now_shown}] now")
