@@ -184,6 +184,7 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     ``progress``: a progress bar and, for runs of several segments (warm-up windows, rounds),
     one report row per segment (``None``: when :func:`interactive`)."""
     progress = _progress(progress)
+    overwrite = _overwrite(overwrite)
     comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
@@ -262,19 +263,21 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
              record: dict | None):
     """The folder checks of a run or a resumption: ``(checkpoint, its path, config hash,
     run record, target, target file spec)``."""
-    from .target import file_spec, load_target
+    from .target import import_file_target, load_target
     out = Path(cfg.out) if cfg.out else None
     ck = used = spec = None
     chash = rf.config_hash(cfg)
+    opts = cfg.target_options or {}
     if resume_from is not None:
         if record is None:
             record = rf.read_run_record(resume_from)
         ck, used = rf.read_checkpoint(resume_from)
         rf.check_checkpoint(ck, used, record, cfg, chash)
         if record is not None:
-            spec = rf.check_target_file(record)  # the recorded file, wherever we run from
-            if target is None and spec is not None:
-                target = load_target(spec, **(cfg.target_options or {}))
+            target, spec = _resume_target(cfg, record, target, resume_from)
+        elif isinstance(target, (str, os.PathLike)):
+            raise ValueError(f"target={os.fspath(target)!r}: {resume_from} has no run.json to "
+                             f"check a target file against; resume it without target=")
     elif out is not None:
         present = rf.run_files(out)
         if present and not overwrite:
@@ -284,13 +287,46 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
                              f"(--overwrite) to replace it")
         record = rf.new_run_record(cfg, chash)
         if record["target"].get("path"):
-            spec = f"{record['target']['path']}:{record['target']['attribute']}"
-            if target is None:
-                target = load_target(spec, **(cfg.target_options or {}))  # the hashed file
-        elif target is None and file_spec(cfg.target) is not None:
-            load_target(cfg.target)  # a missing file: its error, before the old run goes
+            spec = record["target"]["spec"]  # the absolute path: config.toml names it so
+            if target is None:  # the hashed file, and what it imports from its own tree
+                target, modules = import_file_target(spec, **opts)
+                record["target"]["modules"] = modules
+        elif target is None:  # (a missing file: its error, before the old run goes)
+            target = load_target(cfg.target, **opts)
         rf.clear_run(out)  # after the target loaded: a bad target file keeps the old run
     return ck, used, chash, record, target, spec
+
+
+def _resume_target(cfg: RunConfig, record: dict, target, out: Path):
+    """The target of a resumption and its file spec: the object given (``target=``), else the
+    target ``config.toml`` names -- a file only after :func:`nrpt.runfolder.check_target_file`
+    matched it (and the modules it imports) to ``run.json``'s record, from the path config.toml
+    or ``target=PATH`` / ``--target PATH`` names, never from run.json; and in every case a
+    target whose fingerprint is the run's (:func:`nrpt.runfolder.check_fingerprint`)."""
+    from .target import import_file_target, load_target
+
+    given = None
+    if isinstance(target, (str, os.PathLike)):
+        given, target = target, None
+    spec = None
+    if target is None:
+        opts = cfg.target_options or {}
+        spec = rf.check_target_file(record, cfg.target, out, given)
+        if spec is not None:
+            target, modules = import_file_target(spec, **opts)
+            rf.check_target_modules(record, modules, spec.rpartition(":")[0])
+        else:
+            target = load_target(cfg.target, **opts)
+    return target, spec
+
+
+def _overwrite(value) -> bool:
+    """``overwrite`` as a bool: True / False (a NumPy bool too), nothing else -- a truthy
+    string such as ``'no'`` must never delete a run."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"overwrite must be True or False; got {value!r} "
+                     f"({type(value).__name__})")
 
 
 def _pinned_burn_in(ck: dict | None) -> int | None:
@@ -318,8 +354,17 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
     if comm is not None:
         comm.share({"error": None, "checkpoint": str(used) if used else None, "target": spec})
     out = Path(cfg.out) if cfg.out else None
+    if ck is None and out is not None and spec and spec != cfg.target:
+        # a new run's file target is the absolute path it was imported from (config.toml,
+        # summary): what a resumption imports, from any directory (checked against run.json)
+        cfg = cfg.replace(target=spec)
     run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None, comm=comm,
                 burn_in=_pinned_burn_in(ck))
+    if record is not None:
+        if ck is not None:  # the run's own target (before anything is written)
+            rf.check_fingerprint(record, run.facts["target_fingerprint"], resume_from)
+        elif out is not None:
+            record["target"]["fingerprint"] = run.facts["target_fingerprint"]
     if out is not None:
         geometric = run.facts.get("target_kind") == "geometric"
         cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
@@ -448,8 +493,16 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
 
     The folder's settings (``config.toml``) must be the run's own: an edited setting, a
     checkpoint of another run, a changed target file or a damaged record file is refused with
-    a ``ValueError`` that names it.  A ``file.py:NAME`` target is loaded from the absolute path
-    recorded in ``run.json`` (the code in that file runs)."""
+    a ``ValueError`` that names it.
+
+    The target is the one ``config.toml`` names (a new run writes a ``file.py:NAME`` target
+    there with its absolute path), or ``target``: the run's target object, or the path of its
+    target file (``"path/to/file.py"`` or ``"path/to/file.py:NAME"``) when the file is no
+    longer where config.toml says.  Nothing in the folder chooses code to import: ``run.json``
+    is only the record a target is checked against before the file is imported -- its sha256
+    and those of the modules it imported from its own directory tree -- and after it is built
+    (name, dim and values at fixed probe states, :func:`nrpt.target.fingerprint`); a target
+    that is not the run's is refused with a ``ValueError``."""
     out = Path(out)
     if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
         raise FileNotFoundError(f"{out} has no config.toml/{rf.CHECKPOINT} to resume from")
@@ -475,9 +528,10 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
                                  f"{iterations}")
             changes["iterations"] = iterations
         cfg = cfg.replace(**changes)
-        if _join(cfg, comm) is not None and not lead:
-            return _follow(cfg, stop, comm, target=target, rule=None, callback=callback,
-                           threads=threads)
+        if _join(cfg, comm) is not None and not lead:  # (a target path: rank 0 checks it)
+            return _follow(cfg, stop, comm,
+                           target=None if isinstance(target, (str, os.PathLike)) else target,
+                           rule=None, callback=callback, threads=threads)
         return _run(cfg, stop, target=target, rule=None, progress=_progress(progress) and lead,
                     callback=callback, resume_from=out, record=record, comm=comm,
                     threads=threads)

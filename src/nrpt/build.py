@@ -55,7 +55,7 @@ from .recorders import RoundTrips, SlotSpread, SwapStats, Trace
 from .rng import Stream, generator_for
 from .swap import DEOW, Rule, make_scheme
 from .swap.schemes import check_gate
-from .target import TargetError, load_target, validate_target
+from .target import TargetError, fingerprint, load_target, validate_target
 
 __all__ = ["build", "initial_states", "DTYPES"]
 
@@ -180,14 +180,16 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     compare implementations (plain vs fused loops) rather than sample."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
-    kind = validate_target(target)
+    probe: dict[str, Any] = {}
+    kind = validate_target(target, probe=probe)
     explorer_entry = registry.entry("explorer", cfg.explorer, what="explorer")
     sg = "sg" in explorer_entry.tags
     P, R = int(cfg.chains), int(cfg.systems)
     dtype = DTYPES[cfg.dtype]
     device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)
     explicit = getattr(cfg, "explicit", frozenset())
-    facts: dict[str, Any] = {"sg": sg, "target_kind": kind}
+    facts: dict[str, Any] = {"sg": sg, "target_kind": kind,
+                             "target_fingerprint": fingerprint(target, kind, probe)}
 
     # 1-2. path and explorer
     if sg:

@@ -239,6 +239,10 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("out")
     res.add_argument("--iterations", type=_INT, default=None,
                      help="extend a fixed-length run to this many iterations")
+    res.add_argument("--target", default=None, metavar="PATH",
+                     help="the run's target file (path/to/file.py or path/to/file.py:NAME) "
+                          "when it is not at the path config.toml names; it must be the file "
+                          "the run started with (sha256 in run.json)")
     res.add_argument("--no-progress", action="store_true")
     res.add_argument("--threads", default=None, metavar="N|auto", help=threads_help)
     res.add_argument("--nproc", type=_INT, default=None, metavar="N",
@@ -353,7 +357,8 @@ def _main(args, argv: list[str]) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SamplingWarning)
                 result = api.resume(args.out, progress=not args.no_progress and lead,
-                                    iterations=args.iterations, threads=args.threads)
+                                    iterations=args.iterations, threads=args.threads,
+                                    target=args.target)
             if lead:
                 print(result)
             return _interrupted(result, args.out, lead)

@@ -4,8 +4,10 @@ A run folder holds, besides the outputs (:mod:`nrpt.api`):
 
 =========================  ================================================================
 ``run.json``               who the run is: a run id (uuid), the seed, a hash of its settings,
-                           its budget, and for a ``file.py:NAME`` target the file's absolute
-                           path and sha256
+                           its budget, the target's fingerprint, and for a ``file.py:NAME``
+                           target the file's absolute path and sha256 and those of the
+                           modules it imported from its directory (a record to check against:
+                           never a source of code to import)
 ``checkpoint.pt``          the newest checkpoint (:func:`write_checkpoint`)
 ``checkpoint.json``        its sidecar: size, sha256, iteration, the valid rows of the records
 ``checkpoint.prev.pt``     the checkpoint before it, and its sidecar ``checkpoint.prev.json``
@@ -49,7 +51,8 @@ __all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON
            "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "UnsafeCheckpoint",
            "atomic_write", "atomic_path",
            "RunLock", "run_files", "clear_run", "config_hash", "target_record",
-           "check_target_file", "new_run_record", "write_run_record", "read_run_record",
+           "check_target_file", "check_target_modules", "check_fingerprint",
+           "new_run_record", "write_run_record", "read_run_record",
            "write_checkpoint", "read_checkpoint", "check_checkpoint", "checkpoint_exists",
            "load_file", "sha256_file", "temporary"]
 
@@ -238,8 +241,11 @@ def _settings_diff(then: dict, now: dict) -> list[str]:
 
 
 def target_record(spec: str) -> dict[str, Any]:
-    """What ``run.json`` keeps about the target: for ``file.py:NAME`` the file's absolute path
-    and sha256 (so a resumption runs the same code, wherever it is started from)."""
+    """What ``run.json`` keeps about the target (a record to check a resumption against, never
+    a source of code to import): ``spec`` as ``config.toml`` names it, and for ``file.py:NAME``
+    the file's absolute path, sha256 and size; the caller adds ``modules`` (the files it
+    imported from its own directory tree, :func:`nrpt.target.local_modules`) and
+    ``fingerprint`` (:func:`nrpt.target.fingerprint`) once the target is loaded."""
     from .target import file_spec
 
     parsed = file_spec(spec)
@@ -250,26 +256,149 @@ def target_record(spec: str) -> dict[str, Any]:
     if not path.is_file():
         return {"spec": spec}  # load_target reports the missing file
     sha, size = sha256_file(path)
-    return {"spec": spec, "path": str(path), "attribute": attr, "sha256": sha, "size": size}
+    return {"spec": f"{path}:{attr}", "given": spec, "path": str(path), "attribute": attr,
+            "sha256": sha, "size": size}
 
 
-def check_target_file(record: dict[str, Any]) -> str | None:
-    """For a ``file.py:NAME`` target: the spec with the recorded absolute path, after checking
-    the file is the one the run started with; None for other targets."""
+def _tampered(out: Path, what: str) -> ValueError:
+    return ValueError(f"{out / RUN_JSON} and {out / 'config.toml'} disagree about the target "
+                      f"({what}): the folder was edited; nrpt imports a target file only from "
+                      f"the path config.toml names (or resume's --target / target=), never "
+                      f"from run.json; restore both files or start a new run")
+
+
+def check_target_file(record: dict[str, Any], spec: str, out: Path,
+                      given: str | os.PathLike | None = None) -> str | None:
+    """Before anything is imported: for a ``file.py:NAME`` target, the spec (absolute path) to
+    load, after checking it is the file the run started with -- its sha256, and those of the
+    modules it imported from its own tree -- against ``record`` (``run.json``); None for other
+    targets.
+
+    The file is the one ``spec`` (``config.toml``'s ``target``) names, relative paths resolved
+    against the current directory, or ``given`` (resume's ``--target`` / ``target=``: a path,
+    or ``path:NAME`` with the run's NAME); ``run.json`` only says what to expect of it."""
+    from .target import file_spec
+
     tgt = record.get("target") or {}
-    if "path" not in tgt:
+    if not isinstance(tgt, dict):
+        raise _tampered(out, "run.json's target is not a table")
+    parsed = file_spec(spec)
+    if parsed is None:
+        if given is not None:
+            raise ValueError(f"target={str(given)!r}: the run's target is {spec!r} "
+                             f"(config.toml), not a file; resume it without a target path")
+        if any(k in tgt for k in ("path", "sha256", "modules")) or \
+                tgt.get("spec", spec) != spec:
+            raise _tampered(out, f"config.toml names {spec!r}, run.json records the file "
+                                 f"{tgt.get('path', tgt.get('spec'))!r}")
         return None
-    path = Path(tgt["path"])
-    if not path.is_file():
-        raise ValueError(f"the run's target file {path} (recorded in run.json) no longer "
-                         f"exists: restore it to resume the run")
+    if "sha256" not in tgt:
+        if tgt.get("spec") != spec:  # a run.json from before file hashes, or a damaged one
+            raise _tampered(out, f"config.toml names {spec!r}, run.json records "
+                                 f"{tgt.get('spec')!r}")
+        raise ValueError(f"{out / RUN_JSON} holds no sha256 of the target file {spec!r}: "
+                         f"nothing to check it against; start a new run")
+    path, attr = parsed
+    if given is None:
+        if tgt.get("spec") != spec:
+            raise _tampered(out, f"config.toml names {spec!r}, run.json records "
+                                 f"{tgt.get('spec')!r}")
+        path = path.expanduser()
+        if not path.is_file():
+            hint = (f" (it was {tgt.get('path')} when the run started)"
+                    if tgt.get("path") and tgt.get("path") != str(path.absolute()) else "")
+            raise ValueError(f"the run's target file {path} (config.toml) does not exist"
+                             f"{'' if path.is_absolute() else ' in ' + os.getcwd()}{hint}: "
+                             f"resume from the directory the run started in, or name the file "
+                             f"with `nrpt resume {out} --target PATH` (resume(target=PATH)); "
+                             f"it must be the file the run started with")
+        path = path.resolve()
+        if tgt.get("path") != str(path):
+            raise ValueError(f"the run's target {spec!r} (config.toml) is {path} from "
+                             f"{os.getcwd()}, but run.json records that the run started with "
+                             f"{tgt.get('path')!r}: resume from the directory the run started "
+                             f"in, or name the file with `nrpt resume {out} --target PATH` "
+                             f"(resume(target=PATH)); it must be the file the run started with")
+    else:
+        text = os.fspath(given)
+        other = file_spec(text)
+        if other is not None:
+            path, other_attr = other
+            if other_attr != attr:
+                raise ValueError(f"target={text!r}: the run samples {attr!r} of its file "
+                                 f"(config.toml {spec!r}), not {other_attr!r}")
+        elif text.endswith(".py"):
+            path = Path(text)
+        else:
+            raise ValueError(f"target={text!r}: name the run's target file, path/to/file.py or "
+                             f"path/to/file.py:{attr}")
+        path = path.expanduser()
+        if not path.is_file():
+            raise ValueError(f"target file {path} (target=/--target) does not exist")
+        path = path.resolve()
     sha, _ = sha256_file(path)
     if sha != tgt["sha256"]:
         raise ValueError(f"the run's target file {path} changed since the run started (sha256 "
-                         f"{tgt['sha256'][:16]}... then, {sha[:16]}... now): resuming would run "
-                         f"different code in the same chain; restore the file, or start a new "
-                         f"run (overwrite=True / --overwrite)")
-    return f"{path}:{tgt['attribute']}"
+                         f"{str(tgt['sha256'])[:16]}... then, {sha[:16]}... now): resuming would "
+                         f"run different code in the same chain; restore the file, or start a "
+                         f"new run (overwrite=True / --overwrite)")
+    modules = tgt.get("modules") or {}
+    if not isinstance(modules, dict):
+        raise _tampered(out, "run.json's target modules are not a table")
+    for rel, then in sorted(modules.items()):
+        parts = Path(rel).parts
+        if not parts or Path(rel).is_absolute() or ".." in parts or "\x00" in rel:
+            raise _tampered(out, f"run.json names the module {rel!r} outside the target's "
+                                 f"directory")
+        file = path.parent / rel
+        if not file.is_file():
+            raise ValueError(f"the module {file} that the run's target file {path.name} "
+                             f"imported when the run started no longer exists: restore it to "
+                             f"resume (resuming would run different code in the same chain)")
+        now, _ = sha256_file(file)
+        if now != then:
+            raise ValueError(f"the module {file} that the run's target file {path.name} "
+                             f"imports changed since the run started (sha256 {str(then)[:16]}... "
+                             f"then, {now[:16]}... now): resuming would run different code in "
+                             f"the same chain; restore the module, or start a new run "
+                             f"(overwrite=True / --overwrite)")
+    return f"{path}:{attr}"
+
+
+def check_target_modules(record: dict[str, Any], modules: dict[str, str], path: str) -> None:
+    """After the import: the target file imported no module of its tree that the run did not."""
+    tgt = record.get("target")
+    then = tgt.get("modules") if isinstance(tgt, dict) else None
+    if then is None:
+        return  # a run.json from before module records
+    extra = sorted(set(modules) - set(then if isinstance(then, dict) else ()))
+    if extra:
+        raise ValueError(f"the run's target file {path} now imports {', '.join(extra)} from "
+                         f"its directory, which it did not when the run started: resuming "
+                         f"would run different code in the same chain; start a new run")
+
+
+def check_fingerprint(record: dict[str, Any], now: dict[str, Any], out: Path) -> None:
+    """The target of a resumption is the run's own (:func:`nrpt.target.fingerprint`)."""
+    from .target import fingerprint_differences
+
+    tgt = record.get("target")
+    then = tgt.get("fingerprint") if isinstance(tgt, dict) else tgt
+    if then is None:
+        return  # a run.json from before fingerprints
+    if not isinstance(then, dict):
+        raise ValueError(f"{out / RUN_JSON}: the target's record is damaged (not a table); "
+                         f"restore run.json or start a new run")
+    try:
+        diff = fingerprint_differences(then, now)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise ValueError(f"{out / RUN_JSON}: the target's fingerprint is damaged ({err}); "
+                         f"restore run.json or start a new run") from None
+    if diff:
+        raise ValueError(f"the target given to resume {out} is not the run's target "
+                         f"({'; '.join(diff)}; recorded in {RUN_JSON}): resuming would "
+                         f"continue the chain on another distribution; pass the run's own "
+                         f"target, or start a new run (overwrite=True / --overwrite)")
 
 
 def new_run_record(cfg, chash: str) -> dict[str, Any]:

@@ -66,10 +66,13 @@ factories, and :func:`load_target` resolves either a built-in name or ``path/to/
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
+import math
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -80,7 +83,11 @@ __all__ = [
     "BUILTIN_TARGETS",
     "TargetError",
     "load_target",
+    "import_file_target",
     "file_spec",
+    "fingerprint",
+    "fingerprint_differences",
+    "local_modules",
     "path_kind",
     "validate_target",
 ]
@@ -227,6 +234,8 @@ def validate_target(
     target: Any,
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
+    *,
+    probe: dict[str, Any] | None = None,
 ) -> PathKind:
     """Check ``target`` against the target protocol and return its path kind.
 
@@ -235,7 +244,8 @@ def validate_target(
     in ``dtype`` on ``device`` and checks the shapes of the results, and checks the optional
     members that are present (``name``, ``initial_states``, ``mean``, ``cov``).  Non-finite
     values are allowed (a target may be ``-inf`` somewhere).  Raises :class:`TargetError` with a
-    message naming the offending member.
+    message naming the offending member.  ``probe``: a dict that receives the probe batch's
+    values (``{member: [n floats]}``, for :func:`fingerprint`: no extra call of user code).
     """
     kind = path_kind(target)
     dim = _check_dim(target)
@@ -251,12 +261,16 @@ def validate_target(
         _check_states(x, "reference_sample(n, generator)", dim)
         x = x.detach().to(dtype=dtype, device=device)
         for member in ("log_likelihood", "reference_log_prob"):
-            _check_values(_call(target, member, f"{member}(x)", x), member, dim)
+            out = _call(target, member, f"{member}(x)", x)
+            _check_values(out, member, dim)
+            _keep(probe, member, out)
     else:
         steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
         signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
         x = 0.1 * steps * signs  # zeros, then small offsets of alternating sign
-        _check_values(_call(target, "energy", "energy(x)", x), "energy", dim)
+        out = _call(target, "energy", "energy(x)", x)
+        _check_values(out, "energy", dim)
+        _keep(probe, "energy", out)
 
     if hasattr(target, "initial_states"):
         if not callable(target.initial_states):
@@ -264,7 +278,15 @@ def validate_target(
         sig = "initial_states(n, generator)"
         _check_states(_call(target, "initial_states", sig, n, generator), sig, dim)
     _check_moments(target, dim)
+    if probe is not None:
+        probe["dtype"] = str(dtype)
     return kind
+
+
+def _keep(probe: dict[str, Any] | None, member: str, out: torch.Tensor) -> None:
+    if probe is not None:
+        values = out.detach().to("cpu", torch.float64).reshape(-1).tolist()
+        probe[member] = [v if math.isfinite(v) else str(v) for v in values]
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,13 +335,99 @@ def _load_module(path: Path) -> Any:
     if spec is None or spec.loader is None:
         raise TargetError(f"cannot import {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
     sys.modules[module_name] = module  # dataclasses, pickling etc. look the module up here
     try:
-        spec.loader.exec_module(module)
+        with _imports_seen() as seen:
+            spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
+    module.__nrpt_local_modules__ = local_modules(module, set(sys.modules) - before, seen)
     return module
+
+
+@contextlib.contextmanager
+def _imports_seen():
+    """The modules the ``import`` statements executed in the block resolved to, also those
+    already in ``sys.modules`` (``from helper import X`` of a helper an earlier load cached)."""
+    import builtins
+
+    seen: list[Any] = []
+    real = builtins.__import__
+
+    def spy(name, globals=None, locals=None, fromlist=(), level=0):
+        mod = real(name, globals, locals, fromlist, level)
+        with contextlib.suppress(Exception):
+            seen.append(mod)
+            if level == 0 and name in sys.modules:
+                seen.append(sys.modules[name])  # import a.b: a.b as well as a
+            for attr in fromlist or ():
+                sub = getattr(mod, attr, None)
+                if isinstance(sub, types.ModuleType):
+                    seen.append(sub)
+        return mod
+
+    builtins.__import__ = spy
+    try:
+        yield seen
+    finally:
+        builtins.__import__ = real
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def local_modules(module: Any, new: set[str] = frozenset(),
+                  seen: list[Any] = ()) -> dict[str, str]:
+    """The modules a target file's ``module`` imported from its own directory tree (their
+    ``__file__`` under the file's directory), as ``{path relative to that directory: sha256}``.
+
+    Found among the modules the import added to ``sys.modules`` (``new``), those its
+    ``import`` statements resolved to (``seen``: also modules a previous load had cached), and
+    those the namespaces reach (``import helper``, ``from helper import f``), followed
+    transitively through the local ones."""
+    own = Path(module.__file__).resolve()
+    root = own.parent
+
+    def local(m: Any) -> Path | None:
+        f = getattr(m, "__file__", None)
+        if not isinstance(f, str):
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            p = Path(f).resolve()
+            if p != own and root in p.parents and p.is_file():
+                return p
+        return None
+
+    def reached(m: Any) -> list[Any]:
+        out = []
+        for v in list(vars(m).values()):
+            if isinstance(v, types.ModuleType):
+                out.append(v)
+            else:
+                name = getattr(v, "__module__", None)
+                if isinstance(name, str) and name in sys.modules:
+                    out.append(sys.modules[name])
+        return out
+
+    found: dict[Path, Any] = {}
+    todo = [sys.modules[n] for n in new if n in sys.modules] + list(seen) + reached(module)
+    while todo:
+        m = todo.pop()
+        p = local(m)
+        if p is None or p in found:
+            continue
+        found[p] = m
+        todo.extend(reached(m))
+    return {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(found)}
 
 
 #: Models of other libraries that a ``file.py:NAME`` may hold: top-level package ->
@@ -360,6 +468,13 @@ def file_spec(spec: str) -> tuple[Path, str] | None:
     return None
 
 
+def import_file_target(spec: str, **kwargs: Any) -> tuple[Any, dict[str, str]]:
+    """:func:`load_target` of a ``file.py:NAME`` spec, and the modules the file imported from
+    its own directory tree (:func:`local_modules`: ``{relative path: sha256}``)."""
+    modules: dict[str, str] = {}
+    return _load_target(spec, kwargs, modules), modules
+
+
 def load_target(spec: str, **kwargs: Any) -> Any:
     """Resolve ``spec`` to a target object.
 
@@ -376,12 +491,17 @@ def load_target(spec: str, **kwargs: Any) -> Any:
     Raises :class:`TargetError` for an unknown name, a missing file or a missing attribute.  The
     result is not validated; call :func:`validate_target` for that.
     """
+    return _load_target(spec, kwargs, {})
+
+
+def _load_target(spec: str, kwargs: dict[str, Any], modules: dict[str, str]) -> Any:
     head, sep, attr = spec.rpartition(":")
     if sep and head.endswith(".py"):
         if not attr:
             raise TargetError(f"target spec {spec!r} names no attribute; use path/to/file.py:NAME")
         path = Path(head).expanduser()
         module = _load_module(path)
+        modules.update(module.__nrpt_local_modules__)
         if not hasattr(module, attr):
             public = sorted(k for k in vars(module) if not k.startswith("_"))
             raise TargetError(
@@ -416,3 +536,49 @@ def load_target(spec: str, **kwargs: Any) -> Any:
         return BUILTIN_TARGETS[key](**kwargs)
     except TypeError as e:
         raise TargetError(f"building built-in target {key!r} failed: {e}") from e
+
+
+# --------------------------------------------------------------------------------------------
+# Identity across a run and its resumption
+# --------------------------------------------------------------------------------------------
+
+#: relative tolerance of :func:`fingerprint_differences` by dtype (the same code on another
+#: machine may round differently; another target differs by far more)
+_PROBE_RTOL = {"torch.float64": 1e-6}
+_PROBE_RTOL_DEFAULT = 1e-3
+
+
+def fingerprint(target: Any, kind: PathKind, probe: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a target between a run and its resumption (kept in ``run.json``): its
+    ``name`` (else its class name), ``dim``, path kind, and ``probe``: the values of its energy
+    (or log likelihood and reference log density) at :func:`validate_target`'s probe states
+    (fixed, or reference draws from a fixed seed), which that check fills in."""
+    name = getattr(target, "name", None)
+    return {"name": name if isinstance(name, str) else type(target).__name__,
+            "dim": int(target.dim), "kind": kind, "dtype": probe.get("dtype"),
+            "probe": {k: v for k, v in probe.items() if k != "dtype"}}
+
+
+def _close(a: Any, b: Any, rtol: float) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
+
+
+def fingerprint_differences(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """How the target ``now`` differs from the one recorded ``then`` (empty: the same)."""
+    diff = [f"{key} {then.get(key)!r} then, {now.get(key)!r} now"
+            for key in ("name", "dim", "kind") if then.get(key) != now.get(key)]
+    if diff:
+        return diff
+    rtol = _PROBE_RTOL.get(str(then.get("dtype")), _PROBE_RTOL_DEFAULT)
+    for member, old in (then.get("probe") or {}).items():
+        new = (now.get("probe") or {}).get(member)
+        if old is None or new is None:
+            continue  # a member that failed to evaluate: nothing to compare
+        if len(old) != len(new) or not all(_close(a, b, rtol)
+                                               for a, b in zip(old, new, strict=True)):
+            shown = ", ".join(f"{v:.6g}" if not isinstance(v, str) else v for v in old)
+            now_shown = ", ".join(f"{v:.6g}" if not isinstance(v, str) else v for v in new)
+            diff.append(f"{member} at the probe states [{shown}] then, [{now_shown}] now")
+    return diff
