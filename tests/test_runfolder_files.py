@@ -237,3 +237,23 @@ def test_os_errors_are_one_clear_line(tmp_path, capsys, monkeypatch, case):
     err = capsys.readouterr().err
     assert code != 0 and words in err and "Traceback" not in err
     assert err.startswith("nrpt: error: ") and err.count("\n") == 1
+
+
+def test_a_pickle_in_a_deep_runs_pretrained_file_is_refused_clearly(tmp_path):
+    """(``pretrained.pt`` of ``nrpt deep --resume`` went to ``torch.load`` directly: a raw
+    UnpicklingError traceback.)"""
+    import pickle
+
+    path = tmp_path / "pretrained.pt"
+    path.write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(runfolder.UnsafeCheckpoint, match=r"refusing to load .*pretrained.pt"):
+        runfolder.load_weights(path)
+    assert not (tmp_path / "ran").exists()
+    path.write_bytes(b"not a tensor file")
+    with pytest.raises(ValueError, match="pretrained.pt"):  # (torch: an UnpicklingError too)
+        runfolder.load_weights(path)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ.get("NRPT_FILES_MARKER", "/nonexistent/ran")),))

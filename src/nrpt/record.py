@@ -13,7 +13,13 @@ they are not: ``[R, n, ...]`` with R > 1).  A resumption checks each file before
 (present, as long as its header says -- a memory map would zero-extend a truncated file --, the
 right shape and dtype) and against the rows the checkpoint needs, then grows it back.  After
 ``kill -9`` the files keep their full preallocated length; the checkpoint (and its sidecar
-``checkpoint.json``) says which rows are valid.
+``checkpoint.json``) says which rows are valid.  Each checkpoint also holds the sha256 of every
+block of :data:`BLOCK_BYTES` of valid rows (only blocks written since the last checkpoint are
+hashed again); a resumption verifies them before it touches the files, so a damaged row or a
+file from another run is refused, never carried into the results (rows after the checkpoint's
+are written again by the resumed run).  The files are created and grown with
+``posix_fallocate``: a full disk is an ``OSError`` naming the file, not a SIGBUS in a write into
+the memory map; they are never opened through a symbolic link.
 
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 

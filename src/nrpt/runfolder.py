@@ -14,6 +14,12 @@ A run folder holds, besides the outputs (:mod:`nrpt.api`):
 
 Every file is written to a unique temporary name in the folder and renamed into place
 (:func:`atomic_write`), so a crash leaves either the old or the new version, never half a file.
+The files changed in place (the lock, the record files) are opened by :func:`open_fd`: never
+through a symbolic link (``O_NOFOLLOW``), only a regular file with one name -- a run folder is
+untrusted input, and nothing in it can make nrpt write outside it.  The record files' valid
+rows carry sha256 checksums in the checkpoint (:class:`nrpt.record.Draws`), verified on resume.
+An ``OSError`` of a write (a full disk: ENOSPC) names the file (:func:`os_error_message`) and
+leaves the last checkpoint intact.
 A checkpoint is used only if its size and sha256 match a sidecar and ``torch.load(...,
 weights_only=True)`` accepts it; a damaged newest checkpoint falls back to the previous one
 with a :class:`CheckpointWarning`.  A checkpoint, ``config.toml`` or target file that does not
@@ -471,6 +477,24 @@ def _sidecars(out: Path) -> list[dict[str, Any]]:
             if isinstance(side, dict) and "sha256" in side and "size" in side:
                 found.append(side)
     return found
+
+
+def load_weights(path: Path):
+    """``torch.load(path, weights_only=True)`` for a run folder's tensor files (``pretrained.pt``
+    of a deep run): a file that needs an unrestricted unpickler is an :class:`UnsafeCheckpoint`
+    naming it, never loaded; a damaged one a ``ValueError`` naming it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise UnsafeCheckpoint(
+            f"refusing to load {path}: it holds Python objects that only an unrestricted "
+            f"unpickler would build (nrpt never runs code from a run folder); it was not "
+            f"written by nrpt, or was tampered with: {str(err).splitlines()[0]}") from None
+    except (OSError, EOFError, RuntimeError) as err:
+        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {str(err)[:200]}); "
+                         f"remove it (it is made again) or start a new run") from None
 
 
 def load_file(path: Path) -> dict[str, Any]:

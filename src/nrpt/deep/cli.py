@@ -159,7 +159,9 @@ def run(args) -> int:
             print(f"nrpt: error: {out} already holds a run; `nrpt deep --resume {out}` or "
                   f"choose another --out", file=sys.stderr)
             return 2
-        (out / "cli.json").write_text(json.dumps(settings, indent=2))
+        from .. import runfolder as rf
+
+        rf.atomic_write(out / "cli.json", json.dumps(settings, indent=2), sync=False)
     progress = not args.no_progress
     say = None
     if progress:
