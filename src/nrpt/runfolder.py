@@ -167,7 +167,7 @@ def os_error_message(err: OSError, out: str | os.PathLike | None = None) -> str:
                  f"{out}` (its last checkpoint is intact)" if resumable else
                  " (disk full or over quota): free space and run again")
     elif err.errno == errno.EROFS:
-        text += " (a read-only file system): choose an out folder on a writable one"
+        text += ": choose an out folder on a writable file system"
     elif err.errno == errno.ENAMETOOLONG:
         text += ": choose a shorter out folder name"
     elif err.errno in (errno.EACCES, errno.EPERM):
