@@ -494,9 +494,15 @@ class Draws(RecorderBase):
             self._next_draw += c
             self._buf_x.clear()
             self._buf_v.clear()
-        for arr in (self.samples, self.energies, self.index):
+        for name, arr in (("samples", self.samples), ("energies", self.energies),
+                          ("index", self.index)):
             if isinstance(arr, np.memmap):
-                arr.flush()
+                try:
+                    arr.flush()
+                except OSError as err:  # (msync: an I/O error of the file system) name it
+                    if err.filename is None and self._paths is not None:
+                        err.filename = str(self._paths[name][0])
+                    raise
                 _release(arr)
 
     def arrays(self, first: int, done: int) -> dict[str, np.ndarray]:
