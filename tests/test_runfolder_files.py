@@ -19,8 +19,8 @@ from nrpt import cli, runfolder
 
 #: a small, fast run: 200 iterations, checkpoints every 50
 OPTS = dict(chains=4, iterations=200, seed=5, checkpoint_every=50, figures=False)
-ARGS = ["run", "--target", "twenty-five-modes", "--chains", "4", "--iterations", "200", "--seed", "5",
-        "--checkpoint-every", "50", "--figures", "false", "--no-progress"]
+ARGS = ["run", "--target", "twenty-five-modes", "--chains", "4", "--iterations", "200",
+        "--seed", "5", "--checkpoint-every", "50", "--figures", "false", "--no-progress"]
 
 
 def run(out: Path, **over):
@@ -169,7 +169,7 @@ def test_a_full_disk_is_a_clear_error_and_the_folder_resumes_exactly(tmp_path, m
     assert "checkpoint" in err and "No space left on device" in err
     assert f"nrpt resume {out}" in err and "Traceback" not in err
     assert cli.main(["resume", str(out), "--no-progress"]) == 0
-    ref = run(tmp_path / "ref")
+    run(tmp_path / "ref")
     for name in runfolder.RECORD_FILES:
         assert np.array_equal(np.load(out / name), np.load(tmp_path / "ref" / name)), name
 

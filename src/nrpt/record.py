@@ -394,7 +394,7 @@ class Draws(RecorderBase):
         arrays = {"samples": self._s, "energies": self._e, "index": self.index}
         rows = self.valid_rows()
         found = {}
-        for name, (_, _, _, axis) in self._paths.items():
+        for name in self._paths:
             B, n, done = self._block[name], rows[name], self._digests[name]
             arr, ax = arrays[name], (0 if name == "index" else 1)
             keep = min(len(done), n // B, self._dirty.get(name, n) // B)

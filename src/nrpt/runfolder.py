@@ -235,7 +235,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = Tru
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise _named(err, path)
+            _named(err, path)
         raise
 
 
@@ -253,7 +253,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise _named(err, path)
+            _named(err, path)
         raise
 
 
@@ -464,7 +464,7 @@ def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
             with contextlib.suppress(OSError, TypeError):
                 os.unlink(name)
         if isinstance(err, OSError):
-            raise _named(err, writing)
+            _named(err, writing)
         raise
     _fsync_dir(out)
 
