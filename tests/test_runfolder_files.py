@@ -257,3 +257,15 @@ def test_a_pickle_in_a_deep_runs_pretrained_file_is_refused_clearly(tmp_path):
 class _Evil:
     def __reduce__(self):
         return (Path.touch, (Path(os.environ.get("NRPT_FILES_MARKER", "/nonexistent/ran")),))
+
+
+def test_damage_after_the_checkpoints_rows_is_written_over(folder, template, tmp_path):
+    """Rows after the checkpoint's (as a kill -9 leaves them) are not kept: garbage there is
+    replaced by the resumed run's draws, the same as in an undamaged folder."""
+    clean = Path(shutil.copytree(template, tmp_path / "clean"))
+    nrpt.resume(clean, iterations=300, progress=False)
+    arr = np.load(folder / "samples.npy")
+    np.save(folder / "samples.npy", np.concatenate([arr, np.full((100, arr.shape[1]), 9e-155)]))
+    nrpt.resume(folder, iterations=300, progress=False)
+    for name in runfolder.RECORD_FILES:
+        assert np.array_equal(np.load(folder / name), np.load(clean / name)), name
