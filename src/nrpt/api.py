@@ -17,6 +17,7 @@ refuses a checkpoint, ``config.toml``, target file or record file that is not th
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import warnings
@@ -190,6 +191,7 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     out = Path(cfg.out) if cfg.out else None
     created: list[Path] = []
     if out is not None and lead:
+        rf.check_folder_name(out)  # before anything is created
         created = [p for p in (out, *out.parents) if not p.exists()]
         out.mkdir(parents=True, exist_ok=True)
     resume_from = Path(resume_from) if resume_from is not None else None
@@ -434,6 +436,7 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
             np.savez(tmp, **trace.arrays())
     samples = np.asarray(arrays["samples"])
     if samples.size:
+        _room_for(out / "posterior.nc", samples, arrays)
         try:  # an optional extra (arviz + a netCDF engine): never fail the run here
             summary["inference_data"] = report.export_inference_data(
                 out / "posterior.nc", samples=samples, energies=np.asarray(arrays["energies"]),
@@ -441,6 +444,9 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
                 index=np.asarray(arrays["index"]), first=int(arrays["first"]),
                 thin=run.recorders["draws"].thin, legs=bool(run.facts.get("legs")))
         except Exception as err:  # noqa: BLE001 -- the summary and the rest must still be written
+            if _disk_full(err):  # (HDF5 reports it as a RuntimeError): not "all is well"
+                raise OSError(errno.ENOSPC, "no space left on device", str(out / "posterior.nc")) \
+                    from err
             summary["inference_data"] = None
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"
     if cfg.figures and run.engine.k > 0:
@@ -449,6 +455,34 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
             summary["figures"] = report.write_figures(
                 out, run=run, summary=summary, samples=samples,
                 index=np.asarray(arrays["index"]), rows=outcome.rows)
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (from a writer such as HDF5, which may not raise an OSError) is a full
+    disk or quota."""
+    codes = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    if isinstance(err, OSError) and err.errno in codes:
+        return True
+    text = str(err)
+    return "errno = 28" in text or "No space left on device" in text or \
+        "Disk quota exceeded" in text
+
+
+def _room_for(path: Path, samples: np.ndarray, arrays) -> None:
+    """Refuse to start ``posterior.nc`` on a disk without room for it (about the size of the
+    arrays it holds, plus a margin): HDF5 on a full disk can crash the process."""
+    import shutil
+
+    need = samples.nbytes + np.asarray(arrays["energies"]).nbytes + \
+        np.asarray(arrays["index"]).nbytes + (1 << 20)
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return
+    if free < need:
+        raise OSError(errno.ENOSPC, f"no space left on device (it needs about "
+                                    f"{need / 2 ** 20:.1f} MiB, {free / 2 ** 20:.1f} MiB free)",
+                      str(path))
 
 
 def sample(target="twenty-five-modes", *, progress: bool | None = None,

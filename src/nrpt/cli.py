@@ -329,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _os_error(err: OSError, args) -> int:
+    """An OS error of a run as one line naming the file, the cause and the remedy."""
+    from .runfolder import os_error_message
+
+    print(f"nrpt: error: {os_error_message(err, getattr(args, 'out', None))}", file=sys.stderr)
+    return 1
+
+
 def _main(args, argv: list[str]) -> int:
     from . import api
 
@@ -390,8 +398,13 @@ def _main(args, argv: list[str]) -> int:
                                     overwrite=args.overwrite, threads=args.threads)
     except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
             PermissionError, RuntimeError) as err:
+        if isinstance(err, OSError) and err.filename is not None and \
+                not isinstance(err, FileNotFoundError):
+            return _os_error(err, args)
         print(f"nrpt: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk, a read-only file system, a name too long, ...
+        return _os_error(err, args)
     if lead:
         print(result)
     return _interrupted(result, cfg.out, lead)

@@ -13,7 +13,13 @@ they are not: ``[R, n, ...]`` with R > 1).  A resumption checks each file before
 (present, as long as its header says -- a memory map would zero-extend a truncated file --, the
 right shape and dtype) and against the rows the checkpoint needs, then grows it back.  After
 ``kill -9`` the files keep their full preallocated length; the checkpoint (and its sidecar
-``checkpoint.json``) says which rows are valid.
+``checkpoint.json``) says which rows are valid.  Each checkpoint also holds the sha256 of every
+block of :data:`BLOCK_BYTES` of valid rows (only blocks written since the last checkpoint are
+hashed again); a resumption verifies them before it touches the files, so a damaged row or a
+file from another run is refused, never carried into the results (rows after the checkpoint's
+are written again by the resumed run).  The files are created and grown with
+``posix_fallocate``: a full disk is an ``OSError`` naming the file, not a SIGBUS in a write into
+the memory map; they are never opened through a symbolic link.
 
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 
@@ -28,6 +34,8 @@ Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import mmap
 import os
 from pathlib import Path
@@ -50,34 +58,99 @@ def _release(arr: np.memmap) -> None:
             mm.madvise(mmap.MADV_DONTNEED)
 
 
+class _NoRoom(ValueError):
+    """A header without room for a new shape (the file is then copied)."""
+
+
+def _open(path: Path, write: bool = False):
+    """A record file opened in place: never through a symbolic link, only a regular file with
+    one name (:func:`nrpt.runfolder.open_fd`)."""
+    from .runfolder import open_fd
+
+    fd = open_fd(path, os.O_RDWR if write else os.O_RDONLY)
+    return os.fdopen(fd, "r+b" if write else "rb")
+
+
+def _header(fh, path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` from the header of the open ``.npy`` file ``fh``."""
+    try:
+        major, _ = np.lib.format.read_magic(fh)
+        read = {1: np.lib.format.read_array_header_1_0,
+                2: np.lib.format.read_array_header_2_0}[major]
+        shape, fortran, dtype = read(fh)
+    except Exception as err:  # noqa: BLE001 - a damaged header fails in many ways (ValueError,
+        # SyntaxError, tokenize.TokenError, KeyError, ...): all of them are this one error
+        raise ValueError(f"cannot resume: {path} is not a readable .npy file: its header is "
+                         f"damaged ({type(err).__name__}: {str(err)[:200]}); restore the "
+                         f"file or start a new run (overwrite=True / --overwrite)") from None
+    if fortran:
+        raise ValueError(f"cannot resume: {path} is in Fortran order (not written by nrpt)")
+    return tuple(int(n) for n in shape), dtype, fh.tell()
+
+
 def _layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     """``(shape, dtype, data offset)`` of a ``.npy`` file, from its header alone."""
-    with open(path, "rb") as fh:
+    with _open(path) as fh:
+        return _header(fh, path)
+
+
+def _map(path: Path, mode: str) -> np.memmap:
+    """``np.load(path, mmap_mode=mode)``, opened by :func:`_open` (no symbolic link)."""
+    with _open(path, write=mode == "r+") as fh:
+        shape, dtype, offset = _header(fh, path)
+        return np.memmap(fh, dtype=dtype, mode=mode, offset=offset, shape=shape)
+
+
+def _allocate(fd: int, size: int, path: Path) -> None:
+    """Make the file ``fd`` ``size`` bytes long with its blocks reserved (``posix_fallocate``):
+    a full disk is an ``OSError`` (ENOSPC) here, naming the file -- not a SIGBUS later, when a
+    write into the memory map finds no block for a page of a sparse file."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except AttributeError:  # (no posix_fallocate on this platform: sparse)
+        os.ftruncate(fd, max(size, os.fstat(fd).st_size))
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            os.ftruncate(fd, max(size, os.fstat(fd).st_size))  # a file system without it
+        else:
+            err.filename = str(path)
+            raise
+
+
+def _create(path: Path, shape: tuple[int, ...], dtype) -> np.memmap:
+    """A new record file ``path`` (``np.lib.format.open_memmap(path, "w+")``, but never through
+    a link and with its blocks allocated: :func:`_allocate`), mapped read-write."""
+    from .runfolder import open_fd
+
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT)
+    with os.fdopen(fd, "r+b") as fh:
+        fh.truncate(0)
+        dtype = np.dtype(dtype)
+        header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                  "shape": tuple(int(n) for n in shape)}
         try:
-            major, _ = np.lib.format.read_magic(fh)
-            read = {1: np.lib.format.read_array_header_1_0,
-                    2: np.lib.format.read_array_header_2_0}[major]
-            shape, fortran, dtype = read(fh)
-        except (ValueError, KeyError, OSError, SyntaxError) as err:
-            raise ValueError(f"cannot resume: {path} is not a readable .npy file "
-                             f"({type(err).__name__}: {err})") from None
-        if fortran:
-            raise ValueError(f"cannot resume: {path} is in Fortran order (not written by nrpt)")
-        return tuple(int(n) for n in shape), dtype, fh.tell()
+            np.lib.format.write_array_header_1_0(fh, header)
+        except ValueError:  # (a header over 64 KiB)
+            np.lib.format.write_array_header_2_0(fh, header)
+        fh.flush()
+        offset = fh.tell()
+        _allocate(fh.fileno(), offset + int(np.prod(shape)) * dtype.itemsize, path)
+        return np.memmap(fh, dtype=dtype, mode="r+", offset=offset, shape=tuple(shape))
 
 
 def _set_shape(path: Path, shape: tuple[int, ...]) -> None:
     """Rewrite the header of ``path`` in place for ``shape`` (same dtype, same header length:
     numpy pads headers, and a shape that differs only in its leading axis fits)."""
-    _, dtype, offset = _layout(path)
-    with open(path, "r+b") as fh:
+    with _open(path, write=True) as fh:
+        _, dtype, offset = _header(fh, path)
+        fh.seek(0)
         major, _ = np.lib.format.read_magic(fh)
         start = fh.tell() + (2 if major == 1 else 4)
         descr, dims = np.lib.format.dtype_to_descr(dtype), tuple(int(n) for n in shape)
         text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {dims!r}, }}"
         room = offset - start - 1
         if len(text) > room:
-            raise ValueError(f"{path}: the header has no room for shape {shape}")
+            raise _NoRoom(f"{path}: the header has no room for shape {shape}")
         fh.seek(start)
         fh.write((text + " " * (room - len(text)) + "\n").encode("latin1"))
         fh.flush()
@@ -87,29 +160,31 @@ def _set_shape(path: Path, shape: tuple[int, ...]) -> None:
 def _resize(path: Path, shape: tuple[int, ...], axis: int) -> None:
     """Give ``path`` the row count of ``shape`` along ``axis`` (the other axes agree): in place
     for the leading axis (header and size; the size is changed so that a crash in between
-    leaves a file at least as long as its header says), by a copy for an inner axis."""
+    leaves a file at least as long as its header says; growth allocates the blocks), by a copy
+    for an inner axis."""
     have, dtype, offset = _layout(path)
     if tuple(have) == tuple(shape):
         return
     n_bytes = offset + int(np.prod(shape)) * dtype.itemsize
     if axis == 0:
         try:
-            if shape[0] > have[0]:
-                os.truncate(path, n_bytes)  # zeros
-                _set_shape(path, shape)
-            else:
-                _set_shape(path, shape)
-                os.truncate(path, n_bytes)
+            with _open(path, write=True) as fh:
+                if shape[0] > have[0]:
+                    _allocate(fh.fileno(), n_bytes, path)  # zeros
+                    _set_shape(path, shape)
+                else:
+                    _set_shape(path, shape)
+                    fh.truncate(n_bytes)
             return
-        except ValueError:
+        except _NoRoom:
             pass  # no room in the header: copy
     from .runfolder import temporary
 
     fd, tmp = temporary(path)
     os.close(fd)
     try:
-        old = np.load(path, mmap_mode="r")
-        new = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=tuple(shape))
+        old = _map(path, "r")
+        new = _create(Path(tmp), tuple(shape), dtype)
         keep = min(have[axis], shape[axis])
         cut = tuple(slice(0, keep) if i == axis else slice(None) for i in range(len(shape)))
         if axis == 0:
@@ -127,15 +202,17 @@ def _resize(path: Path, shape: tuple[int, ...], axis: int) -> None:
 
 
 def _check(path: Path, shape: tuple[int, ...], dtype, axis: int) -> int:
-    """Check a record file a resumption reopens, before anything maps it: it exists, is as long
-    as its header says (a memory map would silently zero-extend a truncated file), and agrees
-    with ``shape`` except in its row count along ``axis``; returns that row count."""
-    if not path.exists():
+    """Check a record file a resumption reopens, before anything maps it: it exists (a plain
+    file, not a link), is as long as its header says (a memory map would silently zero-extend
+    a truncated file), and agrees with ``shape`` except in its row count along ``axis``;
+    returns that row count."""
+    if not os.path.lexists(path):
         raise ValueError(f"cannot resume: {path} is missing (deleted?): the run's records are "
                          f"gone; start a new run (overwrite=True / --overwrite)")
-    have, have_dtype, offset = _layout(path)
+    with _open(path) as fh:
+        have, have_dtype, offset = _header(fh, path)
+        size = os.fstat(fh.fileno()).st_size
     need = offset + int(np.prod(have)) * have_dtype.itemsize
-    size = path.stat().st_size
     if size < need:
         raise ValueError(f"cannot resume: {path} is truncated: {size} bytes, but its header "
                          f"describes {have} {have_dtype} ({need} bytes)")
@@ -146,6 +223,22 @@ def _check(path: Path, shape: tuple[int, ...], dtype, axis: int) -> int:
                          f"{shape} {np.dtype(dtype)} (rows along axis {axis}; not this run's "
                          f"file?)")
     return have[axis]
+
+
+#: bytes of rows per checksum block of a record file (:meth:`Draws.state_dict`): a checkpoint
+#: hashes only the blocks written since the one before
+BLOCK_BYTES = 1 << 22
+
+
+def _digest(arr: np.ndarray, axis: int, a: int, b: int) -> str:
+    """sha256 of rows ``a .. b - 1`` along ``axis`` (0, or 1 with systems first)."""
+    h = hashlib.sha256()
+    if axis == 0:
+        h.update(np.ascontiguousarray(arr[a:b]))
+    else:
+        for r in range(arr.shape[0]):
+            h.update(np.ascontiguousarray(arr[r, a:b]))
+    return h.hexdigest()
 
 
 #: records held in memory (no run folder) beyond this many bytes are refused
@@ -207,6 +300,14 @@ class Draws(RecorderBase):
             "index": (out / "index.npy", (self.K + 1, R, P), np.int16, 0)}
         self._disk: dict[str, int] | None = None
         self._tail, self._e_tail = tail, e_tail
+        #: the checksums of the record files' valid rows (state_dict): rows per block, the
+        #: digests of the complete blocks hashed so far, and the first row written since
+        self._block = {} if self._paths is None else {
+            name: max(1, BLOCK_BYTES // max(1, int(np.prod([n for i, n in enumerate(shape)
+                                                            if i != ax])) * np.dtype(dt).itemsize))
+            for name, (_, shape, dt, ax) in self._paths.items()}
+        self._digests: dict[str, list[str]] = {name: [] for name in self._block}
+        self._dirty: dict[str, int] = {}
         if out is None:
             self.samples = np.zeros(s_shape, dtype=dtype)
             self.energies = np.zeros(e_shape, dtype=dtype)
@@ -216,8 +317,7 @@ class Draws(RecorderBase):
             self.samples = self.energies = self.index = self._s = self._e = None
         else:
             self.samples, self.energies, self.index = (
-                np.lib.format.open_memmap(path, mode="w+", dtype=dt, shape=shape)
-                for path, shape, dt, _ in self._paths.values())
+                _create(path, shape, dt) for path, shape, dt, _ in self._paths.values())
         if self.samples is not None:
             self._views()
         self._buf_x: list[torch.Tensor] = []
@@ -282,7 +382,57 @@ class Draws(RecorderBase):
 
     def state_dict(self) -> dict:
         self.flush()
-        return {"next_row": self._next_row, "next_draw": self._next_draw}
+        sd = {"next_row": self._next_row, "next_draw": self._next_draw}
+        if self._paths is not None:
+            sd["checksums"] = self._checksums()
+        return sd
+
+    def _checksums(self) -> dict[str, dict]:
+        """For each record file: the sha256 of each block of ``block_rows`` of its valid
+        ``rows`` (the last block may be short).  Only the blocks written since the last call
+        are hashed again: the cost of a checkpoint follows the rows it adds, not the file."""
+        arrays = {"samples": self._s, "energies": self._e, "index": self.index}
+        rows = self.valid_rows()
+        found = {}
+        for name in self._paths:
+            B, n, done = self._block[name], rows[name], self._digests[name]
+            arr, ax = arrays[name], (0 if name == "index" else 1)
+            keep = min(len(done), n // B, self._dirty.get(name, n) // B)
+            del done[keep:]
+            done.extend(_digest(arr, ax, j * B, (j + 1) * B) for j in range(keep, n // B))
+            tail = [_digest(arr, ax, n - n % B, n)] if n % B else []
+            found[name] = {"rows": n, "block_rows": B, "sha256": done + tail}
+        self._dirty = {}
+        return found
+
+    def _verify(self, sums: dict[str, dict]) -> None:
+        """Check the rows a resumption keeps against the checkpoint's checksums (before the
+        files are changed): a damaged row or a file from another run is refused, never carried
+        into the results.  Rows after the checkpoint's are not kept: the resumed run writes
+        them again."""
+        for name, (path, _, _, axis) in self._paths.items():
+            entry = sums.get(name)
+            if entry is None:
+                continue
+            B, n = int(entry["block_rows"]), int(entry["rows"])
+            arr = _map(path, "r")
+            if name != "index":  # systems first, as the checksums were taken (_views)
+                arr = arr.reshape(self.R, arr.shape[axis],
+                                  *(self._tail if name == "samples" else self._e_tail))
+            ax = 0 if name == "index" else 1
+            try:
+                for j, want in enumerate(entry["sha256"]):
+                    a, b = j * B, min((j + 1) * B, n)
+                    if _digest(arr, ax, a, b) != want:
+                        raise ValueError(
+                            f"cannot resume: {path} rows {a}..{b - 1} do not match the "
+                            f"checksum the checkpoint recorded for them: the file is damaged "
+                            f"or comes from another run; restore the run's own file or start a "
+                            f"new run (overwrite=True / --overwrite)")
+            finally:
+                del arr
+            self._block[name] = B
+            self._digests[name] = list(entry["sha256"][:n // B])
 
     def load_state_dict(self, sd: dict) -> None:
         self._next_row, self._next_draw = int(sd["next_row"]), int(sd["next_draw"])
@@ -294,6 +444,8 @@ class Draws(RecorderBase):
                         f"cannot resume: {self._paths[name][0]} holds {self._disk[name]} rows "
                         f"but the checkpoint needs {need}: the file was cut short or replaced; "
                         f"restore it or start a new run (overwrite=True / --overwrite)")
+            if sd.get("checksums"):  # (checkpoints from before checksums: rows unchecked)
+                self._verify(sd["checksums"])
             self._reopen("r+", {name: spec[1] for name, spec in self._paths.items()})
 
     def valid_rows(self) -> dict[str, int]:
@@ -320,12 +472,13 @@ class Draws(RecorderBase):
         for name, (path, _, _, axis) in self._paths.items():
             _resize(path, shapes[name], axis)
         self.samples, self.energies, self.index = (
-            np.load(self._paths[n][0], mmap_mode=mode) for n in ("samples", "energies", "index"))
+            _map(self._paths[n][0], mode) for n in ("samples", "energies", "index"))
         self._views()
 
     def flush(self) -> None:
         if self._buf_i:
             rows = torch.cat(self._buf_i).cpu().numpy()
+            self._dirty["index"] = min(self._dirty.get("index", self._next_row), self._next_row)
             self.index[self._next_row:self._next_row + len(rows)] = rows
             self._next_row += len(rows)
             self._buf_i.clear()
@@ -334,14 +487,22 @@ class Draws(RecorderBase):
             xs = torch.cat(self._buf_x).movedim(0, 1).cpu().numpy()  # [R, c, (P,) dim]
             vs = torch.cat(self._buf_v).movedim(0, 1).cpu().numpy()
             c = xs.shape[1]
+            for name in ("samples", "energies"):
+                self._dirty[name] = min(self._dirty.get(name, self._next_draw), self._next_draw)
             self._s[:, self._next_draw:self._next_draw + c] = xs
             self._e[:, self._next_draw:self._next_draw + c] = vs
             self._next_draw += c
             self._buf_x.clear()
             self._buf_v.clear()
-        for arr in (self.samples, self.energies, self.index):
+        for name, arr in (("samples", self.samples), ("energies", self.energies),
+                          ("index", self.index)):
             if isinstance(arr, np.memmap):
-                arr.flush()
+                try:
+                    arr.flush()
+                except OSError as err:  # (msync: an I/O error of the file system) name it
+                    if err.filename is None and self._paths is not None:
+                        err.filename = str(self._paths[name][0])
+                    raise
                 _release(arr)
 
     def arrays(self, first: int, done: int) -> dict[str, np.ndarray]:

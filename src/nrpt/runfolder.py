@@ -16,6 +16,12 @@ A run folder holds, besides the outputs (:mod:`nrpt.api`):
 
 Every file is written to a unique temporary name in the folder and renamed into place
 (:func:`atomic_write`), so a crash leaves either the old or the new version, never half a file.
+The files changed in place (the lock, the record files) are opened by :func:`open_fd`: never
+through a symbolic link (``O_NOFOLLOW``), only a regular file with one name -- a run folder is
+untrusted input, and nothing in it can make nrpt write outside it.  The record files' valid
+rows carry sha256 checksums in the checkpoint (:class:`nrpt.record.Draws`), verified on resume.
+An ``OSError`` of a write (a full disk: ENOSPC) names the file (:func:`os_error_message`) and
+leaves the last checkpoint intact.
 A checkpoint is used only if its size and sha256 match a sidecar and ``torch.load(...,
 weights_only=True)`` accepts it; a damaged newest checkpoint falls back to the previous one
 with a :class:`CheckpointWarning`.  A checkpoint, ``config.toml`` or target file that does not
@@ -33,6 +39,7 @@ import hashlib
 import json
 import os
 import pickle
+import stat
 import tempfile
 import uuid
 import warnings
@@ -48,7 +55,8 @@ except ImportError:  # not POSIX: runs without the folder lock
     fcntl = None
 
 __all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON", "LOCK",
-           "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "UnsafeCheckpoint",
+           "RECORD_FILES", "RunFolderBusy", "CheckpointWarning", "UnsafeCheckpoint", "UnsafeFile",
+           "open_fd", "check_folder_name", "os_error_message",
            "atomic_write", "atomic_path",
            "RunLock", "run_files", "clear_run", "config_hash", "target_record",
            "check_target_file", "check_target_modules", "check_fingerprint",
@@ -82,6 +90,103 @@ class CheckpointWarning(UserWarning):
 
 class UnsafeCheckpoint(ValueError):
     """A checkpoint file that only an unrestricted unpickler would load: never loaded."""
+
+
+class UnsafeFile(ValueError):
+    """A file of a run folder that nrpt will not open: a symbolic link, a file with other hard
+    links, or not a regular file (writing through it would change a file outside the folder)."""
+
+
+#: ``O_NOFOLLOW`` where the platform has it (a symlink as the last component fails with ELOOP)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def open_fd(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags)`` that never follows a symbolic link at ``path`` and refuses
+    anything but a regular file with a single name (a hard link, a FIFO, a device): the one way
+    nrpt opens a run folder's files in place (the lock, the record files).  Files written whole
+    go through :func:`atomic_write` / :func:`atomic_path` (a new ``mkstemp`` name, created with
+    ``O_EXCL``: never a link, then renamed -- a rename replaces a link, never writes through
+    it).  Raises :class:`UnsafeFile` naming the file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NONBLOCK", 0), mode)
+    except OSError as err:
+        # (ELOOP on Linux; EMLINK / EFTYPE on some BSDs)
+        if err.errno == errno.ELOOP or (err.errno == errno.EMLINK and path.is_symlink()) or \
+                err.errno == getattr(errno, "EFTYPE", -1):
+            try:
+                where = os.readlink(path)
+            except OSError:
+                where = "?"
+            raise UnsafeFile(f"refusing to open {path}: it is a symbolic link (to {where}); "
+                             f"nrpt never writes through a link in a run folder (it would "
+                             f"change a file outside it): remove the link, or use another "
+                             f"folder") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"refusing to open {path}: not a regular file (a FIFO, socket or "
+                             f"device); remove it, or use another folder")
+        if st.st_nlink > 1:
+            raise UnsafeFile(f"refusing to open {path}: it has {st.st_nlink} hard links (it is "
+                             f"also a file elsewhere, which writing would change); remove it, "
+                             f"or use another folder")
+        if hasattr(os, "set_blocking"):  # (opened non-blocking: a FIFO never hangs the open)
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_folder_name(out: str | os.PathLike) -> None:
+    """Refuse a run folder path with a control character (a newline, a tab, ESC...): config.toml
+    and run.json record the path, and such names are almost always a quoting accident.
+    Checked before anything is created."""
+    text = os.fspath(out)
+    bad = sorted({c for c in text if ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise ValueError(f"out: the run folder name {text!r} holds the control character(s) "
+                         f"{', '.join(repr(c) for c in bad)}; choose a name without control "
+                         f"characters (newlines, tabs, escapes)")
+
+
+def os_error_message(err: OSError, out: str | os.PathLike | None = None) -> str:
+    """One line for an OS error of a run: the file, the cause and what to do (a full disk:
+    free space, then resume from the last checkpoint, which a failed write leaves intact)."""
+    name = err.filename if err.filename is not None else "a file of the run"
+    if getattr(err, "filename2", None):
+        name = f"{name} -> {err.filename2}"
+    cause = err.strerror or str(err) or type(err).__name__
+    text = f"{name}: {cause}"
+    resumable = False
+    with contextlib.suppress(OSError, TypeError):
+        resumable = out is not None and checkpoint_exists(Path(out))
+    if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        text += (f" (disk full or over quota): free space, then continue with `nrpt resume "
+                 f"{out}` (its last checkpoint is intact)" if resumable else
+                 " (disk full or over quota): free space and run again")
+    elif err.errno == errno.EROFS:
+        text += ": choose an out folder on a writable file system"
+    elif err.errno == errno.ENAMETOOLONG:
+        text += ": choose a shorter out folder name"
+    elif err.errno in (errno.EACCES, errno.EPERM):
+        text += ": check the folder's permissions, or choose another out folder"
+    elif err.errno == errno.EEXIST:
+        text += ": remove it or choose another out folder"
+    elif resumable:
+        text += f"; the last checkpoint is intact: fix the cause, then `nrpt resume {out}`"
+    return text
+
+
+def _named(err: OSError, path: str | os.PathLike) -> OSError:
+    """``err`` with ``filename`` set (an error from a write or an mmap names no file)."""
+    if err.filename is None:
+        err.filename = str(path)
+    return err
 
 
 # ------------------------------------------------------------------------------ atomic writes
@@ -129,9 +234,11 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = Tru
             if sync:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            _named(err, path)
         raise
 
 
@@ -145,9 +252,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            _named(err, path)
         raise
 
 
@@ -175,7 +284,7 @@ class RunLock:
         path = self.out / LOCK
         if fcntl is None:
             return self
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_fd(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -456,9 +565,19 @@ def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
         side["rows"] = {"index": int(draws["next_row"]), "samples": int(draws["next_draw"]),
                         "energies": int(draws["next_draw"])}
     fd, tmp = temporary(out / CHECKPOINT)
+    side_tmp = None
+    writing = out / CHECKPOINT
     try:
+        # both new files written in full first: a full disk fails here, before any rename,
+        # and the folder keeps its last checkpoint as it was
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        writing = out / SIDECAR
+        side_fd, side_tmp = temporary(out / SIDECAR)
+        with os.fdopen(side_fd, "wb") as fh:
+            fh.write((json.dumps(side, indent=2) + "\n").encode())
             fh.flush()
             os.fsync(fh.fileno())
         # the sidecars list the hashes of good checkpoints; any one of them vouches for a file
@@ -467,11 +586,14 @@ def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
             os.replace(out / CHECKPOINT, out / PREV_CHECKPOINT)
         if (out / SIDECAR).exists():
             os.replace(out / SIDECAR, out / PREV_SIDECAR)
-        atomic_write(out / SIDECAR, json.dumps(side, indent=2) + "\n")
+        os.replace(side_tmp, out / SIDECAR)
         os.replace(tmp, out / CHECKPOINT)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as err:
+        for name in (tmp, side_tmp):
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(name)
+        if isinstance(err, OSError):
+            _named(err, writing)
         raise
     _fsync_dir(out)
 
@@ -484,6 +606,24 @@ def _sidecars(out: Path) -> list[dict[str, Any]]:
             if isinstance(side, dict) and "sha256" in side and "size" in side:
                 found.append(side)
     return found
+
+
+def load_weights(path: Path):
+    """``torch.load(path, weights_only=True)`` for a run folder's tensor files (``pretrained.pt``
+    of a deep run): a file that needs an unrestricted unpickler is an :class:`UnsafeCheckpoint`
+    naming it, never loaded; a damaged one a ``ValueError`` naming it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*pickle protocol", category=UserWarning)
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise UnsafeCheckpoint(
+            f"refusing to load {path}: it holds Python objects that only an unrestricted "
+            f"unpickler would build (nrpt never runs code from a run folder); it was not "
+            f"written by nrpt, or was tampered with: {str(err).splitlines()[0]}") from None
+    except (OSError, EOFError, RuntimeError) as err:
+        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {str(err)[:200]}); "
+                         f"remove it (it is made again) or start a new run") from None
 
 
 def load_file(path: Path) -> dict[str, Any]:

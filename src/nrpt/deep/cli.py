@@ -152,6 +152,10 @@ def run(args) -> int:
                    **settings["options"])  # bad values fail here, before any data is loaded
         out = Path(args.out) if args.out else None
         resume = False
+    if out is not None and not resume:
+        from .. import runfolder as rf
+
+        rf.check_folder_name(out)  # before anything is created (or loaded)
     ds, model = _build(settings)
     if out is not None and not resume:
         out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +163,7 @@ def run(args) -> int:
             print(f"nrpt: error: {out} already holds a run; `nrpt deep --resume {out}` or "
                   f"choose another --out", file=sys.stderr)
             return 2
-        (out / "cli.json").write_text(json.dumps(settings, indent=2))
+        rf.atomic_write(out / "cli.json", json.dumps(settings, indent=2), sync=False)
     progress = not args.no_progress
     say = None
     if progress:

@@ -499,7 +499,7 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     # pretraining: every replica, one cosine cycle from lr_max, no swaps (checkpointed in
     # out/pretrain, so an interruption here loses nothing either)
     if resume and pre_path.exists():
-        saved = torch.load(pre_path, weights_only=True)
+        saved = rf.load_weights(pre_path)
         theta0, buf0 = saved["theta"].to(dev), saved["buffers"].to(dev)
     else:
         if pre_iters > 0:
