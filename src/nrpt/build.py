@@ -180,9 +180,11 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     compare implementations (plain vs fused loops) rather than sample."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
-    kind = validate_target(target)
     explorer_entry = registry.entry("explorer", cfg.explorer, what="explorer")
     sg = "sg" in explorer_entry.tags
+    # gradient explorers need a gradient connected to x (a NumPy energy: a silent random walk)
+    kind = validate_target(target, gradient_for=cfg.explorer if sg or "gradient" in
+                           explorer_entry.tags else None)
     P, R = int(cfg.chains), int(cfg.systems)
     dtype = DTYPES[cfg.dtype]
     device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)

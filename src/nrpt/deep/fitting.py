@@ -111,6 +111,13 @@ class DeepConfig:
     checkpoint_every: int = 2000
 
     def __post_init__(self):
+        from dataclasses import fields as _fields
+
+        from ..config import _plain
+
+        for f in _fields(self):  # NumPy / 0-d torch scalars are numbers like any other
+            setattr(self, f.name, _plain(getattr(self, f.name)))
+
         def bad(name, allowed):
             raise ValueError(f"{name} must be {allowed}; got {getattr(self, name)!r}")
 
@@ -417,6 +424,38 @@ def _engine(target, estimator, explorer, P: int, temps, step, scheme, rule, seed
                     initial_states=x0.reshape(1, P, -1))
 
 
+#: run folders whose lock this process holds (resolved path -> depth): ``nrpt deep`` takes the
+#: lock before it writes cli.json and :func:`fit` takes it again (a second flock of the same
+#: file from this process would refuse it)
+_HELD: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def folder_lock(out: str | Path | None):
+    """The run folder's lock (:class:`nrpt.runfolder.RunLock`, ``.nrpt.lock``) for a deep run:
+    a second run or resume of ``out`` while this one goes on fails at once with
+    :class:`nrpt.runfolder.RunFolderBusy`.  Re-entrant within this process; creates ``out``."""
+    if out is None:
+        yield
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    key = str(out.resolve())
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    with rf.RunLock(out):
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
+
+
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
@@ -431,8 +470,18 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
     every 256 iterations of the pretraining and of the main run; raising ``KeyboardInterrupt``
     there stops it cleanly (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)``
-    receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy)."""
+    receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy).
+
+    The folder ``out`` is locked for the whole call (:func:`folder_lock`): a concurrent run or
+    resume of the same folder is refused (:class:`nrpt.runfolder.RunFolderBusy`)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
+    with folder_lock(out):
+        return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
+                    classes=classes, resume=resume, callback=callback, say=say)
+
+
+def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, callback,
+         say) -> DeepResult:
     net = FunctionalNet(model)
     dev, dtype = net.device, net.dtype
     if cfg.device is not None and torch.device(cfg.device) != dev:

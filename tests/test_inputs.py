@@ -1,0 +1,112 @@
+"""Bad inputs of issue 26 that reach past the config: user targets validated on the first call
+(dtype, in-place changes, generator use, a gradient where the explorer needs one), boolean CLI
+words, NumPy / torch scalars, more than 32,767 chains, and the deep run folder's lock.  Each
+case failed on the code before issue 26 (silently accepted, a traceback, or a crash)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nrpt
+from nrpt.target import TargetError, validate_target
+
+
+# ------------------------------------------------------------------------------ targets
+class Energy:
+    """A Gaussian energy; ``how`` breaks it in one way."""
+
+    dim = 2
+    name = "broken"
+
+    def __init__(self, how: str = "ok"):
+        self.how = how
+
+    def energy(self, x):
+        u = 0.5 * (x ** 2).sum(-1)
+        if self.how == "numpy":  # computed outside autograd: a zero gradient, silently
+            return torch.from_numpy(0.5 * (x.detach().numpy() ** 2).sum(-1))
+        if self.how == "detached-plus-zero":  # connected, but the gradient is 0
+            return u.detach() + 0.0 * x.sum(-1)
+        if self.how == "bool":
+            return u > 1.0
+        if self.how == "int":
+            return u.long()
+        if self.how == "complex":
+            return u.to(torch.complex128)
+        if self.how == "in-place":
+            x.mul_(0.5)
+            return 0.5 * (x ** 2).sum(-1)
+        return u
+
+
+class Flat:
+    """A flat energy: its zero gradient is right (not refused)."""
+
+    dim = 2
+
+    def energy(self, x):
+        return torch.zeros(x.shape[0], dtype=x.dtype) + 0.0 * x.sum(-1)
+
+
+class Geometric:
+    dim = 2
+
+    def __init__(self, how: str = "ok"):
+        self.how = how
+        self._own = torch.Generator().manual_seed(1)
+
+    def log_likelihood(self, x):
+        return -0.5 * ((x - 1.0) ** 2).sum(-1)
+
+    def reference_log_prob(self, x):
+        return -0.5 * (x ** 2).sum(-1)
+
+    def reference_sample(self, n, generator):
+        if self.how == "global-rng":
+            return torch.randn(n, self.dim, dtype=torch.float64)
+        if self.how == "own-generator":
+            return torch.randn(n, self.dim, generator=self._own, dtype=torch.float64)
+        if self.how == "constant":
+            return torch.zeros(n, self.dim, dtype=torch.float64)
+        return torch.randn(n, self.dim, generator=generator, dtype=torch.float64)
+
+
+TARGET_CASES = [
+    # (target, explorer needing a gradient or None, message)
+    (Energy("numpy"), "mala", "energy(x) is not connected to x in autograd"),
+    (Energy("numpy"), "hmc", "explorer 'hmc' needs the gradient"),
+    (Energy("numpy"), "sgd", "supply grad_energy"),
+    (Energy("detached-plus-zero"), "mala", "is zero at every probe point"),
+    (Energy("bool"), None, "real floating-point values"),
+    (Energy("int"), None, "got dtype int64"),
+    (Energy("complex"), None, "got dtype complex128"),
+    (Energy("in-place"), None, "modified its input x in place"),
+    (Geometric("global-rng"), None, "does not draw from its generator"),
+    (Geometric("own-generator"), None, "does not draw from its generator"),
+    (Geometric("constant"), None, "different seeds gave the same draws"),
+]
+
+
+@pytest.mark.parametrize("target, explorer, message", TARGET_CASES,
+                         ids=[f"{getattr(t, 'how', '')}-{e}" for t, e, _ in TARGET_CASES])
+def test_a_broken_target_is_refused_on_the_first_call(target, explorer, message):
+    with pytest.raises(TargetError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate_target(target, gradient_for=explorer)
+
+
+def test_good_targets_pass_and_a_flat_energy_keeps_its_zero_gradient():
+    assert validate_target(Energy(), gradient_for="mala") == "temperature"
+    assert validate_target(Flat(), gradient_for="mala") == "temperature"
+    assert validate_target(Geometric(), gradient_for="hmc") == "geometric"
+    # a NumPy energy is fine where no gradient is taken
+    assert validate_target(Energy("numpy"), gradient_for=None) == "temperature"
+
+
+def test_a_numpy_energy_with_mala_is_refused_before_sampling():
+    """The issue's case: MALA on a NumPy energy ran as a random walk (same acceptance)."""
+    with pytest.raises(TargetError, match="target Energy 'broken': energy"):
+        nrpt.sample(Energy("numpy"), explorer="mala", chains=2, iterations=5)
+    with pytest.raises(TargetError, match="real floating-point"):
+        nrpt.sample(Energy("bool"), chains=2, iterations=5)
