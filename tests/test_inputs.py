@@ -110,3 +110,41 @@ def test_a_numpy_energy_with_mala_is_refused_before_sampling():
         nrpt.sample(Energy("numpy"), explorer="mala", chains=2, iterations=5)
     with pytest.raises(TargetError, match="real floating-point"):
         nrpt.sample(Energy("bool"), chains=2, iterations=5)
+
+
+# ------------------------------------------------------------------------------ deep lock
+DEEP = ["--dataset", "digits", "--chains", "2", "--epochs", "0.2", "--no-progress",
+        "--pretrain-epochs", "0", "--batch-size", "64", "--strategy", "loop"]
+
+
+def test_a_deep_run_folder_in_use_is_refused(tmp_path, capsys):
+    """Two `nrpt deep --out D` both ran and mixed their files; a --resume ran beside a run.
+    Now the run folder's lock (nrpt.runfolder.RunLock) is held from before cli.json is
+    written: here another process's lock is stood in for by this process's own."""
+    from nrpt import runfolder as rf
+    from nrpt.cli import main
+
+    out = tmp_path / "deep"
+    out.mkdir()
+    with rf.RunLock(out):
+        assert main(["deep", *DEEP, "--out", str(out)]) == 2
+        assert "is in use by another nrpt process" in capsys.readouterr().err
+        assert not (out / "cli.json").exists()  # nothing written
+    assert main(["deep", *DEEP, "--out", str(out)]) == 0  # free again: runs
+    capsys.readouterr()
+    with rf.RunLock(out):
+        assert main(["deep", "--resume", str(out), "--no-progress"]) == 2
+        assert "is in use by another nrpt process" in capsys.readouterr().err
+
+
+def test_deep_fit_takes_the_lock(tmp_path):
+    from nrpt import runfolder as rf
+    from nrpt.deep import fit
+
+    out = tmp_path / "fit"
+    out.mkdir()
+    x, y = torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)
+    with rf.RunLock(out), pytest.raises(rf.RunFolderBusy, match="in use"):
+        fit(torch.nn.Linear(3, 2), (x, y), (x, y), chains=2, epochs=1, out=out, batch_size=4,
+            pretrain_epochs=0, strategy="loop")
+    assert not any(out.iterdir()) or [p.name for p in out.iterdir()] == [".nrpt.lock"]
