@@ -148,3 +148,33 @@ def test_deep_fit_takes_the_lock(tmp_path):
         fit(torch.nn.Linear(3, 2), (x, y), (x, y), chains=2, epochs=1, out=out, batch_size=4,
             pretrain_epochs=0, strategy="loop")
     assert not any(out.iterdir()) or [p.name for p in out.iterdir()] == [".nrpt.lock"]
+
+
+# ------------------------------------------------------------------------------ many chains
+def test_the_index_process_of_more_than_32767_slots_does_not_wrap(tmp_path):
+    """int16 wrapped past 32,767 slots (index min -32768, no warning): int32 above."""
+    from nrpt.record import Draws, index_dtype
+
+    assert index_dtype(32768) == np.int16 and index_dtype(32769) == np.int32
+    P = 40000
+    d = Draws(2, 1, P, 1, out_dir=tmp_path)
+    slot_of = torch.arange(P - 1, -1, -1).reshape(1, P)
+    d.initial(slot_of)
+    assert d.index.dtype == np.int32 and int(d.index[0].min()) == 0
+    assert int(d.index[0].max()) == P - 1
+
+
+def test_a_run_of_40000_chains_finishes_with_an_exact_index(tmp_path):
+    """`--chains 40000` crashed after 290 s (the exact round-trip prediction solved one sparse
+    system per slot): now seconds, and the index process holds 0 .. P - 1."""
+    P = 40000
+    res = nrpt.sample("gaussian", chains=P, iterations=3, out=str(tmp_path / "run"),
+                      figures=False, progress=False)
+    index = np.load(tmp_path / "run" / "index.npy")
+    assert index.dtype == np.int32 and index.shape == (4, 1, P)
+    assert all(sorted(row) == list(range(P)) for row in index[:, 0, :])
+    assert res.summary["predicted_round_trips_a5_per_1000"] is None  # too many slots to solve
+    res = nrpt.resume(str(tmp_path / "run"), iterations=5, progress=False)
+    index = np.load(tmp_path / "run" / "index.npy")
+    assert index.dtype == np.int32 and index.shape == (6, 1, P)
+    assert all(sorted(row) == list(range(P)) for row in index[:, 0, :])

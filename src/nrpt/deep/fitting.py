@@ -61,6 +61,7 @@ from ..explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
 from ..health import SamplingWarning
 from ..loop import Plan, Run, execute
 from ..paths import NoiseLadder, geometric_ladder
+from ..record import index_torch_dtype
 from ..recorders import RoundTrips, SwapStats, Trace, json_ready
 from ..roles import RecorderBase
 from ..swap import DEOW, Deterministic, NoSwap
@@ -720,7 +721,7 @@ class IndexRecorder(RecorderBase):
         self.reads_slots = ()
 
     def record(self, it) -> None:
-        self.rows.append(it.slot_of[0].to(torch.int16).clone())
+        self.rows.append(it.slot_of[0].to(index_torch_dtype(it.slot_of.shape[-1])).clone())
 
     def array(self) -> np.ndarray:
         return torch.stack(self.rows).cpu().numpy() if self.rows else np.zeros((0, 0), np.int16)
