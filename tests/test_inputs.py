@@ -178,3 +178,30 @@ def test_a_run_of_40000_chains_finishes_with_an_exact_index(tmp_path):
     index = np.load(tmp_path / "run" / "index.npy")
     assert index.dtype == np.int32 and index.shape == (6, 1, P)
     assert all(sorted(row) == list(range(P)) for row in index[:, 0, :])
+
+
+# ------------------------------------------------------------------------------ deep settings
+DEEP_BAD = [  # each was accepted (or an OverflowError traceback) before issue 26
+    (dict(seed=-1), "seed must be an integer in [0, 2^64)"),
+    (dict(lr=float("inf")), "lr must be a finite number > 0"),
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),
+    (dict(pretrain_epochs=float("inf")), "pretrain_epochs must be a finite number >= 0"),
+    (dict(correction=float("nan")), "correction must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", DEEP_BAD, ids=[str(k) for k, _ in DEEP_BAD])
+def test_deep_settings_are_checked(kwargs, message):
+    from nrpt.deep import DeepConfig
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")
+                       .replace("^", r"\^").replace(")", r"\)")):
+        DeepConfig(**kwargs)
+
+
+def test_deep_settings_take_numpy_and_torch_scalars():
+    from nrpt.deep import DeepConfig
+
+    cfg = DeepConfig(chains=np.int64(3), lr_min=np.float32(0.01), epochs=torch.tensor(2.0))
+    assert cfg.chains == 3 and type(cfg.chains) is int and cfg.lr_min == 0.01
+    assert type(cfg.epochs) is float

@@ -139,12 +139,21 @@ class DeepConfig:
                 bad(name, "a finite number > 0")
         if not self.lr_min < self.lr_max:
             raise ValueError(f"lr_min must be < lr_max; got {self.lr_min} and {self.lr_max}")
-        if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
-            bad("lr", "a number > 0 (or None: lr_min)")
+        def finite(v) -> bool:
+            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                and 0 <= self.seed < 2 ** 64):
+            bad("seed", "an integer in [0, 2^64)")
+        if self.lr is not None and not (finite(self.lr) and self.lr > 0):
+            bad("lr", "a finite number > 0 (or None: lr_min)")
+        for name in ("correction", "sa_scale"):
+            if not finite(getattr(self, name)):
+                bad(name, "a finite number")
         if not 0 <= self.momentum < 1:
             bad("momentum", "in [0, 1)")
-        if not (isinstance(self.weight_decay, int | float) and self.weight_decay >= 0):
-            bad("weight_decay", "a number >= 0")
+        if not (finite(self.weight_decay) and self.weight_decay >= 0):
+            bad("weight_decay", "a finite number >= 0")
         if not 0 < self.swap_rate < 1:
             bad("swap_rate", "in (0, 1)")
         if not (self.window == "optimal" or (isinstance(self.window, int) and self.window >= 1)):
@@ -153,15 +162,15 @@ class DeepConfig:
             bad("batch_size", "an integer >= 2")
         if not 0 <= self.burn_in < 1:
             bad("burn_in", "a fraction in [0, 1)")
-        if not (isinstance(self.pretrain_epochs, int | float) and self.pretrain_epochs >= 0):
-            bad("pretrain_epochs", "a number >= 0")
+        if not (finite(self.pretrain_epochs) and self.pretrain_epochs >= 0):
+            bad("pretrain_epochs", "a finite number >= 0")
         if self.collect_every is not None and not (isinstance(self.collect_every, int)
                                                    and self.collect_every >= 1):
             bad("collect_every", "an integer >= 1 (iterations) or None (one epoch)")
         if self.cycles is not None and not (isinstance(self.cycles, int) and self.cycles >= 1):
             bad("cycles", "an integer >= 1")
-        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
-            bad("temperature", "a number >= 0")
+        if not (finite(self.temperature) and self.temperature >= 0):
+            bad("temperature", "a finite number >= 0")
         for name in ("swag_rank", "swag_samples", "checkpoint_every"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
