@@ -205,3 +205,13 @@ def test_deep_settings_take_numpy_and_torch_scalars():
     cfg = DeepConfig(chains=np.int64(3), lr_min=np.float32(0.01), epochs=torch.tensor(2.0))
     assert cfg.chains == 3 and type(cfg.chains) is int and cfg.lr_min == 0.01
     assert type(cfg.epochs) is float
+
+
+def test_the_index_figure_of_more_than_32767_slots(tmp_path):
+    """matplotlib's BoundaryNorm failed past 32,767 slots (OverflowError ... int16) in
+    index_process.png: `nrpt run --chains 40000` then died after its run."""
+    from nrpt import plots
+
+    P = 40000
+    index = np.stack([np.roll(np.arange(P), k) for k in range(4)])[:, None, :]
+    plots.save(plots.index_process(index), tmp_path / "index_process.png")
