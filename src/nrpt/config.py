@@ -32,6 +32,7 @@ from typing import Any
 
 from . import registry
 from .explorers.compiled import COMPILABLE
+from .scalars import plain as _plain
 
 __all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION", "burn_in_count", "DEFAULT_BURN_IN"]
 
@@ -76,38 +77,6 @@ LEGACY_DEFAULTS: dict[str, Any] = {
 
 
 # ----------------------------------------------------------------------------- checks
-def _plain(value: Any) -> Any:
-    """``value`` with NumPy and 0-d torch scalars made Python numbers (``np.float32(0.3)`` ->
-    ``0.3``, ``np.int64(4)`` -> ``4``, ``np.bool_`` / a 0-d bool tensor -> ``bool``), inside
-    lists, tuples and dicts too; anything else as it is.  An integer scalar stays an integer
-    (never a bool), so ``chains = np.int64(4)`` is accepted and ``np.True_`` is not a count."""
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    import numpy as np
-
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        # a float32 0.3 is the user's 0.3: its shortest decimal, not 0.30000001192092896
-        return float(value) if value.dtype.itemsize >= 8 else float(str(value))
-    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
-        return _plain(value[()])
-    if type(value).__module__.startswith("torch") and getattr(value, "ndim", None) == 0:
-        import torch
-
-        if isinstance(value, torch.Tensor) and not value.is_complex():
-            if value.is_floating_point() and value.element_size() < 8:
-                return float(str(np.float32(value.item())))
-            return value.item()  # bool -> bool, integer -> int, float64 -> float
-    return value
-
-
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
     ok = not isinstance(value, bool) and isinstance(value, int | float) and \
         (not isinstance(value, float) or math.isfinite(value)) and int(value) == value

@@ -522,7 +522,7 @@ def load_target(spec: str, **kwargs: Any) -> Any:
             f"unknown target {spec!r}: use a built-in name ({names}) or "
             f"path/to/file.py:NAME for a target defined in your own file"
         )
-    from .config import _plain  # NumPy / 0-d torch scalars are numbers like any other
+    from .scalars import plain as _plain  # NumPy / 0-d torch scalars are numbers like any other
 
     kwargs = {k: _plain(v) for k, v in kwargs.items()}
     try:

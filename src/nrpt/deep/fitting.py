@@ -114,7 +114,7 @@ class DeepConfig:
     def __post_init__(self):
         from dataclasses import fields as _fields
 
-        from ..config import _plain
+        from ..scalars import plain as _plain
 
         for f in _fields(self):  # NumPy / 0-d torch scalars are numbers like any other
             setattr(self, f.name, _plain(getattr(self, f.name)))
