@@ -187,6 +187,7 @@ DEEP_BAD = [  # each was accepted (or an OverflowError traceback) before issue 2
     (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),
     (dict(pretrain_epochs=float("inf")), "pretrain_epochs must be a finite number >= 0"),
     (dict(correction=float("nan")), "correction must be a finite number"),
+    (dict(sa_scale=0.0), "sa_scale must be a finite number > 0"),  # was "step-size parameter a"
 ]
 
 

@@ -147,9 +147,10 @@ class DeepConfig:
             bad("seed", "an integer in [0, 2^64)")
         if self.lr is not None and not (finite(self.lr) and self.lr > 0):
             bad("lr", "a finite number > 0 (or None: lr_min)")
-        for name in ("correction", "sa_scale"):
-            if not finite(getattr(self, name)):
-                bad(name, "a finite number")
+        if not finite(self.correction):
+            bad("correction", "a finite number")
+        if not (finite(self.sa_scale) and self.sa_scale > 0):
+            bad("sa_scale", "a finite number > 0")
         if not 0 <= self.momentum < 1:
             bad("momentum", "in [0, 1)")
         if not (finite(self.weight_decay) and self.weight_decay >= 0):
