@@ -199,3 +199,88 @@ def test_the_table_covers_every_setting():
     every = {f.name for f in fields(RunConfig)} - {"explicit"}
     # target_options' content is the target's business (checked when the target is built)
     assert every - covered == set()
+
+
+# -- issue 26's fuzz cases: each one failed on the code before it (a KeyError traceback, or a
+# NumPy / torch scalar refused as "must be a finite number ... got np.float32(0.3)")
+def _np_torch_scalars():
+    import numpy as np
+    import torch
+
+    return [
+        (dict(explorer="sgd", swap_rate=np.float32(0.3)), "swap_rate", 0.3),
+        (dict(step_size=np.float64(0.5)), "step_size", 0.5),
+        (dict(step_size=torch.tensor(0.25)), "step_size", 0.25),
+        (dict(chains=np.int64(4)), "chains", 4),
+        (dict(iterations=torch.tensor(50)), "iterations", 50),
+        (dict(seed=np.uint64(2 ** 63)), "seed", 2 ** 63),
+        (dict(max_temperature=np.float32(12.5)), "max_temperature", 12.5),
+        (dict(chains=3, temperatures=[1.0, np.float32(2.0), torch.tensor(4.0)]),
+         "temperatures", [1.0, 2.0, 4.0]),
+        (dict(explorer="sgd", sa_step=(np.int32(50), np.float16(0.75), 500)), "sa_step",
+         [50.0, 0.75, 500.0]),
+        (dict(figures=np.bool_(False)), "figures", False),
+        (dict(burn_in=np.float32(0.2)), "burn_in", 0.2),
+        (dict(target_options={"penalty": np.bool_(True)}), "target_options", {"penalty": True}),
+    ]
+
+
+def test_numpy_and_torch_scalars_are_numbers():
+    for kwargs, name, want in _np_torch_scalars():
+        got = getattr(RunConfig(**kwargs), name)
+        assert got == want and type(got) is type(want), (kwargs, got)
+        if isinstance(got, list):
+            assert all(type(v) is float for v in got)
+
+
+def test_numpy_and_torch_scalars_that_are_not_numbers_are_still_refused():
+    import numpy as np
+    import torch
+
+    for kwargs, message in [(dict(chains=np.bool_(True)), "chains must be an integer"),
+                            (dict(chains=torch.tensor(True)), "chains must be an integer"),
+                            (dict(chains=np.float64(2.5)), "chains must be an integer"),
+                            (dict(step_size=torch.tensor(1 + 2j)), "step_size must be a finite"),
+                            (dict(step_size=torch.tensor([0.1, 0.2])), "step_size"),
+                            (dict(step_size=np.float32("nan")), "step_size must be a finite")]:
+        with pytest.raises(ValueError, match=message):
+            RunConfig(**kwargs)
+
+
+def test_built_in_target_options_take_numpy_and_torch_scalars():
+    import numpy as np
+    import torch
+
+    from nrpt.target import load_target
+
+    t = load_target("geometric-gaussian-path", dim=np.int64(3), c=torch.tensor(4.0))
+    assert t.dim == 3 and type(t.dim) is int
+    # was: "penalty must be true or false; got np.True_"
+    assert load_target("twenty-five-modes", penalty=np.bool_(True)).penalty is True
+
+
+#: every boolean flag of `nrpt run` takes these words (any case), and refuses anything else
+#: with an argparse error naming the flag (was: a KeyError traceback)
+BOOL_FLAGS = [("--figures", []), ("--compile", []), ("--adapt", ["--explorer", "sgd"]),
+              ("--adapt-schedule", ["--rounds", "2"]), ("--adapt-step-size", ["--rounds", "2"])]
+
+
+@pytest.mark.parametrize("flag, rest", BOOL_FLAGS, ids=[f for f, _ in BOOL_FLAGS])
+def test_boolean_flags_take_the_documented_words_or_name_them(flag, rest, capsys):
+    from nrpt.cli import _parser
+
+    for word, want in [("true", True), ("False", False), ("YES", True), ("no", False),
+                       ("on", True), ("Off", False), ("1", True), ("0", False)]:
+        args = _parser().parse_args(["run", *rest, flag, word])
+        assert getattr(args, flag[2:].replace("-", "_")) is want
+    for word in ("maybe", "2", "", "tru"):
+        with pytest.raises(SystemExit) as err:
+            _parser().parse_args(["run", *rest, flag, word])
+        assert err.value.code == 2
+        msg = capsys.readouterr().err
+        assert f"argument {flag}: expected true or false" in msg and "yes/no" in msg, msg
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "--fuse", "maybe"])
+    assert "argument --fuse: expected auto" in capsys.readouterr().err
+    assert _parser().parse_args(["run", "--fuse", "On"]).fuse is True
+    assert _parser().parse_args(["run", "--fuse", "16"]).fuse == 16

@@ -180,10 +180,12 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     compare implementations (plain vs fused loops) rather than sample."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
-    probe: dict[str, Any] = {}
-    kind = validate_target(target, probe=probe)
     explorer_entry = registry.entry("explorer", cfg.explorer, what="explorer")
     sg = "sg" in explorer_entry.tags
+    # gradient explorers need a gradient connected to x (a NumPy energy: a silent random walk)
+    probe: dict[str, Any] = {}
+    kind = validate_target(target, probe=probe, gradient_for=cfg.explorer if sg or "gradient"
+                           in explorer_entry.tags else None)
     P, R = int(cfg.chains), int(cfg.systems)
     dtype = DTYPES[cfg.dtype]
     device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)

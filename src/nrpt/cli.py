@@ -140,19 +140,30 @@ def _window(text: str):
     return text if text in ("auto", "swap-rate") else int(text)
 
 
+#: the words every boolean flag takes (case-insensitive)
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+              "false": False, "no": False, "off": False, "0": False}
+
+
 def _bool(text: str) -> bool:
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-    return value[text.lower()]
+    try:
+        return BOOL_WORDS[text.strip().lower()]
+    except KeyError:  # (_typed turns this into "argument --flag: expected ...")
+        raise ValueError(text) from None
 
 
 _INT = _typed("an integer", int)
 _FLOAT = _typed("a number", float)
 def _fuse(text: str) -> bool | int | str:
-    words = {"true": True, "yes": True, "false": False, "no": False, "auto": "auto"}
-    return words[text.lower()] if text.lower() in words else int(text)
+    low = text.strip().lower()
+    if low == "auto":
+        return "auto"
+    if low in BOOL_WORDS and low not in ("0", "1"):  # a number is a chunk length
+        return BOOL_WORDS[low]
+    return int(text)
 
 
-_BOOL = _typed("true or false", lambda t: _bool(t))
+_BOOL = _typed("true or false (true/false, yes/no, on/off, 1/0)", _bool)
 _FLOATS = _typed("comma-separated numbers", _floats)
 _TYPES = {
     "chains": _INT, "iterations": _INT, "leapfrog_steps": _INT, "n_explore": _INT,
@@ -167,7 +178,8 @@ _TYPES = {
     "window": _typed("an integer >= 1, auto or swap-rate", _window),
     "burn_in": _typed("a fraction in [0, 1) or an integer count", _burn_in),
     "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
-    "compile": _BOOL, "fuse": _typed("auto, true, false or a chunk length", _fuse), "adapt": _BOOL,
+    "compile": _BOOL, "adapt": _BOOL,
+    "fuse": _typed("auto, true/false (yes/no, on/off) or a chunk length >= 1", _fuse),
 }
 _CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
             "ladder_update": ["paper", "log-gaps"],

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import registry
 from .explorers.compiled import COMPILABLE
+from .scalars import plain as _plain
 
 __all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION", "burn_in_count", "DEFAULT_BURN_IN"]
 
@@ -318,6 +319,9 @@ class RunConfig:
         if self.target_options == {}:
             given.discard("target_options")
         self.explicit = frozenset(given if self.explicit is None else set(self.explicit) & given)
+        for f in fields(self):  # NumPy / torch scalars are numbers like any other
+            if f.name != "explicit":
+                setattr(self, f.name, _plain(getattr(self, f.name)))
         _resolve(self, given)
 
     # ------------------------------------------------------------------ properties

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from .record import index_dtype
+
 __all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
 
 #: the size of one block of draws converted and written at a time (bytes of unconstrained x)
@@ -71,7 +73,7 @@ def index_statistics(index: np.ndarray, rows: np.ndarray, first: int = 0) -> dic
     rows = np.asarray(rows, dtype=np.int64)
     K1, R, P = index.shape
     m = len(rows)
-    out = {"slot0_replica": np.zeros((R, m), dtype=np.int16),
+    out = {"slot0_replica": np.zeros((R, m), dtype=index_dtype(P)),
            "target_swap_accepted": np.zeros((R, m), dtype=bool),
            "restarts": np.zeros((R, m), dtype=np.int64),
            "round_trips": np.zeros((R, m), dtype=np.int64)}
@@ -109,7 +111,7 @@ def index_statistics(index: np.ndarray, rows: np.ndarray, first: int = 0) -> dic
         cum = counts[:, None, :] + np.cumsum(per_row, axis=1)     # counts through each row
         if a <= first < b:
             base = cum[:, first - a].copy()
-        occupant = np.argmin(slots, axis=-1).astype(np.int16)     # [m, R]: slot 0 is the min
+        occupant = np.argmin(slots, axis=-1).astype(index_dtype(P))  # [m, R]: slot 0 is the min
         hi = int(np.searchsorted(rows, b))  # the draws whose rows lie in this block
         if hi > j:
             t = rows[j:hi] - a

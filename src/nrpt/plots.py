@@ -144,6 +144,10 @@ def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
 
+    if n > 256:  # more indices than colours: a continuous scale (matplotlib's BoundaryNorm
+        # holds its bin numbers in int16 and fails past 32,767 slots, issue 26)
+        base = _cmap(cmap_name) if dark else colormaps[cmap_name]
+        return ScalarMappable(norm=Normalize(vmin=-0.5, vmax=n - 0.5), cmap=base)
     cmap = (_cmap(cmap_name) if dark else colormaps[cmap_name]).resampled(n)
     norm = BoundaryNorm(np.arange(-0.5, n + 0.5), n)
     return ScalarMappable(norm=norm, cmap=cmap)

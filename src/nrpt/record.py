@@ -27,7 +27,8 @@ Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
   iteration ``thin - 1, 2 thin - 1, ...`` (with ``slots="all"``: ``[R, n, P, dim]``, the states
   of every slot, for the no-swap baselines);
 * ``energies`` ``[n]`` / ``[R, n]`` — the tempered part ``v`` of those states;
-* ``index``    ``[K + 1, R, P]`` int16 — ``slot_of[replica]`` before the first iteration (row 0)
+* ``index``    ``[K + 1, R, P]`` int16 (int32 above 32,768 slots: :func:`index_dtype`) —
+  ``slot_of[replica]`` before the first iteration (row 0)
   and after each iteration.
 """
 
@@ -265,6 +266,17 @@ def _check_size(K: int, R: int, P: int, dim: int, n: int, slots: str, item: int,
                              f"iterations / rounds or raise thin")
 
 
+def index_dtype(P: int) -> np.dtype:
+    """The dtype of the index process (``slot_of``, values ``0 .. P - 1``) of ``P`` slots: int16
+    up to 32,768 slots, int32 above (int16 wrapped around past 32,767: issue 26)."""
+    return np.dtype(np.int16) if int(P) - 1 <= np.iinfo(np.int16).max else np.dtype(np.int32)
+
+
+def index_torch_dtype(P: int) -> torch.dtype:
+    """:func:`index_dtype` as a torch dtype."""
+    return torch.int16 if index_dtype(P) == np.int16 else torch.int32
+
+
 class Draws(RecorderBase):
     """Recorder (``draws``, :mod:`nrpt.roles`) streaming the run's records in chunks."""
 
@@ -297,7 +309,7 @@ class Draws(RecorderBase):
         self._paths = None if out is None else {
             "samples": (out / "samples.npy", s_shape, dtype, row_axis),
             "energies": (out / "energies.npy", e_shape, dtype, row_axis),
-            "index": (out / "index.npy", (self.K + 1, R, P), np.int16, 0)}
+            "index": (out / "index.npy", (self.K + 1, R, P), index_dtype(P), 0)}
         self._disk: dict[str, int] | None = None
         self._tail, self._e_tail = tail, e_tail
         #: the checksums of the record files' valid rows (state_dict): rows per block, the
@@ -311,7 +323,7 @@ class Draws(RecorderBase):
         if out is None:
             self.samples = np.zeros(s_shape, dtype=dtype)
             self.energies = np.zeros(e_shape, dtype=dtype)
-            self.index = np.zeros((self.K + 1 if self.store else 0, R, P), dtype=np.int16)
+            self.index = np.zeros((self.K + 1 if self.store else 0, R, P), dtype=index_dtype(P))
         elif resume:  # checked now, reopened by load_state_dict once the rows needed are known
             self._disk = {name: _check(*spec) for name, spec in self._paths.items()}
             self.samples = self.energies = self.index = self._s = self._e = None
@@ -336,7 +348,7 @@ class Draws(RecorderBase):
 
     def initial(self, slot_of: torch.Tensor) -> None:
         if self.store:
-            self.index[0] = slot_of.to("cpu", torch.int16).numpy()
+            self.index[0] = slot_of.to("cpu", index_torch_dtype(self.P)).numpy()
         self._next_row = 1
 
     def record(self, it) -> None:
@@ -345,7 +357,7 @@ class Draws(RecorderBase):
         x = it.slot_x(self.reads_slots) if draw else None  # every rank takes part in the gather
         if not self.store:
             return
-        self._buffer(it.slot_of.to(torch.int16)[None])
+        self._buffer(it.slot_of.to(index_torch_dtype(self.P))[None])
         if draw:
             if self.slots == "target":
                 x, v = x.squeeze(1), it.slot_energies[:, 0]
@@ -362,7 +374,7 @@ class Draws(RecorderBase):
         block; the files end as with ``U`` calls of :meth:`record`."""
         if not self.store:
             return
-        self._buffer(block.slot_of.to(torch.int16, copy=True))
+        self._buffer(block.slot_of.to(index_torch_dtype(self.P), copy=True))
         first = (self.thin - (block.k0 + 1) % self.thin) % self.thin
         if first < block.U:
             x = block.watched_x(self.reads_slots)[first::self.thin]  # [D, R, S, dim]
@@ -376,7 +388,7 @@ class Draws(RecorderBase):
             self.flush()
 
     def _buffer(self, rows: torch.Tensor) -> None:
-        """Hold index rows ``[n, R, P]`` (int16) until the next flush."""
+        """Hold index rows ``[n, R, P]`` (:func:`index_dtype`) until the next flush."""
         self._buf_i.append(rows)
         self._buf_rows += rows.shape[0]
 

@@ -195,6 +195,104 @@ def _check_values(out: Any, member: str, dim: int) -> None:
             f"target.{member}(x) must return shape [n] = [{n}] for x of shape "
             f"[n, dim] = [{n}, {dim}]; got {_shape(out)}"
         )
+    if not out.dtype.is_floating_point:  # bool, integer and complex values are refused
+        raise TargetError(
+            f"target.{member}(x) must return real floating-point values (float64 or float32, "
+            f"like x); got dtype {str(out.dtype).replace('torch.', '')}"
+        )
+
+
+def _call_pure(target: Any, member: str, x: torch.Tensor) -> Any:
+    """``target.member(x)``, refusing a function that changes its input ``x`` in place (the
+    sampler's states would change under it)."""
+    before = x.clone()
+    out = _call(target, member, f"{member}(x)", x)
+    if not torch.equal(x, before):
+        raise TargetError(
+            f"target.{member}(x) of {_describe(target)} modified its input x in place; compute "
+            f"on a copy (x = x.clone()) or with out-of-place torch ops"
+        )
+    return out
+
+
+def _check_generator_use(target: Any, x: torch.Tensor, device, seed: int) -> None:
+    """``reference_sample(n, generator)`` must draw from ``generator``: equal seeds give equal
+    draws and another seed other draws (never the global RNG or a state of its own)."""
+    sig = "reference_sample(n, generator)"
+    again = _call(target, "reference_sample", sig, _PROBE_N,
+                  torch.Generator(device=device).manual_seed(seed))
+    other = _call(target, "reference_sample", sig, _PROBE_N,
+                  torch.Generator(device=device).manual_seed(seed + 1))
+    same = isinstance(again, torch.Tensor) and again.shape == x.shape and \
+        torch.equal(again.detach().to(x), x)
+    differs = isinstance(other, torch.Tensor) and not (
+        other.shape == x.shape and torch.equal(other.detach().to(x), x))
+    if not same or not differs:
+        what = ("two generators with the same seed gave different draws" if not same else
+                "generators with different seeds gave the same draws")
+        raise TargetError(
+            f"target.{sig} of {_describe(target)} does not draw from its generator ({what}): "
+            f"draw every random number from `generator` (torch.randn(..., generator=generator)),"
+            f" never the global RNG (runs must be reproducible and independent across chains)"
+        )
+
+
+#: members whose gradient an explorer takes, and the members that supply it instead
+_GRADIENTS = {
+    "temperature": ((("energy",), ("grad_energy", "energy_and_grad"))),
+    "geometric": ((("log_likelihood", "reference_log_prob"),
+                   ("grad_log_likelihood", "grad_reference_log_prob"))),
+}
+
+
+def _check_gradient(target: Any, kind: str, x: torch.Tensor, explorer: str) -> None:
+    """An explorer that follows the gradient (``explorer``) needs one that depends on ``x``:
+    a value computed outside autograd (NumPy, ``.item()``, ``.detach()``) would give a zero
+    gradient and silently turn MALA into a random walk, HMC into a drift-free walk.  A member
+    whose values differ at the probe points must be connected to ``x`` in autograd and have a
+    gradient that is not zero at every probe point (a member constant there is left alone:
+    a flat energy has a zero gradient)."""
+    members, supplied = _GRADIENTS[kind]
+    desc = _describe(target)
+    how = (f"compute it with torch ops on x (no NumPy, .item(), .detach() or torch.no_grad), "
+           f"or supply {' and '.join(supplied) if kind == 'geometric' else supplied[0]}(x) -> "
+           f"[n, dim]")
+    have = [m for m in supplied if callable(getattr(target, m, None))]
+    use_supplied = bool(have) if kind == "temperature" else len(have) == len(supplied)
+    for i, member in enumerate(members):
+        if use_supplied:
+            with torch.no_grad():
+                u = _call(target, member, f"{member}(x)", x)
+                if kind == "temperature" and "grad_energy" not in have:
+                    g = _call(target, "energy_and_grad", "energy_and_grad(x)", x)[1]
+                else:
+                    name = "grad_energy" if kind == "temperature" else supplied[i]
+                    g = _call(target, name, f"{name}(x)", x)
+            source = f"{'grad_energy' if kind == 'temperature' else supplied[i]}(x)"
+        else:
+            with torch.enable_grad():
+                xg = x.detach().clone().requires_grad_(True)
+                u = _call(target, member, f"{member}(x)", xg)
+                ok = torch.isfinite(u.detach())
+                varies = int(ok.sum()) >= 2 and bool((u.detach()[ok] != u.detach()[ok][0]).any())
+                if not varies:
+                    continue
+                if not u.requires_grad or u.grad_fn is None:
+                    raise TargetError(
+                        f"target {desc}: {member}(x) is not connected to x in autograd (its "
+                        f"result has no gradient), but explorer {explorer!r} needs the "
+                        f"gradient; {how}")
+                (g,) = torch.autograd.grad(u[ok].sum(), xg, allow_unused=True)
+            source = f"the autograd gradient of {member}(x)"
+        if g is None:
+            g = torch.zeros_like(x)
+        u = u.detach()
+        ok = torch.isfinite(u)
+        varies = int(ok.sum()) >= 2 and bool((u[ok] != u[ok][0]).any())
+        if varies and not bool((torch.as_tensor(g).detach()[ok] != 0).any()):
+            raise TargetError(
+                f"target {desc}: {source} is zero at every probe point although {member}(x) "
+                f"varies there, and explorer {explorer!r} follows the gradient; {how}")
 
 
 def _check_states(out: Any, signature: str, dim: int) -> None:
@@ -236,6 +334,7 @@ def validate_target(
     device: torch.device | str = "cpu",
     *,
     probe: dict[str, Any] | None = None,
+    gradient_for: str | None = None,
 ) -> PathKind:
     """Check ``target`` against the target protocol and return its path kind.
 
@@ -246,6 +345,13 @@ def validate_target(
     values are allowed (a target may be ``-inf`` somewhere).  Raises :class:`TargetError` with a
     message naming the offending member.  ``probe``: a dict that receives the probe batch's
     values (``{member: [n floats]}``, for :func:`fingerprint`: no extra call of user code).
+
+    Also refused: values that are not real floating point (bool, integer, complex), a function
+    that changes its input ``x`` in place, a ``reference_sample`` that does not draw from its
+    generator (equal seeds must give equal draws, another seed other draws), and -- with
+    ``gradient_for`` (the name of an explorer that follows the gradient: mala, hmc, the
+    stochastic-gradient ones) -- a gradient not connected to ``x`` or zero at every probe point
+    where the values vary (an energy computed with NumPy would make MALA a random walk).
     """
     kind = path_kind(target)
     dim = _check_dim(target)
@@ -260,17 +366,20 @@ def validate_target(
         x = _call(target, "reference_sample", "reference_sample(n, generator)", n, generator)
         _check_states(x, "reference_sample(n, generator)", dim)
         x = x.detach().to(dtype=dtype, device=device)
+        _check_generator_use(target, x, device, 20240611)
         for member in ("log_likelihood", "reference_log_prob"):
-            out = _call(target, member, f"{member}(x)", x)
+            out = _call_pure(target, member, x)
             _check_values(out, member, dim)
             _keep(probe, member, out)
     else:
         steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
         signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
         x = 0.1 * steps * signs  # zeros, then small offsets of alternating sign
-        out = _call(target, "energy", "energy(x)", x)
+        out = _call_pure(target, "energy", x)
         _check_values(out, "energy", dim)
         _keep(probe, "energy", out)
+    if gradient_for is not None:
+        _check_gradient(target, kind, x, gradient_for)
 
     if hasattr(target, "initial_states"):
         if not callable(target.initial_states):
@@ -532,6 +641,9 @@ def _load_target(spec: str, kwargs: dict[str, Any], modules: dict[str, str]) -> 
             f"unknown target {spec!r}: use a built-in name ({names}) or "
             f"path/to/file.py:NAME for a target defined in your own file"
         )
+    from .scalars import plain as _plain  # NumPy / 0-d torch scalars are numbers like any other
+
+    kwargs = {k: _plain(v) for k, v in kwargs.items()}
     try:
         return BUILTIN_TARGETS[key](**kwargs)
     except TypeError as e:

@@ -73,9 +73,16 @@ def _default(name: str, value) -> str:
                                      else ")")
 
 
+def _window(text: str):
+    return text if text == "optimal" else int(text)
+
+
+_window.__name__ = "window (an integer >= 1 or optimal)"  # argparse: "invalid <name> value"
+
+
 def _type(f):
     if f.name == "window":
-        return lambda s: s if s == "optimal" else int(s)
+        return _window
     if f.name in ("lr", "collect_every", "cycles"):
         return (float if f.name == "lr" else int)
     t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
@@ -131,6 +138,20 @@ def _build(settings: dict):
 
 
 def run(args) -> int:
+    from .fitting import folder_lock
+
+    folder = args.resume or args.out
+    if args.resume and not Path(args.resume).is_dir():
+        print(f"nrpt: error: {args.resume} holds no `nrpt deep` run (no such folder)",
+              file=sys.stderr)
+        return 2
+    # the folder's lock from before cli.json is read or written to the end of the run: a
+    # second run or resume of the same folder is refused (RunFolderBusy: nrpt: error ...)
+    with folder_lock(folder):
+        return _run(args)
+
+
+def _run(args) -> int:
     from .fitting import fit
 
     if args.resume:

@@ -61,6 +61,7 @@ from ..explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
 from ..health import SamplingWarning
 from ..loop import Plan, Run, execute
 from ..paths import NoiseLadder, geometric_ladder
+from ..record import index_torch_dtype
 from ..recorders import RoundTrips, SwapStats, Trace, json_ready
 from ..roles import RecorderBase
 from ..swap import DEOW, Deterministic, NoSwap
@@ -111,6 +112,13 @@ class DeepConfig:
     checkpoint_every: int = 2000
 
     def __post_init__(self):
+        from dataclasses import fields as _fields
+
+        from ..scalars import plain as _plain
+
+        for f in _fields(self):  # NumPy / 0-d torch scalars are numbers like any other
+            setattr(self, f.name, _plain(getattr(self, f.name)))
+
         def bad(name, allowed):
             raise ValueError(f"{name} must be {allowed}; got {getattr(self, name)!r}")
 
@@ -131,12 +139,22 @@ class DeepConfig:
                 bad(name, "a finite number > 0")
         if not self.lr_min < self.lr_max:
             raise ValueError(f"lr_min must be < lr_max; got {self.lr_min} and {self.lr_max}")
-        if self.lr is not None and not (isinstance(self.lr, int | float) and self.lr > 0):
-            bad("lr", "a number > 0 (or None: lr_min)")
+        def finite(v) -> bool:
+            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                and 0 <= self.seed < 2 ** 64):
+            bad("seed", "an integer in [0, 2^64)")
+        if self.lr is not None and not (finite(self.lr) and self.lr > 0):
+            bad("lr", "a finite number > 0 (or None: lr_min)")
+        if not finite(self.correction):
+            bad("correction", "a finite number")
+        if not (finite(self.sa_scale) and self.sa_scale > 0):
+            bad("sa_scale", "a finite number > 0")
         if not 0 <= self.momentum < 1:
             bad("momentum", "in [0, 1)")
-        if not (isinstance(self.weight_decay, int | float) and self.weight_decay >= 0):
-            bad("weight_decay", "a number >= 0")
+        if not (finite(self.weight_decay) and self.weight_decay >= 0):
+            bad("weight_decay", "a finite number >= 0")
         if not 0 < self.swap_rate < 1:
             bad("swap_rate", "in (0, 1)")
         if not (self.window == "optimal" or (isinstance(self.window, int) and self.window >= 1)):
@@ -145,15 +163,15 @@ class DeepConfig:
             bad("batch_size", "an integer >= 2")
         if not 0 <= self.burn_in < 1:
             bad("burn_in", "a fraction in [0, 1)")
-        if not (isinstance(self.pretrain_epochs, int | float) and self.pretrain_epochs >= 0):
-            bad("pretrain_epochs", "a number >= 0")
+        if not (finite(self.pretrain_epochs) and self.pretrain_epochs >= 0):
+            bad("pretrain_epochs", "a finite number >= 0")
         if self.collect_every is not None and not (isinstance(self.collect_every, int)
                                                    and self.collect_every >= 1):
             bad("collect_every", "an integer >= 1 (iterations) or None (one epoch)")
         if self.cycles is not None and not (isinstance(self.cycles, int) and self.cycles >= 1):
             bad("cycles", "an integer >= 1")
-        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
-            bad("temperature", "a number >= 0")
+        if not (finite(self.temperature) and self.temperature >= 0):
+            bad("temperature", "a finite number >= 0")
         for name in ("swag_rank", "swag_samples", "checkpoint_every"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
@@ -417,6 +435,38 @@ def _engine(target, estimator, explorer, P: int, temps, step, scheme, rule, seed
                     initial_states=x0.reshape(1, P, -1))
 
 
+#: run folders whose lock this process holds (resolved path -> depth): ``nrpt deep`` takes the
+#: lock before it writes cli.json and :func:`fit` takes it again (a second flock of the same
+#: file from this process would refuse it)
+_HELD: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def folder_lock(out: str | Path | None):
+    """The run folder's lock (:class:`nrpt.runfolder.RunLock`, ``.nrpt.lock``) for a deep run:
+    a second run or resume of ``out`` while this one goes on fails at once with
+    :class:`nrpt.runfolder.RunFolderBusy`.  Re-entrant within this process; creates ``out``."""
+    if out is None:
+        yield
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    key = str(out.resolve())
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    with rf.RunLock(out):
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
+
+
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
@@ -431,8 +481,18 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
     every 256 iterations of the pretraining and of the main run; raising ``KeyboardInterrupt``
     there stops it cleanly (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)``
-    receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy)."""
+    receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy).
+
+    The folder ``out`` is locked for the whole call (:func:`folder_lock`): a concurrent run or
+    resume of the same folder is refused (:class:`nrpt.runfolder.RunFolderBusy`)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
+    with folder_lock(out):
+        return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
+                    classes=classes, resume=resume, callback=callback, say=say)
+
+
+def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, callback,
+         say) -> DeepResult:
     net = FunctionalNet(model)
     dev, dtype = net.device, net.dtype
     if cfg.device is not None and torch.device(cfg.device) != dev:
@@ -671,7 +731,7 @@ class IndexRecorder(RecorderBase):
         self.reads_slots = ()
 
     def record(self, it) -> None:
-        self.rows.append(it.slot_of[0].to(torch.int16).clone())
+        self.rows.append(it.slot_of[0].to(index_torch_dtype(it.slot_of.shape[-1])).clone())
 
     def array(self) -> np.ndarray:
         return torch.stack(self.rows).cpu().numpy() if self.rows else np.zeros((0, 0), np.int16)
