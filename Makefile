@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational clean
+        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,10 @@ bench-deep: $(STAMP)
 # peers are installed (pinned) into the throwaway venv benchmarks/peers/.venv on first use
 bench-peers: $(STAMP)
 	$(BENCH) benchmarks/peers/bench.py
+
+# every CLI flag with 8 bad words: clear errors, no tracebacks, nothing silently accepted
+fuzz-cli: $(STAMP)
+	$(BENCH) benchmarks/fuzz_cli.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
