@@ -545,6 +545,21 @@ def checkpoint_exists(out: Path) -> bool:
     return (out / CHECKPOINT).exists() or (out / PREV_CHECKPOINT).exists()
 
 
+def _keep_as_previous(current: Path, previous: Path) -> None:
+    """Make ``previous`` a second name of ``current`` (a hard link under a temporary name,
+    renamed over ``previous``), leaving ``current`` in place; where the file system has no hard
+    links, ``current`` is moved (the old behaviour: a moment without ``current``)."""
+    link = previous.with_name(previous.name + ".link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    try:
+        os.link(current, link)
+    except OSError:
+        os.replace(current, previous)
+        return
+    os.replace(link, previous)
+
+
 def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
     """Write ``payload`` (assembled by :func:`nrpt.loop.execute`) as ``checkpoint.pt``, keeping
     the one before as ``checkpoint.prev.pt``; each with a sidecar holding its size and sha256,
@@ -581,9 +596,12 @@ def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         # the sidecars list the hashes of good checkpoints; any one of them vouches for a file
-        # (read_checkpoint), so a crash between these renames never strands a good checkpoint
+        # (read_checkpoint), so a crash between these renames never strands a good checkpoint.
+        # The current checkpoint becomes the previous one through a hard link, so that
+        # checkpoint.pt exists at every instant (moving it left a window in which a kill -9
+        # made the next resume fall back to checkpoint.prev.pt with a warning)
         if (out / CHECKPOINT).exists():
-            os.replace(out / CHECKPOINT, out / PREV_CHECKPOINT)
+            _keep_as_previous(out / CHECKPOINT, out / PREV_CHECKPOINT)
         if (out / SIDECAR).exists():
             os.replace(out / SIDECAR, out / PREV_SIDECAR)
         os.replace(side_tmp, out / SIDECAR)
