@@ -15,10 +15,12 @@ Only the budget is cut, so that the suite stays fast; the rest of the text is th
   cost ~3 s a run and are tested elsewhere; the first run still writes its folder's figures).
 
 The block ``make run`` / ``make test`` is not run (it builds a virtual environment and would run
-this suite inside itself).  Lines that compile (``--compile true``), start processes
-(``--nproc``), compile a PyMC model or train on MNIST-1D are marked slow (``make test-slow``);
-the rest costs about 35 s of CPU (the command-line block ~20 s: 11 processes, one of which
-writes figures).  A failing line is
+this suite inside itself).  Lines that compile (``--compile true``: marker ``compile``), start processes
+(``--nproc``: ``distributed``), compile a PyMC model or train on MNIST-1D (``slow``) run with
+``make test-all``;
+the deep Python block is slow too (test_deep.py's fits are its fast representatives); the rest
+costs about 30 s of CPU (the command-line block ~20 s: 11 processes, one of which writes
+figures).  A failing line is
 reported with its README line number and its output."""
 
 from __future__ import annotations
@@ -194,20 +196,22 @@ def test_command_line_block(home):
     assert (folder / "runs" / "again" / "summary.json").exists()
 
 
+def _run_marked_lines(home, marker: str, count: int) -> None:
+    """The lines of the command-line block that contain ``marker`` (there are ``count``)."""
+    _, start, text = _block("nrpt run ")
+    lines = [(no, line) for no, line in commands(start, text) if marker in line]
+    assert len(lines) == count
+    run_shell(lines, home)
+
+
 @pytest.mark.compile
 def test_command_line_block_compiled_lines(home):
-    _, start, text = _block("nrpt run ")
-    lines = [(no, line) for no, line in commands(start, text) if "--compile true" in line]
-    assert len(lines) == 2
-    run_shell(lines, home)
+    _run_marked_lines(home, "--compile true", 2)
 
 
 @pytest.mark.distributed
 def test_command_line_block_multi_process_lines(home):
-    _, start, text = _block("nrpt run ")
-    lines = [(no, line) for no, line in commands(start, text) if "--nproc" in line]
-    assert len(lines) == 2
-    run_shell(lines, home)
+    _run_marked_lines(home, "--nproc", 2)
 
 
 @pytest.mark.slow
@@ -218,7 +222,9 @@ def test_pymc_block(home):
     run_python(start, text, home)
 
 
+@pytest.mark.slow
 def test_deep_python_block(home):
+    """Slow (6 s): test_deep.py's fits on digits are the fast representatives."""
     pytest.importorskip("sklearn")
     _, start, text = _block("import nrpt.deep")
     run_python(start, text, home)
