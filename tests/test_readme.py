@@ -15,9 +15,9 @@ Only the budget is cut, so that the suite stays fast; the rest of the text is th
   cost ~3 s a run and are tested elsewhere; the first run still writes its folder's figures).
 
 The block ``make run`` / ``make test`` is not run (it builds a virtual environment and would run
-this suite inside itself).  Lines that compile (``--compile true``: marker ``compile``), start processes
-(``--nproc``: ``distributed``), compile a PyMC model or train on MNIST-1D (``slow``) run with
-``make test-all``;
+this suite inside itself).  Lines that compile (``--compile true``: marker ``compile``),
+start processes (``--nproc``: ``distributed``), compile a PyMC model or train on MNIST-1D
+(``slow``) run with ``make test-all``;
 the deep Python block is slow too (test_deep.py's fits are its fast representatives); the rest
 costs about 30 s of CPU (the command-line block ~20 s: 11 processes, one of which writes
 figures).  A failing line is
