@@ -101,17 +101,19 @@ def test_exact_moments_are_printed_for_a_known_target():
     assert "approximation_note" not in res.summary and "approximate" not in text
 
 
+class Plain:
+    """A user's target: a 1-D standard normal energy, no known moments."""
+    dim = 1
+    name = "plain"
+
+    def energy(self, x):
+        return 0.5 * (x * x).sum(1)
+
+    def initial_states(self, n, generator, dtype=torch.float64):
+        return torch.randn(n, 1, generator=generator, dtype=dtype)
+
+
 def test_no_exact_moments_without_a_known_answer():
-    class Plain:  # a user's target: energy only
-        dim = 1
-        name = "plain"
-
-        def energy(self, x):
-            return 0.5 * (x * x).sum(1)
-
-        def initial_states(self, n, generator, dtype=torch.float64):
-            return torch.randn(n, 1, generator=generator, dtype=dtype)
-
     assert exact_moments(Plain()) is None
 
     class Other:  # a `mean` that is not the target's mean (wrong shape): not taken
@@ -232,15 +234,8 @@ def test_recommended_chains_noisy_uses_the_noise_temperatures_of_sgld():
 def test_a_targets_failing_exact_moments_is_reported_not_dropped():
     """A user's ``exact_moments()`` that raises or returns the wrong keys / size was swallowed
     (the report then showed no exact line, as for a target without a known answer)."""
-    class Misnamed:  # "std" for "sd": the known answer must not vanish without a word
-        dim = 1
+    class Misnamed(Plain):  # "std" for "sd": the known answer must not vanish without a word
         name = "misnamed"
-
-        def energy(self, x):
-            return 0.5 * (x * x).sum(1)
-
-        def initial_states(self, n, generator, dtype=torch.float64):
-            return torch.randn(n, 1, generator=generator, dtype=dtype)
 
         def exact_moments(self):
             return {"mean": [0.0], "std": [1.0]}
