@@ -24,14 +24,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from nrpt import rng  # noqa: E402
+from nrpt.core.engine import PTEngine  # noqa: E402
 from nrpt.deep.data import load_dataset  # noqa: E402
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget  # noqa: E402
 from nrpt.deep.fitting import METHODS, fit  # noqa: E402
 from nrpt.deep.models import build_model  # noqa: E402
 from nrpt.deep.replicas import FunctionalNet  # noqa: E402
-from nrpt.engine import PTEngine  # noqa: E402
 from nrpt.explorers.sgmcmc import MomentumSGD  # noqa: E402
-from nrpt.paths import NoiseLadder  # noqa: E402
+from nrpt.paths.ladders import NoiseLadder  # noqa: E402
 from nrpt.swap import DEOW, Deterministic, NoSwap  # noqa: E402
 
 

@@ -37,20 +37,20 @@ import numpy as np
 import torch
 
 import nrpt
-from nrpt import plots
 from nrpt.adapt import VarianceTracker
 from nrpt.adapt.sa import window_from_swap_rate
+from nrpt.core.loop import Run
 from nrpt.diagnostics import theory
-from nrpt.energy import ControlVariateEnergy, MinibatchEnergy, NoisyOracle
+from nrpt.energy.estimators import ControlVariateEnergy, MinibatchEnergy, NoisyOracle
 from nrpt.explorers import SGLD, Cyclical, Noise
-from nrpt.loop import Run
-from nrpt.paths import NoiseLadder
-from nrpt.recorders import SwapStats
+from nrpt.paths.ladders import NoiseLadder
+from nrpt.recorders.stats import SwapStats
+from nrpt.report import figures as plots
 from nrpt.roles import RecorderBase
-from nrpt.sgpt import HEADLINE, grid_errors, iid_floor, run_chains
+from nrpt.run.sgpt import HEADLINE, grid_errors, iid_floor, run_chains
 from nrpt.swap import BiasCorrected, make_scheme
 from nrpt.targets import TwentyFiveModes
-from nrpt.targets.noisy import MixtureMeanModel
+from nrpt.targets.minibatch import MixtureMeanModel
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "reproduction"
 WINDOWS = (1, 2, 4, 6, 8, 10, 12)

@@ -1,4 +1,4 @@
-"""Cost of spreading replicas over processes (nrpt.distributed, gloo on CPU).
+"""Cost of spreading replicas over processes (nrpt.core.sharding, gloo on CPU).
 
 Two workloads, each timed in 1, 2 and 4 processes side by side in one run:
 
@@ -56,10 +56,10 @@ class Heavy:
 
 
 def worker(spec: dict) -> None:
-    from nrpt import distributed
-    from nrpt.build import build
-    from nrpt.config import RunConfig
-    from nrpt.loop import execute
+    from nrpt.core import sharding as distributed
+    from nrpt.core.loop import execute
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
 
     torch.set_num_threads(1)
     t_start = time.perf_counter()
@@ -145,7 +145,7 @@ def main() -> None:
     if args.split_check:
         split_check(args.depth[0])
         return
-    from nrpt.distributed import spawn
+    from nrpt.core.sharding import spawn
 
     print(f"machine: {os.cpu_count()} CPU cores, torch {torch.__version__}, one thread per "
           f"process, gloo; medians of {args.repeats} repeats")

@@ -8,7 +8,7 @@ import io
 import os
 import tempfile
 
-from nrpt.cli import _parser, main
+from nrpt.run.cli import _parser, main
 
 BAD = ["maybe", "-1", "nan", "", "1e400", "0", "tru", "1.5"]
 # flags whose values are paths or free-form (their own tests cover them)

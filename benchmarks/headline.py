@@ -1,6 +1,6 @@
 """The headline run against its NumPy yardstick (``make bench-headline``).
 
-nrpt's headline run (``nrpt run`` with no arguments, :data:`nrpt.sgpt.HEADLINE`: DEO*-SGD x P16
+nrpt's headline run (``nrpt run`` with no arguments, :data:`nrpt.run.sgpt.HEADLINE`: DEO*-SGD x P16
 on the 25-mode target with a noisy oracle, 20,000 iterations) is timed beside
 ``benchmarks/headline_numpy.py``, a plain NumPy implementation of the same algorithm, in one
 session, round-robin (the order rotates every repeat), ``--reps`` repeats of:
@@ -71,8 +71,8 @@ UNROLL = {"nrpt_fused": 8, "nrpt_fused16": 16}
 def headline_config(iterations: int, seed: int, compiled: bool = False, fused: bool = False):
     """The run ``nrpt run`` makes with no arguments (other than ``iterations`` / ``seed``;
     ``compiled``: with ``compile = true``; ``fused``: and ``fuse = true``)."""
-    from nrpt.config import RunConfig
-    from nrpt.sgpt import HEADLINE
+    from nrpt.run.config import RunConfig
+    from nrpt.run.sgpt import HEADLINE
 
     data = {"compile": True} if compiled or fused else {}
     if fused:
@@ -104,10 +104,10 @@ def nrpt_stats(run) -> dict:
 def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False, unroll: int = 0) -> dict:
     """The loop's ``wall_time_s`` and its steady cost per iteration (from the callback every
     256 iterations, past the first 256: compilation included in the former only); ``unroll``:
-    the fused loop (nrpt.fused) with chunks of that many iterations, compiled."""
-    from nrpt.build import build
-    from nrpt.fused import Fused
-    from nrpt.loop import execute
+    the fused loop (nrpt.core.fused) with chunks of that many iterations, compiled."""
+    from nrpt.core.fused import Fused
+    from nrpt.core.loop import execute
+    from nrpt.run.build import build
 
     t0 = time.perf_counter()
     run = build(headline_config(iterations, seed, compiled, fused=unroll > 0))

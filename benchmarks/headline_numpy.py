@@ -1,7 +1,7 @@
 """The NumPy yardstick of nrpt's headline run: DEO*-SGD x P16 on the 25-mode target.
 
 A minimal, plain NumPy implementation of the algorithm that ``nrpt run`` (no arguments; the
-preset :data:`nrpt.sgpt.HEADLINE`) runs -- Deng et al. (AAAI 2023), Algorithm 1, in the form
+preset :data:`nrpt.run.sgpt.HEADLINE`) runs -- Deng et al. (AAAI 2023), Algorithm 1, in the form
 nrpt implements it -- written from nrpt's own modules, vectorized over the ``P`` replicas (no
 Python loop over replicas), one ``np.random.Generator`` (PCG64) seeded once.  It does not
 reproduce nrpt's random stream, only its law; ``benchmarks/headline.py`` compares the two.
@@ -12,7 +12,8 @@ Per iteration ``k`` (nrpt's order: explore, swaps, adaptors, records):
    learning rate with the noisy gradient cached at its position,
    ``x <- x - eta_slot * grad~U(x)``; the replica at slot 0 also gets Langevin noise
    ``sqrt(2 eta_0 tau_0) xi`` (noise temperature ``tau_0 = bottom_temperature = 1``; the other
-   slots have temperature 0).  The noisy oracle (``nrpt.energy.NoisyOracle``) is evaluated once
+   slots have temperature 0).  The noisy oracle (``nrpt.energy.estimators.NoisyOracle``) is
+   evaluated once
    at the new position: ``U~ = U + 2 N(0, 1)``, ``grad~U = grad U + 2 N(0, I)``; its energy is
    what the swaps read, its gradient is cached for the next move.  A step whose position,
    energy or gradient is not finite is not taken (nrpt's guard).
@@ -25,7 +26,8 @@ Per iteration ``k`` (nrpt's order: explore, swaps, adaptors, records):
 3. stochastic approximation (``nrpt.adapt.sa``), step ``gamma_k = 50 / (k^0.8 + 500)``:
    ``C <- C + gamma_k (mean_p A_p - S)`` and, with the end points fixed, the learning rates by
    Eq. 11 with ``H_p = A_p - S`` (a ladder that would lose its order is left unchanged).
-4. records (``nrpt.record.Draws``, ``nrpt.recorders.Trace``): the slot-0 position and energy,
+4. records (``nrpt.recorders.draws.Draws``, ``nrpt.recorders.stats.Trace``): the slot-0 position
+  and energy,
    the index process (``slot_of`` per replica, int16, with the initial row), ``C`` and the
    learning rates every ``K // 1000`` iterations; the sum of the verdicts ``A_p`` (and a copy of
    it at mid-run, for the rates of the second half).
@@ -52,7 +54,7 @@ import numpy as np
 
 __all__ = ["HEADLINE", "simulate", "window_from_swap_rate", "round_trips", "oracle"]
 
-#: the settings of nrpt's headline run (nrpt.sgpt.HEADLINE and the RunConfig defaults it uses)
+#: the settings of nrpt's headline run (nrpt.run.sgpt.HEADLINE and the RunConfig defaults it uses)
 HEADLINE = {"chains": 16, "iterations": 20_000, "lr_min": 0.003, "lr_max": 0.6,
             "noise_sd": 2.0, "swap_rate": 0.4, "correction": 4.0, "adapt": True,
             "sa_step": (50.0, 0.8, 500.0), "bottom_temperature": 1.0, "penalty": True,

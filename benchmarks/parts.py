@@ -3,7 +3,7 @@
     python benchmarks/parts.py            # make bench-parts (OMP_NUM_THREADS=1)
     python benchmarks/parts.py --quick    # a smoke run (numbers not for reporting)
 
-Two runs: the headline DEO*-SGD x P16 run (``nrpt.sgpt.HEADLINE``) and exact PT on the 25-mode
+Two runs: the headline DEO*-SGD x P16 run (``nrpt.run.sgpt.HEADLINE``) and exact PT on the 25-mode
 target (RWMH, DEO, R = 32 systems x P = 8).  For each, after a warm-up, the µs per call of
 ``engine.step``, the bare explorer step, every adaptor's ``observe`` and every recorder's
 ``record`` (the ``draws`` recorder included: it keeps the draws in memory here), and one whole
@@ -28,17 +28,17 @@ from pathlib import Path
 
 import torch
 
-from nrpt.build import build
-from nrpt.config import RunConfig
 from nrpt.explorers import Noise
-from nrpt.sgpt import HEADLINE
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
+from nrpt.run.sgpt import HEADLINE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from mix25_nrpt import Mix25  # noqa: E402
 
 
 def configs(iterations: int, fused: bool = False) -> dict[str, RunConfig]:
-    """The two runs; ``fused``: with ``fuse = true, compile = true`` (nrpt.fused)."""
+    """The two runs; ``fused``: with ``fuse = true, compile = true`` (nrpt.core.fused)."""
     more = {"fuse": True, "compile": True} if fused else {"fuse": False}  # (plain loop)
     return {"headline (sgd, P16)": RunConfig.from_dict({}, defaults=dict(
                 HEADLINE, iterations=iterations, **more)),

@@ -1,7 +1,7 @@
 """How long the default ``nrpt run`` spends writing ``posterior.nc``.
 
 Runs ``nrpt run --out OUT --overwrite`` (the default target and settings) in this fresh
-process with :func:`nrpt.report.export_inference_data` wrapped in a timer, so the figure
+process with :func:`nrpt.report.text.export_inference_data` wrapped in a timer, so the figure
 includes every import the writer triggers (ArviZ's, when it was used).  Prints one line::
 
     python benchmarks/posterior_write.py /tmp/x
@@ -10,8 +10,8 @@ includes every import the writer triggers (ArviZ's, when it was used).  Prints o
 import sys
 import time
 
-import nrpt.report as report
-from nrpt.cli import main
+import nrpt.report.text as report
+from nrpt.run.cli import main
 
 
 def run(out: str) -> None:

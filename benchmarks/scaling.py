@@ -5,8 +5,9 @@ energy and gradient (:class:`DiagonalGaussian`), DEO swaps, the fixed default te
 (no adaptation) and ``systems = R`` independent copies, three timings are taken in the same
 process, back to back and interleaved (full, bare, floor, full, bare, floor, ...):
 
-* **full** — one iteration of a run built by ``nrpt.build.build(RunConfig(...))`` and executed by
-  ``nrpt.loop.execute`` (explore, swaps, and the recorders ``nrpt.sample`` uses; no run folder,
+* **full** — one iteration of a run built by ``nrpt.run.build.build(RunConfig(...))`` and executed
+  by
+  ``nrpt.core.loop.execute`` (explore, swaps, and the recorders ``nrpt.sample`` uses; no run folder,
   draws kept in memory), from the loop's own clock ``Outcome.wall_time_s``: building the run is
   not timed.  A fresh run is built for every repeat;
 * **bare** — the batched explorer step alone, ``engine.explorer.step(state, b, h,
@@ -59,10 +60,10 @@ from typing import Any
 
 import torch
 
-from nrpt.build import build
-from nrpt.config import RunConfig
+from nrpt.core.loop import execute
 from nrpt.explorers import Noise
-from nrpt.loop import execute
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 _EXECUTE_THREADS = "threads" in inspect.signature(execute).parameters  # newer nrpt

@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 import nrpt
+from nrpt.core.loop import Run
 from nrpt.diagnostics import theory
-from nrpt.loop import Run
-from nrpt.recorders import RoundTrips
+from nrpt.recorders.stats import RoundTrips
 from nrpt.testing import Flat, Frozen
 
 

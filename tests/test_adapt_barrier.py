@@ -24,9 +24,9 @@ from scipy import integrate, special
 
 import nrpt
 from nrpt.adapt import ScheduleAdaptor
+from nrpt.core.loop import Plan, Run, execute
 from nrpt.diagnostics import theory
-from nrpt.loop import Plan, Run, execute
-from nrpt.recorders import RoundTrips, SwapStats
+from nrpt.recorders.stats import RoundTrips, SwapStats
 from nrpt.roles import AdaptorBase
 from nrpt.targets import Gaussian
 from nrpt.targets.gaussian_path import ScaledGaussianPath, ShiftedGaussianPath

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import nrpt
-from nrpt import api
+from nrpt.run import api
 
 
 def test_progress_defaults_to_off_under_pytest_and_on_at_a_prompt(monkeypatch, capsys):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nrpt
-from nrpt import registry
+from nrpt.run import registry
 from nrpt.targets import Gaussian
 
 SRC = Path(nrpt.__file__).parent

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from nrpt.cli import main
+from nrpt.run.cli import main
 
 SUMMARY_KEYS = {"round_trips", "round_trips_a5", "restarts", "swap_acceptance", "barrier",
                 "schedule", "n_iterations", "wall_time_s"}
@@ -143,7 +143,7 @@ def test_config_type_errors_name_the_setting(tmp_path, capsys):
 
 
 def test_list_shows_every_registered_name(capsys):
-    from nrpt import registry
+    from nrpt.run import registry
 
     code, out, _ = run_cli(["list"], capsys)
     assert code == 0

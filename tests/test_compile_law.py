@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import nrpt
-from nrpt.sgpt import HEADLINE
+from nrpt.run.sgpt import HEADLINE
 
 K, R = 2000, 16
 Z = 4.0  # 5 statistics, t with ~30 degrees of freedom: a false alarm below 1e-3 per check

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nrpt.config import SECTIONS, RunConfig
+from nrpt.run.config import SECTIONS, RunConfig
 
 DATA = Path(__file__).parent / "data"
 
@@ -45,7 +45,7 @@ def test_a_setting_that_does_not_apply_is_an_error_naming_it():
 
 
 def test_defaults_from_a_preset_are_dropped_when_they_do_not_apply():
-    from nrpt.sgpt import HEADLINE
+    from nrpt.run.sgpt import HEADLINE
 
     cfg = RunConfig.from_dict({"scheme": "deo"}, defaults=HEADLINE)
     assert cfg.scheme == "deo" and cfg.window is None and cfg.explorer == "sgd"
@@ -251,7 +251,7 @@ def test_built_in_target_options_take_numpy_and_torch_scalars():
     import numpy as np
     import torch
 
-    from nrpt.target import load_target
+    from nrpt.targets.protocol import load_target
 
     t = load_target("geometric-gaussian-path", dim=np.int64(3), c=torch.tensor(4.0))
     assert t.dim == 3 and type(t.dim) is int
@@ -267,7 +267,7 @@ BOOL_FLAGS = [("--figures", []), ("--compile", []), ("--adapt", ["--explorer", "
 
 @pytest.mark.parametrize("flag, rest", BOOL_FLAGS, ids=[f for f, _ in BOOL_FLAGS])
 def test_boolean_flags_take_the_documented_words_or_name_them(flag, rest, capsys):
-    from nrpt.cli import _parser
+    from nrpt.run.cli import _parser
 
     for word, want in [("true", True), ("False", False), ("YES", True), ("no", False),
                        ("on", True), ("Off", False), ("1", True), ("0", False)]:

@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from nrpt import rng
+from nrpt.core.engine import PTEngine
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.fitting import DeepConfig, fit
 from nrpt.deep.metrics import evaluate
 from nrpt.deep.replicas import FunctionalNet, StrategyWarning, choose_strategy
-from nrpt.engine import PTEngine
 from nrpt.explorers.sgmcmc import MomentumSGD
-from nrpt.paths import NoiseLadder
+from nrpt.paths.ladders import NoiseLadder
 from nrpt.swap import DEOW, Deterministic, NoSwap
 
 
@@ -177,7 +177,7 @@ def test_fit_every_method_reports_the_summary_and_predicts(method):
 
 
 def test_fit_deo_star_uses_the_optimal_window_and_deo_uses_one():
-    from nrpt.health import SamplingWarning
+    from nrpt.report.health import SamplingWarning
 
     with pytest.warns(SamplingWarning, match="windows of W = 342"):  # 6 iterations, W* = 342
         a, _, _ = _fit("deo-star", epochs=1, pretrain_epochs=0, swap_rate=0.005)
@@ -330,7 +330,7 @@ def test_a_failing_compile_falls_back_to_vmap(monkeypatch):
 
 
 def test_cli_deep_runs_writes_the_folder_and_resumes(tmp_path, capsys):
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     out = tmp_path / "deep"
     args = ["deep", "--dataset", "digits", "--method", "deo-star", "--chains", "2", "--epochs",
@@ -355,7 +355,7 @@ def test_cli_deep_runs_writes_the_folder_and_resumes(tmp_path, capsys):
 def test_every_nrpt_deep_option_has_help():
     import argparse
 
-    from nrpt.cli import _parser
+    from nrpt.run.cli import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     deep = sub.choices["deep"]
@@ -363,7 +363,7 @@ def test_every_nrpt_deep_option_has_help():
 
 
 def test_cli_deep_cifar_without_files_says_what_to_put_where(tmp_path, capsys):
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     code = main(["deep", "--dataset", "cifar100", "--data-dir", str(tmp_path), "--epochs", "1",
                  "--no-progress"])
@@ -378,7 +378,7 @@ def test_cifar_pipeline_runs_end_to_end_on_a_tiny_fake_folder(tmp_path, capsys):
     import numpy as np
     from test_deep_data import _write_batch
 
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     gen = np.random.default_rng(0)
     base = tmp_path / "data" / "cifar-10-batches-py"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import nrpt
+from nrpt.core.loop import Plan, Run, Segment, execute
 from nrpt.diagnostics import (
     RoundTripTracker,
     asymptotic_restart_rate,
@@ -22,8 +23,7 @@ from nrpt.diagnostics import (
     scheme_orders,
 )
 from nrpt.diagnostics.theory import exact_event_rates, predicted_rates
-from nrpt.loop import Plan, Run, Segment, execute
-from nrpt.recorders import RoundTrips, SwapStats
+from nrpt.recorders.stats import RoundTrips, SwapStats
 from nrpt.targets import Gaussian
 from nrpt.testing import Flat, Frozen
 

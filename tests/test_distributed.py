@@ -1,4 +1,4 @@
-"""Replicas across processes (nrpt.distributed): a fixed seed gives bit-for-bit the same index
+"""Replicas across processes (nrpt.core.sharding): a fixed seed gives bit-for-bit the same index
 process, samples and reported numbers with 1 (in-process), 2 and 4 gloo processes, for exact
 and stochastic-gradient samplers; a checkpoint written by N processes resumes on M; a changed
 seed *is* detected (negative control).  The multi-process runs are real processes on CPU
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import nrpt
-import nrpt.distributed
-from nrpt.distributed import block_of, check_world, spawn
+import nrpt.core.sharding
+from nrpt.core.sharding import block_of, check_world, spawn
 from nrpt.rng import Block, Key, normal
 
 DATA = Path(__file__).parent / "data"
@@ -86,7 +86,7 @@ def test_too_many_processes_is_a_clear_error():
 @pytest.mark.distributed
 def test_a_failing_rank_ends_the_launch(tmp_path, monkeypatch):
     # rank 1 dies before the rendezvous; rank 0 would wait for it: the launcher kills it
-    monkeypatch.setattr(nrpt.distributed, "FAILURE_GRACE_S", 0.5)
+    monkeypatch.setattr(nrpt.core.sharding, "FAILURE_GRACE_S", 0.5)
     opts = {"fail_rank": 1, "chains": 2, "iterations": 5, "out": str(tmp_path / "f")}
     code = spawn(2, [sys.executable, str(DATA / "dist_sample.py"), json.dumps(opts)])
     assert code != 0

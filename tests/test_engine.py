@@ -11,11 +11,11 @@ import torch
 
 import nrpt
 from nrpt import rng
+from nrpt.core.loop import Plan, Run, execute
 from nrpt.explorers import HMC, MALA, Noise, ReplicaState
 from nrpt.explorers.base import Explorer
 from nrpt.explorers.metropolis import metropolis_select
-from nrpt.loop import Plan, Run, execute
-from nrpt.recorders import RoundTrips, SwapStats
+from nrpt.recorders.stats import RoundTrips, SwapStats
 from nrpt.swap import AlwaysAccept, make_rule
 
 
@@ -283,8 +283,8 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path):
         if engine.k >= 700:
             raise KeyboardInterrupt
 
-    from nrpt.api import run_config
-    from nrpt.config import RunConfig
+    from nrpt.run.api import run_config
+    from nrpt.run.config import RunConfig
 
     cfg = RunConfig(iterations=1200, seed=9, scheme="deo-w", window=3, swap_rule="always",
                     out=str(tmp_path / "cut"), checkpoint_every=250, figures=False)
@@ -500,7 +500,7 @@ def test_releasing_inference_tensors_leaves_modules_alone():
     ``reduce_op``, a FutureWarning per process of every `nrpt run --nproc N` (an error here)."""
     import torch.distributed as dist
 
-    from nrpt.loop import release_inference_tensors
+    from nrpt.core.loop import release_inference_tensors
 
     class Comm:
         pass

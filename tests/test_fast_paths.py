@@ -10,7 +10,7 @@ import torch
 
 import nrpt
 from nrpt import rng
-from nrpt.loop import SMALL_STATE, choose_threads, torch_threads
+from nrpt.core.loop import SMALL_STATE, choose_threads, torch_threads
 from nrpt.swap import schemes
 
 
@@ -115,8 +115,8 @@ def test_a_run_uses_the_thread_count_it_reports_and_restores_the_callers():
 
 # ----------------------------------------------------------------------------- compiled step
 def engines(explorer, compiled, R=4, P=6, seed=3, **kw):
-    from nrpt.build import build
-    from nrpt.config import RunConfig
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
 
     return build(RunConfig(target="twenty-five-modes", chains=P, systems=R, iterations=10,
                            explorer=explorer, compile=compiled, step_size=0.3, seed=seed,
@@ -192,9 +192,9 @@ def test_compile_is_refused_where_a_step_cannot_be_replayed():
 
 
 def sg_engine(compiled, **kw):
-    from nrpt.build import build
-    from nrpt.config import RunConfig
-    from nrpt.sgpt import HEADLINE
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
+    from nrpt.run.sgpt import HEADLINE
 
     return build(RunConfig.from_dict({}, defaults=dict(HEADLINE, iterations=100,
                                                        compile=compiled, **kw)))
@@ -224,7 +224,7 @@ def test_a_compiled_stochastic_gradient_step_replays_the_estimators_draws():
 
 
 def test_the_control_variate_energy_is_not_compiled():
-    from nrpt.energy import ControlVariateEnergy
+    from nrpt.energy.estimators import ControlVariateEnergy
     from nrpt.explorers import SGD
     from nrpt.explorers.compiled import Compiled
 
@@ -270,9 +270,9 @@ def test_autograd_free_runs_use_inference_mode_with_the_same_numbers(monkeypatch
     """A gradient-free run executes in torch.inference_mode (less dispatch per op) and gives
     the same numbers as without it; what it leaves behind are ordinary tensors (the engine and
     recorders can go on outside the loop)."""
-    from nrpt.build import build
-    from nrpt.config import RunConfig
-    from nrpt.loop import execute
+    from nrpt.core.loop import execute
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
 
     def run(free):
         monkeypatch.setattr(nrpt.PTEngine, "autograd_free", property(lambda self: free))

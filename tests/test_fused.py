@@ -1,4 +1,4 @@
-"""The fused loop (nrpt.fused) computes what the plain loop computes.
+"""The fused loop (nrpt.core.fused) computes what the plain loop computes.
 
 Eager chunks call the same code as the plain step (explorer, sweep_exchange, refresh_top, the
 adaptors' observe_with, RoundTripTracker.advance), so the engine's state, the permutation and
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nrpt.build import build as _build
-from nrpt.config import RunConfig
-from nrpt.fused import Fused, why_not
-from nrpt.loop import execute
-from nrpt.sgpt import HEADLINE
+from nrpt.core.fused import Fused, why_not
+from nrpt.core.loop import execute
+from nrpt.run.build import build as _build
+from nrpt.run.config import RunConfig
+from nrpt.run.sgpt import HEADLINE
 
 CONFIGS = {
     "rwmh-deo": dict(target="twenty-five-modes", chains=6, systems=3, explorer="rwmh",
@@ -34,7 +34,7 @@ CONFIGS = {
 
 
 def build(cfg, **kw):
-    """:func:`nrpt.build.build` past the refusal of DEO_W with exact Metropolis swaps (biased):
+    """:func:`nrpt.run.build.build` past the refusal of DEO_W with exact Metropolis swaps (biased):
     these tests compare the fused and plain loops of one configuration, not its samples."""
     return _build(cfg, allow_gate_bias=True, **kw)
 
@@ -120,7 +120,7 @@ def test_chunks_avoid_checkpoints_callbacks_and_segment_ends():
 
 
 def test_resume_from_a_checkpoint_is_exact(tmp_path):
-    from nrpt.runfolder import read_checkpoint
+    from nrpt.run.folder import read_checkpoint
 
     whole = build(config("headline-sgd", 160, fuse=True))
     execute(whole)
@@ -150,7 +150,7 @@ def test_a_chunk_length_from_the_config_and_the_cli():
     run = build(config("rwmh-deo", 32, fuse=True))  # a warm-up of 3 = floor(0.1 x 32), then 29
     execute(run)
     assert run.fused.describe() == {"chunk": 8, "chunks": 3, "compiled": False}
-    from nrpt.cli import _fuse
+    from nrpt.run.cli import _fuse
 
     assert _fuse("true") is True and _fuse("16") == 16 and _fuse("no") is False
     assert _fuse("auto") == "auto"
@@ -183,7 +183,7 @@ def test_auto_is_the_default_and_runs_eager_chunks_where_they_run():
         def record_block(self, block):
             self.blocks = getattr(self, "blocks", 0) + 1
 
-    from nrpt.fused import auto
+    from nrpt.core.fused import auto
 
     run = build(config("rwmh-deo", 32, fuse=False))
     assert auto(run)
@@ -272,7 +272,7 @@ def test_float32_rounds_equal_the_plain_loop():
 
 
 def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
-    from nrpt.loop import RunError
+    from nrpt.core.loop import RunError
 
     run = build(config("rwmh-deo", 64, fuse=True, burn_in=0))
     f = run.fused

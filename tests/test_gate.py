@@ -3,7 +3,7 @@
 The gate makes later swap attempts depend on earlier verdicts; when the verdicts depend on the
 states and the energies are exact, slot 0 is biased (issue 21: a 2-D banana gave sd(x1) = 2.81
 for 2 and E[x2] = 1.97 for 0 under ``--scheme deo-w --window auto``).  Every run passes
-:func:`nrpt.swap.schemes.check_gate` in :func:`nrpt.build.build`: the Python API, the CLI and
+:func:`nrpt.swap.schemes.check_gate` in :func:`nrpt.run.build.build`: the Python API, the CLI and
 config files alike.  The statistical demonstration that the refusal is needed (the biased
 moment at a fixed seed, beyond the Monte Carlo error, while DEO passes) is
 ``tests/test_invariance.py::test_deo_w_with_exact_metropolis_swaps_is_biased_which_is_why_runs_refuse_it``.
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.api import run_config
-from nrpt.cli import main
-from nrpt.config import RunConfig
+from nrpt.run.api import run_config
+from nrpt.run.cli import main
+from nrpt.run.config import RunConfig
 from nrpt.swap import FixedRate, Metropolis
 
 FAST = dict(iterations=40, chains=4, figures=False)

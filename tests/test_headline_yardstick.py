@@ -27,8 +27,8 @@ def runs():
 
 def test_settings_are_nrpts_headline():
     from nrpt.adapt.sa import window_from_swap_rate
-    from nrpt.config import RunConfig
-    from nrpt.sgpt import HEADLINE
+    from nrpt.run.config import RunConfig
+    from nrpt.run.sgpt import HEADLINE
 
     cfg = RunConfig.from_dict({}, defaults=HEADLINE)
     y = hn.HEADLINE
@@ -77,7 +77,7 @@ class KeyedNoise:
 
     def oracle(self, k):
         from nrpt import rng
-        from nrpt.energy import SG_STREAMS
+        from nrpt.energy.estimators import SG_STREAMS
 
         parts = (0, 0, 0) if k < 0 else (k, 0, 1)  # (iteration, sub-step, evaluation)
         return rng.iteration_normal((1, self.P, 3), self.seed, SG_STREAMS.ORACLE_ENERGY,
@@ -105,10 +105,10 @@ def _nrpt_run_observed(seed, K):
     execute the same ops, tests/test_fused.py), keeping per iteration the positions and noisy
     energies of all replicas, the verdict margins ``U~_p - U~_{p+1} - C`` in slot order, C and
     the learning rates in force."""
-    from nrpt.build import build
-    from nrpt.config import RunConfig
-    from nrpt.loop import execute
-    from nrpt.sgpt import HEADLINE
+    from nrpt.core.loop import execute
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
+    from nrpt.run.sgpt import HEADLINE
 
     run = build(RunConfig.from_dict({"iterations": K, "seed": seed}, defaults=HEADLINE))
     run.fused = None
@@ -199,10 +199,10 @@ def _law_stats(index, samples, trace_c):
 
 
 def _nrpt_law_stats(seed):
-    from nrpt.build import build
-    from nrpt.config import RunConfig
-    from nrpt.loop import execute
-    from nrpt.sgpt import HEADLINE
+    from nrpt.core.loop import execute
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
+    from nrpt.run.sgpt import HEADLINE
 
     run = build(RunConfig.from_dict({"iterations": K_LAW, "seed": seed}, defaults=HEADLINE))
     execute(run)

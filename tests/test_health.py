@@ -1,4 +1,5 @@
-"""nrpt.health: each check fires on a bad run and stays quiet on a good one (synthetic inputs)."""
+"""nrpt.report.health: each check fires on a bad run and stays quiet on a good one (synthetic
+inputs)."""
 
 import ast
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nrpt import health
-from nrpt.health import (
+from nrpt.report import health
+from nrpt.report.health import (
     Finding,
     SamplingWarning,
     check_run,

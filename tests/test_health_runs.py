@@ -70,7 +70,7 @@ def test_the_report_prints_the_warnings(bad, capsys):
 
 # ------------------------------------------------------------ DEO*-SGD's learning-rate ladder
 def _headline(**changes):
-    from nrpt.sgpt import HEADLINE
+    from nrpt.run.sgpt import HEADLINE
 
     cfg = {k: (dict(v) if isinstance(v, dict) else v) for k, v in HEADLINE.items()}
     cfg.update(changes)
@@ -96,7 +96,7 @@ def test_the_log_gap_ladder_is_equalized_and_quiet():
 
 
 def test_the_collapse_warning_names_the_rungs():
-    from nrpt.health import check_run
+    from nrpt.report.health import check_run
 
     lr = [0.003, 0.015169, 0.015176, 0.0221, 0.0278, 0.6]
     f = check_run(learning_rates=lr)

@@ -1,5 +1,5 @@
 """posterior.nc in the model's own variables (the ``model_variables`` hook) and nrpt's
-diagnostics in ``sample_stats`` (:mod:`nrpt.inference_data`)."""
+diagnostics in ``sample_stats`` (:mod:`nrpt.report.posterior_file`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import nrpt
-from nrpt import inference_data
 from nrpt.diagnostics import count_round_trips
-from nrpt.report import import_arviz
+from nrpt.report import posterior_file as inference_data
+from nrpt.report.text import import_arviz
 
 az = import_arviz()
 pytestmark = pytest.mark.skipif(az is None, reason="arviz not installed")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.target import TargetError, validate_target
+from nrpt.targets.protocol import TargetError, validate_target
 
 
 # ------------------------------------------------------------------------------ targets
@@ -119,10 +119,10 @@ DEEP = ["--dataset", "digits", "--chains", "2", "--epochs", "0.2", "--no-progres
 
 def test_a_deep_run_folder_in_use_is_refused(tmp_path, capsys):
     """Two `nrpt deep --out D` both ran and mixed their files; a --resume ran beside a run.
-    Now the run folder's lock (nrpt.runfolder.RunLock) is held from before cli.json is
+    Now the run folder's lock (nrpt.run.folder.RunLock) is held from before cli.json is
     written: here another process's lock is stood in for by this process's own."""
-    from nrpt import runfolder as rf
-    from nrpt.cli import main
+    from nrpt.run import folder as rf
+    from nrpt.run.cli import main
 
     out = tmp_path / "deep"
     out.mkdir()
@@ -138,8 +138,8 @@ def test_a_deep_run_folder_in_use_is_refused(tmp_path, capsys):
 
 
 def test_deep_fit_takes_the_lock(tmp_path):
-    from nrpt import runfolder as rf
     from nrpt.deep import fit
+    from nrpt.run import folder as rf
 
     out = tmp_path / "fit"
     out.mkdir()
@@ -153,7 +153,7 @@ def test_deep_fit_takes_the_lock(tmp_path):
 # ------------------------------------------------------------------------------ many chains
 def test_the_index_process_of_more_than_32767_slots_does_not_wrap(tmp_path):
     """int16 wrapped past 32,767 slots (index min -32768, no warning): int32 above."""
-    from nrpt.record import Draws, index_dtype
+    from nrpt.recorders.draws import Draws, index_dtype
 
     assert index_dtype(32768) == np.int16 and index_dtype(32769) == np.int32
     P = 40000
@@ -211,7 +211,7 @@ def test_deep_settings_take_numpy_and_torch_scalars():
 def test_the_index_figure_of_more_than_32767_slots(tmp_path):
     """matplotlib's BoundaryNorm failed past 32,767 slots (OverflowError ... int16) in
     index_process.png: `nrpt run --chains 40000` then died after its run."""
-    from nrpt import plots
+    from nrpt.report import figures as plots
 
     P = 40000
     index = np.stack([np.roll(np.arange(P), k) for k in range(4)])[:, None, :]

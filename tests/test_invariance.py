@@ -142,12 +142,12 @@ def test_geometric_path_with_iid_reference_is_invariant():
 
 
 def _slot0(scheme: str, window: int | None, **kw) -> np.ndarray:
-    """Slot-0 draws ``[R, n, dim]`` of a run built by :func:`nrpt.build.build` past the
+    """Slot-0 draws ``[R, n, dim]`` of a run built by :func:`nrpt.run.build.build` past the
     refusal of :func:`nrpt.swap.schemes.check_gate` (``allow_gate_bias``): the scheme machinery
     itself, as the refused combination would run."""
-    from nrpt.build import build
-    from nrpt.config import RunConfig
-    from nrpt.loop import execute
+    from nrpt.core.loop import execute
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
 
     cfg = RunConfig(target="bimodal", scheme=scheme, window=window, figures=False, **kw)
     run = build(cfg, target=bimodal_1d(), allow_gate_bias=True)

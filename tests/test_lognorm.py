@@ -1,4 +1,5 @@
-"""Log normalizing constants (nrpt.lognorm: bridge, stepping stone): the streaming log-sum-exp,
+"""Log normalizing constants (nrpt.recorders.log_z: bridge, stepping stone): the streaming
+log-sum-exp,
 the ``log_z`` recorder on fixed schedules against closed forms, energies of order 10^6, and ratios.
 
 Statistical checks use R independent PT systems (the engine's system axis): each gives one
@@ -19,8 +20,8 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.lognorm import SteppingStone, StreamingLogSumExp
-from nrpt.loop import Plan, Run, Segment, execute
+from nrpt.core.loop import Plan, Run, Segment, execute
+from nrpt.recorders.log_z import SteppingStone, StreamingLogSumExp
 from nrpt.targets import Gaussian
 from nrpt.targets.gaussian_path import ScaledGaussianPath, ShiftedGaussianPath
 

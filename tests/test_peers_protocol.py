@@ -19,7 +19,7 @@ sys.path.insert(0, str(PEERS))
 import protocol  # noqa: E402
 from mix25_nrpt import Mix25  # noqa: E402
 
-from nrpt.target import validate_target  # noqa: E402
+from nrpt.targets.protocol import validate_target  # noqa: E402
 
 
 def _grid(h: float = 0.02):

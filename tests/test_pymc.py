@@ -23,9 +23,9 @@ pm = pytest.importorskip("pymc")
 from pytensor.compile.mode import Mode  # noqa: E402
 
 import nrpt  # noqa: E402
-from nrpt.target import TargetError, load_target, path_kind, validate_target  # noqa: E402
 from nrpt.targets import from_pymc  # noqa: E402
-from nrpt.targets.pymc_model import PyMCPriorTarget, PyMCTemperatureTarget  # noqa: E402
+from nrpt.targets.adapters.pymc import PyMCPriorTarget, PyMCTemperatureTarget  # noqa: E402
+from nrpt.targets.protocol import TargetError, load_target, path_kind, validate_target  # noqa: E402
 
 ALPHA = 1e-4
 N_SE = 4.0
@@ -392,7 +392,7 @@ def test_missing_pymc_says_how_to_install(monkeypatch):
 def test_importing_nrpt_does_not_import_pymc():
     import subprocess
 
-    code = ("import nrpt, nrpt.targets, nrpt.target, sys; "
+    code = ("import nrpt, nrpt.targets, nrpt.targets.protocol, sys; "
             "assert 'pymc' not in sys.modules and 'pytensor' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

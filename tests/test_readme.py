@@ -97,7 +97,7 @@ if args[:1] == ["run"] and "--figures" not in args:
         args += ["--figures", "false"]
     else:
         open(_first, "w").close()
-from nrpt.cli import main
+from nrpt.run.cli import main
 sys.exit(main(args))
 '''
 

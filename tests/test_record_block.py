@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from nrpt.build import build
-from nrpt.config import RunConfig
 from nrpt.diagnostics import RoundTripTracker
 from nrpt.diagnostics.barrier import SlotEnergyRecorder
 from nrpt.explorers.base import ReplicaState
-from nrpt.lognorm import SteppingStone, StreamingLogSumExp
-from nrpt.record import Draws
-from nrpt.recorders import RoundTrips, SlotSpread, SwapStats, Trace, ordered_sum
+from nrpt.recorders.draws import Draws
+from nrpt.recorders.log_z import SteppingStone, StreamingLogSumExp
+from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace, ordered_sum
 from nrpt.roles import Iteration, IterationBlock, PhaseDecision
-from nrpt.sgpt import HEADLINE
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
+from nrpt.run.sgpt import HEADLINE
 from nrpt.swap.schemes import is_sweep
 
 K = 150  # iterations per run: crosses StreamingLogSumExp's 64-term chunk twice

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import nrpt
-from nrpt import report
 from nrpt.diagnostics.density import grid_errors, iid_floor
-from nrpt.sgpt import HEADLINE
-from nrpt.summary import exact_moments, format_summary
+from nrpt.report import text as report
+from nrpt.report.summary import exact_moments, format_summary
+from nrpt.run.sgpt import HEADLINE
 from nrpt.targets.gaussian import Gaussian
 
 
@@ -41,7 +41,7 @@ def sgd_run(tmp_path_factory):
 
 def test_the_tv_floor_reaches_the_density_figure(sgd_run, monkeypatch):
     # today's code called iid_floor(target, n), whose TypeError was swallowed: no floor
-    from nrpt import plots
+    from nrpt.report import figures as plots
 
     seen = {}
     real = plots.density
@@ -153,7 +153,7 @@ def test_format_summary_of_one_system_is_unchanged_in_shape():
 
 
 def test_the_local_barrier_figure_uses_log_axes_when_lambda_spans_decades():
-    from nrpt import plots
+    from nrpt.report import figures as plots
 
     b = np.array([0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])  # a mixture model's schedule
     grid = np.linspace(0.0, 1.0, 51)
@@ -179,7 +179,7 @@ def test_trace_and_rank_plots_are_written_with_the_other_figures(sgd_run, tmp_pa
 
 
 def test_trace_and_rank_show_every_system_and_the_first_coordinates():
-    from nrpt import plots
+    from nrpt.report import figures as plots
 
     rs = np.random.default_rng(0)
     x = rs.normal(size=(3, 400, 10))
@@ -213,7 +213,7 @@ def test_recommended_chains_noisy_is_not_given_for_sgd_ladders(sgd_run):
 
 def test_recommended_chains_noisy_uses_the_noise_temperatures_of_sgld():
     from nrpt.adapt.chains import recommended_chains_noisy
-    from nrpt.targets.noisy import MinibatchTarget
+    from nrpt.targets.minibatch import MinibatchTarget
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(100, generator=g, dtype=torch.float64)

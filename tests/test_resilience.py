@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 import nrpt
-from nrpt import loop, runfolder
-from nrpt.api import run_config
-from nrpt.config import RunConfig
-from nrpt.record import Draws
+from nrpt.core import loop
+from nrpt.recorders.draws import Draws
+from nrpt.run import folder as runfolder
+from nrpt.run.api import run_config
+from nrpt.run.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +101,7 @@ def assert_same_files(a: Path, b: Path) -> None:
 def at():
     """``at(it, r)``: the energy call that is the ``r``-th (1..3) of iteration ``it`` (1-based;
     the calls made while the run is built come first)."""
-    from nrpt.build import build
+    from nrpt.run.build import build
 
     probe = Kicker()
     build(RunConfig(target="kicker", **{k: v for k, v in OPTS.items()}), target=probe)
@@ -234,7 +235,7 @@ def test_signal_between_the_step_and_the_record_resumes_exactly(full, tmp_path, 
 @pytest.mark.parametrize("also_in_loop", [False, True])
 def test_signal_while_writing_figures_keeps_every_output(full, tmp_path, monkeypatch,
                                                          also_in_loop):
-    from nrpt import report
+    from nrpt.report import text as report
 
     write = report.write_figures
 
@@ -450,7 +451,7 @@ def test_a_second_run_on_a_busy_folder_fails_at_once(tmp_path):
 
 
 def test_a_folder_with_a_run_is_refused_unless_overwrite(tmp_path, capsys):
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     out = tmp_path / "run"
     out.mkdir()
@@ -477,8 +478,8 @@ def test_a_failed_start_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
     start at a non-finite energy, a crash while starting) removes what it wrote and the folders
     it created, so the next attempt needs no --overwrite; a folder that was there keeps the
     user's files; an --overwrite whose target file is missing keeps the old run."""
-    from nrpt import api
-    from nrpt.cli import main
+    from nrpt.run import api
+    from nrpt.run.cli import main
 
     monkeypatch.chdir(tmp_path)
     args = ["run", "--target", "my_model.py:TARGET", "--chains", "3", "--iterations", "20",
@@ -636,7 +637,7 @@ def test_adaptive_runs_checkpoint_inside_rounds_and_resume_from_round_one(tmp_pa
 
 
 def test_an_interrupted_cli_resume_exits_130(tmp_path, capsys, monkeypatch):
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     out = tmp_path / "run"
     args = ["run", "--preset", "none", "--iterations", "400", "--chains", "4", "--figures",
@@ -700,7 +701,7 @@ SLOW_MODEL = ("import os, time\n"
 @pytest.fixture(scope="module")
 def cli_reference(tmp_path_factory):
     """The uninterrupted `nrpt run` (in this process, no pause) and the arguments of the run."""
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     base = tmp_path_factory.mktemp("cli")
     (base / "model.py").write_text(SLOW_MODEL)
@@ -743,7 +744,7 @@ def _compare_cli_runs(out: Path, ref: Path) -> None:
 
 
 def test_sigterm_to_nrpt_run_checkpoints_exits_130_and_resumes_exactly(cli_reference, tmp_path):
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     args, ref = cli_reference
     out = tmp_path / "cut"
@@ -768,7 +769,7 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(cli_reference, tmp_path
     files keep their full length, and the resumption rewrites the rows after the checkpoint."""
     import random
 
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     args, ref = cli_reference
     rng = random.Random(seed)

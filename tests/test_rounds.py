@@ -14,16 +14,16 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.api import run_config
-from nrpt.cli import main
-from nrpt.config import RunConfig
+from nrpt.core.loop import Plan
 from nrpt.diagnostics import count_round_trips
-from nrpt.loop import Plan
-from nrpt.report import import_arviz
-from nrpt.target import TargetError
+from nrpt.report.text import import_arviz
+from nrpt.run.api import run_config
+from nrpt.run.cli import main
+from nrpt.run.config import RunConfig
 from nrpt.targets import Gaussian
 from nrpt.targets.gaussian_path import ScaledGaussianPath
 from nrpt.targets.mixture_model import mixture_model
+from nrpt.targets.protocol import TargetError
 
 SMALL = {"dim": 3, "c": 4.0}
 
@@ -53,7 +53,7 @@ def test_run_folder_contract_summary_and_arviz_export(tmp_path):
                  "schedules.png"):
         assert (out / name).is_file(), name
     # samples: the last round (64 iterations) of both systems; index: every iteration.  The
-    # files are streamed (nrpt.record): their last 64 draws are the last round's
+    # files are streamed (nrpt.recorders.draws): their last 64 draws are the last round's
     assert res.samples.shape == (2, 64, 3) and res.energies.shape == (2, 64)
     assert np.array_equal(np.load(out / "samples.npy")[:, -64:], res.samples)
     assert np.array_equal(np.load(out / "energies.npy")[:, -64:], res.energies)

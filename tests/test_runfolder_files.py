@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import nrpt
-from nrpt import cli, runfolder
+from nrpt.run import cli
+from nrpt.run import folder as runfolder
 
 #: a small, fast run: 200 iterations, checkpoints every 50
 OPTS = dict(chains=4, iterations=200, seed=5, checkpoint_every=50, figures=False)
@@ -178,7 +179,7 @@ def test_a_posterior_that_does_not_fit_fails_clearly_then_resumes(tmp_path, monk
                                                                   capsys):
     """HDF5 reports a full disk as a RuntimeError: it was swallowed (the summary printed as if
     all was well, then the process crashed); now the run stops with the file named."""
-    from nrpt import report
+    from nrpt.report import text as report
 
     def full(*args, **kwargs):
         raise RuntimeError("Can't write data (file write failed: errno = 28, error message = "

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import nrpt
-from nrpt.cli import main
+from nrpt.run.cli import main
 
 OPTS = dict(chains=3, iterations=40, burn_in=4, seed=3, figures=False, explorer="rwmh", fuse=False,
             checkpoint_every=20)  # (a fixed burn-in: extending the budget is the longer run)

@@ -1,8 +1,8 @@
 """Stochastic-gradient PT samples the right distribution: slot-0 draws against exact densities.
 
 * DEO*-SGD (the paper's headline run) on the 25-mode target: the total-variation distance of the
-  slot-0 histogram to the exact cell probabilities (``nrpt.sgpt.grid_errors``), with a bar
-  derived from the i.i.d. floor (``nrpt.sgpt.iid_floor``) and DEO*-SGD's own bias;
+  slot-0 histogram to the exact cell probabilities (``nrpt.run.sgpt.grid_errors``), with a bar
+  derived from the i.i.d. floor (``nrpt.run.sgpt.iid_floor``) and DEO*-SGD's own bias;
 * minibatch and variance-reduced (control-variate) SGLD-PT with the bias-corrected rule on data
   targets with known posteriors: a conjugate Gaussian mean (mean and variance) and the
   VR-reSGLD mixture-mean model with a prior (mode mass, mean, second moment).
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.sgpt import HEADLINE, grid_errors, iid_floor
+from nrpt.run.sgpt import HEADLINE, grid_errors, iid_floor
 from nrpt.targets import TwentyFiveModes
-from nrpt.targets.noisy import MinibatchTarget, MixtureMeanModel
+from nrpt.targets.minibatch import MinibatchTarget, MixtureMeanModel
 
 N_SE = 4.0  # tolerances: 4 standard errors (two-sided false-alarm rate 6e-5 per check)
 

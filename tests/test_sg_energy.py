@@ -1,4 +1,4 @@
-"""Energy estimators (nrpt.energy) and data targets (nrpt.targets.noisy)."""
+"""Energy estimators (nrpt.energy.estimators) and data targets (nrpt.targets.minibatch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nrpt.energy import (
+from nrpt.energy.estimators import (
     ControlVariateEnergy,
     ExactEnergy,
     MinibatchEnergy,
@@ -15,7 +15,7 @@ from nrpt.energy import (
     energy_and_grad,
 )
 from nrpt.targets import TwentyFiveModes
-from nrpt.targets.noisy import MinibatchTarget, MixtureMeanModel
+from nrpt.targets.minibatch import MinibatchTarget, MixtureMeanModel
 
 
 @pytest.mark.parametrize("penalty", [False, True])
@@ -176,7 +176,7 @@ def test_noisy_oracle_per_system_noise_levels():
 
 
 def test_make_estimator_picks_the_energy_of_the_run():
-    from nrpt.energy import make_estimator
+    from nrpt.energy.estimators import make_estimator
 
     data = linear_data(N=40)
     assert isinstance(make_estimator(TwentyFiveModes()), ExactEnergy)

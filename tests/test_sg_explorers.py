@@ -1,5 +1,6 @@
-"""Stochastic-gradient explorers (nrpt.explorers.sgmcmc), reflection (nrpt.domains) and the
-no-swap driver (nrpt.sgpt.run_chains)."""
+"""Stochastic-gradient explorers (nrpt.explorers.sgmcmc), reflection (nrpt.explorers.domains) and
+the
+no-swap driver (nrpt.run.sgpt.run_chains)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import pytest
 import torch
 
 import nrpt
-from nrpt.build import build
-from nrpt.domains import Ball, Box, UserDomain, parse_domain
-from nrpt.energy import energy_and_grad
+from nrpt.energy.estimators import energy_and_grad
 from nrpt.explorers import PSGLD, SGD, SGHMC, SGLD, Cyclical, Noise
+from nrpt.explorers.domains import Ball, Box, UserDomain, parse_domain
 from nrpt.explorers.sgmcmc import cyclical_factor
-from nrpt.paths import NoiseLadder
-from nrpt.sgpt import run_chains
+from nrpt.paths.ladders import NoiseLadder
+from nrpt.run.build import build
+from nrpt.run.sgpt import run_chains
 from nrpt.swap import AlwaysAccept
 from nrpt.targets import Gaussian, TwentyFiveModes
 

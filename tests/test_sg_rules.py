@@ -14,9 +14,9 @@ import nrpt
 from nrpt.adapt import sa
 from nrpt.adapt.chains import recommended_chains_noisy
 from nrpt.adapt.sa import VarianceTracker
-from nrpt.build import build
-from nrpt.paths import geometric_ladder
+from nrpt.paths.ladders import geometric_ladder
 from nrpt.roles import Iteration, PhaseDecision
+from nrpt.run.build import build
 from nrpt.swap import BiasCorrected, Deterministic, Metropolis, SwapContext, make_rule
 
 
@@ -363,7 +363,7 @@ def test_pair_indicators_for_multi_phase_schemes():
     dict(explorer="sgld", noise_sd=0.0),  # exact energies: sigma^2 = 0, still tracked
 ], ids=["default", "explicit", "sghmc", "psgld-deo-w", "minibatch", "control-variate", "exact"])
 def test_bias_corrected_rule_always_gets_a_variance_tracker(options):
-    from nrpt.targets.noisy import MixtureMeanModel
+    from nrpt.targets.minibatch import MixtureMeanModel
 
     opts = dict(chains=3, iterations=5)
     opts.update(options)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import nrpt
-from nrpt.cli import main
-from nrpt.sgpt import HEADLINE
-from nrpt.targets.noisy import MixtureMeanModel
+from nrpt.run.cli import main
+from nrpt.run.sgpt import HEADLINE
+from nrpt.targets.minibatch import MixtureMeanModel
 
 
 def headline(**over):
@@ -149,7 +149,7 @@ def regression_data(n_data=100, seed=0):
     large x the per-datum losses differ like a_i^2 x^2, so their variance grows like x^4."""
     import torch
 
-    from nrpt.targets.noisy import MinibatchTarget
+    from nrpt.targets.minibatch import MinibatchTarget
 
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(n_data, generator=g, dtype=torch.float64)

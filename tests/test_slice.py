@@ -21,7 +21,7 @@ from scipy import stats
 import nrpt
 from nrpt.explorers import Density, Noise, ReplicaState, SliceSampler, make_explorer
 from nrpt.explorers.slice import SHRINK0, _Uniforms, slot_log_density
-from nrpt.paths import GeometricPath, TemperatureLadder
+from nrpt.paths.ladders import GeometricPath, TemperatureLadder
 from nrpt.targets import Gaussian, bimodal_1d
 from nrpt.targets.gaussian_path import ScaledGaussianPath
 

@@ -1,4 +1,4 @@
-"""Tests of the target protocol (nrpt.target) and the built-in targets (nrpt.targets).
+"""Tests of the target protocol (nrpt.targets.protocol) and the built-in targets (nrpt.targets).
 
 Statistical checks use fixed seeds and tolerances of ``N_SE = 5`` Monte Carlo standard errors:
 for a mean, ``se = sd / sqrt(n)`` with the exact ``sd``; for a covariance entry, ``se`` is the
@@ -17,7 +17,6 @@ import torch
 from scipy import integrate, stats
 from scipy.special import i0
 
-from nrpt.target import BUILTIN_TARGETS, TargetError, load_target, path_kind, validate_target
 from nrpt.targets import (
     Gaussian,
     GaussianMixture,
@@ -28,6 +27,13 @@ from nrpt.targets import (
     gaussian,
     geometric_bimodal,
     mixture_2d,
+)
+from nrpt.targets.protocol import (
+    BUILTIN_TARGETS,
+    TargetError,
+    load_target,
+    path_kind,
+    validate_target,
 )
 
 N_SE = 5.0

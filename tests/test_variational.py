@@ -1,4 +1,4 @@
-"""The variational reference (issue 11, item 3; :mod:`nrpt.variational`).
+"""The variational reference (issue 11, item 3; :mod:`nrpt.paths.variational`).
 
 Statistical checks with fixed seeds on conjugate Gaussians whose posterior sits far from the
 prior (exact mean, covariance and log Z), tolerances from the Monte Carlo error, and negative
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import nrpt
-from nrpt import variational as va
-from nrpt.api import run_config
-from nrpt.config import RunConfig
+from nrpt.paths import variational as va
 from nrpt.roles import Update
+from nrpt.run.api import run_config
+from nrpt.run.config import RunConfig
 
 
 class ConjugateGaussian:
@@ -213,7 +213,7 @@ def test_a_plain_run_has_no_reference_to_change():
 
 
 def test_cli_offers_the_reference_flag(tmp_path, capsys):
-    from nrpt.cli import main
+    from nrpt.run.cli import main
 
     with pytest.raises(SystemExit):
         main(["run", "--rounds", "3", "--reference", "bogus", "--out", str(tmp_path / "a")])

@@ -6,7 +6,7 @@ Variants, through the public API ``nrpt.sample``:
   per-slot scales, DEO swaps, ``iterations`` iterations;
 * ``compiled``: ``fixed`` with the RWMH step compiled (``compile = true``);
 * ``fused``: ``fixed`` with chunks of 8 whole iterations as one compiled graph
-  (``fuse = true``, ``compile = true``; :mod:`nrpt.fused`); ``fused-eager``: the same chunks
+  (``fuse = true``, ``compile = true``; :mod:`nrpt.core.fused`); ``fused-eager``: the same chunks
   run eagerly (``fuse = true`` alone: no compilation);
 * ``adaptive``: nrpt's adaptive rounds (``rounds = N``, round r runs 2^r iterations) from the
   same initial ladder and scales; N is the largest with 2^(N+1) - 2 <= iterations + 48 (10 for
@@ -67,7 +67,7 @@ def run(args, iterations: int, seed: int, ticks: list | None = None):
     else:
         opts["iterations"] = iterations
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nrpt.health's advice on short runs
+        warnings.simplefilter("ignore")  # nrpt.report.health's advice on short runs
         return nrpt.sample(Mix25(), **opts)
 
 

@@ -5,17 +5,18 @@ state that moves between slots; swaps exchange slots, never states.  Read :mod:`
 first (the contracts), then docs/architecture.md.
 """
 
-from . import diagnostics, registry, rng, roles, testing
-from .api import Result, resume, run_config, sample
-from .build import build
-from .config import RunConfig
-from .engine import PTEngine
-from .explorers import HMC, MALA, RWMH, make_explorer
-from .explorers.slice import SliceSampler
-from .health import SamplingWarning
-from .loop import Plan, Segment, execute
-from .paths import GeometricPath, TemperatureLadder, make_path
-from .swap import (
+from nrpt import diagnostics, rng, roles, testing
+from nrpt.core.engine import PTEngine
+from nrpt.core.loop import Plan, Segment, execute
+from nrpt.explorers import HMC, MALA, RWMH, make_explorer
+from nrpt.explorers.slice import SliceSampler
+from nrpt.paths.ladders import GeometricPath, TemperatureLadder, make_path
+from nrpt.report.health import SamplingWarning
+from nrpt.run import registry
+from nrpt.run.api import Result, resume, run_config, sample
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
+from nrpt.swap import (
     ADJ,
     APE,
     DEO,
@@ -28,7 +29,7 @@ from .swap import (
     make_rule,
     make_scheme,
 )
-from .target import TargetError, load_target, validate_target
+from nrpt.targets.protocol import TargetError, load_target, validate_target
 
 __version__ = "0.2.0"
 

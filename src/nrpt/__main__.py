@@ -1,7 +1,7 @@
-"""``python -m nrpt ...``: the command line (:mod:`nrpt.cli`)."""
+"""``python -m nrpt ...``: the command line (:mod:`nrpt.run.cli`)."""
 
 import sys
 
-from .cli import main
+from nrpt.run.cli import main
 
 sys.exit(main())

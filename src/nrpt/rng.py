@@ -84,7 +84,7 @@ def key(seed: int, *parts: int) -> int:
 
 
 class Block:
-    """The replicas ``[lo, hi)`` of ``P`` that this process holds (:mod:`nrpt.distributed`).
+    """The replicas ``[lo, hi)`` of ``P`` that this process holds (:mod:`nrpt.core.sharding`).
 
     A per-replica draw ``[R, hi - lo, ...]`` is made at the full width ``[R, P, ...]`` and
     sliced, so every process sees the numbers the single-process run would give its replicas."""
@@ -227,7 +227,7 @@ def iteration_draw(draw: Callable[[tuple, torch.Generator], torch.Tensor], tag: 
 
     ``count > 0``: the draws of iterations ``iteration .. iteration + count - 1`` stacked,
     ``[count, *shape]`` (a slice of the block when it holds them all; the fused loop,
-    :mod:`nrpt.fused`)."""
+    :mod:`nrpt.core.fused`)."""
     if count:
         return _rows(draw, tag, shape, seed, stream, iteration, parts, device, block, count)
     full = tuple(shape) if block is None or block.full else block.widen(shape)

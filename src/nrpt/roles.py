@@ -1,8 +1,8 @@
 """The contracts of nrpt's roles, in one file to read first.
 
-A run composes six roles around one engine and one loop (:mod:`nrpt.loop`)::
+A run composes six roles around one engine and one loop (:mod:`nrpt.core.loop`)::
 
-    path       what each slot targets: log pi_p = base - b_p V           (nrpt.paths)
+    path       what each slot targets: log pi_p = base - b_p V           (nrpt.paths.ladders)
     explorer   moves every replica at its slot's parameters              (nrpt.explorers)
     scheme     which slot pairs may swap at iteration k                  (nrpt.swap.schemes)
     rule       how a proposed pair decides, from scalars                 (nrpt.swap.rules / noisy)
@@ -38,10 +38,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
-from .paths import Path
-from .swap.rules import Rule, SwapContext
-from .swap.schemes import Scheme, adjacent_pairs, is_sweep
+from nrpt.explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.paths.ladders import Path
+from nrpt.swap.rules import Rule, SwapContext
+from nrpt.swap.schemes import Scheme, adjacent_pairs, is_sweep
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
@@ -73,7 +73,7 @@ class Iteration:
     this iteration, and the count of rejected non-finite proposals.
 
     Positions are read with :meth:`slot_x` (never ``state.x`` directly): when replicas are
-    spread over processes (:mod:`nrpt.distributed`), ``state`` holds the gathered per-replica
+    spread over processes (:mod:`nrpt.core.sharding`), ``state`` holds the gathered per-replica
     scalars (``v``, ``base``, ``[R, P]`` buffers of ``extras``) but not the positions, and
     :meth:`slot_x` fetches the rows it is asked for (a collective: every process's recorders
     ask for the same rows)."""
@@ -176,7 +176,7 @@ class Iteration:
 @dataclass
 class IterationBlock:
     """``U`` consecutive iterations ``k0 .. k0 + U - 1`` stacked on a leading axis: what the
-    fused loop (:mod:`nrpt.fused`) hands to :meth:`Recorder.record_block` instead of ``U``
+    fused loop (:mod:`nrpt.core.fused`) hands to :meth:`Recorder.record_block` instead of ``U``
     :class:`Iteration` objects.  Only single-phase sweep schemes (SEO, DEO, DEO_W) are fused, so
     there is one phase per iteration and its pairs are all ``P - 1`` adjacent pairs in order.
 
@@ -248,7 +248,7 @@ class Update:
     rule's parameters (e.g. ``{"C": [R, 1]}``); ``window``: switch the scheme to DEO_W with this
     window (the tuning segment of ``window = "auto"``); ``note``: free-form facts for the report
     (e.g. the measured rejection rate behind a window); ``reference``: a newly fitted variational
-    reference (:mod:`nrpt.variational`).  The engine takes the tables it is
+    reference (:mod:`nrpt.paths.variational`).  The engine takes the tables it is
     given as its own (no copy): an adaptor must not change a tensor in place after handing it
     over."""
 
@@ -257,7 +257,7 @@ class Update:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     window: int | None = None
     note: dict[str, Any] = field(default_factory=dict)
-    #: a fitted reference ``(q, refitted)`` for the variational leg (:mod:`nrpt.variational`)
+    #: a fitted reference ``(q, refitted)`` for the variational leg (:mod:`nrpt.paths.variational`)
     reference: Any = None
 
 
@@ -353,7 +353,7 @@ class RecorderBase:
         pass
 
     def record_block(self, block: IterationBlock) -> None:
-        """Record ``block.U`` iterations at once (the fused loop, :mod:`nrpt.fused`); the
+        """Record ``block.U`` iterations at once (the fused loop, :mod:`nrpt.core.fused`); the
         default records them one by one, and a recorder may do it with batched ops (the result
         equal to :meth:`record` per iteration, up to the order of floating-point sums)."""
         for u in range(block.U):

@@ -57,10 +57,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
-from .paths import GeometricPath, TemperatureLadder
-from .rng import Stream, generator_for
-from .target import path_kind
+from nrpt.explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.paths.ladders import GeometricPath, TemperatureLadder
+from nrpt.rng import Stream, generator_for
+from nrpt.targets.protocol import path_kind
 
 __all__ = ["MomentCheck", "InvarianceReport", "check_invariance", "assert_invariant",
            "Frozen", "Flat"]
@@ -179,7 +179,7 @@ class InvarianceReport:
 # ---------------------------------------------------------------------------------- helpers
 def _as_explorer(explorer, options) -> Explorer:
     if isinstance(explorer, str):
-        from .explorers import make_explorer
+        from nrpt.explorers import make_explorer
 
         return make_explorer(explorer, **(options or {}))
     if options:
@@ -266,7 +266,7 @@ def check_invariance(
     Args:
         explorer: an :class:`~nrpt.explorers.Explorer` or a registered name (with
             ``explorer_options``, e.g. ``{"leapfrog_steps": 5}``).
-        target: an nrpt target (:mod:`nrpt.target`), temperature or geometric form.
+        target: an nrpt target (:mod:`nrpt.targets.protocol`), temperature or geometric form.
         step_size: the explorer's step size (the engine's per-slot ``step_size``), > 0.
         n_steps: explorer steps per chain.
         systems: independent chains (each with its own keyed noise).

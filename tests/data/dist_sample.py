@@ -7,7 +7,7 @@ import os
 import sys
 
 import nrpt
-from nrpt.targets.noisy import MixtureMeanModel
+from nrpt.targets.minibatch import MixtureMeanModel
 
 opts = json.loads(sys.argv[1])
 fail = opts.pop("fail_rank", None)

@@ -1,6 +1,6 @@
 r"""Between-round adaptors of adaptive NRPT (Syed, Bouchard-Côté, Deligiannidis & Doucet 2021).
 
-Rounds are segments of doubling length (:func:`nrpt.loop.Plan.rounds`).  At the end of every
+Rounds are segments of doubling length (:func:`nrpt.core.loop.Plan.rounds`).  At the end of every
 round but the last, each adaptor reads the round's statistics from the recorders and returns an
 :class:`~nrpt.roles.Update`:
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..roles import AdaptorBase, SegmentView, Update
-from .schedule import update_schedule
-from .step import ACCEPTANCE_ORDER, StepTuner
+from nrpt.adapt.schedule import update_schedule
+from nrpt.adapt.step import ACCEPTANCE_ORDER, StepTuner
+from nrpt.roles import AdaptorBase, SegmentView, Update
 
 __all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "DEFAULT_ACCEPTANCE",
            "SLICE_WIDTH"]

@@ -28,7 +28,7 @@ Step sizes (:class:`SAStepSize`): ``gamma_k = a / (k^kappa + b)``, by default
   -log(1 - S))`` (the ``window = "swap-rate"`` setting).
 
 (The trace of ``C``, the ladder and the indicator rates for figures 4b/4d is the recorder
-:class:`nrpt.recorders.Trace`.)
+:class:`nrpt.recorders.stats.Trace`.)
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import math
 
 import torch
 
-from ..diagnostics import theory
-from ..roles import AdaptorBase, Iteration, Update
+from nrpt.diagnostics import theory
+from nrpt.roles import AdaptorBase, Iteration, Update
 
 __all__ = ["SAStepSize", "CorrectionAdaptor", "LearningRateAdaptor", "VarianceTracker",
            "window_from_swap_rate", "check_swap_rate", "check_ladder", "LADDER_UPDATES"]
@@ -121,7 +121,7 @@ class CorrectionAdaptor(AdaptorBase):
         return self.observe_with(it, self.gamma(it.k))
 
     def gain(self, k: int) -> float:
-        """The step size of iteration ``k`` (the fused loop, :mod:`nrpt.fused`, hands it to
+        """The step size of iteration ``k`` (the fused loop, :mod:`nrpt.core.fused`, hands it to
         :meth:`observe_with` as a tensor)."""
         return self.gamma(k)
 
@@ -153,7 +153,7 @@ class LearningRateAdaptor(AdaptorBase):
     tiny has almost no pull, while its neighbour's keeps pushing the rung into it; an update
     that would cross is refused for the whole system (the order check), which freezes the
     ladder.  On the default DEO*-SGD run rungs 1 and 2 end at 0.015169 / 0.015176 and pair 0
-    swaps at 0.59 against S = 0.4 (:mod:`nrpt.health` warns: ``ladder-collapse``,
+    swaps at 0.59 against S = 0.4 (:mod:`nrpt.report.health` warns: ``ladder-collapse``,
     ``swap-rate-off-target``).
 
     ``ladder="log-gaps"`` applies Eq. 10 to the gaps ``u_p = log eta_{p+1} - log eta_p`` (the

@@ -1,6 +1,6 @@
 r"""Round-based schedule adaptation from swap rejection rates (Syed et al. 2021, Sec. 5).
 
-Pure functions of numpy arrays; no engine state.  Conventions follow :mod:`nrpt.paths`: a
+Pure functions of numpy arrays; no engine state.  Conventions follow :mod:`nrpt.paths.ladders`: a
 *schedule* is the per-slot coefficient ``b[P]`` with ``b_0 = 1`` at the target (slot 0) and
 ``b`` strictly decreasing along the ladder -- ``beta`` for a geometric path (``b_{P-1} = 0``,
 the reference) or ``1 / tau`` for a temperature ladder (``b_{P-1} = 1 / tau_max``).  The

@@ -11,8 +11,8 @@ other named window, ``"swap-rate"``, fixes ``r = 1 - S`` in advance: Algorithm 1
 
 from __future__ import annotations
 
-from ..diagnostics import theory
-from ..roles import AdaptorBase, SegmentView, Update
+from nrpt.diagnostics import theory
+from nrpt.roles import AdaptorBase, SegmentView, Update
 
 __all__ = ["WindowAdaptor"]
 

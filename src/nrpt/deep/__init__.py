@@ -11,9 +11,9 @@ Submodules: :mod:`~nrpt.deep.replicas` (stacked evaluation, strategies),
 :mod:`~nrpt.deep.data`, :mod:`~nrpt.deep.models`, :mod:`~nrpt.deep.swag`.
 """
 
-from .fitting import METHODS, DeepConfig, DeepResult, fit
-from .metrics import BMA, evaluate, reliability
-from .replicas import FunctionalNet, StrategyWarning
+from nrpt.deep.fitting import METHODS, DeepConfig, DeepResult, fit
+from nrpt.deep.metrics import BMA, evaluate, reliability
+from nrpt.deep.replicas import FunctionalNet, StrategyWarning
 
 __all__ = ["fit", "DeepConfig", "DeepResult", "METHODS", "BMA", "evaluate", "reliability",
            "FunctionalNet", "StrategyWarning"]

@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .fitting import METHODS, DeepConfig
+from nrpt.deep.fitting import METHODS, DeepConfig
 
 __all__ = ["add_parser", "run"]
 
@@ -126,9 +126,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _build(settings: dict):
     import torch
 
-    from .. import rng
-    from .data import load_dataset
-    from .models import build_model
+    from nrpt import rng
+    from nrpt.deep.data import load_dataset
+    from nrpt.deep.models import build_model
 
     ds = load_dataset(settings["dataset"], root=settings.get("data_dir"),
                       seed=settings["seed"])
@@ -138,7 +138,7 @@ def _build(settings: dict):
 
 
 def run(args) -> int:
-    from .fitting import folder_lock
+    from nrpt.deep.fitting import folder_lock
 
     folder = args.resume or args.out
     if args.resume and not Path(args.resume).is_dir():
@@ -152,7 +152,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from .fitting import fit
+    from nrpt.deep.fitting import fit
 
     if args.resume:
         out = Path(args.resume)
@@ -174,7 +174,7 @@ def _run(args) -> int:
         out = Path(args.out) if args.out else None
         resume = False
     if out is not None and not resume:
-        from .. import runfolder as rf
+        from nrpt.run import folder as rf
 
         rf.check_folder_name(out)  # before anything is created (or loaded)
     ds, model = _build(settings)

@@ -1,6 +1,7 @@
 """A network posterior as an nrpt energy target, and its minibatch energy estimator.
 
-Energy (``U = -log pi``, :mod:`nrpt.energy`'s convention) of parameters ``theta`` on ``N``
+Energy (``U = -log pi``, :mod:`nrpt.energy.estimators`'s convention) of parameters ``theta`` on
+``N``
 training examples with weight decay ``wd``::
 
     U(theta)     = sum_i loss_i(theta) + N * wd / 2 * |theta|^2
@@ -28,9 +29,9 @@ import math
 
 import torch
 
-from .. import rng
-from ..energy import EnergyEstimator, Estimate, batch_indices
-from .replicas import FunctionalNet
+from nrpt import rng
+from nrpt.deep.replicas import FunctionalNet
+from nrpt.energy.estimators import EnergyEstimator, Estimate, batch_indices
 
 __all__ = ["NetworkTarget", "NetworkEnergy", "DEEP_STREAMS"]
 
@@ -84,7 +85,7 @@ class NetworkTarget:
 class NetworkEnergy(EnergyEstimator):
     """Minibatch energy and gradient of :class:`NetworkTarget` for all replicas in one batched
     forward/backward (the target's ``strategy``); ``var`` is the plug-in estimate of
-    ``Var Ũ_B`` (:class:`nrpt.energy.MinibatchEnergy`'s formula)."""
+    ``Var Ũ_B`` (:class:`nrpt.energy.estimators.MinibatchEnergy`'s formula)."""
 
     extras_keys = ("bn",)
 

@@ -48,25 +48,25 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import rng
-from .. import runfolder as rf
-from ..adapt.sa import (
+from nrpt import rng
+from nrpt.adapt.sa import (
     CorrectionAdaptor,
     LearningRateAdaptor,
     SAStepSize,
     window_from_swap_rate,
 )
-from ..engine import PTEngine
-from ..explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
-from ..health import SamplingWarning
-from ..loop import Plan, Run, execute
-from ..paths import NoiseLadder, geometric_ladder
-from ..record import index_torch_dtype
-from ..recorders import RoundTrips, SwapStats, Trace, json_ready
-from ..roles import RecorderBase
-from ..swap import DEOW, Deterministic, NoSwap
-from .energy import NetworkEnergy, NetworkTarget
-from .replicas import STRATEGIES, FunctionalNet, choose_strategy
+from nrpt.core.engine import PTEngine
+from nrpt.core.loop import Plan, Run, execute
+from nrpt.deep.energy import NetworkEnergy, NetworkTarget
+from nrpt.deep.replicas import STRATEGIES, FunctionalNet, choose_strategy
+from nrpt.explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
+from nrpt.paths.ladders import NoiseLadder, geometric_ladder
+from nrpt.recorders.draws import index_torch_dtype
+from nrpt.recorders.stats import RoundTrips, SwapStats, Trace, json_ready
+from nrpt.report.health import SamplingWarning
+from nrpt.roles import RecorderBase
+from nrpt.run import folder as rf
+from nrpt.swap import DEOW, Deterministic, NoSwap
 
 __all__ = ["fit", "DeepConfig", "DeepResult", "METHODS", "BMARecorder"]
 
@@ -114,7 +114,7 @@ class DeepConfig:
     def __post_init__(self):
         from dataclasses import fields as _fields
 
-        from ..scalars import plain as _plain
+        from nrpt.scalars import plain as _plain
 
         for f in _fields(self):  # NumPy / 0-d torch scalars are numbers like any other
             setattr(self, f.name, _plain(getattr(self, f.name)))
@@ -227,7 +227,7 @@ class BMARecorder(RecorderBase):
 
     def __init__(self, net: FunctionalNet, x_test, y_test, *, every: int, start: int,
                  slots: list[int], strategy: str, stage=None):
-        from .metrics import BMA
+        from nrpt.deep.metrics import BMA
 
         self.net, self.x, self.y = net, x_test, y_test
         self.every, self.start, self.slots = int(every), int(start), list(slots)
@@ -275,7 +275,7 @@ class SWAGRecorder(RecorderBase):
     name = "swag"
 
     def __init__(self, dim: int, rank: int, *, every: int, start: int):
-        from .swag import SWAG
+        from nrpt.deep.swag import SWAG
 
         self.swag = SWAG(dim, rank=rank)
         self.every, self.start = int(every), int(start)
@@ -321,7 +321,7 @@ class EpochMetrics(RecorderBase):
         self._acc[3] += listed
         if (it.k + 1) % self.every:
             return
-        from .metrics import evaluate
+        from nrpt.deep.metrics import evaluate
 
         row: dict[str, Any] = {"iteration": it.k + 1}
         if self.bma.bma.count:
@@ -443,9 +443,9 @@ _HELD: dict[str, int] = {}
 
 @contextlib.contextmanager
 def folder_lock(out: str | Path | None):
-    """The run folder's lock (:class:`nrpt.runfolder.RunLock`, ``.nrpt.lock``) for a deep run:
+    """The run folder's lock (:class:`nrpt.run.folder.RunLock`, ``.nrpt.lock``) for a deep run:
     a second run or resume of ``out`` while this one goes on fails at once with
-    :class:`nrpt.runfolder.RunFolderBusy`.  Re-entrant within this process; creates ``out``."""
+    :class:`nrpt.run.folder.RunFolderBusy`.  Re-entrant within this process; creates ``out``."""
     if out is None:
         yield
         return
@@ -484,7 +484,7 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy).
 
     The folder ``out`` is locked for the whole call (:func:`folder_lock`): a concurrent run or
-    resume of the same folder is refused (:class:`nrpt.runfolder.RunFolderBusy`)."""
+    resume of the same folder is refused (:class:`nrpt.run.folder.RunFolderBusy`)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     with folder_lock(out):
         return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
@@ -676,7 +676,7 @@ def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, ca
                      models=torch.cat(models) if models else None,
                      buffers=torch.cat(buffers) if buffers else None)
     if out is not None:
-        from .report import write_folder
+        from nrpt.deep.report import write_folder
 
         write_folder(res, out, Xte, yte)
     return res
@@ -705,7 +705,7 @@ def _resumable(folder: Path, header: dict) -> dict:
 def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev):
     """``swag_samples`` SWAG draws, each with its BatchNorm statistics refreshed on the
     training data: ``(BMA, models, buffers)``."""
-    from .metrics import BMA
+    from nrpt.deep.metrics import BMA
 
     average, models, buffers = BMA(), [], []
     if swag.n_collected < 2:
@@ -749,7 +749,7 @@ class IndexRecorder(RecorderBase):
 
 def _summary(cfg, average, y_test, recorders, eng, N, B, per_epoch, pre_iters, facts,
              outcome, wall) -> dict[str, Any]:
-    from .metrics import evaluate
+    from nrpt.deep.metrics import evaluate
 
     s: dict[str, Any] = {"method": cfg.method, "chains": cfg.chains, "epochs": cfg.epochs,
                          "n_train": N, "batch_size": B, "iterations": int(eng.k),

@@ -1,6 +1,7 @@
 """P copies of one ``torch.nn.Module`` as flat parameter vectors, evaluated as one batched model.
 
-The engine moves replicas as rows ``theta[R, P, dim]`` (:mod:`nrpt.engine`); a network replica is
+The engine moves replicas as rows ``theta[R, P, dim]`` (:mod:`nrpt.core.engine`); a network
+replica is
 its parameters flattened into such a row (:class:`FunctionalNet` packs and unpacks them), so the
 schemes, rules, adaptors, recorders and checkpoints of every other run apply unchanged, and a
 swap exchanges two slot indices, never weights.  What is not a parameter lives with the replica

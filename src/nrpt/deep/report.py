@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import runfolder as rf
-from ..recorders import json_ready
+from nrpt.recorders.stats import json_ready
+from nrpt.run import folder as rf
 
 __all__ = ["write_folder"]
 
@@ -49,7 +49,7 @@ def _figures(res, out: Path, x_test, y_test) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .metrics import reliability
+    from nrpt.deep.metrics import reliability
 
     if res.index is not None and res.index.size:
         fig, ax = plt.subplots(figsize=(7, 3.2))

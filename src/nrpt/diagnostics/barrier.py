@@ -27,8 +27,8 @@ import math
 import numpy as np
 import torch
 
-from ..recorders import per_system
-from ..roles import IterationBlock, RecorderBase
+from nrpt.recorders.stats import per_system
+from nrpt.roles import IterationBlock, RecorderBase
 
 __all__ = ["SlotEnergyRecorder", "mean_absolute_difference", "method_one"]
 

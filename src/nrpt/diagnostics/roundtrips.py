@@ -181,7 +181,7 @@ class RoundTripTracker:
         ``(phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin)`` (the order of
         :meth:`carry`), ``s`` the new index ``long [R, P]`` and ``top = P - 1``; returns the new
         state tuple.  No in-place op and no host sync, so it can be traced or compiled (the
-        fused loop, :mod:`nrpt.fused`, carries the state through its graph)."""
+        fused loop, :mod:`nrpt.core.fused`, carries the state through its graph)."""
         phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin = state
         at0 = s == 0
         at_top = s == top

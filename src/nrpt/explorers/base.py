@@ -7,7 +7,7 @@ invariant.  It is one batched call for all replicas of all systems:
 
 * ``state`` — :class:`ReplicaState` with ``x[R, P, dim]`` (replica-major: ``x[s, r]`` is replica r
   of system s, wherever it sits on the ladder) and the cached path components ``v``, ``base``
-  (``[R, P]``, see :mod:`nrpt.paths`);
+  (``[R, P]``, see :mod:`nrpt.paths.ladders`);
 * ``b``, ``step_size`` — ``[R, P]``, the slot coefficient and step size of each replica's slot;
 * ``density`` — :class:`Density`, evaluates ``(v, base)`` and, on request, gradients: of the
   two path components (:meth:`Density.grad_components`) or of the slot log density
@@ -19,7 +19,7 @@ gradient) is NaN or ±inf are rejected and flagged in ``info.nonfinite``; they n
 state.
 
 Sign conventions: ``U = -log pi`` is the energy; the slot log density is
-``log pi_p(x) = base(x) - b_p v(x)`` (:mod:`nrpt.paths`), so ``v = U`` and ``base = 0`` on a
+``log pi_p(x) = base(x) - b_p v(x)`` (:mod:`nrpt.paths.ladders`), so ``v = U`` and ``base = 0`` on a
 temperature ladder, ``v = -log L`` and ``base = log pi_0`` on a geometric path.
 
 Preparing a state
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .. import rng
+from nrpt import rng
 
 __all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finite_or",
            "slot_grad", "GRAD_KEYS"]
@@ -106,7 +106,7 @@ def slot_grad(grad_v: torch.Tensor, grad_base: torch.Tensor, b: torch.Tensor) ->
 
 class Density:
     """Evaluates the path components ``(v, base)`` of a batch of states ``x[..., dim]``, with
-    optional gradients (``log pi_p = base - b v``, see :mod:`nrpt.paths`)."""
+    optional gradients (``log pi_p = base - b v``, see :mod:`nrpt.paths.ladders`)."""
 
     def __init__(self, target, path):
         self.target = target
@@ -197,7 +197,7 @@ class Noise:
     generators keyed by (seed, stream, iteration, sub-step) -- see :mod:`nrpt.rng`.
 
     ``block`` (a :class:`nrpt.rng.Block`) is the slice of replicas this process holds
-    (:mod:`nrpt.distributed`); ``P`` is then the local width and every draw is made at the
+    (:mod:`nrpt.core.sharding`); ``P`` is then the local width and every draw is made at the
     full width and sliced, so a replica gets the same numbers however replicas are spread over
     processes.  Explorers that draw through this object (or through :meth:`key`) need no other
     care."""
@@ -209,7 +209,7 @@ class Noise:
             raise ValueError(f"noise for {P} replicas but {block!r}")
         self.R, self.P, self.device, self.block = R, P, device, block
         #: > 0: every draw is that of ``count`` consecutive iterations, stacked (the fused
-        #: loop's chunks, :mod:`nrpt.fused`)
+        #: loop's chunks, :mod:`nrpt.core.fused`)
         self.count = int(count)
 
     def normal(self, sub: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -41,7 +41,7 @@ import warnings
 
 import torch
 
-from .base import ExploreInfo, Explorer, ReplicaState
+from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 
 __all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE", "RecordingNoise",
            "ReplayNoise", "make_draw"]
@@ -57,7 +57,7 @@ class CompileWarning(UserWarning):
 def compilable(explorer: Explorer) -> bool:
     if getattr(explorer, "name", "") not in COMPILABLE:
         return False
-    from ..energy import ControlVariateEnergy
+    from nrpt.energy.estimators import ControlVariateEnergy
 
     return not isinstance(getattr(explorer, "estimator", None), ControlVariateEnergy)
 

@@ -20,7 +20,15 @@ import math
 
 import torch
 
-from .base import GRAD_KEYS, Density, ExploreInfo, Explorer, Noise, ReplicaState, slot_grad
+from nrpt.explorers.base import (
+    GRAD_KEYS,
+    Density,
+    ExploreInfo,
+    Explorer,
+    Noise,
+    ReplicaState,
+    slot_grad,
+)
 
 __all__ = ["RWMH", "MALA", "HMC", "metropolis_select"]
 

@@ -20,7 +20,7 @@ pSGLD / pSGD          V <- rho V + (1 - rho) g^2;  G = 1 / (eps + sqrt V)
 
 where ``xi ~ N(0, I)``.  The paper's DEO*-SGD kernel (Eq. 6) is SGD at every slot with the
 optional Langevin noise ``Xi ~ N(0, 2 eta tau_1)`` at slot 0: a ladder of noise temperatures
-``[tau_1, 0, ..., 0]`` (:class:`nrpt.sgpt.NoiseLadder`).
+``[tau_1, 0, ..., 0]`` (:class:`nrpt.run.sgpt.NoiseLadder`).
 
 **One energy evaluation per step.**  After the move, the estimator is evaluated once at the new
 state; its energy ``Ũ(x')`` is what the swap rule reads (``state.v``) and its gradient
@@ -28,7 +28,8 @@ state; its energy ``Ũ(x')`` is what the swap rule reads (``state.v``) and its g
 not depend on the slot, so the cache stays valid when the replica changes slot).  Momentum and
 preconditioner buffers also live in ``extras`` and travel with their replica.
 
-**Reflection** (r2SGLD): with a :class:`nrpt.domains.Domain`, the proposed position is reflected
+**Reflection** (r2SGLD): with a :class:`nrpt.explorers.domains.Domain`, the proposed position is
+reflected
 back into the domain before the energy is evaluated (so the energy is never evaluated outside);
 momentum methods then set ``m = x' - x`` (the displacement actually made).
 
@@ -43,8 +44,8 @@ import math
 
 import torch
 
-from ..energy import EnergyEstimator, ExactEnergy
-from .base import ExploreInfo, Explorer, ReplicaState
+from nrpt.energy.estimators import EnergyEstimator, ExactEnergy
+from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 
 __all__ = ["SGExplorer", "SGLD", "SGD", "SGHMC", "MomentumSGD", "PSGLD", "PSGD", "Cyclical",
            "cyclical_factor"]
@@ -54,9 +55,10 @@ class SGExplorer(Explorer):
     """Base class: the energy/gradient oracle, caching, reflection and bookkeeping.
 
     Args:
-        estimator: an :class:`nrpt.energy.EnergyEstimator`; default the exact energy of the
+        estimator: an :class:`nrpt.energy.estimators.EnergyEstimator`; default the exact energy of
+        the
             engine's target (full-batch Langevin / gradient descent).
-        domain: optional :class:`nrpt.domains.Domain` to reflect onto.
+        domain: optional :class:`nrpt.explorers.domains.Domain` to reflect onto.
     """
 
     uses_gradient = True
@@ -65,7 +67,7 @@ class SGExplorer(Explorer):
 
     def __init__(self, estimator: EnergyEstimator | None = None, domain=None):
         if estimator is not None and not callable(estimator):
-            raise ValueError("estimator must be an nrpt.energy.EnergyEstimator")
+            raise ValueError("estimator must be an nrpt.energy.estimators.EnergyEstimator")
         self.estimator = estimator
         self.domain = domain
 

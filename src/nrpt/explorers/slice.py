@@ -1,7 +1,8 @@
 r"""Coordinate-wise slice sampling (Neal 2003, "Slice sampling", Ann. Statist. 31(3)), batched.
 
 One step is a sweep over the coordinates ``j = 0..dim-1``; for each coordinate every replica of
-every system does, at its slot's log density ``f(x) = base(x) - b v(x)`` (:mod:`nrpt.paths`):
+every system does, at its slot's log density ``f(x) = base(x) - b v(x)``
+(:mod:`nrpt.paths.ladders`):
 
     y  = f(x) - E,  E ~ Exp(1)                                  (the slice level; Neal Eq. 2)
     an interval [L, R] of width w around x_j, w = the slot's step size, at a uniform offset
@@ -47,7 +48,7 @@ import numbers
 
 import torch
 
-from .base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 
 __all__ = ["SliceSampler", "slot_log_density"]
 

@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from .rules import Rule, SwapContext
+from nrpt.swap.rules import Rule, SwapContext
 
 __all__ = ["Deterministic", "BiasCorrected"]
 

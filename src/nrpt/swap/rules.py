@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..paths import swap_log_ratio
+from nrpt.paths.ladders import swap_log_ratio
 
 __all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate", "make_rule"]
 
@@ -70,7 +70,8 @@ class Rule:
 
 
 class Metropolis(Rule):
-    """Exact energies: accept with probability min(1, alpha), Eq. (1) of :mod:`nrpt.paths`."""
+    """Exact energies: accept with probability min(1, alpha), Eq. (1) of
+    :mod:`nrpt.paths.ladders`."""
 
     name = "metropolis"
 
@@ -115,7 +116,7 @@ class FixedRate(Rule):
 
 
 def make_rule(name: str, **options) -> Rule:
-    """Build a rule by its registered name (:mod:`nrpt.registry`)."""
-    from .. import registry
+    """Build a rule by its registered name (:mod:`nrpt.run.registry`)."""
+    from nrpt.run import registry
 
     return registry.create("rule", name, **options)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import rng
+from nrpt import rng
 
 __all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
            "make_scheme", "check_gate", "GATE_BIAS"]
@@ -163,8 +163,8 @@ class NoSwap(Scheme):
 
 
 def make_scheme(name: str, window: int = 1) -> Scheme:
-    """Build a scheme by its registered name (:mod:`nrpt.registry`); ``window`` is DEO_W's."""
-    from .. import registry
+    """Build a scheme by its registered name (:mod:`nrpt.run.registry`); ``window`` is DEO_W's."""
+    from nrpt.run import registry
 
     cls = registry.entry("scheme", name, what="scheme").load()
     if name == "deo-w":
@@ -184,7 +184,7 @@ GATE_BIAS = ("a 2-D banana with exact sd(x1) = 2 and E[x2] = 0 gave sd(x1) = 2.8
 def check_gate(window: int | str, rule, exact_energies: bool, source: str = "given"
                ) -> str | None:
     """Whether a run may use DEO_W's gate (*at most one swap per pair per window*); every run
-    passes here (:func:`nrpt.build.build`).
+    passes here (:func:`nrpt.run.build.build`).
 
     The gate closes after a pair swaps, so whether a later attempt of the window happens
     depends on the earlier verdicts.  Under a rule whose verdicts depend on the states that is
@@ -201,7 +201,7 @@ def check_gate(window: int | str, rule, exact_energies: bool, source: str = "giv
     * otherwise (noisy or minibatch energies, or the deterministic rule: the paper's DEO*
       setting, approximate anyway) -> a note naming the approximation, for the run's facts.
     """
-    from .noisy import BiasCorrected
+    from nrpt.swap.noisy import BiasCorrected
 
     if window == 1 or not getattr(rule, "state_dependent", True):
         return None

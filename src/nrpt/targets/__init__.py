@@ -1,9 +1,10 @@
 """Built-in targets (energies ``U = -log pi``; states ``[n, dim]``, results ``[n]``).
 
-See :mod:`nrpt.target` for the target protocol and :data:`nrpt.target.BUILTIN_TARGETS` for the
-names under which :func:`nrpt.target.load_target` finds the factories below.
+See :mod:`nrpt.targets.protocol` for the target protocol and
+:data:`nrpt.targets.protocol.BUILTIN_TARGETS` for the
+names under which :func:`nrpt.targets.protocol.load_target` finds the factories below.
 
-:func:`from_pymc` (a PyMC model as a target, :mod:`nrpt.targets.pymc_model`) is exported lazily:
+:func:`from_pymc` (a PyMC model as a target, :mod:`nrpt.targets.adapters.pymc`) is exported lazily:
 importing :mod:`nrpt` or this package does not import PyMC.
 """
 
@@ -38,7 +39,7 @@ __all__ = [
 def __getattr__(name: str):
     # the PyMC bridge is loaded on first use, so that `import nrpt` never imports PyMC
     if name == "from_pymc":
-        from nrpt.targets.pymc_model import from_pymc
+        from nrpt.targets.adapters.pymc import from_pymc
 
         return from_pymc
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

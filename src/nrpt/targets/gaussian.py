@@ -1,6 +1,6 @@
 """Gaussian targets: a correlated Gaussian, isotropic Gaussian mixtures, a Gaussian reference.
 
-All follow the nrpt target protocol (:mod:`nrpt.target`): ``energy(x)`` returns
+All follow the nrpt target protocol (:mod:`nrpt.targets.protocol`): ``energy(x)`` returns
 ``U(x) = -log pi(x)`` of shape ``[n]`` for ``x`` of shape ``[n, dim]``, in the dtype and on the
 device of ``x`` and differentiable by autograd.  Parameters are stored as float64 CPU tensors and
 cast on use.  Each class knows its exact moments (``mean``, ``cov``), its ``log_normalizer``
@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import torch
 
-from nrpt.target import TargetError
 from nrpt.targets._util import (
     as_float64,
     check_states,
@@ -24,6 +23,7 @@ from nrpt.targets._util import (
     sum_last,
     to_like_input,
 )
+from nrpt.targets.protocol import TargetError
 
 __all__ = [
     "Gaussian",

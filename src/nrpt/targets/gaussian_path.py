@@ -3,7 +3,7 @@ rejection rates, local and cumulative communication barrier and normalizing cons
 
 They are built-in targets so that a user can check a PT set-up (schedule adaptation, barrier
 and ``log Z`` estimates) against exact numbers.  Both follow the geometric form of the target
-protocol (:mod:`nrpt.target`): ``log_likelihood(x)``, ``reference_log_prob(x)`` and
+protocol (:mod:`nrpt.targets.protocol`): ``log_likelihood(x)``, ``reference_log_prob(x)`` and
 ``reference_sample(n, generator)``, with ``x`` of shape ``[n, dim]`` and results ``[n]``.  The
 path is ``pi_beta ∝ pi_0 L^beta`` (``beta = 0`` reference, ``beta = 1`` target), and the
 normalizing constant is ``Z(beta) = ∫ pi_0 L^beta`` (the reference is normalized, so
@@ -58,8 +58,8 @@ import numpy as np
 import torch
 from scipy import special
 
-from nrpt.target import TargetError
 from nrpt.targets._util import check_states, like, randn
+from nrpt.targets.protocol import TargetError
 
 __all__ = ["ScaledGaussianPath", "ShiftedGaussianPath", "scaled_gaussian_path",
            "shifted_gaussian_path"]

@@ -2,7 +2,8 @@
 
 Given a target ``pi ∝ exp(-U)`` and a normalized reference ``pi_0``, the geometric path is
 ``pi_beta ∝ pi_0 L^beta`` with ``log L = -U - log pi_0``, so ``beta = 0`` is the reference
-(sampled exactly) and ``beta = 1`` is the target.  Shapes follow :mod:`nrpt.target`: ``x`` is
+(sampled exactly) and ``beta = 1`` is the target.  Shapes follow :mod:`nrpt.targets.protocol`:
+``x`` is
 ``[n, dim]``, results are ``[n]``.
 """
 
@@ -12,8 +13,8 @@ from typing import Any
 
 import torch
 
-from nrpt.target import TargetError, path_kind
 from nrpt.targets.gaussian import GaussianReference, bimodal_1d
+from nrpt.targets.protocol import TargetError, path_kind
 
 __all__ = ["GeometricTarget", "geometric_bimodal"]
 

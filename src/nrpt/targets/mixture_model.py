@@ -12,7 +12,7 @@ sampler stays in one of them, while NRPT reaches all of them through the prior. 
 path runs from the prior (``beta = 0``, exact iid draws) to the posterior (``beta = 1``), and the
 prior is normalized, so the stepping-stone ``log Z`` is the log marginal likelihood.
 
-Shapes follow :mod:`nrpt.target`: states ``x = mu`` are ``[n, K]``, results ``[n]``.
+Shapes follow :mod:`nrpt.targets.protocol`: states ``x = mu`` are ``[n, K]``, results ``[n]``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from itertools import permutations
 import numpy as np
 import torch
 
-from nrpt.target import TargetError
 from nrpt.targets._util import as_float64, check_states, like, randn
+from nrpt.targets.protocol import TargetError
 
 __all__ = ["GaussianMixtureModel", "mixture_model"]
 

@@ -8,7 +8,7 @@ barriers of 8 (a factor ``e^-8`` in density), so a local sampler at ``tau = 1`` 
 Without the penalty, wells further out still carry noticeable mass (about 20% lies outside
 ``[-2.5, 2.5]^2``); the penalty confines the mass to the disc of radius ``sqrt 20``.
 
-Shapes follow :mod:`nrpt.target`: ``x`` is ``[n, 2]``, ``energy(x)`` is ``[n]``.
+Shapes follow :mod:`nrpt.targets.protocol`: ``x`` is ``[n, 2]``, ``energy(x)`` is ``[n]``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ process.
 Launch with ``nrpt run --nproc N ...`` (N local processes, gloo) or ``torchrun
 --nproc-per-node N -m nrpt run ...``; in Python, any ``nrpt.sample``/``run_config`` call made in
 processes started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) runs distributed;
-rank 0 owns the run folder and returns the :class:`~nrpt.api.Result`, the other ranks return a
+rank 0 owns the run folder and returns the :class:`~nrpt.run.api.Result`, the other ranks return a
 ``Result`` with empty arrays whose ``summary`` holds only ``rank`` and ``interrupted``.
 """
 
@@ -42,7 +42,7 @@ import time
 
 import torch
 
-from .rng import Block
+from nrpt.rng import Block
 
 __all__ = ["Comm", "from_env", "launch", "spawn", "block_of", "block_size", "check_world",
            "local_device"]

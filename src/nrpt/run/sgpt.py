@@ -5,14 +5,14 @@ DEO*-SGD (Deng et al. 2023, Algorithm 1) in nrpt's roles::
 
     explorer  SGD with per-slot learning rates eta_0 < ... < eta_{P-1}, Langevin noise at slot 0
               (nrpt.explorers.sgmcmc; noise temperatures [tau_1, 0, ..., 0] = NoiseLadder)
-    energies  noisy oracle / minibatch / control variates              (nrpt.energy)
+    energies  noisy oracle / minibatch / control variates              (nrpt.energy.estimators)
     scheme    DEO_W with W = ceil((log P + log log P) / -log(1 - S))   (nrpt.swap.schemes)
     rule      Ũ_{p+1} + C < Ũ_p                                        (nrpt.swap.noisy)
     adaptors  C toward the swap rate S, learning rates toward equal    (nrpt.adapt.sa)
               acceptance between fixed end points
 
-Stochastic-gradient runs are built by :func:`nrpt.build.build` like every other run (explorers
-tagged ``sg`` in :mod:`nrpt.registry`) and run by the one loop.  Explorers ``sgd``, ``msgd``,
+Stochastic-gradient runs are built by :func:`nrpt.run.build.build` like every other run (explorers
+tagged ``sg`` in :mod:`nrpt.run.registry`) and run by the one loop.  Explorers ``sgd``, ``msgd``,
 ``psgd`` run at temperature 0 on every slot but slot 0 (whose noise temperature is
 ``bottom_temperature``, 1 by default, 0 for plain SGD); ``sgld``, ``sghmc``, ``psgld`` run on a
 temperature ladder (``temperatures`` or geometric up to ``max_temperature``).  This module keeps
@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .diagnostics.density import grid_errors, iid_floor
-from .engine import PTEngine
-from .explorers import Explorer
-from .loop import Plan, Run, execute
-from .paths import NoiseLadder
-from .record import Draws
-from .swap import Metropolis, NoSwap
+from nrpt.core.engine import PTEngine
+from nrpt.core.loop import Plan, Run, execute
+from nrpt.diagnostics.density import grid_errors, iid_floor
+from nrpt.explorers import Explorer
+from nrpt.paths.ladders import NoiseLadder
+from nrpt.recorders.draws import Draws
+from nrpt.swap import Metropolis, NoSwap
 
 __all__ = ["HEADLINE", "run_chains", "grid_errors", "iid_floor"]
 
@@ -56,7 +56,7 @@ def run_chains(target, explorer: Explorer, *, chains: int, iterations: int, step
     ``step_size`` is a number or ``[chains]`` learning rates; ``keep(k) -> bool`` selects the
     recorded iterations (default: all after ``burn_in``).  Returns ``[systems, n_kept * chains,
     dim]`` (the draws of all chains of a system pooled, chain-major within each iteration)."""
-    from .build import initial_states as initial
+    from nrpt.run.build import initial_states as initial
 
     R, n, d = int(systems), int(chains), int(target.dim)
     path = NoiseLadder([temperature] * n, min_slots=1)

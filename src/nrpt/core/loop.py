@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from .engine import PTEngine
-from .roles import SegmentView
-from .runfolder import CHECKPOINT, write_checkpoint
+from nrpt.core.engine import PTEngine
+from nrpt.roles import SegmentView
+from nrpt.run.folder import CHECKPOINT, write_checkpoint
 
 __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "CHECKPOINT", "RunError",
            "Interrupt"]
@@ -200,14 +200,14 @@ class Plan:
 
 @dataclass
 class Run:
-    """What the builder (:func:`nrpt.build.build`) assembles from a config."""
+    """What the builder (:func:`nrpt.run.build.build`) assembles from a config."""
 
     engine: PTEngine
     adaptors: list
     recorders: dict[str, Any]
     plan: Plan
     facts: dict[str, Any] = field(default_factory=dict)
-    #: runs chunks of iterations at once (:class:`nrpt.fused.Fused`), or None
+    #: runs chunks of iterations at once (:class:`nrpt.core.fused.Fused`), or None
     fused: Any = None
 
 
@@ -310,7 +310,7 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
 
 def _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
              stop: Interrupt) -> Outcome:
-    from . import report
+    from nrpt.report import text as report
 
     engine, plan = run.engine, run.plan
     recorders, adaptors = run.recorders, run.adaptors
@@ -392,7 +392,7 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
                 try:
                     if fused is not None:  # (may evaluate the target: a dry explore step)
                         chunk = fused.chunk_at(k_before, end, boundaries)
-                    if chunk:  # iterations k .. k + chunk - 1 at once (nrpt.fused)
+                    if chunk:  # iterations k .. k + chunk - 1 at once (nrpt.core.fused)
                         fused.run_chunk(chunk)
                     else:
                         it = engine.step()

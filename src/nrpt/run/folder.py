@@ -1,6 +1,6 @@
 """The run folder's bookkeeping: one writer at a time, atomic writes, verified checkpoints.
 
-A run folder holds, besides the outputs (:mod:`nrpt.api`):
+A run folder holds, besides the outputs (:mod:`nrpt.run.api`):
 
 =========================  ================================================================
 ``run.json``               who the run is: a run id (uuid), the seed, a hash of its settings,
@@ -19,7 +19,8 @@ Every file is written to a unique temporary name in the folder and renamed into 
 The files changed in place (the lock, the record files) are opened by :func:`open_fd`: never
 through a symbolic link (``O_NOFOLLOW``), only a regular file with one name -- a run folder is
 untrusted input, and nothing in it can make nrpt write outside it.  The record files' valid
-rows carry sha256 checksums in the checkpoint (:class:`nrpt.record.Draws`), verified on resume.
+rows carry sha256 checksums in the checkpoint (:class:`nrpt.recorders.draws.Draws`), verified on
+resume.
 An ``OSError`` of a write (a full disk: ENOSPC) names the file (:func:`os_error_message`) and
 leaves the last checkpoint intact.
 A checkpoint is used only if its size and sha256 match a sidecar and ``torch.load(...,
@@ -353,9 +354,9 @@ def target_record(spec: str) -> dict[str, Any]:
     """What ``run.json`` keeps about the target (a record to check a resumption against, never
     a source of code to import): ``spec`` as ``config.toml`` names it, and for ``file.py:NAME``
     the file's absolute path, sha256 and size; the caller adds ``modules`` (the files it
-    imported from its own directory tree, :func:`nrpt.target.local_modules`) and
-    ``fingerprint`` (:func:`nrpt.target.fingerprint`) once the target is loaded."""
-    from .target import file_spec
+    imported from its own directory tree, :func:`nrpt.targets.protocol.local_modules`) and
+    ``fingerprint`` (:func:`nrpt.targets.protocol.fingerprint`) once the target is loaded."""
+    from nrpt.targets.protocol import file_spec
 
     parsed = file_spec(spec)
     if parsed is None:
@@ -386,7 +387,7 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
     The file is the one ``spec`` (``config.toml``'s ``target``) names, relative paths resolved
     against the current directory, or ``given`` (resume's ``--target`` / ``target=``: a path,
     or ``path:NAME`` with the run's NAME); ``run.json`` only says what to expect of it."""
-    from .target import file_spec
+    from nrpt.targets.protocol import file_spec
 
     tgt = record.get("target") or {}
     if not isinstance(tgt, dict):
@@ -488,8 +489,8 @@ def check_target_modules(record: dict[str, Any], modules: dict[str, str], path: 
 
 
 def check_fingerprint(record: dict[str, Any], now: dict[str, Any], out: Path) -> None:
-    """The target of a resumption is the run's own (:func:`nrpt.target.fingerprint`)."""
-    from .target import fingerprint_differences
+    """The target of a resumption is the run's own (:func:`nrpt.targets.protocol.fingerprint`)."""
+    from nrpt.targets.protocol import fingerprint_differences
 
     tgt = record.get("target")
     then = tgt.get("fingerprint") if isinstance(tgt, dict) else tgt
@@ -511,7 +512,7 @@ def check_fingerprint(record: dict[str, Any], now: dict[str, Any], out: Path) ->
 
 
 def new_run_record(cfg, chash: str) -> dict[str, Any]:
-    from . import __version__
+    from nrpt import __version__
 
     return {"format": 1, "run_id": uuid.uuid4().hex, "seed": cfg.seed, "config_hash": chash,
             "iterations": cfg.iterations, "rounds": cfg.rounds,
@@ -561,7 +562,7 @@ def _keep_as_previous(current: Path, previous: Path) -> None:
 
 
 def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
-    """Write ``payload`` (assembled by :func:`nrpt.loop.execute`) as ``checkpoint.pt``, keeping
+    """Write ``payload`` (assembled by :func:`nrpt.core.loop.execute`) as ``checkpoint.pt``, keeping
     the one before as ``checkpoint.prev.pt``; each with a sidecar holding its size and sha256,
     the iteration and the valid rows of the record files.  The one function that writes
     checkpoints: call it on one process only."""

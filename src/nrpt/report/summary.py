@@ -5,7 +5,7 @@ whole run, or the last round of an adaptive run -- ``statistics_from`` says whic
 facts (path, scheme, window and where it came from, rule), the theory's predictions of the
 observed rates (each beside the quantity it predicts), the adaptive quantities of round-based
 runs, the adapted ladder of stochastic-gradient runs, ArviZ diagnostics of the slot-0 chain, and
-the health findings (:mod:`nrpt.health`), which are also emitted as Python warnings.
+the health findings (:mod:`nrpt.report.health`), which are also emitted as Python warnings.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import health
-from .adapt.chains import recommended_chains, recommended_chains_noisy, restart_rate_curve
-from .adapt.rounds import DEFAULT_ACCEPTANCE
-from .adapt.schedule import fit_barrier, update_schedule
-from .diagnostics import theory
-from .diagnostics.density import grid_errors, iid_floor
-from .loop import Outcome, Run
-from .recorders import json_ready, per_system
+from nrpt.adapt.chains import recommended_chains, recommended_chains_noisy, restart_rate_curve
+from nrpt.adapt.rounds import DEFAULT_ACCEPTANCE
+from nrpt.adapt.schedule import fit_barrier, update_schedule
+from nrpt.core.loop import Outcome, Run
+from nrpt.diagnostics import theory
+from nrpt.diagnostics.density import grid_errors, iid_floor
+from nrpt.recorders.stats import json_ready, per_system
+from nrpt.report import health
 
 __all__ = ["build_summary", "format_summary", "exact_moments", "density_error"]
 
@@ -266,7 +266,7 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         s.setdefault("log_normalizer_note", "the reference is not declared normalized "
                      "(reference_is_normalized): only log(Z_target / Z_reference) is estimated")
     if facts.get("legs"):
-        from .variational import leg_summary
+        from nrpt.paths.variational import leg_summary
 
         s.update(leg_summary(run, s))
     s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
@@ -374,12 +374,12 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
     lz = rec.get("log_z")
-    if lz is not None:  # the log Z halves' self-check (nrpt.lognorm), per leg in two-leg runs
+    if lz is not None:  # log Z halves self-check, per leg in two-leg runs
         legs = facts.get("legs")
         findings += lz.findings((lambda i: f"system {i // 2}, "
                                  f"{'variational' if i % 2 else 'prior'} leg") if legs else None)
         if legs:
-            from .variational import legs_findings
+            from nrpt.paths.variational import legs_findings
 
             findings += legs_findings(run)
     return findings

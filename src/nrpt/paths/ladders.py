@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .target import path_kind
+from nrpt.targets.protocol import path_kind
 
 __all__ = ["Path", "TemperatureLadder", "GeometricPath", "NoiseLadder", "make_path",
            "swap_log_ratio", "geometric_ladder"]

@@ -1,7 +1,7 @@
-"""One builder: a :class:`~nrpt.config.RunConfig` -> (engine, adaptors, recorders, plan).
+"""One builder: a :class:`~nrpt.run.config.RunConfig` -> (engine, adaptors, recorders, plan).
 
 Every kind of run is assembled here and nowhere else; names resolve through
-:mod:`nrpt.registry`.  The pieces, in order:
+:mod:`nrpt.run.registry`.  The pieces, in order:
 
 1. the target (built-in name, ``file.py:NAME`` or an object) and its path: a temperature
    ladder or a geometric path for exact explorers, a ladder of *noise temperatures* for
@@ -28,9 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import registry
-from .adapt.rounds import ScheduleAdaptor, SliceWidthAdaptor, StepSizeAdaptor
-from .adapt.sa import (
+from nrpt.adapt.rounds import ScheduleAdaptor, SliceWidthAdaptor, StepSizeAdaptor
+from nrpt.adapt.sa import (
     CorrectionAdaptor,
     LearningRateAdaptor,
     SAStepSize,
@@ -39,23 +38,24 @@ from .adapt.sa import (
     check_swap_rate,
     window_from_swap_rate,
 )
-from .adapt.window import WindowAdaptor
-from .config import burn_in_count
-from .diagnostics.barrier import SlotEnergyRecorder
-from .distributed import local_device
-from .domains import parse_domain
-from .energy import make_estimator
-from .engine import PTEngine
-from .explorers import Density
-from .lognorm import SteppingStone
-from .loop import Plan, Run
-from .paths import NoiseLadder, geometric_ladder, make_path
-from .record import Draws
-from .recorders import RoundTrips, SlotSpread, SwapStats, Trace
-from .rng import Stream, generator_for
-from .swap import DEOW, Rule, make_scheme
-from .swap.schemes import check_gate
-from .target import TargetError, fingerprint, load_target, validate_target
+from nrpt.adapt.window import WindowAdaptor
+from nrpt.core.engine import PTEngine
+from nrpt.core.loop import Plan, Run
+from nrpt.core.sharding import local_device
+from nrpt.diagnostics.barrier import SlotEnergyRecorder
+from nrpt.energy.estimators import make_estimator
+from nrpt.explorers import Density
+from nrpt.explorers.domains import parse_domain
+from nrpt.paths.ladders import NoiseLadder, geometric_ladder, make_path
+from nrpt.recorders.draws import Draws
+from nrpt.recorders.log_z import SteppingStone
+from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
+from nrpt.rng import Stream, generator_for
+from nrpt.run import registry
+from nrpt.run.config import burn_in_count
+from nrpt.swap import DEOW, Rule, make_scheme
+from nrpt.swap.schemes import check_gate
+from nrpt.targets.protocol import TargetError, fingerprint, load_target, validate_target
 
 __all__ = ["build", "initial_states", "DTYPES"]
 
@@ -168,9 +168,9 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` may be given as objects
     (``rule`` overrides ``cfg.swap_rule``); ``out`` is the run folder for streamed draws
     (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines);
-    ``comm`` (:mod:`nrpt.distributed`) spreads the replicas over processes (only rank 0
+    ``comm`` (:mod:`nrpt.core.sharding`) spreads the replicas over processes (only rank 0
     stores the draws).  ``burn_in``: the warm-up iterations, overriding the config's (a
-    resumption keeps its first run's count, :func:`nrpt.api.resume`).
+    resumption keeps its first run's count, :func:`nrpt.run.api.resume`).
 
     Every run (``nrpt.sample``, the CLI, config files, resumes, each process of a distributed
     run) passes :func:`nrpt.swap.schemes.check_gate` here: scheme ``deo-w`` with a window
@@ -249,7 +249,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
             facts.setdefault("approximations", []).append(note)
 
     if cfg.compile:  # the explorer step as one compiled graph (explorers.compiled)
-        from .explorers.compiled import Compiled
+        from nrpt.explorers.compiled import Compiled
 
         explorer = Compiled(explorer)
 
@@ -270,7 +270,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
                           seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
                           device=device, initial_states=x0, comm=comm)
     else:
-        from . import variational as va
+        from nrpt.paths import variational as va
 
         family = va.VARIATIONAL[reference]
         q0 = va.initial_reference(target, R, cfg.seed, dtype, device, family)
@@ -351,13 +351,13 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     for r in recorders.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
     run = Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
-    if cfg.fuse == "auto":  # eager chunks wherever they run (nrpt.fused.auto)
-        from .fused import UNROLL, Fused, auto
+    if cfg.fuse == "auto":  # eager chunks wherever they run (nrpt.core.fused.auto)
+        from nrpt.core.fused import UNROLL, Fused, auto
 
         if auto(run, compile=bool(cfg.compile)):
             run.fused = Fused(run, unroll=UNROLL, compile=False)
-    elif cfg.fuse:  # chunks of iterations at once (nrpt.fused), compiled with compile = true
-        from .fused import UNROLL, Fused, why_not
+    elif cfg.fuse:  # chunks of iterations at once (nrpt.core.fused), compiled with compile = true
+        from nrpt.core.fused import UNROLL, Fused, why_not
 
         reason = why_not(run)
         if reason is not None:

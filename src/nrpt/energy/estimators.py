@@ -1,7 +1,7 @@
 """Energy estimators for stochastic-gradient parallel tempering.
 
 An estimator returns, for a batch of states ``x[R, P, dim]`` (replica-major, see
-:mod:`nrpt.engine`), an unbiased energy estimate ``Ũ(x)`` ``[R, P]``, a gradient estimate
+:mod:`nrpt.core.engine`), an unbiased energy estimate ``Ũ(x)`` ``[R, P]``, a gradient estimate
 ``∇Ũ(x)`` ``[R, P, dim]`` and, where it can, an estimate of ``Var Ũ(x)`` ``[R, P]`` (what the
 bias-corrected swap rule of reSGLD needs).  Sign convention: ``U = -log pi`` (energy).
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import rng
+from nrpt import rng
 
 __all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
            "MinibatchEnergy", "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad",
@@ -218,7 +218,7 @@ def batch_indices(shape, n_data: int, batch: int, replacement: bool, key, device
 
 
 class MinibatchEnergy(EnergyEstimator):
-    """Minibatch energy of a data target (:class:`nrpt.targets.noisy.MinibatchTarget`):
+    """Minibatch energy of a data target (:class:`nrpt.targets.minibatch.MinibatchTarget`):
 
         Ũ_B(x) = (N / n) * sum_{i in B} loss_i(x) + prior(x),      E_B Ũ_B(x) = U(x),
 

@@ -5,7 +5,7 @@ engine's device (no host sync per iteration), reduces them to JSON-ready summary
 checkpoints itself.  ``start_segment(reset=True, ...)`` starts fresh statistics (a new round of
 adaptive NRPT); the summary always describes the statistics since the last reset.
 
-The fused loop (:mod:`nrpt.fused`) hands them ``U`` iterations at a time
+The fused loop (:mod:`nrpt.core.fused`) hands them ``U`` iterations at a time
 (:class:`~nrpt.roles.IterationBlock`): ``record_block`` does a constant number of tensor ops per
 block and ends with the state of ``U`` calls of ``record``, bit for bit (:class:`SlotSpread`
 merges groups of 8 iterations, counted from its reset, whichever way they arrive).
@@ -18,11 +18,11 @@ merges groups of 8 iterations, counted from its reset, whichever way they arrive
 ``spread``         running mean / sd of the states at chosen slots        (:class:`SlotSpread`)
 ``trace``          the adapted tables (schedule or learning rates, ``C``) and the per-pair
                    swap-indicator rate over time                          (:class:`Trace`)
-``log_z``          online stepping-stone log Z      (:class:`nrpt.lognorm.SteppingStone`)
+``log_z``          online stepping-stone log Z      (:class:`nrpt.recorders.log_z.SteppingStone`)
 ``slot_energies``  energies by slot for the Method I local barrier
                    (:class:`nrpt.diagnostics.barrier.SlotEnergyRecorder`)
 ``draws``          slot-0 draws, energies and the index process streamed to disk
-                   (:class:`nrpt.record.Draws`)
+                   (:class:`nrpt.recorders.draws.Draws`)
 =================  =============================================================================
 """
 
@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .diagnostics import RoundTripTracker
-from .roles import Iteration, IterationBlock, RecorderBase
-from .swap.schemes import is_sweep
+from nrpt.diagnostics import RoundTripTracker
+from nrpt.roles import Iteration, IterationBlock, RecorderBase
+from nrpt.swap.schemes import is_sweep
 
 __all__ = ["SwapStats", "RoundTrips", "SlotSpread", "Trace", "per_system", "json_ready"]
 

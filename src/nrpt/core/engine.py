@@ -13,13 +13,13 @@ slots rewrites two integers per system, so swaps cost the same for a 2-D toy and
 The engine keeps only what one iteration needs: the states, the permutation, the scheme's state
 and the tunable tables (``schedule``, ``step_size``, the rule's ``params``), which change only
 through :meth:`PTEngine.apply`.  Counters, round trips, log Z and traces are recorders
-(:mod:`nrpt.recorders`); the loop is :mod:`nrpt.loop`.
+(:mod:`nrpt.recorders.stats`); the loop is :mod:`nrpt.core.loop`.
 
 Randomness is keyed (:mod:`nrpt.rng`): every draw comes from a generator seeded by a hash of
 (seed, stream, iteration, sub-step) and has the full ``[R, P, ...]`` shape, so nothing depends
 on how replicas are spread over processes, and resuming needs only the iteration counter.
 
-With a ``comm`` (:mod:`nrpt.distributed`) the engine holds only its block of replicas
+With a ``comm`` (:mod:`nrpt.core.sharding`) the engine holds only its block of replicas
 (``state`` is ``[R, P_local, ...]``); the per-replica scalars are gathered once per iteration
 and everything from the swaps on runs on full ``[R, P]`` tensors, identically on every rank.
 """
@@ -31,13 +31,13 @@ import math
 import numpy as np
 import torch
 
-from . import rng
-from .explorers import Density, Explorer, Noise, ReplicaState
-from .paths import Path
-from .rng import Block, Stream, generator_for
-from .roles import Iteration, PhaseDecision, Update
-from .swap import DEOW, Rule, Scheme, SwapContext
-from .swap.schemes import is_sweep
+from nrpt import rng
+from nrpt.explorers import Density, Explorer, Noise, ReplicaState
+from nrpt.paths.ladders import Path
+from nrpt.rng import Block, Stream, generator_for
+from nrpt.roles import Iteration, PhaseDecision, Update
+from nrpt.swap import DEOW, Rule, Scheme, SwapContext
+from nrpt.swap.schemes import is_sweep
 
 __all__ = ["PTEngine", "sweep_exchange", "slot_order", "refresh_top"]
 
@@ -48,7 +48,7 @@ def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
     """One phase over all ``P - 1`` adjacent pairs in slot order (DEO, DEO_W, SEO): the rule's
     verdicts from the energies ``v[R, P]`` (replica order) put in slot order, the swaps of the
     ``active`` pairs made on the permutation.  Returns ``(replica_at, slot_of, decision,
-    accepted, prob)``; pure (the engine and the fused loop, :mod:`nrpt.fused`, both call it).
+    accepted, prob)``; pure (the engine and the fused loop, :mod:`nrpt.core.fused`, both call it).
     ``uniforms``: the pairs' uniforms ``[R, P-1]`` or a function drawing them."""
     v_at = v.gather(1, replica_at)
     ctx = SwapContext(b_lo=schedule[:, :-1], b_hi=schedule[:, 1:], v_lo=v_at[:, :-1],
@@ -103,11 +103,11 @@ class PTEngine:
         Optional ``[R, P, dim]`` tensor; otherwise ``target.initial_states(n, generator)`` if
         defined, the reference for a geometric path, or N(0, I).
     comm
-        A :class:`nrpt.distributed.Comm`: this process holds only its block of replicas.
+        A :class:`nrpt.core.sharding.Comm`: this process holds only its block of replicas.
     """
 
     #: evaluates the path components (a subclass may bring its own, e.g.
-    #: :class:`nrpt.variational.TwoLegDensity`)
+    #: :class:`nrpt.paths.variational.TwoLegDensity`)
     density_class = Density
 
     def __init__(self, target, path: Path, explorer: Explorer, scheme: Scheme, rule: Rule, *,
@@ -174,7 +174,7 @@ class PTEngine:
     def autograd_free(self) -> bool:
         """No step of this engine needs autograd: the explorer uses no gradient (RWMH, slice),
         or the target declares ``analytic_gradients = True`` (its gradient methods are
-        closed forms).  The loop then runs in ``torch.inference_mode`` (:mod:`nrpt.loop`)."""
+        closed forms).  The loop then runs in ``torch.inference_mode`` (:mod:`nrpt.core.loop`)."""
         return (not getattr(self.explorer, "uses_gradient", True)
                 or bool(getattr(self.target, "analytic_gradients", False)))
 
@@ -231,7 +231,7 @@ class PTEngine:
             self.set_fitted_reference(update.reference)
 
     def set_fitted_reference(self, reference) -> None:
-        """Install a fitted reference (:class:`nrpt.variational.TwoLegEngine`); a plain engine
+        """Install a fitted reference (:class:`nrpt.paths.variational.TwoLegEngine`); a plain engine
         has none to change."""
         raise ValueError("this run's reference is fixed (reference 'prior'); a fitted "
                          "reference needs reference 'variational' or 'variational-meanfield'")
@@ -364,7 +364,7 @@ class PTEngine:
         made, evaluated and prepared for a block of iterations at once, from one generator keyed
         by the block (as :func:`nrpt.rng.iteration_draw`; resuming mid-block redraws it).
         ``count > 0``: those of iterations ``k .. k + count - 1``, stacked ``[count, R, 1, ...]``
-        (a slice of the block when it holds them all; :mod:`nrpt.fused`)."""
+        (a slice of the block when it holds them all; :mod:`nrpt.core.fused`)."""
         B = rng.block_length(self.R * self.dim)
         if self._ref_rows is None or self._ref_rows[0] != k // B:
             xr = self._reference_block(k, B)[:, :, None]  # [B, R, 1, d]
@@ -431,7 +431,7 @@ class PTEngine:
     # ------------------------------------------------------------------ carried state
     def carry(self) -> dict:
         """What an iteration reads and writes, as a dict of tensors (the fused loop's chunk,
-        :mod:`nrpt.fused`, takes it in and hands it back to :meth:`set_carry`)."""
+        :mod:`nrpt.core.fused`, takes it in and hands it back to :meth:`set_carry`)."""
         st = self.state
         carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
                  "replica_at": self.replica_at, "slot_of": self.slot_of,

@@ -8,7 +8,7 @@ system (one chain per independent system), ``draw`` the slot-0 draw of the sampl
 Groups:
 
 * ``posterior`` -- for a target with the model-variable hook (``model_variables``, see
-  :mod:`nrpt.target`): one variable per model variable, in its constrained space, with its
+  :mod:`nrpt.targets.protocol`): one variable per model variable, in its constrained space, with its
   name, shape ``[chain, draw, *var_shape]``, dims and coordinates (dims the model does not name
   are ``<name>_dim_<i>`` with integer coordinates, as ArviZ names them).  The conversion runs
   over blocks of draws and writes each block straight into the file, so memory stays flat
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .record import index_dtype
+from nrpt.recorders.draws import index_dtype
 
 __all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
 
@@ -140,7 +140,7 @@ def _per_chain(value, R: int) -> tuple[np.ndarray, bool]:
 
 
 def _group_attrs(extra: dict | None = None) -> dict[str, str]:
-    from . import __version__
+    from nrpt import __version__
 
     attrs = {"created_at": datetime.datetime.now(datetime.UTC).isoformat(),
              "inference_library": "nrpt", "inference_library_version": str(__version__)}
@@ -155,7 +155,7 @@ def _encoding(ds) -> dict:
 
 def _model_values(target, x: np.ndarray) -> dict:
     """The hook on a block of states; its own errors become ValueErrors that name it (the
-    run's other outputs are still written: see :func:`nrpt.api._write_outputs`)."""
+    run's other outputs are still written: see :func:`nrpt.run.api._write_outputs`)."""
     try:
         return target.model_variables(x)
     except Exception as err:  # noqa: BLE001 -- any failure of user code, reported
@@ -260,14 +260,14 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     iterations from ``first`` on (``first`` a multiple of ``thin`` or the run's sample start),
     ``index`` the index process of the whole run ``[K + 1, R, P]`` (None: no index-process
     statistics), ``target`` the run's target (default ``engine.target``); ``legs``: the summary
-    holds two engine rows per system (a variational reference, :mod:`nrpt.variational`: even
+    holds two engine rows per system (a variational reference, :mod:`nrpt.paths.variational`: even
     rows the prior leg, odd rows the variational leg; ``Run.facts["legs"]``)."""
     try:
         import h5netcdf  # noqa: F401  (the engine)
         import xarray as xr
     except ImportError:
         return None
-    from .runfolder import atomic_path
+    from nrpt.run.folder import atomic_path
 
     target = engine.target if target is None else target
     x = np.asarray(samples) if not isinstance(samples, np.ndarray) else samples
@@ -344,7 +344,7 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, legs):
         "log_normalizer_forward": "forward stepping-stone half (aimed at Z)",
         "log_normalizer_reverse": "reverse stepping-stone half (aimed at 1/Z)",
         "barrier": "global communication barrier Λ̂ = sum of the pair rejection rates"}
-    # a variational run (nrpt.variational) has two engine rows per system, the prior leg's
+    # a variational run (nrpt.paths.variational) has two engine rows per system, the prior leg's
     # (even) and the variational leg's (odd): each leg's estimates get a variable of their own
     for key, text in notes.items():
         if key not in summary:

@@ -6,7 +6,7 @@ matrix all read this table, so a name exists in exactly one place.  Factories ar
 the rest of the package (no import cycles).
 
 Each :class:`Entry` also says which configuration fields the choice *reads* (``options``): a
-field that no chosen entry reads is an error in :class:`nrpt.config.RunConfig` (never silently
+field that no chosen entry reads is an error in :class:`nrpt.run.config.RunConfig` (never silently
 ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected explorer or an exact
 rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD explorer whose slots
 above 0 inject no noise).

@@ -13,7 +13,8 @@ What a chunk computes is what the plain loop computes, with the same code:
 * the explorer's own ``step``, fed the draws a plain step asks :class:`~nrpt.explorers.Noise`
   for (recorded once on a plain step, then made outside the graph and replayed inside, as
   :mod:`nrpt.explorers.compiled` does);
-* :func:`nrpt.engine.sweep_exchange` and :func:`nrpt.engine.refresh_top`, which the engine's
+* :func:`nrpt.core.engine.sweep_exchange` and :func:`nrpt.core.engine.refresh_top`, which the
+  engine's
   own step calls;
 * the online adaptors' ``observe_with(view, gain)`` with the step size ``gain(k)`` handed in
   as a tensor (the stochastic-approximation adaptors of :mod:`nrpt.adapt.sa`);
@@ -29,7 +30,7 @@ periods, and the kind of state (whether the explore phase still sets up buffers)
 (:meth:`Fused.chunk_at`), so a resumed run with the same settings chunks exactly as the
 uninterrupted one.  An online adaptor's ``observe_with`` must be pure and return an
 :class:`~nrpt.roles.Update` of ``[R, P]`` tables and known rule parameters only (the chunk
-takes them as they are, without :meth:`nrpt.engine.PTEngine.apply`'s conversions).
+takes them as they are, without :meth:`nrpt.core.engine.PTEngine.apply`'s conversions).
 
 Fused runs: one process; schemes DEO, DEO_W and SEO (one phase over all adjacent pairs);
 rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the explorers of
@@ -44,9 +45,9 @@ import warnings
 
 import torch
 
-from .engine import PTEngine, refresh_top, sweep_exchange
-from .explorers import Noise, ReplicaState
-from .explorers.compiled import (
+from nrpt.core.engine import PTEngine, refresh_top, sweep_exchange
+from nrpt.explorers import Noise, ReplicaState
+from nrpt.explorers.compiled import (
     Compiled,
     CompileWarning,
     RecordingNoise,
@@ -54,8 +55,8 @@ from .explorers.compiled import (
     compilable,
     make_draw,
 )
-from .roles import AdaptorBase, Iteration, IterationBlock, PhaseDecision
-from .swap.schemes import DEOW, SEO, adjacent_pairs
+from nrpt.roles import AdaptorBase, Iteration, IterationBlock, PhaseDecision
+from nrpt.swap.schemes import DEOW, SEO, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "auto", "UNROLL", "RULES"]
 
@@ -112,14 +113,14 @@ def auto(run, compile: bool = False) -> bool:
 
 
 def _own_block(recorder) -> bool:
-    from .roles import RecorderBase
+    from nrpt.roles import RecorderBase
 
     fn = getattr(type(recorder), "record_block", None)
     return fn is not None and fn is not RecorderBase.record_block
 
 
 class Fused:
-    """Runs chunks of ``unroll`` iterations of ``run`` (a :class:`nrpt.loop.Run` that
+    """Runs chunks of ``unroll`` iterations of ``run`` (a :class:`nrpt.core.loop.Run` that
     :func:`why_not` accepts); ``compile``: as one ``torch.compile`` graph (falls back to the
     eager chunk with a :class:`~nrpt.explorers.compiled.CompileWarning`)."""
 
@@ -133,7 +134,7 @@ class Fused:
         eng = run.engine
         self.engine, self.explorer = eng, _explorer(eng)
         self.online = [a for a in run.adaptors if _online(a)]
-        from .recorders import RoundTrips
+        from nrpt.recorders.stats import RoundTrips
 
         self.trips = next((r for r in run.recorders.values() if isinstance(r, RoundTrips)),
                           None)
@@ -191,13 +192,13 @@ class Fused:
         if self._reads_uniforms is None:
             self._reads_uniforms = _reads_uniforms(eng)
         if self._reads_uniforms:
-            from .rng import Stream, iteration_uniform
+            from nrpt.rng import Stream, iteration_uniform
 
             inp["uniforms"] = iteration_uniform((R, P - 1), eng.seed, Stream.SWAP, k0, 0,
                                                 dtype=dt, device=dev, count=U)
         scheme = eng.scheme
         if isinstance(scheme, SEO):
-            from .rng import Stream, iteration_uniform
+            from nrpt.rng import Stream, iteration_uniform
 
             inp["coins"] = iteration_uniform((R, 1), eng.seed, Stream.SCHEME, k0, device=dev,
                                              count=U) < 0.5
@@ -240,7 +241,7 @@ class Fused:
         W = None if seo else eng.scheme.window
         trips = self.trips is not None
         if trips:
-            from .diagnostics import RoundTripTracker
+            from nrpt.diagnostics import RoundTripTracker
 
             advance = RoundTripTracker.advance
 
@@ -415,7 +416,7 @@ def _no_uniforms():
 def _reads_uniforms(eng: PTEngine) -> bool:
     """Whether the engine's rule reads the pairs' uniforms (a dry decision on the current
     energies, which changes nothing)."""
-    from .swap.rules import SwapContext
+    from nrpt.swap.rules import SwapContext
 
     read = []
 

@@ -57,7 +57,7 @@ Optional members:
     With the hook, ``posterior.nc`` holds one posterior variable per model variable (``[chain,
     draw, *var_shape]``, its dims and coordinates; unnamed dims are ``<name>_dim_<i>``) and the
     unconstrained draws in the ``unconstrained_posterior`` group; without it, the posterior is
-    the flat ``x`` ``[chain, draw, x_dim]`` (:mod:`nrpt.inference_data`).  The hook is called
+    the flat ``x`` ``[chain, draw, x_dim]`` (:mod:`nrpt.report.posterior_file`).  The hook is called
     on blocks of draws after the run, never during sampling.
 
 Built-in targets live in :mod:`nrpt.targets`; :data:`BUILTIN_TARGETS` maps their names to
@@ -404,11 +404,11 @@ def _keep(probe: dict[str, Any] | None, member: str, out: torch.Tensor) -> None:
 
 
 class _BuiltinTargets(dict):
-    """Built-in targets: name -> factory(**kwargs), a live view of :mod:`nrpt.registry`'s
+    """Built-in targets: name -> factory(**kwargs), a live view of :mod:`nrpt.run.registry`'s
     ``target`` role (register a target there, not here)."""
 
     def _table(self) -> dict[str, Callable[..., Any]]:
-        from . import registry
+        from nrpt.run import registry
 
         return {n: registry.entry("target", n).load for n in registry.names("target")}
 
@@ -416,7 +416,7 @@ class _BuiltinTargets(dict):
         return key in self._table()
 
     def __getitem__(self, key: str) -> Callable[..., Any]:
-        from . import registry
+        from nrpt.run import registry
 
         return registry.entry("target", key, what="target").load()
 
@@ -541,10 +541,10 @@ def local_modules(module: Any, new: set[str] = frozenset(),
 
 #: Models of other libraries that a ``file.py:NAME`` may hold: top-level package ->
 #: ``("module:Class" of the model, "module:function" that makes a target of it)``.  Both are
-#: strings imported on first use (as in :mod:`nrpt.registry`), so nrpt imports no such library
+#: strings imported on first use (as in :mod:`nrpt.run.registry`), so nrpt imports no such library
 #: unless an object's class comes from it.
 MODEL_ADAPTERS: dict[str, tuple[str, str]] = {
-    "pymc": ("pymc:Model", "nrpt.targets.pymc_model:from_pymc"),
+    "pymc": ("pymc:Model", "nrpt.targets.adapters.pymc:from_pymc"),
 }
 
 
@@ -641,7 +641,7 @@ def _load_target(spec: str, kwargs: dict[str, Any], modules: dict[str, str]) -> 
             f"unknown target {spec!r}: use a built-in name ({names}) or "
             f"path/to/file.py:NAME for a target defined in your own file"
         )
-    from .scalars import plain as _plain  # NumPy / 0-d torch scalars are numbers like any other
+    from nrpt.scalars import plain as _plain  # NumPy / 0-d torch scalars are numbers like any other
 
     kwargs = {k: _plain(v) for k, v in kwargs.items()}
     try:

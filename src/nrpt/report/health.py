@@ -241,7 +241,7 @@ def slot0_diagnostics(samples) -> dict:
         flat = x.reshape(R * n, dim)
         mean = np.mean(flat, axis=0) if R * n else np.full(dim, np.nan)
         sd = np.std(flat, axis=0, ddof=1) if R * n >= 2 else np.full(dim, np.nan)
-    from .diagnostics import ess  # (a function-level import: this module needs only numpy)
+    from nrpt.diagnostics import ess  # (a function-level import: this module needs only numpy)
 
     out = {"n_systems": int(R), "n_draws": int(n), "mean": _plain(mean), "sd": _plain(sd)}
     with _quiet():

@@ -58,12 +58,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import rng
-from .engine import PTEngine
-from .explorers.base import GRAD_KEYS, Density, ReplicaState
-from .paths import GeometricPath, flat_call
-from .recorders import per_system
-from .roles import AdaptorBase, RecorderBase, SegmentView, Update
+from nrpt import rng
+from nrpt.core.engine import PTEngine
+from nrpt.explorers.base import GRAD_KEYS, Density, ReplicaState
+from nrpt.paths.ladders import GeometricPath, flat_call
+from nrpt.recorders.stats import per_system
+from nrpt.roles import AdaptorBase, RecorderBase, SegmentView, Update
 
 __all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
            "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "leg_summary",
@@ -233,7 +233,7 @@ class TwoLegDensity(Density):
 
 
 class TwoLegEngine(PTEngine):
-    """:class:`~nrpt.engine.PTEngine` over ``2R`` rows, two per user system (prior leg,
+    """:class:`~nrpt.core.engine.PTEngine` over ``2R`` rows, two per user system (prior leg,
     variational leg), with leg-aware reference draws, the bridge after the swaps and the
     reference ``q`` in its checkpoints.  Plain runs never construct it."""
 
@@ -422,9 +422,9 @@ def _legs_z(est: dict) -> torch.Tensor:
 
 def legs_findings(run) -> list:
     """A ``log-z-legs`` finding where the two legs' log Z (both absolute: the prior declared
-    normalized) disagree beyond :data:`nrpt.lognorm.HALVES_Z` combined errors."""
-    from .health import Finding
-    from .lognorm import HALVES_Z
+    normalized) disagree beyond :data:`nrpt.recorders.log_z.HALVES_Z` combined errors."""
+    from nrpt.recorders.log_z import HALVES_Z
+    from nrpt.report.health import Finding
 
     lz = run.recorders.get("log_z")
     if lz is None or lz.n == 0 or not run.facts.get("reference_normalized"):

@@ -5,7 +5,7 @@ A setting belongs to one of the sections ``run``, ``ladder``, ``explorer``, ``sw
 the field names themselves (``nrpt.sample(step_size=0.5)``, ``--step-size 0.5``).
 
 Which settings apply depends on the run (the explorer's, scheme's and rule's entries in
-:mod:`nrpt.registry` say which fields they read).  After construction every field holds its
+:mod:`nrpt.run.registry` say which fields they read).  After construction every field holds its
 *resolved* value, and a field that does not apply to the run is ``None``:
 
 * a setting the user gave (``explicit``) that does not apply is an error naming it -- never
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import registry
-from .explorers.compiled import COMPILABLE
-from .scalars import plain as _plain
+from nrpt.explorers.compiled import COMPILABLE
+from nrpt.run import registry
+from nrpt.scalars import plain as _plain
 
 __all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION", "burn_in_count", "DEFAULT_BURN_IN"]
 
@@ -272,7 +272,7 @@ class RunConfig:
     lr_max: float | None = None
     #: the hot end of a geometric path: "prior" (default), or a Gaussian fitted between rounds
     #: -- "variational" (full-rank) / "variational-meanfield" (diagonal) -- annealed in a
-    #: second leg joined to the prior leg at the target (:mod:`nrpt.variational`)
+    #: second leg joined to the prior leg at the target (:mod:`nrpt.paths.variational`)
     reference: str | None = None
     # explorer
     explorer: str | None = None
@@ -398,7 +398,7 @@ class RunConfig:
     def write_toml(self, path: str | Path, omit: tuple[str, ...] = ()) -> None:
         """Write ``config.toml``; ``omit``: settings the built run turned out not to read
         (e.g. ``max_temperature`` for a target with a reference)."""
-        from .runfolder import atomic_write
+        from nrpt.run.folder import atomic_write
 
         atomic_write(path, to_toml(self.sections(omit)), sync=False)
 
@@ -523,7 +523,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
     if cfg.explorer in COMPILABLE:
         default("compile", False)
         cfg.compile = _bool("compile", cfg.compile)
-        # auto: chunks run eagerly wherever nrpt.fused can run them (the same numbers as the
+        # auto: chunks run eagerly wherever nrpt.core.fused can run them (the same numbers as the
         # plain loop, fewer launches); compile = true keeps its compiled explorer step
         default("fuse", "auto")
         cfg.fuse = _chunk("fuse", cfg.fuse)
@@ -547,7 +547,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
                                    if "momentum" in registry.entry("explorer", n).options))
     if sg:
         if cfg.domain is not None:
-            from .domains import parse_domain
+            from nrpt.explorers.domains import parse_domain
 
             if not isinstance(cfg.domain, str):
                 raise ValueError(f"domain must be box:LO,HI or ball:R; got {cfg.domain!r}")
@@ -587,7 +587,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
             not_applicable(name, f"{name} is for stochastic-gradient explorers "
                                  f"({', '.join(registry.names('explorer', 'sg'))})")
     if cfg.reference is not None:
-        from .variational import REFERENCES
+        from nrpt.paths.variational import REFERENCES
 
         cfg.reference = _choice("reference", cfg.reference, REFERENCES)
         if cfg.reference == "prior":
@@ -693,7 +693,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
                                high_strict=False),
                        _number("sa_step b", cfg.sa_step[2], 0.0, strict=True)]
         default("ladder_update", "paper")
-        from .adapt.sa import check_ladder_update
+        from nrpt.adapt.sa import check_ladder_update
 
         cfg.ladder_update = check_ladder_update(cfg.ladder_update)
     else:

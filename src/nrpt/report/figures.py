@@ -50,7 +50,7 @@ _DPI = 150
 # ------------------------------------------------------------------------------ helpers
 def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
     """Write ``fig`` to ``path`` (format from the suffix, e.g. ``.png``); returns the path."""
-    from .runfolder import atomic_path
+    from nrpt.run.folder import atomic_path
 
     path = Path(path)
     with atomic_path(path) as tmp:  # a reader never sees half a figure
@@ -168,7 +168,7 @@ def _exact_grid(target, grid_kwargs: dict | None):
 
 def _tv(counts: np.ndarray, n: int, probs: np.ndarray) -> float:
     """``1/2 sum |q - p|`` over the cells plus one cell for the mass outside the grid (as
-    :func:`nrpt.sgpt.grid_errors`)."""
+    :func:`nrpt.run.sgpt.grid_errors`)."""
     q = np.append(counts.ravel(), n - counts.sum()) / n
     p = np.append(probs.ravel(), max(0.0, 1.0 - float(probs.sum())))
     return 0.5 * float(np.abs(q - p).sum())
@@ -202,7 +202,7 @@ def _floor_caption(tv: float, tv_floor: float | None, n: int) -> str:
                  "or modes not yet in equilibrium, and correlated draws counting for fewer "
                  "independent ones.")
     else:
-        text += (" (floor not given here; see nrpt.sgpt.iid_floor). TV above the floor is "
+        text += (" (floor not given here; see nrpt.run.sgpt.iid_floor). TV above the floor is "
                  "sampler error: bias (e.g. step-size discretization) or modes not yet in "
                  "equilibrium, and correlated draws counting for fewer independent ones.")
     return text + (" Red cells: too many samples; blue: too few.")
@@ -222,7 +222,7 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
             (histogram minus exact, with the total-variation distance) are drawn.
         bins: cells per axis without an exact grid.
         grid_kwargs: keyword arguments for ``target.density_grid``.
-        tv_floor: the TV of as many exact iid draws (e.g. ``nrpt.sgpt.iid_floor``), printed
+        tv_floor: the TV of as many exact iid draws (e.g. ``nrpt.run.sgpt.iid_floor``), printed
             beside the run's TV.
         view: ``(xmin, xmax, ymin, ymax)`` shown; default: the cells above 1e-3 of the peak.
         labels: axis names.

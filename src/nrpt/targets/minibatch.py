@@ -2,7 +2,8 @@
 and the VR-reSGLD paper's mixture-mean model.
 
 A *minibatch target* is an energy target (``energy(x) -> [n]``, usable by every exact explorer)
-that also exposes its data, so :class:`nrpt.energy.MinibatchEnergy` can estimate the energy from
+that also exposes its data, so :class:`nrpt.energy.estimators.MinibatchEnergy` can estimate the
+energy from
 a batch::
 
     U(x) = sum_{i=1}^N loss(x, d_i) + prior_energy(x)        (U = -log posterior)

@@ -60,8 +60,8 @@ import warnings
 import numpy as np
 import torch
 
-from nrpt.target import TargetError
 from nrpt.targets._util import check_generator
+from nrpt.targets.protocol import TargetError
 
 __all__ = ["PyMCTarget", "PyMCPriorTarget", "PyMCTemperatureTarget", "from_pymc", "PATHS"]
 

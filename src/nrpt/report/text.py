@@ -2,8 +2,9 @@
 
 * :func:`format_row` / :data:`ROW_HEADER` -- the one-line-per-round table printed during a run
   and kept in ``report.txt`` / ``rounds.csv``;
-* :func:`write_figures` -- the figures of :mod:`nrpt.plots` that apply to the run;
-* :func:`export_inference_data` -- ``posterior.nc`` for every run (:mod:`nrpt.inference_data`):
+* :func:`write_figures` -- the figures of :mod:`nrpt.report.figures` that apply to the run;
+* :func:`export_inference_data` -- ``posterior.nc`` for every run
+  (:mod:`nrpt.report.posterior_file`):
   the slot-0 draws of the sampling segments as the ``posterior`` group (``chain`` = PT
   system; in the model's own variables where the target has ``model_variables``) and nrpt's
   diagnostics as ``sample_stats``, so that ``arviz.summary`` gives ESS and R-hat (R-hat needs
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .diagnostics.density import iid_floor
+from nrpt.diagnostics.density import iid_floor
 
 __all__ = ["ROW_HEADER", "format_row", "write_round_table", "write_figures",
            "export_inference_data", "import_arviz"]
@@ -61,14 +62,14 @@ def write_round_table(rows: list[dict[str, Any]], path: str | Path) -> None:
 # ------------------------------------------------------------------------------ figures
 def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: np.ndarray,
                   rows: list[dict]) -> list[str]:
-    """Write the figures that apply to the run into ``out`` (:mod:`nrpt.plots`); returns
+    """Write the figures that apply to the run into ``out`` (:mod:`nrpt.report.figures`); returns
     their file names: ``density.png`` (1-D/2-D targets; with the exact density and the error
     where the target has ``density_grid``), ``index_process.png``, ``swap_acceptance.png``,
     ``adaptation.png`` (runs with online adaptation), ``trace.png`` and ``rank.png`` (the
-    slot-0 chains of the first coordinates, one per system: :func:`nrpt.plots.trace`,
-    :func:`nrpt.plots.rank`), and for adaptive runs ``local_barrier.png`` and
+    slot-0 chains of the first coordinates, one per system: :func:`nrpt.report.figures.trace`,
+    :func:`nrpt.report.figures.rank`), and for adaptive runs ``local_barrier.png`` and
     ``schedules.png``."""
-    from . import plots
+    from nrpt.report import figures as plots
 
     out = Path(out)
     written: list[str] = []
@@ -149,7 +150,7 @@ def _dense_local_barrier(rows, summary):
     round's schedule and swap rejections, as the summary's) on 201 evenly spaced points plus
     200 log-spaced ones down to the smallest positive schedule point, so a log axis shows the
     fit near ``beta = 0``; None where the inputs are missing."""
-    from .adapt.schedule import fit_barrier
+    from nrpt.adapt.schedule import fit_barrier
 
     acc = summary.get("swap_acceptance")
     if not rows or "b" not in rows[-1] or acc is None:
@@ -182,12 +183,12 @@ def import_arviz():
 
 
 def export_inference_data(path: str | Path, **options) -> str | None:
-    """Write ``posterior.nc`` (:func:`nrpt.inference_data.write_inference_data`, which takes
+    """Write ``posterior.nc`` (:func:`nrpt.report.posterior_file.write_inference_data`, which takes
     ``options``: the draws as the ``posterior`` group -- in the model's variables for targets
     with ``model_variables`` --, nrpt's per-draw and per-system diagnostics as
     ``sample_stats``, the per-slot / per-pair tables as ``constant_data``); returns its file
     name, or None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
     ArviZ itself is not imported."""
-    from .inference_data import write_inference_data
+    from nrpt.report.posterior_file import write_inference_data
 
     return write_inference_data(path, **options)

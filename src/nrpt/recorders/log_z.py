@@ -1,6 +1,7 @@
 r"""Normalizing constants by bridge sampling, accumulated online (the ``log_z`` recorder).
 
-Along a path with slot coefficients ``b_0 = 1 > b_1 > ... > b_{P-1}`` (:mod:`nrpt.paths`), the
+Along a path with slot coefficients ``b_0 = 1 > b_1 > ... > b_{P-1}`` (:mod:`nrpt.paths.ladders`),
+the
 slot densities are ``pi_p ∝ exp(base - b_p V)`` with normalizing constants ``Z_p``.  For each
 adjacent pair, with ``Delta = b_p - b_{p+1} > 0``, the ratio of constants has three estimates
 (Syed et al. 2021, Sec. 6.2; the "stepping stone" of Xie et al. 2011; the geometric bridge of
@@ -54,8 +55,8 @@ import math
 
 import torch
 
-from .recorders import per_system
-from .roles import IterationBlock, RecorderBase
+from nrpt.recorders.stats import per_system
+from nrpt.roles import IterationBlock, RecorderBase
 
 __all__ = ["SteppingStone", "StreamingLogSumExp", "BATCHES", "HALVES_Z"]
 
@@ -382,11 +383,11 @@ class SteppingStone(RecorderBase):
                 "reverse_valid": valid}
 
     def findings(self, label=None) -> list:
-        """:class:`nrpt.health.Finding` s (code ``log-z-halves``) where the stepping-stone
+        """:class:`nrpt.report.health.Finding` s (code ``log-z-halves``) where the stepping-stone
         halves disagree beyond their error: in some system, ``|halves_z| > HALVES_Z``, or in
         the systems together, ``|sum z| / sqrt(R) > HALVES_Z``.  ``label(i)`` names engine
         system ``i`` in the message (default ``"system i"``)."""
-        from .health import Finding
+        from nrpt.report.health import Finding
 
         if self.n == 0:
             return []

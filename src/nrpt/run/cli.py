@@ -3,9 +3,9 @@
 Exit status: 0 done, 2 an error the user can fix (``nrpt: error: ...``), 130 interrupted (Ctrl-C
 or SIGTERM: the run checkpointed and wrote its outputs; continue with ``nrpt resume DIR``).
 
-Flags mirror :class:`nrpt.config.RunConfig` field by field; a flag given on the command line
+Flags mirror :class:`nrpt.run.config.RunConfig` field by field; a flag given on the command line
 overrides the same key of ``--config FILE``.  The names offered for ``--explorer``,
-``--scheme``, ``--swap-rule`` and ``--target`` come from :mod:`nrpt.registry`.  Every error a
+``--scheme``, ``--swap-rule`` and ``--target`` come from :mod:`nrpt.run.registry`.  Every error a
 user can cause is printed as ``nrpt: error: ...`` (exit status 2).
 """
 
@@ -17,10 +17,10 @@ import sys
 import warnings
 from dataclasses import fields
 
-from . import registry
-from .config import DTYPES, SECTIONS, SLICE_METHODS, RunConfig
-from .health import SamplingWarning
-from .variational import REFERENCES
+from nrpt.paths.variational import REFERENCES
+from nrpt.report.health import SamplingWarning
+from nrpt.run import registry
+from nrpt.run.config import DTYPES, SECTIONS, SLICE_METHODS, RunConfig
 
 _HELP = {
     "target": "built-in target name or path/to/file.py:NAME (see `nrpt list targets`)",
@@ -191,7 +191,7 @@ PRESETS = ("deo-star-sgd", "none")
 
 
 def _preset(args, data: dict) -> dict | None:
-    """``nrpt run`` starts from the headline DEO*-SGD x P16 run (nrpt.sgpt.HEADLINE) unless a
+    """``nrpt run`` starts from the headline DEO*-SGD x P16 run (nrpt.run.sgpt.HEADLINE) unless a
     config file, --rounds, --target or an exact --explorer is given (or --preset none).  The
     preset's values are defaults: flags override them, and those that do not apply to the run
     the flags make are dropped (e.g. --window 1 is DEO-SGD x P16)."""
@@ -203,7 +203,7 @@ def _preset(args, data: dict) -> dict | None:
         preset = "none" if own else "deo-star-sgd"
     if preset == "none":
         return None
-    from .sgpt import HEADLINE
+    from nrpt.run.sgpt import HEADLINE
 
     base = {k: (dict(v) if isinstance(v, dict) else v) for k, v in HEADLINE.items()}
     if "target" in data and data["target"] != base["target"]:
@@ -259,7 +259,7 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--threads", default=None, metavar="N|auto", help=threads_help)
     res.add_argument("--nproc", type=_INT, default=None, metavar="N",
                      help="resume on N local processes (any N: checkpoints hold every replica)")
-    from .deep.cli import add_parser as add_deep
+    from nrpt.deep.cli import add_parser as add_deep
 
     add_deep(sub)
     sub.add_parser("targets", help="list the built-in targets")
@@ -318,7 +318,7 @@ def _launch(args, argv: list[str]) -> int | None:
         return None
     if n == 1:
         return None
-    from . import distributed
+    from nrpt.core import sharding as distributed
 
     rest, skip = [], False
     for a in argv:
@@ -343,14 +343,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _os_error(err: OSError, args) -> int:
     """An OS error of a run as one line naming the file, the cause and the remedy."""
-    from .runfolder import os_error_message
+    from nrpt.run.folder import os_error_message
 
     print(f"nrpt: error: {os_error_message(err, getattr(args, 'out', None))}", file=sys.stderr)
     return 1
 
 
 def _main(args, argv: list[str]) -> int:
-    from . import api
+    from nrpt.run import api
 
     try:
         code = _launch(args, argv)
@@ -370,7 +370,7 @@ def _main(args, argv: list[str]) -> int:
             _list(args.role)
             return 0
         if args.command == "deep":
-            from .deep.cli import run as run_deep
+            from nrpt.deep.cli import run as run_deep
 
             return run_deep(args)
         if args.command == "resume":

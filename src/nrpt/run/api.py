@@ -1,15 +1,16 @@
 """``nrpt.sample`` / ``nrpt.resume`` / ``nrpt.run_config``: from a target to a result.
 
-Every public entry builds its run with :func:`nrpt.build.build` and executes it with the one
-loop :func:`nrpt.loop.execute`.  A run folder holds ``config.toml`` (every setting needed to
+Every public entry builds its run with :func:`nrpt.run.build.build` and executes it with the one
+loop :func:`nrpt.core.loop.execute`.  A run folder holds ``config.toml`` (every setting needed to
 rerun it), ``summary.json``, ``samples.npy`` / ``energies.npy`` / ``index.npy`` (streamed, see
-:mod:`nrpt.record`), ``checkpoint.pt`` (every ``checkpoint_every`` iterations, at segment ends
+:mod:`nrpt.recorders.draws`), ``checkpoint.pt`` (every ``checkpoint_every`` iterations, at segment
+ends
 and on Ctrl-C), ``posterior.nc`` (ArviZ), the figures (``figures = true``), and for adaptive runs
 ``rounds.csv`` / ``report.txt``, for stochastic-gradient runs ``adaptation.npz``; and the
-bookkeeping of :mod:`nrpt.runfolder` (``run.json``, checkpoint sidecars, the lock).
+bookkeeping of :mod:`nrpt.run.folder` (``run.json``, checkpoint sidecars, the lock).
 
 A run holds its folder's lock from start to finish and defers SIGINT / SIGTERM to the next
-iteration boundary (:class:`nrpt.loop.Interrupt`) until its outputs are written.  A new run
+iteration boundary (:class:`nrpt.core.loop.Interrupt`) until its outputs are written.  A new run
 refuses a folder that holds another run's files unless ``overwrite=True``; a resumption
 refuses a checkpoint, ``config.toml``, target file or record file that is not the run's own.
 """
@@ -27,14 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from . import distributed, report
-from . import runfolder as rf
-from .build import build
-from .config import RunConfig
-from .engine import PTEngine
-from .loop import Interrupt, Outcome, Run, execute
-from .summary import build_summary, format_summary
-from .swap import Rule
+from nrpt.core import sharding as distributed
+from nrpt.core.engine import PTEngine
+from nrpt.core.loop import Interrupt, Outcome, Run, execute
+from nrpt.report import text as report
+from nrpt.report.summary import build_summary, format_summary
+from nrpt.run import folder as rf
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
+from nrpt.swap import Rule
 
 __all__ = ["sample", "resume", "run_config", "Result"]
 
@@ -71,7 +73,8 @@ class Result:
 
     def to_inference_data(self):
         """The run's draws and diagnostics as an ``arviz.InferenceData``, in memory: the same
-        groups as the run folder's ``posterior.nc`` (:mod:`nrpt.inference_data`: ``posterior``
+        groups as the run folder's ``posterior.nc`` (:mod:`nrpt.report.posterior_file`:
+        ``posterior``
         -- the samples after the burn-in, in the model's variables for targets with
         ``model_variables`` --, ``sample_stats``, ``constant_data``), for a run with or
         without a folder.  Needs ArviZ: ``pip install nrpt[arviz]``."""
@@ -87,7 +90,7 @@ class Result:
                              "or a run stopped before its sampling segment)")
         import tempfile
 
-        from .inference_data import write_inference_data
+        from nrpt.report.posterior_file import write_inference_data
 
         with tempfile.TemporaryDirectory(prefix="nrpt-idata-") as tmp:
             path = Path(tmp) / "posterior.nc"
@@ -157,7 +160,7 @@ def _atomic_text(text: str, path: Path) -> None:
 
 @contextlib.contextmanager
 def _guard(out: Path | None):
-    """Signals deferred to iteration boundaries (:class:`~nrpt.loop.Interrupt`) and the run
+    """Signals deferred to iteration boundaries (:class:`~nrpt.core.loop.Interrupt`) and the run
     folder locked, for a whole run: set-up, loop and outputs."""
     with Interrupt() as stop, (rf.RunLock(out) if out is not None else contextlib.nullcontext()):
         yield stop
@@ -173,12 +176,12 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     ``overwrite=True`` (which first removes that run's files).
 
     In processes launched by ``torchrun`` / ``nrpt run --nproc`` the replicas are spread over
-    the processes (:mod:`nrpt.distributed`); rank 0 owns the run folder (lock, checks, files)
+    the processes (:mod:`nrpt.core.sharding`); rank 0 owns the run folder (lock, checks, files)
     and returns the result, the other ranks return a :class:`Result` with empty arrays whose
     ``summary`` holds only ``rank`` and ``interrupted``.
 
     ``threads``: torch threads for the run (an int, or ``"auto"``: one thread for small
-    states, see :func:`nrpt.loop.choose_threads`; default the ``NRPT_THREADS`` environment
+    states, see :func:`nrpt.core.loop.choose_threads`; default the ``NRPT_THREADS`` environment
     variable, else ``"auto"``).  Not a setting of the run: it changes speed, not the draws
     beyond floating-point reduction order in large tensors.
 
@@ -247,7 +250,7 @@ def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
         raise ValueError(f"rank 0 stopped the run: {told['error']}")
     ck = rf.load_file(Path(told["checkpoint"])) if told["checkpoint"] else None
     if target is None and told["target"] is not None:
-        from .target import load_target
+        from nrpt.targets.protocol import load_target
 
         target = load_target(told["target"], **(cfg.target_options or {}))
     run = build(cfg, target=target, rule=rule, out=None, resume=ck is not None, comm=comm,
@@ -265,7 +268,7 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
              record: dict | None):
     """The folder checks of a run or a resumption: ``(checkpoint, its path, config hash,
     run record, target, target file spec)``."""
-    from .target import import_file_target, load_target
+    from nrpt.targets.protocol import import_file_target, load_target
     out = Path(cfg.out) if cfg.out else None
     ck = used = spec = None
     chash = rf.config_hash(cfg)
@@ -301,11 +304,11 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
 
 def _resume_target(cfg: RunConfig, record: dict, target, out: Path):
     """The target of a resumption and its file spec: the object given (``target=``), else the
-    target ``config.toml`` names -- a file only after :func:`nrpt.runfolder.check_target_file`
+    target ``config.toml`` names -- a file only after :func:`nrpt.run.folder.check_target_file`
     matched it (and the modules it imports) to ``run.json``'s record, from the path config.toml
     or ``target=PATH`` / ``--target PATH`` names, never from run.json; and in every case a
-    target whose fingerprint is the run's (:func:`nrpt.runfolder.check_fingerprint`)."""
-    from .target import import_file_target, load_target
+    target whose fingerprint is the run's (:func:`nrpt.run.folder.check_fingerprint`)."""
+    from nrpt.targets.protocol import import_file_target, load_target
 
     given = None
     if isinstance(target, (str, os.PathLike)):
@@ -406,7 +409,7 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     arrays["index"] = draws.arrays(k, k)["index"]  # the index process of the whole run
     arrays["first"] = first  # the iteration the draws start from (for posterior.nc)
     if run.facts.get("legs"):  # two legs per system: the prior leg's slot 0 is the chain
-        # (nrpt.variational; samples.npy keeps both legs' rows)
+        # (nrpt.paths.variational; samples.npy keeps both legs' rows)
         for name in ("samples", "energies"):
             a = np.asarray(arrays[name])[0::2]
             arrays[name] = a[0] if a.shape[0] == 1 else a
@@ -492,8 +495,8 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
     """Run parallel tempering on ``target``.
 
     ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
-    the target protocol (:mod:`nrpt.target`).  ``options`` are the fields of
-    :class:`~nrpt.config.RunConfig` (``chains``, ``iterations``, ``scheme``, ``window``,
+    the target protocol (:mod:`nrpt.targets.protocol`).  ``options`` are the fields of
+    :class:`~nrpt.run.config.RunConfig` (``chains``, ``iterations``, ``scheme``, ``window``,
     ``explorer``, ``step_size``, ``seed``, ``systems``, ``rounds``, ``out``, ...); a setting that
     does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
     ``overwrite``: replace a run already in the folder ``out`` (else that is an error).
@@ -535,7 +538,8 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
     longer where config.toml says.  Nothing in the folder chooses code to import: ``run.json``
     is only the record a target is checked against before the file is imported -- its sha256
     and those of the modules it imported from its own directory tree -- and after it is built
-    (name, dim and values at fixed probe states, :func:`nrpt.target.fingerprint`); a target
+    (name, dim and values at fixed probe states, :func:`nrpt.targets.protocol.fingerprint`); a
+    target
     that is not the run's is refused with a ``ValueError``."""
     out = Path(out)
     if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):

@@ -1,0 +1,1 @@
+"""The machine: the engine state and its step, the run loop, the fused chunk, sharding."""

@@ -1,0 +1,1 @@
+"""Energy estimators for stochastic-gradient parallel tempering."""

@@ -1,0 +1,1 @@
+"""Paths: the family of distributions over slots (ladders, the variational reference)."""

@@ -1,0 +1,1 @@
+"""Recorders: what a run measures (the recorder role), each in one home."""

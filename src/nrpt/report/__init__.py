@@ -1,0 +1,1 @@
+"""Reports of a run: summary, health checks, text, figures, the posterior file."""

@@ -1,0 +1,1 @@
+"""Running: configuration, registry, build, the Python API, the command line, run folders."""

@@ -1,0 +1,1 @@
+"""Adapters from probabilistic programming languages to nrpt targets."""
