@@ -10,7 +10,8 @@ STAMP  := $(VENV)/.installed
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean
+        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean \
+        golden-record golden-compare
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +98,17 @@ bench-peers: $(STAMP)
 # every CLI flag with 8 bad words: clear errors, no tracebacks, nothing silently accepted
 fuzz-cli: $(STAMP)
 	$(BENCH) benchmarks/fuzz_cli.py
+
+# golden outputs of a fixed list of runs (benchmarks/golden.py), bit for bit across a refactor:
+# make golden-record OUT=golden/new; make golden-compare A=golden/base B=golden/new
+OUT ?= golden/new
+A   ?= golden/base
+B   ?= golden/new
+golden-record: $(STAMP)
+	$(BENCH) benchmarks/golden.py record $(OUT)
+
+golden-compare: $(STAMP)
+	$(BENCH) benchmarks/golden.py compare $(A) $(B)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
