@@ -247,8 +247,9 @@ class Update:
     ``schedule`` / ``step_size``: new per-slot tables ``[R, P]``; ``params``: new values of the
     rule's parameters (e.g. ``{"C": [R, 1]}``); ``window``: switch the scheme to DEO_W with this
     window (the tuning segment of ``window = "auto"``); ``note``: free-form facts for the report
-    (e.g. the measured rejection rate behind a window); ``reference``: a newly fitted variational
-    reference (:mod:`nrpt.paths.variational`).  The engine takes the tables it is
+    (e.g. the measured rejection rate behind a window); ``reference``: a newly fitted reference
+    for the hot end, installed by the engine of a path that has one (any other refuses it).
+    The engine takes the tables it is
     given as its own (no copy): an adaptor must not change a tensor in place after handing it
     over."""
 
@@ -257,8 +258,8 @@ class Update:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     window: int | None = None
     note: dict[str, Any] = field(default_factory=dict)
-    #: a fitted reference ``(q, refitted)`` for the variational leg (:mod:`nrpt.paths.variational`)
-    reference: Any = None
+    #: a fitted reference ``(q, refitted[R])``
+    reference: tuple[Any, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
