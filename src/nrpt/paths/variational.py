@@ -240,6 +240,7 @@ class TwoLegEngine(PTEngine):
     reference ``q`` in its checkpoints.  Plain runs never construct it."""
 
     density_class = TwoLegDensity
+    path: TwoLegPath
 
     def __init__(self, target, path: TwoLegPath, *args, **kwargs):
         super().__init__(target, path, *args, **kwargs)
@@ -425,16 +426,8 @@ class TwoLeg:
     """The two-leg reference as one object (cf. Pigeons' ``StabilizedPT``): its legs (prior,
     variational), the indexer from engine rows to user systems (row ``2r`` the prior leg of
     system ``r``, row ``2r + 1`` its variational leg), the parts it adds to a run (engine,
-    refit adaptor, moments recorder) and the hooks the outputs ask instead of slicing rows.
-
-    A run's builder puts it in ``Run.facts["row_map"]`` (a plain run has none: its engine rows
-    are the user's systems).  What the outputs call:
-
-    * :meth:`chains` -- the user's chains among the recorded draws (samples, energies, index);
-    * :attr:`chain_rows` -- the engine rows of those chains (per-row recorder tables);
-    * :meth:`row_label`, :meth:`summary`, :meth:`findings` -- the summary's per-leg fields and
-      checks;
-    * :meth:`posterior_parts`, :attr:`index_note` -- ``posterior.nc``'s per-leg variables."""
+    refit adaptor, moments recorder) and, as the run's :class:`nrpt.roles.RowMap`
+    (``Run.facts["row_map"]``), what the outputs ask instead of slicing rows."""
 
     #: the engine rows whose slot-0 chains are the run's samples: the prior leg's (the
     #: variational leg's slot 0 is coupled to them by the bridge, see the module docstring)
@@ -509,6 +502,16 @@ class TwoLeg:
         return [("", value, "")]
 
     # ------------------------------------------------------------------ the summary
+    @staticmethod
+    def text(s: dict, scalar) -> list[str]:
+        """The summary text's line for the legs; ``scalar(value, spec=".3g")`` formats a
+        per-system scalar."""
+        return [f"  legs            barrier Λ̂ prior leg {scalar(s['barrier_prior_leg'])}"
+                f", variational leg {scalar(s['barrier_variational_leg'])} "
+                f"({s.get('reference')}); log Z "
+                f"{scalar(s.get('log_normalizer_prior_leg'), '.4g')} / "
+                f"{scalar(s.get('log_normalizer_variational_leg'), '.4g')}"]
+
     @staticmethod
     def _legs_z(est: dict) -> torch.Tensor:
         """Per user system: (prior leg - variational leg) bridge log Z over the combined

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from nrpt.recorders.draws import index_dtype
+from nrpt.roles import RowMap
 
 __all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
 
@@ -252,7 +253,7 @@ def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
 def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
                          recorders: dict, engine, summary: dict, index: np.ndarray | None = None,
                          first: int = 0, thin: int = 1, target=None,
-                         row_map=None) -> str | None:
+                         row_map: RowMap | None = None) -> str | None:
     """Write ``posterior.nc`` (the layout of the module docstring); returns its file name, or
     None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
 

@@ -25,6 +25,7 @@ from nrpt.diagnostics import theory
 from nrpt.diagnostics.density import grid_errors, iid_floor
 from nrpt.recorders.stats import json_ready, per_system
 from nrpt.report import health
+from nrpt.roles import RowMap
 
 __all__ = ["build_summary", "format_summary", "exact_moments", "density_error"]
 
@@ -479,10 +480,11 @@ def _scalar(v, R: int, spec: str = ".3g") -> str:
     return _fmt(v, spec)
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
     """The printed report of a run (any kind).  With several systems, per-system scalars are
     shown as ``mean ± sd`` over the systems with a per-system table below, and per-slot /
-    per-pair vectors as their mean over systems with each system on its own line."""
+    per-pair vectors as their mean over systems with each system on its own line.
+    ``row_map``: the run's ``Run.facts["row_map"]``, which adds lines of its own."""
     R = int(s.get("systems") or 1)
     opts = s.get("target_options") or {}
     target = s["target"] + (" (" + ", ".join(f"{k}={v}" for k, v in opts.items()) + ")"
@@ -535,12 +537,8 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"stepping-stone halves: forward "
                      f"{_scalar(s['log_normalizer_forward'], R, '.4g')}, reverse "
                      f"{_scalar(s['log_normalizer_reverse'], R, '.4g')})")
-    if "barrier_variational_leg" in s:
-        lines.append(f"  legs            barrier Λ̂ prior leg {_scalar(s['barrier_prior_leg'], R)}"
-                     f", variational leg {_scalar(s['barrier_variational_leg'], R)} "
-                     f"({s.get('reference')}); log Z "
-                     f"{_scalar(s.get('log_normalizer_prior_leg'), R, '.4g')} / "
-                     f"{_scalar(s.get('log_normalizer_variational_leg'), R, '.4g')}")
+    if row_map is not None:  # its own fields (e.g. per leg)
+        lines += row_map.text(s, lambda v, fmt=".3g": _scalar(v, R, fmt))
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
                      f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "

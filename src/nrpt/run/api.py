@@ -69,7 +69,7 @@ class Result:
         raise AttributeError(name)
 
     def __str__(self) -> str:
-        return format_summary(self.summary)
+        return format_summary(self.summary, self.export.get("row_map"))
 
     def to_inference_data(self):
         """The run's draws and diagnostics as an ``arviz.InferenceData``, in memory: the same

@@ -236,12 +236,12 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
 
     # 4. initial states and the engine
     reference = getattr(cfg, "reference", None)
-    row_map = None  # how engine rows make up the user's systems (None: one row each)
+    row_map, E = None, R  # how engine rows make up the user's systems (None: one row each)
     if reference is not None:
         from nrpt.paths.variational import TwoLeg
 
         row_map = TwoLeg(reference, R, kind=kind, path=path, comm=comm, cfg=cfg)
-    E = R if row_map is None else row_map.E  # engine systems
+        E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
     facts["reference_normalized"] = path.has_reference and bool(
