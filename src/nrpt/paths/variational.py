@@ -42,15 +42,13 @@ the legs' pair ``(0, 1)`` is inactive.  So bridging on the iterations where pair
 not attempted (in both rows) makes the joined ladder exactly DEO on ``2P`` slots; for other
 schemes the same rule gives a valid (pi-invariant) move.
 
-Outputs: the run's samples are the prior leg's slot-0 chain (row ``2r``) of each user system.
-The variational leg's slot 0 is also an exact chain of ``pi``, but the two are coupled by the
-bridge (they exchange states), so presenting them as independent chains would overstate the
-effective sample size; and the recorded slot-0 energy is ``V`` of the leg (``-l`` on the prior
-leg, the same quantity as a plain run).  ``samples.npy`` keeps both rows.  Per-system summary
-lists have ``2R`` entries (even: prior leg, odd: variational leg); the summary adds per-leg
-fields.  :class:`TwoLeg` is the one object that knows this layout: the builder makes the
-engine, adaptor and recorder through it, and the run's outputs (samples, summary,
-``posterior.nc``) ask it for the user's rows and the per-leg fields.
+Outputs (:class:`TwoLeg`, the one object that knows this layout): the run's samples are the
+prior leg's slot-0 chain (row ``2r``) of each user system.  The variational leg's slot 0 is
+also an exact chain of ``pi``, but the two are coupled by the bridge (they exchange states),
+so presenting them as independent chains would overstate the effective sample size; the
+recorded slot-0 energy is ``V`` of the leg (``-l`` on the prior leg, as in a plain run).
+``samples.npy`` keeps both rows; per-system summary lists have ``2R`` entries (even: prior
+leg, odd: variational leg), besides the per-leg fields.
 """
 
 from __future__ import annotations
@@ -429,8 +427,7 @@ class TwoLeg:
     refit adaptor, moments recorder) and, as the run's :class:`nrpt.roles.RowMap`
     (``Run.facts["row_map"]``), what the outputs ask instead of slicing rows."""
 
-    #: the engine rows whose slot-0 chains are the run's samples: the prior leg's (the
-    #: variational leg's slot 0 is coupled to them by the bridge, see the module docstring)
+    #: the engine rows whose slot-0 chains are the run's samples: the prior leg's
     chain_rows = slice(0, None, 2)
     #: attached to the index-process statistics of ``posterior.nc``
     index_note = ("the prior leg's index process: the bridge to the variational leg "
