@@ -143,25 +143,6 @@ def _window(cfg, P: int) -> tuple[int, str]:
     return int(w), "given"
 
 
-def _check_variational(reference: str, kind: str, path, comm, cfg) -> None:
-    """A variational reference needs a geometric target whose path ends at the prior, adaptive
-    rounds, and one process."""
-    if kind != "geometric":
-        raise ValueError(f"reference {reference!r} needs a geometric target (log_likelihood, "
-                         f"reference_log_prob, reference_sample); this target has only "
-                         f"energy(x): use reference 'prior'")
-    if getattr(cfg, "rounds", None) is None:
-        raise ValueError(f"reference {reference!r} is fitted between adaptive rounds: give "
-                         f"rounds = N, or use reference 'prior'")
-    if not path.has_reference:
-        raise ValueError(f"reference {reference!r} needs betas ending at 0 (both legs' "
-                         f"references are sampled exactly); got betas[-1] = "
-                         f"{path.betas[-1]:g}")
-    if comm is not None:
-        raise ValueError(f"reference {reference!r} runs in one process; got {comm.world} "
-                         f"processes (use reference 'prior' with --nproc)")
-
-
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
           resume: bool = False, record: str = "target", comm=None,
           allow_gate_bias: bool = False, burn_in: int | None = None) -> Run:
@@ -255,32 +236,27 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
 
     # 4. initial states and the engine
     reference = getattr(cfg, "reference", None)
-    E = R  # engine systems: two per user system with a variational reference
+    row_map, E = None, R  # how engine rows make up the user's systems (None: one row each)
     if reference is not None:
-        E = 2 * R
-        _check_variational(reference, kind, path, comm, cfg)
+        from nrpt.paths.variational import TwoLeg
+
+        row_map = TwoLeg(reference, R, kind=kind, path=path, comm=comm, cfg=cfg)
+        E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
     facts["reference_normalized"] = path.has_reference and bool(
         getattr(target, "reference_is_normalized", False))
     if domain is not None:
         domain.check_inside(x0)
-    if reference is None:
+    if row_map is None:
         engine = PTEngine(target, path, explorer, scheme, rule, step_size=step, systems=R,
                           seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
                           device=device, initial_states=x0, comm=comm)
     else:
-        from nrpt.paths import variational as va
-
-        family = va.VARIATIONAL[reference]
-        q0 = va.initial_reference(target, R, cfg.seed, dtype, device, family)
-        engine = va.TwoLegEngine(target, va.TwoLegPath(path.betas, R, q0), explorer, scheme,
-                                 rule, step_size=step, systems=E, seed=cfg.seed,
-                                 n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
-                                 initial_states=x0)
-        facts.update(reference=reference, variational_family=family, legs=True)
-        # q is normalized: the variational leg's stepping stone is log Z when the prior is
-        facts["reference_normalized"] = bool(getattr(target, "reference_is_normalized", False))
+        engine = row_map.engine(target, path, explorer, scheme, rule, step_size=step,
+                               seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
+                               device=device, initial_states=x0)
+        facts.update(row_map.facts(target))
 
     # 5. adaptors
     adaptors: list = []
@@ -314,8 +290,8 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
             adaptors.append(LearningRateAdaptor(S, gamma,
                                                 ladder=getattr(cfg, "ladder_update", None)
                                                 or "paper"))
-    if reference is not None:
-        adaptors.append(va.VariationalRefit(family, lambda: engine.q))
+    if row_map is not None:
+        adaptors.append(row_map.adaptor())
     if "slot_variance" in engine.params:  # the bias-corrected rule always gets sigma^2
         adaptors.append(VarianceTracker(every=cfg.variance_every or 100))
 
@@ -328,7 +304,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     else:
         plan = Plan.fixed(cfg.iterations, burn, windows)
     kw = {"dtype": dtype, "device": device}
-    R = E  # recorders see every engine system (both legs' rows)
+    R = E  # recorders see every engine system
     recorders: dict[str, Any] = {"swaps": SwapStats(R, P, **kw),
                                  "round_trips": RoundTrips(engine.slot_of, P)}
     finite_path = bool(torch.isfinite(engine.schedule).all())
@@ -345,9 +321,8 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
                                dtype=np.float64 if dtype == torch.float64 else np.float32,
                                resume=resume, slots=record,
                                store=comm is None or comm.rank == 0)
-    if reference is not None:
-        recorders["target_moments"] = va.TargetMoments(E, engine.dim,
-                                                       family == "full-rank", **kw)
+    if row_map is not None:
+        recorders.update(row_map.recorders(**kw))
     for r in recorders.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
     run = Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
