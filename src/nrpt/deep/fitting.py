@@ -2,23 +2,10 @@
 baselines of the AAAI paper's Table 2, run by the one loop and evaluated as a Bayesian model
 average.
 
-Methods, each charged the same number of minibatch gradient evaluations
-``epochs * chains * ceil(N / batch_size)`` after the same pretraining:
-
-============  ================================================================================
-``deo-star``  DEO*-mSGD x P: momentum SGD at learning rates ``lr_min < ... < lr_max`` (slot 0
-              the smallest), the deterministic swap rule ``Ũ_{p+1} + C < Ũ_p``, DEO_W with
-              ``W* = ceil((log P + log log P) / -log(1 - S))``, ``C`` and the inner learning
-              rates adapted toward the target swap rate ``S`` (Deng et al. 2023, Algorithm 1)
-``deo``       the same with ``W = 1`` (DEO-mSGD x P)
-``ensemble``  mSGD x P: ``chains`` independent momentum-SGD runs at learning rate ``lr``
-``cyclical``  cycSGHMC x T: one SGHMC chain for ``chains`` times the iterations, cosine
-              learning-rate cycles from ``lr_max`` (Zhang et al. 2020)
-``swag``      SWAG x T: one momentum-SGD chain at learning rate ``lr`` for ``chains`` times the
-              iterations; first/second moments and a low-rank deviation matrix collected; the
-              average is over ``swag_samples`` draws, each with BatchNorm statistics refreshed
-              on the training data (Maddox et al. 2019)
-============  ================================================================================
+Methods (:data:`nrpt.deep.methods.BUILDERS`, a table of builders: ``deo-star``, ``deo``,
+``ensemble``, ``cyclical``, ``swag``; each builder's docstring says what it runs) are charged
+the same number of minibatch gradient evaluations ``epochs * chains * ceil(N / batch_size)``
+after the same pretraining.
 
 Pretraining (``pretrain_epochs``; the paper pretrains its 10 models for 300 epochs): every
 replica from its own initialisation, one cosine cycle of momentum SGD from ``lr_max`` (no swaps),
@@ -250,17 +237,8 @@ class _Job:
     strategy: str = "loop"
     timings: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def N(self) -> int:
-        return int(self.data[1].shape[0])
-
-    @property
-    def dev(self):
-        return self.net.device
-
-    @property
-    def dtype(self):
-        return self.net.dtype
+    def __post_init__(self):
+        self.N, self.dev, self.dtype = int(self.data[1].shape[0]), self.net.device, self.net.dtype
 
     def execute(self, run: Run, out: Path | None, resume: dict | None):
         return execute(run, out=out, checkpoint_every=self.cfg.checkpoint_every,

@@ -128,7 +128,8 @@ def _tempered(ctx: Context, W: int) -> Setup:
 
 @method("deo-star", tempered=True)
 def deo_star(ctx: Context) -> Setup:
-    """DEO*-mSGD x P: windows ``W*`` from the target swap rate (or ``window``)."""
+    """DEO*-mSGD x P: windows ``W* = ceil((log P + log log P) / -log(1 - S))`` from the
+    target swap rate ``S`` (or ``window``)."""
     cfg = ctx.cfg
     W = window_from_swap_rate(cfg.chains, cfg.swap_rate) if cfg.window == "optimal" \
         else cfg.window
@@ -153,7 +154,8 @@ def ensemble(ctx: Context) -> Setup:
 @method("cyclical", single=True)
 def cyclical(ctx: Context) -> Setup:
     """cycSGHMC x T: one SGHMC chain, cosine learning-rate cycles from ``lr_max``; models
-    collected in the sampling stage of each cycle, every half epoch by default."""
+    collected in the sampling stage of each cycle, every half epoch by default (Zhang et al.
+    2020)."""
     cfg = ctx.cfg
     cycles = cfg.cycles or max(1, round(cfg.epochs * cfg.chains / 10))
     explorer = Cyclical(SGHMC(ctx.estimator, momentum=cfg.momentum), cycles, ctx.iters)
@@ -166,8 +168,10 @@ def cyclical(ctx: Context) -> Setup:
 
 @method("swag", single=True, swag=True)
 def swag(ctx: Context) -> Setup:
-    """SWAG x T: one momentum-SGD chain at learning rate ``lr``; its moments are collected
-    and the average drawn from the fitted Gaussian."""
+    """SWAG x T: one momentum-SGD chain at learning rate ``lr``; its moments (diagonal and a
+    low-rank deviation matrix) are collected, and the average is over ``swag_samples`` draws
+    of the fitted Gaussian, each with its BatchNorm statistics refreshed on the training data
+    (Maddox et al. 2019)."""
     cfg = ctx.cfg
     eng = ctx.engine(MomentumSGD(ctx.estimator, momentum=cfg.momentum), [0.0],
                      cfg.constant_lr / ctx.N, NoSwap(), Deterministic(0.0))

@@ -195,5 +195,3 @@ class IndexRecorder(RecorderBase):
 
     def load_state_dict(self, sd):
         self.rows = list(sd["rows"])
-
-
