@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Option", "SECTION_NAMES", "integer", "number", "boolean", "choice", "numbers",
-           "check_int", "check_number", "check_numbers", "text", "parse_int", "parse_float",
+__all__ = ["Option", "SECTION_NAMES", "integer", "number", "boolean", "choice", "increasing",
+           "check_int", "check_number", "check_numbers", "parse_int", "parse_float",
            "parse_floats", "parse_bool", "BOOL_WORDS"]
 
 #: the tables of ``config.toml``, in the order they are written
@@ -135,16 +135,18 @@ def choice(allowed: Sequence[str] | Callable[[], Sequence[str]]) -> Check:
     return check
 
 
-def numbers(per_chain: bool = True) -> Check:
-    """A non-empty list of finite numbers, one per chain (``cfg.chains``) if ``per_chain``."""
-    return lambda name, value, cfg=None: check_numbers(
-        name, value, cfg.chains if per_chain and cfg is not None else None)
-
-
-def text(name: str, value: Any, cfg: Any = None) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string; got {value!r}")
-    return value
+def increasing(name: str, vals: list[float], first: float | None = None) -> list[float]:
+    """``vals`` positive and strictly increasing (from ``first`` if given)."""
+    if first is not None and vals[0] != first:
+        raise ValueError(f"{name}[0] must be {first} (slot 0 is the target); got {vals[0]}")
+    for i, v in enumerate(vals):
+        if not v > 0:
+            raise ValueError(f"{name}[{i}] must be > 0; got {v}")
+    for i in range(1, len(vals)):
+        if not vals[i] > vals[i - 1]:
+            raise ValueError(f"{name} must be strictly increasing; got {name}[{i - 1}] = "
+                             f"{vals[i - 1]} >= {name}[{i}] = {vals[i]}")
+    return vals
 
 
 # ----------------------------------------------------------------------------- command-line words

@@ -49,6 +49,7 @@ from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 from nrpt.options import (
     Option,
     check_numbers,
+    increasing,
     integer,
     number,
     parse_float,
@@ -61,15 +62,7 @@ __all__ = ["SGExplorer", "SGLD", "SGD", "SGHMC", "MomentumSGD", "PSGLD", "PSGD",
 
 
 def _increasing(name, value, cfg=None):
-    vals = check_numbers(name, value, cfg.chains)
-    for i, v in enumerate(vals):
-        if not v > 0:
-            raise ValueError(f"{name}[{i}] must be > 0; got {v}")
-    for i in range(1, len(vals)):
-        if not vals[i] > vals[i - 1]:
-            raise ValueError(f"{name} must be strictly increasing; got {name}[{i - 1}] = "
-                             f"{vals[i - 1]} >= {name}[{i}] = {vals[i]}")
-    return vals
+    return increasing(name, check_numbers(name, value, cfg.chains))
 
 
 def _domain(name, value, cfg=None):

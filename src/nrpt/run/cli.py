@@ -21,6 +21,7 @@ from nrpt.report.health import SamplingWarning
 from nrpt.run import registry
 from nrpt.run.config import COMPONENTS, RunConfig, declarations, known_options, section_table
 
+
 def _typed(what: str, conv):
     """An argparse type whose error says what was expected (never an internal name)."""
 
@@ -50,7 +51,7 @@ def _add_settings(run: argparse.ArgumentParser) -> None:
         if role is not None:
             field = COMPONENTS[role]
             title += f" {field} {names[0]}" if len(names) == 1 else \
-                f" {field} {', '.join(names)}"
+                f" {field}s {', '.join(names)}"
         if title not in groups:
             groups[title] = run.add_argument_group(title)
         if opt.name in added:  # (one option read by two roles)

@@ -39,9 +39,9 @@ from nrpt.options import (
     SECTION_NAMES,
     Option,
     boolean,
-    check_number,
     check_numbers,
     choice,
+    increasing,
     integer,
     number,
     parse_bool,
@@ -108,17 +108,7 @@ def _chunk(name: str, value: Any, cfg=None) -> bool | int | str:
 
 
 def _temperatures(name: str, value: Any, cfg) -> list[float]:
-    vals = check_numbers(name, value, cfg.chains)
-    if vals[0] != 1.0:
-        raise ValueError(f"{name}[0] must be 1.0 (slot 0 is the target); got {vals[0]}")
-    for i, v in enumerate(vals):
-        if not v > 0:
-            raise ValueError(f"{name}[{i}] must be > 0; got {v}")
-    for i in range(1, len(vals)):
-        if not vals[i] > vals[i - 1]:
-            raise ValueError(f"{name} must be strictly increasing; got {name}[{i - 1}] = "
-                             f"{vals[i - 1]} >= {name}[{i}] = {vals[i]}")
-    return vals
+    return increasing(name, check_numbers(name, value, cfg.chains), 1.0)
 
 
 def _betas(name: str, value: Any, cfg) -> list[float]:

@@ -3,15 +3,15 @@
 Config validation, the CLI's choices, ``nrpt targets``-style listings and the generic test
 matrix all read this table, so a name exists in exactly one place.  Factories are given as
 ``"module:attribute"`` strings and imported on first use, so this module imports nothing from
-the rest of the package (no import cycles).
+the rest of the package but the leaf :mod:`nrpt.options` (no import cycles).
 
 Each :class:`Entry` also says which settings the choice *reads* (``options``): the
-:class:`nrpt.options.Option` declarations of its class (its ``options`` attribute), plus any given
-to :func:`register`.  :class:`nrpt.run.config.RunConfig`'s settings, ``config.toml``, the CLI flags
-and ``nrpt list`` are generated from them; a setting that no chosen entry reads is an error
-(never silently ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected explorer or an exact
-rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD explorer whose slots
-above 0 inject no noise).
+:class:`nrpt.options.Option` declarations of its class (its ``options`` attribute), plus any
+given to :func:`register`.  :class:`nrpt.run.config.RunConfig`'s settings, ``config.toml``, the
+CLI flags and ``nrpt list`` are generated from them; a setting that no chosen entry reads is an
+error (never silently ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected
+explorer or an exact rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD
+explorer whose slots above 0 inject no noise).
 
 Adding an explorer (or scheme, rule, adaptor, target) = its own module, one ``register`` line
 below, and its test (docs/architecture.md walks through an example).
@@ -26,7 +26,7 @@ from typing import Any
 
 from nrpt.options import Option
 
-__all__ = ["Entry", "ROLES", "register", "entry", "names", "create", "describe"]
+__all__ = ["Entry", "ROLES", "register", "unregister", "entry", "names", "create", "describe"]
 
 ROLES = ("explorer", "scheme", "rule", "adaptor", "target")
 
@@ -82,6 +82,12 @@ def register(role: str, name: str, factory: str | Callable[..., Any], *, summary
     e = Entry(role, name, factory, summary, tuple(options), frozenset(tags))
     _TABLE[role][name] = e
     return e
+
+
+def unregister(role: str, name: str) -> None:
+    """Remove ``name`` from ``role``'s table (a test's or a session's own component)."""
+    entry(role, name)
+    del _TABLE[role][name]
 
 
 def _declared_elsewhere(e: Entry, name: str) -> Option:
