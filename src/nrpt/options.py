@@ -28,7 +28,8 @@ __all__ = ["Option", "SECTION_NAMES", "integer", "number", "boolean", "choice", 
 #: the tables of ``config.toml``, in the order they are written
 SECTION_NAMES = ("run", "ladder", "explorer", "swap", "adaptation", "energy", "output")
 
-Check = Callable[[str, Any, Any], Any]
+#: ``check(name, value, cfg=None) -> value``
+Check = Callable[..., Any]
 
 
 @dataclass(frozen=True, eq=False)

@@ -218,6 +218,43 @@ def _os_error(err: OSError, args) -> int:
     return 1
 
 
+#: errors a user can fix, printed as one line with exit status 2 (an OSError naming a file that
+#: exists, or any other OSError -- a full disk, a read-only file system -- goes to _os_error)
+_USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, NotADirectoryError,
+                IsADirectoryError, PermissionError)
+
+
+def _failed(err: Exception, args) -> int:
+    if isinstance(err, OSError) and (not isinstance(err, _USER_ERRORS) or (
+            err.filename is not None and not isinstance(err, FileNotFoundError))):
+        return _os_error(err, args)
+    print(f"nrpt: error: {err}", file=sys.stderr)
+    return 2
+
+
+def _config(args) -> RunConfig:
+    """``nrpt run``'s configuration: the flags over ``--config FILE``, or over the preset."""
+    data: dict = {}
+    for name in known_options():
+        v = getattr(args, name, None)
+        if v is not None:
+            data[name] = v
+    opts: dict = {}
+    for item in args.option:
+        if "=" not in item:
+            raise ValueError(f"--option must be KEY=VALUE; got {item!r}")
+        key, value = item.split("=", 1)
+        opts[key] = _literal(key, value)
+    if opts:
+        data["target_options"] = opts
+    if not args.config:
+        return RunConfig.from_dict(data, defaults=_preset(args, data))
+    cfg = RunConfig.from_toml(args.config)
+    if opts:
+        data["target_options"] = {**cfg.target_options, **opts}
+    return cfg.replace(**data)
+
+
 def _main(args, argv: list[str]) -> int:
     from nrpt.run import api
 
@@ -251,41 +288,13 @@ def _main(args, argv: list[str]) -> int:
             if lead:
                 print(result)
             return _interrupted(result, args.out, lead)
-        data: dict = {}
-        for name in known_options():
-            v = getattr(args, name, None)
-            if v is not None:
-                data[name] = v
-        opts: dict = {}
-        for item in args.option:
-            if "=" not in item:
-                raise ValueError(f"--option must be KEY=VALUE; got {item!r}")
-            key, value = item.split("=", 1)
-            opts[key] = _literal(key, value)
-        if opts:
-            data["target_options"] = opts
-        defaults = _preset(args, data)
-        if args.config:
-            cfg = RunConfig.from_toml(args.config)
-            merged = cfg.to_dict()
-            if opts:
-                data["target_options"] = {**merged["target_options"], **opts}
-            cfg = cfg.replace(**data)
-        else:
-            cfg = RunConfig.from_dict(data, defaults=defaults)
+        cfg = _config(args)
         with warnings.catch_warnings():  # the report prints every finding itself
             warnings.simplefilter("ignore", SamplingWarning)
             result = api.run_config(cfg, progress=not args.no_progress and lead,
                                     overwrite=args.overwrite, threads=args.threads)
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-            PermissionError, RuntimeError) as err:
-        if isinstance(err, OSError) and err.filename is not None and \
-                not isinstance(err, FileNotFoundError):
-            return _os_error(err, args)
-        print(f"nrpt: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a full disk, a read-only file system, a name too long, ...
-        return _os_error(err, args)
+    except (ValueError, RuntimeError, OSError) as err:
+        return _failed(err, args)
     if lead:
         print(result)
     return _interrupted(result, cfg.out, lead)

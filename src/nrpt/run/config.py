@@ -541,7 +541,8 @@ class _Resolution:
     not to apply (name -> why; their values are set to ``None`` at once)."""
 
     def __init__(self, cfg: RunConfig, given: set[str]):
-        self.cfg, self.given, self.na = cfg, given, {}
+        self.cfg, self.given = cfg, given
+        self.na: dict[str, str] = {}
 
     def set(self, name: str, value: Any) -> None:
         self.cfg.__dict__[name] = value
@@ -743,7 +744,7 @@ def _output_settings(r: _Resolution) -> None:
     r.take("out")
     r.take("thin")
     length = cfg.iterations if cfg.rounds is None else 2 ** cfg.rounds
-    if cfg.thin > length:
+    if length is not None and cfg.thin > length:
         what = "iterations" if cfg.rounds is None else "the last round's length 2^rounds"
         raise ValueError(f"thin ({cfg.thin}) must be <= {what} ({length})")
     r.take("checkpoint_every")
