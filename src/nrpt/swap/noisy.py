@@ -51,11 +51,8 @@ from nrpt.options import (
 from nrpt.swap.rules import Rule, SwapContext
 
 
-def _ladder_updates():
-    from nrpt.adapt.sa import LADDER_UPDATES
-
-    return LADDER_UPDATES
-
+#: how the deterministic rule's adaptation moves the learning rates (nrpt.adapt.sa)
+LADDER_UPDATES = ("paper", "log-gaps")
 
 def _sa_step(name, value, cfg=None) -> list[float]:
     if not isinstance(value, list | tuple) or len(value) != 3:
@@ -92,8 +89,8 @@ class Deterministic(Rule):
                applies=lambda cfg: None if cfg.adapt else _SA_WHY,
                help="SA step sizes gamma_k = a / (k^kappa + b) as a,kappa,b (default "
                     "50,0.8,500)"),
-        Option("ladder_update", choice(_ladder_updates), default="paper", section="adaptation",
-               choices=_ladder_updates, why=_LU_WHY,
+        Option("ladder_update", choice(LADDER_UPDATES), default="paper", section="adaptation",
+               choices=LADDER_UPDATES, why=_LU_WHY,
                applies=lambda cfg: None if cfg.adapt else _LU_WHY,
                help="how the learning rates adapt: paper (Eq. 11/12 as written; can collapse "
                     "two rungs) or log-gaps (Eq. 10 on the gaps of log eta, renormalized)"),
