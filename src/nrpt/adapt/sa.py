@@ -135,10 +135,6 @@ class CorrectionAdaptor(AdaptorBase):
         return Update(params={"C": it.params["C"] + gain * step})
 
 
-#: how :class:`LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as written) or
-#: ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end points)
-
-
 def check_ladder_update(value) -> str:
     if value not in LADDER_UPDATES:
         raise ValueError(f"ladder_update must be one of {LADDER_UPDATES}; got {value!r}")

@@ -51,7 +51,9 @@ from nrpt.options import (
 from nrpt.swap.rules import Rule, SwapContext
 
 
-#: how the deterministic rule's adaptation moves the learning rates (nrpt.adapt.sa)
+#: how :class:`nrpt.adapt.sa.LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as
+#: written) or ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end
+#: points)
 LADDER_UPDATES = ("paper", "log-gaps")
 
 def _sa_step(name, value, cfg=None) -> list[float]:
