@@ -50,7 +50,6 @@ from nrpt.options import (
 )
 from nrpt.swap.rules import Rule, SwapContext
 
-
 #: how :class:`nrpt.adapt.sa.LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as
 #: written) or ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end
 #: points)
