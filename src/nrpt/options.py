@@ -40,9 +40,10 @@ class Option:
     ``default`` is a value or ``default(cfg)``; ``None`` leaves an unset setting unset.
     ``applies(cfg)`` returns why the option does not apply to this run (``None``: it applies),
     on top of its component being chosen.  ``why`` is the reason given when the component that
-    reads it is not chosen (``{name}``, ``{names}`` -- the components that read it -- and
-    ``{role}`` are filled in).  ``parse`` turns a command-line word into a value (with a
-    ``what`` attribute naming what it expects); ``choices`` lists the words the flag takes (a
+    reads it is not chosen; ``{name}``, ``{role}``, ``{names}`` (the components that read it)
+    and ``{who}`` (``explorer 'hmc'``, ``explorers sgd, msgd``) are filled in.  ``parse`` turns
+    a command-line word into a value (with a ``what`` attribute naming what it expects);
+    ``choices`` lists the words the flag takes (a
     sequence, or a callable giving one)."""
 
     name: str

@@ -80,10 +80,10 @@ class Deterministic(Rule):
     name = "deterministic"
     options = (
         Option("correction", number(), default=4.0, section="swap", parse=parse_float,
-               why="correction is the buffer C of swap_rule {names}",
+               why="correction is the buffer C of {who}",
                help="initial correction buffer C0 of the deterministic rule"),
         Option("adapt", boolean, default=True, section="adaptation", parse=parse_bool,
-               why="adapt (C and learning rates) is for swap_rule {names}",
+               why="adapt (C and learning rates) is for {who}",
                help="deterministic rule: adapt C and the learning rates online (true/false)"),
         Option("sa_step", _sa_step, default=[50.0, 0.8, 500.0], section="adaptation",
                parse=parse_floats, why=_SA_WHY,
