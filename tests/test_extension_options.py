@@ -84,3 +84,20 @@ def test_without_it_the_flag_does_not_exist(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     assert "--dummy-width" not in capsys.readouterr().out
+
+
+def test_an_option_declared_twice_with_different_checks_is_refused():
+    """Two components reading one setting share its declaration; a second, different
+    declaration of the same name would make the setting's meaning depend on the explorer."""
+
+    class Clash(RWMH):
+        options = (Option("step_size", number(), default=1.0, section="explorer"),)
+
+    registry.register("explorer", "clash", Clash, tags=("exact",))
+    try:
+        with pytest.raises(ValueError, match="option 'step_size' of explorer 'clash' is "
+                                             "declared twice"):
+            RunConfig()
+    finally:
+        registry.unregister("explorer", "clash")
+    assert RunConfig().step_size == 0.35

@@ -31,7 +31,7 @@ import math
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nrpt.explorers.compiled import COMPILABLE
 from nrpt.options import (
@@ -309,9 +309,16 @@ def declarations() -> Iterator[tuple[Option, str | None, list[str]]]:
         owners: dict[str, tuple[Option, list[str]]] = {}
         for n in registry.names(role):
             for o in registry.entry(role, n).declared:
-                owners.setdefault(o.name, (o, []))[1].append(n)
+                if owners.setdefault(o.name, (o, []))[0] is not o:
+                    _twice(o, f"{role} {n!r}")
+                owners[o.name][1].append(n)
         for o, names in owners.values():
             yield o, role, names
+
+
+def _twice(o: Option, who: str) -> NoReturn:
+    raise ValueError(f"option {o.name!r} of {who} is declared twice with different checks; "
+                     f"share one nrpt.options.Option (e.g. nrpt.explorers.base.STEP_SIZE)")
 
 
 def known_options() -> dict[str, Option]:
@@ -320,8 +327,7 @@ def known_options() -> dict[str, Option]:
     out: dict[str, Option] = {}
     for o, role, names in declarations():
         if out.setdefault(o.name, o) is not o:
-            raise ValueError(f"option {o.name!r} of {role} {', '.join(names)} is declared twice "
-                             f"with different checks; share one nrpt.options.Option")
+            _twice(o, f"{role} {', '.join(names)}")
     return out
 
 
