@@ -252,6 +252,8 @@ _parse_step.what = "a number or comma-separated numbers"  # type: ignore[attr-de
 
 #: the step size of the exact explorers (the slice width of ``slice``)
 STEP_SIZE = Option("step_size", _step_size, default=0.35, section="explorer", parse=_parse_step,
+                   why="step_size is for {who}; a stochastic-gradient explorer takes learning "
+                       "rates: lr_min/lr_max or learning_rates",
                    help="exact explorers: step size at slot 0 (scaled by sqrt(tau) up a "
                         "temperature ladder), or one per slot, comma-separated")
 
