@@ -22,6 +22,7 @@ import torch
 
 from nrpt.explorers.base import (
     GRAD_KEYS,
+    STEP_SIZE,
     Density,
     ExploreInfo,
     Explorer,
@@ -29,6 +30,7 @@ from nrpt.explorers.base import (
     ReplicaState,
     slot_grad,
 )
+from nrpt.options import Option, integer, parse_int
 
 __all__ = ["RWMH", "MALA", "HMC", "metropolis_select"]
 
@@ -64,6 +66,7 @@ class RWMH(Explorer):
     """Gaussian random-walk Metropolis: x' = x + h * xi, xi ~ N(0, I)."""
 
     name = "rwmh"
+    options = (STEP_SIZE,)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
         xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
@@ -101,6 +104,7 @@ class MALA(_GradientCached):
     comes from the cache)."""
 
     name = "mala"
+    options = (STEP_SIZE,)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
         state = self._cached(state, density)
@@ -140,6 +144,8 @@ class HMC(_GradientCached):
     ``jitter = 0``: the fixed step."""
 
     name = "hmc"
+    options = (STEP_SIZE, Option("leapfrog_steps", integer(1), default=10, section="explorer",
+                                 parse=parse_int, help="leapfrog steps of hmc"))
     #: the default relative half-width of the step's jitter
     JITTER = 0.2
 
