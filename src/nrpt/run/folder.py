@@ -393,8 +393,13 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
     if not isinstance(tgt, dict):
         raise _tampered(out, "run.json's target is not a table")
     parsed = file_spec(spec)
-    if parsed is None:
-        _check_not_a_file(tgt, spec, out, given)
+    if parsed is None:  # a built-in target: no file given, and run.json records none
+        if given is not None:
+            raise ValueError(f"target={str(given)!r}: the run's target is {spec!r} "
+                             f"(config.toml), not a file; resume it without a target path")
+        if any(k in tgt for k in ("path", "sha256", "modules")) or tgt.get("spec", spec) != spec:
+            raise _tampered(out, f"config.toml names {spec!r}, run.json records the file "
+                                 f"{tgt.get('path', tgt.get('spec'))!r}")
         return None
     if "sha256" not in tgt:
         _check_spec_recorded(tgt, spec, out)  # a run.json from before file hashes, or damaged
@@ -418,16 +423,6 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
 def _check_spec_recorded(tgt: dict[str, Any], spec: str, out: Path) -> None:
     if tgt.get("spec") != spec:
         raise _tampered(out, f"config.toml names {spec!r}, run.json records {tgt.get('spec')!r}")
-
-
-def _check_not_a_file(tgt: dict[str, Any], spec: str, out: Path, given: Any) -> None:
-    """A built-in target: no ``given`` file, and ``run.json`` records no file either."""
-    if given is not None:
-        raise ValueError(f"target={str(given)!r}: the run's target is {spec!r} "
-                         f"(config.toml), not a file; resume it without a target path")
-    if any(k in tgt for k in ("path", "sha256", "modules")) or tgt.get("spec", spec) != spec:
-        raise _tampered(out, f"config.toml names {spec!r}, run.json records the file "
-                             f"{tgt.get('path', tgt.get('spec'))!r}")
 
 
 _RESUME_HINT = ("resume from the directory the run started in, or name the file with "

@@ -11,25 +11,10 @@ numbers are only ever drawn from an explicit ``torch.Generator`` argument, never
 
 The target protocol (duck-typed)
 --------------------------------
-A target is any object with an integer attribute ``dim >= 1`` and **one** of
-
-*temperature form* -- used with a temperature ladder ``pi_beta ∝ exp(-beta U)``:
-
-    ``energy(x) -> [n]``
-        ``U(x) = -log pi(x)`` (up to a constant).
-
-*geometric form* -- used with a geometric path ``pi_beta ∝ pi_0 L^beta`` from a reference
-``pi_0`` (``beta = 0``) to the target (``beta = 1``); ``log pi = reference_log_prob +
-log_likelihood``:
-
-    ``log_likelihood(x) -> [n]``
-        ``log L(x) = log pi(x) - log pi_0(x)`` (up to a constant).
-    ``reference_log_prob(x) -> [n]``
-        ``log pi_0(x)``.
-    ``reference_sample(n, generator) -> [n, dim]``
-        iid draws from ``pi_0`` (the ``beta = 0`` chain is refreshed exactly).
-
-If both forms are present the geometric one is used (see :func:`path_kind`).
+A target is any object with an integer attribute ``dim >= 1`` and **one** of two forms:
+:class:`TemperatureForm` (``energy``) or :class:`GeometricForm` (``log_likelihood``,
+``reference_log_prob``, ``reference_sample``); if both are present the geometric one is used
+(see :func:`path_kind`).
 
 Optional members: :data:`OPTIONAL_MEMBERS` lists them (one declaration), and
 :func:`capabilities` finds, once per target, which of them a target has (a
@@ -84,6 +69,7 @@ __all__ = [
 PathKind = Literal["temperature", "geometric"]
 
 _PROBE_N = 3
+_PROBE_SEED = 20240611
 
 
 class TargetError(ValueError):
@@ -102,13 +88,19 @@ class Target(Protocol):
 
 
 class TemperatureForm(Target, Protocol):
-    """A target for a temperature ladder ``pi_beta ∝ exp(-beta U)``."""
+    """A target for a temperature ladder ``pi_beta ∝ exp(-beta U)``: ``energy(x) -> [n]`` is
+    ``U(x) = -log pi(x)`` (up to a constant)."""
 
     def energy(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class GeometricForm(Target, Protocol):
-    """A target for a geometric path ``pi_beta ∝ pi_0 L^beta`` from its reference ``pi_0``."""
+    """A target for a geometric path ``pi_beta ∝ pi_0 L^beta`` from a reference ``pi_0``
+    (``beta = 0``) to the target (``beta = 1``), ``log pi = reference_log_prob +
+    log_likelihood``: ``log_likelihood(x) -> [n]`` is ``log L(x) = log pi(x) - log pi_0(x)``
+    (up to a constant), ``reference_log_prob(x) -> [n]`` is ``log pi_0(x)``, and
+    ``reference_sample(n, generator) -> [n, dim]`` draws iid from ``pi_0`` (the ``beta = 0``
+    chain is refreshed exactly)."""
 
     def log_likelihood(self, x: torch.Tensor) -> torch.Tensor: ...
     def reference_log_prob(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -121,35 +113,34 @@ class GeometricForm(Target, Protocol):
 #: ``getattr(target, name, None)`` (never by :func:`capabilities`: ``mean`` / ``cov`` may be
 #: properties that compute exact moments expensively).
 OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
-    "name": ("value", "str: shown in logs and reports (else the class name)"),
-    "initial_states": ("method", "(n, generator) -> [n, dim]: the chains' starting states "
-                                 "(default: zeros, or reference draws for a geometric path)"),
+    "name": ("value", "str shown in logs and reports (else the class name)"),
+    "initial_states": ("method", "(n, generator) -> [n, dim] starting states (default: zeros, "
+                                 "or reference draws for a geometric path)"),
     "mean": ("value", "tensor [dim]: the exact mean of pi (error metrics)"),
     "cov": ("value", "tensor [dim, dim]: the exact covariance of pi (error metrics)"),
-    "exact_moments": ("method", "() -> {'mean': [dim], 'sd': [dim]} or None: exact moments"),
-    "reference_is_normalized": ("flag", "reference_log_prob is a normalized log density, so a "
-                                        "normalizing-constant estimate is an absolute log Z"),
-    "grad_energy": ("method", "(x) -> [n, dim]: gradient of energy, used instead of autograd"),
-    "energy_and_grad": ("method", "(x) -> ([n], [n, dim]): energy and its gradient at once"),
-    "grad_log_likelihood": ("method", "(x) -> [n, dim]: gradient of log_likelihood"),
-    "grad_reference_log_prob": ("method", "(x) -> [n, dim]: gradient of reference_log_prob"),
-    "analytic_gradients": ("flag", "the gradient methods use no autograd: runs of gradient "
-                                   "explorers then execute in torch.inference_mode"),
-    "model_variables": ("method", "(np.ndarray [n, dim]) -> {variable: constrained values "
-                                  "[n, *var_shape]}: the model-variable hook"),
+    "exact_moments": ("method", "() -> {'mean': [dim], 'sd': [dim]} or None"),
+    "reference_is_normalized": ("flag", "reference_log_prob is normalized: the path's log Z "
+                                        "estimate is absolute"),
+    "grad_energy": ("method", "(x) -> [n, dim] gradient of energy, used instead of autograd"),
+    "energy_and_grad": ("method", "(x) -> ([n], [n, dim]): energy and its gradient"),
+    "grad_log_likelihood": ("method", "(x) -> [n, dim] gradient of log_likelihood"),
+    "grad_reference_log_prob": ("method", "(x) -> [n, dim] gradient of reference_log_prob"),
+    "analytic_gradients": ("flag", "the grad_* members use no autograd: gradient runs execute "
+                                   "in torch.inference_mode"),
+    "model_variables": ("method", "(ndarray [n, dim]) -> {variable: constrained [n, *shape]}"),
     "model_dims": ("value", "dict[str, list[str]]: named dims of the model variables"),
     "model_coords": ("value", "dict[str, list]: coordinates of those dims"),
-    "density_grid": ("method", "() -> the exact density of a 2-d target on a grid (figures, "
-                               "total-variation error)"),
-    "local_barrier": ("method", "(beta) -> the exact local barrier (report figure)"),
-    "coordinate_names": ("value", "list[str] (or a method giving it): names of the coordinates"),
-    "sample": ("method", "(n, generator) -> [n, dim]: exact iid draws of pi"),
-    "sample_at": ("method", "(beta, n, generator) -> [n, dim]: exact iid draws of pi_beta"),
+    "density_grid": ("method", "() -> the exact density of a 2-d target on a grid"),
+    "local_barrier": ("method", "(beta) -> the exact local communication barrier"),
+    "coordinate_names": ("value", "list[str] (or a method giving it): coordinate names"),
+    "sample": ("method", "(n, generator) -> [n, dim] exact iid draws of pi"),
+    "sample_at": ("method", "(beta, n, generator) -> [n, dim] exact iid draws of pi_beta"),
     "n_data": ("value", "int: the number of data points of a minibatch (data) target"),
-    "loss": ("method", "per-datum loss of a minibatch (data) target"),
+    "loss": ("method", "the per-datum loss of a minibatch (data) target"),
 }
 
-#: members whose gradient an explorer takes, and the members that supply it instead
+#: by path kind: the members giving the values (probed by :func:`validate_target`; an
+#: explorer takes their gradient), and the members that supply the gradient instead
 _GRADIENTS = {
     "temperature": (("energy",), ("grad_energy", "energy_and_grad")),
     "geometric": (("log_likelihood", "reference_log_prob"),
@@ -459,23 +450,12 @@ def validate_target(
         raise TargetError(f"target.name must be a str; got {type(name).__name__}")
 
     generator = torch.Generator(device=device)
-    generator.manual_seed(20240611)
-    if kind == "geometric":
-        x = _call(target, "reference_sample", "reference_sample(n, generator)", n, generator)
-        _check_states(x, "reference_sample(n, generator)", dim)
-        x = x.detach().to(dtype=dtype, device=device)
-        _check_generator_use(target, x, device, 20240611)
-        for member in ("log_likelihood", "reference_log_prob"):
-            out = _call_pure(target, member, x)
-            _check_values(out, member, dim)
-            _keep(probe, member, out)
-    else:
-        steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
-        signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
-        x = 0.1 * steps * signs  # zeros, then small offsets of alternating sign
-        out = _call_pure(target, "energy", x)
-        _check_values(out, "energy", dim)
-        _keep(probe, "energy", out)
+    generator.manual_seed(_PROBE_SEED)
+    x = _probe_states(target, kind, dim, dtype, device, generator)
+    for member in _GRADIENTS[kind][0]:
+        out = _call_pure(target, member, x)
+        _check_values(out, member, dim)
+        _keep(probe, member, out)
     if gradient_for is not None:
         _check_gradient(target, kind, x, gradient_for)
 
@@ -488,6 +468,22 @@ def validate_target(
     if probe is not None:
         probe["dtype"] = str(dtype)
     return kind
+
+
+def _probe_states(target: Any, kind: str, dim: int, dtype: torch.dtype, device,
+                  generator: torch.Generator) -> torch.Tensor:
+    """The probe batch: reference draws (checked) for a geometric target, else zeros, then
+    small offsets of alternating sign."""
+    n = _PROBE_N
+    if kind == "geometric":
+        x = _call(target, "reference_sample", "reference_sample(n, generator)", n, generator)
+        _check_states(x, "reference_sample(n, generator)", dim)
+        x = x.detach().to(dtype=dtype, device=device)
+        _check_generator_use(target, x, device, _PROBE_SEED)
+        return x
+    steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
+    signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
+    return 0.1 * steps * signs
 
 
 def _keep(probe: dict[str, Any] | None, member: str, out: torch.Tensor) -> None:
