@@ -190,7 +190,6 @@ def _as_explorer(explorer, options) -> Explorer:
 
 
 def _check_sizes(step_size: float, n_steps, systems) -> tuple[int, int]:
-    """``n_steps, systems`` as integers, after checking them and ``step_size``."""
     if not (step_size > 0 and math.isfinite(step_size)):
         raise ValueError(f"step_size must be > 0 and finite; got {step_size}")
     for name, val, lo in (("n_steps", n_steps, 2), ("systems", systems, 1)):
@@ -219,14 +218,6 @@ def _exact_sampler(target, b: float) -> Callable | None:
     return None
 
 
-def _default_start(target, path, n: int, g: torch.Generator) -> torch.Tensor:
-    if callable(getattr(target, "initial_states", None)):
-        return target.initial_states(n, g)
-    if path.kind == "geometric":
-        return target.reference_sample(n, g)
-    return torch.randn(n, int(target.dim), generator=g, dtype=torch.float64, device=g.device)
-
-
 def _start_states(start, exact, target, path, systems: int, dim: int, seed: int, device,
                   dtype) -> tuple[torch.Tensor, str]:
     """The starting states ``[systems, dim]`` and how they were made (see ``start``)."""
@@ -240,7 +231,13 @@ def _start_states(start, exact, target, path, systems: int, dim: int, seed: int,
                          "target.sample(n, generator) (b = 1) or target.sample_at(b, n, "
                          "generator)")
     elif start in ("auto", "initial"):
-        x0, how = _default_start(target, path, systems, g), "initial states"
+        how = "initial states"
+        if callable(getattr(target, "initial_states", None)):
+            x0 = target.initial_states(systems, g)
+        elif path.kind == "geometric":
+            x0 = target.reference_sample(systems, g)
+        else:
+            x0 = torch.randn(systems, dim, generator=g, dtype=torch.float64, device=g.device)
     else:
         raise ValueError(f"start must be 'auto', 'exact', 'initial' or a tensor; got {start!r}")
     x0 = torch.as_tensor(x0).to(device, dtype)

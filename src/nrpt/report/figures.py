@@ -13,10 +13,8 @@ has to be closed, and everything works headless.  Font sizes are set per artist.
 * :func:`index_process` -- the slot of a few replicas over the whole run (thinned evenly when
   long, said so) above a heat map of every replica's slot;
 * :func:`swap_acceptance` -- per-pair acceptance, mean and spread over systems;
-  :func:`swap_acceptance_rounds` -- per pair per round (heat map);
 * :func:`local_barrier` -- the fitted local barrier ``lambda`` with the Method I points;
 * :func:`schedules` -- the schedule of every round;
-* :func:`restart_rate` -- restart rate against the number of chains (theory and observed);
 * :func:`trace` / :func:`rank` -- the slot-0 chains of the first coordinates: trace with the
   marginal histograms (ArviZ's ``plot_trace``) and rank histograms (ArviZ's ``plot_rank``,
   Vehtari et al. 2021), one chain per system (one system: its quarters).
@@ -35,9 +33,8 @@ from matplotlib.colors import BoundaryNorm, Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["density", "adaptation", "index_process", "swap_acceptance",
-           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "trace",
-           "rank", "save"]
+__all__ = ["density", "adaptation", "index_process", "swap_acceptance", "local_barrier",
+           "schedules", "trace", "rank", "save"]
 
 # font sizes (points) for figures shown on slides at their saved size
 _FS_LABEL = 12
@@ -103,13 +100,13 @@ def _fmt(x: float) -> str:
 
 
 def _pick_system(a: np.ndarray, ndim_one: int, system: int, name: str) -> np.ndarray:
-    """``a`` with ``ndim_one`` dimensions, or one more with the system axis second (taken at
-    ``system``)."""
+    """``a`` with ``ndim_one >= 1`` dimensions, or one more with the system axis second (taken
+    at ``system``)."""
     a = np.asarray(a, dtype=float)
     if a.ndim == ndim_one + 1:
         if not 0 <= system < a.shape[1]:
             raise ValueError(f"{name}: system {system} out of range (R = {a.shape[1]})")
-        return a[:, system] if ndim_one >= 1 else a[system]
+        return a[:, system]
     if a.ndim != ndim_one:
         raise ValueError(f"{name} must have {ndim_one} or {ndim_one + 1} dimensions; "
                          f"got shape {a.shape}")
@@ -145,13 +142,11 @@ def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     from matplotlib import colormaps
     from matplotlib.cm import ScalarMappable
 
+    base = _cmap(cmap_name) if dark else colormaps[cmap_name]
     if n > 256:  # more indices than colours: a continuous scale (matplotlib's BoundaryNorm
         # holds its bin numbers in int16 and fails past 32,767 slots, issue 26)
-        base = _cmap(cmap_name) if dark else colormaps[cmap_name]
         return ScalarMappable(norm=Normalize(vmin=-0.5, vmax=n - 0.5), cmap=base)
-    cmap = (_cmap(cmap_name) if dark else colormaps[cmap_name]).resampled(n)
-    norm = BoundaryNorm(np.arange(-0.5, n + 0.5), n)
-    return ScalarMappable(norm=norm, cmap=cmap)
+    return ScalarMappable(norm=BoundaryNorm(np.arange(-0.5, n + 0.5), n), cmap=base.resampled(n))
 
 
 def _integer_ticks(cb, n: int) -> None:
@@ -624,24 +619,6 @@ def swap_acceptance(acceptance, *, at=None, coordinate: str | None = None,
     return fig
 
 
-def swap_acceptance_rounds(acceptance, *, system_label: str = "system 0") -> Figure:
-    """Heat map of the swap acceptance per pair (x) and round (y): ``[n_rounds, P-1]``."""
-    a = np.asarray(acceptance, dtype=float)
-    if a.ndim != 2 or a.size == 0:
-        raise ValueError(f"acceptance must be [n_rounds, P-1]; got {a.shape}")
-    n_rounds, M = a.shape
-    fig = _figure(8.0, 1.6 + min(5.0, 0.35 * n_rounds + 1.5))
-    ax = fig.add_subplot()
-    im = ax.imshow(a, aspect="auto", origin="lower", vmin=0.0, vmax=1.0, cmap="viridis",
-                   extent=(-0.5, M - 0.5, 0.5, n_rounds + 0.5), interpolation="nearest")
-    _colorbar(fig, im, ax, "swap acceptance  E[min(1, α)]")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    _style(ax, "pair p (swaps slots p and p+1)", "round",
-           f"Swap acceptance per pair and round ({system_label})")
-    return fig
-
-
 # ------------------------------------------------------------------------------ barrier
 def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "beta", *,
                   exact=None, system: int = 0, yscale: str = "auto", xscale: str = "auto",
@@ -759,42 +736,6 @@ def schedules(schedules, coordinate: str = "beta", *,
     P = rows[-1].size
     _style(ax, name, "round", f"{title} ({P} slots in the last round, red)")
     return fig
-
-
-def restart_rate(chains, predicted, observed=None, *, observed_chains=None,
-                 asymptote: float | None = None,
-                 title: str = "Restart rate against the number of chains") -> Figure:
-    """Predicted restart rate ``tau(P)`` against ``P``, with the asymptote and observed values.
-
-    Args:
-        chains: numbers of chains ``[m]``.
-        predicted: the predicted restart rate per iteration at ``chains`` ``[m]``.
-        observed: observed restart rates, at ``observed_chains`` (default: ``chains``).
-        asymptote: ``1 / (2 + 2 Lambda)``, drawn as a horizontal line.
-    """
-    p = np.asarray(chains, dtype=float).ravel()
-    tau = np.asarray(predicted, dtype=float).ravel()
-    if p.shape != tau.shape:
-        raise ValueError(f"chains {p.shape} and predicted {tau.shape} differ")
-    fig = _figure(7.5, 4.8)
-    ax = fig.add_subplot()
-    ax.plot(p, tau, "-", color="C0", lw=2.0, label="predicted (equalized schedule)")
-    if asymptote is not None:
-        ax.axhline(asymptote, color="0.4", ls="--", lw=1.2,
-                   label=f"P → ∞ limit 1/(2 + 2Λ) = {asymptote:.3g}")
-    if observed is not None:
-        o = np.asarray(observed, dtype=float).ravel()
-        po = p if observed_chains is None else np.asarray(observed_chains, dtype=float).ravel()
-        if po.shape != o.shape:
-            raise ValueError(f"observed {o.shape} and its chains {po.shape} differ")
-        ok = np.isfinite(o)
-        ax.plot(po[ok], o[ok], "o", color="C3", ms=7, mec="k", mew=0.6, label="observed")
-    ax.set_ylim(bottom=0.0)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _style(ax, "number of chains P", "restarts per iteration", title)
-    _legend(ax, loc="lower right")
-    return fig
-
 
 
 # ------------------------------------------------------------------------------ chains
