@@ -199,8 +199,7 @@ def _check_sizes(step_size: float, n_steps, systems) -> tuple[int, int]:
 
 
 def _path_for(target, b: float):
-    kind = path_kind(target)
-    if kind == "geometric":
+    if path_kind(target) == "geometric":
         if not 0.0 <= b <= 1.0:
             raise ValueError(f"b is beta on a geometric path and must be in [0, 1]; got {b}")
         return GeometricPath([1.0, 0.0])
@@ -364,20 +363,18 @@ def _run_chains(ex: Explorer, density: Density, x0: torch.Tensor, b: float, step
     hh = torch.full((systems, 1), step_size, dtype=dtype, device=device)
     values = {name: torch.empty(systems, n_steps - burn_in, dtype=torch.float64)
               for name in stats}
-    accept = torch.zeros((), dtype=torch.float64)
-    moved = torch.zeros((), dtype=torch.float64)
-    nonfinite = 0
+    accept, moved, nonfinite = 0.0, 0.0, 0
     for k in range(n_steps):
         new, info = ex.step(state, bb, hh, density, Noise(seed, k, systems, 1, device))
-        moved += (new.x != state.x).any(-1).double().sum().cpu()
-        accept += info.accept_prob.double().sum().cpu()
+        moved += float((new.x != state.x).any(-1).double().sum())
+        accept += float(info.accept_prob.double().sum())
         nonfinite += int(info.nonfinite.sum())
         state = new
         if k >= burn_in:
             xs = state.x[:, 0]
             for name, f in stats.items():
                 values[name][:, k - burn_in] = f(xs).double().cpu()
-    return values, float(accept), float(moved), nonfinite
+    return values, accept, moved, nonfinite
 
 
 def _batch_means(values: np.ndarray, per_chain: int) -> np.ndarray:
@@ -409,8 +406,7 @@ def _moment_check(name: str, vals: np.ndarray, per_chain: int, truth: float, tru
     ess = float(vals.var()) / se_mc**2 if se_mc > 0 else float(vals.size)
     dev = abs(est - truth)
     zz = dev / se if se > 0 else (0.0 if dev == 0 else math.inf)
-    return MomentCheck(name, est, truth, se, ess, zz,
-                       bool(zz < z and math.isfinite(est)))
+    return MomentCheck(name, est, truth, se, ess, zz, bool(zz < z and math.isfinite(est)))
 
 
 # ---------------------------------------------------------------------------------- the check

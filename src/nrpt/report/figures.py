@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import BoundaryNorm, Normalize, TwoSlopeNorm
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -88,10 +90,7 @@ def _caption(fig: Figure, text: str, width_chars: int) -> None:
 
 
 def _ordinal(n: int) -> str:
-    if 10 <= n % 100 <= 20:
-        suffix = "th"
-    else:
-        suffix = {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
 
@@ -124,9 +123,6 @@ def _moving_average(y: np.ndarray, window: int) -> np.ndarray:
 
 def _cmap(name: str):
     """``name`` without its palest 15% (pale yellow lines vanish on white)."""
-    from matplotlib import colormaps
-    from matplotlib.colors import ListedColormap
-
     base = colormaps[name]
     return ListedColormap(base(np.linspace(0.0, 0.85, 256)), name=f"{name}_dark")
 
@@ -139,9 +135,6 @@ def _slot_colors(n: int, cmap_name: str = "viridis") -> list:
 
 def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     """A ScalarMappable for a colorbar of ``n`` discrete indices 0..n-1."""
-    from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
-
     base = _cmap(cmap_name) if dark else colormaps[cmap_name]
     if n > 256:  # more indices than colours: a continuous scale (matplotlib's BoundaryNorm
         # holds its bin numbers in int16 and fails past 32,767 slots, issue 26)
@@ -155,13 +148,6 @@ def _integer_ticks(cb, n: int) -> None:
 
 
 # ------------------------------------------------------------------------------ density
-def _exact_grid(target, grid_kwargs: dict | None):
-    fn = getattr(target, "density_grid", None) if target is not None else None
-    if not callable(fn):
-        return None
-    return fn(**(grid_kwargs or {}))
-
-
 def _tv(counts: np.ndarray, n: int, probs: np.ndarray) -> float:
     """``1/2 sum |q - p|`` over the cells plus one cell for the mass outside the grid (as
     :func:`nrpt.run.sgpt.grid_errors`)."""
@@ -228,7 +214,8 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
         x = x[:, None]
     if x.ndim != 2 or x.shape[1] not in (1, 2) or x.shape[0] == 0:
         raise ValueError(f"samples must be [n, 2] or [n, 1] with n >= 1; got {x.shape}")
-    exact = _exact_grid(target, grid_kwargs)
+    grid_fn = getattr(target, "density_grid", None) if target is not None else None
+    exact = grid_fn(**(grid_kwargs or {})) if callable(grid_fn) else None
     if exact is not None and len(exact) != 1 + x.shape[1]:
         exact = None  # a grid of the other dimension: not comparable
     if x.shape[1] == 1:

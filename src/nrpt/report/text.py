@@ -100,7 +100,7 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
                               arrays.get("pair_rate"), summary.get("swap_rate_target"),
                               window=summary.get("window")), "adaptation.png")
     if "local_barrier" in summary:
-        save(_local_barrier_figure(target, summary, rows), "local_barrier.png")
+        save(_local_barrier_figure(plots, target, summary, rows), "local_barrier.png")
         sched = np.asarray([r["b"][0] for r in rows], dtype=float)
         save(plots.schedules(sched, summary["local_barrier"]["coordinate"]), "schedules.png")
     return written
@@ -125,11 +125,9 @@ def _tv_floor(target, x: np.ndarray, summary: dict) -> float | None:
         return None
 
 
-def _local_barrier_figure(target, summary: dict, rows):
-    """System 0's local barrier: the fit (on the dense grid where it can be refitted), the
-    Method I points and the exact barrier where the target knows it."""
-    from nrpt.report import figures as plots
-
+def _local_barrier_figure(plots, target, summary: dict, rows):
+    """System 0's local barrier (``plots``: :mod:`nrpt.report.figures`): the fit (on the dense
+    grid where it can be refitted), the Method I points and the exact barrier where known."""
     lb = summary["local_barrier"]
     grid = np.asarray(lb["grid"], dtype=float)
     values = np.asarray(lb["values"], dtype=float)
