@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -129,7 +129,6 @@ class InvarianceReport:
     moved: float
     min_moved: float
     nonfinite: int
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def moved_enough(self) -> bool:
@@ -190,9 +189,17 @@ def _as_explorer(explorer, options) -> Explorer:
     return explorer
 
 
+def _check_sizes(step_size: float, n_steps, systems) -> tuple[int, int]:
+    if not (step_size > 0 and math.isfinite(step_size)):
+        raise ValueError(f"step_size must be > 0 and finite; got {step_size}")
+    for name, val, lo in (("n_steps", n_steps, 2), ("systems", systems, 1)):
+        if isinstance(val, bool) or int(val) != val or val < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}; got {val!r}")
+    return int(n_steps), int(systems)
+
+
 def _path_for(target, b: float):
-    kind = path_kind(target)
-    if kind == "geometric":
+    if path_kind(target) == "geometric":
         if not 0.0 <= b <= 1.0:
             raise ValueError(f"b is beta on a geometric path and must be in [0, 1]; got {b}")
         return GeometricPath([1.0, 0.0])
@@ -210,20 +217,164 @@ def _exact_sampler(target, b: float) -> Callable | None:
     return None
 
 
-def _default_start(target, path, n: int, g: torch.Generator) -> torch.Tensor:
-    if callable(getattr(target, "initial_states", None)):
-        return target.initial_states(n, g)
-    if path.kind == "geometric":
-        return target.reference_sample(n, g)
-    return torch.randn(n, int(target.dim), generator=g, dtype=torch.float64, device=g.device)
+def _start_states(start, exact, target, path, systems: int, dim: int, seed: int, device,
+                  dtype) -> tuple[torch.Tensor, str]:
+    """The starting states ``[systems, dim]`` and how they were made (see ``start``)."""
+    g = generator_for(seed, Stream.INIT, _TAG, 0, device=device)
+    if isinstance(start, torch.Tensor):
+        x0, how = start, "the given states"
+    elif start in ("auto", "exact") and exact is not None:
+        x0, how = exact(systems, g), "exact draws"
+    elif start == "exact":
+        raise ValueError("start='exact' needs a target that can draw exactly at b: "
+                         "target.sample(n, generator) (b = 1) or target.sample_at(b, n, "
+                         "generator)")
+    elif start in ("auto", "initial"):
+        how = "initial states"
+        if callable(getattr(target, "initial_states", None)):
+            x0 = target.initial_states(systems, g)
+        elif path.kind == "geometric":
+            x0 = target.reference_sample(systems, g)
+        else:
+            x0 = torch.randn(systems, dim, generator=g, dtype=torch.float64, device=g.device)
+    else:
+        raise ValueError(f"start must be 'auto', 'exact', 'initial' or a tensor; got {start!r}")
+    x0 = torch.as_tensor(x0).to(device, dtype)
+    if x0.shape != (systems, dim):
+        raise ValueError(f"starting states must have shape [systems, dim] = [{systems}, {dim}]; "
+                         f"got {list(x0.shape)}")
+    return x0, how
 
 
-def _vector(value, dim: int, name: str) -> np.ndarray:
+def _check_burn_in(burn_in, how: str, n_steps: int) -> int:
+    if burn_in is None:
+        burn_in = 0 if how == "exact draws" else n_steps // 5
+    burn_in = int(burn_in)
+    if not 0 <= burn_in <= n_steps - 2:
+        raise ValueError(f"burn_in must be in [0, n_steps - 2 = {n_steps - 2}]; got {burn_in}")
+    return burn_in
+
+
+def _array(value, shape: tuple[int, ...], name: str) -> np.ndarray:
     arr = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value,
                      dtype=np.float64)
-    if arr.shape != (dim,):
-        raise ValueError(f"{name} must have shape [{dim}]; got {list(arr.shape)}")
+    if arr.shape != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}; got {list(arr.shape)}")
     return arr
+
+
+def _known_moments(target, b: float, dim: int, mean, var, cov):
+    """``mean, var, cov, source``: the moments given here, else the target's exact ones (at
+    ``b = 1`` only); each None where not known.  Variances about an unknown mean are unknown
+    (they are estimated alongside it)."""
+    t_mean = getattr(target, "mean", None) if b == 1.0 else None
+    t_cov = getattr(target, "cov", None) if b == 1.0 else None
+    mean_v = _array(mean, (dim,), "mean") if mean is not None else (
+        _array(t_mean, (dim,), "target.mean") if t_mean is not None else None)
+    cov_src = cov if cov is not None else t_cov
+    cov_m = _array(cov_src, (dim, dim), "cov") if cov_src is not None else None
+    var_v = _array(var, (dim,), "var") if var is not None else (
+        np.diag(cov_m).copy() if cov_m is not None else None)
+    if mean_v is None:
+        return None, None, None, None
+    return mean_v, var_v, cov_m, "the moments given" if mean is not None else "the target's moments"
+
+
+def _statistics(mean_v, var_v, cov_m, mean_known: bool, cross: bool, functions, truth,
+                dtype, device) -> tuple[dict, dict[str, float]]:
+    """The statistics (means, variances, covariances when ``cross``, then ``functions``) and
+    the true values known of them."""
+    stats: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    known: dict[str, float] = {}
+    m_t = torch.as_tensor(mean_v, dtype=dtype, device=device)
+    dim = len(mean_v)
+    for j in range(dim):
+        stats[f"mean[{j}]"] = lambda x, j=j: x[:, j]
+        if mean_known:
+            known[f"mean[{j}]"] = float(mean_v[j])
+    for j in range(dim):
+        stats[f"var[{j}]"] = lambda x, j=j: (x[:, j] - m_t[j]) ** 2
+        if var_v is not None:
+            known[f"var[{j}]"] = float(var_v[j])
+    pairs = [(i, j) for i in range(dim) for j in range(i + 1, dim)] if cross else []
+    for i, j in pairs:
+        stats[f"cov[{i},{j}]"] = lambda x, i=i, j=j: (x[:, i] - m_t[i]) * (x[:, j] - m_t[j])
+        if cov_m is not None:
+            known[f"cov[{i},{j}]"] = float(cov_m[i, j])
+    for name, f in (functions or {}).items():
+        if name in stats:
+            raise ValueError(f"function name {name!r} is taken by a built-in statistic")
+        stats[name] = f
+        if truth is not None and name in truth:
+            known[name] = float(truth[name])
+    return stats, known
+
+
+def _truth(target, b, dim, exact, *, mean, var, cov, cross, functions, truth, exact_draws, seed,
+           dtype, device):
+    """``stats, known, se, source``: the statistics (in report order) and their truth -- the
+    moments given here, then the target's exact moments (``b = 1`` only), then estimates from
+    exact draws, whose standard errors ``se`` join the tolerance."""
+    mean_v, var_v, cov_m, source = _known_moments(target, b, dim, mean, var, cov)
+    mean_known = mean_v is not None
+    draws = None
+    if (mean_v is None or var_v is None or (cross and cov_m is None and dim > 1)
+            or any(k not in (truth or {}) for k in (functions or {}))):
+        if exact is None:
+            raise ValueError("the truth is not known: give mean= and var= (or cov=), and truth= "
+                             "for each function, or use a target that can draw exactly at b "
+                             "(target.sample at b = 1, or target.sample_at)")
+        g_truth = generator_for(seed, Stream.INIT, _TAG, 1, device=device)
+        draws = torch.as_tensor(exact(int(exact_draws), g_truth)).to(device, dtype)
+        if mean_v is None:
+            mean_v = draws.double().mean(0).cpu().numpy()
+        drawn = f"{len(draws)} exact draws"
+        source = drawn if source is None else f"{source} and {drawn}"
+    stats, known = _statistics(mean_v, var_v, cov_m, mean_known, cross, functions, truth, dtype,
+                               device)
+    return stats, known, _estimate(stats, known, draws), source
+
+
+def _estimate(stats, known: dict[str, float], draws) -> dict[str, float]:
+    """Put the mean over ``draws`` of each statistic not in ``known`` there; returns their
+    standard errors."""
+    se: dict[str, float] = {}
+    for name, f in stats.items():
+        if draws is not None and name not in known:
+            vals = f(draws).double().cpu().numpy()
+            known[name] = float(vals.mean())
+            se[name] = float(vals.std(ddof=1) / math.sqrt(len(vals)))
+    return se
+
+
+def _run_chains(ex: Explorer, density: Density, x0: torch.Tensor, b: float, step_size: float,
+                n_steps: int, burn_in: int, seed: int, stats, dtype, device):
+    """Run the chains as the engine does (prepare, then one batched step per iteration);
+    returns each statistic's values ``[systems, n_steps - burn_in]`` after the burn-in, the
+    summed acceptance, the number of (chain, step) pairs that moved and the non-finite
+    proposals."""
+    systems, dim = x0.shape
+    x = x0.reshape(systems, 1, dim)
+    v, base = density(x)
+    if not (torch.isfinite(v).all() and torch.isfinite(base).all()):
+        raise ValueError("a starting state has a non-finite energy / log density")
+    state = ex.prepare(ReplicaState(x, v, base), density)
+    bb = torch.full((systems, 1), b, dtype=dtype, device=device)
+    hh = torch.full((systems, 1), step_size, dtype=dtype, device=device)
+    values = {name: torch.empty(systems, n_steps - burn_in, dtype=torch.float64)
+              for name in stats}
+    accept, moved, nonfinite = 0.0, 0.0, 0
+    for k in range(n_steps):
+        new, info = ex.step(state, bb, hh, density, Noise(seed, k, systems, 1, device))
+        moved += float((new.x != state.x).any(-1).double().sum())
+        accept += float(info.accept_prob.double().sum())
+        nonfinite += int(info.nonfinite.sum())
+        state = new
+        if k >= burn_in:
+            xs = state.x[:, 0]
+            for name, f in stats.items():
+                values[name][:, k - burn_in] = f(xs).double().cpu()
+    return values, accept, moved, nonfinite
 
 
 def _batch_means(values: np.ndarray, per_chain: int) -> np.ndarray:
@@ -233,6 +384,29 @@ def _batch_means(values: np.ndarray, per_chain: int) -> np.ndarray:
     L = T // per_chain
     kept = values[:, T - L * per_chain:]
     return kept.reshape(S, per_chain, L).mean(-1).reshape(-1)
+
+
+def _batches_per_chain(batches, systems: int, kept: int) -> int:
+    per_chain = int(batches) if batches is not None else max(1, math.ceil(MIN_BATCHES / systems))
+    if per_chain < 1 or per_chain > kept:
+        raise ValueError(f"batches must be in [1, {kept}] (the kept steps per chain); got "
+                         f"{per_chain}")
+    if systems * per_chain < 2:
+        raise ValueError("need at least 2 batches for a standard error: more systems or batches")
+    return per_chain
+
+
+def _moment_check(name: str, vals: np.ndarray, per_chain: int, truth: float, truth_se: float,
+                  z: float) -> MomentCheck:
+    """One statistic's check from its values ``[systems, T]`` (module doc: the tolerance)."""
+    bm = _batch_means(vals, per_chain)
+    est = float(bm.mean())
+    se_mc = float(bm.std(ddof=1) / math.sqrt(bm.size))
+    se = math.sqrt(se_mc**2 + truth_se**2)
+    ess = float(vals.var()) / se_mc**2 if se_mc > 0 else float(vals.size)
+    dev = abs(est - truth)
+    zz = dev / se if se > 0 else (0.0 if dev == 0 else math.inf)
+    return MomentCheck(name, est, truth, se, ess, zz, bool(zz < z and math.isfinite(est)))
 
 
 # ---------------------------------------------------------------------------------- the check
@@ -290,167 +464,29 @@ def check_invariance(
 
     Returns an :class:`InvarianceReport` (``report.ok``, ``str(report)``)."""
     ex = _as_explorer(explorer, explorer_options)
-    b = float(b)
-    step_size = float(step_size)
-    if not (step_size > 0 and math.isfinite(step_size)):
-        raise ValueError(f"step_size must be > 0 and finite; got {step_size}")
-    for name, val, lo in (("n_steps", n_steps, 2), ("systems", systems, 1)):
-        if isinstance(val, bool) or int(val) != val or val < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}; got {val!r}")
-    n_steps, systems = int(n_steps), int(systems)
+    b, step_size = float(b), float(step_size)
+    n_steps, systems = _check_sizes(step_size, n_steps, systems)
     device = torch.device(device)
     path = _path_for(target, b)
-    density = Density(target, path)
     dim = int(target.dim)
     exact = _exact_sampler(target, b)
-
-    # ---- start
-    g_start = generator_for(seed, Stream.INIT, _TAG, 0, device=device)
-    if isinstance(start, torch.Tensor):
-        x0, how = start, "the given states"
-    elif start in ("auto", "exact") and exact is not None:
-        x0, how = exact(systems, g_start), "exact draws"
-    elif start == "exact":
-        raise ValueError("start='exact' needs a target that can draw exactly at b: "
-                         "target.sample(n, generator) (b = 1) or target.sample_at(b, n, "
-                         "generator)")
-    elif start in ("auto", "initial"):
-        x0, how = _default_start(target, path, systems, g_start), "initial states"
-    else:
-        raise ValueError(f"start must be 'auto', 'exact', 'initial' or a tensor; got {start!r}")
-    x0 = torch.as_tensor(x0).to(device, dtype)
-    if x0.shape != (systems, dim):
-        raise ValueError(f"starting states must have shape [systems, dim] = [{systems}, {dim}]; "
-                         f"got {list(x0.shape)}")
-    if burn_in is None:
-        burn_in = 0 if how == "exact draws" else n_steps // 5
-    burn_in = int(burn_in)
-    if not 0 <= burn_in <= n_steps - 2:
-        raise ValueError(f"burn_in must be in [0, n_steps - 2 = {n_steps - 2}]; got {burn_in}")
-
-    # ---- statistics and their truth
-    # precedence: the moments given here, then the target's exact moments (b = 1 only), then
-    # estimates from exact draws (whose standard error joins the tolerance)
-    t_mean = getattr(target, "mean", None) if b == 1.0 else None
-    t_cov = getattr(target, "cov", None) if b == 1.0 else None
-    mean_v = _vector(mean, dim, "mean") if mean is not None else (
-        _vector(t_mean, dim, "target.mean") if t_mean is not None else None)
-    cov_m = None
-    if cov is not None or t_cov is not None:
-        src = cov if cov is not None else t_cov
-        cov_m = np.asarray(src.detach().cpu() if isinstance(src, torch.Tensor) else src,
-                           dtype=np.float64)
-        if cov_m.shape != (dim, dim):
-            raise ValueError(f"cov must have shape [{dim}, {dim}]; got {list(cov_m.shape)}")
-    var_v = _vector(var, dim, "var") if var is not None else (
-        np.diag(cov_m).copy() if cov_m is not None else None)
-    if mean_v is None:  # variances about an estimated mean are estimated alongside it
-        var_v, cov_m = None, None
-    sources = ("the moments given" if mean is not None else
-               "the target's moments" if mean_v is not None else None)
-
-    draws = None
-    mean_known = mean_v is not None
-    need_draws = (mean_v is None or var_v is None or (cross and cov_m is None and dim > 1)
-                  or any(k not in (truth or {}) for k in (functions or {})))
-    if need_draws:
-        if exact is None:
-            raise ValueError("the truth is not known: give mean= and var= (or cov=), and truth= "
-                             "for each function, or use a target that can draw exactly at b "
-                             "(target.sample at b = 1, or target.sample_at)")
-        g_truth = generator_for(seed, Stream.INIT, _TAG, 1, device=device)
-        draws = torch.as_tensor(exact(int(exact_draws), g_truth)).to(device, dtype)
-        if mean_v is None:
-            mean_v = draws.double().mean(0).cpu().numpy()
-        drawn = f"{len(draws)} exact draws"
-        sources = drawn if sources is None else f"{sources} and {drawn}"
-
-    stats: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-    known: dict[str, float] = {}
-    m_t = torch.as_tensor(mean_v, dtype=dtype, device=device)
-    for j in range(dim):
-        stats[f"mean[{j}]"] = lambda x, j=j: x[:, j]
-        if mean_known:
-            known[f"mean[{j}]"] = float(mean_v[j])
-    for j in range(dim):
-        stats[f"var[{j}]"] = lambda x, j=j: (x[:, j] - m_t[j]) ** 2
-        if var_v is not None:
-            known[f"var[{j}]"] = float(var_v[j])
-    if cross:
-        for i in range(dim):
-            for j in range(i + 1, dim):
-                stats[f"cov[{i},{j}]"] = (
-                    lambda x, i=i, j=j: (x[:, i] - m_t[i]) * (x[:, j] - m_t[j]))
-                if cov_m is not None:
-                    known[f"cov[{i},{j}]"] = float(cov_m[i, j])
-    for name, f in (functions or {}).items():
-        if name in stats:
-            raise ValueError(f"function name {name!r} is taken by a built-in statistic")
-        stats[name] = f
-        if truth is not None and name in truth:
-            known[name] = float(truth[name])
-    truth_se: dict[str, float] = {}
-    if draws is not None:
-        for name, f in stats.items():
-            if name not in known:
-                vals = f(draws).double().cpu().numpy()
-                known[name] = float(vals.mean())
-                truth_se[name] = float(vals.std(ddof=1) / math.sqrt(len(vals)))
-    truth_from = sources
-
-    # ---- run (as the engine does: prepare, then one batched step per iteration)
-    x = x0.reshape(systems, 1, dim)
-    v, base = density(x)
-    if not (torch.isfinite(v).all() and torch.isfinite(base).all()):
-        raise ValueError("a starting state has a non-finite energy / log density")
-    state = ex.prepare(ReplicaState(x, v, base), density)
-    bb = torch.full((systems, 1), b, dtype=dtype, device=device)
-    hh = torch.full((systems, 1), step_size, dtype=dtype, device=device)
-    values = {name: torch.empty(systems, n_steps - burn_in, dtype=torch.float64)
-              for name in stats}
-    accept = torch.zeros((), dtype=torch.float64)
-    moved = torch.zeros((), dtype=torch.float64)
-    nonfinite = 0
-    for k in range(n_steps):
-        new, info = ex.step(state, bb, hh, density, Noise(seed, k, systems, 1, device))
-        moved += (new.x != state.x).any(-1).double().sum().cpu()
-        accept += info.accept_prob.double().sum().cpu()
-        nonfinite += int(info.nonfinite.sum())
-        state = new
-        if k >= burn_in:
-            xs = state.x[:, 0]
-            for name, f in stats.items():
-                values[name][:, k - burn_in] = f(xs).double().cpu()
-
-    # ---- compare
-    T = n_steps - burn_in
-    per_chain = int(batches) if batches is not None else max(1, math.ceil(MIN_BATCHES / systems))
-    if per_chain < 1 or per_chain > T:
-        raise ValueError(f"batches must be in [1, {T}] (the kept steps per chain); got "
-                         f"{per_chain}")
-    n_batches = systems * per_chain
-    if n_batches < 2:
-        raise ValueError("need at least 2 batches for a standard error: more systems or batches")
-    checks = []
-    for name in stats:
-        vals = values[name].numpy()
-        bm = _batch_means(vals, per_chain)
-        est = float(bm.mean())
-        se_mc = float(bm.std(ddof=1) / math.sqrt(n_batches))
-        se = math.sqrt(se_mc**2 + truth_se.get(name, 0.0) ** 2)
-        var_f = float(vals.var())
-        ess = var_f / se_mc**2 if se_mc > 0 else float(vals.size)
-        dev = abs(est - known[name])
-        zz = dev / se if se > 0 else (0.0 if dev == 0 else math.inf)
-        checks.append(MomentCheck(name, est, known[name], se, ess, zz,
-                                  bool(zz < z and math.isfinite(est))))
+    x0, how = _start_states(start, exact, target, path, systems, dim, seed, device, dtype)
+    burn_in = _check_burn_in(burn_in, how, n_steps)
+    stats, known, truth_se, source = _truth(
+        target, b, dim, exact, mean=mean, var=var, cov=cov, cross=cross, functions=functions,
+        truth=truth, exact_draws=exact_draws, seed=seed, dtype=dtype, device=device)
+    values, accept, moved, nonfinite = _run_chains(ex, Density(target, path), x0, b, step_size,
+                                                   n_steps, burn_in, seed, stats, dtype, device)
+    per_chain = _batches_per_chain(batches, systems, n_steps - burn_in)
+    checks = [_moment_check(name, values[name].numpy(), per_chain, known[name],
+                            truth_se.get(name, 0.0), z) for name in stats]
     total = systems * n_steps
     return InvarianceReport(
         explorer=getattr(ex, "name", "") or type(ex).__name__,
         target=getattr(target, "name", type(target).__name__), b=b, step_size=step_size,
-        systems=systems, n_steps=n_steps, burn_in=burn_in, start=how, truth_from=truth_from,
-        batches=n_batches, threshold=float(z), checks=checks,
-        acceptance=float(accept) / total, moved=float(moved) / total, min_moved=float(min_moved),
+        systems=systems, n_steps=n_steps, burn_in=burn_in, start=how, truth_from=source,
+        batches=systems * per_chain, threshold=float(z), checks=checks,
+        acceptance=accept / total, moved=moved / total, min_moved=float(min_moved),
         nonfinite=nonfinite)
 
 

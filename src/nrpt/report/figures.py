@@ -13,10 +13,8 @@ has to be closed, and everything works headless.  Font sizes are set per artist.
 * :func:`index_process` -- the slot of a few replicas over the whole run (thinned evenly when
   long, said so) above a heat map of every replica's slot;
 * :func:`swap_acceptance` -- per-pair acceptance, mean and spread over systems;
-  :func:`swap_acceptance_rounds` -- per pair per round (heat map);
 * :func:`local_barrier` -- the fitted local barrier ``lambda`` with the Method I points;
 * :func:`schedules` -- the schedule of every round;
-* :func:`restart_rate` -- restart rate against the number of chains (theory and observed);
 * :func:`trace` / :func:`rank` -- the slot-0 chains of the first coordinates: trace with the
   marginal histograms (ArviZ's ``plot_trace``) and rank histograms (ArviZ's ``plot_rank``,
   Vehtari et al. 2021), one chain per system (one system: its quarters).
@@ -27,16 +25,18 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import BoundaryNorm, Normalize, TwoSlopeNorm
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["density", "adaptation", "index_process", "swap_acceptance",
-           "swap_acceptance_rounds", "local_barrier", "schedules", "restart_rate", "trace",
-           "rank", "save"]
+__all__ = ["density", "adaptation", "index_process", "swap_acceptance", "local_barrier",
+           "schedules", "trace", "rank", "save"]
 
 # font sizes (points) for figures shown on slides at their saved size
 _FS_LABEL = 12
@@ -90,10 +90,7 @@ def _caption(fig: Figure, text: str, width_chars: int) -> None:
 
 
 def _ordinal(n: int) -> str:
-    if 10 <= n % 100 <= 20:
-        suffix = "th"
-    else:
-        suffix = {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
 
@@ -102,13 +99,13 @@ def _fmt(x: float) -> str:
 
 
 def _pick_system(a: np.ndarray, ndim_one: int, system: int, name: str) -> np.ndarray:
-    """``a`` with ``ndim_one`` dimensions, or one more with the system axis second (taken at
-    ``system``)."""
+    """``a`` with ``ndim_one >= 1`` dimensions, or one more with the system axis second (taken
+    at ``system``)."""
     a = np.asarray(a, dtype=float)
     if a.ndim == ndim_one + 1:
         if not 0 <= system < a.shape[1]:
             raise ValueError(f"{name}: system {system} out of range (R = {a.shape[1]})")
-        return a[:, system] if ndim_one >= 1 else a[system]
+        return a[:, system]
     if a.ndim != ndim_one:
         raise ValueError(f"{name} must have {ndim_one} or {ndim_one + 1} dimensions; "
                          f"got shape {a.shape}")
@@ -126,31 +123,23 @@ def _moving_average(y: np.ndarray, window: int) -> np.ndarray:
 
 def _cmap(name: str):
     """``name`` without its palest 15% (pale yellow lines vanish on white)."""
-    from matplotlib import colormaps
-    from matplotlib.colors import ListedColormap
-
     base = colormaps[name]
     return ListedColormap(base(np.linspace(0.0, 0.85, 256)), name=f"{name}_dark")
 
 
-def _slot_colors(n: int, cmap_name: str = "viridis"):
+def _slot_colors(n: int, cmap_name: str = "viridis") -> list:
     cmap = _cmap(cmap_name)
     norm = Normalize(vmin=0, vmax=max(1, n - 1))
-    return cmap, norm, [cmap(norm(i)) for i in range(n)]
+    return [cmap(norm(i)) for i in range(n)]
 
 
 def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     """A ScalarMappable for a colorbar of ``n`` discrete indices 0..n-1."""
-    from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
-
+    base = _cmap(cmap_name) if dark else colormaps[cmap_name]
     if n > 256:  # more indices than colours: a continuous scale (matplotlib's BoundaryNorm
         # holds its bin numbers in int16 and fails past 32,767 slots, issue 26)
-        base = _cmap(cmap_name) if dark else colormaps[cmap_name]
         return ScalarMappable(norm=Normalize(vmin=-0.5, vmax=n - 0.5), cmap=base)
-    cmap = (_cmap(cmap_name) if dark else colormaps[cmap_name]).resampled(n)
-    norm = BoundaryNorm(np.arange(-0.5, n + 0.5), n)
-    return ScalarMappable(norm=norm, cmap=cmap)
+    return ScalarMappable(norm=BoundaryNorm(np.arange(-0.5, n + 0.5), n), cmap=base.resampled(n))
 
 
 def _integer_ticks(cb, n: int) -> None:
@@ -159,13 +148,6 @@ def _integer_ticks(cb, n: int) -> None:
 
 
 # ------------------------------------------------------------------------------ density
-def _exact_grid(target, grid_kwargs: dict | None):
-    fn = getattr(target, "density_grid", None) if target is not None else None
-    if not callable(fn):
-        return None
-    return fn(**(grid_kwargs or {}))
-
-
 def _tv(counts: np.ndarray, n: int, probs: np.ndarray) -> float:
     """``1/2 sum |q - p|`` over the cells plus one cell for the mass outside the grid (as
     :func:`nrpt.run.sgpt.grid_errors`)."""
@@ -191,21 +173,19 @@ def _view_box(edges_x, edges_y, *arrays, rel: float = 1e-3):
     return edges_x[i0], edges_x[i1], edges_y[j0], edges_y[j1]
 
 
-def _floor_caption(tv: float, tv_floor: float | None, n: int) -> str:
+def _floor_caption(tv: float, tv_floor: float | None, n: int,
+                   signs: str = "Red cells: too many samples; blue: too few.") -> str:
     text = (f"TV = ½ Σ |histogram − exact| over the cells (mass outside the grid counts as one "
             f"more cell). A finite sample has a TV floor: even {n:,} exact independent draws "
             "give TV > 0, from counting noise alone")
     if tv_floor is not None:
         ratio = tv / tv_floor if tv_floor > 0 else float("inf")
-        text += (f" (floor ≈ {_fmt(tv_floor)} for this n; this run: {ratio:.2g} × the floor)."
-                 " TV above the floor is sampler error: bias (e.g. step-size discretization) "
-                 "or modes not yet in equilibrium, and correlated draws counting for fewer "
-                 "independent ones.")
+        text += f" (floor ≈ {_fmt(tv_floor)} for this n; this run: {ratio:.2g} × the floor)."
     else:
-        text += (" (floor not given here; see nrpt.run.sgpt.iid_floor). TV above the floor is "
-                 "sampler error: bias (e.g. step-size discretization) or modes not yet in "
-                 "equilibrium, and correlated draws counting for fewer independent ones.")
-    return text + (" Red cells: too many samples; blue: too few.")
+        text += " (floor not given here; see nrpt.run.sgpt.iid_floor)."
+    return text + (" TV above the floor is sampler error: bias (e.g. step-size discretization) "
+                   "or modes not yet in equilibrium, and correlated draws counting for fewer "
+                   "independent ones. " + signs)
 
 
 def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = None,
@@ -234,53 +214,67 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
         x = x[:, None]
     if x.ndim != 2 or x.shape[1] not in (1, 2) or x.shape[0] == 0:
         raise ValueError(f"samples must be [n, 2] or [n, 1] with n >= 1; got {x.shape}")
-    n = x.shape[0]
-    exact = _exact_grid(target, grid_kwargs)
+    grid_fn = getattr(target, "density_grid", None) if target is not None else None
+    exact = grid_fn(**(grid_kwargs or {})) if callable(grid_fn) else None
+    if exact is not None and len(exact) != 1 + x.shape[1]:
+        exact = None  # a grid of the other dimension: not comparable
     if x.shape[1] == 1:
-        return _density_1d(x[:, 0], exact, bins, tv_floor, labels[0], title, caption)
-    if exact is not None and len(exact) != 3:
-        exact = None  # a 1-D grid for 2-D samples: not comparable
+        if exact is None:
+            return _histogram_1d(x[:, 0], bins, labels[0], title)
+        return _density_1d(x[:, 0], exact, tv_floor, labels[0], title, caption)
     if exact is None:
-        fig = _figure(6.4, 5.2)
-        ax = fig.add_subplot()
-        h, ex, ey = np.histogram2d(x[:, 0], x[:, 1], bins=bins)
-        q = h / n
-        im = ax.imshow(q.T, origin="lower", extent=(ex[0], ex[-1], ey[0], ey[-1]),
-                       cmap="viridis", vmin=0.0, aspect="equal", interpolation="nearest")
-        _style(ax, labels[0], labels[1], f"{title} (n = {n:,})")
-        cell = f"{ex[1] - ex[0]:.2g} × {ey[1] - ey[0]:.2g}"
-        _colorbar(fig, im, ax, f"fraction of samples per cell ({cell})", shrink=0.9)
-        if view is not None:
-            ax.set_xlim(view[0], view[1])
-            ax.set_ylim(view[2], view[3])
-        return fig
+        return _histogram_2d(x, bins, view, labels, title)
+    return _density_2d(x, exact, tv_floor, view, labels, title, caption)
 
+
+def _histogram_2d(x, bins, view, labels, title) -> Figure:
+    n = x.shape[0]
+    fig = _figure(6.4, 5.2)
+    ax = fig.add_subplot()
+    h, ex, ey = np.histogram2d(x[:, 0], x[:, 1], bins=bins)
+    im = ax.imshow((h / n).T, origin="lower", extent=(ex[0], ex[-1], ey[0], ey[-1]),
+                   cmap="viridis", vmin=0.0, aspect="equal", interpolation="nearest")
+    _style(ax, labels[0], labels[1], f"{title} (n = {n:,})")
+    cell = f"{ex[1] - ex[0]:.2g} × {ey[1] - ey[0]:.2g}"
+    _colorbar(fig, im, ax, f"fraction of samples per cell ({cell})", shrink=0.9)
+    if view is not None:
+        ax.set_xlim(view[0], view[1])
+        ax.set_ylim(view[2], view[3])
+    return fig
+
+
+def _error_scale(err, probs, h) -> tuple[float, bool]:
+    """The error panel's colour limit (the 99.8% quantile of the error over the cells with
+    mass, so that one outlier does not wash out the rest) and whether it clips."""
+    emax_all = float(np.abs(err).max()) or 1e-12
+    live = (probs > 1e-3 * probs.max()) | (h > 0)
+    emax = float(np.quantile(np.abs(err[live]), 0.998)) if live.any() else emax_all
+    emax = emax_all if not emax > 0 else min(emax, emax_all)
+    return emax, emax < emax_all
+
+
+def _density_2d(x, exact, tv_floor, view, labels, title, caption) -> Figure:
+    n = x.shape[0]
     xs, ys, probs = (np.asarray(a, dtype=float) for a in exact)
     h, _, _ = np.histogram2d(x[:, 0], x[:, 1], bins=(xs, ys))
     q = h / n
     err = q - probs
     tv = _tv(h, n, probs)
     box = view if view is not None else _view_box(xs, ys, probs, q, rel=5e-3)
-    ext = (xs[0], xs[-1], ys[0], ys[-1])
     vmax = float(max(probs.max(), q.max()))
-    emax_all = float(np.abs(err).max()) or 1e-12
-    live = (probs > 1e-3 * probs.max()) | (h > 0)
-    emax = float(np.quantile(np.abs(err[live]), 0.998)) if live.any() else emax_all
-    emax = emax_all if not emax > 0 else min(emax, emax_all)
-    clipped = emax < emax_all
+    emax, clipped = _error_scale(err, probs, h)
     fig = _figure(16.5, 6.0 if caption else 5.2)
     axes = fig.subplots(1, 3, sharex=True, sharey=True)
     cell = f"{xs[1] - xs[0]:.2g} × {ys[1] - ys[0]:.2g}"
-    common = dict(origin="lower", extent=ext, aspect="equal", interpolation="nearest")
+    common = dict(origin="lower", extent=(xs[0], xs[-1], ys[0], ys[-1]), aspect="equal",
+                  interpolation="nearest")
     im0 = axes[0].imshow(q.T, cmap="viridis", vmin=0.0, vmax=vmax, **common)
     axes[1].imshow(probs.T, cmap="viridis", vmin=0.0, vmax=vmax, **common)
     im2 = axes[2].imshow(err.T, cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -emax, emax), **common)
     _style(axes[0], labels[0], labels[1], f"{title} (n = {n:,})")
     _style(axes[1], labels[0], labels[1], "exact density")
-    etitle = f"histogram − exact\nTV = {tv:.3g}"
-    if tv_floor is not None:
-        etitle += f" (iid floor ≈ {tv_floor:.3g})"
-    _style(axes[2], labels[0], labels[1], etitle)
+    floor = f" (iid floor ≈ {tv_floor:.3g})" if tv_floor is not None else ""
+    _style(axes[2], labels[0], labels[1], f"histogram − exact\nTV = {tv:.3g}{floor}")
     _colorbar(fig, im0, list(axes[:2]), f"probability per cell ({cell})", shrink=0.9)
     _colorbar(fig, im2, axes[2], "difference in probability per cell"
               + (" (scale clipped)" if clipped else ""), shrink=0.9,
@@ -294,41 +288,36 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
     return fig
 
 
-def _density_1d(x, exact, bins, tv_floor, label, title, caption) -> Figure:
+def _histogram_1d(x, bins, label, title) -> Figure:
+    fig = _figure(7.5, 4.6)
+    ax = fig.add_subplot()
+    ax.hist(x, bins=bins, density=True, color="C0", alpha=0.75)
+    _style(ax, label, "probability density", f"{title} (n = {x.size:,})")
+    return fig
+
+
+def _density_1d(x, exact, tv_floor, label, title, caption) -> Figure:
     n = x.size
-    if exact is not None and len(exact) != 2:
-        exact = None
-    if exact is None:
-        fig = _figure(7.5, 4.6)
-        ax = fig.add_subplot()
-        ax.hist(x, bins=bins, density=True, color="C0", alpha=0.75)
-        _style(ax, label, "probability density", f"{title} (n = {n:,})")
-        return fig
     edges, probs = (np.asarray(a, dtype=float) for a in exact)
     width = np.diff(edges)
     counts, _ = np.histogram(x, bins=edges)
     q = counts / n
-    tv = 0.5 * float(np.abs(np.append(q - probs, (n - counts.sum()) / n
-                                      - max(0.0, 1.0 - probs.sum()))).sum())
+    tv = _tv(counts, n, probs)
     fig = _figure(9.0, 7.0 if caption else 6.2)
     ax, ax_e = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     ax.stairs(q / width, edges, fill=True, color="C0", alpha=0.55, label="samples (histogram)")
     ax.stairs(probs / width, edges, color="k", lw=1.2, label="exact")
     _style(ax, "", "probability density", f"{title} (n = {n:,})")
-    ax.set_xlabel("")
     _legend(ax, loc="upper right")
     ax_e.stairs((q - probs) / width, edges, fill=True, color="C3", alpha=0.7)
     ax_e.axhline(0.0, color="k", lw=0.8)
-    etitle = f"histogram − exact: TV = {tv:.3g}"
-    if tv_floor is not None:
-        etitle += f" (iid floor ≈ {tv_floor:.2g})"
-    _style(ax_e, label, "density difference", etitle)
+    floor = f" (iid floor ≈ {tv_floor:.2g})" if tv_floor is not None else ""
+    _style(ax_e, label, "density difference", f"histogram − exact: TV = {tv:.3g}{floor}")
     lo, hi = _view_box(edges, np.array([0.0, 1.0]), np.stack([probs, q], 1), rel=1e-4)[:2]
     ax.set_xlim(lo, hi)
     if caption:
-        _caption(fig, _floor_caption(tv, tv_floor, n).replace(
-            "Red cells: too many samples; blue: too few.",
-            "Positive: too many samples; negative: too few."), 110)
+        _caption(fig, _floor_caption(tv, tv_floor, n,
+                                     "Positive: too many samples; negative: too few."), 110)
     return fig
 
 
@@ -350,64 +339,65 @@ def adaptation(k, C=None, learning_rates=None, pair_rate=None, swap_rate: float 
         window: moving-average window (in records) for the pair rates; default ``T // 50``.
     """
     k = np.asarray(k, dtype=float).ravel()
-    T = k.size
-    if T == 0:
+    if k.size == 0:
         raise ValueError("adaptation: no records (k is empty)")
-    panels = []
-    if C is not None:
-        panels.append("C")
-    if learning_rates is not None:
-        panels.append("lr")
-    if pair_rate is not None:
-        panels.append("rate")
+    panels = [(draw, data) for draw, data in ((_correction_panel, C),
+                                              (_ladder_panel, learning_rates),
+                                              (_pair_rate_panel, pair_rate)) if data is not None]
     if not panels:
         raise ValueError("adaptation: give at least one of C, learning_rates, pair_rate")
     fig = _figure(5.6 * len(panels) + 0.8, 4.8)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    s_txt = f"S = {swap_rate:g}" if swap_rate is not None else "S"
     fig.suptitle(f"Stochastic-approximation adaptation of system {system}", fontsize=_FS_TITLE)
-    for ax, panel in zip(axes, panels, strict=True):
-        if panel == "C":
-            c = _pick_system(C, 1, system, "C")
-            ax.plot(k, c, color="C0", lw=1.5)
-            ax.axhline(0.0, color="0.6", lw=0.8, ls=":")
-            _style(ax, "iteration", "correction buffer C",
-                   f"correction buffer C (final {_fmt(float(c[-1]))})\n"
-                   f"C ← C + γₖ (mean pair indicator − {s_txt})")
-        elif panel == "lr":
-            lr = _pick_system(learning_rates, 2, system, "learning_rates")
-            P = lr.shape[1]
-            cmap, norm, colors = _slot_colors(P)
-            for p in range(P):
-                ax.plot(k, lr[:, p], color=colors[p], lw=1.2)
-            if np.all(lr[np.isfinite(lr)] > 0):
-                ax.set_yscale("log")
-            _style(ax, "iteration", f"{ladder_label} (log scale)", f"{ladder_label} per slot")
-            cb = _colorbar(fig, _discrete_mappable(P, dark=True), ax, "slot (0 = target)")
-            _integer_ticks(cb, P)
-        else:
-            rate = _pick_system(pair_rate, 2, system, "pair_rate")
-            M = rate.shape[1]
-            w = max(1, T // 50) if window is None else max(1, int(window))
-            w = min(w, T)
-            sm = _moving_average(rate, w)
-            ks = k[w - 1:]
-            cmap, norm, colors = _slot_colors(M, "plasma")
-            for p in range(M):
-                ax.plot(ks, sm[:, p], color=colors[p], lw=0.9, alpha=0.85)
-            ax.plot(ks, sm.mean(axis=1), color="k", lw=2.0, label="mean over pairs")
-            if swap_rate is not None:
-                ax.axhline(swap_rate, color="C3", ls="--", lw=1.8,
-                           label=f"target swap rate S = {swap_rate:g}")
-            ax.set_ylim(-0.02, 1.02)
-            avg = f"moving average of {w} records" if w > 1 else "per record"
-            _style(ax, "iteration", f"swap-indicator rate\n({avg})",
-                   "swap-indicator rate per pair")
-            _legend(ax, loc="upper right")
-            cb = _colorbar(fig, _discrete_mappable(M, "plasma", dark=True), ax,
-                            "pair (p, p+1)")
-            _integer_ticks(cb, M)
+    for ax, (draw, data) in zip(axes, panels, strict=True):
+        draw(fig, ax, k, data, system=system, swap_rate=swap_rate, window=window,
+             ladder_label=ladder_label)
     return fig
+
+
+def _correction_panel(fig, ax, k, C, *, system, swap_rate, **_) -> None:
+    c = _pick_system(C, 1, system, "C")
+    ax.plot(k, c, color="C0", lw=1.5)
+    ax.axhline(0.0, color="0.6", lw=0.8, ls=":")
+    s_txt = f"S = {swap_rate:g}" if swap_rate is not None else "S"
+    _style(ax, "iteration", "correction buffer C",
+           f"correction buffer C (final {_fmt(float(c[-1]))})\n"
+           f"C ← C + γₖ (mean pair indicator − {s_txt})")
+
+
+def _ladder_panel(fig, ax, k, learning_rates, *, system, ladder_label, **_) -> None:
+    lr = _pick_system(learning_rates, 2, system, "learning_rates")
+    P = lr.shape[1]
+    colors = _slot_colors(P)
+    for p in range(P):
+        ax.plot(k, lr[:, p], color=colors[p], lw=1.2)
+    if np.all(lr[np.isfinite(lr)] > 0):
+        ax.set_yscale("log")
+    _style(ax, "iteration", f"{ladder_label} (log scale)", f"{ladder_label} per slot")
+    cb = _colorbar(fig, _discrete_mappable(P, dark=True), ax, "slot (0 = target)")
+    _integer_ticks(cb, P)
+
+
+def _pair_rate_panel(fig, ax, k, pair_rate, *, system, swap_rate, window, **_) -> None:
+    rate = _pick_system(pair_rate, 2, system, "pair_rate")
+    M = rate.shape[1]
+    T = k.size
+    w = min(max(1, T // 50) if window is None else max(1, int(window)), T)
+    sm = _moving_average(rate, w)
+    ks = k[w - 1:]
+    colors = _slot_colors(M, "plasma")
+    for p in range(M):
+        ax.plot(ks, sm[:, p], color=colors[p], lw=0.9, alpha=0.85)
+    ax.plot(ks, sm.mean(axis=1), color="k", lw=2.0, label="mean over pairs")
+    if swap_rate is not None:
+        ax.axhline(swap_rate, color="C3", ls="--", lw=1.8,
+                   label=f"target swap rate S = {swap_rate:g}")
+    ax.set_ylim(-0.02, 1.02)
+    avg = f"moving average of {w} records" if w > 1 else "per record"
+    _style(ax, "iteration", f"swap-indicator rate\n({avg})", "swap-indicator rate per pair")
+    _legend(ax, loc="upper right")
+    cb = _colorbar(fig, _discrete_mappable(M, "plasma", dark=True), ax, "pair (p, p+1)")
+    _integer_ticks(cb, M)
 
 
 # ------------------------------------------------------------------------------ index process
@@ -450,100 +440,123 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
         raise ValueError(f"index must be [K + 1, R, P] or [K + 1, P]; got {np.shape(index)}")
     n_rows, P = idx.shape
     K = n_rows - 1
-    stride = max(1, int(math.ceil(n_rows / max(2, int(max_points)))))
+    stride = _stride(n_rows, max_points)
     rows = np.arange(0, n_rows, stride)
     if rows[-1] != n_rows - 1:
         rows = np.append(rows, n_rows - 1)
     sub = np.asarray(idx[rows], dtype=float)  # [n_shown, P]
-    if highlight is None:
-        highlight = [0, P - 1] if P > 1 else [0]
-    elif isinstance(highlight, int | np.integer):
-        highlight = [int(highlight)]
-    highlight = list(dict.fromkeys(int(h) for h in highlight if 0 <= int(h) < P))[:4]
-    if zoom == "auto":
-        zoom = max(200, 10 * P)
-        zoom = zoom if n_rows > 2 * zoom else None
-    elif zoom is not None:
-        zoom = int(zoom) if 1 < int(zoom) < n_rows else None
+    ip = _IndexPanels(P, K, _highlighted(highlight, P), [float(b) for b in (boundaries or ())])
+    zoom = _zoom_length(zoom, n_rows, P)
     thin_txt = (f"every {_ordinal(stride)} iteration shown" if stride > 1
                 else "every iteration shown")
-    head = title or f"Index process of system {system}"
-    full_title = f"{head}: {P} replicas, {K:,} iterations ({thin_txt})"
-    palette = ["C3", "C0", "C2", "C1"]
-    bounds = [float(b) for b in (boundaries or ())]
-
     n_panels = 1 + bool(heatmap) + (zoom is not None)
     fig = _figure(11.0, 1.0 + 3.1 * n_panels)
     axes = list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
     ax = axes.pop(0)
-    ax_h = axes.pop(0) if heatmap else None
-    ax_z = axes.pop(0) if zoom is not None else None
-
-    def lines(a, x, y, others):
-        if others and P <= 8 and len(highlight) < P:
-            first = True
-            for i in range(P):
-                if i not in highlight:
-                    a.plot(x, y[:, i], color="0.78", lw=0.6, drawstyle="steps-post",
-                           rasterized=True, label="other replicas" if first else None)
-                    first = False
-        lw = 1.3 if len(x) < 1500 else 0.8
-        for c, i in zip(palette, highlight, strict=False):
-            a.plot(x, y[:, i], color=c, lw=lw, drawstyle="steps-post", alpha=0.9,
-                   label=f"replica {i}", rasterized=True)
-        a.set_ylim(-0.5, P - 0.5)
-        a.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-
-    def vlines(a, lo, hi, color, label):
-        first = True
-        for b in bounds:
-            if lo <= b <= hi:
-                a.axvline(b, color=color, lw=1.0, ls="--", label=label if first else None)
-                first = False
-
-    lines(ax, rows, sub, True)
-    vlines(ax, 0, K, "0.3", boundary_label)
-    if ax_z is not None:
+    ip.lines(ax, rows, sub, True)
+    ip.vlines(ax, 0, K, "0.3", boundary_label)
+    if zoom is not None:
         ax.axvspan(K - zoom, K, color="C1", alpha=0.12, lw=0, label="zoomed below")
     ax.set_xlim(0, max(K, 1))
     _style(ax, f"iteration ({thin_txt})", "slot (0 = target)")
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=6, frameon=False,
               fontsize=_FS_LEGEND, borderaxespad=0.2, handlelength=1.6)
-    fig.suptitle(full_title, fontsize=_FS_TITLE)
+    head = title or f"Index process of system {system}"
+    fig.suptitle(f"{head}: {P} replicas, {K:,} iterations ({thin_txt})", fontsize=_FS_TITLE)
+    if heatmap:
+        ip.heatmap(fig, axes.pop(0), rows, sub, thin_txt)
+    if zoom is not None:
+        lo = n_rows - 1 - zoom
+        ip.zoom(axes.pop(0), np.arange(lo, n_rows), np.asarray(idx[lo:], dtype=float))
+    return fig
 
-    if ax_h is not None:
-        # one column per shown iteration, reaching to the next shown one
+
+def _stride(n: int, max_points: int) -> int:
+    """Every how many-th of ``n`` points to draw so that at most ``max_points`` are drawn."""
+    return max(1, int(math.ceil(n / max(2, int(max_points)))))
+
+
+def _highlighted(highlight, P: int) -> list[int]:
+    """The (at most 4, distinct, in range) replicas drawn in colour."""
+    if highlight is None:
+        highlight = [0, P - 1] if P > 1 else [0]
+    elif isinstance(highlight, int | np.integer):
+        highlight = [int(highlight)]
+    return list(dict.fromkeys(int(h) for h in highlight if 0 <= int(h) < P))[:4]
+
+
+def _zoom_length(zoom, n_rows: int, P: int) -> int | None:
+    """The zoom panel's number of iterations (``index_process``'s ``zoom``), None for none."""
+    if zoom == "auto":
+        zoom = max(200, 10 * P)
+        return zoom if n_rows > 2 * zoom else None
+    if zoom is not None:
+        return int(zoom) if 1 < int(zoom) < n_rows else None
+    return None
+
+
+@dataclass
+class _IndexPanels:
+    """Draws the panels of :func:`index_process` for ``P`` replicas over ``K`` iterations."""
+
+    P: int
+    K: int
+    highlight: list[int]
+    bounds: list[float]
+    palette: tuple[str, ...] = ("C3", "C0", "C2", "C1")
+
+    def lines(self, a, x, y, others: bool) -> None:
+        """The highlighted replicas' slots (and, with ``others``, the rest faint grey)."""
+        P, highlight = self.P, self.highlight
+        if others and P <= 8 and len(highlight) < P:
+            rest = [i for i in range(P) if i not in highlight]
+            for n, i in enumerate(rest):
+                a.plot(x, y[:, i], color="0.78", lw=0.6, drawstyle="steps-post",
+                       rasterized=True, label="other replicas" if n == 0 else None)
+        lw = 1.3 if len(x) < 1500 else 0.8
+        for c, i in zip(self.palette, highlight, strict=False):
+            a.plot(x, y[:, i], color=c, lw=lw, drawstyle="steps-post", alpha=0.9,
+                   label=f"replica {i}", rasterized=True)
+        a.set_ylim(-0.5, P - 0.5)
+        a.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+
+    def vlines(self, a, lo, hi, color, label) -> None:
+        """The boundaries within ``[lo, hi]`` as dashed lines (the first one labelled)."""
+        for n, b in enumerate([b for b in self.bounds if lo <= b <= hi]):
+            a.axvline(b, color=color, lw=1.0, ls="--", label=label if n == 0 else None)
+
+    def heatmap(self, fig, ax, rows, sub, thin_txt: str) -> None:
+        """Every replica's slot, one column per shown iteration reaching to the next one."""
+        P, K, highlight = self.P, self.K, self.highlight
         edges = np.append(rows, rows[-1] + 1).astype(float)
         mappable = _discrete_mappable(P, "viridis")
-        ax_h.pcolormesh(edges, np.arange(P + 1) - 0.5, sub.T, cmap=mappable.cmap,
-                        norm=mappable.norm, shading="flat", rasterized=True)
-        vlines(ax_h, 0, K, "w", None)
-        ax_h.set_ylim(-0.5, P - 0.5)
-        ax_h.set_xlim(0, max(K, 1))
+        ax.pcolormesh(edges, np.arange(P + 1) - 0.5, sub.T, cmap=mappable.cmap,
+                      norm=mappable.norm, shading="flat", rasterized=True)
+        self.vlines(ax, 0, K, "w", None)
+        ax.set_ylim(-0.5, P - 0.5)
+        ax.set_xlim(0, max(K, 1))
         ticks = [int(t) for t in MaxNLocator(integer=True, nbins=8).tick_values(0, P - 1)
                  if 0 <= t <= P - 1]
         gap = max(1.0, P / 14)
         ticks = sorted(set(highlight) | {t for t in ticks
                                           if all(abs(t - h) >= gap for h in highlight)})
-        ax_h.set_yticks(ticks)
-        _style(ax_h, f"iteration ({thin_txt})", "replica",
+        ax.set_yticks(ticks)
+        _style(ax, f"iteration ({thin_txt})", "replica",
                "slot of every replica (highlighted replicas' numbers in colour)")
-        for lab, t in zip(ax_h.get_yticklabels(), ticks, strict=True):
+        for lab, t in zip(ax.get_yticklabels(), ticks, strict=True):
             if t in highlight:
-                lab.set_color(palette[highlight.index(t)])
+                lab.set_color(self.palette[highlight.index(t)])
                 lab.set_fontweight("bold")
-        cb = _colorbar(fig, mappable, ax_h, "slot (0 = target)")
+        cb = _colorbar(fig, mappable, ax, "slot (0 = target)")
         _integer_ticks(cb, P)
 
-    if ax_z is not None:
-        lo = n_rows - 1 - zoom
-        xz = np.arange(lo, n_rows)
-        lines(ax_z, xz, np.asarray(idx[lo:], dtype=float), False)
-        vlines(ax_z, lo, K, "0.3", None)
-        ax_z.set_xlim(lo, K)
-        _style(ax_z, "iteration (every iteration shown)", "slot (0 = target)",
-               f"zoom: the last {zoom:,} iterations")
-    return fig
+    def zoom(self, ax, x, y) -> None:
+        """The highlighted replicas at every iteration ``x`` (the last ones of the run)."""
+        self.lines(ax, x, y, False)
+        self.vlines(ax, x[0], self.K, "0.3", None)
+        ax.set_xlim(x[0], self.K)
+        _style(ax, "iteration (every iteration shown)", "slot (0 = target)",
+               f"zoom: the last {len(x) - 1:,} iterations")
 
 
 # ------------------------------------------------------------------------------ swaps
@@ -593,32 +606,13 @@ def swap_acceptance(acceptance, *, at=None, coordinate: str | None = None,
     return fig
 
 
-def swap_acceptance_rounds(acceptance, *, system_label: str = "system 0") -> Figure:
-    """Heat map of the swap acceptance per pair (x) and round (y): ``[n_rounds, P-1]``."""
-    a = np.asarray(acceptance, dtype=float)
-    if a.ndim != 2 or a.size == 0:
-        raise ValueError(f"acceptance must be [n_rounds, P-1]; got {a.shape}")
-    n_rounds, M = a.shape
-    fig = _figure(8.0, 1.6 + min(5.0, 0.35 * n_rounds + 1.5))
-    ax = fig.add_subplot()
-    im = ax.imshow(a, aspect="auto", origin="lower", vmin=0.0, vmax=1.0, cmap="viridis",
-                   extent=(-0.5, M - 0.5, 0.5, n_rounds + 0.5), interpolation="nearest")
-    _colorbar(fig, im, ax, "swap acceptance  E[min(1, α)]")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    _style(ax, "pair p (swaps slots p and p+1)", "round",
-           f"Swap acceptance per pair and round ({system_label})")
-    return fig
-
-
 # ------------------------------------------------------------------------------ barrier
 def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "beta", *,
                   exact=None, system: int = 0, yscale: str = "auto", xscale: str = "auto",
                   title: str = "Local communication barrier") -> Figure:
     """The local barrier ``lambda`` over the schedule coordinate.
 
-    ``lambda`` often spans orders of magnitude (about 290 at ``beta = 0`` against 0.3 near
-    ``beta = 1`` on a mixture model), which a linear axis squeezes into one spike: with
+    ``lambda`` may span orders of magnitude, which a linear axis squeezes into one spike: with
     ``yscale="auto"`` the ``lambda`` axis is logarithmic when the drawn values span more than
     a factor 20, and with ``xscale="auto"`` the coordinate axis is ``symlog`` (linear below
     the smallest positive schedule point, logarithmic above, so ``beta = 0`` stays on it) when
@@ -643,13 +637,9 @@ def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "bet
     fig = _figure(8.0, 4.8)
     ax = fig.add_subplot()
     ax.plot(g, v, color="C0", lw=2.0, label="from swap rejections (derivative of the fit)")
+    b = m = np.array([])  # the Method I points
     if at is not None and method_one is not None:
-        b = np.asarray(at, dtype=float)
-        m = np.asarray(method_one, dtype=float)
-        if b.ndim == 2:
-            b = b[system]
-        if m.ndim == 2:
-            m = m[system]
+        b, m = (_at_system(np.asarray(a, dtype=float), system) for a in (at, method_one))
         ok = np.isfinite(m) & np.isfinite(b)
         ax.plot(b[ok], m[ok], "o", color="C1", ms=6, mec="k", mew=0.5,
                 label="Method I: ½ E|ℓ(X) − ℓ(Y)| at the schedule")
@@ -659,44 +649,48 @@ def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "bet
     gg, vv = g[ok], v[ok]
     total = float(np.sum(0.5 * (vv[1:] + vv[:-1]) * np.diff(gg))) if ok.sum() > 1 else \
         float("nan")
-    drawn = [vv]
-    if at is not None and method_one is not None:
-        drawn.append(m[ok_m] if (ok_m := np.isfinite(m)).any() else np.array([]))
-    pos = np.concatenate([d[d > 0] for d in drawn]) if drawn else np.array([])
-    ys = yscale
-    if ys == "auto":
-        ys = "log" if pos.size and pos.max() > 20.0 * pos.min() else "linear"
-    if ys == "log" and pos.size:
-        ax.set_yscale("log")
-        ax.set_ylim(pos.min() / 1.5, pos.max() * 1.5)
-    else:
-        ax.set_yscale(ys) if ys != "linear" else None
-        ax.set_ylim(bottom=0.0)
-    xs = xscale
-    pts = np.concatenate([g, b.ravel() if at is not None and method_one is not None
-                          else np.array([])])
-    xpos = pts[np.isfinite(pts) & (pts > 0)]
-    if at is not None and method_one is not None and np.any(np.isfinite(b) & (b > 0)):
-        xpos = b[np.isfinite(b) & (b > 0)]  # the schedule's spread decides
-    if xs == "auto":
-        xs = "symlog" if xpos.size and xpos.max() > 100.0 * xpos.min() else "linear"
-    if xs == "symlog" and xpos.size:
-        sched = b[np.isfinite(b) & (b > 0)] if at is not None and method_one is not None \
-            else xpos
-        lin = float(sched.min() if sched.size else xpos.min())
-        ax.set_xscale("symlog", linthresh=lin, linscale=0.6)
-        finite = pts[np.isfinite(pts)]
-        ax.set_xlim(float(finite.min()) - 0.12 * lin, float(finite.max()) * 1.15)
-    elif xs != "linear":
-        ax.set_xscale(xs)
+    _barrier_yscale(ax, yscale, np.concatenate([vv[vv > 0], m[np.isfinite(m) & (m > 0)]]))
+    _barrier_xscale(ax, xscale, np.concatenate([g, b.ravel()]), b[np.isfinite(b) & (b > 0)])
     name = {"beta": "β (annealing parameter)"}.get(coordinate, coordinate)
-    symlog = ax.get_xscale() == "symlog"
-    if symlog:
+    if ax.get_xscale() == "symlog":
         name += f"; linear below {ax.xaxis.get_transform().linthresh:.2g}, log above"
     _style(ax, name, "local barrier λ" + (" (log scale)" if ax.get_yscale() == "log" else ""),
            f"{title}: Λ = ∫ λ = {total:.3g}")
     _legend(ax, loc="best")
     return fig
+
+
+def _at_system(a: np.ndarray, system: int) -> np.ndarray:
+    return a[system] if a.ndim == 2 else a
+
+
+def _barrier_yscale(ax, yscale: str, pos: np.ndarray) -> None:
+    """``yscale`` (``"auto"``: log when the positive values drawn, ``pos``, span more than a
+    factor 20) with limits that hold every value drawn."""
+    if yscale == "auto":
+        yscale = "log" if pos.size and pos.max() > 20.0 * pos.min() else "linear"
+    if yscale == "log" and pos.size:
+        ax.set_yscale("log")
+        ax.set_ylim(pos.min() / 1.5, pos.max() * 1.5)
+        return
+    if yscale != "linear":
+        ax.set_yscale(yscale)
+    ax.set_ylim(bottom=0.0)
+
+
+def _barrier_xscale(ax, xscale: str, pts: np.ndarray, sched: np.ndarray) -> None:
+    """``xscale`` for the coordinates drawn, ``pts`` (``"auto"``: symlog when the positive
+    schedule points ``sched``, else the positive ``pts``, span more than two decades)."""
+    xpos = sched if sched.size else pts[np.isfinite(pts) & (pts > 0)]
+    if xscale == "auto":
+        xscale = "symlog" if xpos.size and xpos.max() > 100.0 * xpos.min() else "linear"
+    if xscale == "symlog" and xpos.size:
+        lin = float(xpos.min())
+        ax.set_xscale("symlog", linthresh=lin, linscale=0.6)
+        finite = pts[np.isfinite(pts)]
+        ax.set_xlim(float(finite.min()) - 0.12 * lin, float(finite.max()) * 1.15)
+    elif xscale != "linear":
+        ax.set_xscale(xscale)
 
 
 def schedules(schedules, coordinate: str = "beta", *,
@@ -729,42 +723,6 @@ def schedules(schedules, coordinate: str = "beta", *,
     P = rows[-1].size
     _style(ax, name, "round", f"{title} ({P} slots in the last round, red)")
     return fig
-
-
-def restart_rate(chains, predicted, observed=None, *, observed_chains=None,
-                 asymptote: float | None = None,
-                 title: str = "Restart rate against the number of chains") -> Figure:
-    """Predicted restart rate ``tau(P)`` against ``P``, with the asymptote and observed values.
-
-    Args:
-        chains: numbers of chains ``[m]``.
-        predicted: the predicted restart rate per iteration at ``chains`` ``[m]``.
-        observed: observed restart rates, at ``observed_chains`` (default: ``chains``).
-        asymptote: ``1 / (2 + 2 Lambda)``, drawn as a horizontal line.
-    """
-    p = np.asarray(chains, dtype=float).ravel()
-    tau = np.asarray(predicted, dtype=float).ravel()
-    if p.shape != tau.shape:
-        raise ValueError(f"chains {p.shape} and predicted {tau.shape} differ")
-    fig = _figure(7.5, 4.8)
-    ax = fig.add_subplot()
-    ax.plot(p, tau, "-", color="C0", lw=2.0, label="predicted (equalized schedule)")
-    if asymptote is not None:
-        ax.axhline(asymptote, color="0.4", ls="--", lw=1.2,
-                   label=f"P → ∞ limit 1/(2 + 2Λ) = {asymptote:.3g}")
-    if observed is not None:
-        o = np.asarray(observed, dtype=float).ravel()
-        po = p if observed_chains is None else np.asarray(observed_chains, dtype=float).ravel()
-        if po.shape != o.shape:
-            raise ValueError(f"observed {o.shape} and its chains {po.shape} differ")
-        ok = np.isfinite(o)
-        ax.plot(po[ok], o[ok], "o", color="C3", ms=7, mec="k", mew=0.6, label="observed")
-    ax.set_ylim(bottom=0.0)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _style(ax, "number of chains P", "restarts per iteration", title)
-    _legend(ax, loc="lower right")
-    return fig
-
 
 
 # ------------------------------------------------------------------------------ chains
@@ -803,7 +761,7 @@ def trace(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
     x, dim = _chains(samples, max_coords)
     R, n, k = x.shape
     labels = _coord_names(names, k)
-    stride = max(1, int(math.ceil(n / max(2, int(max_points)))))
+    stride = _stride(n, max_points)
     it = np.arange(0, n, stride)
     fig = _figure(12.0, 1.2 + 2.3 * k)
     axes = fig.subplots(k, 2, squeeze=False, width_ratios=(1, 2.6))

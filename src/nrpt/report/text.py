@@ -81,18 +81,8 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
 
     x = samples if samples.ndim == 2 else samples[0]
     if x.shape[0] and x.shape[1] in (1, 2):
-        floor = None
-        if callable(getattr(target, "density_grid", None)) and x.shape[1] == 2:
-            try:  # the TV of as many exact iid draws as system 0 has (the figure's sample)
-                grid = target.density_grid()
-                if len(grid) == 3:
-                    floor = iid_floor(x.shape[0], *grid)["tv"]
-            except Exception as err:  # noqa: BLE001 -- recorded in the summary, never hidden
-                summary.setdefault("figure_errors", []).append(
-                    f"density.png: the iid TV floor could not be computed: "
-                    f"{type(err).__name__}: {err}")
         save(plots.density(x, target if hasattr(target, "density_grid") else None,
-                           tv_floor=floor), "density.png")
+                           tv_floor=_tv_floor(target, x, summary)), "density.png")
     if samples.size and samples.shape[-2] >= 4:  # slot 0: one chain per system
         names = _coordinate_names(target, samples.shape[-1])
         save(plots.trace(samples, names=names), "trace.png")
@@ -100,8 +90,7 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     boundaries = [r["first_iteration"] for r in rows[1:]]
     save(plots.index_process(index, boundaries=boundaries or None,
                              boundary_label="segment boundary"), "index_process.png")
-    acc = np.asarray([np.nan if v is None else v for v in np.ravel(
-        summary.get("swap_acceptance") or [])], dtype=float)
+    acc = _floats(summary.get("swap_acceptance") or [])
     if acc.size:
         save(plots.swap_acceptance(acc.reshape(run.engine.R, -1)), "swap_acceptance.png")
     trace = run.recorders.get("trace")
@@ -111,27 +100,49 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
                               arrays.get("pair_rate"), summary.get("swap_rate_target"),
                               window=summary.get("window")), "adaptation.png")
     if "local_barrier" in summary:
-        lb = summary["local_barrier"]
-        grid = np.asarray(lb["grid"], dtype=float)
-        values = np.asarray(lb["values"], dtype=float)
-        values = values if values.ndim == 1 else values[0]
-        mi = summary.get("local_barrier_method_i") or {}
-        at = np.asarray(mi.get("at", []), dtype=float)
-        m1 = np.asarray([np.nan if v is None else v for v in np.ravel(mi.get("values", []))],
-                        dtype=float).reshape(at.shape) if at.size else None
-        dense = _dense_local_barrier(rows, summary)
-        if dense is not None:  # the fit on a grid that also resolves small beta (log axis)
-            grid, values = dense
-        exact = None
-        if callable(getattr(target, "local_barrier", None)) and lb["coordinate"] == "beta":
-            exact = np.asarray(target.local_barrier(grid), dtype=float)
-        save(plots.local_barrier(grid, values, at if at.ndim == 1 else at[0] if at.size
-                                 else None, None if m1 is None else (m1 if m1.ndim == 1
-                                                                     else m1[0]),
-                                 lb["coordinate"], exact=exact), "local_barrier.png")
+        save(_local_barrier_figure(plots, target, summary, rows), "local_barrier.png")
         sched = np.asarray([r["b"][0] for r in rows], dtype=float)
-        save(plots.schedules(sched, lb["coordinate"]), "schedules.png")
+        save(plots.schedules(sched, summary["local_barrier"]["coordinate"]), "schedules.png")
     return written
+
+
+def _floats(values) -> np.ndarray:
+    """``values`` flattened to floats, None as NaN."""
+    return np.asarray([np.nan if v is None else v for v in np.ravel(values)], dtype=float)
+
+
+def _tv_floor(target, x: np.ndarray, summary: dict) -> float | None:
+    """The TV of as many exact iid draws as ``x`` (the density figure's sample) on a 2-D
+    target's ``density_grid``, else None; a failure is recorded in the summary."""
+    if not (callable(getattr(target, "density_grid", None)) and x.shape[1] == 2):
+        return None
+    try:
+        grid = target.density_grid()
+        return iid_floor(x.shape[0], *grid)["tv"] if len(grid) == 3 else None
+    except Exception as err:  # noqa: BLE001 -- recorded in the summary, never hidden
+        summary.setdefault("figure_errors", []).append(
+            f"density.png: the iid TV floor could not be computed: {type(err).__name__}: {err}")
+        return None
+
+
+def _local_barrier_figure(plots, target, summary: dict, rows):
+    """System 0's local barrier (``plots``: :mod:`nrpt.report.figures`): the fit (on the dense
+    grid where it can be refitted), the Method I points and the exact barrier where known."""
+    lb = summary["local_barrier"]
+    grid = np.asarray(lb["grid"], dtype=float)
+    values = np.asarray(lb["values"], dtype=float)
+    values = values if values.ndim == 1 else values[0]
+    mi = summary.get("local_barrier_method_i") or {}
+    at = np.asarray(mi.get("at", []), dtype=float)
+    m1 = _floats(mi.get("values", [])).reshape(at.shape) if at.size else None
+    dense = _dense_local_barrier(rows, summary)
+    if dense is not None:  # the fit on a grid that also resolves small beta (log axis)
+        grid, values = dense
+    exact = None
+    if callable(getattr(target, "local_barrier", None)) and lb["coordinate"] == "beta":
+        exact = np.asarray(target.local_barrier(grid), dtype=float)
+    return plots.local_barrier(grid, values, at if at.size else None, m1, lb["coordinate"],
+                               exact=exact)  # [R, P] Method I points: drawn at system 0
 
 
 def _coordinate_names(target, dim: int) -> list[str] | None:
@@ -157,7 +168,7 @@ def _dense_local_barrier(rows, summary):
         return None
     b = np.asarray(rows[-1]["b"], dtype=float)
     b = b if b.ndim == 1 else b[0]
-    a = np.asarray([np.nan if v is None else v for v in np.ravel(acc)], dtype=float)
+    a = _floats(acc)
     a = a[:b.size - 1] if a.size >= b.size - 1 else None
     if a is None:
         return None
