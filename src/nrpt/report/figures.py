@@ -182,7 +182,7 @@ def _floor_caption(tv: float, tv_floor: float | None, n: int,
         ratio = tv / tv_floor if tv_floor > 0 else float("inf")
         text += f" (floor ≈ {_fmt(tv_floor)} for this n; this run: {ratio:.2g} × the floor)."
     else:
-        text += " (floor not given here; see nrpt.run.sgpt.iid_floor)."
+        text += " (floor not given here; see nrpt.diagnostics.density.iid_floor)."
     return text + (" TV above the floor is sampler error: bias (e.g. step-size discretization) "
                    "or modes not yet in equilibrium, and correlated draws counting for fewer "
                    "independent ones. " + signs)
@@ -202,7 +202,7 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
             (histogram minus exact, with the total-variation distance) are drawn.
         bins: cells per axis without an exact grid.
         grid_kwargs: keyword arguments for ``target.density_grid``.
-        tv_floor: the TV of as many exact iid draws (e.g. ``nrpt.run.sgpt.iid_floor``), printed
+        tv_floor: the TV of as many exact iid draws (e.g. ``nrpt.diagnostics.density.iid_floor``), printed
             beside the run's TV.
         view: ``(xmin, xmax, ymin, ymax)`` shown; default: the cells above 1e-3 of the peak.
         labels: axis names.
