@@ -17,7 +17,7 @@ import torch
 
 from nrpt.roles import Rule, SwapContext
 
-__all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate", "make_rule"]
+__all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate"]
 
 
 class Metropolis(Rule):
@@ -64,10 +64,3 @@ class FixedRate(Rule):
 
     def describe(self):
         return {"rule": self.name, "rejection": self.rejection}
-
-
-def make_rule(name: str, **options) -> Rule:
-    """Build a rule by its registered name (:mod:`nrpt.run.registry`)."""
-    from nrpt.run import registry
-
-    return registry.create("rule", name, **options)

@@ -33,7 +33,7 @@ from nrpt.roles import Phase as Phase  # noqa: F401 (re-export)
 from nrpt.roles import Scheme, adjacent_pairs, is_sweep
 
 __all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
-           "make_scheme", "check_gate", "GATE_BIAS"]
+           "check_gate", "GATE_BIAS"]
 
 class ADJ(Scheme):
     name = "adj"
@@ -161,19 +161,6 @@ class NoSwap(Scheme):
 
     def phases(self, k, R, P, seed, systems, state):
         return []
-
-
-def make_scheme(name: str, window: int = 1) -> Scheme:
-    """Build a scheme by its registered name (:mod:`nrpt.run.registry`); ``window`` is DEO_W's."""
-    from nrpt.run import registry
-
-    cls = registry.entry("scheme", name, what="scheme").load()
-    if name == "deo-w":
-        return cls(window)
-    if window != 1:
-        raise ValueError(f"window applies only to scheme 'deo-w'; scheme {name!r} got "
-                         f"window={window}")
-    return cls()
 
 
 #: what the gate did to an exact run (issue 21: ``nrpt run --target banana.py:TARGET --chains 16
