@@ -303,9 +303,11 @@ class SwapContext:
     @property
     def u(self) -> torch.Tensor:
         """The pairs' keyed Uniform(0, 1) numbers ``[R, M]``."""
-        if callable(self.uniform_or_draw):
-            object.__setattr__(self, "uniform_or_draw", self.uniform_or_draw())
-        return self.uniform_or_draw
+        u = self.uniform_or_draw
+        if callable(u):
+            u = u()
+            object.__setattr__(self, "uniform_or_draw", u)
+        return u
 
     @property
     def log_ratio(self) -> torch.Tensor:
