@@ -38,8 +38,13 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m ""
 
+# the contracts, typed: mypy checks them alone (errors of the modules they import are silenced;
+# `$(VENV)/bin/mypy src/nrpt` reports the whole package)
+CONTRACTS := src/nrpt/roles.py src/nrpt/rng.py src/nrpt/scalars.py src/nrpt/options.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy --follow-imports=silent $(CONTRACTS)
 
 bench-schemes: $(STAMP)
 	$(BENCH) benchmarks/schemes.py

@@ -47,8 +47,9 @@ from nrpt.paths.ladders import NoiseLadder
 from nrpt.recorders.stats import SwapStats
 from nrpt.report import figures as plots
 from nrpt.roles import RecorderBase
+from nrpt.run.registry import make_scheme
 from nrpt.run.sgpt import HEADLINE, grid_errors, iid_floor, run_chains
-from nrpt.swap import BiasCorrected, make_scheme
+from nrpt.swap import BiasCorrected
 from nrpt.targets import TwentyFiveModes
 from nrpt.targets.minibatch import MixtureMeanModel
 

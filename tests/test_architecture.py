@@ -1,5 +1,6 @@
 """The house rules of the architecture, checked: no import cycle between nrpt's modules, no
-private name imported across modules, and every registered name builds and runs."""
+private name imported across modules, the layering (:data:`LAYER_RULES`), and every registered
+name builds and runs."""
 
 from __future__ import annotations
 
@@ -45,17 +46,57 @@ def _imports(path: Path, mod: str | None = None) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+def _graph(files: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the nrpt modules it imports (module level or inside a function)."""
+    files = files if files is not None else {_module_name(p): p for p in SRC.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
-        for target, names in _imports(path):
+        for target, names in _imports(path, mod):
             if not target.startswith("nrpt"):
                 continue
             for name in names or [""]:
                 sub = f"{target}.{name}" if name else target
                 graph[mod].add(sub if sub in files else target)
     return graph
+
+
+# ------------------------------------------------------------------------------ the layering
+def _within(mod: str, *packages: str) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in packages)
+
+
+#: everything below ``nrpt.run`` (the machine, the roles, the targets, the maths, the outputs)
+BELOW_RUN = tuple(f"nrpt.{p}" for p in ("core", "explorers", "swap", "adapt", "recorders",
+                                        "energy", "paths", "targets", "diagnostics", "report"))
+#: the contracts: the bottom layer, importing nothing but each other (``nrpt.options``: the
+#: option declarations, when that module exists)
+CONTRACTS = ("nrpt.roles", "nrpt.rng", "nrpt.scalars", "nrpt.options")
+#: leaves that import nothing of nrpt at all
+LEAVES = ("nrpt.files",)
+
+#: ``(rule, importer, imported)``: no module for which ``importer`` holds imports a module for
+#: which ``imported`` holds (``imported`` never sees the package root ``nrpt``'s re-exports:
+#: ``from nrpt import rng`` is an edge to ``nrpt.rng``)
+LAYER_RULES = [
+    ("nothing below nrpt.run imports nrpt.run",
+     lambda m: _within(m, *BELOW_RUN), lambda d: _within(d, "nrpt.run")),
+    ("the contracts import no implementation",
+     lambda m: m in CONTRACTS, lambda d: _within(d, "nrpt") and d not in CONTRACTS),
+    ("the leaves import nothing of nrpt",
+     lambda m: m in LEAVES, lambda d: _within(d, "nrpt")),
+    ("diagnostics is maths only (no core, report or run)",
+     lambda m: _within(m, "nrpt.diagnostics"),
+     lambda d: _within(d, "nrpt.core", "nrpt.report", "nrpt.run")),
+    ("the core does not import the report",
+     lambda m: _within(m, "nrpt.core"), lambda d: _within(d, "nrpt.report")),
+]
+
+
+def layer_violations(graph: dict[str, set[str]], rule: str) -> list[str]:
+    """``"A imports B"`` for every edge of ``graph`` that breaks the named rule."""
+    (importer, imported), = [(a, b) for name, a, b in LAYER_RULES if name == rule]
+    return [f"{m} imports {d}" for m in sorted(graph) if importer(m)
+            for d in sorted(graph[m]) if d != m and imported(d)]
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -99,6 +140,57 @@ def test_no_import_cycles_between_modules():
 def test_no_private_names_imported_across_modules():
     bad = [line for p in SRC.rglob("*.py") for line in private_imports(p)]
     assert not bad, bad
+
+
+RULES = [name for name, _, _ in LAYER_RULES]
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_layering_holds(rule):
+    """Every import counts, module level or inside a function (a lazy import is still a
+    dependency)."""
+    bad = layer_violations(_graph(), rule)
+    assert not bad, f"{rule}: " + "; ".join(bad)
+
+
+def test_the_layers_named_exist():
+    """A renamed package would make its rule pass vacuously: every layer named exists."""
+    graph = _graph()
+    for mod in (*BELOW_RUN, *LEAVES, "nrpt.run", *[c for c in CONTRACTS if c != "nrpt.options"]):
+        assert mod in graph, mod
+
+
+#: one edge per rule that breaks it (the negative controls)
+BAD_EDGES = {
+    "nothing below nrpt.run imports nrpt.run": ("nrpt.swap.rules", "nrpt.run.registry"),
+    "the contracts import no implementation": ("nrpt.roles", "nrpt.explorers.base"),
+    "the leaves import nothing of nrpt": ("nrpt.files", "nrpt.scalars"),
+    "diagnostics is maths only (no core, report or run)": ("nrpt.diagnostics.ess",
+                                                           "nrpt.core.engine"),
+    "the core does not import the report": ("nrpt.core.loop", "nrpt.report.text"),
+}
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_layering_checks_can_fail(rule):
+    """Negative controls: the real graph plus one forbidden edge breaks the rule, naming the
+    edge; the same edge in the allowed direction does not."""
+    src, dst = BAD_EDGES[rule]
+    graph = {m: set(d) for m, d in _graph().items()}
+    graph.setdefault(src, set()).add(dst)
+    assert layer_violations(graph, rule) == [f"{src} imports {dst}"]
+    assert not layer_violations({dst: {src}, src: set()}, rule)
+
+
+def test_a_function_level_import_breaks_the_layering(tmp_path):
+    """Negative control through the parser: a lazy ``from nrpt.run import registry`` inside a
+    function of a module below ``nrpt.run`` (relative or absolute) is found."""
+    f = tmp_path / "lazy.py"
+    f.write_text("def make(name):\n    from nrpt.run import registry\n"
+                 "    from ..run.folder import open_fd\n    return registry, open_fd\n")
+    graph = _graph({"nrpt.swap.lazy": f})
+    assert layer_violations(graph, RULES[0]) == ["nrpt.swap.lazy imports nrpt.run",
+                                                 "nrpt.swap.lazy imports nrpt.run.folder"]
 
 
 def test_the_architecture_checks_can_fail(tmp_path):

@@ -16,7 +16,8 @@ from nrpt.explorers import HMC, MALA, Noise, ReplicaState
 from nrpt.explorers.base import Explorer
 from nrpt.explorers.metropolis import metropolis_select
 from nrpt.recorders.stats import RoundTrips, SwapStats
-from nrpt.swap import AlwaysAccept, make_rule
+from nrpt.run.registry import make_rule
+from nrpt.swap import AlwaysAccept
 
 
 class Quartic:

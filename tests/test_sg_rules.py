@@ -17,7 +17,8 @@ from nrpt.adapt.sa import VarianceTracker
 from nrpt.paths.ladders import geometric_ladder
 from nrpt.roles import Iteration, PhaseDecision
 from nrpt.run.build import build
-from nrpt.swap import BiasCorrected, Deterministic, Metropolis, SwapContext, make_rule
+from nrpt.run.registry import make_rule
+from nrpt.swap import BiasCorrected, Deterministic, Metropolis, SwapContext
 
 
 def ctx(b_lo, b_hi, v_lo, v_hi, u, **kw):

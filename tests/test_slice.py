@@ -19,9 +19,10 @@ import torch
 from scipy import stats
 
 import nrpt
-from nrpt.explorers import Density, Noise, ReplicaState, SliceSampler, make_explorer
+from nrpt.explorers import Density, Noise, ReplicaState, SliceSampler
 from nrpt.explorers.slice import SHRINK0, _Uniforms, slot_log_density
 from nrpt.paths.ladders import GeometricPath, TemperatureLadder
+from nrpt.run.registry import make_explorer
 from nrpt.targets import Gaussian, bimodal_1d
 from nrpt.targets.gaussian_path import ScaledGaussianPath
 

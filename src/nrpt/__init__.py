@@ -8,7 +8,7 @@ first (the contracts), then docs/architecture.md.
 from nrpt import diagnostics, rng, roles, testing
 from nrpt.core.engine import PTEngine
 from nrpt.core.loop import Plan, Segment, execute
-from nrpt.explorers import HMC, MALA, RWMH, make_explorer
+from nrpt.explorers import HMC, MALA, RWMH
 from nrpt.explorers.slice import SliceSampler
 from nrpt.paths.ladders import GeometricPath, TemperatureLadder, make_path
 from nrpt.report.health import SamplingWarning
@@ -16,6 +16,7 @@ from nrpt.run import registry
 from nrpt.run.api import Result, resume, run_config, sample
 from nrpt.run.build import build
 from nrpt.run.config import RunConfig
+from nrpt.run.registry import make_explorer, make_rule, make_scheme
 from nrpt.swap import (
     ADJ,
     APE,
@@ -26,8 +27,6 @@ from nrpt.swap import (
     FixedRate,
     Metropolis,
     NoSwap,
-    make_rule,
-    make_scheme,
 )
 from nrpt.targets.protocol import TargetError, load_target, validate_target
 

@@ -125,7 +125,7 @@ class Key(tuple):
 
     block: Block | None
     #: > 0: draws of ``count`` consecutive iterations from ``parts[1]`` on, stacked
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count: a Key is never counted
 
     def __new__(cls, parts, block: Block | None = None, count: int = 0):
         self = super().__new__(cls, tuple(int(p) for p in parts))

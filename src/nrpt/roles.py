@@ -31,21 +31,356 @@ the pair's lower slot.  Sign convention: energy ``U = -log pi``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from nrpt.explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
-from nrpt.paths.ladders import Path
-from nrpt.swap.rules import Rule, SwapContext
-from nrpt.swap.schemes import Scheme, adjacent_pairs, is_sweep
+from nrpt import rng
+from nrpt.options import Option
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
-           "SegmentView", "Adaptor", "Recorder", "RowMap"]
+           "SegmentView", "Adaptor", "Recorder", "RowMap", "Phase", "adjacent_pairs", "is_sweep",
+           "slot_grad", "swap_log_ratio"]
+
+# ------------------------------------------------------------------------------------------
+# The roles' base types.  They live here, at the bottom, so that the contracts import no
+# implementation; their old homes (nrpt.explorers.base, nrpt.paths.ladders, nrpt.swap.rules,
+# nrpt.swap.schemes) re-export them, so every existing import keeps working.
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """Per-replica state.  ``extras`` holds explorer buffers ``[R, P, ...]`` (momentum,
+    preconditioner, ...) that belong to the replica and so travel with it across slots."""
+
+    x: torch.Tensor  # [R, P, dim]
+    v: torch.Tensor  # [R, P]  tempered part (energy or minus log-likelihood)
+    base: torch.Tensor  # [R, P]  untempered part (reference log density, or 0)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def where(self, mask: torch.Tensor, other: ReplicaState) -> ReplicaState:
+        """Take ``other`` where ``mask[R, P]`` is true (extras of ``self`` kept if absent)."""
+
+        def pick(a, b):
+            m = mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim()))
+            return torch.where(m, b, a)
+
+        extras = {k: pick(v, other.extras[k]) if k in other.extras else v
+                  for k, v in self.extras.items()}
+        return ReplicaState(pick(self.x, other.x), pick(self.v, other.v),
+                            pick(self.base, other.base), extras)
+
+    def log_density(self, b: torch.Tensor) -> torch.Tensor:
+        return self.base - b * self.v
+
+    replace = replace
+
+
+@dataclass(frozen=True)
+class ExploreInfo:
+    accept_prob: torch.Tensor  # [R, P] min(1, alpha) of the proposal (0 when non-finite)
+    accepted: torch.Tensor  # [R, P] bool
+    nonfinite: torch.Tensor  # [R, P] bool: the proposal had a non-finite density/gradient
+
+
+def slot_grad(grad_v: torch.Tensor, grad_base: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``grad log pi_p = grad_base - b grad_v`` for component gradients ``[R, P, dim]`` and the
+    per-replica slot coefficient ``b[R, P]``."""
+    return grad_base - b[..., None] * grad_v
+
+
+class Density:
+    """Evaluates the path components ``(v, base)`` of a batch of states ``x[..., dim]``, with
+    optional gradients (``log pi_p = base - b v``, see :mod:`nrpt.paths.ladders`)."""
+
+    def __init__(self, target, path):
+        self.target = target
+        self.path = path
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(v, base)``, each of shape ``x.shape[:-1]``; no gradients."""
+        with torch.no_grad():
+            return self.path.components(self.target, x)
+
+    def grad_components(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(v, base, grad_v, grad_base)`` for ``x[..., dim]``: the components (shape
+        ``x.shape[:-1]``) and their gradients with respect to ``x`` (shape ``x.shape``).
+
+        Independent of ``b``, so the gradients may be cached with a replica and combined at
+        whatever slot it sits (:func:`slot_grad`).  Target-supplied gradients are used when
+        present: ``grad_energy(x)`` on a temperature ladder (``grad_v = grad U``,
+        ``grad_base = 0``), or ``grad_log_likelihood(x)`` and ``grad_reference_log_prob(x)`` on a
+        geometric path (``grad_v = -grad log L``, ``grad_base = grad log pi_0``), each
+        ``[n, dim]`` for ``x[n, dim]``.  Otherwise autograd, from one forward pass; a component
+        that does not depend on ``x`` (``base`` of a temperature ladder) gets a zero gradient
+        without a backward pass.  Non-finite values are left for the caller to flag.
+        """
+        supplied = self._supplied_components(x)
+        if supplied is not None:
+            return supplied
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            v, base = self.path.components(self.target, xg)
+            grads = []
+            for i, comp in enumerate((v, base)):
+                if not comp.requires_grad:
+                    grads.append(torch.zeros_like(x))
+                    continue
+                keep = i == 0 and base.requires_grad  # the base pass still needs the graph
+                (g,) = torch.autograd.grad(comp.sum(), xg, retain_graph=keep, allow_unused=True)
+                grads.append(torch.zeros_like(x) if g is None else g.detach())
+        return v.detach(), base.detach(), grads[0], grads[1]
+
+    def with_grad(
+        self, x: torch.Tensor, b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(v, base, grad_x (base - b v))`` for ``x[R, P, dim]`` and ``b[R, P]``; non-finite
+        gradients are left for the caller.
+
+        One backward pass of the slot log density (autograd), unless the target supplies
+        gradients (see :meth:`grad_components`).  The cached explorers (MALA, HMC) use
+        :meth:`grad_components` instead, whose gradients do not depend on ``b``."""
+        supplied = self._supplied_grad(x, b)
+        if supplied is not None:
+            return supplied
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_(True)
+            v, base = self.path.components(self.target, xg)
+            logp = base - b * v
+            (grad,) = torch.autograd.grad(logp.sum(), xg)
+        return v.detach(), base.detach(), grad.detach()
+
+    def _supplied_components(self, x):
+        """``(v, base, grad_v, grad_base)`` from target-supplied gradients, or None."""
+        t, kind = self.target, self.path.kind
+        flat = x.reshape(-1, x.shape[-1])
+        if kind == "temperature" and hasattr(t, "grad_energy"):
+            v, base = self(x)
+            g_v = t.grad_energy(flat).to(x.dtype).reshape(x.shape)
+            return v, base, g_v, torch.zeros_like(g_v)
+        if (kind == "geometric" and hasattr(t, "grad_log_likelihood")
+                and hasattr(t, "grad_reference_log_prob")):
+            v, base = self(x)
+            g_ref = t.grad_reference_log_prob(flat).to(x.dtype).reshape(x.shape)
+            g_ll = t.grad_log_likelihood(flat).to(x.dtype).reshape(x.shape)
+            return v, base, -g_ll, g_ref  # v = -log L
+        return None
+
+    def _supplied_grad(self, x, b):
+        """``(v, base, grad (base - b v))`` from target-supplied gradients, or None."""
+        comps = self._supplied_components(x)
+        if comps is None:
+            return None
+        v, base, g_v, g_base = comps
+        return v, base, slot_grad(g_v, g_base, b)
+
+
+class Noise:
+    """Random numbers for one iteration, drawn with the full ``[R, P, ...]`` shape from
+    generators keyed by (seed, stream, iteration, sub-step) -- see :mod:`nrpt.rng`.
+
+    ``block`` (a :class:`nrpt.rng.Block`) is the slice of replicas this process holds
+    (:mod:`nrpt.core.sharding`); ``P`` is then the local width and every draw is made at the
+    full width and sliced, so a replica gets the same numbers however replicas are spread over
+    processes.  Explorers that draw through this object (or through :meth:`key`) need no other
+    care."""
+
+    def __init__(self, seed: int, iteration: int, R: int, P: int, device: torch.device,
+                 block: rng.Block | None = None, count: int = 0):
+        self.seed, self.iteration = int(seed), int(iteration)
+        if block is not None and block.width != P:
+            raise ValueError(f"noise for {P} replicas but {block!r}")
+        self.R, self.P, self.device, self.block = R, P, device, block
+        #: > 0: every draw is that of ``count`` consecutive iterations, stacked (the fused
+        #: loop's chunks, :mod:`nrpt.core.fused`)
+        self.count = int(count)
+
+    def normal(self, sub: int, tail: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return rng.iteration_normal((self.R, self.P, *tail), self.seed, rng.Stream.EXPLORE,
+                                    self.iteration, sub, dtype=dtype, device=self.device,
+                                    block=self.block, count=self.count)
+
+    def uniform(self, sub: int, dtype: torch.dtype, tail: tuple[int, ...] = (),
+                parts: tuple[int, ...] = ()) -> torch.Tensor:
+        """Uniforms ``[R, P, *tail]``; ``parts`` extend the key (default: the ACCEPT stream's
+        ``(iteration, sub)``; with ``parts``, the EXPLORE stream's ``(iteration, sub, *parts)``)."""
+        stream = rng.Stream.EXPLORE if parts else rng.Stream.ACCEPT
+        return rng.iteration_uniform((self.R, self.P, *tail), self.seed, stream, self.iteration,
+                                     sub, *parts, dtype=dtype, device=self.device,
+                                     block=self.block, count=self.count)
+
+    def key(self, *parts: int) -> rng.Key:
+        """``(seed, iteration, *parts)`` as a :class:`nrpt.rng.Key` carrying this block (the
+        key handed to stochastic-gradient energy estimators)."""
+        return rng.Key((self.seed, self.iteration, *parts), self.block, self.count)
+
+
+class Explorer:
+    """Base class; subclasses implement :meth:`step` and, if they keep per-replica caches,
+    :meth:`prepare` (see the module docstring)."""
+
+    name = ""
+    #: the settings this explorer reads (:class:`nrpt.options.Option`)
+    options: tuple[Option, ...] = ()
+    uses_gradient = False
+    #: how many keyed sub-streams one step consumes (so repeated steps don't reuse noise)
+    substeps = 1
+
+    def prepare(self, state: ReplicaState, density: Density) -> ReplicaState:
+        """Fill this explorer's caches in ``state.extras`` for the current ``state.x``
+        (``[R, P, ...]`` tensors); the default has none and returns ``state`` unchanged."""
+        return state
+
+    def step(self, state, b, step_size, density, noise, sub=0):  # pragma: no cover - interface
+        """Move every replica once at its slot's ``b[R, P]`` and ``step_size[R, P]``;
+        returns ``(state, ExploreInfo)``."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+def swap_log_ratio(
+    b_lo: torch.Tensor, b_hi: torch.Tensor, v_lo: torch.Tensor, v_hi: torch.Tensor
+) -> torch.Tensor:
+    """Eq. (1): log acceptance ratio of exchanging the replicas at two slots.
+
+    ``b_lo``/``v_lo`` belong to the slot nearer the target (larger ``b``).  Non-finite energies
+    give ``-inf`` (the swap is rejected), never NaN.
+    """
+    out = (b_lo - b_hi) * (v_lo - v_hi)
+    return torch.where(torch.isnan(out), torch.full_like(out, -math.inf), out)
+
+
+class Path:
+    """Base class.  ``schedule`` is the tensor of slot coefficients ``b`` (shape [P])."""
+
+    kind: str = ""
+    has_reference: bool = False
+
+    def __init__(self, schedule: Sequence[float]):
+        self.schedule = torch.tensor(list(schedule), dtype=torch.float64)
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.schedule.numel())
+
+    def components(self, target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(V, base)`` for states ``x[..., dim]`` (leading dims are flattened for the target)."""
+        raise NotImplementedError
+
+    def with_schedule(self, schedule: Sequence[float]) -> Path:
+        return type(self)(self.values_from_schedule(schedule))
+
+    def values_from_schedule(self, schedule: Sequence[float]) -> list[float]:
+        return list(schedule)
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SwapContext:
+    b_lo: torch.Tensor  # slot coefficient of the lower slot (nearer the target)
+    b_hi: torch.Tensor
+    v_lo: torch.Tensor  # tempered energy of the replica at the lower slot
+    v_hi: torch.Tensor
+    #: Uniform(0, 1) per pair, or a function that draws them on first use of :attr:`u` (the
+    #: deterministic rule never reads them, so they are not drawn for it)
+    uniform_or_draw: torch.Tensor | Callable[[], torch.Tensor]
+    iteration: int
+    lo: torch.Tensor | None = None  # the pairs' slots [R, M] (for per-slot parameters)
+    hi: torch.Tensor | None = None
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # the rule's parameters
+
+    @property
+    def u(self) -> torch.Tensor:
+        """The pairs' keyed Uniform(0, 1) numbers ``[R, M]``."""
+        u = self.uniform_or_draw
+        if callable(u):
+            u = u()
+            object.__setattr__(self, "uniform_or_draw", u)
+        return u
+
+    @property
+    def log_ratio(self) -> torch.Tensor:
+        return swap_log_ratio(self.b_lo, self.b_hi, self.v_lo, self.v_hi)
+
+
+class Rule:
+    name = ""
+    #: the settings this rule reads (:class:`nrpt.options.Option`)
+    options: tuple[Option, ...] = ()
+    #: False for rules that do not target the tempered product distribution
+    exact = True
+    #: False for rules whose verdicts ignore the states (``always``, ``fixed-rate``): under such
+    #: a rule DEO_W's one-swap-per-window gate is a fixed function of the verdicts' own coins
+    #: and biases nothing (:func:`nrpt.swap.schemes.check_gate`)
+    state_dependent = True
+
+    def initial_params(self, R: int, P: int, dtype=torch.float64) -> dict[str, torch.Tensor]:
+        """The rule's tunable parameters (owned by the engine), e.g. ``{"C": [R, 1]}``."""
+        return {}
+
+    def decide(self, ctx: SwapContext) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"rule": self.name}
+
+
+Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+_ADJACENT: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def is_sweep(lo: torch.Tensor, R: int, P: int) -> bool:
+    """Whether a phase's pairs ``lo`` are all ``P - 1`` adjacent pairs in slot order (SEO, DEO,
+    DEO_W return the cached ``lo`` of :func:`adjacent_pairs` itself): per-pair tensors of such a
+    phase are already in pair order, so the engine, the indicators and the swap counters use
+    them as they are (slices and adds instead of gathers and scatters)."""
+    return lo is adjacent_pairs(R, P, lo.device)[0]
+
+
+def adjacent_pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
+    """``(lo, hi, even, odd)``: the adjacent pairs ``[R, P-1]`` and the masks of even / odd
+    ``lo``, made once per shape and device (read-only: schemes hand them out as they are)."""
+    key = (R, P, str(device))
+    got = _ADJACENT.get(key)
+    if got is None:
+        with torch.inference_mode(False):  # a cache outlives the run: never inference tensors
+            lo = torch.arange(P - 1, device=device).expand(R, P - 1)
+            got = _ADJACENT[key] = (lo, lo + 1, lo % 2 == 0, lo % 2 == 1)
+    return got
+
+
+class Scheme:
+    name = ""
+    #: the settings this scheme reads (:class:`nrpt.options.Option`)
+    options: tuple[Option, ...] = ()
+    #: True if a pair's decision must wait for the previous pair's (ADJ)
+    sequential = False
+
+    def init_state(self, R: int, P: int, device) -> dict[str, torch.Tensor]:
+        return {}
+
+    def phases(self, k: int, R: int, P: int, seed: int, systems: torch.Tensor,
+               state: dict) -> list[Phase]:
+        raise NotImplementedError
+
+    def after_phase(self, k: int, state: dict, lo: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Update scheme state after a phase (``accepted[R, M]`` for pairs ``lo[R, M]``)."""
+
+    def describe(self) -> dict:
+        return {"scheme": self.name}
 
 
 @dataclass(frozen=True)

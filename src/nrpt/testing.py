@@ -178,7 +178,7 @@ class InvarianceReport:
 # ---------------------------------------------------------------------------------- helpers
 def _as_explorer(explorer, options) -> Explorer:
     if isinstance(explorer, str):
-        from nrpt.explorers import make_explorer
+        from nrpt.run.registry import make_explorer
 
         return make_explorer(explorer, **(options or {}))
     if options:

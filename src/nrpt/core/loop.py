@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 from nrpt.core.engine import PTEngine
+from nrpt.files import CHECKPOINT, write_checkpoint
 from nrpt.roles import SegmentView
-from nrpt.run.folder import CHECKPOINT, write_checkpoint
 
 __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "CHECKPOINT", "RunError",
            "Interrupt"]
@@ -277,12 +277,14 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
             progress: bool = False, callback: Callable | None = None,
             resume: dict | None = None, header: dict | None = None,
             say: Callable[[str], None] | None = None,
+            table: tuple[str, Callable[[dict], str]] | None = None,
             stop: Interrupt | None = None, threads: int | str | None = None) -> Outcome:
     """Run ``run.plan`` (or its remainder, from the checkpoint dict ``resume``).
 
     ``callback(engine)`` is called every 256 iterations and at segment ends (raising
     ``KeyboardInterrupt`` there interrupts the run cleanly); ``header`` is stored in every
-    checkpoint (e.g. the config); ``say`` prints the per-segment rows; ``stop``: an
+    checkpoint (e.g. the config); ``say`` prints the per-segment rows, formatted by ``table =
+    (header, format_row)`` (:data:`nrpt.report.text.TABLE`; no rows without both); ``stop``: an
     :class:`Interrupt` the caller installed (and keeps installed while it writes its outputs),
     else one is installed for the loop; ``threads``: torch threads while it runs
     (:func:`choose_threads`: default ``NRPT_THREADS`` or ``"auto"``, one thread for small
@@ -299,7 +301,7 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         try:
             with torch.inference_mode(fast):
                 outcome = _execute(run, out, checkpoint_every, progress, callback, resume,
-                                   header, say, stop)
+                                   header, say, table, stop)
         finally:
             if fast:  # what the run leaves behind is ordinary tensors again
                 release_inference_tensors([run.engine, *run.adaptors, *run.recorders.values()])
@@ -308,10 +310,8 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         return outcome
 
 
-def _execute(run, out, checkpoint_every, progress, callback, resume, header, say,
+def _execute(run, out, checkpoint_every, progress, callback, resume, header, say, table,
              stop: Interrupt) -> Outcome:
-    from nrpt.report import text as report
-
     engine, plan = run.engine, run.plan
     recorders, adaptors = run.recorders, run.adaptors
     starts = plan.starts()
@@ -362,9 +362,9 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
 
         bar = tqdm(total=plan.total, initial=engine.k, unit="it", dynamic_ncols=True,
                    leave=False, desc="nrpt")
-    show_rows = len(plan.segments) > 1 and say is not None
+    show_rows = len(plan.segments) > 1 and say is not None and table is not None
     if show_rows and not rows:
-        (bar.write if bar is not None else say)(report.ROW_HEADER)
+        (bar.write if bar is not None else say)(table[0])
     interrupted = False
     consistent = True  # false only while an iteration is half done
     fused = run.fused
@@ -419,7 +419,7 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
             row["wall_s"] = time.perf_counter() - seg_t0
             rows.append(row)
             if show_rows:
-                (bar.write if bar is not None else say)(report.format_row(row))
+                (bar.write if bar is not None else say)(table[1](row))
             view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
                                last=seg_i == len(plan.segments) - 1, recorders=recorders,
                                schedule=engine.schedule, step_size=engine.step_size,

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
+from nrpt.roles import Path, swap_log_ratio
 from nrpt.targets.protocol import path_kind
 
 __all__ = ["Path", "TemperatureLadder", "GeometricPath", "NoiseLadder", "make_path",
@@ -49,45 +50,6 @@ def _as_float_list(name: str, values: Sequence[float]) -> list[float]:
     if not all(math.isfinite(v) for v in out):
         raise ValueError(f"{name} must be finite numbers; got {out}")
     return out
-
-
-def swap_log_ratio(
-    b_lo: torch.Tensor, b_hi: torch.Tensor, v_lo: torch.Tensor, v_hi: torch.Tensor
-) -> torch.Tensor:
-    """Eq. (1): log acceptance ratio of exchanging the replicas at two slots.
-
-    ``b_lo``/``v_lo`` belong to the slot nearer the target (larger ``b``).  Non-finite energies
-    give ``-inf`` (the swap is rejected), never NaN.
-    """
-    out = (b_lo - b_hi) * (v_lo - v_hi)
-    return torch.where(torch.isnan(out), torch.full_like(out, -math.inf), out)
-
-
-class Path:
-    """Base class.  ``schedule`` is the tensor of slot coefficients ``b`` (shape [P])."""
-
-    kind: str = ""
-    has_reference: bool = False
-
-    def __init__(self, schedule: Sequence[float]):
-        self.schedule = torch.tensor(list(schedule), dtype=torch.float64)
-
-    @property
-    def n_slots(self) -> int:
-        return int(self.schedule.numel())
-
-    def components(self, target, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(V, base)`` for states ``x[..., dim]`` (leading dims are flattened for the target)."""
-        raise NotImplementedError
-
-    def with_schedule(self, schedule: Sequence[float]) -> Path:
-        return type(self)(self.values_from_schedule(schedule))
-
-    def values_from_schedule(self, schedule: Sequence[float]) -> list[float]:
-        return list(schedule)
-
-    def describe(self) -> dict:
-        raise NotImplementedError
 
 
 def flat_call(fn, x: torch.Tensor, what: str) -> torch.Tensor:

@@ -65,8 +65,8 @@ class _NoRoom(ValueError):
 
 def _open(path: Path, write: bool = False):
     """A record file opened in place: never through a symbolic link, only a regular file with
-    one name (:func:`nrpt.run.folder.open_fd`)."""
-    from nrpt.run.folder import open_fd
+    one name (:func:`nrpt.files.open_fd`)."""
+    from nrpt.files import open_fd
 
     fd = open_fd(path, os.O_RDWR if write else os.O_RDONLY)
     return os.fdopen(fd, "r+b" if write else "rb")
@@ -121,7 +121,7 @@ def _allocate(fd: int, size: int, path: Path) -> None:
 def _create(path: Path, shape: tuple[int, ...], dtype) -> np.memmap:
     """A new record file ``path`` (``np.lib.format.open_memmap(path, "w+")``, but never through
     a link and with its blocks allocated: :func:`_allocate`), mapped read-write."""
-    from nrpt.run.folder import open_fd
+    from nrpt.files import open_fd
 
     fd = open_fd(path, os.O_RDWR | os.O_CREAT)
     with os.fdopen(fd, "r+b") as fh:
@@ -179,7 +179,7 @@ def _resize(path: Path, shape: tuple[int, ...], axis: int) -> None:
             return
         except _NoRoom:
             pass  # no room in the header: copy
-    from nrpt.run.folder import temporary
+    from nrpt.files import temporary
 
     fd, tmp = temporary(path)
     os.close(fd)

@@ -50,7 +50,7 @@ _DPI = 150
 # ------------------------------------------------------------------------------ helpers
 def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
     """Write ``fig`` to ``path`` (format from the suffix, e.g. ``.png``); returns the path."""
-    from nrpt.run.folder import atomic_path
+    from nrpt.files import atomic_path
 
     path = Path(path)
     with atomic_path(path) as tmp:  # a reader never sees half a figure

@@ -269,7 +269,7 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
         import xarray as xr
     except ImportError:
         return None
-    from nrpt.run.folder import atomic_path
+    from nrpt.files import atomic_path
 
     target = engine.target if target is None else target
     x = np.asarray(samples) if not isinstance(samples, np.ndarray) else samples

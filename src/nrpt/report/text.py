@@ -22,7 +22,7 @@ import numpy as np
 
 from nrpt.diagnostics.density import iid_floor
 
-__all__ = ["ROW_HEADER", "format_row", "write_round_table", "write_figures",
+__all__ = ["ROW_HEADER", "format_row", "TABLE", "write_round_table", "write_figures",
            "export_inference_data", "import_arviz"]
 
 _COLUMNS = [("round", "round", "{:>5d}"), ("iterations", "iters", "{:>8d}"),
@@ -47,6 +47,10 @@ def format_row(row: dict[str, Any]) -> str:
         else:
             cells.append(fmt.format(int(v) if "d" in fmt else float(v)))
     return " ".join(cells)
+
+
+#: what :func:`nrpt.core.loop.execute` prints its per-round rows with (``table=``)
+TABLE = (ROW_HEADER, format_row)
 
 
 def write_round_table(rows: list[dict[str, Any]], path: str | Path) -> None:

@@ -387,7 +387,7 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
     if record is not None:
         header.update(run_id=record["run_id"], target=record.get("target"))
     outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
-                      callback=callback, resume=ck, header=header,
+                      callback=callback, resume=ck, header=header, table=report.TABLE,
                       say=print if progress else None, stop=stop, threads=threads)
     if comm is not None:
         run.engine.unshard()  # the summary and outputs read the whole state

@@ -53,7 +53,7 @@ from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
 from nrpt.rng import Stream, generator_for
 from nrpt.run import registry
 from nrpt.run.config import burn_in_count
-from nrpt.swap import DEOW, Rule, make_scheme
+from nrpt.swap import DEOW, Rule
 from nrpt.swap.schemes import check_gate
 from nrpt.targets.protocol import TargetError, fingerprint, load_target, validate_target
 
@@ -213,7 +213,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
 
     # 3. scheme and rule
     window, source = _window(cfg, P)
-    scheme = make_scheme(cfg.scheme, 1) if cfg.scheme != "deo-w" else DEOW(window)
+    scheme = registry.make_scheme(cfg.scheme, 1) if cfg.scheme != "deo-w" else DEOW(window)
     facts.update(window=window if source != "auto" else None, window_source=source)
     if rule is None:
         rule = _rule(cfg, getattr(path, "finite", True))

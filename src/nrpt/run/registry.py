@@ -3,7 +3,9 @@
 Config validation, the CLI's choices, ``nrpt targets``-style listings and the generic test
 matrix all read this table, so a name exists in exactly one place.  Factories are given as
 ``"module:attribute"`` strings and imported on first use, so this module imports nothing from
-the rest of the package but the leaf :mod:`nrpt.options` (no import cycles).
+the rest of the package but the leaf :mod:`nrpt.options` and the built-in targets' table it
+fills (:data:`nrpt.targets.protocol.BUILTIN_TARGETS`; nothing below :mod:`nrpt.run` imports
+this module).
 
 Each :class:`Entry` also says which settings the choice *reads* (``options``): the
 :class:`nrpt.options.Option` declarations of its class (its ``options`` attribute), plus any
@@ -22,11 +24,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nrpt.options import Option
+from nrpt.targets.protocol import BUILTIN_TARGETS
 
-__all__ = ["Entry", "ROLES", "register", "unregister", "entry", "names", "create", "describe"]
+if TYPE_CHECKING:
+    from nrpt.roles import Explorer, Rule, Scheme
+
+__all__ = ["Entry", "ROLES", "register", "unregister", "entry", "names", "create", "describe",
+           "make_explorer", "make_rule", "make_scheme"]
 
 ROLES = ("explorer", "scheme", "rule", "adaptor", "target")
 
@@ -81,6 +88,8 @@ def register(role: str, name: str, factory: str | Callable[..., Any], *, summary
                         f"or option names")
     e = Entry(role, name, factory, summary, tuple(options), frozenset(tags))
     _TABLE[role][name] = e
+    if role == "target":  # load_target (nrpt.targets.protocol) resolves names from this view
+        BUILTIN_TARGETS.add(name, e.load)
     return e
 
 
@@ -88,6 +97,8 @@ def unregister(role: str, name: str) -> None:
     """Remove ``name`` from ``role``'s table (a test's or a session's own component)."""
     entry(role, name)
     del _TABLE[role][name]
+    if role == "target":
+        BUILTIN_TARGETS.remove(name)
 
 
 def _declared_elsewhere(e: Entry, name: str) -> Option:
@@ -126,6 +137,28 @@ def create(role: str, name: str, /, **options: Any) -> Any:
 def describe(role: str) -> list[tuple[str, str]]:
     """``(name, summary)`` rows for listings (``nrpt targets``, ``nrpt list``)."""
     return [(n, e.summary) for n, e in _TABLE[role].items()]
+
+
+def make_explorer(name: str, **options: Any) -> Explorer:
+    """Build an explorer by its registered name; ``options`` go to its constructor (e.g.
+    ``leapfrog_steps``)."""
+    return entry("explorer", name, what="explorer").load()(**options)
+
+
+def make_rule(name: str, **options: Any) -> Rule:
+    """Build a rule by its registered name."""
+    return create("rule", name, **options)
+
+
+def make_scheme(name: str, window: int = 1) -> Scheme:
+    """Build a scheme by its registered name; ``window`` is DEO_W's."""
+    cls = entry("scheme", name, what="scheme").load()
+    if name == "deo-w":
+        return cls(window)
+    if window != 1:
+        raise ValueError(f"window applies only to scheme 'deo-w'; scheme {name!r} got "
+                         f"window={window}")
+    return cls()
 
 
 # ---------------------------------------------------------------------------------- explorers

@@ -29,56 +29,11 @@ import torch
 
 from nrpt import rng
 from nrpt.options import Option, check_int, parse_int
+from nrpt.roles import Phase as Phase  # noqa: F401 (re-export)
+from nrpt.roles import Scheme, adjacent_pairs, is_sweep
 
 __all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
-           "make_scheme", "check_gate", "GATE_BIAS"]
-
-Phase = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-_ADJACENT: dict[tuple, tuple[torch.Tensor, ...]] = {}
-
-
-def is_sweep(lo: torch.Tensor, R: int, P: int) -> bool:
-    """Whether a phase's pairs ``lo`` are all ``P - 1`` adjacent pairs in slot order (SEO, DEO,
-    DEO_W return the cached ``lo`` of :func:`adjacent_pairs` itself): per-pair tensors of such a
-    phase are already in pair order, so the engine, the indicators and the swap counters use
-    them as they are (slices and adds instead of gathers and scatters)."""
-    return lo is adjacent_pairs(R, P, lo.device)[0]
-
-
-def adjacent_pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
-    """``(lo, hi, even, odd)``: the adjacent pairs ``[R, P-1]`` and the masks of even / odd
-    ``lo``, made once per shape and device (read-only: schemes hand them out as they are)."""
-    key = (R, P, str(device))
-    got = _ADJACENT.get(key)
-    if got is None:
-        with torch.inference_mode(False):  # a cache outlives the run: never inference tensors
-            lo = torch.arange(P - 1, device=device).expand(R, P - 1)
-            got = _ADJACENT[key] = (lo, lo + 1, lo % 2 == 0, lo % 2 == 1)
-    return got
-
-
-class Scheme:
-    name = ""
-    #: the settings this scheme reads (:class:`nrpt.options.Option`)
-    options: tuple[Option, ...] = ()
-    #: True if a pair's decision must wait for the previous pair's (ADJ)
-    sequential = False
-
-    def init_state(self, R: int, P: int, device) -> dict[str, torch.Tensor]:
-        return {}
-
-    def phases(self, k: int, R: int, P: int, seed: int, systems: torch.Tensor,
-               state: dict) -> list[Phase]:
-        raise NotImplementedError
-
-    def after_phase(self, k: int, state: dict, lo: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Update scheme state after a phase (``accepted[R, M]`` for pairs ``lo[R, M]``)."""
-
-    def describe(self) -> dict:
-        return {"scheme": self.name}
-
+           "check_gate", "GATE_BIAS"]
 
 class ADJ(Scheme):
     name = "adj"
@@ -206,19 +161,6 @@ class NoSwap(Scheme):
 
     def phases(self, k, R, P, seed, systems, state):
         return []
-
-
-def make_scheme(name: str, window: int = 1) -> Scheme:
-    """Build a scheme by its registered name (:mod:`nrpt.run.registry`); ``window`` is DEO_W's."""
-    from nrpt.run import registry
-
-    cls = registry.entry("scheme", name, what="scheme").load()
-    if name == "deo-w":
-        return cls(window)
-    if window != 1:
-        raise ValueError(f"window applies only to scheme 'deo-w'; scheme {name!r} got "
-                         f"window={window}")
-    return cls()
 
 
 #: what the gate did to an exact run (issue 21: ``nrpt run --target banana.py:TARGET --chains 16

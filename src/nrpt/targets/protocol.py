@@ -40,7 +40,7 @@ import itertools
 import math
 import sys
 import types
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -497,35 +497,38 @@ def _keep(probe: dict[str, Any] | None, member: str, out: torch.Tensor) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class _BuiltinTargets(dict):
-    """Built-in targets: name -> factory(**kwargs), a live view of :mod:`nrpt.run.registry`'s
-    ``target`` role (register a target there, not here)."""
+class _BuiltinTargets(Mapping[str, Callable[..., Any]]):
+    """Built-in targets: name -> factory(**kwargs).  :mod:`nrpt.run.registry` fills it with
+    its ``target`` role (register a target there, not here): each name holds a loader that
+    imports the factory on first use.  The registry pushes its entries down here, so this
+    module imports nothing from :mod:`nrpt.run`."""
 
-    def _table(self) -> dict[str, Callable[..., Any]]:
-        from nrpt.run import registry
+    def __init__(self) -> None:
+        self._loaders: dict[str, Callable[[], Callable[..., Any]]] = {}
 
-        return {n: registry.entry("target", n).load for n in registry.names("target")}
+    def add(self, name: str, loader: Callable[[], Callable[..., Any]]) -> None:
+        self._loaders[name] = loader
+
+    def remove(self, name: str) -> None:
+        del self._loaders[name]
 
     def __contains__(self, key: object) -> bool:
-        return key in self._table()
+        return key in self._loaders
 
     def __getitem__(self, key: str) -> Callable[..., Any]:
-        from nrpt.run import registry
+        if key not in self._loaders:
+            raise ValueError(f"target must be one of {', '.join(self._loaders)}; got {key!r}")
+        return self._loaders[key]()
 
-        return registry.entry("target", key, what="target").load()
-
-    def __iter__(self):
-        return iter(self._table())
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaders)
 
     def __len__(self) -> int:
-        return len(self._table())
-
-    def keys(self):  # type: ignore[override]
-        return self._table().keys()
+        return len(self._loaders)
 
 
-#: Built-in targets: name -> factory(**kwargs) returning a target (from the registry).
-BUILTIN_TARGETS: dict[str, Callable[..., Any]] = _BuiltinTargets()
+#: Built-in targets: name -> factory(**kwargs) returning a target (filled by the registry).
+BUILTIN_TARGETS = _BuiltinTargets()
 
 _module_counter = itertools.count()
 
