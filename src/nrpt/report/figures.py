@@ -202,8 +202,8 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
             (histogram minus exact, with the total-variation distance) are drawn.
         bins: cells per axis without an exact grid.
         grid_kwargs: keyword arguments for ``target.density_grid``.
-        tv_floor: the TV of as many exact iid draws (e.g. ``nrpt.diagnostics.density.iid_floor``), printed
-            beside the run's TV.
+        tv_floor: the TV of as many exact iid draws (e.g.
+            ``nrpt.diagnostics.density.iid_floor``), printed beside the run's TV.
         view: ``(xmin, xmax, ymin, ymax)`` shown; default: the cells above 1e-3 of the peak.
         labels: axis names.
         title: title of the histogram panel.
