@@ -240,6 +240,29 @@ class Explorer:
     uses_gradient = False
     #: how many keyed sub-streams one step consumes (so repeated steps don't reuse noise)
     substeps = 1
+    #: step-size tuning (``adapt_step_size``): the acceptance aimed at by default and the order
+    #: ``k`` of the step in the spread of the log acceptance ratio (:mod:`nrpt.adapt.step`);
+    #: ``None``: the explorer has no acceptance to tune toward
+    target_acceptance: float | None = None
+    acceptance_order: int | None = None
+    #: every step makes the same draws whatever the state, so :mod:`nrpt.explorers.compiled`
+    #: can record and replay them (and :mod:`nrpt.core.fused` can run chunks of steps)
+    compilable = False
+
+    def step_adaptor(self, target_acceptance: float | None = None, *, phase: str | None = None,
+                     follow=None):
+        """The adaptor that tunes this explorer's step sizes (``adapt_step_size``), or
+        ``None``: it cannot tune itself there (the run then refuses ``adapt_step_size``).
+        ``phase="warm-up"``: between the warm-up windows of a fixed-length run; ``None``:
+        between adaptive rounds.  ``follow``: the schedule adaptor whose re-fitted temperatures
+        the steps follow.  The default tunes toward :attr:`target_acceptance` (or the one
+        given) with :class:`nrpt.adapt.rounds.StepSizeAdaptor` where
+        :attr:`acceptance_order` is declared."""
+        if self.acceptance_order is None:
+            return None
+        from nrpt.adapt.rounds import StepSizeAdaptor
+
+        return StepSizeAdaptor(self, target_acceptance, phase=phase, follow=follow)
 
     def prepare(self, state: ReplicaState, density: Density) -> ReplicaState:
         """Fill this explorer's caches in ``state.extras`` for the current ``state.x``

@@ -64,6 +64,7 @@ class RWMH(Explorer):
     """Gaussian random-walk Metropolis: x' = x + h * xi, xi ~ N(0, I)."""
 
     name = "rwmh"
+    target_acceptance, acceptance_order, compilable = 0.3, 1, True
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
         xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
@@ -101,6 +102,7 @@ class MALA(_GradientCached):
     comes from the cache)."""
 
     name = "mala"
+    target_acceptance, acceptance_order, compilable = 0.574, 3, True
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
         state = self._cached(state, density)
@@ -140,6 +142,7 @@ class HMC(_GradientCached):
     ``jitter = 0``: the fixed step."""
 
     name = "hmc"
+    target_acceptance, acceptance_order, compilable = 0.65, 2, True
     #: the default relative half-width of the step's jitter
     JITTER = 0.2
 

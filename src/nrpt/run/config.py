@@ -520,7 +520,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
         cfg.leapfrog_steps = _int("leapfrog_steps", cfg.leapfrog_steps, 1)
     else:
         not_applicable("leapfrog_steps", "leapfrog_steps is for explorer 'hmc'")
-    if cfg.explorer in COMPILABLE:
+    if getattr(e.load(), "compilable", False):  # (the explorer's declaration)
         default("compile", False)
         cfg.compile = _bool("compile", cfg.compile)
         # auto: chunks run eagerly wherever nrpt.core.fused can run them (the same numbers as the
@@ -701,7 +701,7 @@ def _resolve(cfg: RunConfig, given: set[str]) -> None:
                                   "adaptation (adapt = true)")
         not_applicable("ladder_update", "ladder_update is how the deterministic rule's "
                                         "adaptation (adapt = true) moves the learning rates")
-    tunable = cfg.explorer in ("rwmh", "mala", "hmc")
+    tunable = registry.entry("explorer", cfg.explorer).load().acceptance_order is not None
     if cfg.rounds is not None:
         default("adapt_schedule", True)
         cfg.adapt_schedule = _bool("adapt_schedule", cfg.adapt_schedule)

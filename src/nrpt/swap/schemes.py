@@ -62,6 +62,25 @@ class Scheme:
     name = ""
     #: True if a pair's decision must wait for the previous pair's (ADJ)
     sequential = False
+    #: False for a scheme that never proposes a swap (no swap statistics, no predictions)
+    proposes_swaps = True
+
+    def predicted_rates(self, rejection, window: int = 1) -> dict | None:
+        """The theory's long-run event rates per 1000 iterations under independent swap
+        rejections ``rejection[P - 1]`` (the keys of
+        :func:`nrpt.diagnostics.theory.predicted_rates`), or ``None``: no prediction for this
+        scheme.  The built-in schemes solve the exact chain of their clock (slow for thousands
+        of slots; see :meth:`closed_form_restarts`)."""
+        return None
+
+    def closed_form_restarts(self, rejection, window: int = 1) -> float | None:
+        """Restarts per 1000 iterations in closed form (cheap at any ``P``), or ``None``."""
+        return None
+
+    def _theory(self, rejection, window: int):
+        from nrpt.diagnostics import theory
+
+        return theory.predicted_rates(rejection, self.name, window)
 
     def init_state(self, R: int, P: int, device) -> dict[str, torch.Tensor]:
         return {}
@@ -79,6 +98,7 @@ class Scheme:
 
 class ADJ(Scheme):
     name = "adj"
+    predicted_rates = Scheme._theory
     sequential = True
 
     def phases(self, k, R, P, seed, systems, state):
@@ -92,6 +112,7 @@ class ADJ(Scheme):
 
 class SEO(Scheme):
     name = "seo"
+    predicted_rates = Scheme._theory
 
     def phases(self, k, R, P, seed, systems, state):
         lo, hi, _, odd = adjacent_pairs(R, P, systems.device)
@@ -104,6 +125,14 @@ class DEOW(Scheme):
     """Generalized DEO with window ``W`` (``window=1`` is plain DEO)."""
 
     name = "deo-w"
+    predicted_rates = Scheme._theory
+
+    def closed_form_restarts(self, rejection, window: int = 1) -> float | None:
+        """Lemma 1 of Deng et al. (2023) (:func:`nrpt.diagnostics.theory.\
+predicted_round_trips_per_1000`)."""
+        from nrpt.diagnostics import theory
+
+        return theory.predicted_round_trips_per_1000(rejection, window, scheme=self.name)
 
     def __init__(self, window: int = 1):
         if isinstance(window, bool) or int(window) != window or window < 1:
@@ -144,6 +173,7 @@ class DEO(DEOW):
 
 class APE(Scheme):
     name = "ape"
+    predicted_rates = Scheme._theory
 
     def phases(self, k, R, P, seed, systems, state):
         dev = systems.device
@@ -157,6 +187,7 @@ class NoSwap(Scheme):
     """No pair is ever proposed: each replica stays at its slot (independent chains)."""
 
     name = "none"
+    proposes_swaps = False
 
     def phases(self, k, R, P, seed, systems, state):
         return []
