@@ -20,7 +20,7 @@ from nrpt.adapt.schedule import update_schedule
 from nrpt.adapt.step import StepTuner
 from nrpt.roles import AdaptorBase, SegmentView, Update
 
-__all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "SLICE_WIDTH"]
+__all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "SLICE_WIDTH", "own_tuning"]
 #: slice width per unit of a slot's standard deviation: the mean width of a Gaussian slice,
 #: 2 E[sqrt(2 Exp(1))] sd = 2.5 sd
 SLICE_WIDTH = 2.5
@@ -120,3 +120,15 @@ class SliceWidthAdaptor(AdaptorBase):
         scale = view.recorders["spread"].scale().to(view.step_size)
         ok = torch.isfinite(scale) & (scale > 0)
         return Update(step_size=torch.where(ok, SLICE_WIDTH * scale, view.step_size))
+
+
+def own_tuning(explorer, target: float | None = None, phase: str | None = None,
+               follow: ScheduleAdaptor | None = None):
+    """The adaptor that tunes ``explorer``'s step sizes: its own ``step_adaptor`` if it gives
+    one, else a :class:`StepSizeAdaptor` where it declares ``acceptance_order``, else
+    ``None`` (it cannot tune itself)."""
+    own = getattr(explorer, "step_adaptor", None)
+    adaptor = own(target, phase=phase, follow=follow) if own is not None else None
+    if adaptor is None and getattr(explorer, "acceptance_order", None) is not None:
+        adaptor = StepSizeAdaptor(explorer, target, phase=phase, follow=follow)
+    return adaptor

@@ -252,17 +252,13 @@ class Explorer:
     def step_adaptor(self, target_acceptance: float | None = None, *, phase: str | None = None,
                      follow=None):
         """The adaptor that tunes this explorer's step sizes (``adapt_step_size``), or
-        ``None``: it cannot tune itself there (the run then refuses ``adapt_step_size``).
-        ``phase="warm-up"``: between the warm-up windows of a fixed-length run; ``None``:
-        between adaptive rounds.  ``follow``: the schedule adaptor whose re-fitted temperatures
-        the steps follow.  The default tunes toward :attr:`target_acceptance` (or the one
-        given) with :class:`nrpt.adapt.rounds.StepSizeAdaptor` where
-        :attr:`acceptance_order` is declared."""
-        if self.acceptance_order is None:
-            return None
-        from nrpt.adapt.rounds import StepSizeAdaptor
-
-        return StepSizeAdaptor(self, target_acceptance, phase=phase, follow=follow)
+        ``None``: the default, under which an explorer that declares :attr:`acceptance_order`
+        is tuned toward :attr:`target_acceptance` (or the one given) by
+        :class:`nrpt.adapt.rounds.StepSizeAdaptor` (:func:`nrpt.adapt.rounds.own_tuning`), and
+        any other refuses ``adapt_step_size``.  ``phase="warm-up"``: between the warm-up
+        windows of a fixed-length run; ``None``: between adaptive rounds.  ``follow``: the
+        schedule adaptor whose re-fitted temperatures the steps follow."""
+        return None
 
     def prepare(self, state: ReplicaState, density: Density) -> ReplicaState:
         """Fill this explorer's caches in ``state.extras`` for the current ``state.x``

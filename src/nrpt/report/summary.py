@@ -193,8 +193,11 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         s["window_rejection"] = outcome.notes["window_rejection"]
     if getattr(run, "fused", None) is not None:
         s["fused"] = run.fused.describe()
-    for r in rec.values():
-        s.update(r.summary())
+    for name, r in rec.items():  # a recorder given as an object: under its own name
+        if name in facts.get("own_summary", ()):
+            s[name] = r.summary()
+        else:
+            s.update(r.summary())
     swaps = rec["swaps"]
     rej = swaps.rejection().detach().cpu().double().numpy()
     if eng.scheme.proposes_swaps:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nrpt.adapt.rounds import ScheduleAdaptor, SliceWidthAdaptor, StepSizeAdaptor
+from nrpt.adapt.rounds import ScheduleAdaptor, own_tuning
 from nrpt.adapt.sa import (
     CorrectionAdaptor,
     LearningRateAdaptor,
@@ -177,9 +177,9 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     resumption keeps its first run's count, :func:`nrpt.run.api.resume`).
 
     The decisions read the components' declarations: an explorer's ``tags`` (registry),
-    ``step_adaptor`` / ``target_acceptance`` (its own tuning; ``adapt_step_size`` with an
-    explorer that cannot tune itself is refused), ``compilable``; an adaptor's
-    ``spread_slots``.
+    ``step_adaptor`` / ``acceptance_order`` / ``target_acceptance`` (its own tuning,
+    :func:`nrpt.adapt.rounds.own_tuning`; ``adapt_step_size`` with an explorer that cannot
+    tune itself is refused), ``compilable``; an adaptor's ``spread_slots``.
 
     Every run (``nrpt.sample``, the CLI, config files, resumes, each process of a distributed
     run) passes :func:`nrpt.swap.schemes.check_gate` here: scheme ``deo-w`` with a window
@@ -191,7 +191,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         target = load_target(cfg.target, **(cfg.target_options or {}))
     entry = registry.entry("explorer", cfg.explorer, what="explorer")
     facts = _target_facts(cfg, target, entry)
-    P, dtype = int(cfg.chains), DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)
     if facts["sg"]:
         path, explorer, step, estimator = _sg_parts(cfg, target, entry, explorer, facts)
@@ -222,6 +222,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
             raise ValueError(f"recorders: a recorder named {name!r} is already in the run; "
                              f"give yours another name")
         kept[name] = r
+        facts.setdefault("own_summary", []).append(name)  # (its summary() under its name)
     for r in kept.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
     run = Run(engine=engine, adaptors=[*own, *adaptors], recorders=kept, plan=plan,
@@ -346,8 +347,7 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
 def _own_tuning(cfg, explorer, phase: str | None, follow=None):
     """The explorer's own step-size adaptor (``adapt_step_size``), or a ValueError where it
     declares none (never a setting silently ignored)."""
-    adaptor = explorer.step_adaptor(getattr(cfg, "target_acceptance", None), phase=phase,
-                                    follow=follow)
+    adaptor = own_tuning(explorer, getattr(cfg, "target_acceptance", None), phase, follow)
     if adaptor is None:
         where = "in a warm-up" if phase is not None else "between rounds"
         raise ValueError(f"adapt_step_size: explorer {cfg.explorer!r} declares no step-size "
