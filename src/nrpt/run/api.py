@@ -369,32 +369,16 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, parts, progress, callback,
         # a new run's file target is the absolute path it was imported from (config.toml,
         # summary): what a resumption imports, from any directory (checked against run.json)
         cfg = cfg.replace(target=spec)
+    objects = _given_objects(parts, ck, out)
     run = build(cfg, target=target, out=out, resume=ck is not None, comm=comm,
                 burn_in=_pinned_burn_in(ck), **(parts or {}))
-    if record is not None:
-        if ck is not None:  # the run's own target (before anything is written)
-            rf.check_fingerprint(record, run.facts["target_fingerprint"], resume_from)
-        elif out is not None:
-            record["target"]["fingerprint"] = run.facts["target_fingerprint"]
-    if out is not None:
-        geometric = run.facts.get("target_kind") == "geometric"
-        cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
-        if ck is None:  # the hash a resumption will compare: of the settings as written
-            chash = rf.config_hash(RunConfig.from_toml(out / "config.toml"))
-            record = {**record, "config_hash": chash}
-        if record is None:  # a folder from before run.json: it gets one now
-            record = rf.new_run_record(cfg, chash)
-        if ck is None or record.get("iterations") != cfg.iterations or \
-                not (out / rf.RUN_JSON).exists():
-            record = {**record, "iterations": cfg.iterations}
-            rf.write_run_record(out, record)
+    record, chash = _records(cfg, run, out, ck, record, chash, resume_from)
     header = {"config": cfg.to_dict(), "config_hash": chash, "seed": cfg.seed,
               "iterations": cfg.iterations, "burn_in": run.plan.burn_in}
     if record is not None:
         header.update(run_id=record["run_id"], target=record.get("target"))
-    _check_objects(parts, ck, out)
-    if any((parts or {}).values()):  # a resumption must be given the same objects
-        header["objects"] = sorted(k for k, v in parts.items() if v)
+    if objects:  # a resumption must be given the same objects
+        header["objects"] = objects
     outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
                       callback=callback, resume=ck, header=header,
                       say=print if progress else None, stop=stop, threads=threads)
@@ -403,13 +387,40 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, parts, progress, callback,
     return _finish(run, cfg, outcome, out)
 
 
-def _check_objects(parts: dict | None, ck: dict | None, out: Path | None) -> None:
-    """A run built with component objects is resumed only with objects given again (its
-    folder's names alone would build other components: a silently different run)."""
+def _records(cfg: RunConfig, run: Run, out: Path | None, ck, record, chash, resume_from):
+    """The target's fingerprint checked (a resumption) or recorded (a new run); in a run
+    folder ``config.toml`` and ``run.json`` written: ``(record, config hash)``."""
+    if record is not None:
+        if ck is not None:  # the run's own target (before anything is written)
+            rf.check_fingerprint(record, run.facts["target_fingerprint"], resume_from)
+        elif out is not None:
+            record["target"]["fingerprint"] = run.facts["target_fingerprint"]
+    if out is None:
+        return record, chash
+    geometric = run.facts.get("target_kind") == "geometric"
+    cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
+    if ck is None:  # the hash a resumption will compare: of the settings as written
+        chash = rf.config_hash(RunConfig.from_toml(out / "config.toml"))
+        record = {**record, "config_hash": chash}
+    if record is None:  # a folder from before run.json: it gets one now
+        record = rf.new_run_record(cfg, chash)
+    if ck is None or record.get("iterations") != cfg.iterations or \
+            not (out / rf.RUN_JSON).exists():
+        record = {**record, "iterations": cfg.iterations}
+        rf.write_run_record(out, record)
+    return record, chash
+
+
+def _given_objects(parts: dict | None, ck: dict | None, out: Path | None) -> list[str]:
+    """The roles given as objects.  A run built with component objects is resumed only with
+    objects given again (its folder's names alone would build other components: a silently
+    different run)."""
+    given = sorted(k for k, v in (parts or {}).items() if v)
     made = ((ck or {}).get("header") or {}).get("objects") or []
-    if made and not any((parts or {}).values()):
+    if made and not given:
         raise ValueError(f"{out} was run with {', '.join(made)} given as objects: resume it with "
                          f"the same objects, nrpt.resume({str(out)!r}, {made[0]}=...)")
+    return given
 
 
 def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Result:
