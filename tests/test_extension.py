@@ -237,3 +237,19 @@ def test_a_recorder_object_appears_in_the_summary_and_the_run_folder(tmp_path):
         clash = Counter()
         clash.name = "swaps"
         nrpt.sample("gaussian", recorders=[clash], iterations=10, **SMALL)
+
+
+def test_compilable_is_declared_by_the_class_whose_step_runs():
+    from nrpt.explorers.compiled import COMPILABLE, compilable
+
+    built_in = {n: registry.entry("explorer", n).load() for n in registry.names("explorer")
+                if not n.startswith("test-")}
+    assert sorted(n for n, c in built_in.items() if c.compilable) == sorted(COMPILABLE)
+    assert compilable(nrpt.explorers.RWMH())
+    assert not compilable(ScaledRW())  # declares nothing
+
+    class Redefined(nrpt.explorers.RWMH):  # a new step does not inherit the declaration
+        def step(self, state, b, step_size, density, noise, sub=0):
+            return super().step(state, b, step_size, density, noise, sub)
+
+    assert not compilable(Redefined())

@@ -246,7 +246,8 @@ class Explorer:
     target_acceptance: float | None = None
     acceptance_order: int | None = None
     #: every step makes the same draws whatever the state, so :mod:`nrpt.explorers.compiled`
-    #: can record and replay them (and :mod:`nrpt.core.fused` can run chunks of steps)
+    #: can record and replay them (and :mod:`nrpt.core.fused` can run chunks of steps); read
+    #: from the class that defines ``step`` (a subclass re-defining it declares it again)
     compilable = False
 
     def step_adaptor(self, target_acceptance: float | None = None, *, phase: str | None = None,

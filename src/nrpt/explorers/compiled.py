@@ -56,10 +56,13 @@ class CompileWarning(UserWarning):
 
 
 def compilable(explorer: Explorer) -> bool:
-    """Whether ``explorer`` declares ``compilable`` (a step whose draws do not depend on the
-    state) and has no control-variate energy (whose anchor refresh depends on the
-    iteration)."""
-    if not getattr(explorer, "compilable", False):
+    """Whether ``explorer``'s step declares ``compilable`` (draws that do not depend on the
+    state; declared by the class that defines ``step``) and has no control-variate energy
+    (whose anchor refresh depends on the iteration)."""
+    # the class whose step runs must declare it: a subclass that re-defines step (and so
+    # perhaps its draws) does not inherit the declaration
+    owner = next((k for k in type(explorer).__mro__ if "step" in vars(k)), type(explorer))
+    if not vars(owner).get("compilable", False):
         return False
     from nrpt.energy.estimators import ControlVariateEnergy
 
