@@ -232,3 +232,40 @@ def test_benchmark_runs_end_to_end(capsys):
                  "--explorer", "rwmh"])
     out = capsys.readouterr().out
     assert out.count("variational") >= 2 and "prior" in out
+
+
+# ------------------------------------------------------------------ one object (issue 22, item 3)
+#: names of the two-leg reference's parts; ``[0::2]`` / ``[1::2]`` next to a leg name is the
+#: row slicing that only :class:`~nrpt.paths.variational.TwoLeg` may do
+_TWO_LEG = r"TwoLeg|fitted_reference|leg_summary|legs_findings|\"legs\"|nrpt\.paths\.variational"
+#: who may name it: the object itself; the builder, which makes the run's parts through it; the
+#: ``reference`` option's declaration and validation (run/config.py, run/cli.py)
+_MAY_NAME = {"paths/variational.py", "run/build.py", "run/config.py", "run/cli.py"}
+
+
+def _naming_two_leg(files: dict[str, str]) -> list[str]:
+    import re
+
+    return sorted(name for name, text in files.items()
+                  if name not in _MAY_NAME and re.search(_TWO_LEG, text))
+
+
+def test_the_two_leg_reference_is_one_object():
+    """No module but the object (and its builder and option) names the two-leg reference or its
+    row layout; the outputs ask the run's ``row_map`` (a :class:`nrpt.roles.RowMap`)."""
+    from pathlib import Path
+
+    from nrpt.roles import RowMap
+
+    root = Path(nrpt.__file__).parent
+    files = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*.py")}
+    assert _naming_two_leg(files) == []
+    # negative control: the check sees a module that slices the legs itself
+    planted = {**files, "report/summary.py": files["report/summary.py"] +
+               "\nfrom nrpt.paths.variational import leg_summary\n"}
+    assert _naming_two_leg(planted) == ["report/summary.py"]
+    res = run(ConjugateGaussian(), reference="variational", systems=2, rounds=3)
+    row_map = res.export["row_map"]
+    assert isinstance(row_map, RowMap) and isinstance(row_map, va.TwoLeg)
+    assert res.samples.shape[0] == 2 and res.index.shape[1] == 2  # the user's systems
+    assert res.summary["engine_systems"] == 4 and "legs " in str(res)

@@ -45,7 +45,7 @@ from nrpt.swap.schemes import Scheme, adjacent_pairs, is_sweep
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
-           "SegmentView", "Adaptor", "Recorder"]
+           "SegmentView", "Adaptor", "Recorder", "RowMap"]
 
 
 @dataclass(frozen=True)
@@ -247,8 +247,9 @@ class Update:
     ``schedule`` / ``step_size``: new per-slot tables ``[R, P]``; ``params``: new values of the
     rule's parameters (e.g. ``{"C": [R, 1]}``); ``window``: switch the scheme to DEO_W with this
     window (the tuning segment of ``window = "auto"``); ``note``: free-form facts for the report
-    (e.g. the measured rejection rate behind a window); ``reference``: a newly fitted variational
-    reference (:mod:`nrpt.paths.variational`).  The engine takes the tables it is
+    (e.g. the measured rejection rate behind a window); ``reference``: a newly fitted reference
+    for the hot end, installed by the engine of a path that has one (any other refuses it).
+    The engine takes the tables it is
     given as its own (no copy): an adaptor must not change a tensor in place after handing it
     over."""
 
@@ -257,8 +258,36 @@ class Update:
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     window: int | None = None
     note: dict[str, Any] = field(default_factory=dict)
-    #: a fitted reference ``(q, refitted)`` for the variational leg (:mod:`nrpt.paths.variational`)
-    reference: Any = None
+    #: a fitted reference ``(q, refitted[R])``
+    reference: tuple[Any, torch.Tensor] | None = None
+
+
+@runtime_checkable
+class RowMap(Protocol):
+    """How the engine's rows make up the user's systems where they are not one to one (e.g. a
+    reference annealed on two ladders per system): ``Run.facts["row_map"]``, asked by the run's
+    outputs instead of their slicing rows.  ``chains`` cuts the recorded draws (``samples`` /
+    ``energies`` ``[E, n, ...]``, ``index`` ``[K + 1, E, P]``) to the user's chains, the engine
+    rows :attr:`chain_rows`; ``row_label(i)`` names engine row ``i``; ``summary`` / ``findings``
+    / ``text`` are the summary's fields, health findings and text lines of its own;
+    ``posterior_parts(value, R)`` splits a per-system summary value into ``(suffix, value,
+    label)`` variables of ``posterior.nc``, whose index-process statistics carry
+    ``index_note``."""
+
+    chain_rows: slice
+    index_note: str
+
+    def chains(self, arrays: dict) -> dict: ...
+
+    def row_label(self, i: int) -> str: ...
+
+    def summary(self, run) -> dict: ...
+
+    def findings(self, run) -> list: ...
+
+    def text(self, s: dict, scalar) -> list[str]: ...
+
+    def posterior_parts(self, value, R: int) -> list: ...
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,7 @@ class PTEngine:
         A :class:`nrpt.core.sharding.Comm`: this process holds only its block of replicas.
     """
 
-    #: evaluates the path components (a subclass may bring its own, e.g.
-    #: :class:`nrpt.paths.variational.TwoLegDensity`)
+    #: evaluates the path components (a subclass may bring its own)
     density_class = Density
 
     def __init__(self, target, path: Path, explorer: Explorer, scheme: Scheme, rule: Rule, *,
@@ -227,14 +226,9 @@ class PTEngine:
             self.params[name] = value.to(self.device, self.dtype)
         if update.window is not None:
             self.set_scheme(DEOW(update.window))
-        if update.reference is not None:
-            self.set_fitted_reference(update.reference)
-
-    def set_fitted_reference(self, reference) -> None:
-        """Install a fitted reference (:class:`nrpt.paths.variational.TwoLegEngine`); a plain engine
-        has none to change."""
-        raise ValueError("this run's reference is fixed (reference 'prior'); a fitted "
-                         "reference needs reference 'variational' or 'variational-meanfield'")
+        if update.reference is not None:  # an engine whose path has one installs it itself
+            raise ValueError("this run's reference is fixed (reference 'prior'): an "
+                             "Update.reference needs a run whose `reference` setting fits one")
 
     def _table(self, value) -> torch.Tensor:
         """A per-slot table ``[R, P]`` of the engine's dtype and device: an ``[R, P]`` tensor

@@ -7,7 +7,9 @@ model average (docs/deep.md).
 
 Submodules: :mod:`~nrpt.deep.replicas` (stacked evaluation, strategies),
 :mod:`~nrpt.deep.energy` (the network posterior as an energy target), :mod:`~nrpt.deep.fitting`
-(methods, collection, the run folder), :mod:`~nrpt.deep.metrics` (BMA metrics),
+(pretraining, the main run, the run folder), :mod:`~nrpt.deep.methods` (the methods, a table of
+builders), :mod:`~nrpt.deep.config` (the settings and their rules),
+:mod:`~nrpt.deep.recorders` (collection), :mod:`~nrpt.deep.metrics` (BMA metrics),
 :mod:`~nrpt.deep.data`, :mod:`~nrpt.deep.models`, :mod:`~nrpt.deep.swag`.
 """
 

@@ -2,22 +2,24 @@
 
     nrpt deep --dataset mnist1d --model mlp --method deo-star --chains 4 --epochs 40 \\
               --seed 0 --out runs/deep
-    nrpt deep --resume runs/deep
+    nrpt resume runs/deep            (or: nrpt deep --resume runs/deep)
 
-The run folder gets ``cli.json`` (the command's settings, written first so that ``--resume``
-can rebuild the data and the model), then what :func:`nrpt.deep.fit` writes."""
+The run folder gets ``cli.json`` (the command's settings, written first so that a resumption
+can rebuild the data and the model), then what :func:`nrpt.deep.fit` writes (``run.json`` with
+``kind = "deep"``: what ``nrpt resume`` recognises)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from nrpt.deep.fitting import METHODS, DeepConfig
+from nrpt.deep.fitting import METHODS, DeepConfig, folder_lock
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command"]
 
 DATASETS = ("digits", "mnist1d", "cifar10", "cifar100")
 MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
@@ -112,7 +114,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None,
                    help="CIFAR: the folder holding cifar-10-batches-py / cifar-100-python")
     p.add_argument("--resume", metavar="DIR", default=None,
-                   help="continue the interrupted run in DIR (other flags are ignored)")
+                   help="continue the interrupted run in DIR (other flags are ignored; the same as "
+                        "`nrpt resume DIR`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("settings (nrpt.deep.DeepConfig)")
     for f in fields(DeepConfig):
@@ -138,54 +141,85 @@ def _build(settings: dict):
 
 
 def run(args) -> int:
-    from nrpt.deep.fitting import folder_lock
-
-    folder = args.resume or args.out
-    if args.resume and not Path(args.resume).is_dir():
-        print(f"nrpt: error: {args.resume} holds no `nrpt deep` run (no such folder)",
-              file=sys.stderr)
-        return 2
-    # the folder's lock from before cli.json is read or written to the end of the run: a
-    # second run or resume of the same folder is refused (RunFolderBusy: nrpt: error ...)
-    with folder_lock(folder):
-        return _run(args)
-
-
-def _run(args) -> int:
-    from nrpt.deep.fitting import fit
-
+    """``nrpt deep``: a new run, or with ``--resume DIR`` the resumption of one."""
     if args.resume:
-        out = Path(args.resume)
+        return resume(args.resume, progress=not args.no_progress)
+    # the folder's lock from before cli.json is written to the end of the run: a second run
+    # or resume of the same folder is refused (RunFolderBusy: nrpt: error ...)
+    with folder_lock(args.out):
+        return _start(args)
+
+
+def is_deep_run(folder) -> bool:
+    """Whether ``folder`` holds a deep run (``run.json`` says so, or ``nrpt deep`` wrote its
+    ``cli.json`` there)."""
+    from nrpt.run import folder as rf
+
+    return rf.run_kind(folder) == "deep" or (Path(folder) / "cli.json").is_file()
+
+
+def resume_command(args) -> int:
+    """``nrpt resume DIR`` of a deep run (the options of sampler runs do not apply)."""
+    given = [flag for flag, value in (("--iterations", args.iterations),
+                                      ("--target", args.target), ("--threads", args.threads),
+                                      ("--nproc", getattr(args, "nproc", None)))
+             if value is not None]
+    if given or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        print(f"nrpt: error: {args.out} holds a deep run: {', '.join(given) or '--nproc'} "
+              f"does not apply to it (its budget is its epochs; it runs on one process); "
+              f"resume it with `nrpt resume {args.out}`", file=sys.stderr)
+        return 2
+    return resume(args.out, progress=not args.no_progress)
+
+
+def resume(folder, progress: bool = True) -> int:
+    """Continue the deep run in ``folder`` (started by ``nrpt deep``: its ``cli.json`` rebuilds
+    the data and the model); its exit status."""
+    out = Path(folder)
+    if not out.is_dir():
+        print(f"nrpt: error: {out} holds no `nrpt deep` run (no such folder)", file=sys.stderr)
+        return 2
+    with folder_lock(out):
         if not (out / "cli.json").exists():
-            print(f"nrpt: error: {out} holds no `nrpt deep` run (cli.json missing)",
+            why = ("it was started from Python (nrpt.deep.fit), which keeps no model or data "
+                   "in the folder: resume it with nrpt.deep.fit(..., out=DIR, resume=True)"
+                   if is_deep_run(out) else "cli.json missing")
+            print(f"nrpt: error: {out} holds no `nrpt deep` run to resume ({why})",
                   file=sys.stderr)
             return 2
         settings = json.loads((out / "cli.json").read_text())
-        resume = True
-    else:
-        settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
-                    "data_dir": args.data_dir, "method": args.method, "chains": args.chains,
-                    "epochs": args.epochs, "seed": args.seed,
-                    "options": {**DATASET_DEFAULTS[args.dataset],
-                                **{f.name: getattr(args, f.name) for f in fields(DeepConfig)
-                                   if f.name not in _SKIP and getattr(args, f.name) is not None}}}
-        DeepConfig(method=args.method, chains=args.chains, epochs=args.epochs, seed=args.seed,
-                   **settings["options"])  # bad values fail here, before any data is loaded
-        out = Path(args.out) if args.out else None
-        resume = False
-    if out is not None and not resume:
-        from nrpt.run import folder as rf
+        return _fit_and_report(settings, out, resume=True, progress=progress)
 
+
+def _start(args) -> int:
+    from nrpt.run import folder as rf
+
+    settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
+                "data_dir": args.data_dir, "method": args.method, "chains": args.chains,
+                "epochs": args.epochs, "seed": args.seed,
+                "options": {**DATASET_DEFAULTS[args.dataset],
+                            **{f.name: getattr(args, f.name) for f in fields(DeepConfig)
+                               if f.name not in _SKIP and getattr(args, f.name) is not None}}}
+    DeepConfig(method=args.method, chains=args.chains, epochs=args.epochs, seed=args.seed,
+               **settings["options"])  # bad values fail here, before any data is loaded
+    out = Path(args.out) if args.out else None
+    if out is not None:
         rf.check_folder_name(out)  # before anything is created (or loaded)
+        if any((out / name).exists() for name in (rf.RUN_JSON, rf.CHECKPOINT)):
+            print(f"nrpt: error: {out} already holds a run; `nrpt resume {out}` or choose "
+                  f"another --out", file=sys.stderr)
+            return 2
+    return _fit_and_report(settings, out, resume=False, progress=not args.no_progress)
+
+
+def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress: bool) -> int:
+    from nrpt.deep.fitting import fit
+    from nrpt.run import folder as rf
+
     ds, model = _build(settings)
     if out is not None and not resume:
         out.mkdir(parents=True, exist_ok=True)
-        if (out / "checkpoint.pt").exists():
-            print(f"nrpt: error: {out} already holds a run; `nrpt deep --resume {out}` or "
-                  f"choose another --out", file=sys.stderr)
-            return 2
         rf.atomic_write(out / "cli.json", json.dumps(settings, indent=2), sync=False)
-    progress = not args.no_progress
     say = None
     if progress:
         from tqdm.auto import tqdm
@@ -195,7 +229,14 @@ def _run(args) -> int:
               method=settings["method"], chains=settings["chains"], epochs=settings["epochs"],
               seed=settings["seed"], out=out, progress=progress, augment=ds.augment,
               resume=resume, say=say, **settings["options"])
-    s = res.summary
+    _print_summary(res.summary, out)
+    if res.summary.get("interrupted"):
+        print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")
+        return 130
+    return 0
+
+
+def _print_summary(s: dict, out: Path | None) -> None:
     keys = ("method", "accuracy", "nll_mean", "nll_sum", "ece", "brier", "round_trips",
             "swap_rates", "learning_rates", "correction", "gradient_evaluations",
             "models_collected", "strategy", "wall_time_s")
@@ -208,7 +249,3 @@ def _run(args) -> int:
         print(f"{k:>22}: {v}")
     if out is not None:
         print(f"{'run folder':>22}: {out}")
-    if s.get("interrupted"):
-        print(f"interrupted; continue with: nrpt deep --resume {out}" if out else "interrupted")
-        return 130
-    return 0

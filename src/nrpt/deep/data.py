@@ -301,6 +301,32 @@ def _read_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), labels
 
 
+def _read_split(name: str, split: str, files: list[Path], key: bytes,
+                classes: int) -> tuple[np.ndarray, np.ndarray]:
+    parts = [_read_batch(f, key) for f in files]
+    xs = np.concatenate([p[0] for p in parts])
+    ys = np.concatenate([p[1] for p in parts])
+    if ys.size and (ys.min() < 0 or ys.max() >= classes):
+        raise ValueError(f"{name} {split} labels must lie in [0, {classes}), got "
+                         f"[{ys.min()}, {ys.max()}]")
+    return xs, ys
+
+
+def _channel_moments(name: str, x_u8: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and population sd of the pixels in [0, 1], exactly, from the
+    histogram of the 256 byte values."""
+    values = np.arange(256, dtype=np.float64) / 255.0
+    mean, sd = np.empty(3), np.empty(3)
+    for c in range(3):
+        hist = np.bincount(x_u8[:, c].ravel(), minlength=256).astype(np.float64)
+        hist /= hist.sum()
+        mean[c] = hist @ values
+        sd[c] = math.sqrt(hist @ (values - mean[c]) ** 2)
+    if not (sd > 0).all():
+        raise ValueError(f"{name}: a channel of the training images is constant (sd 0)")
+    return mean, sd
+
+
 def _cifar(name: str, root):
     if root is None:
         raise ValueError(f"dataset {name!r} is read from disk: pass root=DIR (CLI: --data-dir "
@@ -313,27 +339,9 @@ def _cifar(name: str, root):
         what = f"{base} does not exist" if not base.is_dir() else \
             f"missing in {base}: {', '.join(missing)}"
         raise FileNotFoundError(f"{what}. " + _how_to_get(name, str(root)))
-    parts = [_read_batch(base / f, key) for f in train_files]
-    x_tr = np.concatenate([p[0] for p in parts])
-    y_tr = np.concatenate([p[1] for p in parts])
-    tests = [_read_batch(base / f, key) for f in test_files]
-    x_te = np.concatenate([p[0] for p in tests])
-    y_te = np.concatenate([p[1] for p in tests])
-    for ys, split in ((y_tr, "train"), (y_te, "test")):
-        if ys.size and (ys.min() < 0 or ys.max() >= classes):
-            raise ValueError(f"{name} {split} labels must lie in [0, {classes}), got "
-                             f"[{ys.min()}, {ys.max()}]")
-    # per-channel mean and population sd of the training pixels in [0, 1], exactly, from the
-    # histogram of the 256 byte values
-    values = np.arange(256, dtype=np.float64) / 255.0
-    mean, sd = np.empty(3), np.empty(3)
-    for c in range(3):
-        hist = np.bincount(x_tr[:, c].ravel(), minlength=256).astype(np.float64)
-        hist /= hist.sum()
-        mean[c] = hist @ values
-        sd[c] = math.sqrt(hist @ (values - mean[c]) ** 2)
-    if not (sd > 0).all():
-        raise ValueError(f"{name}: a channel of the training images is constant (sd 0)")
+    x_tr, y_tr = _read_split(name, "train", [base / f for f in train_files], key, classes)
+    x_te, y_te = _read_split(name, "test", [base / f for f in test_files], key, classes)
+    mean, sd = _channel_moments(name, x_tr)
 
     def norm(u8: np.ndarray) -> Tensor:
         x = torch.from_numpy(u8).to(torch.float32).div_(255.0)

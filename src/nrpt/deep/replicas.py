@@ -74,6 +74,23 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits, y, reduction="none")
 
 
+def _checked(module) -> tuple[list, torch.device, torch.dtype]:
+    """``(named parameters, device, dtype)`` of a model fit to be replicated, or the error."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(module).__name__}")
+    params = list(module.named_parameters())
+    if not params:
+        raise ValueError("model has no parameters to sample")
+    devices = {p.device for _, p in params} | {b.device for _, b in module.named_buffers()}
+    if len(devices) > 1:
+        raise ValueError(f"model's parameters and buffers are on different devices "
+                         f"({sorted(map(str, devices))}): move the model to one device")
+    dtypes = {p.dtype for _, p in params}
+    if len(dtypes) > 1 or not next(iter(dtypes)).is_floating_point:
+        raise ValueError(f"model's parameters must share one floating dtype; got {dtypes}")
+    return params, next(iter(devices)), next(iter(dtypes))
+
+
 class FunctionalNet:
     """A module's parameters as one flat vector of ``dim`` numbers and its floating-point buffers
     (BatchNorm running statistics) as one of ``buffer_dim``; batched evaluation of many.
@@ -85,45 +102,38 @@ class FunctionalNet:
     """
 
     def __init__(self, module: nn.Module, loss: Callable | None = None):
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module; got {type(module).__name__}")
-        params = list(module.named_parameters())
-        if not params:
-            raise ValueError("model has no parameters to sample")
-        devices = {p.device for _, p in params} | {b.device for _, b in module.named_buffers()}
-        if len(devices) > 1:
-            raise ValueError(f"model's parameters and buffers are on different devices "
-                             f"({sorted(map(str, devices))}): move the model to one device")
-        dtypes = {p.dtype for _, p in params}
-        if len(dtypes) > 1 or not next(iter(dtypes)).is_floating_point:
-            raise ValueError(f"model's parameters must share one floating dtype; got {dtypes}")
+        params, self.device, self.dtype = _checked(module)
         self.module = copy.deepcopy(module)
-        self.device, self.dtype = next(iter(devices)), next(iter(dtypes))
         self.loss = loss or _loss
         self.names = [n for n, _ in params]
         self.shapes = [p.shape for _, p in params]
         self.numels = [p.numel() for _, p in params]
         self.dim = sum(self.numels)
         bufs = list(self.module.named_buffers())
-        self.buffer_names = [n for n, b in bufs if b.is_floating_point()]
-        self.buffer_shapes = [b.shape for n, b in bufs if b.is_floating_point()]
-        self.buffer_numels = [b.numel() for n, b in bufs if b.is_floating_point()]
+        floating = [(n, b) for n, b in bufs if b.is_floating_point()]
+        self.buffer_names = [n for n, _ in floating]
+        self.buffer_shapes = [b.shape for _, b in floating]
+        self.buffer_numels = [b.numel() for _, b in floating]
         self.buffer_dim = sum(self.buffer_numels)
         self.int_buffers = {n: b for n, b in bufs if not b.is_floating_point()}
-        # BatchNorm layers: their running statistics are updated here (see the module doc)
-        self._bn: list[tuple[str, nn.Module]] = []
-        for name, mod in self.module.named_modules():
-            if isinstance(mod, _BN) and mod.track_running_stats:
-                if mod.momentum is None:
-                    raise ValueError(f"BatchNorm layer {name!r} has momentum=None (a cumulative "
-                                     "average); give it a momentum (e.g. 0.1)")
-                self._bn.append((name, mod))
-                mod.register_forward_pre_hook(self._hook(name))
+        self._bn = self._hook_batchnorm()
         self._stash: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # forking and seeding the RNG costs a state copy per call (a device sync on CUDA):
         # only models with random layers pay it
         self.random = any(isinstance(m, _RANDOM) for m in self.module.modules())
         self._fns: dict[str, Callable] = {}
+
+    def _hook_batchnorm(self) -> list[tuple[str, nn.Module]]:
+        """BatchNorm layers: their running statistics are updated here (see the module doc)."""
+        found = []
+        for name, mod in self.module.named_modules():
+            if isinstance(mod, _BN) and mod.track_running_stats:
+                if mod.momentum is None:
+                    raise ValueError(f"BatchNorm layer {name!r} has momentum=None (a cumulative "
+                                     "average); give it a momentum (e.g. 0.1)")
+                found.append((name, mod))
+                mod.register_forward_pre_hook(self._hook(name))
+        return found
 
     # ------------------------------------------------------------------ packing
     def pack(self, module: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,20 +42,21 @@ the legs' pair ``(0, 1)`` is inactive.  So bridging on the iterations where pair
 not attempted (in both rows) makes the joined ladder exactly DEO on ``2P`` slots; for other
 schemes the same rule gives a valid (pi-invariant) move.
 
-Outputs: the run's samples are the prior leg's slot-0 chain (row ``2r``) of each user system.
-The variational leg's slot 0 is also an exact chain of ``pi``, but the two are coupled by the
-bridge (they exchange states), so presenting them as independent chains would overstate the
-effective sample size; and the recorded slot-0 energy is ``V`` of the leg (``-l`` on the prior
-leg, the same quantity as a plain run).  ``samples.npy`` keeps both rows.  Per-system summary
-lists have ``2R`` entries (even: prior leg, odd: variational leg); the summary adds per-leg
-fields (:func:`leg_summary`).
+Outputs (:class:`TwoLeg`, the one object that knows this layout): the run's samples are the
+prior leg's slot-0 chain (row ``2r``) of each user system.  The variational leg's slot 0 is
+also an exact chain of ``pi``, but the two are coupled by the bridge (they exchange states),
+so presenting them as independent chains would overstate the effective sample size; the
+recorded slot-0 energy is ``V`` of the leg (``-l`` on the prior leg, as in a plain run).
+``samples.npy`` keeps both rows; per-system summary lists have ``2R`` entries (even: prior
+leg, odd: variational leg), besides the per-leg fields.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from nrpt import rng
@@ -66,8 +67,7 @@ from nrpt.recorders.stats import per_system
 from nrpt.roles import AdaptorBase, RecorderBase, SegmentView, Update
 
 __all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
-           "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "leg_summary",
-           "legs_findings"]
+           "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "TwoLeg"]
 
 #: the ``reference`` setting: what the hot end of the ladder is
 REFERENCES = ("prior", "variational", "variational-meanfield")
@@ -238,6 +238,7 @@ class TwoLegEngine(PTEngine):
     reference ``q`` in its checkpoints.  Plain runs never construct it."""
 
     density_class = TwoLegDensity
+    path: TwoLegPath
 
     def __init__(self, target, path: TwoLegPath, *args, **kwargs):
         super().__init__(target, path, *args, **kwargs)
@@ -255,6 +256,13 @@ class TwoLegEngine(PTEngine):
         return self.path.q
 
     # ------------------------------------------------------------------ the reference
+    def apply(self, update: Update | None) -> None:
+        """:meth:`PTEngine.apply`, then ``update.reference`` (a newly fitted ``q``) installed."""
+        if update is None or update.reference is None:
+            return super().apply(update)
+        super().apply(replace(update, reference=None))
+        self.set_fitted_reference(update.reference)
+
     def set_fitted_reference(self, reference) -> None:
         """``Update.reference = (q, refitted[R])`` from :class:`VariationalRefit`."""
         q, ok = reference
@@ -412,76 +420,164 @@ class VariationalRefit(AdaptorBase):
                       note={"variational_refitted": ok.tolist()})
 
 
-def _legs_z(est: dict) -> torch.Tensor:
-    """Per user system: (prior leg - variational leg) bridge log Z over the combined batch-means
-    error (the legs' errors added in quadrature, as if independent: they share only the slot-0
-    exchanges of the bridge between legs)."""
-    a, b = est["log_normalizer"][0::2], est["log_normalizer"][1::2]
-    return (a - b) / (est["se"][0::2].square() + est["se"][1::2].square()).sqrt()
+class TwoLeg:
+    """The two-leg reference as one object (cf. Pigeons' ``StabilizedPT``): its legs (prior,
+    variational), the indexer from engine rows to user systems (row ``2r`` the prior leg of
+    system ``r``, row ``2r + 1`` its variational leg), the parts it adds to a run (engine,
+    refit adaptor, moments recorder) and, as the run's :class:`nrpt.roles.RowMap`
+    (``Run.facts["row_map"]``), what the outputs ask instead of slicing rows."""
 
+    #: the engine rows whose slot-0 chains are the run's samples: the prior leg's
+    chain_rows = slice(0, None, 2)
+    #: attached to the index-process statistics of ``posterior.nc``
+    index_note = ("the prior leg's index process: the bridge to the variational leg "
+                  "exchanges states, not replicas, and does not show here")
 
-def legs_findings(run) -> list:
-    """A ``log-z-legs`` finding where the two legs' log Z (both absolute: the prior declared
-    normalized) disagree beyond :data:`nrpt.recorders.log_z.HALVES_Z` combined errors."""
-    from nrpt.recorders.log_z import HALVES_Z
-    from nrpt.report.health import Finding
+    def __init__(self, reference: str, R: int, *, kind: str, path, comm, cfg):
+        """Check that ``reference`` can run: a geometric target whose path ends at the prior,
+        adaptive rounds, and one process; ``R`` user systems."""
+        if kind != "geometric":
+            raise ValueError(f"reference {reference!r} needs a geometric target (log_likelihood, "
+                             f"reference_log_prob, reference_sample); this target has only "
+                             f"energy(x): use reference 'prior'")
+        if getattr(cfg, "rounds", None) is None:
+            raise ValueError(f"reference {reference!r} is fitted between adaptive rounds: give "
+                             f"rounds = N, or use reference 'prior'")
+        if not path.has_reference:
+            raise ValueError(f"reference {reference!r} needs betas ending at 0 (both legs' "
+                             f"references are sampled exactly); got betas[-1] = "
+                             f"{path.betas[-1]:g}")
+        if comm is not None:
+            raise ValueError(f"reference {reference!r} runs in one process; got {comm.world} "
+                             f"processes (use reference 'prior' with --nproc)")
+        self.reference, self.family = reference, VARIATIONAL[reference]
+        self.R, self.E = int(R), 2 * int(R)  # user systems, engine rows
 
-    lz = run.recorders.get("log_z")
-    if lz is None or lz.n == 0 or not run.facts.get("reference_normalized"):
-        return []
-    est = {k: v.detach().cpu().double() for k, v in lz.estimate().items()}
-    z = _legs_z(est)
-    bad = [r for r in range(z.shape[0]) if math.isfinite(float(z[r]))
-           and abs(float(z[r])) > HALVES_Z]
-    if not bad:
-        return []
-    r = max(bad, key=lambda j: abs(float(z[j])))
-    more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
-    pa, va = float(est["log_normalizer"][2 * r]), float(est["log_normalizer"][2 * r + 1])
-    return [Finding("log-z-legs", (
-        f"the two legs' log Z disagree in system {r}{more}: prior leg {pa:.4g} ± "
-        f"{float(est['se'][2 * r]):.2g}, variational leg {va:.4g} ± "
-        f"{float(est['se'][2 * r + 1]):.2g}, {abs(float(z[r])):.1f} combined errors apart "
-        f"(threshold {HALVES_Z:g}): at least one leg's ladder overlaps too little for its error "
-        f"bar; trust neither until they agree"),
-        "iterations / chains (or rounds, to refit q)")]
+    # ------------------------------------------------------------------ the run's parts
+    def engine(self, target, path, explorer, scheme, rule, *, seed: int, dtype, device,
+               **kwargs) -> TwoLegEngine:
+        """The engine over :attr:`E` rows, its ``q`` fitted to prior draws (keyed by ``seed``)."""
+        q0 = initial_reference(target, self.R, seed, dtype, device, self.family)
+        self._engine = TwoLegEngine(target, TwoLegPath(path.betas, self.R, q0), explorer,
+                                    scheme, rule, systems=self.E, seed=seed, dtype=dtype,
+                                    device=device, **kwargs)
+        return self._engine
 
+    def facts(self, target) -> dict:
+        """The run's facts: q is normalized, so the variational leg's stepping stone is log Z
+        when the prior is."""
+        return {"row_map": self, "reference_normalized": bool(
+            getattr(target, "reference_is_normalized", False))}
 
-def leg_summary(run, s: dict) -> dict:
-    """Per-leg fields for the summary of a two-leg run."""
-    eng, rec = run.engine, run.recorders
-    R = eng.user_R
-    swaps = rec["swaps"]
-    bar = swaps.barrier()
-    out = {"systems": R, "engine_systems": eng.R,  # per-system lists have engine_systems
-           "reference": run.facts.get("reference"),
-           "variational_family": run.facts.get("variational_family"),
-           "barrier_prior_leg": bar[0::2], "barrier_variational_leg": bar[1::2],
-           "bridges": int(eng.bridges),
-           "variational_refits": eng.refits, "variational_fallbacks": eng.fallbacks,
-           "variational_mean": eng.q.mean,
-           "variational_var": (eng.q.chol ** 2).sum(-1),
-           "schedule_prior_leg": eng.schedule[0::2], "schedule_variational_leg":
-               eng.schedule[1::2]}
-    rt = rec["round_trips"].counts()
-    n = max(rec["round_trips"].n, 1)
-    out["restart_rate_prior_leg"] = rt["restarts"][0::2].double() / n
-    out["restart_rate_variational_leg"] = rt["restarts"][1::2].double() / n
-    if run.facts.get("variational_family") == "full-rank" and eng.dim <= FULL_COV_IN_SUMMARY:
-        out["variational_cov"] = eng.q.chol @ eng.q.chol.transpose(-1, -2)
-    lz = rec.get("log_z")
-    if lz is not None:
-        est = lz.estimate()
-        for key, name in (("log_normalizer", ""), ("se", "_se"), ("halves_z", "_halves_z")):
-            out[f"log_normalizer_prior_leg{name}"] = est[key][0::2]
-            out[f"log_normalizer_variational_leg{name}"] = est[key][1::2]
-        if run.facts.get("reference_normalized"):
-            out["log_normalizer_legs_z"] = _legs_z(est)
-    res = {k: per_system(v, R) for k, v in out.items()}
-    if lz is not None and not run.facts.get("reference_normalized"):
-        # q is normalized, the prior is not declared so: the legs estimate different things
-        res["log_normalizer_legs_note"] = (
-            "the prior is not declared normalized (reference_is_normalized): the prior leg "
-            "estimates log(Z / Z_prior), the variational leg (q normalized) log Z itself, so "
-            "the two differ by log Z_prior")
-    return res
+    def adaptor(self) -> VariationalRefit:
+        return VariationalRefit(self.family, lambda: self._engine.q)
+
+    def recorders(self, **kw) -> dict:
+        return {"target_moments": TargetMoments(self.E, self._engine.dim,
+                                                self.family == "full-rank", **kw)}
+
+    # ------------------------------------------------------------------ the indexer
+    def chains(self, arrays: dict) -> dict:
+        """The draws' ``samples`` / ``energies`` ``[E, n, ...]`` and ``index`` ``[K + 1, E, P]``
+        cut to the user's chains (:attr:`chain_rows`; one system: ``[n, ...]``), in place."""
+        for name in ("samples", "energies"):
+            a = np.asarray(arrays[name])[self.chain_rows]
+            arrays[name] = a[0] if a.shape[0] == 1 else a
+        arrays["index"] = np.asarray(arrays["index"])[:, self.chain_rows]  # [K + 1, R, P]
+        return arrays
+
+    @staticmethod
+    def row_label(i: int) -> str:
+        return f"system {i // 2}, {'variational' if i % 2 else 'prior'} leg"
+
+    def posterior_parts(self, value, R: int) -> list:
+        """``(suffix, value, label)`` of a per-system summary value in ``posterior.nc``: each
+        leg's entries get a variable of their own."""
+        if isinstance(value, list) and len(value) == 2 * R:
+            return [("_prior_leg", value[0::2], " (prior leg)"),
+                    ("_variational_leg", value[1::2], " (variational leg)")]
+        return [("", value, "")]
+
+    # ------------------------------------------------------------------ the summary
+    @staticmethod
+    def text(s: dict, scalar) -> list[str]:
+        """The summary text's line for the legs; ``scalar(value, spec=".3g")`` formats a
+        per-system scalar."""
+        return [f"  legs            barrier Λ̂ prior leg {scalar(s['barrier_prior_leg'])}"
+                f", variational leg {scalar(s['barrier_variational_leg'])} "
+                f"({s.get('reference')}); log Z "
+                f"{scalar(s.get('log_normalizer_prior_leg'), '.4g')} / "
+                f"{scalar(s.get('log_normalizer_variational_leg'), '.4g')}"]
+
+    @staticmethod
+    def _legs_z(est: dict) -> torch.Tensor:
+        """Per user system: (prior leg - variational leg) bridge log Z over the combined
+        batch-means error (the legs' errors added in quadrature, as if independent: they share
+        only the slot-0 exchanges of the bridge between legs)."""
+        a, b = est["log_normalizer"][0::2], est["log_normalizer"][1::2]
+        return (a - b) / (est["se"][0::2].square() + est["se"][1::2].square()).sqrt()
+
+    def findings(self, run) -> list:
+        """A ``log-z-legs`` finding where the two legs' log Z (both absolute: the prior
+        declared normalized) disagree beyond :data:`nrpt.recorders.log_z.HALVES_Z` combined
+        errors."""
+        from nrpt.recorders.log_z import HALVES_Z
+        from nrpt.report.health import Finding
+
+        lz = run.recorders.get("log_z")
+        if lz is None or lz.n == 0 or not run.facts.get("reference_normalized"):
+            return []
+        est = {k: v.detach().cpu().double() for k, v in lz.estimate().items()}
+        z = self._legs_z(est)
+        bad = [r for r in range(z.shape[0]) if math.isfinite(float(z[r]))
+               and abs(float(z[r])) > HALVES_Z]
+        if not bad:
+            return []
+        r = max(bad, key=lambda j: abs(float(z[j])))
+        more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
+        pa, va = float(est["log_normalizer"][2 * r]), float(est["log_normalizer"][2 * r + 1])
+        return [Finding("log-z-legs", (
+            f"the two legs' log Z disagree in system {r}{more}: prior leg {pa:.4g} ± "
+            f"{float(est['se'][2 * r]):.2g}, variational leg {va:.4g} ± "
+            f"{float(est['se'][2 * r + 1]):.2g}, {abs(float(z[r])):.1f} combined errors apart "
+            f"(threshold {HALVES_Z:g}): at least one leg's ladder overlaps too little for its "
+            f"error bar; trust neither until they agree"),
+            "iterations / chains (or rounds, to refit q)")]
+
+    def summary(self, run) -> dict:
+        """Per-leg fields for the summary (per-system lists of the rest have :attr:`E`
+        entries)."""
+        eng, rec, R = run.engine, run.recorders, self.R
+        bar = rec["swaps"].barrier()
+        out = {"systems": R, "engine_systems": self.E,
+               "reference": self.reference, "variational_family": self.family,
+               "barrier_prior_leg": bar[0::2], "barrier_variational_leg": bar[1::2],
+               "bridges": int(eng.bridges),
+               "variational_refits": eng.refits, "variational_fallbacks": eng.fallbacks,
+               "variational_mean": eng.q.mean,
+               "variational_var": (eng.q.chol ** 2).sum(-1),
+               "schedule_prior_leg": eng.schedule[0::2], "schedule_variational_leg":
+                   eng.schedule[1::2]}
+        rt = rec["round_trips"].counts()
+        n = max(rec["round_trips"].n, 1)
+        out["restart_rate_prior_leg"] = rt["restarts"][0::2].double() / n
+        out["restart_rate_variational_leg"] = rt["restarts"][1::2].double() / n
+        if self.family == "full-rank" and eng.dim <= FULL_COV_IN_SUMMARY:
+            out["variational_cov"] = eng.q.chol @ eng.q.chol.transpose(-1, -2)
+        lz = rec.get("log_z")
+        normalized = run.facts.get("reference_normalized")
+        if lz is not None:
+            est = lz.estimate()
+            for key, name in (("log_normalizer", ""), ("se", "_se"), ("halves_z", "_halves_z")):
+                out[f"log_normalizer_prior_leg{name}"] = est[key][0::2]
+                out[f"log_normalizer_variational_leg{name}"] = est[key][1::2]
+            if normalized:
+                out["log_normalizer_legs_z"] = self._legs_z(est)
+        res = {k: per_system(v, R) for k, v in out.items()}
+        if lz is not None and not normalized:
+            # q is normalized, the prior is not declared so: the legs estimate different things
+            res["log_normalizer_legs_note"] = (
+                "the prior is not declared normalized (reference_is_normalized): the prior leg "
+                "estimates log(Z / Z_prior), the variational leg (q normalized) log Z itself, "
+                "so the two differ by log Z_prior")
+        return res

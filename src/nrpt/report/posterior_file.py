@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from nrpt.recorders.draws import index_dtype
+from nrpt.roles import RowMap
 
 __all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
 
@@ -252,16 +253,17 @@ def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
 def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.ndarray,
                          recorders: dict, engine, summary: dict, index: np.ndarray | None = None,
                          first: int = 0, thin: int = 1, target=None,
-                         legs: bool = False) -> str | None:
+                         row_map: RowMap | None = None) -> str | None:
     """Write ``posterior.nc`` (the layout of the module docstring); returns its file name, or
     None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
 
     ``samples`` ``[n, dim]`` / ``[R, n, dim]`` and ``energies`` are the slot-0 draws of the
     iterations from ``first`` on (``first`` a multiple of ``thin`` or the run's sample start),
     ``index`` the index process of the whole run ``[K + 1, R, P]`` (None: no index-process
-    statistics), ``target`` the run's target (default ``engine.target``); ``legs``: the summary
-    holds two engine rows per system (a variational reference, :mod:`nrpt.paths.variational`: even
-    rows the prior leg, odd rows the variational leg; ``Run.facts["legs"]``)."""
+    statistics), ``target`` the run's target (default ``engine.target``); ``row_map``: the run's
+    map of engine rows to systems where they differ (``Run.facts["row_map"]``), which splits the
+    per-system summary values (``posterior_parts``) and notes the index process
+    (``index_note``)."""
     try:
         import h5netcdf  # noqa: F401  (the engine)
         import xarray as xr
@@ -303,7 +305,7 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     else:
         groups["posterior"] = flat
     groups["sample_stats"] = _sample_stats(xr, e, chain, draw, summary, index, first, thin, R,
-                                           n, legs)
+                                           n, row_map)
     groups["constant_data"] = _constant_data(xr, recorders, engine, nrpt_attrs)
     with atomic_path(path) as tmp:
         xr.Dataset(attrs=nrpt_attrs).to_netcdf(tmp, mode="w", engine="h5netcdf")
@@ -313,7 +315,7 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     return Path(path).name
 
 
-def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, legs):
+def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, row_map):
     data: dict[str, Any] = {"path_energy": (("chain", "draw"), e, {
         "description": "the tempered energy V of the slot-0 state (as drawn; never altered)"})}
     if index is not None and n:
@@ -326,11 +328,9 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, legs):
         data["target_swap_accepted"] = (("chain", "draw"), st["target_swap_accepted"], {
             "description": "a swap involving slot 0 was accepted in the draw's iteration "
                            "(the slot-0 replica changed)"})
-        if legs:
+        if row_map is not None:
             for key in ("slot0_replica", "target_swap_accepted"):
-                data[key][2]["note"] = (
-                    "the prior leg's index process: the bridge to the variational leg "
-                    "exchanges states, not replicas, and does not show here")
+                data[key][2]["note"] = row_map.index_note
         for key, what in (("restarts", "restarts (reference to target)"),
                           ("round_trips", "round trips (Syed et al.)")):
             data[key] = (("chain", "draw"), st[key], {
@@ -344,15 +344,11 @@ def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, legs):
         "log_normalizer_forward": "forward stepping-stone half (aimed at Z)",
         "log_normalizer_reverse": "reverse stepping-stone half (aimed at 1/Z)",
         "barrier": "global communication barrier Λ̂ = sum of the pair rejection rates"}
-    # a variational run (nrpt.paths.variational) has two engine rows per system, the prior leg's
-    # (even) and the variational leg's (odd): each leg's estimates get a variable of their own
     for key, text in notes.items():
         if key not in summary:
             continue
-        parts = [("", summary[key], "")]
-        if legs and isinstance(summary[key], list) and len(summary[key]) == 2 * R:
-            parts = [("_prior_leg", summary[key][0::2], " (prior leg)"),
-                     ("_variational_leg", summary[key][1::2], " (variational leg)")]
+        parts = [("", summary[key], "")] if row_map is None else \
+            row_map.posterior_parts(summary[key], R)
         for suffix, value, leg in parts:
             vals, undefined = _per_chain(value, R)
             attrs = {"description": text + leg, "source": f"summary.json: {key}"}

@@ -24,6 +24,7 @@ from nrpt.diagnostics import theory
 from nrpt.diagnostics.density import grid_errors, iid_floor
 from nrpt.recorders.stats import json_ready, per_system
 from nrpt.report import health
+from nrpt.roles import RowMap
 
 __all__ = ["build_summary", "format_summary", "exact_moments", "density_error"]
 
@@ -265,10 +266,9 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     elif "log_normalizer" in s and not facts.get("reference_normalized"):
         s.setdefault("log_normalizer_note", "the reference is not declared normalized "
                      "(reference_is_normalized): only log(Z_target / Z_reference) is estimated")
-    if facts.get("legs"):
-        from nrpt.paths.variational import leg_summary
-
-        s.update(leg_summary(run, s))
+    row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
+    if row_map is not None:
+        s.update(row_map.summary(run))
     s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
     s["exact_moments"] = None
     if s["slot0"]:
@@ -335,6 +335,7 @@ def _rounds_fields(s, run: Run, outcome: Outcome, rej: np.ndarray, kind: str) ->
 
 def _health(run: Run, cfg, s: dict, samples) -> list:
     eng, rec, facts = run.engine, run.recorders, run.facts
+    row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
     swaps = rec["swaps"]
     exact = not facts["sg"]
     # the acceptance the explorer declares it aims at (nrpt.run.build: facts)
@@ -344,7 +345,7 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     if spread is not None and spread.n >= 2:
         j = spread.slots.index(eng.P - 1) if (eng.P - 1) in spread.slots else None
         if j is not None:
-            rows = slice(0, None, 2) if facts.get("legs") else slice(None)  # prior leg's
+            rows = slice(None) if row_map is None else row_map.chain_rows  # the user's rows
             hot = {"mean": spread.mean[rows, j].cpu().double().numpy(),
                    "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
     ref_sd = None
@@ -373,14 +374,10 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
     lz = rec.get("log_z")
-    if lz is not None:  # log Z halves self-check, per leg in two-leg runs
-        legs = facts.get("legs")
-        findings += lz.findings((lambda i: f"system {i // 2}, "
-                                 f"{'variational' if i % 2 else 'prior'} leg") if legs else None)
-        if legs:
-            from nrpt.paths.variational import legs_findings
-
-            findings += legs_findings(run)
+    if lz is not None:  # log Z halves self-check, per engine row
+        findings += lz.findings(None if row_map is None else row_map.row_label)
+        if row_map is not None:
+            findings += row_map.findings(run)
     return findings
 
 
@@ -482,10 +479,11 @@ def _scalar(v, R: int, spec: str = ".3g") -> str:
     return _fmt(v, spec)
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
     """The printed report of a run (any kind).  With several systems, per-system scalars are
     shown as ``mean ± sd`` over the systems with a per-system table below, and per-slot /
-    per-pair vectors as their mean over systems with each system on its own line."""
+    per-pair vectors as their mean over systems with each system on its own line.
+    ``row_map``: the run's ``Run.facts["row_map"]``, which adds lines of its own."""
     R = int(s.get("systems") or 1)
     opts = s.get("target_options") or {}
     target = s["target"] + (" (" + ", ".join(f"{k}={v}" for k, v in opts.items()) + ")"
@@ -538,12 +536,8 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"stepping-stone halves: forward "
                      f"{_scalar(s['log_normalizer_forward'], R, '.4g')}, reverse "
                      f"{_scalar(s['log_normalizer_reverse'], R, '.4g')})")
-    if "barrier_variational_leg" in s:
-        lines.append(f"  legs            barrier Λ̂ prior leg {_scalar(s['barrier_prior_leg'], R)}"
-                     f", variational leg {_scalar(s['barrier_variational_leg'], R)} "
-                     f"({s.get('reference')}); log Z "
-                     f"{_scalar(s.get('log_normalizer_prior_leg'), R, '.4g')} / "
-                     f"{_scalar(s.get('log_normalizer_variational_leg'), R, '.4g')}")
+    if row_map is not None:  # its own fields (e.g. per leg)
+        lines += row_map.text(s, lambda v, fmt=".3g": _scalar(v, R, fmt))
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
                      f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "

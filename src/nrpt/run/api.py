@@ -59,7 +59,7 @@ class Result:
     rows: list[dict[str, Any]] = field(default_factory=list)
     engine: PTEngine | None = field(default=None, repr=False)
     recorders: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: what :meth:`to_inference_data` needs besides the above (first iteration, thin, legs)
+    #: what :meth:`to_inference_data` needs besides the above (first iteration, thin, row map)
     export: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __getattr__(self, name):
@@ -69,7 +69,7 @@ class Result:
         raise AttributeError(name)
 
     def __str__(self) -> str:
-        return format_summary(self.summary)
+        return format_summary(self.summary, self.export.get("row_map"))
 
     def to_inference_data(self):
         """The run's draws and diagnostics as an ``arviz.InferenceData``, in memory: the same
@@ -99,7 +99,7 @@ class Result:
                                  summary=self.summary, index=self.index,
                                  first=int(self.export.get("first", 0)),
                                  thin=int(self.export.get("thin", 1)),
-                                 legs=bool(self.export.get("legs", False)))
+                                 row_map=self.export.get("row_map"))
             # every group read into memory before the file goes away
             import h5py  # (h5netcdf's own dependency: lists the groups)
 
@@ -437,12 +437,9 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     arrays = draws.arrays(first, last)
     arrays["index"] = draws.arrays(k, k)["index"]  # the index process of the whole run
     arrays["first"] = first  # the iteration the draws start from (for posterior.nc)
-    if run.facts.get("legs"):  # two legs per system: the prior leg's slot 0 is the chain
-        # (nrpt.paths.variational; samples.npy keeps both legs' rows)
-        for name in ("samples", "energies"):
-            a = np.asarray(arrays[name])[0::2]
-            arrays[name] = a[0] if a.shape[0] == 1 else a
-        arrays["index"] = np.asarray(arrays["index"])[:, 0::2]  # [K + 1, R, P]
+    row_map = run.facts.get("row_map")  # engine rows that are not the user's own systems
+    if row_map is not None:  # (samples.npy keeps every engine row)
+        arrays = row_map.chains(arrays)
     samples = np.asarray(arrays["samples"])
     summary = build_summary(run, cfg, outcome, samples)
     if out is not None:
@@ -452,7 +449,7 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
                   index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
                   rows=outcome.rows, engine=run.engine, recorders=run.recorders,
                   export={"first": int(arrays["first"]), "thin": draws.thin,
-                          "legs": bool(run.facts.get("legs"))})
+                          "row_map": row_map})
 
 
 def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays) -> None:
@@ -474,7 +471,7 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
                 out / "posterior.nc", samples=samples, energies=np.asarray(arrays["energies"]),
                 recorders=run.recorders, engine=run.engine, summary=summary,
                 index=np.asarray(arrays["index"]), first=int(arrays["first"]),
-                thin=run.recorders["draws"].thin, legs=bool(run.facts.get("legs")))
+                thin=run.recorders["draws"].thin, row_map=run.facts.get("row_map"))
         except Exception as err:  # noqa: BLE001 -- the summary and the rest must still be written
             if _disk_full(err):  # (HDF5 reports it as a RuntimeError): not "all is well"
                 raise OSError(errno.ENOSPC, "no space left on device", str(out / "posterior.nc")) \

@@ -143,25 +143,6 @@ def _window(cfg, P: int) -> tuple[int, str]:
     return int(w), "given"
 
 
-def _check_variational(reference: str, kind: str, path, comm, cfg) -> None:
-    """A variational reference needs a geometric target whose path ends at the prior, adaptive
-    rounds, and one process."""
-    if kind != "geometric":
-        raise ValueError(f"reference {reference!r} needs a geometric target (log_likelihood, "
-                         f"reference_log_prob, reference_sample); this target has only "
-                         f"energy(x): use reference 'prior'")
-    if getattr(cfg, "rounds", None) is None:
-        raise ValueError(f"reference {reference!r} is fitted between adaptive rounds: give "
-                         f"rounds = N, or use reference 'prior'")
-    if not path.has_reference:
-        raise ValueError(f"reference {reference!r} needs betas ending at 0 (both legs' "
-                         f"references are sampled exactly); got betas[-1] = "
-                         f"{path.betas[-1]:g}")
-    if comm is not None:
-        raise ValueError(f"reference {reference!r} runs in one process; got {comm.world} "
-                         f"processes (use reference 'prior' with --nproc)")
-
-
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
           resume: bool = False, record: str = "target", comm=None,
           allow_gate_bias: bool = False, burn_in: int | None = None,
@@ -314,13 +295,17 @@ def _scheme_and_rule(cfg, path, rule, scheme, estimator, allow_gate_bias: bool, 
 
 
 def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device, facts):
-    """``(engine, [the variational reference's refit adaptor])`` with the initial states;
-    with a variational reference two engine systems (legs) per user system."""
+    """``(engine, [the row map's adaptor])`` with the initial states; a variational reference
+    (:class:`nrpt.paths.variational.TwoLeg`) makes its own engine over two rows per system."""
     R, P = int(cfg.systems), int(cfg.chains)
     reference = getattr(cfg, "reference", None)
-    E = R if reference is None else 2 * R
+    row_map, E = None, R  # how engine rows make up the user's systems (None: one row each)
     if reference is not None:
-        _check_variational(reference, facts["target_kind"], path, comm, cfg)
+        from nrpt.paths.variational import TwoLeg
+
+        row_map = TwoLeg(reference, R, kind=facts["target_kind"], path=path, comm=comm,
+                         cfg=cfg)
+        E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
     facts["reference_normalized"] = path.has_reference and bool(
@@ -329,19 +314,12 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
         explorer.domain.check_inside(x0)
     common = dict(step_size=step, seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
                   device=device, initial_states=x0)
-    if reference is None:
+    if row_map is None:
         return PTEngine(target, path, explorer, scheme, rule, systems=R, comm=comm,
                         **common), []
-    from nrpt.paths import variational as va
-
-    family = va.VARIATIONAL[reference]
-    q0 = va.initial_reference(target, R, cfg.seed, dtype, device, family)
-    engine = va.TwoLegEngine(target, va.TwoLegPath(path.betas, R, q0), explorer, scheme, rule,
-                             systems=E, **common)
-    facts.update(reference=reference, variational_family=family, legs=True)
-    # q is normalized: the variational leg's stepping stone is log Z when the prior is
-    facts["reference_normalized"] = bool(getattr(target, "reference_is_normalized", False))
-    return engine, [va.VariationalRefit(family, lambda: engine.q)]
+    engine = row_map.engine(target, path, explorer, scheme, rule, **common)
+    facts.update(row_map.facts(target))
+    return engine, [row_map.adaptor()]
 
 
 def _own_tuning(cfg, explorer, phase: str | None, follow=None):
@@ -420,8 +398,8 @@ def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record,
                device) -> dict[str, Any]:
     """Swaps, round trips, log Z (exact finite paths), Method I energies (rounds), spreads
     (every slot where an adaptor asks, ``spread_slots = "all"``), the adaptation trace
-    (stochastic-gradient runs), the streamed draws, the target moments (two legs)."""
-    R, P, sg = engine.R, engine.P, facts["sg"]  # R: every engine system (both legs' rows)
+    (stochastic-gradient runs), the streamed draws, the row map's own (two legs)."""
+    R, P, sg = engine.R, engine.P, facts["sg"]  # R: every engine system
     kw = {"dtype": dtype, "device": device}
     recorders: dict[str, Any] = {"swaps": SwapStats(R, P, **kw),
                                  "round_trips": RoundTrips(engine.slot_of, P)}
@@ -438,11 +416,9 @@ def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record,
                                dtype=np.float64 if dtype == torch.float64 else np.float32,
                                resume=resume, slots=record,
                                store=comm is None or comm.rank == 0)
-    if facts.get("legs"):
-        from nrpt.paths import variational as va
-
-        recorders["target_moments"] = va.TargetMoments(
-            R, engine.dim, facts["variational_family"] == "full-rank", **kw)
+    row_map = facts.get("row_map")
+    if row_map is not None:
+        recorders.update(row_map.recorders(**kw))
     return recorders
 
 

@@ -374,6 +374,10 @@ def _main(args, argv: list[str]) -> int:
 
             return run_deep(args)
         if args.command == "resume":
+            from nrpt.deep.cli import is_deep_run, resume_command
+
+            if is_deep_run(args.out):  # a deep run folder: nrpt.deep resumes it
+                return resume_command(args)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SamplingWarning)
                 result = api.resume(args.out, progress=not args.no_progress and lead,

@@ -63,7 +63,8 @@ __all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON
            "check_target_file", "check_target_modules", "check_fingerprint",
            "new_run_record", "write_run_record", "read_run_record",
            "write_checkpoint", "read_checkpoint", "check_checkpoint", "checkpoint_exists",
-           "load_file", "sha256_file", "temporary"]
+           "load_file", "sha256_file", "temporary", "save_verified", "load_verified",
+           "run_kind"]
 
 CHECKPOINT = "checkpoint.pt"
 PREV_CHECKPOINT = "checkpoint.prev.pt"
@@ -643,6 +644,55 @@ def load_weights(path: Path):
     except (OSError, EOFError, RuntimeError) as err:
         raise ValueError(f"{path} cannot be read ({type(err).__name__}: {str(err)[:200]}); "
                          f"remove it (it is made again) or start a new run") from None
+
+
+def save_verified(payload: dict[str, Any], path: Path) -> None:
+    """``torch.save(payload)`` to ``path`` atomically, with a sidecar ``PATH.json`` holding its
+    size and sha256 (written first: a sidecar without its file vouches for nothing), for the
+    tensor files of a run folder besides the checkpoints (``pretrained.pt`` of a deep run)."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getvalue()
+    side = {"file": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write(_sidecar_of(path), json.dumps(side, indent=2) + "\n")
+    atomic_write(path, data)
+
+
+def load_verified(path: Path):
+    """:func:`load_weights` of a file written by :func:`save_verified`, after checking its
+    size and sha256 against its sidecar: a missing sidecar or a mismatch is a ``ValueError``
+    naming the file (never loaded)."""
+    side_path = _sidecar_of(path)
+    try:
+        side = json.loads(side_path.read_text())
+        want = (str(side["sha256"]), int(side["size"]))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} cannot be verified: its sidecar {side_path.name} is missing "
+                         f"or damaged ({type(err).__name__}); remove {path.name} (it is made "
+                         f"again) or start a new run") from None
+    sha, size = sha256_file(path)
+    if (sha, size) != want:
+        raise ValueError(f"{path} fails its checksum ({size} bytes, sha256 {sha[:16]}...; "
+                         f"{side_path.name} records {want[1]} bytes, {want[0][:16]}...): it is "
+                         f"truncated or damaged; remove it (it is made again) or start a new "
+                         f"run")
+    return load_weights(path)
+
+
+def _sidecar_of(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def run_kind(out: str | os.PathLike) -> str | None:
+    """What ``run.json`` of ``out`` says the run is (``"sample"`` when it names no kind: an
+    ``nrpt run`` folder; ``"deep"``: :func:`nrpt.deep.fit`); None without a readable run.json
+    (the caller reports the folder as it would)."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        record = json.loads((Path(out) / RUN_JSON).read_text())
+        return str(record.get("kind", "sample"))
+    return None
 
 
 def load_file(path: Path) -> dict[str, Any]:

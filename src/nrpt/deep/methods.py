@@ -1,0 +1,181 @@
+"""The deep methods as a table of builders: one small function per method, registered by
+name with :func:`method`.  A builder takes the :class:`Context` of a run (settings, target,
+sizes, starting replicas) and returns the :class:`Setup` of its main run: the engine, the
+adaptors, the collected slots and what it adds to the summary.
+
+Adding a method: one builder here (or in the user's module) decorated with ``@method(NAME)``;
+:data:`METHODS` and the ``method`` setting's allowed values follow."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nrpt import rng
+from nrpt.adapt.sa import (
+    CorrectionAdaptor,
+    LearningRateAdaptor,
+    SAStepSize,
+    window_from_swap_rate,
+)
+from nrpt.core.engine import PTEngine
+from nrpt.explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
+from nrpt.paths.ladders import NoiseLadder, geometric_ladder
+from nrpt.report.health import SamplingWarning
+from nrpt.swap import DEOW, Deterministic, NoSwap
+
+__all__ = ["Context", "Setup", "Method", "BUILDERS", "METHODS", "method", "make_engine"]
+
+
+@dataclass
+class Context:
+    """What a builder is given: ``cfg`` (a :class:`nrpt.deep.config.DeepConfig`), the network
+    target and its minibatch ``estimator``, ``N`` training examples, ``per_epoch`` iterations,
+    ``iters`` iterations of the main run, the starting replicas ``x0`` and BatchNorm buffers
+    ``bn0`` (one row for a single-chain method), ``dtype`` and ``device``."""
+
+    cfg: Any
+    target: Any
+    estimator: Any
+    N: int
+    per_epoch: int
+    iters: int
+    x0: Any
+    bn0: Any
+    dtype: Any
+    device: Any
+
+    def engine(self, explorer, temps, step, scheme, rule) -> PTEngine:
+        P = len(temps)
+        return make_engine(self.target, explorer, temps, step, scheme, rule, self.cfg.seed,
+                           self.x0, self.bn0.reshape(P, -1), self.dtype, self.device)
+
+
+@dataclass
+class Setup:
+    """A method's main run: ``engine``, ``adaptors``, the ``slots`` whose models are
+    collected, ``stage(k)`` (collect only where true), ``every`` (collection interval, None:
+    the run's default) and ``facts`` (added to the summary)."""
+
+    engine: PTEngine
+    slots: list[int]
+    adaptors: list = field(default_factory=list)
+    stage: Callable[[int], bool] | None = None
+    every: int | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its builder; ``single`` (one chain run ``chains`` times as long);
+    ``tempered`` (the PT methods: a correction ``C`` in the summary); ``swag`` (the average is
+    SWAG's fitted Gaussian instead of the collected models)."""
+
+    build: Callable[[Context], Setup]
+    single: bool = False
+    tempered: bool = False
+    swag: bool = False
+
+
+#: method name -> :class:`Method`, in registration order
+BUILDERS: dict[str, Method] = {}
+
+
+def method(name: str, **flags) -> Callable:
+    """Register the decorated builder as the method ``name`` (``flags``: :class:`Method`)."""
+    def register(build: Callable[[Context], Setup]) -> Callable[[Context], Setup]:
+        BUILDERS[name] = Method(build, **flags)
+        return build
+    return register
+
+
+def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtype,
+                device) -> PTEngine:
+    """One system of ``len(temps)`` network replicas starting at ``x0`` (buffers ``bn0``)."""
+    P = len(temps)
+    target.initial_buffers = bn0.reshape(P, -1)
+    return PTEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
+                    step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
+                    initial_states=x0.reshape(1, P, -1))
+
+
+# ------------------------------------------------------------------------------ the methods
+def _tempered(ctx: Context, W: int) -> Setup:
+    """DEO_W with the deterministic swap rule, ``C`` and the learning rates adapted toward the
+    target swap rate (Deng et al. 2023, Algorithm 1)."""
+    cfg, P, iters = ctx.cfg, ctx.cfg.chains, ctx.iters
+    if iters < 4 * P * W:  # a replica crosses at most one pair per window
+        warnings.warn(
+            f"the main run holds {iters / W:.1f} windows of W = {W} iterations, but a round "
+            f"trip of {P} replicas needs at least {2 * (P - 1)}: expect few or no round "
+            f"trips; raise epochs or swap_rate (W* = ceil((log P + log log P) / -log(1 - S)))",
+            SamplingWarning, stacklevel=4)
+    step = [v / ctx.N for v in geometric_ladder(cfg.lr_min, cfg.lr_max, P)]
+    eng = ctx.engine(MomentumSGD(ctx.estimator, momentum=cfg.momentum), [0.0] * P, step,
+                     DEOW(W), Deterministic(cfg.correction))
+    # C's gain scales with the energy noise (the paper's simulation: sd 2, a = 50)
+    key = rng.Key((cfg.seed, 0x5CA1E))
+    est = ctx.estimator
+    noise_sd = float(est(eng.state.x, key, est.init_extras(eng.state.x, key),
+                         need_grad=False).var.mean().sqrt())
+    gain = SAStepSize(cfg.sa_scale * max(noise_sd, 1e-12))
+    adaptors = [CorrectionAdaptor(cfg.swap_rate, gain, pairs=cfg.sa_pairs),
+                LearningRateAdaptor(cfg.swap_rate, SAStepSize(), pairs=cfg.sa_pairs)]
+    return Setup(eng, [0], adaptors, facts={"window": W, "energy_noise_sd": noise_sd})
+
+
+@method("deo-star", tempered=True)
+def deo_star(ctx: Context) -> Setup:
+    """DEO*-mSGD x P: windows ``W* = ceil((log P + log log P) / -log(1 - S))`` from the
+    target swap rate ``S`` (or ``window``)."""
+    cfg = ctx.cfg
+    W = window_from_swap_rate(cfg.chains, cfg.swap_rate) if cfg.window == "optimal" \
+        else cfg.window
+    return _tempered(ctx, W)
+
+
+@method("deo", tempered=True)
+def deo(ctx: Context) -> Setup:
+    """DEO-mSGD x P: the same with ``W = 1``."""
+    return _tempered(ctx, 1)
+
+
+@method("ensemble")
+def ensemble(ctx: Context) -> Setup:
+    """mSGD x P: ``chains`` independent momentum-SGD runs at learning rate ``lr``."""
+    cfg, P = ctx.cfg, ctx.cfg.chains
+    eng = ctx.engine(MomentumSGD(ctx.estimator, momentum=cfg.momentum), [0.0] * P,
+                     cfg.constant_lr / ctx.N, NoSwap(), Deterministic(0.0))
+    return Setup(eng, list(range(P)))
+
+
+@method("cyclical", single=True)
+def cyclical(ctx: Context) -> Setup:
+    """cycSGHMC x T: one SGHMC chain, cosine learning-rate cycles from ``lr_max``; models
+    collected in the sampling stage of each cycle, every half epoch by default (Zhang et al.
+    2020)."""
+    cfg = ctx.cfg
+    cycles = cfg.cycles or max(1, round(cfg.epochs * cfg.chains / 10))
+    explorer = Cyclical(SGHMC(ctx.estimator, momentum=cfg.momentum), cycles, ctx.iters)
+    eng = ctx.engine(explorer, [cfg.temperature], cfg.lr_max / ctx.N, NoSwap(),
+                     Deterministic(0.0))
+    return Setup(eng, [0], stage=explorer.in_sampling_stage,
+                 every=cfg.collect_every or max(1, ctx.per_epoch // 2),
+                 facts={"cycles": cycles})
+
+
+@method("swag", single=True, swag=True)
+def swag(ctx: Context) -> Setup:
+    """SWAG x T: one momentum-SGD chain at learning rate ``lr``; its moments (diagonal and a
+    low-rank deviation matrix) are collected, and the average is over ``swag_samples`` draws
+    of the fitted Gaussian, each with its BatchNorm statistics refreshed on the training data
+    (Maddox et al. 2019)."""
+    cfg = ctx.cfg
+    eng = ctx.engine(MomentumSGD(ctx.estimator, momentum=cfg.momentum), [0.0],
+                     cfg.constant_lr / ctx.N, NoSwap(), Deterministic(0.0))
+    return Setup(eng, [0])
+
+
+METHODS = tuple(BUILDERS)
