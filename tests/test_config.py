@@ -1,5 +1,6 @@
 """RunConfig: sections, defaults that depend on the run, settings that do not apply are errors,
-legacy (nrpt 0.1) files, and a table of bad inputs that grows with every setting."""
+files of an unknown version refused, and a table of bad inputs that grows with every
+setting."""
 
 from __future__ import annotations
 
@@ -79,25 +80,16 @@ def test_toml_strings_with_control_characters_read_back_equal(tmp_path):
     assert again.target_options == {"label": odd, "n": 3} and again == cfg
 
 
-@pytest.mark.parametrize("name", ["legacy_default", "legacy_rounds", "legacy_sg_headline"])
-def test_config_files_written_by_nrpt_0_1_still_load(name):
-    cfg = RunConfig.from_toml(DATA / f"{name}.toml")
-    if name == "legacy_sg_headline":
-        # 0.1's SG window 'auto' was W* from the swap rate: it keeps that meaning
-        assert cfg.explorer == "sgd" and cfg.window == "swap-rate" and cfg.noise_sd == 2.0
-        assert cfg.step_size is None and cfg.target_options == {"penalty": True}
-    elif name == "legacy_rounds":
-        assert cfg.rounds is not None and cfg.iterations is None
-    else:
-        assert cfg == RunConfig()
-
-
-def test_a_legacy_file_that_no_longer_loads_says_how_to_update_it(tmp_path):
-    f = tmp_path / "old.toml"
-    f.write_text((DATA / "legacy_default.toml").read_text().replace("noise_sd = 0.0",
-                                                                     "noise_sd = 1.5"))
-    with pytest.raises(ValueError, match="written by nrpt 0.1.*noise_sd does not apply.*"
-                                         "Update it"):
+def test_a_file_without_a_known_version_is_refused_saying_how_to_rewrite_it(tmp_path):
+    """nrpt 0.1's flat files (no version) and files of an unknown version are refused with a
+    message naming the version this nrpt reads (the 0.1 compatibility layer is gone)."""
+    with pytest.raises(ValueError, match="has no version.*no longer read.*rewrite it in "
+                                         "sections"):
+        RunConfig.from_toml(DATA / "legacy_default.toml")
+    f = tmp_path / "future.toml"
+    f.write_text("version = 3\n[run]\nchains = 4\n")
+    with pytest.raises(ValueError, match="config version 3 is not one this nrpt reads "
+                                         r"\(version 2\)"):
         RunConfig.from_toml(f)
 
 
@@ -193,10 +185,10 @@ def test_bad_input_is_a_clear_error(kwargs, message):
 
 
 def test_the_table_covers_every_setting():
-    from dataclasses import fields
+    from nrpt.run.config import known_options
 
     covered = {k for kw, _ in BAD for k in kw}
-    every = {f.name for f in fields(RunConfig)} - {"explicit"}
+    every = set(known_options()) | {"target_options"}
     # target_options' content is the target's business (checked when the target is built)
     assert every - covered == set()
 

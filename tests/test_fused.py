@@ -150,8 +150,9 @@ def test_a_chunk_length_from_the_config_and_the_cli():
     run = build(config("rwmh-deo", 32, fuse=True))  # a warm-up of 3 = floor(0.1 x 32), then 29
     execute(run)
     assert run.fused.describe() == {"chunk": 8, "chunks": 3, "compiled": False}
-    from nrpt.run.cli import _fuse
+    from nrpt.run.config import known_options
 
+    _fuse = known_options()["fuse"].parse  # the --fuse flag's parser, declared with fuse
     assert _fuse("true") is True and _fuse("16") == 16 and _fuse("no") is False
     assert _fuse("auto") == "auto"
 

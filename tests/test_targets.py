@@ -562,3 +562,59 @@ def test_sum_last_equals_sum():
     t = torch.randn(64, 2, dtype=torch.float64, generator=g)
     assert torch.equal(sum_last(t), t.sum(-1))  # two entries: one rounded addition
     assert sum_last(torch.zeros(3, 0)).shape == (3,)
+
+
+# --------------------------------------------------------------------------- optional members
+def test_every_target_member_nrpt_probes_is_declared():
+    """Every member of a target that nrpt looks up by name is required or in OPTIONAL_MEMBERS
+    (the one declaration of the protocol's optional part)."""
+    import pathlib
+    import re
+
+    import nrpt
+    from nrpt.targets.protocol import OPTIONAL_MEMBERS
+
+    required = {"dim", "energy", "log_likelihood", "reference_log_prob", "reference_sample"}
+    probe = re.compile(r'(?:hasattr|getattr)\((?:self\.)?(?:target|t), "(\w+)"')
+    found = {m for f in pathlib.Path(nrpt.__file__).parent.rglob("*.py")
+             for m in probe.findall(f.read_text())}
+    assert {"initial_states", "analytic_gradients"} <= found  # the scan sees the probes
+    assert found - required - set(OPTIONAL_MEMBERS) == set()
+    # negative control: a probe of an undeclared member is caught by the same scan
+    assert probe.findall('getattr(target, "no_such_member", None)') == ["no_such_member"]
+    assert "no_such_member" not in OPTIONAL_MEMBERS
+
+
+def test_capabilities_are_found_once_from_the_declaration():
+    from nrpt.targets.protocol import Capabilities, capabilities
+
+    class Plain:
+        dim = 1
+        name = None
+
+        def energy(self, x):
+            return (x * x).sum(1)
+
+    class Supplied(Plain):
+        name = "supplied"
+        analytic_gradients = True
+        initial_states = None  # not callable: not a capability
+
+        def energy_and_grad(self, x):
+            return self.energy(x), 2 * x
+
+    class HalfGeometric:
+        dim = 1
+
+        def grad_log_likelihood(self, x):
+            return x
+
+    plain, supplied = capabilities(Plain()), capabilities(Supplied())
+    assert isinstance(plain, Capabilities) and plain.name == "Plain"
+    assert plain.methods == frozenset() and plain.supplied_gradients("temperature") == ()
+    assert supplied.name == "supplied" and supplied.analytic_gradients
+    assert supplied.has("energy_and_grad") and not supplied.has("initial_states")
+    assert supplied.supplied_gradients("temperature") == ("energy_and_grad",)
+    assert capabilities(HalfGeometric()).supplied_gradients("geometric") == ()
+    with pytest.raises(KeyError, match="not an optional method"):
+        supplied.has("mean")  # a value, not a method

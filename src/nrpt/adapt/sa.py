@@ -39,6 +39,7 @@ import torch
 
 from nrpt.diagnostics import theory
 from nrpt.roles import AdaptorBase, Iteration, Update
+from nrpt.swap.noisy import LADDER_UPDATES
 
 __all__ = ["SAStepSize", "CorrectionAdaptor", "LearningRateAdaptor", "VarianceTracker",
            "window_from_swap_rate", "check_swap_rate", "check_ladder", "LADDER_UPDATES"]
@@ -132,11 +133,6 @@ class CorrectionAdaptor(AdaptorBase):
         mean = A.sum(1, keepdim=True) / n.clamp_min(1)
         step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
         return Update(params={"C": it.params["C"] + gain * step})
-
-
-#: how :class:`LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as written) or
-#: ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end points)
-LADDER_UPDATES = ("paper", "log-gaps")
 
 
 def check_ladder_update(value) -> str:

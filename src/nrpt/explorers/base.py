@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from nrpt import rng
+from nrpt.options import Option, check_number, check_numbers, parse_floats
 
 __all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finite_or",
            "slot_grad", "GRAD_KEYS"]
@@ -232,11 +233,38 @@ class Noise:
         return rng.Key((self.seed, self.iteration, *parts), self.block, self.count)
 
 
+def _step_size(name, value, cfg=None):
+    """A number > 0, or one per slot (``cfg.chains`` of them)."""
+    if isinstance(value, list | tuple):
+        out = check_numbers(name, value, cfg.chains)
+        for i, v in enumerate(out):
+            check_number(f"{name}[{i}]", v, 0.0, strict=True)
+        return out
+    return check_number(name, value, 0.0, strict=True)
+
+
+def _parse_step(text: str):
+    vals = parse_floats(text)
+    return vals[0] if len(vals) == 1 else vals
+
+
+_parse_step.what = "a number or comma-separated numbers"  # type: ignore[attr-defined]
+
+#: the step size of the exact explorers (the slice width of ``slice``)
+STEP_SIZE = Option("step_size", _step_size, default=0.35, section="explorer", parse=_parse_step,
+                   why="step_size is for {who}; a stochastic-gradient explorer takes learning "
+                       "rates: lr_min/lr_max or learning_rates",
+                   help="exact explorers: step size at slot 0 (scaled by sqrt(tau) up a "
+                        "temperature ladder), or one per slot, comma-separated")
+
+
 class Explorer:
     """Base class; subclasses implement :meth:`step` and, if they keep per-replica caches,
     :meth:`prepare` (see the module docstring)."""
 
     name = ""
+    #: the settings this explorer reads (:class:`nrpt.options.Option`)
+    options: tuple[Option, ...] = ()
     uses_gradient = False
     #: how many keyed sub-streams one step consumes (so repeated steps don't reuse noise)
     substeps = 1

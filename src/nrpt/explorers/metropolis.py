@@ -22,6 +22,7 @@ import torch
 
 from nrpt.explorers.base import (
     GRAD_KEYS,
+    STEP_SIZE,
     Density,
     ExploreInfo,
     Explorer,
@@ -29,6 +30,7 @@ from nrpt.explorers.base import (
     ReplicaState,
     slot_grad,
 )
+from nrpt.options import Option, integer, parse_int
 
 __all__ = ["RWMH", "MALA", "HMC", "metropolis_select"]
 
@@ -65,6 +67,7 @@ class RWMH(Explorer):
 
     name = "rwmh"
     target_acceptance, acceptance_order, compilable = 0.3, 1, True
+    options = (STEP_SIZE,)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
         xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
@@ -103,6 +106,7 @@ class MALA(_GradientCached):
 
     name = "mala"
     target_acceptance, acceptance_order, compilable = 0.574, 3, True
+    options = (STEP_SIZE,)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
         state = self._cached(state, density)
@@ -143,6 +147,8 @@ class HMC(_GradientCached):
 
     name = "hmc"
     target_acceptance, acceptance_order, compilable = 0.65, 2, True
+    options = (STEP_SIZE, Option("leapfrog_steps", integer(1), default=10, section="explorer",
+                                 parse=parse_int, help="leapfrog steps of hmc"))
     #: the default relative half-width of the step's jitter
     JITTER = 0.2
 

@@ -46,9 +46,69 @@ import torch
 
 from nrpt.energy.estimators import EnergyEstimator, ExactEnergy
 from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
+from nrpt.options import (
+    Option,
+    check_numbers,
+    increasing,
+    integer,
+    number,
+    parse_float,
+    parse_floats,
+    parse_int,
+)
 
 __all__ = ["SGExplorer", "SGLD", "SGD", "SGHMC", "MomentumSGD", "PSGLD", "PSGD", "Cyclical",
            "cyclical_factor"]
+
+
+def _increasing(name, value, cfg=None):
+    return increasing(name, check_numbers(name, value, cfg.chains))
+
+
+def _domain(name, value, cfg=None):
+    from nrpt.explorers.domains import parse_domain
+
+    if not isinstance(value, str):
+        raise ValueError(f"domain must be box:LO,HI or ball:R; got {value!r}")
+    parse_domain(value)
+    return value
+
+
+def _lr(name: str, default: float, help: str) -> Option:
+    return Option(name, number(0.0, strict=True), default=default, section="ladder",
+                  parse=parse_float, applies=lambda cfg: "learning_rates gives the whole ladder"
+                  if cfg.learning_rates is not None else None, why=_SG_WHY, help=help)
+
+
+_SG_WHY = "{name} is for stochastic-gradient explorers ({names})"
+_ENERGY_WHY = "{name} sets the energy estimator of stochastic-gradient explorers ({names})"
+#: the settings every stochastic-gradient explorer reads (its ladder of learning rates, its
+#: energy estimator and its domain)
+SG_OPTIONS = (
+    Option("learning_rates", _increasing, section="ladder", parse=parse_floats, why=_SG_WHY,
+           help="explicit learning-rate ladder, comma-separated, increasing"),
+    _lr("lr_min", 0.003, "learning rate of slot 0 (stochastic-gradient explorers)"),
+    _lr("lr_max", 0.6, "learning rate of slot P-1; the initial ladder is geometric in between"),
+    Option("domain", _domain, section="explorer", why="domain reflects stochastic-gradient steps",
+           help="reflect stochastic-gradient steps onto box:LO,HI or ball:R"),
+    Option("noise_sd", number(0.0), default=0.0, section="energy", parse=parse_float,
+           why=_ENERGY_WHY,
+           help="noisy oracle: sd of the Gaussian noise added to the energy (and gradient)"),
+    Option("grad_noise_sd", number(0.0), section="energy", parse=parse_float, why=_ENERGY_WHY,
+           help="noisy oracle: gradient noise sd if different from --noise-sd"),
+    Option("batch_size", integer(2), section="energy", parse=parse_int, why=_ENERGY_WHY,
+           help="minibatch size (data targets); must not exceed the data"),
+    Option("vr_every", integer(0), default=0, section="energy", parse=parse_int,
+           why=_ENERGY_WHY, help="variance-reduced energies: refresh the control-variate "
+                                 "anchor every m iterations (0: off)"),
+)
+#: SGD explorers (no noise above slot 0): the noise temperature of slot 0
+ZERO_OPTIONS = (Option("bottom_temperature", number(0.0), default=1.0, section="ladder",
+                       parse=parse_float, why="bottom_temperature is for SGD explorers {names}",
+                       help="sgd/msgd/psgd: Langevin noise temperature at slot 0 "
+                            "(0: plain SGD)"),)
+MOMENTUM = Option("momentum", number(0.0, high=1.0), default=0.9, section="explorer",
+                  parse=parse_float, help="momentum of sghmc / msgd (1 - friction)")
 
 
 class SGExplorer(Explorer):
@@ -63,6 +123,7 @@ class SGExplorer(Explorer):
 
     uses_gradient = True
     compilable = True  # (not with the control-variate energy: nrpt.explorers.compiled)
+    options = SG_OPTIONS
     #: extras created by the move itself (besides the estimator's)
     buffers: tuple[str, ...] = ()
 
@@ -71,6 +132,13 @@ class SGExplorer(Explorer):
             raise ValueError("estimator must be an nrpt.energy.estimators.EnergyEstimator")
         self.estimator = estimator
         self.domain = domain
+
+    @staticmethod
+    def check_settings(cfg) -> None:
+        """The learning-rate ladder runs upward: ``lr_max > lr_min``."""
+        if cfg.lr_min is not None and not cfg.lr_max > cfg.lr_min:
+            raise ValueError(f"lr_max ({cfg.lr_max}) must be larger than lr_min "
+                             f"({cfg.lr_min})")
 
     def _estimator(self, density) -> EnergyEstimator:
         if self.estimator is None:
@@ -141,6 +209,7 @@ class SGD(SGLD):
     name = "sgd"
     #: the method's name in the literature, by swap rule (summaries)
     method_names = {"deterministic": "DEO*-SGD"}
+    options = (*SG_OPTIONS, *ZERO_OPTIONS)
 
 
 class SGHMC(SGExplorer):
@@ -148,6 +217,7 @@ class SGHMC(SGExplorer):
     one leapfrog step per iteration; ``momentum`` = ``1 - friction``.  ``tau = 0``: momentum SGD."""
 
     name = "sghmc"
+    options = (*SG_OPTIONS, MOMENTUM)
     buffers = ("momentum",)
 
     def __init__(self, estimator=None, domain=None, momentum: float = 0.9):
@@ -175,6 +245,7 @@ class MomentumSGD(SGHMC):
     """Momentum SGD (the paper's mSGD): :class:`SGHMC` on zero-temperature slots."""
 
     name = "msgd"
+    options = (*SG_OPTIONS, *ZERO_OPTIONS, MOMENTUM)
 
 
 class PSGLD(SGExplorer):
@@ -211,6 +282,7 @@ class PSGD(PSGLD):
     """Preconditioned SGD (the paper's pSGD): :class:`PSGLD` on zero-temperature slots."""
 
     name = "psgd"
+    options = (*SG_OPTIONS, *ZERO_OPTIONS)
 
 
 def cyclical_factor(k: int, cycles: int, iterations: int) -> float:

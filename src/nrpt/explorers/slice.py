@@ -48,7 +48,8 @@ import numbers
 
 import torch
 
-from nrpt.explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.explorers.base import STEP_SIZE, Density, ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.options import Option, choice
 
 __all__ = ["SliceSampler", "slot_log_density"]
 
@@ -118,6 +119,9 @@ class SliceSampler(Explorer):
     """
 
     name = "slice"
+    options = (STEP_SIZE, Option("slice_method", choice(METHODS), default="stepping-out",
+                                 section="explorer", choices=METHODS,
+                                 help="interval growth of the slice explorer"))
     uses_gradient = False
     substeps = 1
 

@@ -15,92 +15,11 @@ import argparse
 import os
 import sys
 import warnings
-from dataclasses import fields
 
-from nrpt.paths.variational import REFERENCES
+from nrpt.options import Option, parse_int
 from nrpt.report.health import SamplingWarning
 from nrpt.run import registry
-from nrpt.run.config import DTYPES, SECTIONS, SLICE_METHODS, RunConfig
-
-_HELP = {
-    "target": "built-in target name or path/to/file.py:NAME (see `nrpt list targets`)",
-    "chains": "number of slots P on the ladder (>= 2)",
-    "iterations": "number of PT iterations (explore + swap)",
-    "burn_in": "warm-up of a fixed-length run, in no statistic and not in posterior.nc: a "
-               "fraction of --iterations in [0, 1) (default 0.1) or a count (an integer); "
-               "rwmh/mala/hmc step sizes are tuned during it and then frozen",
-    "scheme": "swap scheme",
-    "window": "window W of deo-w: an integer >= 1, 'auto' (W* from the rejection rate measured "
-              "in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - swap_rate); for noisy / "
-              "stochastic-gradient swaps: a window > 1 with exact Metropolis swaps is refused "
-              "(biased; use --scheme deo)",
-    "explorer": "local move (exact: rwmh, mala, hmc, slice; stochastic-gradient: the rest)",
-    "step_size": "exact explorers: step size at slot 0 (scaled by sqrt(tau) up a temperature "
-                 "ladder), or one per slot, comma-separated",
-    "leapfrog_steps": "leapfrog steps of hmc",
-    "n_explore": "explorer steps per iteration",
-    "max_temperature": "hottest temperature of the default geometric temperature ladder",
-    "temperatures": "explicit temperature ladder, comma-separated, starting at 1",
-    "betas": "explicit geometric-path schedule, comma-separated, from 1 down to 0",
-    "systems": "independent PT systems run side by side (repeats)",
-    "seed": "run seed in [0, 2^64) (runs are bit-for-bit reproducible on one machine)",
-    "thin": "record every thin-th target-slot draw",
-    "window_tune": "iterations of DEO that measure the rejection rate for --window auto "
-                   "(default: iterations / 10)",
-    "dtype": "floating-point precision",
-    "device": "torch device: cpu, cuda, cuda:N",
-    "checkpoint_every": "write a checkpoint every this many iterations",
-    "out": "run folder (config.toml, summary.json, samples.npy, index.npy, checkpoint.pt, "
-           "posterior.nc, figures)",
-    "rounds": "adaptive NRPT in N rounds of 2, 4, ..., 2^N iterations (replaces --iterations); "
-              "the schedule is re-fitted between rounds, the report uses the last round; the "
-              "explorer defaults to slice",
-    "adapt_schedule": "with --rounds: re-fit the schedule between rounds (true/false)",
-    "adapt_step_size": "with --rounds: tune rwmh/mala/hmc step sizes (slice widths) between "
-                       "rounds; in a fixed-length run: tune rwmh/mala/hmc step sizes during "
-                       "the burn-in (true/false, default true)",
-    "target_acceptance": "explorer acceptance aimed at by --adapt-step-size "
-                         "(default 0.3 rwmh, 0.574 mala, 0.65 hmc)",
-    "slice_method": "interval growth of the slice explorer",
-    "reference": "hot end of a geometric path: prior (default), or with --rounds a Gaussian "
-                 "fitted to the target draws between rounds, full-rank (variational) or "
-                 "diagonal (variational-meanfield), annealed in a second leg joined to the "
-                 "prior leg at the target",
-    "figures": "with --out: write the figures (true/false)",
-    "compile": "run the explorer step (rwmh, mala, hmc, and the stochastic-gradient "
-               "explorers without control variates) as one torch.compile graph: faster "
-               "iterations after a compilation of seconds; each step equals the plain one to "
-               "rounding (a deterministic-rule run then diverges from the plain run after a "
-               "flipped verdict: the same chain in law, not the same numbers); falls back to "
-               "the plain step (true/false)",
-    "fuse": "run the iterations in chunks (explore, swap, adapt, record) as one function, "
-            "one torch.compile graph with --compile: fewer launches per iteration; true = "
-            "chunks of 8, or a chunk length (16: faster, twice the compilation); one process, "
-            "schemes deo/deo-w/seo; auto (default): eager chunks of 8 where they run, the "
-            "same numbers as the plain loop (auto/true/false/N)",
-    "swap_rule": "swap rule (default: metropolis for exact explorers, deterministic for "
-                 "sgd/msgd/psgd, bias-corrected for sgld/sghmc/psgld)",
-    "swap_rate": "target swap rate S in (0, 1) of the C and learning-rate adaptors; also sets "
-                 "W = ceil((log P + log log P) / -log(1 - S)) for --window swap-rate",
-    "lr_min": "learning rate of slot 0 (stochastic-gradient explorers)",
-    "lr_max": "learning rate of slot P-1; the initial ladder is geometric in between",
-    "learning_rates": "explicit initial learning-rate ladder, comma-separated, increasing",
-    "noise_sd": "noisy oracle: sd of the Gaussian noise added to the energy (and gradient)",
-    "grad_noise_sd": "noisy oracle: gradient noise sd if different from --noise-sd",
-    "correction": "initial correction buffer C0 of the deterministic rule",
-    "adapt": "deterministic rule: adapt C and the learning rates online (true/false)",
-    "sa_step": "SA step sizes gamma_k = a / (k^kappa + b) as a,kappa,b (default 50,0.8,500)",
-    "ladder_update": "how the learning rates adapt: paper (Eq. 11/12 as written; can collapse "
-                     "two rungs) or log-gaps (Eq. 10 on the gaps of log eta, renormalized)",
-    "bottom_temperature": "sgd/msgd/psgd: Langevin noise temperature at slot 0 (0: plain SGD)",
-    "batch_size": "minibatch size (data targets); must not exceed the data",
-    "vr_every": "variance-reduced energies: refresh the control-variate anchor every m "
-                "iterations (0: off)",
-    "variance_factor": "bias-corrected rule: divide the sigma^2 correction by F >= 1",
-    "variance_every": "bias-corrected rule: refresh the per-slot sigma^2 every m iterations",
-    "momentum": "momentum of sghmc / msgd (1 - friction)",
-    "domain": "reflect stochastic-gradient steps onto box:LO,HI or ball:R",
-}
+from nrpt.run.config import COMPONENTS, RunConfig, declarations, known_options, section_table
 
 
 def _typed(what: str, conv):
@@ -116,76 +35,32 @@ def _typed(what: str, conv):
     return parse
 
 
-def _floats(text: str) -> list[float]:
-    vals = [float(t) for t in text.split(",") if t.strip()]
-    if not vals:
-        raise ValueError(text)
-    return vals
+_INT = _typed("an integer", parse_int)
 
 
-def _step(text: str):
-    vals = _floats(text)
-    return vals[0] if len(vals) == 1 else vals
+def _flag_type(opt: Option):
+    return str if opt.parse is None else _typed(getattr(opt.parse, "what", "a value"), opt.parse)
 
 
-def _burn_in(text: str):
-    """An integer count ("500") or a fraction ("0.1")."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
+def _add_settings(run: argparse.ArgumentParser) -> None:
+    """One flag per declared setting, in one ``--help`` group per section and component."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    added: set[str] = set()
+    for opt, role, names in declarations():
+        title = f"[{opt.section}]"
+        if role is not None:
+            field = COMPONENTS[role]
+            title += f" {field} {names[0]}" if len(names) == 1 else \
+                f" {field}s {', '.join(names)}"
+        if title not in groups:
+            groups[title] = run.add_argument_group(title)
+        if opt.name in added:  # (one option read by two roles)
+            continue
+        added.add(opt.name)
+        groups[title].add_argument("--" + opt.name.replace("_", "-"), dest=opt.name,
+                                   default=None, type=_flag_type(opt),
+                                   choices=opt.flag_choices(), help=opt.help or None)
 
-
-def _window(text: str):
-    return text if text in ("auto", "swap-rate") else int(text)
-
-
-#: the words every boolean flag takes (case-insensitive)
-BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True,
-              "false": False, "no": False, "off": False, "0": False}
-
-
-def _bool(text: str) -> bool:
-    try:
-        return BOOL_WORDS[text.strip().lower()]
-    except KeyError:  # (_typed turns this into "argument --flag: expected ...")
-        raise ValueError(text) from None
-
-
-_INT = _typed("an integer", int)
-_FLOAT = _typed("a number", float)
-def _fuse(text: str) -> bool | int | str:
-    low = text.strip().lower()
-    if low == "auto":
-        return "auto"
-    if low in BOOL_WORDS and low not in ("0", "1"):  # a number is a chunk length
-        return BOOL_WORDS[low]
-    return int(text)
-
-
-_BOOL = _typed("true or false (true/false, yes/no, on/off, 1/0)", _bool)
-_FLOATS = _typed("comma-separated numbers", _floats)
-_TYPES = {
-    "chains": _INT, "iterations": _INT, "leapfrog_steps": _INT, "n_explore": _INT,
-    "systems": _INT, "seed": _INT, "thin": _INT, "window_tune": _INT, "checkpoint_every": _INT,
-    "rounds": _INT, "batch_size": _INT, "vr_every": _INT, "variance_every": _INT,
-    "max_temperature": _FLOAT, "target_acceptance": _FLOAT, "swap_rate": _FLOAT,
-    "lr_min": _FLOAT, "lr_max": _FLOAT, "noise_sd": _FLOAT, "grad_noise_sd": _FLOAT,
-    "correction": _FLOAT, "bottom_temperature": _FLOAT, "variance_factor": _FLOAT,
-    "momentum": _FLOAT,
-    "temperatures": _FLOATS, "betas": _FLOATS, "learning_rates": _FLOATS, "sa_step": _FLOATS,
-    "step_size": _typed("a number or comma-separated numbers", _step),
-    "window": _typed("an integer >= 1, auto or swap-rate", _window),
-    "burn_in": _typed("a fraction in [0, 1) or an integer count", _burn_in),
-    "adapt_schedule": _BOOL, "adapt_step_size": _BOOL, "figures": _BOOL,
-    "compile": _BOOL, "adapt": _BOOL,
-    "fuse": _typed("auto, true/false (yes/no, on/off) or a chunk length >= 1", _fuse),
-}
-_CHOICES = {"dtype": list(DTYPES), "slice_method": list(SLICE_METHODS),
-            "ladder_update": ["paper", "log-gaps"],
-            "reference": list(REFERENCES)}
-for _role, _field in (("explorer", "explorer"), ("scheme", "scheme"), ("rule", "swap_rule")):
-    _CHOICES[_field] = registry.names(_role)
 
 PRESETS = ("deo-star-sgd", "none")
 
@@ -218,21 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         "target; `nrpt list` shows every explorer, scheme, rule, adaptor and target.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run PT (default: the DEO*-SGD x P16 headline run)")
-    run.add_argument("--config", help="TOML file (sections " + ", ".join(SECTIONS)
+    run.add_argument("--config", help="TOML file (sections " + ", ".join(section_table())
                      + "); flags override it")
     run.add_argument("--preset", choices=PRESETS, default=None,
                      help="starting configuration: deo-star-sgd (the paper's headline DEO*-SGD x "
                           "P16 run; the default without --config/--rounds/--target/exact "
                           "--explorer) or none (the RunConfig defaults: exact PT with rwmh)")
-    groups = {sec: run.add_argument_group(f"[{sec}]") for sec in SECTIONS}
-    home = {n: sec for sec, ns in SECTIONS.items() for n in ns}
-    for f in fields(RunConfig):
-        if f.name in ("target_options", "explicit"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        groups[home[f.name]].add_argument(
-            flag, dest=f.name, default=None, type=_TYPES.get(f.name, str),
-            choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
+    _add_settings(run)
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for the target factory (repeatable)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -291,7 +158,9 @@ def _list(role: str | None) -> None:
         for name, summary in rows:
             e = registry.entry(r, name)
             tags = f" [{', '.join(sorted(e.tags))}]" if e.tags else ""
-            print(f"  {name:<{width}}  {summary}{tags}")
+            opts = f" (options: {', '.join(e.options)})" if r in COMPONENTS and e.options \
+                else ""
+            print(f"  {name:<{width}}  {summary}{tags}{opts}")
 
 
 def _interrupted(result, out, lead: bool = True) -> int:
@@ -349,6 +218,43 @@ def _os_error(err: OSError, args) -> int:
     return 1
 
 
+#: errors a user can fix, printed as one line with exit status 2 (an OSError naming a file that
+#: exists, or any other OSError -- a full disk, a read-only file system -- goes to _os_error)
+_USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, NotADirectoryError,
+                IsADirectoryError, PermissionError)
+
+
+def _failed(err: Exception, args) -> int:
+    if isinstance(err, OSError) and (not isinstance(err, _USER_ERRORS) or (
+            err.filename is not None and not isinstance(err, FileNotFoundError))):
+        return _os_error(err, args)
+    print(f"nrpt: error: {err}", file=sys.stderr)
+    return 2
+
+
+def _config(args) -> RunConfig:
+    """``nrpt run``'s configuration: the flags over ``--config FILE``, or over the preset."""
+    data: dict = {}
+    for name in known_options():
+        v = getattr(args, name, None)
+        if v is not None:
+            data[name] = v
+    opts: dict = {}
+    for item in args.option:
+        if "=" not in item:
+            raise ValueError(f"--option must be KEY=VALUE; got {item!r}")
+        key, value = item.split("=", 1)
+        opts[key] = _literal(key, value)
+    if opts:
+        data["target_options"] = opts
+    if not args.config:
+        return RunConfig.from_dict(data, defaults=_preset(args, data))
+    cfg = RunConfig.from_toml(args.config)
+    if opts:
+        data["target_options"] = {**cfg.target_options, **opts}
+    return cfg.replace(**data)
+
+
 def _main(args, argv: list[str]) -> int:
     from nrpt.run import api
 
@@ -386,41 +292,13 @@ def _main(args, argv: list[str]) -> int:
             if lead:
                 print(result)
             return _interrupted(result, args.out, lead)
-        data: dict = {}
-        for f in fields(RunConfig):
-            v = getattr(args, f.name, None)
-            if v is not None:
-                data[f.name] = v
-        opts: dict = {}
-        for item in args.option:
-            if "=" not in item:
-                raise ValueError(f"--option must be KEY=VALUE; got {item!r}")
-            key, value = item.split("=", 1)
-            opts[key] = _literal(key, value)
-        if opts:
-            data["target_options"] = opts
-        defaults = _preset(args, data)
-        if args.config:
-            cfg = RunConfig.from_toml(args.config)
-            merged = cfg.to_dict()
-            if opts:
-                data["target_options"] = {**merged["target_options"], **opts}
-            cfg = cfg.replace(**data)
-        else:
-            cfg = RunConfig.from_dict(data, defaults=defaults)
+        cfg = _config(args)
         with warnings.catch_warnings():  # the report prints every finding itself
             warnings.simplefilter("ignore", SamplingWarning)
             result = api.run_config(cfg, progress=not args.no_progress and lead,
                                     overwrite=args.overwrite, threads=args.threads)
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-            PermissionError, RuntimeError) as err:
-        if isinstance(err, OSError) and err.filename is not None and \
-                not isinstance(err, FileNotFoundError):
-            return _os_error(err, args)
-        print(f"nrpt: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a full disk, a read-only file system, a name too long, ...
-        return _os_error(err, args)
+    except (ValueError, RuntimeError, OSError) as err:
+        return _failed(err, args)
     if lead:
         print(result)
     return _interrupted(result, cfg.out, lead)

@@ -1,129 +1,77 @@
-"""Run configuration: one validated dataclass, written to TOML in sections, mirrored by the CLI.
+"""Run configuration: settings declared by the components that read them, resolved into one
+frozen :class:`RunConfig`, written to TOML in sections, mirrored by the CLI.
 
-A setting belongs to one of the sections ``run``, ``ladder``, ``explorer``, ``swap``,
-``adaptation``, ``energy`` and ``output`` (:data:`SECTIONS`); flags and keyword arguments use
-the field names themselves (``nrpt.sample(step_size=0.5)``, ``--step-size 0.5``).
+Every setting is an :class:`nrpt.options.Option`.  Those of a component -- an explorer, scheme
+or rule -- are declared on its class (``HMC.options`` holds ``leapfrog_steps``); those that span
+components (``target``, ``iterations``, ``chains``, ``seed``, ``out``, ...) are declared here
+(:data:`CENTRAL`).  A setting belongs to one of the sections ``run``, ``ladder``, ``explorer``,
+``swap``, ``adaptation``, ``energy`` and ``output`` (:func:`section_table`); flags and keyword
+arguments use the names themselves (``nrpt.sample(step_size=0.5)``, ``--step-size 0.5``).
 
-Which settings apply depends on the run (the explorer's, scheme's and rule's entries in
-:mod:`nrpt.run.registry` say which fields they read).  After construction every field holds its
-*resolved* value, and a field that does not apply to the run is ``None``:
+After construction every setting holds its *resolved* value, and one that does not apply to
+the run is ``None``:
 
 * a setting the user gave (``explicit``) that does not apply is an error naming it -- never
-  silently ignored (``step_size`` with explorer ``sgld``, ``noise_sd`` with an exact explorer);
-* a value that came from a preset or a legacy file is a default: dropped when it does not apply.
+  silently ignored (``step_size`` with explorer ``sgld``, ``noise_sd`` with an exact explorer,
+  a registered explorer's own option with another explorer);
+* a value that came from a preset is a default: dropped when it does not apply.
 
 ``window`` of scheme ``deo-w`` is an integer, ``"auto"`` (W* from the rejection rate measured
 in a tuning segment of ``window_tune`` iterations) or ``"swap-rate"`` (W* from the target swap
 rate S: ``r = 1 - swap_rate``, Deng et al.'s Algorithm 1).
 
-``config.toml`` files written by nrpt 0.1 (flat keys, every field written) still load: keys that
-hold the old defaults are treated as defaults, the old ``window = "auto"`` of a
-stochastic-gradient run becomes ``"swap-rate"`` (its old meaning), ``swap_rule = "auto"`` is
-resolved; anything that still fails says how to update the file.
+``config.toml`` carries ``version = 2``; a file of another version is refused, and one without
+a version is read as version-2 settings (nrpt 0.1's flat files are no longer read: an error
+in such a file says how to rewrite it).
 """
 
 from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nrpt.explorers.compiled import COMPILABLE
+from nrpt.options import (
+    BOOL_WORDS,
+    SECTION_NAMES,
+    Option,
+    boolean,
+    check_numbers,
+    choice,
+    increasing,
+    integer,
+    number,
+    parse_bool,
+    parse_float,
+    parse_floats,
+    parse_int,
+)
 from nrpt.run import registry
 from nrpt.scalars import plain as _plain
 
-__all__ = ["RunConfig", "SECTIONS", "to_toml", "VERSION", "burn_in_count", "DEFAULT_BURN_IN"]
+__all__ = ["RunConfig", "CENTRAL", "section_table", "known_options", "to_toml", "VERSION",
+           "burn_in_count", "DEFAULT_BURN_IN"]
 
 #: schemes under which the variational reference's bridge fires (pair (0, 1) rests on some
 #: iterations): DEO and DEO_W by design, SEO at random
 BRIDGED_SCHEMES = ("deo", "deo-w", "seo")
 VERSION = 2
 DTYPES = ("float64", "float32")
-SLICE_METHODS = ("stepping-out", "doubling")
-WINDOW_NAMES = ("auto", "swap-rate")
 #: the warm-up fraction of a fixed-length run (``burn_in``)
 DEFAULT_BURN_IN = 0.1
 MAX_ROUNDS = 24  # round r runs 2^r iterations: 2^25 iterations in all at most
-
-#: TOML sections -> the fields they hold (``target_options`` is its own table)
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "run": ("target", "iterations", "burn_in", "rounds", "systems", "seed", "dtype", "device"),
-    "ladder": ("chains", "temperatures", "betas", "max_temperature", "bottom_temperature",
-               "learning_rates", "lr_min", "lr_max", "reference"),
-    "explorer": ("explorer", "step_size", "leapfrog_steps", "n_explore", "slice_method",
-                 "momentum", "domain", "compile", "fuse"),
-    "swap": ("scheme", "window", "window_tune", "swap_rule", "swap_rate", "correction",
-             "variance_factor", "variance_every"),
-    "adaptation": ("adapt", "sa_step", "ladder_update", "adapt_schedule", "adapt_step_size",
-                   "target_acceptance"),
-    "energy": ("noise_sd", "grad_noise_sd", "batch_size", "vr_every"),
-    "output": ("out", "thin", "checkpoint_every", "figures"),
-}
-
-#: what nrpt 0.1 wrote for every field it did not change (legacy files hold all fields)
-LEGACY_DEFAULTS: dict[str, Any] = {
-    "target": "twenty-five-modes", "chains": 10, "iterations": 10_000, "scheme": "deo",
-    "window": 1, "explorer": "rwmh", "step_size": 0.35, "leapfrog_steps": 10, "n_explore": 1,
-    "max_temperature": 25.0, "systems": 1, "seed": 0, "thin": 1, "dtype": "float64",
-    "device": "cpu", "checkpoint_every": 5000, "swap_rule": "auto", "swap_rate": 0.4,
-    "lr_min": 0.003, "lr_max": 0.6, "noise_sd": 0.0, "correction": 4.0, "adapt": True,
-    "sa_step": [50.0, 0.8, 500.0], "bottom_temperature": 1.0, "vr_every": 0,
-    "variance_factor": 1.0, "variance_every": 100, "momentum": 0.9, "adapt_schedule": True,
-    "adapt_step_size": True, "slice_method": "stepping-out", "figures": True,
-    "target_options": {},
-}
+#: the roles whose chosen component's options apply (``explorer``, ``scheme``, ``swap_rule``)
+COMPONENTS = {"explorer": "explorer", "scheme": "scheme", "rule": "swap_rule"}
 
 
-# ----------------------------------------------------------------------------- checks
-def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and \
-        (not isinstance(value, float) or math.isfinite(value)) and int(value) == value
-    if ok:
-        ok = value >= low and (high is None or value <= high)
-    if not ok:
-        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an integer {rng}; got {value!r}")
-    return int(value)
-
-
-def _number(name: str, value: Any, low: float | None = None, *, strict: bool = False,
-            high: float | None = None, high_strict: bool = True) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if strict else value >= low
-    if ok and high is not None:
-        ok = value < high if high_strict else value <= high
-    if not ok:
-        rng = "" if low is None else f" {'>' if strict else '>='} {low}"
-        rng += "" if high is None else f"{' and' if rng else ''} {'<' if high_strict else '<='} " \
-                                        f"{high}"
-        raise ValueError(f"{name} must be a finite number{rng}; got {value!r}")
-    return float(value)
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false; got {value!r}")
-    return value
-
-
-def _chunk(name: str, value: Any) -> bool | int | str:
-    """``"auto"``, ``true`` / ``false``, or a chunk length: an integer >= 1 (``fuse``)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value >= 1:
-        return value
-    if isinstance(value, str) and value == "auto":
-        return value
-    raise ValueError(f"{name} must be auto, true, false or a chunk length (an integer >= 1); "
-                     f"got {value!r}")
-
-
-def _burn_in(value: Any, iterations: int) -> float | int:
+# ----------------------------------------------------------------------------- central checks
+def _burn_in(name: str, value: Any, cfg) -> float | int:
     """A fraction in [0, 1) (a float) or a count in [0, iterations - 1] (an integer): at least
     one iteration is left to sample."""
+    iterations = cfg.iterations
     ok = not isinstance(value, bool) and isinstance(value, int | float)
     if ok and isinstance(value, float):
         ok = math.isfinite(value) and 0.0 <= value < 1.0
@@ -147,37 +95,24 @@ def burn_in_count(cfg) -> int:
     return max(0, min(n, int(cfg.iterations) - 1))
 
 
-def _choice(name: str, value: Any, allowed) -> str:
-    allowed = list(allowed)
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-    return value
+def _chunk(name: str, value: Any, cfg=None) -> bool | int | str:
+    """``"auto"``, ``true`` / ``false``, or a chunk length: an integer >= 1 (``fuse``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value >= 1:
+        return value
+    if isinstance(value, str) and value == "auto":
+        return value
+    raise ValueError(f"{name} must be auto, true, false or a chunk length (an integer >= 1); "
+                     f"got {value!r}")
 
 
-def _numbers(name: str, value: Any, n: int | None = None) -> list[float]:
-    if not isinstance(value, list | tuple) or not value:
-        raise ValueError(f"{name} must be a list of numbers; got {value!r}")
-    out = [_number(f"{name}[{i}]", v) for i, v in enumerate(value)]
-    if n is not None and len(out) != n:
-        raise ValueError(f"{name} has {len(out)} entries but chains = {n}")
-    return out
+def _temperatures(name: str, value: Any, cfg) -> list[float]:
+    return increasing(name, check_numbers(name, value, cfg.chains), 1.0)
 
 
-def _increasing(name: str, vals: list[float], first: float | None = None,
-                positive: bool = True) -> list[float]:
-    if first is not None and vals[0] != first:
-        raise ValueError(f"{name}[0] must be {first} (slot 0 is the target); got {vals[0]}")
-    for i, v in enumerate(vals):
-        if positive and not v > 0:
-            raise ValueError(f"{name}[{i}] must be > 0; got {v}")
-    for i in range(1, len(vals)):
-        if not vals[i] > vals[i - 1]:
-            raise ValueError(f"{name} must be strictly increasing; got {name}[{i - 1}] = "
-                             f"{vals[i - 1]} >= {name}[{i}] = {vals[i]}")
-    return vals
-
-
-def _betas(vals: list[float]) -> list[float]:
+def _betas(name: str, value: Any, cfg) -> list[float]:
+    vals = check_numbers(name, value, cfg.chains)
     if vals[0] != 1.0:
         raise ValueError(f"betas[0] must be 1 (slot 0 is the target); got {vals[0]}")
     for i, v in enumerate(vals):
@@ -190,7 +125,7 @@ def _betas(vals: list[float]) -> list[float]:
     return vals
 
 
-def _device(value: Any) -> str:
+def _device(name: str, value: Any, cfg=None) -> str:
     if not isinstance(value, str):
         raise ValueError(f"device must be a torch device name such as cpu or cuda; got "
                          f"{value!r}")
@@ -217,112 +152,276 @@ def _device(value: Any) -> str:
                      f"{value!r}")
 
 
-def _target(value: Any) -> str:
+def _target(name: str, value: Any, cfg=None) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"target must be a built-in name ({', '.join(registry.names('target'))}"
                          f") or path/to/file.py:NAME; got {value!r}")
     return value
 
 
-def _window(value: Any) -> int | str:
-    if isinstance(value, str):
-        if value in WINDOW_NAMES:
-            return value
-        try:
-            value = int(value)
-        except ValueError:
-            raise ValueError(f"window must be an integer >= 1, 'auto' (W* from the measured "
-                             f"rejection rate) or 'swap-rate' (W* from swap_rate); got "
-                             f"{value!r}") from None
-    return _int("window", value, 1)
+def _swap_rate(name: str, value: Any, cfg=None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value < 1.0:
+        raise ValueError(f"swap_rate S must be a number in (0, 1) (exclusive); got {value!r}")
+    return float(value)
+
+
+def _out(name: str, value: Any, cfg=None) -> str:
+    if not isinstance(value, str | Path):
+        raise ValueError(f"out must be a folder path; got {value!r}")
+    out = Path(value)
+    for parent in [out, *out.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                what = "is a file" if parent == out else f"is under the file {parent}"
+                raise ValueError(f"out {str(out)!r} {what}; give a folder path")
+            break
+    return str(value)
+
+
+def _references():
+    from nrpt.paths.variational import REFERENCES
+
+    return REFERENCES
+
+
+def _parse_burn_in(text: str):
+    """An integer count ("500") or a fraction ("0.1")."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _parse_fuse(text: str) -> bool | int | str:
+    low = text.strip().lower()
+    if low == "auto":
+        return "auto"
+    if low in BOOL_WORDS and low not in ("0", "1"):  # a number is a chunk length
+        return BOOL_WORDS[low]
+    return int(text)
+
+
+_parse_burn_in.what = "a fraction in [0, 1) or an integer count"  # type: ignore[attr-defined]
+_parse_fuse.what = ("auto, true/false (yes/no, on/off) or a chunk "  # type: ignore[attr-defined]
+                    "length >= 1")
+
+
+def _S(section: str):
+    """Option constructors for one section."""
+    return lambda name, check, **kw: Option(name, check, section=section, **kw)
+
+
+_run, _ladder, _explorer, _swap, _adapt, _output = (
+    _S("run"), _S("ladder"), _S("explorer"), _S("swap"), _S("adaptation"), _S("output"))
+
+#: the settings that span components (declared here, not on one component's class)
+CENTRAL: tuple[Option, ...] = (
+    _run("target", _target, default="twenty-five-modes",
+         help="built-in target name or path/to/file.py:NAME (see `nrpt list targets`)"),
+    _run("iterations", integer(1), default=10_000, parse=parse_int,
+         help="number of PT iterations (explore + swap)"),
+    _run("burn_in", _burn_in, default=DEFAULT_BURN_IN, parse=_parse_burn_in,
+         help="warm-up of a fixed-length run, in no statistic and not in posterior.nc: a "
+              "fraction of --iterations in [0, 1) (default 0.1) or a count (an integer); "
+              "rwmh/mala/hmc step sizes are tuned during it and then frozen"),
+    _run("rounds", integer(1, MAX_ROUNDS), parse=parse_int,
+         help="adaptive NRPT in N rounds of 2, 4, ..., 2^N iterations (replaces --iterations); "
+              "the schedule is re-fitted between rounds, the report uses the last round; the "
+              "explorer defaults to slice"),
+    _run("systems", integer(1), default=1, parse=parse_int,
+         help="independent PT systems run side by side (repeats)"),
+    _run("seed", integer(0, 2 ** 64 - 1), default=0, parse=parse_int,
+         help="run seed in [0, 2^64) (runs are bit-for-bit reproducible on one machine)"),
+    _run("dtype", choice(DTYPES), default="float64", choices=DTYPES,
+         help="floating-point precision"),
+    _run("device", _device, default="cpu", help="torch device: cpu, cuda, cuda:N"),
+    _ladder("chains", integer(2), default=10, parse=parse_int,
+            help="number of slots P on the ladder (>= 2)"),
+    _ladder("temperatures", _temperatures, parse=parse_floats,
+            help="explicit temperature ladder, comma-separated, starting at 1"),
+    _ladder("betas", _betas, parse=parse_floats,
+            help="explicit geometric-path schedule, comma-separated, from 1 down to 0"),
+    _ladder("max_temperature", number(1.0, strict=True), default=25.0, parse=parse_float,
+            help="hottest temperature of the default geometric temperature ladder"),
+    _ladder("reference", choice(_references), choices=_references,
+            help="hot end of a geometric path: prior (default), or with --rounds a Gaussian "
+                 "fitted to the target draws between rounds, full-rank (variational) or "
+                 "diagonal (variational-meanfield), annealed in a second leg joined to the "
+                 "prior leg at the target"),
+    _explorer("explorer", choice(lambda: registry.names("explorer")),
+              choices=lambda: registry.names("explorer"),
+              help="local move (exact: rwmh, mala, hmc, slice; stochastic-gradient: the rest)"),
+    _explorer("n_explore", integer(1), default=1, parse=parse_int,
+              help="explorer steps per iteration"),
+    _explorer("compile", boolean, default=False, parse=parse_bool,
+              help="run the explorer step (rwmh, mala, hmc, and the stochastic-gradient "
+                   "explorers without control variates) as one torch.compile graph: faster "
+                   "iterations after a compilation of seconds; each step equals the plain one "
+                   "to rounding (a deterministic-rule run then diverges from the plain run "
+                   "after a flipped verdict: the same chain in law, not the same numbers); "
+                   "falls back to the plain step (true/false)"),
+    # auto: chunks run eagerly wherever nrpt.core.fused can run them (the same numbers as the
+    # plain loop, fewer launches); compile = true keeps its compiled explorer step
+    _explorer("fuse", _chunk, default="auto", parse=_parse_fuse,
+              help="run the iterations in chunks (explore, swap, adapt, record) as one "
+                   "function, one torch.compile graph with --compile: fewer launches per "
+                   "iteration; true = chunks of 8, or a chunk length (16: faster, twice the "
+                   "compilation); one process, schemes deo/deo-w/seo; auto (default): eager "
+                   "chunks of 8 where they run, the same numbers as the plain loop "
+                   "(auto/true/false/N)"),
+    _swap("scheme", choice(lambda: registry.names("scheme")), default="deo",
+          choices=lambda: registry.names("scheme"), help="swap scheme"),
+    _swap("swap_rule", choice(lambda: registry.names("rule")),
+          choices=lambda: registry.names("rule"),
+          help="swap rule (default: metropolis for exact explorers, deterministic for "
+               "sgd/msgd/psgd, bias-corrected for sgld/sghmc/psgld)"),
+    _swap("swap_rate", _swap_rate, default=0.4, parse=parse_float,
+          help="target swap rate S in (0, 1) of the C and learning-rate adaptors; also sets "
+               "W = ceil((log P + log log P) / -log(1 - S)) for --window swap-rate"),
+    _adapt("adapt_schedule", boolean, default=True, parse=parse_bool,
+           help="with --rounds: re-fit the schedule between rounds (true/false)"),
+    _adapt("adapt_step_size", boolean, default=True, parse=parse_bool,
+           help="with --rounds: tune rwmh/mala/hmc step sizes (slice widths) between rounds; "
+                "in a fixed-length run: tune rwmh/mala/hmc step sizes during the burn-in "
+                "(true/false, default true)"),
+    _adapt("target_acceptance", number(0.0, strict=True, high=1.0), parse=parse_float,
+           help="explorer acceptance aimed at by --adapt-step-size (default 0.3 rwmh, 0.574 "
+                "mala, 0.65 hmc)"),
+    _output("out", _out, help="run folder (config.toml, summary.json, samples.npy, index.npy, "
+                              "checkpoint.pt, posterior.nc, figures)"),
+    _output("thin", integer(1), default=1, parse=parse_int,
+            help="record every thin-th target-slot draw"),
+    _output("checkpoint_every", integer(1), default=5000, parse=parse_int,
+            help="write a checkpoint every this many iterations"),
+    _output("figures", boolean, default=True, parse=parse_bool,
+            help="with --out: write the figures (true/false)"),
+)
+
+
+# ----------------------------------------------------------------------------- the declarations
+def declarations() -> Iterator[tuple[Option, str | None, list[str]]]:
+    """Every option with its owner: ``(option, None, [])`` for :data:`CENTRAL`, then
+    ``(option, role, [the names of that role that read it])`` for the components' options,
+    each once, in registration order."""
+    for o in CENTRAL:
+        yield o, None, []
+    for role in COMPONENTS:
+        owners: dict[str, tuple[Option, list[str]]] = {}
+        for n in registry.names(role):
+            for o in registry.entry(role, n).declared:
+                if owners.setdefault(o.name, (o, []))[0] is not o:
+                    _twice(o, f"{role} {n!r}")
+                owners[o.name][1].append(n)
+        for o, names in owners.values():
+            yield o, role, names
+
+
+def _twice(o: Option, who: str) -> NoReturn:
+    raise ValueError(f"option {o.name!r} of {who} is declared twice with different checks; "
+                     f"share one nrpt.options.Option (e.g. nrpt.explorers.base.STEP_SIZE)")
+
+
+def known_options() -> dict[str, Option]:
+    """Name -> option, for every setting a :class:`RunConfig` takes; two declarations of one
+    name must be the same :class:`~nrpt.options.Option` (share it, e.g. ``STEP_SIZE``)."""
+    out: dict[str, Option] = {}
+    for o, role, names in declarations():
+        if out.setdefault(o.name, o) is not o:
+            _twice(o, f"{role} {', '.join(names)}")
+    return out
+
+
+def section_table() -> dict[str, tuple[str, ...]]:
+    """The ``config.toml`` tables -> the settings they hold (``target_options`` is its own
+    table), from the declarations."""
+    opts = known_options().values()
+    return {s: tuple(o.name for o in opts if o.section == s) for s in SECTION_NAMES}
+
+
+def __getattr__(name: str):  # ``SECTIONS``: the tables of the components registered so far
+    if name == "SECTIONS":
+        return section_table()
+    raise AttributeError(name)
 
 
 # ----------------------------------------------------------------------------- the config
-_UNSET = None
-
-
-@dataclass
 class RunConfig:
-    """Everything needed to rerun a run.  Field names are the CLI flags (``_`` -> ``-``).
+    """Everything needed to rerun a run, resolved and frozen.  Setting names are the CLI flags
+    (``_`` -> ``-``) and the keyword arguments; :func:`known_options` lists them.
 
-    Fields left ``None`` take the default of the run they belong to; after construction a field
-    that does not apply is ``None`` and :attr:`explicit` names the fields the user set."""
+    A setting left unset takes the default of the run it belongs to; after construction one
+    that does not apply is ``None`` and :attr:`explicit` names the settings the user set.  The
+    annotations below are the resolved types of the central settings; a component's options
+    are attributes too (``cfg.leapfrog_steps``).  Change a setting with :meth:`replace`."""
 
-    # run
-    target: str | None = None
-    iterations: int | None = None
+    target: str
+    target_options: dict[str, Any]
+    #: ``None`` with ``rounds``
+    iterations: int | None
     #: warm-up of a fixed-length run, in no statistic and not in posterior.nc: a fraction of
     #: ``iterations`` in [0, 1) (default 0.1) or a count (an integer); step sizes are tuned
     #: during it (``adapt_step_size``) and frozen after it
-    burn_in: float | int | None = None
-    rounds: int | None = None
-    systems: int | None = None
-    seed: int | None = None
-    dtype: str | None = None
-    device: str | None = None
-    target_options: dict[str, Any] | None = None
-    # ladder
-    chains: int | None = None
-    temperatures: list[float] | None = None
-    betas: list[float] | None = None
-    max_temperature: float | None = None
-    bottom_temperature: float | None = None
-    learning_rates: list[float] | None = None
-    lr_min: float | None = None
-    lr_max: float | None = None
-    #: the hot end of a geometric path: "prior" (default), or a Gaussian fitted between rounds
-    #: -- "variational" (full-rank) / "variational-meanfield" (diagonal) -- annealed in a
+    burn_in: float | int | None
+    rounds: int | None
+    systems: int
+    seed: int
+    dtype: str
+    device: str
+    chains: int
+    temperatures: list[float] | None
+    betas: list[float] | None
+    max_temperature: float | None
+    #: the hot end of a geometric path: ``None`` (the prior), or a Gaussian fitted between
+    #: rounds -- "variational" (full-rank) / "variational-meanfield" (diagonal) -- annealed in a
     #: second leg joined to the prior leg at the target (:mod:`nrpt.paths.variational`)
-    reference: str | None = None
-    # explorer
-    explorer: str | None = None
-    step_size: float | list[float] | None = None
-    leapfrog_steps: int | None = None
-    n_explore: int | None = None
-    slice_method: str | None = None
-    compile: bool | None = None
-    fuse: bool | int | str | None = None
-    momentum: float | None = None
-    domain: str | None = None
-    # swap
-    scheme: str | None = None
-    window: int | str | None = None
-    window_tune: int | None = None
-    swap_rule: str | None = None
-    swap_rate: float | None = None
-    correction: float | None = None
-    variance_factor: float | None = None
-    variance_every: int | None = None
-    # adaptation
-    adapt: bool | None = None
-    sa_step: list[float] | None = None
-    ladder_update: str | None = None
-    adapt_schedule: bool | None = None
-    adapt_step_size: bool | None = None
-    target_acceptance: float | None = None
-    # energy (stochastic-gradient runs)
-    noise_sd: float | None = None
-    grad_noise_sd: float | None = None
-    batch_size: int | None = None
-    vr_every: int | None = None
-    # output
-    out: str | None = None
-    thin: int | None = None
-    checkpoint_every: int | None = None
-    figures: bool | None = None
-    #: the fields the user set (default: every field given a value)
-    explicit: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    reference: str | None
+    explorer: str
+    n_explore: int
+    compile: bool | None
+    fuse: bool | int | str | None
+    scheme: str
+    swap_rule: str
+    swap_rate: float | None
+    adapt_schedule: bool | None
+    adapt_step_size: bool | None
+    target_acceptance: float | None
+    out: str | None
+    thin: int
+    checkpoint_every: int
+    figures: bool
+    #: the settings the user set (default: every setting given a value)
+    explicit: frozenset[str]
 
-    def __post_init__(self):
-        given = {f.name for f in fields(self) if f.name != "explicit"
-                 and getattr(self, f.name) is not None}
-        if self.target_options == {}:
+    def __init__(self, *, explicit: frozenset[str] | set[str] | None = None,
+                 **settings: Any) -> None:
+        known = known_options()
+        unknown = sorted(set(settings) - set(known) - {"target_options"})
+        if unknown:
+            raise TypeError(f"RunConfig got unknown setting(s) {unknown}; allowed: "
+                            f"{sorted(known)}")
+        # NumPy / torch scalars are numbers like any other
+        values = {n: _plain(settings.get(n)) for n in (*known, "target_options")}
+        given = {n for n, v in values.items() if v is not None}
+        if values["target_options"] == {}:
             given.discard("target_options")
-        self.explicit = frozenset(given if self.explicit is None else set(self.explicit) & given)
-        for f in fields(self):  # NumPy / torch scalars are numbers like any other
-            if f.name != "explicit":
-                setattr(self, f.name, _plain(getattr(self, f.name)))
+        self.__dict__.update(values, _names=tuple(known))
+        self.__dict__["explicit"] = frozenset(given if explicit is None
+                                              else set(explicit) & given)
         _resolve(self, given)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a RunConfig is resolved and frozen; use cfg.replace({name}=...)")
+
+    def __getattr__(self, name: str) -> Any:  # (only reached for names that are no setting)
+        raise AttributeError(f"RunConfig has no setting {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunConfig) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in self.flat().items())})"
 
     # ------------------------------------------------------------------ properties
     @property
@@ -332,8 +431,8 @@ class RunConfig:
     # ------------------------------------------------------------------ copies and dicts
     def to_dict(self) -> dict[str, Any]:
         """The resolved settings, flat (``None`` = not applicable)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "explicit"}
-        d["target_options"] = dict(d["target_options"] or {})
+        d = {n: self.__dict__[n] for n in self.__dict__["_names"]}
+        d["target_options"] = dict(self.target_options or {})
         return d
 
     def flat(self) -> dict[str, Any]:
@@ -350,7 +449,7 @@ class RunConfig:
         """The applicable settings grouped as in ``config.toml`` (less ``omit``)."""
         flat = {k: v for k, v in self.flat().items() if k not in omit}
         out: dict[str, Any] = {"version": VERSION}
-        for sec, names in SECTIONS.items():
+        for sec, names in section_table().items():
             table = {n: flat[n] for n in names if n in flat}
             if table:
                 out[sec] = table
@@ -362,17 +461,22 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, defaults: dict[str, Any] | None = None
                   ) -> RunConfig:
-        """From a sectioned or flat dict (a flat dict holding only field names, or a legacy
-        nrpt 0.1 dict).  ``defaults`` (e.g. a preset) fill unset fields without being
-        explicit: those that do not apply are dropped."""
+        """From a sectioned dict (``config.toml``'s tables, ``version`` optional) or a flat
+        one holding only setting names.  ``defaults`` (e.g. a preset) fill unset settings
+        without being explicit: those that do not apply are dropped."""
         data = dict(data)
-        if data.pop("version", None) is not None or _has_sections(data):
+        version = data.pop("version", None)
+        if version is not None and version != VERSION:
+            raise ValueError(f"config version {version!r} is not one this nrpt reads (version "
+                             f"{VERSION}); rewrite the file in sections "
+                             f"[{'], ['.join(SECTION_NAMES)}] with version = {VERSION}")
+        if version is not None or _has_sections(data):
             data = _unsection(data)
-        known = {f.name for f in fields(cls)} - {"explicit"}
+        known = set(known_options()) | {"target_options"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown config key(s) {unknown}; allowed: {sorted(known)} (in "
-                             f"sections {', '.join(SECTIONS)})")
+                             f"sections {', '.join(SECTION_NAMES)})")
         merged = dict(defaults or {})
         merged.update({k: v for k, v in data.items() if v is not None})
         return cls(**merged, explicit=frozenset(k for k, v in data.items() if v is not None))
@@ -391,8 +495,15 @@ class RunConfig:
                 data = tomllib.load(fh)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"config {str(path)!r} is not valid TOML: {err}") from None
-        if "version" not in data and not _has_sections(data):
-            return _from_legacy(data, path, defaults)
+        if "version" in data:
+            return cls.from_dict(data, defaults=defaults)
+        try:
+            return cls.from_dict(data, defaults=defaults)
+        except ValueError as err:
+            raise ValueError(f"{err} ({path} has no version: it is read as version {VERSION} "
+                             f"settings; nrpt 0.1's flat config.toml files are no longer read: "
+                             f"rewrite it in sections [{'], ['.join(SECTION_NAMES)}] with "
+                             f"version = {VERSION})") from None
         return cls.from_dict(data, defaults=defaults)
 
     def write_toml(self, path: str | Path, omit: tuple[str, ...] = ()) -> None:
@@ -404,375 +515,246 @@ class RunConfig:
 
 
 def _has_sections(data: dict[str, Any]) -> bool:
-    return any(isinstance(data.get(s), dict) for s in SECTIONS)
+    return any(isinstance(data.get(s), dict) for s in SECTION_NAMES)
 
 
 def _unsection(data: dict[str, Any]) -> dict[str, Any]:
+    table = section_table()
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key in SECTIONS:
+        if key in table:
             if not isinstance(value, dict):
                 raise ValueError(f"[{key}] must be a table of settings; got {value!r}")
             for name, v in value.items():
-                if name not in SECTIONS[key]:
-                    home = next((s for s, ns in SECTIONS.items() if name in ns), None)
+                if name not in table[key]:
+                    home = next((s for s, ns in table.items() if name in ns), None)
                     where = f"; it belongs in [{home}]" if home else ""
                     raise ValueError(f"unknown key {name!r} in [{key}]{where} (allowed: "
-                                     f"{', '.join(SECTIONS[key])})")
+                                     f"{', '.join(table[key])})")
                 flat[name] = v
         else:
             flat[key] = value
     return flat
 
 
-def _from_legacy(data: dict[str, Any], path: Path, defaults) -> RunConfig:
-    """A flat config.toml written by nrpt 0.1: keys holding the old defaults are defaults."""
-    known = set(LEGACY_DEFAULTS) | {f.name for f in fields(RunConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown config key(s) {unknown} in {path}")
-    sg = "sg" in registry.entry("explorer", data.get("explorer", "rwmh"), what="explorer").tags
-    explicit = {k: v for k, v in data.items() if LEGACY_DEFAULTS.get(k, object()) != v}
-    soft = {k: v for k, v in data.items() if k not in explicit and k != "swap_rule"}
-    if explicit.get("window") == "auto" and sg:
-        explicit["window"] = "swap-rate"  # nrpt 0.1's SG 'auto' was W* from the swap rate
-    if explicit.get("swap_rule") == "auto":
-        explicit.pop("swap_rule")
-    merged = dict(defaults or {})
-    merged.update(soft)
-    merged.update(explicit)
-    try:
-        return RunConfig(**merged, explicit=frozenset(explicit))
-    except ValueError as err:
-        raise ValueError(
-            f"{path} is a config.toml written by nrpt 0.1 (flat keys) and does not load in this "
-            f"version: {err}. Update it: remove that setting (or fix it), or rewrite the file in "
-            f"sections [{'], ['.join(SECTIONS)}] as this version writes them") from None
-
-
 # ----------------------------------------------------------------------------- resolution
+_DECLARED = object()
+_C = {o.name: o for o in CENTRAL}
+
+
+class _Resolution:
+    """One resolution: the config being filled, the settings the user gave, and those found
+    not to apply (name -> why; their values are set to ``None`` at once)."""
+
+    def __init__(self, cfg: RunConfig, given: set[str]):
+        self.cfg, self.given = cfg, given
+        self.na: dict[str, str] = {}
+
+    def set(self, name: str, value: Any) -> None:
+        self.cfg.__dict__[name] = value
+
+    def take(self, opt: Option | str, default: Any = _DECLARED) -> None:
+        """Fill ``opt``'s default if unset, then check and normalise its value."""
+        opt = _C[opt] if isinstance(opt, str) else opt
+        cfg = self.cfg
+        if getattr(cfg, opt.name) is None:
+            d = opt.default if default is _DECLARED else default
+            self.set(opt.name, d(cfg) if callable(d) else d)
+        value = getattr(cfg, opt.name)
+        if value is not None:
+            self.set(opt.name, opt.check(opt.name, value, cfg))
+
+    def drop(self, name: str, why: str) -> None:
+        self.na[name] = why
+        self.set(name, None)
+
+    def component(self, role: str, chosen: str) -> None:
+        """The options of ``role``: the chosen component's are taken (where they apply), every
+        other component's are dropped; then the component's own ``check_settings(cfg)``."""
+        field = COMPONENTS[role]
+        entry = registry.entry(role, chosen)
+        mine = {o.name for o in entry.declared}
+        for opt, owner, names in declarations():
+            if owner != role:
+                continue
+            why = opt.reason(field, names) if opt.name not in mine else \
+                opt.applies(self.cfg) if opt.applies is not None else None
+            if why:
+                self.drop(opt.name, why)
+            else:
+                self.take(opt)
+        check = getattr(entry.load(), "check_settings", None)
+        if callable(check):
+            check(self.cfg)
+
+
 def _resolve(cfg: RunConfig, given: set[str]) -> None:
     """Fill defaults, validate, and set what does not apply to None (explicit -> error)."""
-    ex = cfg.explicit
-    na: dict[str, str] = {}  # field -> why it does not apply
+    r = _Resolution(cfg, given)
+    for stage in (_run_settings, _explorer_settings, _ladder_settings, _swap_settings,
+                  _adaptation_settings, _output_settings):
+        stage(r)
+    bad = [n for n in r.na if n in cfg.explicit and n in given]
+    if bad:
+        n = bad[0]
+        kind = "stochastic-gradient" if cfg.is_sg else "exact"
+        raise ValueError(f"{n} does not apply to this {kind} run (explorer {cfg.explorer!r}, "
+                         f"scheme {cfg.scheme!r}, swap_rule {cfg.swap_rule!r}"
+                         f"{', rounds' if cfg.rounds is not None else ''}): {r.na[n]}; remove it")
 
-    def default(name: str, value: Any) -> None:
-        if getattr(cfg, name) is None:
-            setattr(cfg, name, value)
 
-    def not_applicable(name: str, why: str) -> None:
-        na[name] = why
-
-    # -- run
-    cfg.target = _target(cfg.target or "twenty-five-modes")
+def _run_settings(r: _Resolution) -> None:
+    cfg = r.cfg
+    if not cfg.target:
+        r.set("target", None)
+    r.take("target")
     if cfg.target_options is None:
-        cfg.target_options = {}
+        r.set("target_options", {})
     if not isinstance(cfg.target_options, dict):
         raise ValueError(f"target_options must be a table of keyword arguments; got "
                          f"{cfg.target_options!r}")
     if cfg.rounds is not None:
-        cfg.rounds = _int("rounds", cfg.rounds, 1, MAX_ROUNDS)
-        not_applicable("iterations", "an adaptive run (rounds) runs 2 + 4 + ... + 2^rounds "
-                                     "iterations; give rounds only")
-        not_applicable("burn_in", "an adaptive run (rounds) already keeps only its last round; "
-                                  "burn_in is for fixed-length runs")
+        r.take("rounds")
+        r.drop("iterations", "an adaptive run (rounds) runs 2 + 4 + ... + 2^rounds "
+                             "iterations; give rounds only")
+        r.drop("burn_in", "an adaptive run (rounds) already keeps only its last round; "
+                          "burn_in is for fixed-length runs")
     else:
-        default("iterations", 10_000)
-        cfg.iterations = _int("iterations", cfg.iterations, 1)
-        default("burn_in", DEFAULT_BURN_IN)
-        cfg.burn_in = _burn_in(cfg.burn_in, cfg.iterations)
-    default("systems", 1)
-    cfg.systems = _int("systems", cfg.systems, 1)
-    default("seed", 0)
-    cfg.seed = _int("seed", cfg.seed, 0, 2 ** 64 - 1)
-    default("dtype", "float64")
-    cfg.dtype = _choice("dtype", cfg.dtype, DTYPES)
-    default("device", "cpu")
-    cfg.device = _device(cfg.device)
+        r.take("iterations")
+        r.take("burn_in")
+    for name in ("systems", "seed", "dtype", "device"):
+        r.take(name)
 
-    # -- explorer
-    default("explorer", "slice" if cfg.rounds is not None else "rwmh")
-    e = registry.entry("explorer", cfg.explorer, what="explorer")
-    sg, zero = "sg" in e.tags, "zero-temperature" in e.tags
-    kind = "stochastic-gradient" if sg else "exact"
-    if sg and cfg.rounds is not None:
+
+def _explorer_settings(r: _Resolution) -> None:
+    cfg = r.cfg
+    r.take("explorer", default="slice" if cfg.rounds is not None else "rwmh")
+    if cfg.is_sg and cfg.rounds is not None:
         raise ValueError(f"rounds (adaptive NRPT with exact swaps) needs an exact explorer "
                          f"({', '.join(registry.names('explorer', 'exact'))}); got explorer "
                          f"{cfg.explorer!r}")
-    default("chains", 10)
-    cfg.chains = _int("chains", cfg.chains, 2)
-    P = cfg.chains
-    default("n_explore", 1)
-    cfg.n_explore = _int("n_explore", cfg.n_explore, 1)
-    if sg:
-        not_applicable("step_size", f"explorer {cfg.explorer!r} takes learning rates: lr_min/"
-                                    "lr_max or learning_rates")
-    else:
-        default("step_size", 0.35)
-        if isinstance(cfg.step_size, list | tuple):
-            cfg.step_size = _numbers("step_size", cfg.step_size, P)
-            for i, v in enumerate(cfg.step_size):
-                _number(f"step_size[{i}]", v, 0.0, strict=True)
-        else:
-            cfg.step_size = _number("step_size", cfg.step_size, 0.0, strict=True)
-    if cfg.explorer == "hmc":
-        default("leapfrog_steps", 10)
-        cfg.leapfrog_steps = _int("leapfrog_steps", cfg.leapfrog_steps, 1)
-    else:
-        not_applicable("leapfrog_steps", "leapfrog_steps is for explorer 'hmc'")
-    if getattr(e.load(), "compilable", False):  # (the explorer's declaration)
-        default("compile", False)
-        cfg.compile = _bool("compile", cfg.compile)
-        # auto: chunks run eagerly wherever nrpt.core.fused can run them (the same numbers as the
-        # plain loop, fewer launches); compile = true keeps its compiled explorer step
-        default("fuse", "auto")
-        cfg.fuse = _chunk("fuse", cfg.fuse)
-    else:
-        not_applicable("compile", f"compile is for explorers {', '.join(COMPILABLE)} (a step "
-                                  f"with a fixed set of draws)")
-        if cfg.fuse not in ("auto", False):  # (auto and false mean the plain loop here)
-            not_applicable("fuse", f"fuse is for explorers {', '.join(COMPILABLE)} (a step "
-                                   f"with a fixed set of draws)")
-    if cfg.explorer == "slice":
-        default("slice_method", "stepping-out")
-        cfg.slice_method = _choice("slice_method", cfg.slice_method, SLICE_METHODS)
-    else:
-        not_applicable("slice_method", "slice_method is for explorer 'slice'")
-    if "momentum" in e.options:
-        default("momentum", 0.9)
-        cfg.momentum = _number("momentum", cfg.momentum, 0.0, high=1.0)
-    else:
-        not_applicable("momentum", "momentum is for explorers "
-                       + ", ".join(n for n in registry.names("explorer")
-                                   if "momentum" in registry.entry("explorer", n).options))
-    if sg:
-        if cfg.domain is not None:
-            from nrpt.explorers.domains import parse_domain
+    r.take("chains")
+    r.take("n_explore")
+    r.component("explorer", cfg.explorer)
+    if registry.entry("explorer", cfg.explorer).load().compilable:  # (its declaration)
+        r.take("compile")
+        r.take("fuse")
+        return
+    why = f"is for explorers {', '.join(COMPILABLE)} (a step with a fixed set of draws)"
+    r.drop("compile", f"compile {why}")
+    if cfg.fuse not in ("auto", False):  # (auto and false mean the plain loop here)
+        r.drop("fuse", f"fuse {why}")
 
-            if not isinstance(cfg.domain, str):
-                raise ValueError(f"domain must be box:LO,HI or ball:R; got {cfg.domain!r}")
-            parse_domain(cfg.domain)
+
+def _ladder_settings(r: _Resolution) -> None:
+    cfg = r.cfg
+    tags = registry.entry("explorer", cfg.explorer).tags
+    if "sg" in tags:
+        r.drop("betas", "stochastic-gradient explorers need an energy target and a "
+                        "temperature ladder")
+    if "zero-temperature" in tags:
+        for name in ("temperatures", "max_temperature"):
+            r.drop(name, f"explorer {cfg.explorer!r} runs SGD (temperature 0) above slot 0: "
+                         "set bottom_temperature for slot 0")
+    _reference(r)
+    if "zero-temperature" in tags:
+        return
+    if cfg.temperatures is not None and cfg.betas is not None:
+        raise ValueError("give temperatures or betas, not both")
+    r.take("temperatures")
+    r.take("betas")
+    if cfg.temperatures is not None or cfg.betas is not None:
+        r.drop("max_temperature", "an explicit ladder (temperatures or betas) is given")
     else:
-        not_applicable("domain", "domain reflects stochastic-gradient steps")
+        r.take("max_temperature")
 
-    # -- ladder
-    if sg:
-        for name in ("betas",):
-            not_applicable(name, "stochastic-gradient explorers need an energy target and a "
-                                 "temperature ladder")
-        if zero:
-            for name in ("temperatures", "max_temperature"):
-                not_applicable(name, f"explorer {cfg.explorer!r} runs SGD (temperature 0) above "
-                                     "slot 0: set bottom_temperature for slot 0")
-            default("bottom_temperature", 1.0)
-            cfg.bottom_temperature = _number("bottom_temperature", cfg.bottom_temperature, 0.0)
-        else:
-            not_applicable("bottom_temperature", "bottom_temperature is for SGD explorers "
-                           + ", ".join(registry.names("explorer", "zero-temperature")))
-        if cfg.learning_rates is not None:
-            cfg.learning_rates = _increasing("learning_rates",
-                                             _numbers("learning_rates", cfg.learning_rates, P))
-            for name in ("lr_min", "lr_max"):
-                not_applicable(name, "learning_rates gives the whole ladder")
-        else:
-            default("lr_min", 0.003)
-            default("lr_max", 0.6)
-            cfg.lr_min = _number("lr_min", cfg.lr_min, 0.0, strict=True)
-            cfg.lr_max = _number("lr_max", cfg.lr_max, 0.0, strict=True)
-            if not cfg.lr_max > cfg.lr_min:
-                raise ValueError(f"lr_max ({cfg.lr_max}) must be larger than lr_min "
-                                 f"({cfg.lr_min})")
-    else:
-        for name in ("learning_rates", "lr_min", "lr_max", "bottom_temperature"):
-            not_applicable(name, f"{name} is for stochastic-gradient explorers "
-                                 f"({', '.join(registry.names('explorer', 'sg'))})")
-    if cfg.reference is not None:
-        from nrpt.paths.variational import REFERENCES
 
-        cfg.reference = _choice("reference", cfg.reference, REFERENCES)
-        if cfg.reference == "prior":
-            cfg.reference = None  # the default: a plain run, its settings unchanged
-        elif sg or cfg.rounds is None:
-            raise ValueError(f"reference {cfg.reference!r} is fitted between adaptive rounds: "
-                             f"it needs rounds (rounds = N) and an exact explorer; got "
-                             f"{'explorer ' + repr(cfg.explorer) if sg else 'no rounds'} (use "
-                             f"reference 'prior')")
-        elif cfg.compile:
-            raise ValueError(f"reference {cfg.reference!r} does not run with compile = true "
-                             f"(the compiled step would keep the old reference after a refit); "
-                             f"set compile = false or reference 'prior'")
-    if not (sg and zero):
-        if cfg.temperatures is not None and cfg.betas is not None:
-            raise ValueError("give temperatures or betas, not both")
-        if cfg.temperatures is not None:
-            cfg.temperatures = _increasing("temperatures",
-                                           _numbers("temperatures", cfg.temperatures, P), 1.0)
-        if cfg.betas is not None:
-            cfg.betas = _betas(_numbers("betas", cfg.betas, P))
-        if cfg.temperatures is not None or cfg.betas is not None:
-            not_applicable("max_temperature", "an explicit ladder (temperatures or betas) is "
-                                              "given")
-        else:
-            default("max_temperature", 25.0)
-            cfg.max_temperature = _number("max_temperature", cfg.max_temperature, 1.0,
-                                          strict=True)
+def _reference(r: _Resolution) -> None:
+    cfg = r.cfg
+    if cfg.reference is None:
+        return
+    r.take("reference")
+    if cfg.reference == "prior":
+        r.set("reference", None)  # the default: a plain run, its settings unchanged
+    elif cfg.is_sg or cfg.rounds is None:
+        raise ValueError(f"reference {cfg.reference!r} is fitted between adaptive rounds: "
+                         f"it needs rounds (rounds = N) and an exact explorer; got "
+                         f"{'explorer ' + repr(cfg.explorer) if cfg.is_sg else 'no rounds'} "
+                         f"(use reference 'prior')")
+    elif cfg.compile:
+        raise ValueError(f"reference {cfg.reference!r} does not run with compile = true "
+                         f"(the compiled step would keep the old reference after a refit); "
+                         f"set compile = false or reference 'prior'")
 
-    # -- swap
-    default("scheme", "deo")
-    cfg.scheme = _choice("scheme", cfg.scheme, registry.names("scheme"))
+
+def _rules(cfg: RunConfig) -> list[str]:
+    """The swap rules an explorer may take, its default first."""
+    tags = registry.entry("explorer", cfg.explorer).tags
+    rules = (["metropolis", "always"] if "sg" not in tags else
+             ["deterministic", "always"] if "zero-temperature" in tags else
+             ["bias-corrected", "metropolis", "deterministic", "always"])
+    builtin = ("metropolis", "deterministic", "bias-corrected", "always")
+    return [r for r in rules if r in registry.names("rule")] + \
+        [r for r in registry.names("rule") if r not in builtin]
+
+
+def _swap_settings(r: _Resolution) -> None:
+    cfg = r.cfg
+    r.take("scheme")
     if cfg.reference is not None and cfg.scheme not in BRIDGED_SCHEMES:
         raise ValueError(f"reference {cfg.reference!r} joins its two legs on the iterations where "
                          f"pair (0, 1) rests, which scheme {cfg.scheme!r} never or hardly leaves; "
                          f"use scheme {', '.join(map(repr, BRIDGED_SCHEMES))} (or reference "
                          f"'prior')")
-    if cfg.scheme == "deo-w":
-        default("window", "auto")
-        cfg.window = _window(cfg.window)
-        if cfg.window == "auto" and cfg.rounds is not None:
-            raise ValueError("window 'auto' (a tuning segment) is not available with rounds; "
-                             "give an integer window or window 'swap-rate'")
-    else:
-        not_applicable("window", f"window is for scheme 'deo-w' (scheme is {cfg.scheme!r})")
-    if cfg.window == "auto":
-        default("window_tune", max(1, cfg.iterations // 10))
-        cfg.window_tune = _int("window_tune", cfg.window_tune, 1, cfg.iterations - 1
-                               if cfg.iterations > 1 else 1)
-    else:
-        not_applicable("window_tune", "window_tune is the tuning segment of window 'auto'")
-    rules = (["metropolis", "always"] if not sg else
-             ["deterministic", "always"] if zero else
-             ["bias-corrected", "metropolis", "deterministic", "always"])
-    rules = [r for r in rules if r in registry.names("rule")] + \
-        [r for r in registry.names("rule") if r not in ("metropolis", "deterministic",
-                                                        "bias-corrected", "always")]
-    default("swap_rule", rules[0])
+    r.component("scheme", cfg.scheme)
+    rules = _rules(cfg)
+    if cfg.swap_rule is None:
+        r.set("swap_rule", rules[0])
     if cfg.swap_rule not in rules:
-        why = ("exact explorers swap with exact energies" if not sg else
+        why = ("exact explorers swap with exact energies" if not cfg.is_sg else
                f"explorer {cfg.explorer!r} runs SGD (temperature 0) above slot 0, where a "
                "Metropolis swap is undefined")
         raise ValueError(f"swap_rule must be one of {', '.join(rules)} for explorer "
                          f"{cfg.explorer!r} ({why}); got {cfg.swap_rule!r}")
-    det, bc = cfg.swap_rule == "deterministic", cfg.swap_rule == "bias-corrected"
-    if det:
-        default("correction", 4.0)
-        cfg.correction = _number("correction", cfg.correction)
-        default("adapt", True)
-        cfg.adapt = _bool("adapt", cfg.adapt)
+    r.component("rule", cfg.swap_rule)
+    if (cfg.swap_rule == "deterministic" and cfg.adapt) or \
+            getattr(cfg, "window", None) == "swap-rate":
+        r.take("swap_rate")
     else:
-        not_applicable("correction", "correction is the buffer C of swap_rule 'deterministic'")
-        not_applicable("adapt", "adapt (C and learning rates) is for swap_rule 'deterministic'")
-    if bc:
-        default("variance_factor", 1.0)
-        cfg.variance_factor = _number("variance_factor", cfg.variance_factor, 1.0)
-        # control-variate energies have a variance that restarts at 0 at every anchor refresh:
-        # a sigma^2 window longer than the refresh cycle over-corrects (measured bias)
-        default("variance_every", cfg.vr_every if sg and cfg.vr_every else 100)
-        cfg.variance_every = _int("variance_every", cfg.variance_every, 1)
-    else:
-        for name in ("variance_factor", "variance_every"):
-            not_applicable(name, f"{name} is for swap_rule 'bias-corrected'")
-    if (det and cfg.adapt) or cfg.window == "swap-rate":
-        default("swap_rate", 0.4)
-        if isinstance(cfg.swap_rate, bool) or not isinstance(cfg.swap_rate, int | float) or \
-                not 0.0 < cfg.swap_rate < 1.0:
-            raise ValueError(f"swap_rate S must be a number in (0, 1) (exclusive); got "
-                             f"{cfg.swap_rate!r}")
-        cfg.swap_rate = float(cfg.swap_rate)
-    else:
-        not_applicable("swap_rate", "swap_rate is the target of the deterministic rule's "
-                                    "adaptation (adapt = true) and of window 'swap-rate'")
+        r.drop("swap_rate", "swap_rate is the target of the deterministic rule's adaptation "
+                            "(adapt = true) and of window 'swap-rate'")
 
-    # -- adaptation
-    if det and cfg.adapt:
-        default("sa_step", [50.0, 0.8, 500.0])
-        if not isinstance(cfg.sa_step, list | tuple) or len(cfg.sa_step) != 3:
-            raise ValueError(f"sa_step must be [a, kappa, b] for gamma_k = a / (k^kappa + b); "
-                             f"got {cfg.sa_step!r}")
-        cfg.sa_step = [_number("sa_step a", cfg.sa_step[0], 0.0, strict=True),
-                       _number("sa_step kappa", cfg.sa_step[1], 0.5, strict=True, high=1.0,
-                               high_strict=False),
-                       _number("sa_step b", cfg.sa_step[2], 0.0, strict=True)]
-        default("ladder_update", "paper")
-        from nrpt.adapt.sa import check_ladder_update
 
-        cfg.ladder_update = check_ladder_update(cfg.ladder_update)
-    else:
-        not_applicable("sa_step", "sa_step is the step size of the deterministic rule's "
-                                  "adaptation (adapt = true)")
-        not_applicable("ladder_update", "ladder_update is how the deterministic rule's "
-                                        "adaptation (adapt = true) moves the learning rates")
+def _adaptation_settings(r: _Resolution) -> None:
+    cfg = r.cfg
     tunable = registry.entry("explorer", cfg.explorer).load().acceptance_order is not None
     if cfg.rounds is not None:
-        default("adapt_schedule", True)
-        cfg.adapt_schedule = _bool("adapt_schedule", cfg.adapt_schedule)
+        r.take("adapt_schedule")
     else:
-        not_applicable("adapt_schedule", "adapt_schedule is for adaptive runs (rounds)")
-    if cfg.rounds is not None or (tunable and burn_in_count(cfg) > 0):
-        default("adapt_step_size", True)
-        cfg.adapt_step_size = _bool("adapt_step_size", cfg.adapt_step_size)
-        if cfg.adapt_step_size and tunable:
-            if cfg.target_acceptance is not None:
-                cfg.target_acceptance = _number("target_acceptance", cfg.target_acceptance,
-                                                0.0, strict=True, high=1.0)
-        else:
-            not_applicable("target_acceptance", "target_acceptance is what adapt_step_size "
-                                                "aims at for rwmh, mala, hmc")
-    else:
+        r.drop("adapt_schedule", "adapt_schedule is for adaptive runs (rounds)")
+    if cfg.rounds is None and not (tunable and burn_in_count(cfg) > 0):
         for name in ("adapt_step_size", "target_acceptance"):
-            not_applicable(name, f"{name} is for adaptive runs (rounds) and for the burn-in "
-                                 f"(burn_in > 0) of fixed-length runs with explorer rwmh, mala "
-                                 f"or hmc")
-
-    # -- energy
-    if sg:
-        default("noise_sd", 0.0)
-        cfg.noise_sd = _number("noise_sd", cfg.noise_sd, 0.0)
-        if cfg.grad_noise_sd is not None:
-            cfg.grad_noise_sd = _number("grad_noise_sd", cfg.grad_noise_sd, 0.0)
-        if cfg.batch_size is not None:
-            cfg.batch_size = _int("batch_size", cfg.batch_size, 2)
-        default("vr_every", 0)
-        cfg.vr_every = _int("vr_every", cfg.vr_every, 0)
+            r.drop(name, f"{name} is for adaptive runs (rounds) and for the burn-in "
+                         f"(burn_in > 0) of fixed-length runs with explorer rwmh, mala or hmc")
+        return
+    r.take("adapt_step_size")
+    if cfg.adapt_step_size and tunable:
+        r.take("target_acceptance")
     else:
-        for name in ("noise_sd", "grad_noise_sd", "batch_size", "vr_every"):
-            not_applicable(name, f"{name} sets the energy estimator of stochastic-gradient "
-                                 f"explorers ({', '.join(registry.names('explorer', 'sg'))})")
+        r.drop("target_acceptance", "target_acceptance is what adapt_step_size aims at for "
+                                    "rwmh, mala, hmc")
 
-    # -- output
-    if cfg.out is not None:
-        if not isinstance(cfg.out, str | Path):
-            raise ValueError(f"out must be a folder path; got {cfg.out!r}")
-        cfg.out = str(cfg.out)
-        _check_out(Path(cfg.out))
-    default("thin", 1)
-    cfg.thin = _int("thin", cfg.thin, 1)
+
+def _output_settings(r: _Resolution) -> None:
+    cfg = r.cfg
+    r.take("out")
+    r.take("thin")
     length = cfg.iterations if cfg.rounds is None else 2 ** cfg.rounds
-    if cfg.thin > length:
+    if length is not None and cfg.thin > length:
         what = "iterations" if cfg.rounds is None else "the last round's length 2^rounds"
         raise ValueError(f"thin ({cfg.thin}) must be <= {what} ({length})")
-    default("checkpoint_every", 5000)
-    cfg.checkpoint_every = _int("checkpoint_every", cfg.checkpoint_every, 1)
-    default("figures", True)
-    cfg.figures = _bool("figures", cfg.figures)
-
-    # -- what does not apply
-    bad = [n for n in na if n in ex and n in given]
-    if bad:
-        n = bad[0]
-        raise ValueError(f"{n} does not apply to this {kind} run (explorer {cfg.explorer!r}, "
-                         f"scheme {cfg.scheme!r}, swap_rule {cfg.swap_rule!r}"
-                         f"{', rounds' if cfg.rounds is not None else ''}): {na[n]}; remove it")
-    for n in na:
-        setattr(cfg, n, None)
-
-
-def _check_out(out: Path) -> None:
-    for parent in [out, *out.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                what = "is a file" if parent == out else f"is under the file {parent}"
-                raise ValueError(f"out {str(out)!r} {what}; give a folder path")
-            break
+    r.take("checkpoint_every")
+    r.take("figures")
 
 
 # ----------------------------------------------------------------------------- TOML writer

@@ -394,66 +394,85 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
     if not isinstance(tgt, dict):
         raise _tampered(out, "run.json's target is not a table")
     parsed = file_spec(spec)
-    if parsed is None:
+    if parsed is None:  # a built-in target: no file given, and run.json records none
         if given is not None:
             raise ValueError(f"target={str(given)!r}: the run's target is {spec!r} "
                              f"(config.toml), not a file; resume it without a target path")
-        if any(k in tgt for k in ("path", "sha256", "modules")) or \
-                tgt.get("spec", spec) != spec:
+        if any(k in tgt for k in ("path", "sha256", "modules")) or tgt.get("spec", spec) != spec:
             raise _tampered(out, f"config.toml names {spec!r}, run.json records the file "
                                  f"{tgt.get('path', tgt.get('spec'))!r}")
         return None
     if "sha256" not in tgt:
-        if tgt.get("spec") != spec:  # a run.json from before file hashes, or a damaged one
-            raise _tampered(out, f"config.toml names {spec!r}, run.json records "
-                                 f"{tgt.get('spec')!r}")
+        _check_spec_recorded(tgt, spec, out)  # a run.json from before file hashes, or damaged
         raise ValueError(f"{out / RUN_JSON} holds no sha256 of the target file {spec!r}: "
                          f"nothing to check it against; start a new run")
     path, attr = parsed
     if given is None:
-        if tgt.get("spec") != spec:
-            raise _tampered(out, f"config.toml names {spec!r}, run.json records "
-                                 f"{tgt.get('spec')!r}")
-        path = path.expanduser()
-        if not path.is_file():
-            hint = (f" (it was {tgt.get('path')} when the run started)"
-                    if tgt.get("path") and tgt.get("path") != str(path.absolute()) else "")
-            raise ValueError(f"the run's target file {path} (config.toml) does not exist"
-                             f"{'' if path.is_absolute() else ' in ' + os.getcwd()}{hint}: "
-                             f"resume from the directory the run started in, or name the file "
-                             f"with `nrpt resume {out} --target PATH` (resume(target=PATH)); "
-                             f"it must be the file the run started with")
-        path = path.resolve()
-        if tgt.get("path") != str(path):
-            raise ValueError(f"the run's target {spec!r} (config.toml) is {path} from "
-                             f"{os.getcwd()}, but run.json records that the run started with "
-                             f"{tgt.get('path')!r}: resume from the directory the run started "
-                             f"in, or name the file with `nrpt resume {out} --target PATH` "
-                             f"(resume(target=PATH)); it must be the file the run started with")
+        path = _configured_file(tgt, spec, path, out)
     else:
-        text = os.fspath(given)
-        other = file_spec(text)
-        if other is not None:
-            path, other_attr = other
-            if other_attr != attr:
-                raise ValueError(f"target={text!r}: the run samples {attr!r} of its file "
-                                 f"(config.toml {spec!r}), not {other_attr!r}")
-        elif text.endswith(".py"):
-            path = Path(text)
-        else:
-            raise ValueError(f"target={text!r}: name the run's target file, path/to/file.py or "
-                             f"path/to/file.py:{attr}")
-        path = path.expanduser()
-        if not path.is_file():
-            raise ValueError(f"target file {path} (target=/--target) does not exist")
-        path = path.resolve()
+        path = _given_file(os.fspath(given), spec, attr)
     sha, _ = sha256_file(path)
     if sha != tgt["sha256"]:
         raise ValueError(f"the run's target file {path} changed since the run started (sha256 "
                          f"{str(tgt['sha256'])[:16]}... then, {sha[:16]}... now): resuming would "
                          f"run different code in the same chain; restore the file, or start a "
                          f"new run (overwrite=True / --overwrite)")
-    modules = tgt.get("modules") or {}
+    _check_module_hashes(tgt.get("modules") or {}, path, out)
+    return f"{path}:{attr}"
+
+
+def _check_spec_recorded(tgt: dict[str, Any], spec: str, out: Path) -> None:
+    if tgt.get("spec") != spec:
+        raise _tampered(out, f"config.toml names {spec!r}, run.json records {tgt.get('spec')!r}")
+
+
+_RESUME_HINT = ("resume from the directory the run started in, or name the file with "
+                "`nrpt resume {out} --target PATH` (resume(target=PATH)); it must be the file "
+                "the run started with")
+
+
+def _configured_file(tgt: dict[str, Any], spec: str, path: Path, out: Path) -> Path:
+    """The file ``config.toml``'s ``spec`` names, resolved from the current directory; it must
+    be where ``run.json`` says the run started with it."""
+    _check_spec_recorded(tgt, spec, out)
+    path = path.expanduser()
+    hint = _RESUME_HINT.format(out=out)
+    if not path.is_file():
+        was = (f" (it was {tgt.get('path')} when the run started)"
+               if tgt.get("path") and tgt.get("path") != str(path.absolute()) else "")
+        raise ValueError(f"the run's target file {path} (config.toml) does not exist"
+                         f"{'' if path.is_absolute() else ' in ' + os.getcwd()}{was}: {hint}")
+    path = path.resolve()
+    if tgt.get("path") != str(path):
+        raise ValueError(f"the run's target {spec!r} (config.toml) is {path} from "
+                         f"{os.getcwd()}, but run.json records that the run started with "
+                         f"{tgt.get('path')!r}: {hint}")
+    return path
+
+
+def _given_file(text: str, spec: str, attr: str) -> Path:
+    """The file resume's ``--target`` / ``target=`` names (``path`` or ``path:NAME``)."""
+    from nrpt.targets.protocol import file_spec
+
+    other = file_spec(text)
+    if other is not None:
+        path, other_attr = other
+        if other_attr != attr:
+            raise ValueError(f"target={text!r}: the run samples {attr!r} of its file "
+                             f"(config.toml {spec!r}), not {other_attr!r}")
+    elif text.endswith(".py"):
+        path = Path(text)
+    else:
+        raise ValueError(f"target={text!r}: name the run's target file, path/to/file.py or "
+                         f"path/to/file.py:{attr}")
+    path = path.expanduser()
+    if not path.is_file():
+        raise ValueError(f"target file {path} (target=/--target) does not exist")
+    return path.resolve()
+
+
+def _check_module_hashes(modules: Any, path: Path, out: Path) -> None:
+    """The modules the target file imported from its tree when the run started are unchanged."""
     if not isinstance(modules, dict):
         raise _tampered(out, "run.json's target modules are not a table")
     for rel, then in sorted(modules.items()):
@@ -473,7 +492,6 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
                              f"then, {now[:16]}... now): resuming would run different code in "
                              f"the same chain; restore the module, or start a new run "
                              f"(overwrite=True / --overwrite)")
-    return f"{path}:{attr}"
 
 
 def check_target_modules(record: dict[str, Any], modules: dict[str, str], path: str) -> None:

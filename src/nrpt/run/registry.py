@@ -3,13 +3,15 @@
 Config validation, the CLI's choices, ``nrpt targets``-style listings and the generic test
 matrix all read this table, so a name exists in exactly one place.  Factories are given as
 ``"module:attribute"`` strings and imported on first use, so this module imports nothing from
-the rest of the package (no import cycles).
+the rest of the package but the leaf :mod:`nrpt.options` (no import cycles).
 
-Each :class:`Entry` also says which configuration fields the choice *reads* (``options``): a
-field that no chosen entry reads is an error in :class:`nrpt.run.config.RunConfig` (never silently
-ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected explorer or an exact
-rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD explorer whose slots
-above 0 inject no noise).
+Each :class:`Entry` also says which settings the choice *reads* (``options``): the
+:class:`nrpt.options.Option` declarations of its class (its ``options`` attribute), plus any
+given to :func:`register`.  :class:`nrpt.run.config.RunConfig`'s settings, ``config.toml``, the
+CLI flags and ``nrpt list`` are generated from them; a setting that no chosen entry reads is an
+error (never silently ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected
+explorer or an exact rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD
+explorer whose slots above 0 inject no noise).
 
 Adding an explorer (or scheme, rule, adaptor, target) = its own module, one ``register`` line
 below, and its test (docs/architecture.md walks through an example).
@@ -22,7 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Entry", "ROLES", "register", "entry", "names", "create", "describe"]
+from nrpt.options import Option
+
+__all__ = ["Entry", "ROLES", "register", "unregister", "entry", "names", "create", "describe"]
 
 ROLES = ("explorer", "scheme", "rule", "adaptor", "target")
 
@@ -33,7 +37,7 @@ class Entry:
     name: str
     factory: str | Callable[..., Any]  # "module:attribute" or a callable
     summary: str = ""
-    options: tuple[str, ...] = ()  # RunConfig fields this choice reads
+    extra: tuple[Option | str, ...] = ()  # options given to register() besides the class's own
     tags: frozenset[str] = field(default_factory=frozenset)
 
     def load(self) -> Callable[..., Any]:
@@ -42,21 +46,59 @@ class Entry:
         module, attr = self.factory.split(":")
         return getattr(importlib.import_module(module), attr)
 
+    @property
+    def declared(self) -> tuple[Option, ...]:
+        """The options this choice reads: its factory's ``options`` declarations, then
+        :attr:`extra`."""
+        own = getattr(self.load(), "options", ())
+        if not isinstance(own, tuple | list) or not all(isinstance(o, Option) for o in own):
+            raise TypeError(f"{self.role} {self.name!r}: options must be a tuple of "
+                            f"nrpt.options.Option; got {own!r}")
+        return (*own, *(o if isinstance(o, Option) else _declared_elsewhere(self, o)
+                        for o in self.extra))
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The names of :attr:`declared`."""
+        return tuple(o.name for o in self.declared)
+
 
 _TABLE: dict[str, dict[str, Entry]] = {role: {} for role in ROLES}
 
 
 def register(role: str, name: str, factory: str | Callable[..., Any], *, summary: str = "",
-             options: tuple[str, ...] = (), tags: tuple[str, ...] = (),
+             options: tuple[Option | str, ...] = (), tags: tuple[str, ...] = (),
              replace: bool = False) -> Entry:
-    """Add ``name`` to ``role``'s table (``replace=True`` to override an existing entry)."""
+    """Add ``name`` to ``role``'s table (``replace=True`` to override an existing entry);
+    ``options``: settings it reads besides its factory's own ``options`` declarations
+    (:class:`nrpt.options.Option`, or the name of one another entry of ``role`` declares)."""
     if role not in _TABLE:
         raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
     if name in _TABLE[role] and not replace:
         raise ValueError(f"{role} {name!r} is already registered (pass replace=True)")
+    if not all(isinstance(o, Option | str) for o in options):
+        raise TypeError(f"{role} {name!r}: options must be nrpt.options.Option declarations "
+                        f"or option names")
     e = Entry(role, name, factory, summary, tuple(options), frozenset(tags))
     _TABLE[role][name] = e
     return e
+
+
+def unregister(role: str, name: str) -> None:
+    """Remove ``name`` from ``role``'s table (a test's or a session's own component)."""
+    entry(role, name)
+    del _TABLE[role][name]
+
+
+def _declared_elsewhere(e: Entry, name: str) -> Option:
+    """The option ``name`` as another entry of ``e.role`` declares it (register's ``options``
+    may name one instead of declaring it again)."""
+    for other in _TABLE[e.role].values():
+        found = [o for o in getattr(other.load(), "options", ()) if o.name == name]
+        if found:
+            return found[0]
+    raise ValueError(f"{e.role} {e.name!r}: option {name!r} is declared by no {e.role}; "
+                     f"declare it with nrpt.options.Option")
 
 
 def names(role: str, tag: str | None = None) -> list[str]:
@@ -87,41 +129,33 @@ def describe(role: str) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------- explorers
-_EXACT_STEP = ("step_size", "n_explore")
-_SG = ("lr_min", "lr_max", "learning_rates", "domain", "n_explore",
-       "noise_sd", "grad_noise_sd", "batch_size", "vr_every")
-_SG_HOT = ("temperatures", "max_temperature")  # Langevin explorers: a noise-temperature ladder
-_SG_ZERO = ("bottom_temperature",)  # SGD explorers: noise only at slot 0
 register("explorer", "rwmh", "nrpt.explorers.metropolis:RWMH", tags=("exact",),
-         summary="Gaussian random-walk Metropolis", options=_EXACT_STEP)
+         summary="Gaussian random-walk Metropolis")
 register("explorer", "mala", "nrpt.explorers.metropolis:MALA", tags=("exact", "gradient"),
-         summary="Metropolis-adjusted Langevin", options=_EXACT_STEP)
+         summary="Metropolis-adjusted Langevin")
 register("explorer", "hmc", "nrpt.explorers.metropolis:HMC", tags=("exact", "gradient"),
-         summary="Hamiltonian Monte Carlo (fixed leapfrog steps)",
-         options=(*_EXACT_STEP, "leapfrog_steps"))
+         summary="Hamiltonian Monte Carlo (fixed leapfrog steps)")
 register("explorer", "slice", "nrpt.explorers.slice:SliceSampler", tags=("exact",),
-         summary="coordinate-wise slice sampler (step_size = interval width)",
-         options=(*_EXACT_STEP, "slice_method"))
+         summary="coordinate-wise slice sampler (step_size = interval width)")
 register("explorer", "sgld", "nrpt.explorers.sgmcmc:SGLD", tags=("sg",),
-         summary="stochastic gradient Langevin dynamics", options=(*_SG, *_SG_HOT))
+         summary="stochastic gradient Langevin dynamics")
 register("explorer", "sgd", "nrpt.explorers.sgmcmc:SGD", tags=("sg", "zero-temperature"),
-         summary="SGD at constant learning rates (DEO*-SGD)", options=(*_SG, *_SG_ZERO))
+         summary="SGD at constant learning rates (DEO*-SGD)")
 register("explorer", "sghmc", "nrpt.explorers.sgmcmc:SGHMC", tags=("sg",),
-         summary="stochastic gradient HMC", options=(*_SG, *_SG_HOT, "momentum"))
+         summary="stochastic gradient HMC")
 register("explorer", "msgd", "nrpt.explorers.sgmcmc:MomentumSGD",
-         tags=("sg", "zero-temperature"), summary="momentum SGD (DEO*-mSGD)",
-         options=(*_SG, *_SG_ZERO, "momentum"))
+         tags=("sg", "zero-temperature"), summary="momentum SGD (DEO*-mSGD)")
 register("explorer", "psgld", "nrpt.explorers.sgmcmc:PSGLD", tags=("sg",),
-         summary="RMSprop-preconditioned SGLD", options=(*_SG, *_SG_HOT))
+         summary="RMSprop-preconditioned SGLD")
 register("explorer", "psgd", "nrpt.explorers.sgmcmc:PSGD", tags=("sg", "zero-temperature"),
-         summary="RMSprop-preconditioned SGD", options=(*_SG, *_SG_ZERO))
+         summary="RMSprop-preconditioned SGD")
 
 # ---------------------------------------------------------------------------------- schemes
 register("scheme", "adj", "nrpt.swap.schemes:ADJ", summary="sequential adjacent sweep")
 register("scheme", "seo", "nrpt.swap.schemes:SEO", summary="stochastic even-odd (reversible)")
 register("scheme", "deo", "nrpt.swap.schemes:DEO",
          summary="deterministic even-odd (non-reversible)")
-register("scheme", "deo-w", "nrpt.swap.schemes:DEOW", options=("window",),
+register("scheme", "deo-w", "nrpt.swap.schemes:DEOW",
          summary="generalized DEO with window W (at most one swap per pair per window)")
 register("scheme", "ape", "nrpt.swap.schemes:APE", summary="one random pair of slots")
 register("scheme", "none", "nrpt.swap.schemes:NoSwap",
@@ -131,9 +165,8 @@ register("scheme", "none", "nrpt.swap.schemes:NoSwap",
 register("rule", "metropolis", "nrpt.swap.rules:Metropolis", tags=("exact", "needs-b"),
          summary="Metropolis with exact energies")
 register("rule", "deterministic", "nrpt.swap.noisy:Deterministic",
-         options=("correction",), summary="Deng et al. Eq. 7: swap iff U_hi + C < U_lo")
+         summary="Deng et al. Eq. 7: swap iff U_hi + C < U_lo")
 register("rule", "bias-corrected", "nrpt.swap.noisy:BiasCorrected", tags=("needs-b",),
-         options=("variance_factor", "variance_every"),
          summary="reSGLD: Metropolis corrected by the energy variance")
 register("rule", "always", "nrpt.swap.rules:AlwaysAccept",
          summary="accept every proposed swap (index-process studies)")

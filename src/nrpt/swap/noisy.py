@@ -36,7 +36,38 @@ import math
 
 import torch
 
+from nrpt.options import (
+    Option,
+    boolean,
+    check_number,
+    choice,
+    integer,
+    number,
+    parse_bool,
+    parse_float,
+    parse_floats,
+    parse_int,
+)
 from nrpt.swap.rules import Rule, SwapContext
+
+#: how :class:`nrpt.adapt.sa.LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as
+#: written) or ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end
+#: points)
+LADDER_UPDATES = ("paper", "log-gaps")
+
+def _sa_step(name, value, cfg=None) -> list[float]:
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError(f"sa_step must be [a, kappa, b] for gamma_k = a / (k^kappa + b); "
+                         f"got {value!r}")
+    return [check_number("sa_step a", value[0], 0.0, strict=True),
+            check_number("sa_step kappa", value[1], 0.5, strict=True, high=1.0,
+                         high_strict=False),
+            check_number("sa_step b", value[2], 0.0, strict=True)]
+
+
+_SA_WHY = "sa_step is the step size of the deterministic rule's adaptation (adapt = true)"
+_LU_WHY = ("ladder_update is how the deterministic rule's adaptation (adapt = true) moves the "
+           "learning rates")
 
 __all__ = ["Deterministic", "BiasCorrected"]
 
@@ -47,6 +78,24 @@ class Deterministic(Rule):
     adaptor may change it."""
 
     name = "deterministic"
+    options = (
+        Option("correction", number(), default=4.0, section="swap", parse=parse_float,
+               why="correction is the buffer C of {who}",
+               help="initial correction buffer C0 of the deterministic rule"),
+        Option("adapt", boolean, default=True, section="adaptation", parse=parse_bool,
+               why="adapt (C and learning rates) is for {who}",
+               help="deterministic rule: adapt C and the learning rates online (true/false)"),
+        Option("sa_step", _sa_step, default=[50.0, 0.8, 500.0], section="adaptation",
+               parse=parse_floats, why=_SA_WHY,
+               applies=lambda cfg: None if cfg.adapt else _SA_WHY,
+               help="SA step sizes gamma_k = a / (k^kappa + b) as a,kappa,b (default "
+                    "50,0.8,500)"),
+        Option("ladder_update", choice(LADDER_UPDATES), default="paper", section="adaptation",
+               choices=LADDER_UPDATES, why=_LU_WHY,
+               applies=lambda cfg: None if cfg.adapt else _LU_WHY,
+               help="how the learning rates adapt: paper (Eq. 11/12 as written; can collapse "
+                    "two rungs) or log-gaps (Eq. 10 on the gaps of log eta, renormalized)"),
+    )
     exact = False
 
     def __init__(self, correction: float = 4.0):
@@ -71,6 +120,15 @@ class BiasCorrected(Rule):
     """reSGLD's bias-corrected Metropolis rule (see the module docstring)."""
 
     name = "bias-corrected"
+    options = (
+        Option("variance_factor", number(1.0), default=1.0, section="swap", parse=parse_float,
+               help="bias-corrected rule: divide the sigma^2 correction by F >= 1"),
+        # control-variate energies have a variance that restarts at 0 at every anchor refresh:
+        # a sigma^2 window longer than the refresh cycle over-corrects (measured bias)
+        Option("variance_every", integer(1), section="swap", parse=parse_int,
+               default=lambda cfg: getattr(cfg, "vr_every", None) or 100,
+               help="bias-corrected rule: refresh the per-slot sigma^2 every m iterations"),
+    )
     exact = False
 
     def __init__(self, variance: float = 0.0, factor: float = 1.0):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nrpt.options import Option
 from nrpt.paths.ladders import swap_log_ratio
 
 __all__ = ["SwapContext", "Rule", "Metropolis", "AlwaysAccept", "FixedRate", "make_rule"]
@@ -51,6 +52,8 @@ class SwapContext:
 
 class Rule:
     name = ""
+    #: the settings this rule reads (:class:`nrpt.options.Option`)
+    options: tuple[Option, ...] = ()
     #: False for rules that do not target the tempered product distribution
     exact = True
     #: False for rules whose verdicts ignore the states (``always``, ``fixed-rate``): under such

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from nrpt import rng
+from nrpt.options import Option, check_int, parse_int
 
 __all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
            "make_scheme", "check_gate", "GATE_BIAS"]
@@ -60,6 +61,8 @@ def adjacent_pairs(R: int, P: int, device) -> tuple[torch.Tensor, ...]:
 
 class Scheme:
     name = ""
+    #: the settings this scheme reads (:class:`nrpt.options.Option`)
+    options: tuple[Option, ...] = ()
     #: True if a pair's decision must wait for the previous pair's (ADJ)
     sequential = False
     #: False for a scheme that never proposes a swap (no swap statistics, no predictions)
@@ -121,6 +124,36 @@ class SEO(Scheme):
         return [(lo, hi, odd == coin)]
 
 
+def _window(name, value, cfg=None) -> int | str:
+    if isinstance(value, str):
+        if value in ("auto", "swap-rate"):
+            if value == "auto" and cfg is not None and cfg.rounds is not None:
+                raise ValueError("window 'auto' (a tuning segment) is not available with "
+                                 "rounds; give an integer window or window 'swap-rate'")
+            return value
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"window must be an integer >= 1, 'auto' (W* from the measured "
+                             f"rejection rate) or 'swap-rate' (W* from swap_rate); got "
+                             f"{value!r}") from None
+    return check_int("window", value, 1)
+
+
+def _parse_window(text: str) -> int | str:
+    return text if text in ("auto", "swap-rate") else int(text)
+
+
+_parse_window.what = "an integer >= 1, auto or swap-rate"  # type: ignore[attr-defined]
+
+
+def _window_tune(name, value, cfg):
+    return check_int(name, value, 1, cfg.iterations - 1 if cfg.iterations > 1 else 1)
+
+
+_TUNE_WHY = "window_tune is the tuning segment of window 'auto'"
+
+
 class DEOW(Scheme):
     """Generalized DEO with window ``W`` (``window=1`` is plain DEO)."""
 
@@ -133,6 +166,18 @@ predicted_round_trips_per_1000`)."""
         from nrpt.diagnostics import theory
 
         return theory.predicted_round_trips_per_1000(rejection, window, scheme=self.name)
+    options = (
+        Option("window", _window, default="auto", section="swap", parse=_parse_window,
+               help="window W of deo-w: an integer >= 1, 'auto' (W* from the rejection rate "
+                    "measured in a DEO tuning segment) or 'swap-rate' (W* from r = 1 - "
+                    "swap_rate); for noisy / stochastic-gradient swaps: a window > 1 with "
+                    "exact Metropolis swaps is refused (biased; use --scheme deo)"),
+        Option("window_tune", _window_tune, section="swap", parse=parse_int,
+               default=lambda cfg: max(1, cfg.iterations // 10), why=_TUNE_WHY,
+               applies=lambda cfg: None if cfg.window == "auto" else _TUNE_WHY,
+               help="iterations of DEO that measure the rejection rate for --window auto "
+                    "(default: iterations / 10)"),
+    )
 
     def __init__(self, window: int = 1):
         if isinstance(window, bool) or int(window) != window or window < 1:
@@ -161,6 +206,7 @@ predicted_round_trips_per_1000`)."""
 
 class DEO(DEOW):
     name = "deo"
+    options = ()
 
     def __init__(self, window: int = 1):
         if window != 1:

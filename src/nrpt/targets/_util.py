@@ -56,9 +56,9 @@ def to_like_input(values: torch.Tensor, t):
 def sum_last(t: torch.Tensor) -> torch.Tensor:
     """``t.sum(-1)``, written as additions when the last axis has 2 or 3 entries.
 
-    torch's CPU reduction over a last axis that short is slow for large leading dims (165 µs
-    against 9 µs for ``[256, 25, 2]`` float64 on one thread, ``make bench-parts``); from 4 on it
-    is not.  Same value for 2 entries (one rounded addition); for 3, ``(t0 + t1) + t2``.
+    torch's CPU reduction over so short a last axis is slow for large leading dims
+    (docs/benchmarks.md, "Target kernels").  Same value for 2 entries (one rounded addition);
+    for 3, ``(t0 + t1) + t2``.
     """
     n = t.shape[-1]
     if n == 0 or n > 3 or t.dtype not in (torch.float64, torch.float32):
@@ -76,9 +76,9 @@ _EXP_FLOOR = -700.0
 def logsumexp(z: torch.Tensor) -> torch.Tensor:
     """``torch.logsumexp(z, dim=-1)``, with the exponents floored at -700 below the maximum.
 
-    torch's CPU ``exp`` of arguments below -708 (they underflow) takes a path about 4x slower
-    than arguments in range (``make bench-parts``), and a mixture evaluated far from most of
-    its components hands it many.  A floored term is below ``exp(-700) ≈ 1e-304`` times the
+    torch's CPU ``exp`` of arguments below -708 (they underflow) takes a slower path
+    (docs/benchmarks.md, "Target kernels"), and a mixture evaluated far from most of its
+    components hands it many.  A floored term is below ``exp(-700) ≈ 1e-304`` times the
     maximum's ``exp(0) = 1``, so it vanishes in the sum: the value is torch's, bit for bit
     (tested), including rows of ``-inf`` (gives ``-inf``), ``+inf`` and NaN.  A ``z`` that
     requires a gradient, an empty last axis or a non-float ``z`` goes to ``torch.logsumexp``

@@ -11,54 +11,21 @@ numbers are only ever drawn from an explicit ``torch.Generator`` argument, never
 
 The target protocol (duck-typed)
 --------------------------------
-A target is any object with an integer attribute ``dim >= 1`` and **one** of
+A target is any object with an integer attribute ``dim >= 1`` and **one** of two forms:
+:class:`TemperatureForm` (``energy``) or :class:`GeometricForm` (``log_likelihood``,
+``reference_log_prob``, ``reference_sample``); if both are present the geometric one is used
+(see :func:`path_kind`).
 
-*temperature form* -- used with a temperature ladder ``pi_beta ∝ exp(-beta U)``:
-
-    ``energy(x) -> [n]``
-        ``U(x) = -log pi(x)`` (up to a constant).
-
-*geometric form* -- used with a geometric path ``pi_beta ∝ pi_0 L^beta`` from a reference
-``pi_0`` (``beta = 0``) to the target (``beta = 1``); ``log pi = reference_log_prob +
-log_likelihood``:
-
-    ``log_likelihood(x) -> [n]``
-        ``log L(x) = log pi(x) - log pi_0(x)`` (up to a constant).
-    ``reference_log_prob(x) -> [n]``
-        ``log pi_0(x)``.
-    ``reference_sample(n, generator) -> [n, dim]``
-        iid draws from ``pi_0`` (the ``beta = 0`` chain is refreshed exactly).
-
-If both forms are present the geometric one is used (see :func:`path_kind`).
-
-Optional members:
-
-``name: str``
-    shown in logs and reports.
-``initial_states(n, generator) -> [n, dim]``
-    starting states for the chains (default: zeros, or reference draws for a geometric path).
-``mean``, ``cov``
-    tensors ``[dim]`` and ``[dim, dim]`` with the exact moments of ``pi`` (for error metrics).
-``reference_is_normalized: bool``
-    ``True`` when ``reference_log_prob`` is a normalized log density, so that a normalizing-
-    constant estimate along the path is an absolute ``log Z`` rather than a ratio.
-``grad_energy(x)``, ``energy_and_grad(x)``; ``grad_log_likelihood``, ``grad_reference_log_prob``
-    gradients ``[n, dim]`` used instead of autograd by the gradient explorers.
-``analytic_gradients: bool``
-    ``True`` when those gradient methods use no autograd (closed forms): runs of gradient
-    explorers then execute in ``torch.inference_mode``, as gradient-free runs always do
-    (about 15 % less overhead per iteration on small problems).
-``model_variables(x) -> dict[str, np.ndarray]``, ``model_dims``, ``model_coords``
-    the model-variable hook, for targets built from a model (e.g. a PyMC model) whose state
-    ``x`` is an unconstrained vector.  ``model_variables`` takes a NumPy array ``[n, dim]`` of
-    unconstrained states and returns each model variable's *constrained* values, shape
-    ``[n, *var_shape]``; ``model_dims: dict[str, list[str]]`` names the dims of the variables
-    that have named dims, ``model_coords: dict[str, list]`` gives coordinates for those dims.
-    With the hook, ``posterior.nc`` holds one posterior variable per model variable (``[chain,
-    draw, *var_shape]``, its dims and coordinates; unnamed dims are ``<name>_dim_<i>``) and the
-    unconstrained draws in the ``unconstrained_posterior`` group; without it, the posterior is
-    the flat ``x`` ``[chain, draw, x_dim]`` (:mod:`nrpt.report.posterior_file`).  The hook is called
-    on blocks of draws after the run, never during sampling.
+Optional members: :data:`OPTIONAL_MEMBERS` lists them (one declaration), and
+:func:`capabilities` finds, once per target, which of them a target has (a
+:class:`Capabilities`).  The model-variable hook (``model_variables``, ``model_dims``,
+``model_coords``) is for targets built from a model (e.g. a PyMC model) whose state ``x`` is
+an unconstrained vector: with it, ``posterior.nc`` holds one posterior variable per model
+variable (``[chain, draw, *var_shape]``, its dims and coordinates; unnamed dims are
+``<name>_dim_<i>``) and the unconstrained draws in the ``unconstrained_posterior`` group;
+without it, the posterior is the flat ``x`` ``[chain, draw, x_dim]``
+(:mod:`nrpt.report.posterior_file`).  The hook is called on blocks of draws after the run,
+never during sampling.
 
 Built-in targets live in :mod:`nrpt.targets`; :data:`BUILTIN_TARGETS` maps their names to
 factories, and :func:`load_target` resolves either a built-in name or ``path/to/file.py:NAME``.
@@ -73,14 +40,21 @@ import itertools
 import math
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
 __all__ = [
     "BUILTIN_TARGETS",
+    "OPTIONAL_MEMBERS",
+    "Capabilities",
+    "GeometricForm",
+    "Target",
+    "TemperatureForm",
+    "capabilities",
     "TargetError",
     "load_target",
     "import_file_target",
@@ -95,10 +69,120 @@ __all__ = [
 PathKind = Literal["temperature", "geometric"]
 
 _PROBE_N = 3
+_PROBE_SEED = 20240611
 
 
 class TargetError(ValueError):
     """A target does not follow the target protocol, or cannot be found / loaded."""
+
+
+# --------------------------------------------------------------------------------------------
+# The protocol, declared
+# --------------------------------------------------------------------------------------------
+
+
+class Target(Protocol):
+    """What every target has; it also has one of the two forms below (see :func:`path_kind`)."""
+
+    dim: int
+
+
+class TemperatureForm(Target, Protocol):
+    """A target for a temperature ladder ``pi_beta ∝ exp(-beta U)``: ``energy(x) -> [n]`` is
+    ``U(x) = -log pi(x)`` (up to a constant)."""
+
+    def energy(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class GeometricForm(Target, Protocol):
+    """A target for a geometric path ``pi_beta ∝ pi_0 L^beta`` from a reference ``pi_0``
+    (``beta = 0``) to the target (``beta = 1``), ``log pi = reference_log_prob +
+    log_likelihood``: ``log_likelihood(x) -> [n]`` is ``log L(x) = log pi(x) - log pi_0(x)``
+    (up to a constant), ``reference_log_prob(x) -> [n]`` is ``log pi_0(x)``, and
+    ``reference_sample(n, generator) -> [n, dim]`` draws iid from ``pi_0`` (the ``beta = 0``
+    chain is refreshed exactly)."""
+
+    def log_likelihood(self, x: torch.Tensor) -> torch.Tensor: ...
+    def reference_log_prob(self, x: torch.Tensor) -> torch.Tensor: ...
+    def reference_sample(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
+
+
+#: The optional members a target may have: ``name -> (sort, contract)``.  A ``"method"`` is
+#: present when callable (:attr:`Capabilities.methods`); a ``"flag"`` is read as
+#: ``bool(getattr(target, name, False))``; a ``"value"`` is read where it is used, as
+#: ``getattr(target, name, None)`` (never by :func:`capabilities`: ``mean`` / ``cov`` may be
+#: properties that compute exact moments expensively).
+OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
+    "name": ("value", "str shown in logs and reports (else the class name)"),
+    "initial_states": ("method", "(n, generator) -> [n, dim] starting states (default: zeros, "
+                                 "or reference draws for a geometric path)"),
+    "mean": ("value", "tensor [dim]: the exact mean of pi (error metrics)"),
+    "cov": ("value", "tensor [dim, dim]: the exact covariance of pi (error metrics)"),
+    "exact_moments": ("method", "() -> {'mean': [dim], 'sd': [dim]} or None"),
+    "reference_is_normalized": ("flag", "reference_log_prob is normalized: the path's log Z "
+                                        "estimate is absolute"),
+    "grad_energy": ("method", "(x) -> [n, dim] gradient of energy, used instead of autograd"),
+    "energy_and_grad": ("method", "(x) -> ([n], [n, dim]): energy and its gradient"),
+    "grad_log_likelihood": ("method", "(x) -> [n, dim] gradient of log_likelihood"),
+    "grad_reference_log_prob": ("method", "(x) -> [n, dim] gradient of reference_log_prob"),
+    "analytic_gradients": ("flag", "the grad_* members use no autograd: gradient runs execute "
+                                   "in torch.inference_mode"),
+    "model_variables": ("method", "(ndarray [n, dim]) -> {variable: constrained [n, *shape]}"),
+    "model_dims": ("value", "dict[str, list[str]]: named dims of the model variables"),
+    "model_coords": ("value", "dict[str, list]: coordinates of those dims"),
+    "density_grid": ("method", "() -> the exact density of a 2-d target on a grid"),
+    "local_barrier": ("method", "(beta) -> the exact local communication barrier"),
+    "coordinate_names": ("value", "list[str] (or a method giving it): coordinate names"),
+    "sample": ("method", "(n, generator) -> [n, dim] exact iid draws of pi"),
+    "sample_at": ("method", "(beta, n, generator) -> [n, dim] exact iid draws of pi_beta"),
+    "n_data": ("value", "int: the number of data points of a minibatch (data) target"),
+    "loss": ("method", "the per-datum loss of a minibatch (data) target"),
+}
+
+#: by path kind: the members giving the values (probed by :func:`validate_target`; an
+#: explorer takes their gradient), and the members that supply the gradient instead
+_GRADIENTS = {
+    "temperature": (("energy",), ("grad_energy", "energy_and_grad")),
+    "geometric": (("log_likelihood", "reference_log_prob"),
+                  ("grad_log_likelihood", "grad_reference_log_prob")),
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which optional members (:data:`OPTIONAL_MEMBERS`) a target has, found by
+    :func:`capabilities`."""
+
+    name: str  #: ``target.name`` if a str, else the class name
+    methods: frozenset[str]  #: the optional methods that are callable
+    analytic_gradients: bool
+    reference_is_normalized: bool
+
+    def has(self, member: str) -> bool:
+        """Whether the target has the optional method ``member`` (a name of the table)."""
+        if OPTIONAL_MEMBERS.get(member, ("",))[0] != "method":
+            raise KeyError(f"{member!r} is not an optional method of the target protocol")
+        return member in self.methods
+
+    def supplied_gradients(self, kind: str) -> tuple[str, ...]:
+        """The members that supply the gradients of path kind ``kind`` instead of autograd
+        (``grad_energy`` before ``energy_and_grad``; both ``grad_*`` of a geometric target),
+        or ``()``: autograd."""
+        supplied = [m for m in _GRADIENTS[kind][1] if m in self.methods]
+        if kind == "temperature":
+            return tuple(supplied[:1])
+        return tuple(supplied) if len(supplied) == len(_GRADIENTS[kind][1]) else ()
+
+
+def capabilities(target: Any) -> Capabilities:
+    """The optional members ``target`` has (probed once; never calls a member)."""
+    name = getattr(target, "name", None)
+    return Capabilities(
+        name=name if isinstance(name, str) else type(target).__name__,
+        methods=frozenset(m for m, (sort, _) in OPTIONAL_MEMBERS.items()
+                          if sort == "method" and callable(getattr(target, m, None))),
+        analytic_gradients=bool(getattr(target, "analytic_gradients", False)),
+        reference_is_normalized=bool(getattr(target, "reference_is_normalized", False)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,12 +321,11 @@ def _check_generator_use(target: Any, x: torch.Tensor, device, seed: int) -> Non
         )
 
 
-#: members whose gradient an explorer takes, and the members that supply it instead
-_GRADIENTS = {
-    "temperature": ((("energy",), ("grad_energy", "energy_and_grad"))),
-    "geometric": ((("log_likelihood", "reference_log_prob"),
-                   ("grad_log_likelihood", "grad_reference_log_prob"))),
-}
+def _varies(u: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``(finite entries of u, whether at least two of them differ)``."""
+    u = u.detach()
+    ok = torch.isfinite(u)
+    return ok, int(ok.sum()) >= 2 and bool((u[ok] != u[ok][0]).any())
 
 
 def _check_gradient(target: Any, kind: str, x: torch.Tensor, explorer: str) -> None:
@@ -257,42 +340,48 @@ def _check_gradient(target: Any, kind: str, x: torch.Tensor, explorer: str) -> N
     how = (f"compute it with torch ops on x (no NumPy, .item(), .detach() or torch.no_grad), "
            f"or supply {' and '.join(supplied) if kind == 'geometric' else supplied[0]}(x) -> "
            f"[n, dim]")
-    have = [m for m in supplied if callable(getattr(target, m, None))]
-    use_supplied = bool(have) if kind == "temperature" else len(have) == len(supplied)
+    use = capabilities(target).supplied_gradients(kind)
     for i, member in enumerate(members):
-        if use_supplied:
-            with torch.no_grad():
-                u = _call(target, member, f"{member}(x)", x)
-                if kind == "temperature" and "grad_energy" not in have:
-                    g = _call(target, "energy_and_grad", "energy_and_grad(x)", x)[1]
-                else:
-                    name = "grad_energy" if kind == "temperature" else supplied[i]
-                    g = _call(target, name, f"{name}(x)", x)
-            source = f"{'grad_energy' if kind == 'temperature' else supplied[i]}(x)"
+        if use:
+            u, g = _supplied_gradient(target, member, use[i], x)
+            source = f"{supplied[i]}(x)"
         else:
-            with torch.enable_grad():
-                xg = x.detach().clone().requires_grad_(True)
-                u = _call(target, member, f"{member}(x)", xg)
-                ok = torch.isfinite(u.detach())
-                varies = int(ok.sum()) >= 2 and bool((u.detach()[ok] != u.detach()[ok][0]).any())
-                if not varies:
-                    continue
-                if not u.requires_grad or u.grad_fn is None:
-                    raise TargetError(
-                        f"target {desc}: {member}(x) is not connected to x in autograd (its "
-                        f"result has no gradient), but explorer {explorer!r} needs the "
-                        f"gradient; {how}")
-                (g,) = torch.autograd.grad(u[ok].sum(), xg, allow_unused=True)
+            got = _autograd_gradient(target, member, x, f"explorer {explorer!r}", desc, how)
+            if got is None:
+                continue
+            u, g = got
             source = f"the autograd gradient of {member}(x)"
-        if g is None:
-            g = torch.zeros_like(x)
-        u = u.detach()
-        ok = torch.isfinite(u)
-        varies = int(ok.sum()) >= 2 and bool((u[ok] != u[ok][0]).any())
-        if varies and not bool((torch.as_tensor(g).detach()[ok] != 0).any()):
+        ok, varies = _varies(u)
+        g = torch.zeros_like(x) if g is None else torch.as_tensor(g).detach()
+        if varies and not bool((g[ok] != 0).any()):
             raise TargetError(
                 f"target {desc}: {source} is zero at every probe point although {member}(x) "
                 f"varies there, and explorer {explorer!r} follows the gradient; {how}")
+
+
+def _supplied_gradient(target: Any, member: str, grad: str, x: torch.Tensor) -> tuple[Any, Any]:
+    """``(member(x), its gradient from the target's own member grad)``."""
+    with torch.no_grad():
+        u = _call(target, member, f"{member}(x)", x)
+        g = _call(target, grad, f"{grad}(x)", x)
+    return u, g[1] if grad == "energy_and_grad" else g
+
+
+def _autograd_gradient(target: Any, member: str, x: torch.Tensor, who: str, desc: str,
+                       how: str) -> tuple[Any, Any] | None:
+    """``(member(x), its autograd gradient)``; None for a member constant at ``x``."""
+    with torch.enable_grad():
+        xg = x.detach().clone().requires_grad_(True)
+        u = _call(target, member, f"{member}(x)", xg)
+        ok, varies = _varies(u)
+        if not varies:
+            return None
+        if not u.requires_grad or u.grad_fn is None:
+            raise TargetError(
+                f"target {desc}: {member}(x) is not connected to x in autograd (its result "
+                f"has no gradient), but {who} needs the gradient; {how}")
+        (g,) = torch.autograd.grad(u[ok].sum(), xg, allow_unused=True)
+    return u, g
 
 
 def _check_states(out: Any, signature: str, dim: int) -> None:
@@ -361,23 +450,12 @@ def validate_target(
         raise TargetError(f"target.name must be a str; got {type(name).__name__}")
 
     generator = torch.Generator(device=device)
-    generator.manual_seed(20240611)
-    if kind == "geometric":
-        x = _call(target, "reference_sample", "reference_sample(n, generator)", n, generator)
-        _check_states(x, "reference_sample(n, generator)", dim)
-        x = x.detach().to(dtype=dtype, device=device)
-        _check_generator_use(target, x, device, 20240611)
-        for member in ("log_likelihood", "reference_log_prob"):
-            out = _call_pure(target, member, x)
-            _check_values(out, member, dim)
-            _keep(probe, member, out)
-    else:
-        steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
-        signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
-        x = 0.1 * steps * signs  # zeros, then small offsets of alternating sign
-        out = _call_pure(target, "energy", x)
-        _check_values(out, "energy", dim)
-        _keep(probe, "energy", out)
+    generator.manual_seed(_PROBE_SEED)
+    x = _probe_states(target, kind, dim, dtype, device, generator)
+    for member in _GRADIENTS[kind][0]:
+        out = _call_pure(target, member, x)
+        _check_values(out, member, dim)
+        _keep(probe, member, out)
     if gradient_for is not None:
         _check_gradient(target, kind, x, gradient_for)
 
@@ -390,6 +468,22 @@ def validate_target(
     if probe is not None:
         probe["dtype"] = str(dtype)
     return kind
+
+
+def _probe_states(target: Any, kind: str, dim: int, dtype: torch.dtype, device,
+                  generator: torch.Generator) -> torch.Tensor:
+    """The probe batch: reference draws (checked) for a geometric target, else zeros, then
+    small offsets of alternating sign."""
+    n = _PROBE_N
+    if kind == "geometric":
+        x = _call(target, "reference_sample", "reference_sample(n, generator)", n, generator)
+        _check_states(x, "reference_sample(n, generator)", dim)
+        x = x.detach().to(dtype=dtype, device=device)
+        _check_generator_use(target, x, device, _PROBE_SEED)
+        return x
+    steps = torch.arange(n, dtype=dtype, device=device).unsqueeze(1)
+    signs = torch.where(torch.arange(dim, device=device) % 2 == 0, 1.0, -1.0).to(dtype)
+    return 0.1 * steps * signs
 
 
 def _keep(probe: dict[str, Any] | None, member: str, out: torch.Tensor) -> None:
@@ -452,7 +546,8 @@ def _load_module(path: Path) -> Any:
     except Exception as e:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {type(e).__name__}: {e}") from e
-    module.__nrpt_local_modules__ = local_modules(module, set(sys.modules) - before, seen)
+    module.__nrpt_local_modules__ = local_modules(  # type: ignore[attr-defined]
+        module, set(sys.modules) - before, seen)
     return module
 
 
@@ -494,8 +589,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def local_modules(module: Any, new: set[str] = frozenset(),
-                  seen: list[Any] = ()) -> dict[str, str]:
+def local_modules(module: Any, new: Collection[str] = frozenset(),
+                  seen: Iterable[Any] = ()) -> dict[str, str]:
     """The modules a target file's ``module`` imported from its own directory tree (their
     ``__file__`` under the file's directory), as ``{path relative to that directory: sha256}``.
 
@@ -608,42 +703,44 @@ def _load_target(spec: str, kwargs: dict[str, Any], modules: dict[str, str]) -> 
     if sep and head.endswith(".py"):
         if not attr:
             raise TargetError(f"target spec {spec!r} names no attribute; use path/to/file.py:NAME")
-        path = Path(head).expanduser()
-        module = _load_module(path)
-        modules.update(module.__nrpt_local_modules__)
-        if not hasattr(module, attr):
-            public = sorted(k for k in vars(module) if not k.startswith("_"))
-            raise TargetError(
-                f"{path} has no attribute {attr!r} (its public names: {', '.join(public)})"
-            )
-        obj = getattr(module, attr)
-        adapter = _model_adapter(obj)
-        if adapter is not None:
-            return adapter(obj, **kwargs)
-        if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "dim")):
-            try:
-                return obj(**kwargs)
-            except TypeError as e:
-                raise TargetError(f"building target {attr} from {path} failed: {e}") from e
-        if kwargs:
-            raise TargetError(
-                f"{path}:{attr} is already a target object; keyword arguments "
-                f"{sorted(kwargs)} cannot be applied to it"
-            )
-        return obj
-
+        return _load_file_target(Path(head).expanduser(), attr, kwargs, modules)
     if spec.endswith(".py"):
         raise TargetError(f"target spec {spec!r} names no attribute; use {spec}:NAME")
+    return _load_builtin(spec, kwargs)
+
+
+def _load_file_target(path: Path, attr: str, kwargs: dict[str, Any],
+                      modules: dict[str, str]) -> Any:
+    module = _load_module(path)
+    modules.update(module.__nrpt_local_modules__)
+    if not hasattr(module, attr):
+        public = sorted(k for k in vars(module) if not k.startswith("_"))
+        raise TargetError(f"{path} has no attribute {attr!r} (its public names: "
+                          f"{', '.join(public)})")
+    obj = getattr(module, attr)
+    adapter = _model_adapter(obj)
+    if adapter is not None:
+        return adapter(obj, **kwargs)
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "dim")):
+        try:
+            return obj(**kwargs)
+        except TypeError as e:
+            raise TargetError(f"building target {attr} from {path} failed: {e}") from e
+    if kwargs:
+        raise TargetError(f"{path}:{attr} is already a target object; keyword arguments "
+                          f"{sorted(kwargs)} cannot be applied to it")
+    return obj
+
+
+def _load_builtin(spec: str, kwargs: dict[str, Any]) -> Any:
     key = spec.strip().lower().replace("_", "-")
     if key not in BUILTIN_TARGETS:
         names = ", ".join(sorted(BUILTIN_TARGETS))
-        raise TargetError(
-            f"unknown target {spec!r}: use a built-in name ({names}) or "
-            f"path/to/file.py:NAME for a target defined in your own file"
-        )
-    from nrpt.scalars import plain as _plain  # NumPy / 0-d torch scalars are numbers like any other
+        raise TargetError(f"unknown target {spec!r}: use a built-in name ({names}) or "
+                          f"path/to/file.py:NAME for a target defined in your own file")
+    from nrpt.scalars import plain  # NumPy / 0-d torch scalars are numbers like any other
 
-    kwargs = {k: _plain(v) for k, v in kwargs.items()}
+    kwargs = {k: plain(v) for k, v in kwargs.items()}
     try:
         return BUILTIN_TARGETS[key](**kwargs)
     except TypeError as e:
@@ -665,8 +762,7 @@ def fingerprint(target: Any, kind: PathKind, probe: dict[str, Any]) -> dict[str,
     ``name`` (else its class name), ``dim``, path kind, and ``probe``: the values of its energy
     (or log likelihood and reference log density) at :func:`validate_target`'s probe states
     (fixed, or reference draws from a fixed seed), which that check fills in."""
-    name = getattr(target, "name", None)
-    return {"name": name if isinstance(name, str) else type(target).__name__,
+    return {"name": capabilities(target).name,
             "dim": int(target.dim), "kind": kind, "dtype": probe.get("dtype"),
             "probe": {k: v for k, v in probe.items() if k != "dtype"}}
 
@@ -689,8 +785,11 @@ def fingerprint_differences(then: dict[str, Any], now: dict[str, Any]) -> list[s
         if old is None or new is None:
             continue  # a member that failed to evaluate: nothing to compare
         if len(old) != len(new) or not all(_close(a, b, rtol)
-                                               for a, b in zip(old, new, strict=True)):
-            shown = ", ".join(f"{v:.6g}" if not isinstance(v, str) else v for v in old)
-            now_shown = ", ".join(f"{v:.6g}" if not isinstance(v, str) else v for v in new)
-            diff.append(f"{member} at the probe states [{shown}] then, [{now_shown}] now")
+                                           for a, b in zip(old, new, strict=True)):
+            diff.append(f"{member} at the probe states [{_shown(old)}] then, "
+                        f"[{_shown(new)}] now")
     return diff
+
+
+def _shown(values: list[Any]) -> str:
+    return ", ".join(v if isinstance(v, str) else f"{v:.6g}" for v in values)

@@ -124,6 +124,28 @@ def _to_torch(a: np.ndarray, x) -> torch.Tensor:
     return t
 
 
+def _vectorized_or_loop(vectorize: bool | None, what: str, loop_name: str, fallback: str,
+                        batched, loop):
+    """``batched()``, or ``loop()`` where vectorizing is switched off (``vectorize=False``) or
+    fails (``vectorize=None``: with a warning that ``fallback`` is done; ``vectorize=True``:
+    a :class:`TargetError`)."""
+    error = None
+    if vectorize is not False:
+        try:
+            return batched()
+        except Exception as e:  # noqa: BLE001 -- an op without a batched form: the loop
+            error = e
+            if vectorize:
+                raise TargetError(f"from_pymc: the {what} could not be vectorized over a batch "
+                                  f"({type(e).__name__}: {e}); use vectorize=None or False for "
+                                  f"the {loop_name} loop") from e
+    out = loop()
+    if error is not None:
+        warnings.warn(f"from_pymc: the {what} could not be vectorized ({type(error).__name__}: "
+                      f"{error}); {fallback}", RuntimeWarning, stacklevel=5)
+    return out
+
+
 class _Batched:
     """A compiled function of a flat state vector, evaluated on a batch ``[n, dim]``.
 
@@ -145,40 +167,37 @@ class _Batched:
         if grad:
             outputs = outputs + [pt.grad(o, flat) for o in outputs]
         ndims = [o.type.ndim for o in outputs]
-        self.vectorized = False
-        self._fn = None
-        error = None
-        if vectorize is not False:
-            try:
-                from pytensor.graph.replace import vectorize_graph
+        n_values = len(outputs) // 2 if grad else len(outputs)
 
-                xb = pt.matrix(f"{what}_batch", dtype="float64")
-                values = outputs[:len(outputs) // 2] if grad else outputs
-                outs = list(vectorize_graph(values, replace={flat: xb}))
-                if grad:
-                    outs = outs + [pt.grad(o.sum(), xb) for o in outs]
-                fn = _compile(pm, [xb], outs, on_unused_input="ignore")
-                res = fn(np.stack([x0, x0]))
-                shapes = []
-                for r, nd in zip(res, ndims, strict=True):
-                    r = np.asarray(r)
-                    if r.ndim == nd + 1 and r.shape[0] != 2:
-                        raise ValueError(f"batch axis of length {r.shape[0]}, not 2")
-                    shapes.append(r.shape[1:] if r.ndim == nd + 1 else r.shape)
-                self._fn, self.vectorized, self.core_shapes = fn, True, shapes
-            except Exception as e:  # an op without a batched form: fall back to the loop
-                error = e
-                if vectorize:
-                    raise TargetError(f"from_pymc: the {what} graph could not be vectorized "
-                                      f"over a batch ({type(e).__name__}: {e}); use "
-                                      f"vectorize=None or False for the per-state loop") from e
-        if self._fn is None:
-            if error is not None:
-                warnings.warn(f"from_pymc: the {what} graph could not be vectorized "
-                              f"({type(error).__name__}: {error}); evaluating states one at a "
-                              f"time", RuntimeWarning, stacklevel=4)
-            self._fn = _compile(pm, [flat], outputs, on_unused_input="ignore")
-            self.core_shapes = [np.shape(r) for r in self._fn(x0)]
+        def batched():
+            return True, *self._compile_batched(pm, pt, flat, x0, outputs[:n_values], ndims,
+                                                what, grad)
+
+        def loop():
+            fn = _compile(pm, [flat], outputs, on_unused_input="ignore")
+            return False, fn, [np.shape(r) for r in fn(x0)]
+
+        self.vectorized, self._fn, self.core_shapes = _vectorized_or_loop(
+            vectorize, f"{what} graph", "per-state", "evaluating states one at a time",
+            batched, loop)
+
+    @staticmethod
+    def _compile_batched(pm, pt, flat, x0, values, ndims, what, grad):
+        """``(function of a batch [n, dim], the outputs' core shapes)``; checked on 2 states."""
+        from pytensor.graph.replace import vectorize_graph
+
+        xb = pt.matrix(f"{what}_batch", dtype="float64")
+        outs = list(vectorize_graph(values, replace={flat: xb}))
+        if grad:
+            outs = outs + [pt.grad(o.sum(), xb) for o in outs]
+        fn = _compile(pm, [xb], outs, on_unused_input="ignore")
+        shapes = []
+        for r, nd in zip(fn(np.stack([x0, x0])), ndims, strict=True):
+            r = np.asarray(r)
+            if r.ndim == nd + 1 and r.shape[0] != 2:
+                raise ValueError(f"batch axis of length {r.shape[0]}, not 2")
+            shapes.append(r.shape[1:] if r.ndim == nd + 1 else r.shape)
+        return fn, shapes
 
     def __call__(self, a: np.ndarray) -> list[np.ndarray]:
         n = a.shape[0]
@@ -343,20 +362,43 @@ def _batched_dirichlet(pt, rng, size, alpha) -> list:
     return [u.owner.outputs[0], w]
 
 
+def _check_arguments(pm, model, path: str) -> None:
+    if not isinstance(model, pm.Model):
+        raise TargetError(f"from_pymc expects a pymc.Model; got {type(model).__name__}")
+    if path not in PATHS:
+        raise TargetError(f"from_pymc: path must be one of {', '.join(map(repr, PATHS))} "
+                          f"('prior': geometric path from the prior, needs a prior that "
+                          f"forward sampling reproduces; 'temperature': temperature ladder "
+                          f"on the joint density); got {path!r}")
+
+
+def _dims_and_coords(model, free) -> tuple[dict[str, list[str]], dict[str, list]]:
+    """The model's named dims of its free variables and deterministics, and its coordinates."""
+    names = [rv.name for rv in free] + [d.name for d in model.deterministics]
+    dims = {k: list(v) for k, v in model.named_vars_to_dims.items()
+            if k in names and v is not None and len(v) > 0}
+    return dims, {k: list(v) for k, v in model.coords.items() if v is not None}
+
+
+def _layout(values, point) -> list[tuple[str, slice, tuple[int, ...]]]:
+    """``(value variable name, its slice of the flat state, its shape)`` for each variable."""
+    layout, start = [], 0
+    for v in values:
+        shape = tuple(int(s) for s in np.shape(point[v.name]))
+        size = int(np.prod(shape, dtype=np.int64))
+        layout.append((v.name, slice(start, start + size), shape))
+        start += size
+    return layout
+
+
 class PyMCTarget:
     """A PyMC model as an nrpt target; build it with :func:`from_pymc`."""
 
     analytic_gradients = True
 
     def __init__(self, model, *, path: str = "prior", vectorize: bool | None = None) -> None:
-        pm, pytensor, pt = _import_pymc()
-        if not isinstance(model, pm.Model):
-            raise TargetError(f"from_pymc expects a pymc.Model; got {type(model).__name__}")
-        if path not in PATHS:
-            raise TargetError(f"from_pymc: path must be one of {', '.join(map(repr, PATHS))} "
-                              f"('prior': geometric path from the prior, needs a prior that "
-                              f"forward sampling reproduces; 'temperature': temperature ladder "
-                              f"on the joint density); got {path!r}")
+        pm, _, pt = _import_pymc()
+        _check_arguments(pm, model, path)
         self._pm, self._pt = pm, pt
         self.model = model
         self.path = path
@@ -366,44 +408,29 @@ class PyMCTarget:
         if path == "prior":
             self._check_prior_path()
 
-        free = list(model.free_RVs)
-        self._free = free
-        self._values = [model.rvs_to_values[rv] for rv in free]
-        point = model.initial_point()
-        self.layout: list[tuple[str, slice, tuple[int, ...]]] = []
-        start = 0
-        for v in self._values:
-            shape = tuple(int(s) for s in np.shape(point[v.name]))
-            size = int(np.prod(shape, dtype=np.int64))
-            self.layout.append((v.name, slice(start, start + size), shape))
-            start += size
-        self.dim = start
-        self._point = point
-        #: PyMC's initial point as a flat state
-        self._x0 = np.concatenate([np.ravel(point[v.name]) for v in self._values]
-                                  ).astype(np.float64) if self._values else np.zeros(0)
+        self._free = list(model.free_RVs)
+        self._values = [model.rvs_to_values[rv] for rv in self._free]
+        self._point = model.initial_point()
+        self.layout: list[tuple[str, slice, tuple[int, ...]]] = _layout(self._values, self._point)
+        self.dim = self.layout[-1][1].stop if self.layout else 0
         if self.dim < 1:
             raise TargetError("from_pymc: the model has no free variables to sample")
+        #: PyMC's initial point as a flat state
+        self._x0 = np.concatenate([np.ravel(self._point[v.name]) for v in self._values]
+                                  ).astype(np.float64)
         self._fns: dict[str, _Batched] = {}
         self._cache: tuple[np.ndarray, list[np.ndarray]] | None = None
         self._sampler = None
         self._sampler_batched = False
         self._rngs: list = []
-
         if path == "prior":
             self.reference_is_normalized = True
-            self._parts = [model.logp(vars=free, jacobian=True),
+            self._parts = [model.logp(vars=self._free, jacobian=True),
                            model.logp(vars=list(model.observed_RVs), jacobian=True)]
             self._build_sampler()  # compile now: a prior it cannot sample is refused here
         else:
             self._parts = [model.logp(jacobian=True)]
-
-        names = [rv.name for rv in free] + [d.name for d in model.deterministics]
-        self.model_dims: dict[str, list[str]] = {
-            k: list(v) for k, v in model.named_vars_to_dims.items()
-            if k in names and v is not None and len(v) > 0}
-        self.model_coords: dict[str, list] = {
-            k: list(v) for k, v in model.coords.items() if v is not None}
+        self.model_dims, self.model_coords = _dims_and_coords(model, self._free)
 
     # ------------------------------------------------------------------------------- checks
     def _check_continuous(self) -> None:
@@ -468,9 +495,9 @@ class PyMCTarget:
 
     def _evaluate(self, x, who: str) -> list[np.ndarray]:
         """The log-density parts and their gradients at ``x``, in one call of the compiled
-        function (values alone would save about 40 % of a call; PyTensor has deprecated the
-        ``output_subset`` that gave them, and a second compiled function would double the
-        compile time).  The last evaluation is kept, so the members asking for the parts one
+        function (PyTensor has deprecated the ``output_subset`` that gave values alone, and a
+        second compiled function would double the compile time; docs/benchmarks.md, "Target
+        kernels").  The last evaluation is kept, so the members asking for the parts one
         by one at the same states cost one call."""
         a = _to_numpy(x, self.dim, who)
         c = self._cache
@@ -495,25 +522,11 @@ class PyMCTarget:
     def _build_sampler(self) -> None:
         """Compile the prior sampler: vectorized (one call draws ``n``) if possible, else the
         per-draw function called in a loop; a prior it cannot sample is refused here."""
-        error = None
-        if self._vectorize is not False:
-            try:
-                self._build_batched_sampler()
-                return
-            except Exception as e:  # noqa: BLE001 -- any failure: the per-draw loop
-                error = e
-                if self._vectorize:
-                    raise TargetError(
-                        f"from_pymc: the prior sampler could not be vectorized over a batch "
-                        f"({type(e).__name__}: {e}); use vectorize=None or False for the "
-                        f"per-draw loop") from e
-        self._build_loop_sampler()
-        if error is not None:
-            warnings.warn(f"from_pymc: the prior sampler could not be vectorized "
-                          f"({type(error).__name__}: {error}); drawing one prior sample at "
-                          f"a time", RuntimeWarning, stacklevel=4)
+        self._sampler, self._sampler_batched, self._rngs = _vectorized_or_loop(
+            self._vectorize, "prior sampler", "per-draw", "drawing one prior sample at a time",
+            self._batched_sampler, self._loop_sampler)
 
-    def _build_loop_sampler(self) -> None:
+    def _loop_sampler(self) -> tuple:
         pm, pt = self._pm, self._pt
         from pytensor.tensor.random.type import RandomGeneratorType
 
@@ -521,8 +534,7 @@ class PyMCTarget:
         flat = pt.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         try:
             fn = _compile(pm, [], flat, random_seed=0)
-            self._rngs = [v for v in fn.get_shared()
-                          if isinstance(v.type, RandomGeneratorType)]
+            rngs = [v for v in fn.get_shared() if isinstance(v.type, RandomGeneratorType)]
             draw = np.asarray(fn())
         except Exception as e:
             raise TargetError(
@@ -531,9 +543,9 @@ class PyMCTarget:
         if draw.shape != (self.dim,):
             raise TargetError(f"from_pymc: a forward draw has shape {list(draw.shape)}, not "
                               f"[{self.dim}]; use path='temperature'")
-        self._sampler, self._sampler_batched = fn, False
+        return fn, False, rngs
 
-    def _build_batched_sampler(self) -> None:
+    def _batched_sampler(self) -> tuple:
         """The forward-sampling graph vectorized over a leading batch axis of symbolic length
         ``n``: every random variable gets the size ``(n, *its batch shape)`` -- a root's
         parameters are unbatched and broadcast over it, a downstream variable's batched
@@ -561,8 +573,7 @@ class PyMCTarget:
                                  f"[{k}, {self.dim}]")
             if not np.isfinite(draw).all():
                 raise ValueError("a batched draw is not finite")
-        self._rngs = [v for v in fn.get_shared() if isinstance(v.type, RandomGeneratorType)]
-        self._sampler, self._sampler_batched = fn, True
+        return fn, True, [v for v in fn.get_shared() if isinstance(v.type, RandomGeneratorType)]
 
     # --------------------------------------------------------------------- model variables
     @property
