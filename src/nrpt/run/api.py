@@ -595,7 +595,9 @@ def _registered_name(role: str, obj) -> str:
                              f"first (nrpt.run.registry.register('explorer', {name!r}, "
                              f"{type(obj).__name__}, tags=('sg', ...)))")
         tags = ("exact", "gradient") if getattr(obj, "uses_gradient", False) else ("exact",)
-        registry.register(role, name, type(obj), tags=tags, options=("step_size", "n_explore"),
+        own = [getattr(o, "name", o) for o in getattr(obj, "options", ())]
+        registry.register(role, name, type(obj), tags=tags,
+                          options=() if "step_size" in own else ("step_size",),
                           summary=f"{type(obj).__name__} (registered from an object)")
     else:
         registry.register(role, name, type(obj),
