@@ -155,6 +155,17 @@ def _predictions(rej: np.ndarray, scheme, window: int) -> dict[str, Any]:
             for k in ("restarts_per_1000", "round_trips_a5_per_1000")}
 
 
+def _recorder_fields(rec: dict, facts: dict) -> dict[str, Any]:
+    """Every recorder's ``summary()``: nrpt's merged, one given as an object under its name."""
+    out: dict[str, Any] = {}
+    for name, r in rec.items():
+        if name in facts.get("own_summary", ()):
+            out[name] = r.summary()
+        else:
+            out.update(r.summary())
+    return out
+
+
 def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[str, Any]:
     eng, rec, facts = run.engine, run.recorders, run.facts
     R, P, K = eng.R, eng.P, eng.k
@@ -194,11 +205,7 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         s["window_rejection"] = outcome.notes["window_rejection"]
     if getattr(run, "fused", None) is not None:
         s["fused"] = run.fused.describe()
-    for name, r in rec.items():  # a recorder given as an object: under its own name
-        if name in facts.get("own_summary", ()):
-            s[name] = r.summary()
-        else:
-            s.update(r.summary())
+    s.update(_recorder_fields(rec, facts))
     swaps = rec["swaps"]
     rej = swaps.rejection().detach().cpu().double().numpy()
     if eng.scheme.proposes_swaps:
