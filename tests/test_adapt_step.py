@@ -7,15 +7,17 @@ import pytest
 import torch
 from scipy.special import ndtr
 
-from nrpt.adapt import ACCEPTANCE_ORDER, StepSizeAdaptor, step_size_factor
-from nrpt.adapt.rounds import DEFAULT_ACCEPTANCE
+from nrpt.adapt import StepSizeAdaptor, step_size_factor
+from nrpt.explorers import HMC, MALA, RWMH, SliceSampler
 from nrpt.roles import SegmentView
 
+EXPLORERS = {"rwmh": RWMH, "mala": MALA, "hmc": HMC}
 
-@pytest.mark.parametrize("explorer", sorted(ACCEPTANCE_ORDER))
+
+@pytest.mark.parametrize("explorer", sorted(EXPLORERS))
 def test_one_step_lands_on_the_target_when_the_model_holds(explorer):
     # acceptance a(h) = 2 Phi(-c h^k / 2): the update solves for c and inverts exactly
-    k, c, target = ACCEPTANCE_ORDER[explorer], 0.8, 0.6
+    k, c, target = EXPLORERS[explorer].acceptance_order, 0.8, 0.6
     a = lambda h: 2 * ndtr(-c * h**k / 2)  # noqa: E731
     h = np.array([0.8, 1.1, 1.4])  # acceptances inside the unclipped range [0.01, 0.99]
     h_new = h * step_size_factor(a(h), target, k)
@@ -47,10 +49,10 @@ def test_step_size_adaptor_applies_the_factor_per_slot_and_system():
     view = SegmentView(index=0, name="round 1", iterations=2, last=False,
                        recorders={"swaps": _Swaps(acc)}, schedule=torch.ones_like(h),
                        step_size=h, params={})
-    adaptor = StepSizeAdaptor("mala")
-    assert adaptor.target == DEFAULT_ACCEPTANCE["mala"]
+    adaptor = StepSizeAdaptor(MALA())
+    assert adaptor.target == MALA.target_acceptance
     update = adaptor.end_segment(view)
-    expected = h.numpy() * step_size_factor(acc, DEFAULT_ACCEPTANCE["mala"], 3)
+    expected = h.numpy() * step_size_factor(acc, MALA.target_acceptance, 3)
     np.testing.assert_allclose(update.step_size.numpy(), expected, rtol=1e-12)
     assert update.step_size[1, 0] == 0.5  # a slot without data keeps its step
     assert update.schedule is None
@@ -58,9 +60,9 @@ def test_step_size_adaptor_applies_the_factor_per_slot_and_system():
                        recorders={"swaps": _Swaps(acc)}, schedule=torch.ones_like(h),
                        step_size=h, params={})
     assert adaptor.end_segment(last) is None
-    assert StepSizeAdaptor("rwmh", target=0.5).target == 0.5
-    with pytest.raises(ValueError, match="step-size adaptation needs explorer"):
-        StepSizeAdaptor("slice")
+    assert StepSizeAdaptor(RWMH(), target=0.5).target == 0.5
+    with pytest.raises(ValueError, match="step-size adaptation needs an explorer that declares"):
+        StepSizeAdaptor(SliceSampler())
 
 
 def test_bracket_never_jumps_over_a_cliff_and_drops_contradicted_ends():
@@ -88,5 +90,5 @@ def test_hmc_step_sizes_over_rounds_converge_to_the_target_acceptance(seed):
     res = nrpt.sample("gaussian", target_options={"dim": 3}, explorer="hmc", rounds=11,
                       chains=6, seed=seed, figures=False)
     acc = np.asarray(res.summary["explorer_acceptance"])
-    target = DEFAULT_ACCEPTANCE["hmc"]
+    target = HMC.target_acceptance
     assert np.all(np.abs(acc - target) < 0.1), acc  # (seeds 0-3: all within 0.06)

@@ -232,6 +232,26 @@ class Explorer:
     uses_gradient = False
     #: how many keyed sub-streams one step consumes (so repeated steps don't reuse noise)
     substeps = 1
+    #: step-size tuning (``adapt_step_size``): the acceptance aimed at by default and the order
+    #: ``k`` of the step in the spread of the log acceptance ratio (:mod:`nrpt.adapt.step`);
+    #: ``None``: the explorer has no acceptance to tune toward
+    target_acceptance: float | None = None
+    acceptance_order: int | None = None
+    #: every step makes the same draws whatever the state, so :mod:`nrpt.explorers.compiled`
+    #: can record and replay them (and :mod:`nrpt.core.fused` can run chunks of steps); read
+    #: from the class that defines ``step`` (a subclass re-defining it declares it again)
+    compilable = False
+
+    def step_adaptor(self, target_acceptance: float | None = None, *, phase: str | None = None,
+                     follow=None):
+        """The adaptor that tunes this explorer's step sizes (``adapt_step_size``), or
+        ``None``: the default, under which an explorer that declares :attr:`acceptance_order`
+        is tuned toward :attr:`target_acceptance` (or the one given) by
+        :class:`nrpt.adapt.rounds.StepSizeAdaptor` (:func:`nrpt.adapt.rounds.own_tuning`), and
+        any other refuses ``adapt_step_size``.  ``phase="warm-up"``: between the warm-up
+        windows of a fixed-length run; ``None``: between adaptive rounds.  ``follow``: the
+        schedule adaptor whose re-fitted temperatures the steps follow."""
+        return None
 
     def prepare(self, state: ReplicaState, density: Density) -> ReplicaState:
         """Fill this explorer's caches in ``state.extras`` for the current ``state.x``
@@ -368,6 +388,20 @@ class Scheme:
     options: tuple[Option, ...] = ()
     #: True if a pair's decision must wait for the previous pair's (ADJ)
     sequential = False
+    #: False for a scheme that never proposes a swap (no swap statistics, no predictions)
+    proposes_swaps = True
+
+    def predicted_rates(self, rejection, window: int = 1) -> dict | None:
+        """The theory's long-run event rates per 1000 iterations under independent swap
+        rejections ``rejection[P - 1]`` (the keys of
+        :func:`nrpt.diagnostics.theory.predicted_rates`), or ``None``: no prediction for this
+        scheme.  The built-in schemes solve the exact chain of their clock (slow for thousands
+        of slots; see :meth:`closed_form_restarts`)."""
+        return None
+
+    def closed_form_restarts(self, rejection, window: int = 1) -> float | None:
+        """Restarts per 1000 iterations in closed form (cheap at any ``P``), or ``None``."""
+        return None
 
     def init_state(self, R: int, P: int, device) -> dict[str, torch.Tensor]:
         return {}

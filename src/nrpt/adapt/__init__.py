@@ -20,10 +20,10 @@ from nrpt.adapt.schedule import (
     update_schedule,
     validate_schedule,
 )
-from nrpt.adapt.step import ACCEPTANCE_ORDER, step_size_factor
+from nrpt.adapt.step import step_size_factor
 from nrpt.adapt.window import WindowAdaptor
 
-__all__ = ["ACCEPTANCE_ORDER", "BarrierFit", "clean_rejections", "equalized_schedule",
+__all__ = ["BarrierFit", "clean_rejections", "equalized_schedule",
            "fit_barrier", "recommended_chains", "recommended_chains_noisy", "restart_rate_curve",
            "step_size_factor", "update_schedule", "validate_schedule", "ScheduleAdaptor",
            "StepSizeAdaptor", "SliceWidthAdaptor", "CorrectionAdaptor", "LearningRateAdaptor",

@@ -17,14 +17,10 @@ import numpy as np
 import torch
 
 from nrpt.adapt.schedule import update_schedule
-from nrpt.adapt.step import ACCEPTANCE_ORDER, StepTuner
+from nrpt.adapt.step import StepTuner
 from nrpt.roles import AdaptorBase, SegmentView, Update
 
-__all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "DEFAULT_ACCEPTANCE",
-           "SLICE_WIDTH"]
-
-#: explorer acceptance aimed at when adapting step sizes (``target_acceptance`` overrides)
-DEFAULT_ACCEPTANCE = {"rwmh": 0.3, "mala": 0.574, "hmc": 0.65}
+__all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "SLICE_WIDTH", "own_tuning"]
 #: slice width per unit of a slot's standard deviation: the mean width of a Gaussian slice,
 #: 2 E[sqrt(2 Exp(1))] sd = 2.5 sd
 SLICE_WIDTH = 2.5
@@ -52,7 +48,9 @@ class ScheduleAdaptor(AdaptorBase):
 
 
 class StepSizeAdaptor(AdaptorBase):
-    """Move each slot's step size toward ``target`` acceptance from the segment's explorer
+    """Move each slot's step size toward ``target`` acceptance (default: the ``explorer``'s
+    declared ``target_acceptance``; its ``acceptance_order`` is the model's ``k``) from the
+    segment's explorer
     acceptance (the ``swaps`` recorder): the Newton step of
     :func:`nrpt.adapt.step.step_size_factor`, kept inside a per-slot bracket of steps seen to
     accept too often / too rarely, with the curve's order re-estimated from the last two
@@ -72,13 +70,15 @@ class StepSizeAdaptor(AdaptorBase):
 
     name = "step-size"
 
-    def __init__(self, explorer: str, target: float | None = None, phase: str | None = None,
+    def __init__(self, explorer, target: float | None = None, phase: str | None = None,
                  follow: ScheduleAdaptor | None = None):
-        if explorer not in ACCEPTANCE_ORDER:
-            raise ValueError(f"step-size adaptation needs explorer {', '.join(ACCEPTANCE_ORDER)}"
-                             f"; got {explorer!r}")
-        self.order = ACCEPTANCE_ORDER[explorer]
-        self.target = float(target) if target is not None else DEFAULT_ACCEPTANCE[explorer]
+        order = getattr(explorer, "acceptance_order", None)
+        if order is None:
+            raise ValueError(f"step-size adaptation needs an explorer that declares "
+                             f"acceptance_order (and target_acceptance); got explorer "
+                             f"{getattr(explorer, 'name', explorer)!r}")
+        self.order = int(order)
+        self.target = float(target if target is not None else explorer.target_acceptance)
         self.phase = phase
         self.follow = follow
         self.tuner = StepTuner(self.target, self.order)
@@ -111,6 +111,8 @@ class SliceWidthAdaptor(AdaptorBase):
     the states seen at that slot during the round (the ``spread`` recorder)."""
 
     name = "slice-width"
+    #: the ``spread`` recorder must watch every slot (not only the hottest)
+    spread_slots = "all"
 
     def end_segment(self, view: SegmentView) -> Update | None:
         if view.last:
@@ -118,3 +120,15 @@ class SliceWidthAdaptor(AdaptorBase):
         scale = view.recorders["spread"].scale().to(view.step_size)
         ok = torch.isfinite(scale) & (scale > 0)
         return Update(step_size=torch.where(ok, SLICE_WIDTH * scale, view.step_size))
+
+
+def own_tuning(explorer, target: float | None = None, phase: str | None = None,
+               follow: ScheduleAdaptor | None = None):
+    """The adaptor that tunes ``explorer``'s step sizes: its own ``step_adaptor`` if it gives
+    one, else a :class:`StepSizeAdaptor` where it declares ``acceptance_order``, else
+    ``None`` (it cannot tune itself)."""
+    own = getattr(explorer, "step_adaptor", None)
+    adaptor = own(target, phase=phase, follow=follow) if own is not None else None
+    if adaptor is None and getattr(explorer, "acceptance_order", None) is not None:
+        adaptor = StepSizeAdaptor(explorer, target, phase=phase, follow=follow)
+    return adaptor

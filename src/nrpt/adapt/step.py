@@ -1,8 +1,9 @@
 r"""Between-round step-size tuning of Metropolis explorers towards a target acceptance rate.
 
 For random-walk Metropolis, MALA and HMC in many dimensions the log acceptance ratio is close
-to Gaussian with mean ``-s^2/2`` and standard deviation ``s`` proportional to ``h^k`` (``k = 1``
-for RWMH, 3 for MALA, 2 for HMC: Roberts & Rosenthal 2001; Beskos et al. 2013), so the mean
+to Gaussian with mean ``-s^2/2`` and standard deviation ``s`` proportional to ``h^k`` (each
+explorer's ``acceptance_order``: ``k = 1`` for RWMH, 3 for MALA, 2 for HMC: Roberts & Rosenthal
+2001; Beskos et al. 2013), so the mean
 acceptance is ``a(h) = 2 Phi(-c h^k / 2)``.  One round's acceptance ``a`` at step ``h`` fixes
 ``c``; the step that gives the target acceptance ``a*`` is then
 
@@ -28,10 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ACCEPTANCE_ORDER", "BRACKET_RELAX", "StepTuner", "bracketed_step", "step_size_factor"]
-
-#: exponent k of h in the spread of the log acceptance ratio
-ACCEPTANCE_ORDER = {"rwmh": 1, "mala": 3, "hmc": 2}
+__all__ = ["BRACKET_RELAX", "StepTuner", "bracketed_step", "step_size_factor"]
 
 _CLIP_ACCEPTANCE = (0.01, 0.99)
 _CLIP_FACTOR = (0.25, 4.0)

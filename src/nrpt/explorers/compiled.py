@@ -46,7 +46,8 @@ from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 __all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE", "RecordingNoise",
            "ReplayNoise", "make_draw"]
 
-#: explorers whose every step makes the same draws (a fixed plan), so they can be replayed
+#: the built-in explorers that declare ``compilable`` (listings; the decision is
+#: :func:`compilable`, which reads the declaration of any explorer)
 COMPILABLE = ("rwmh", "mala", "hmc", "sgd", "sgld", "sghmc", "msgd", "psgd", "psgld")
 
 
@@ -55,7 +56,13 @@ class CompileWarning(UserWarning):
 
 
 def compilable(explorer: Explorer) -> bool:
-    if getattr(explorer, "name", "") not in COMPILABLE:
+    """Whether ``explorer``'s step declares ``compilable`` (draws that do not depend on the
+    state; declared by the class that defines ``step``) and has no control-variate energy
+    (whose anchor refresh depends on the iteration)."""
+    # the class whose step runs must declare it: a subclass that re-defines step (and so
+    # perhaps its draws) does not inherit the declaration
+    owner = next((k for k in type(explorer).__mro__ if "step" in vars(k)), type(explorer))
+    if not vars(owner).get("compilable", False):
         return False
     from nrpt.energy.estimators import ControlVariateEnergy
 
@@ -146,11 +153,13 @@ class Compiled(Explorer):
         if not compilable(inner):
             raise ValueError(f"explorer {getattr(inner, 'name', inner)!r} cannot be compiled "
                              f"(its draws depend on the state or the iteration, e.g. the "
-                             f"control-variate energy); compile works for "
-                             f"{', '.join(COMPILABLE)}")
+                             f"control-variate energy); compile works for explorers "
+                             f"that declare compilable ({', '.join(COMPILABLE)})")
         self.inner = inner
         self.name, self.uses_gradient = inner.name, inner.uses_gradient
         self.substeps = inner.substeps
+        self.target_acceptance = inner.target_acceptance
+        self.acceptance_order = inner.acceptance_order
         self.options = {"dynamic": False, **options}
         self._plans: dict[tuple, list] = {}  # kind of state -> the draws a step makes
         self._fn: dict[int, object] = {}  # sub-step -> its compiled function
@@ -158,6 +167,9 @@ class Compiled(Explorer):
 
     def prepare(self, state, density):
         return self.inner.prepare(state, density)
+
+    def step_adaptor(self, target_acceptance=None, *, phase=None, follow=None):
+        return self.inner.step_adaptor(target_acceptance, phase=phase, follow=follow)
 
     def describe(self) -> dict:
         return {**self.inner.describe(), "compiled": self.failed is None}

@@ -66,6 +66,7 @@ class RWMH(Explorer):
     """Gaussian random-walk Metropolis: x' = x + h * xi, xi ~ N(0, I)."""
 
     name = "rwmh"
+    target_acceptance, acceptance_order, compilable = 0.3, 1, True
     options = (STEP_SIZE,)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
@@ -104,6 +105,7 @@ class MALA(_GradientCached):
     comes from the cache)."""
 
     name = "mala"
+    target_acceptance, acceptance_order, compilable = 0.574, 3, True
     options = (STEP_SIZE,)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
@@ -144,6 +146,7 @@ class HMC(_GradientCached):
     ``jitter = 0``: the fixed step."""
 
     name = "hmc"
+    target_acceptance, acceptance_order, compilable = 0.65, 2, True
     options = (STEP_SIZE, Option("leapfrog_steps", integer(1), default=10, section="explorer",
                                  parse=parse_int, help="leapfrog steps of hmc"))
     #: the default relative half-width of the step's jitter

@@ -122,6 +122,7 @@ class SGExplorer(Explorer):
     """
 
     uses_gradient = True
+    compilable = True  # (not with the control-variate energy: nrpt.explorers.compiled)
     options = SG_OPTIONS
     #: extras created by the move itself (besides the estimator's)
     buffers: tuple[str, ...] = ()
@@ -206,6 +207,8 @@ class SGD(SGLD):
     0, optionally).  Kept as its own name for configurations and reports."""
 
     name = "sgd"
+    #: the method's name in the literature, by swap rule (summaries)
+    method_names = {"deterministic": "DEO*-SGD"}
     options = (*SG_OPTIONS, *ZERO_OPTIONS)
 
 

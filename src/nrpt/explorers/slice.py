@@ -125,6 +125,15 @@ class SliceSampler(Explorer):
     uses_gradient = False
     substeps = 1
 
+    def step_adaptor(self, target_acceptance=None, *, phase=None, follow=None):
+        """Between adaptive rounds: the widths from each slot's spread
+        (:class:`nrpt.adapt.rounds.SliceWidthAdaptor`); no tuning in a warm-up."""
+        if phase is not None:
+            return None
+        from nrpt.adapt.rounds import SliceWidthAdaptor
+
+        return SliceWidthAdaptor()
+
     def __init__(self, method: str = "stepping-out", max_steps: int | None = None,
                  max_shrink: int = 64):
         if method not in METHODS:

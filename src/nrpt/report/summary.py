@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from nrpt.adapt.chains import recommended_chains, recommended_chains_noisy, restart_rate_curve
-from nrpt.adapt.rounds import DEFAULT_ACCEPTANCE
 from nrpt.adapt.schedule import fit_barrier, update_schedule
 from nrpt.core.loop import Outcome, Run
 from nrpt.diagnostics import theory
@@ -113,8 +112,7 @@ def _approximation_note(cfg, facts, s: dict) -> str | None:
                              "energies with the correction C)",
             "bias-corrected": "the bias-corrected swap rule of noisy energies"}.get(
         rule, f"the {rule} swap rule")
-    method = "DEO*-SGD" if cfg.explorer == "sgd" and rule == "deterministic" else \
-        f"stochastic-gradient PT ({cfg.explorer})"
+    method = facts.get("method") or f"stochastic-gradient PT ({cfg.explorer})"
     text = (f"{method} is approximate: {cfg.explorer} exploration (no Metropolis correction) with "
             f"{swap} samples an approximation of the target, not the target itself "
             "(Deng et al. 2023)")
@@ -138,23 +136,34 @@ def _approximation_note(cfg, facts, s: dict) -> str | None:
 EXACT_PREDICTION_SLOTS = 256
 
 
-def _predictions(rej: np.ndarray, scheme: str, window: int) -> dict[str, Any]:
+def _predictions(rej: np.ndarray, scheme, window: int) -> dict[str, Any]:
+    """The ``scheme``'s own predictions (:meth:`nrpt.swap.schemes.Scheme.predicted_rates`) from
+    each system's measured rejections; ``None`` where it makes none."""
     rows = []
+    none = {"restarts_per_1000": None, "round_trips_a5_per_1000": None}
     for r in rej:
         r = np.clip(np.nan_to_num(r, nan=0.0), 0.0, 1.0)
         try:
             if r.size + 1 > EXACT_PREDICTION_SLOTS:
-                lemma = scheme in ("deo", "deo-w")
-                rows.append({"restarts_per_1000": theory.predicted_round_trips_per_1000(
-                    r, window, scheme=scheme) if lemma else None,
-                    "round_trips_a5_per_1000": None})
+                rows.append({**none, "restarts_per_1000": scheme.closed_form_restarts(r, window)})
                 continue
-            rows.append(theory.predicted_rates(r, scheme, window))
+            rows.append(scheme.predicted_rates(r, window) or none)
         except ValueError:
-            rows.append({"restarts_per_1000": None, "round_trips_a5_per_1000": None})
+            rows.append(none)
     R = len(rows)
     return {f"predicted_{k}": (rows[0][k] if R == 1 else [x[k] for x in rows])
             for k in ("restarts_per_1000", "round_trips_a5_per_1000")}
+
+
+def _recorder_fields(rec: dict, facts: dict) -> dict[str, Any]:
+    """Every recorder's ``summary()``: nrpt's merged, one given as an object under its name."""
+    out: dict[str, Any] = {}
+    for name, r in rec.items():
+        if name in facts.get("own_summary", ()):
+            out[name] = r.summary()
+        else:
+            out.update(r.summary())
+    return out
 
 
 def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[str, Any]:
@@ -163,7 +172,6 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     sg = facts["sg"]
     path_kind = eng.path.kind if not sg else "noise-temperatures"
     window = outcome.notes.get("window", facts.get("window")) or 1
-    scheme = eng.scheme.name
     segs = run.plan.segments
     done = outcome.segments_done
     last_reset = max([i for i, s in enumerate(segs[:max(done, 1)]) if s.reset] or [0])
@@ -197,12 +205,11 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         s["window_rejection"] = outcome.notes["window_rejection"]
     if getattr(run, "fused", None) is not None:
         s["fused"] = run.fused.describe()
-    for r in rec.values():
-        s.update(r.summary())
+    s.update(_recorder_fields(rec, facts))
     swaps = rec["swaps"]
     rej = swaps.rejection().detach().cpu().double().numpy()
-    if scheme != "none":
-        s.update(_predictions(rej, scheme, window))
+    if eng.scheme.proposes_swaps:
+        s.update(_predictions(rej, eng.scheme, window))
         mean_rej = np.nanmean(np.where(np.isnan(rej), 0.0, rej), axis=1)
         s["optimal_window_measured"] = per_system(
             [theory.optimal_window(P, min(float(x), 1 - 1e-12)) for x in mean_rej], R)
@@ -338,9 +345,8 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
     swaps = rec["swaps"]
     exact = not facts["sg"]
-    target_acc = None
-    if exact and cfg.explorer in DEFAULT_ACCEPTANCE:
-        target_acc = getattr(cfg, "target_acceptance", None) or DEFAULT_ACCEPTANCE[cfg.explorer]
+    # the acceptance the explorer declares it aims at (nrpt.run.build: facts)
+    target_acc = facts.get("target_acceptance") if exact else None
     spread = rec.get("spread")
     hot = None
     if spread is not None and spread.n >= 2:
@@ -359,9 +365,9 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     n_stats = int(swaps.n)
     try:
         findings = health.check_run(
-            swap_acceptance=None if eng.scheme.name == "none" or not exact
+            swap_acceptance=None if not eng.scheme.proposes_swaps or not exact
             else swaps.acceptance().cpu().double().numpy(),
-            restarts=None if eng.scheme.name == "none"
+            restarts=None if not eng.scheme.proposes_swaps
             else rec["round_trips"].counts()["restarts"].cpu().numpy(),
             n_iterations=n_stats, n_chains=eng.P,
             explorer_acceptance=swaps.explorer_acceptance().cpu().double().numpy()

@@ -169,8 +169,12 @@ def _guard(out: Path | None):
 def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
                progress: bool | None = False,
                callback=None, resume_from: str | os.PathLike | None = None,
-               overwrite: bool = False, threads: int | str | None = None) -> Result:
+               overwrite: bool = False, threads: int | str | None = None,
+               explorer=None, scheme=None, adaptors=(), recorders=()) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
+
+    ``rule``, ``explorer``, ``scheme`` (objects) replace the ones ``cfg`` names;
+    ``adaptors`` and ``recorders`` (objects) join the run's own (see :func:`sample`).
 
     A new run refuses a folder ``cfg.out`` that already holds an nrpt run unless
     ``overwrite=True`` (which first removes that run's files).
@@ -189,6 +193,8 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     one report row per segment (``None``: when :func:`interactive`)."""
     progress = _progress(progress)
     overwrite = _overwrite(overwrite)
+    parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
+             "recorders": list(recorders)}
     comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
@@ -200,12 +206,12 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     resume_from = Path(resume_from) if resume_from is not None else None
     with _guard(out if lead else None) as stop:
         if not lead:
-            return _follow(cfg, stop, comm, target=target, rule=rule, callback=callback,
+            return _follow(cfg, stop, comm, target=target, parts=parts, callback=callback,
                            threads=threads)
         # the folder is this run's to clean up if the start fails: empty of runs, or overwritten
         ours = out is not None and resume_from is None and (overwrite or not rf.run_files(out))
         try:
-            return _run(cfg, stop, target=target, rule=rule, progress=progress,
+            return _run(cfg, stop, target=target, parts=parts, progress=progress,
                         callback=callback, resume_from=resume_from, overwrite=overwrite,
                         comm=comm, threads=threads)
         except BaseException:
@@ -241,7 +247,7 @@ def _join(cfg: RunConfig, comm):
     return comm
 
 
-def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
+def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, parts, callback,
             threads=None) -> Result:
     """A rank > 0 of a distributed run: the folder is rank 0's; this rank takes the checkpoint
     and the target file rank 0 validated, and runs its block of replicas."""
@@ -253,8 +259,8 @@ def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, rule, callback,
         from nrpt.targets.protocol import load_target
 
         target = load_target(told["target"], **(cfg.target_options or {}))
-    run = build(cfg, target=target, rule=rule, out=None, resume=ck is not None, comm=comm,
-                burn_in=_pinned_burn_in(ck))
+    run = build(cfg, target=target, out=None, resume=ck is not None, comm=comm,
+                burn_in=_pinned_burn_in(ck), **(parts or {}))
     outcome = execute(run, out=None, checkpoint_every=cfg.checkpoint_every, callback=callback,
                       resume=ck, stop=stop, threads=threads)
     run.engine.unshard()
@@ -343,7 +349,7 @@ def _pinned_burn_in(ck: dict | None) -> int | None:
     return int((ck.get("header") or {}).get("burn_in", 0))
 
 
-def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
+def _run(cfg: RunConfig, stop: Interrupt, *, target, parts, progress, callback,
          resume_from: Path | None, overwrite: bool = False, record: dict | None = None,
          comm=None, threads=None) -> Result:
     """The run itself (the caller holds the lock); ``record``: the folder's ``run.json``;
@@ -363,35 +369,58 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, rule, progress, callback,
         # a new run's file target is the absolute path it was imported from (config.toml,
         # summary): what a resumption imports, from any directory (checked against run.json)
         cfg = cfg.replace(target=spec)
-    run = build(cfg, target=target, rule=rule, out=out, resume=ck is not None, comm=comm,
-                burn_in=_pinned_burn_in(ck))
-    if record is not None:
-        if ck is not None:  # the run's own target (before anything is written)
-            rf.check_fingerprint(record, run.facts["target_fingerprint"], resume_from)
-        elif out is not None:
-            record["target"]["fingerprint"] = run.facts["target_fingerprint"]
-    if out is not None:
-        geometric = run.facts.get("target_kind") == "geometric"
-        cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
-        if ck is None:  # the hash a resumption will compare: of the settings as written
-            chash = rf.config_hash(RunConfig.from_toml(out / "config.toml"))
-            record = {**record, "config_hash": chash}
-        if record is None:  # a folder from before run.json: it gets one now
-            record = rf.new_run_record(cfg, chash)
-        if ck is None or record.get("iterations") != cfg.iterations or \
-                not (out / rf.RUN_JSON).exists():
-            record = {**record, "iterations": cfg.iterations}
-            rf.write_run_record(out, record)
+    objects = _given_objects(parts, ck, out)
+    run = build(cfg, target=target, out=out, resume=ck is not None, comm=comm,
+                burn_in=_pinned_burn_in(ck), **(parts or {}))
+    record, chash = _records(cfg, run, out, ck, record, chash, resume_from)
     header = {"config": cfg.to_dict(), "config_hash": chash, "seed": cfg.seed,
               "iterations": cfg.iterations, "burn_in": run.plan.burn_in}
     if record is not None:
         header.update(run_id=record["run_id"], target=record.get("target"))
+    if objects:  # a resumption must be given the same objects
+        header["objects"] = objects
     outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
                       callback=callback, resume=ck, header=header, table=report.TABLE,
                       say=print if progress else None, stop=stop, threads=threads)
     if comm is not None:
         run.engine.unshard()  # the summary and outputs read the whole state
     return _finish(run, cfg, outcome, out)
+
+
+def _records(cfg: RunConfig, run: Run, out: Path | None, ck, record, chash, resume_from):
+    """The target's fingerprint checked (a resumption) or recorded (a new run); in a run
+    folder ``config.toml`` and ``run.json`` written: ``(record, config hash)``."""
+    if record is not None:
+        if ck is not None:  # the run's own target (before anything is written)
+            rf.check_fingerprint(record, run.facts["target_fingerprint"], resume_from)
+        elif out is not None:
+            record["target"]["fingerprint"] = run.facts["target_fingerprint"]
+    if out is None:
+        return record, chash
+    geometric = run.facts.get("target_kind") == "geometric"
+    cfg.write_toml(out / "config.toml", omit=("max_temperature",) if geometric else ())
+    if ck is None:  # the hash a resumption will compare: of the settings as written
+        chash = rf.config_hash(RunConfig.from_toml(out / "config.toml"))
+        record = {**record, "config_hash": chash}
+    if record is None:  # a folder from before run.json: it gets one now
+        record = rf.new_run_record(cfg, chash)
+    if ck is None or record.get("iterations") != cfg.iterations or \
+            not (out / rf.RUN_JSON).exists():
+        record = {**record, "iterations": cfg.iterations}
+        rf.write_run_record(out, record)
+    return record, chash
+
+
+def _given_objects(parts: dict | None, ck: dict | None, out: Path | None) -> list[str]:
+    """The roles given as objects.  A run built with component objects is resumed only with
+    objects given again (its folder's names alone would build other components: a silently
+    different run)."""
+    given = sorted(k for k, v in (parts or {}).items() if v)
+    made = ((ck or {}).get("header") or {}).get("objects") or []
+    if made and not given:
+        raise ValueError(f"{out} was run with {', '.join(made)} given as objects: resume it with "
+                         f"the same objects, nrpt.resume({str(out)!r}, {made[0]}=...)")
+    return given
 
 
 def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Result:
@@ -488,7 +517,7 @@ def _room_for(path: Path, samples: np.ndarray, arrays) -> None:
 def sample(target="twenty-five-modes", *, progress: bool | None = None,
            rule: Rule | None = None,
            callback=None, overwrite: bool = False, threads: int | str | None = None,
-           **options) -> Result:
+           adaptors=(), recorders=(), **options) -> Result:
     """Run parallel tempering on ``target``.
 
     ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
@@ -502,12 +531,22 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
     windows, rounds) as the CLI prints them; default ``None``: on in a notebook, IPython, the
     Python prompt or a terminal, off otherwise (pytest, output to a file).
 
+    Components may be objects: ``explorer=MyExplorer(...)``, ``scheme=DEO()``,
+    ``rule=...``; a registered name is shorthand for the same object (``explorer="hmc"`` is
+    ``HMC(leapfrog_steps=...)`` from the settings).  An object whose class's ``name`` is not
+    registered is registered under it (exact explorers and schemes; a stochastic-gradient
+    explorer must be registered first, with its tags).  ``adaptors=[...]`` and
+    ``recorders=[...]`` (objects following :class:`nrpt.roles.AdaptorBase` /
+    :class:`nrpt.roles.RecorderBase`) run after the run's own; a recorder's ``summary()`` is
+    in the run's summary (and ``summary.json``) under its ``name``.
+
     Example::
 
         res = nrpt.sample("twenty-five-modes", chains=10, iterations=20_000, scheme="deo")
         res.samples.shape        # (18000, 2): slot-0 draws after the burn-in (0.1)
         res.round_trips, res.barrier, res.swap_acceptance
     """
+    parts = _objects(options)
     obj = None
     if isinstance(target, str):
         options["target"] = target
@@ -516,12 +555,60 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
         options["target"] = getattr(target, "name", type(target).__name__)
     cfg = RunConfig(**options)
     return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback,
-                      overwrite=overwrite, threads=threads)
+                      overwrite=overwrite, threads=threads, adaptors=adaptors,
+                      recorders=recorders, **parts)
+
+
+def _objects(options: dict) -> dict:
+    """The explorer / scheme given as objects (``options`` then holds their names)."""
+    parts = {}
+    for role in ("explorer", "scheme"):
+        given = options.get(role)
+        if given is not None and not isinstance(given, str):
+            options[role] = _registered_name(role, given)
+            parts[role] = given
+    window = getattr(parts.get("scheme"), "window", None)
+    if options.get("scheme") == "deo-w" and window is not None:
+        options.setdefault("window", window)
+    return parts
+
+
+def _registered_name(role: str, obj) -> str:
+    """The registry name of ``obj``'s class: its ``name`` (registered now if new)."""
+    from nrpt.run import registry
+
+    name = getattr(obj, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{role}: an object needs a non-empty string attribute name (its "
+                         f"registry name); got {type(obj).__name__} with name {name!r}")
+    if name in registry.names(role):
+        cls = registry.entry(role, name).load()
+        if isinstance(cls, type) and isinstance(obj, cls):
+            return name
+        raise ValueError(f"{role}: name {name!r} is registered for {cls!r}, not "
+                         f"{type(obj).__name__}: give your class another name")
+    if role == "explorer":
+        from nrpt.explorers.sgmcmc import SGExplorer
+
+        if isinstance(obj, SGExplorer):
+            raise ValueError(f"explorer: register the stochastic-gradient explorer {name!r} "
+                             f"first (nrpt.run.registry.register('explorer', {name!r}, "
+                             f"{type(obj).__name__}, tags=('sg', ...)))")
+        tags = ("exact", "gradient") if getattr(obj, "uses_gradient", False) else ("exact",)
+        own = [getattr(o, "name", o) for o in getattr(obj, "options", ())]
+        registry.register(role, name, type(obj), tags=tags,
+                          options=() if "step_size" in own else ("step_size",),
+                          summary=f"{type(obj).__name__} (registered from an object)")
+    else:
+        registry.register(role, name, type(obj),
+                          summary=f"{type(obj).__name__} (registered from an object)")
+    return name
 
 
 def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
            iterations: int | None = None, callback=None,
-           threads: int | str | None = None) -> Result:
+           threads: int | str | None = None, rule=None, explorer=None, scheme=None,
+           adaptors=(), recorders=()) -> Result:
     """Continue the run in folder ``out`` from its last checkpoint, to its configured length
     or to ``iterations`` (a larger budget; fixed-length runs).
 
@@ -537,8 +624,14 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
     and those of the modules it imported from its own directory tree -- and after it is built
     (name, dim and values at fixed probe states, :func:`nrpt.targets.protocol.fingerprint`); a
     target
-    that is not the run's is refused with a ``ValueError``."""
+    that is not the run's is refused with a ``ValueError``.
+
+    A run started with component objects (:func:`sample`) is resumed with the same objects
+    (``rule``, ``explorer``, ``scheme``, ``adaptors``, ``recorders``); without them it is
+    refused."""
     out = Path(out)
+    parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
+             "recorders": list(recorders)}
     if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
         raise FileNotFoundError(f"{out} has no config.toml/{rf.CHECKPOINT} to resume from")
     comm = distributed.from_env(RunConfig.from_toml(out / "config.toml").device)
@@ -566,7 +659,7 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
         if _join(cfg, comm) is not None and not lead:  # (a target path: rank 0 checks it)
             return _follow(cfg, stop, comm,
                            target=None if isinstance(target, (str, os.PathLike)) else target,
-                           rule=None, callback=callback, threads=threads)
-        return _run(cfg, stop, target=target, rule=None, progress=_progress(progress) and lead,
+                           parts=parts, callback=callback, threads=threads)
+        return _run(cfg, stop, target=target, parts=parts, progress=_progress(progress) and lead,
                     callback=callback, resume_from=out, record=record, comm=comm,
                     threads=threads)

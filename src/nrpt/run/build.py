@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nrpt.adapt.rounds import ScheduleAdaptor, SliceWidthAdaptor, StepSizeAdaptor
+from nrpt.adapt.rounds import ScheduleAdaptor, own_tuning
 from nrpt.adapt.sa import (
     CorrectionAdaptor,
     LearningRateAdaptor,
@@ -145,13 +145,22 @@ def _window(cfg, P: int) -> tuple[int, str]:
 
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
           resume: bool = False, record: str = "target", comm=None,
-          allow_gate_bias: bool = False, burn_in: int | None = None) -> Run:
-    """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` may be given as objects
-    (``rule`` overrides ``cfg.swap_rule``); ``out`` is the run folder for streamed draws
+          allow_gate_bias: bool = False, burn_in: int | None = None,
+          explorer=None, scheme=None, adaptors=(), recorders=()) -> Run:
+    """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` / ``explorer`` / ``scheme``
+    may be given as objects (they override ``cfg.target``, ``cfg.swap_rule``, ``cfg.explorer``,
+    ``cfg.scheme``, whose names are shorthand for the same objects); ``adaptors`` and
+    ``recorders`` (objects) run after the run's own (a recorder's ``summary()`` joins the
+    run's summary under its ``name``).  ``out`` is the run folder for streamed draws
     (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines);
     ``comm`` (:mod:`nrpt.core.sharding`) spreads the replicas over processes (only rank 0
     stores the draws).  ``burn_in``: the warm-up iterations, overriding the config's (a
     resumption keeps its first run's count, :func:`nrpt.run.api.resume`).
+
+    The decisions read the components' declarations: an explorer's ``tags`` (registry),
+    ``step_adaptor`` / ``acceptance_order`` / ``target_acceptance`` (its own tuning,
+    :func:`nrpt.adapt.rounds.own_tuning`; ``adapt_step_size`` with an explorer that cannot
+    tune itself is refused), ``compilable``; an adaptor's ``spread_slots``.
 
     Every run (``nrpt.sample``, the CLI, config files, resumes, each process of a distributed
     run) passes :func:`nrpt.swap.schemes.check_gate` here: scheme ``deo-w`` with a window
@@ -161,59 +170,113 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     compare implementations (plain vs fused loops) rather than sample."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
-    explorer_entry = registry.entry("explorer", cfg.explorer, what="explorer")
-    sg = "sg" in explorer_entry.tags
-    # gradient explorers need a gradient connected to x (a NumPy energy: a silent random walk)
-    probe: dict[str, Any] = {}
-    kind = validate_target(target, probe=probe, gradient_for=cfg.explorer if sg or "gradient"
-                           in explorer_entry.tags else None)
-    P, R = int(cfg.chains), int(cfg.systems)
+    entry = registry.entry("explorer", cfg.explorer, what="explorer")
+    facts = _target_facts(cfg, target, entry)
     dtype = DTYPES[cfg.dtype]
     device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)
-    explicit = getattr(cfg, "explicit", frozenset())
-    facts: dict[str, Any] = {"sg": sg, "target_kind": kind,
-                             "target_fingerprint": fingerprint(target, kind, probe)}
+    if facts["sg"]:
+        path, explorer, step, estimator = _sg_parts(cfg, target, entry, explorer, facts)
+    else:
+        path, explorer, step = _exact_parts(cfg, target, entry, explorer, facts["target_kind"])
+        estimator = None
+    if explorer.target_acceptance is not None:  # (the health check's explorer target)
+        facts["target_acceptance"] = (getattr(cfg, "target_acceptance", None)
+                                      or explorer.target_acceptance)
+    scheme, rule, source = _scheme_and_rule(cfg, path, rule, scheme, estimator,
+                                            allow_gate_bias, facts)
+    tuned = explorer
+    if cfg.compile:  # the explorer step as one compiled graph (explorers.compiled)
+        from nrpt.explorers.compiled import Compiled
 
-    # 1-2. path and explorer
-    if sg:
-        if kind != "temperature":
-            raise ValueError("stochastic-gradient explorers need an energy target (energy(x)); "
-                             f"{getattr(target, 'name', cfg.target)!r} is a geometric-path "
-                             "target")
-        if "zero-temperature" in explorer_entry.tags:
-            temps = [float(cfg.bottom_temperature)] + [0.0] * (P - 1)
-        else:
-            temps = (list(cfg.temperatures) if cfg.temperatures is not None else
-                     [cfg.max_temperature ** (p / (P - 1)) for p in range(P)])
-            check_ladder(temps, "temperatures")
-        path = NoiseLadder(temps)
+        explorer = Compiled(explorer)
+    engine, refit = _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype,
+                            device, facts)
+    burn = 0 if cfg.rounds is not None else burn_in_count(cfg) if burn_in is None else \
+        int(burn_in)
+    own, windows = _adaptors(cfg, tuned, path, rule, source, engine, burn, refit, facts)
+    plan = _plan(cfg, source, burn, windows)
+    kept = _recorders(cfg, engine, plan, [*own, *adaptors], facts, out=out, resume=resume,
+                      record=record, comm=comm, dtype=dtype, device=device)
+    for r in recorders:
+        name = getattr(r, "name", "") or type(r).__name__
+        if name in kept:
+            raise ValueError(f"recorders: a recorder named {name!r} is already in the run; "
+                             f"give yours another name")
+        kept[name] = r
+        facts.setdefault("own_summary", []).append(name)  # (its summary() under its name)
+    for r in kept.values():  # positions the recorders read every iteration
+        engine.watch(getattr(r, "reads_slots", ()))
+    run = Run(engine=engine, adaptors=[*own, *adaptors], recorders=kept, plan=plan,
+              facts=facts)
+    _fuse(run, cfg)
+    return run
+
+
+def _target_facts(cfg, target, entry) -> dict[str, Any]:
+    """The target's kind (validated; gradient explorers need a gradient connected to x, a
+    NumPy energy would be a silent random walk) and fingerprint, as the run's first facts."""
+    sg = "sg" in entry.tags
+    probe: dict[str, Any] = {}
+    kind = validate_target(target, probe=probe, gradient_for=cfg.explorer if sg or "gradient"
+                           in entry.tags else None)
+    return {"sg": sg, "target_kind": kind, "target_fingerprint": fingerprint(target, kind, probe)}
+
+
+def _sg_parts(cfg, target, entry, explorer, facts):
+    """``(noise ladder, explorer, learning rates, energy estimator)`` of a stochastic-gradient
+    run; an explorer object without an estimator gets the configured one."""
+    P = int(cfg.chains)
+    if facts["target_kind"] != "temperature":
+        raise ValueError("stochastic-gradient explorers need an energy target (energy(x)); "
+                         f"{getattr(target, 'name', cfg.target)!r} is a geometric-path target")
+    if "zero-temperature" in entry.tags:
+        temps = [float(cfg.bottom_temperature)] + [0.0] * (P - 1)
+    else:
+        temps = (list(cfg.temperatures) if cfg.temperatures is not None else
+                 [cfg.max_temperature ** (p / (P - 1)) for p in range(P)])
+        check_ladder(temps, "temperatures")
+    if explorer is None or getattr(explorer, "estimator", None) is None:
         estimator = make_estimator(target, batch_size=cfg.batch_size, vr_every=cfg.vr_every,
                                    noise_sd=cfg.noise_sd, grad_noise_sd=cfg.grad_noise_sd)
-        domain = parse_domain(cfg.domain)
-        opts = {"momentum": cfg.momentum} if "momentum" in explorer_entry.options else {}
-        explorer = explorer_entry.load()(estimator, domain, **opts)
-        step = (check_ladder(cfg.learning_rates) if cfg.learning_rates is not None
-                else geometric_ladder(cfg.lr_min, cfg.lr_max, P))
-        facts["energy"] = estimator.describe().get("energy")
     else:
-        if kind == "geometric" and "max_temperature" in explicit and \
-                cfg.max_temperature != 25.0:  # 25 = the default a written config.toml holds
-            raise ValueError("max_temperature applies to a temperature ladder; this target has a "
-                             "reference (geometric path): give betas instead")
-        path = make_path(target, P, temperatures=cfg.temperatures, betas=cfg.betas,
-                         max_temperature=cfg.max_temperature or 25.0)
-        options = ({"leapfrog_steps": cfg.leapfrog_steps} if cfg.explorer == "hmc" else
-                   {"method": cfg.slice_method} if cfg.explorer == "slice" else {})
-        explorer = explorer_entry.load()(**options)
-        domain = None
-        step = cfg.step_size
-        if path.kind == "temperature" and not isinstance(step, list):
-            # a scalar step size is for slot 0; hotter slots are wider by sqrt(tau)
-            step = [float(step) * math.sqrt(t) for t in path.temperatures]
+        estimator = explorer.estimator
+    if explorer is None:
+        opts = {"momentum": cfg.momentum} if "momentum" in entry.options else {}
+        explorer = entry.load()(estimator, parse_domain(cfg.domain), **opts)
+    else:
+        explorer.estimator = estimator
+    step = (check_ladder(cfg.learning_rates) if cfg.learning_rates is not None
+            else geometric_ladder(cfg.lr_min, cfg.lr_max, P))
+    facts["energy"] = estimator.describe().get("energy")
+    return NoiseLadder(temps), explorer, step, estimator
 
-    # 3. scheme and rule
-    window, source = _window(cfg, P)
-    scheme = registry.make_scheme(cfg.scheme, 1) if cfg.scheme != "deo-w" else DEOW(window)
+
+def _exact_parts(cfg, target, entry, explorer, kind: str):
+    """``(path, explorer, step sizes)`` of an exact run: a scalar step size is for slot 0 of a
+    temperature ladder, hotter slots wider by ``sqrt(tau)``."""
+    if kind == "geometric" and "max_temperature" in getattr(cfg, "explicit", frozenset()) and \
+            cfg.max_temperature != 25.0:  # 25 = the default a written config.toml holds
+        raise ValueError("max_temperature applies to a temperature ladder; this target has a "
+                         "reference (geometric path): give betas instead")
+    path = make_path(target, int(cfg.chains), temperatures=cfg.temperatures, betas=cfg.betas,
+                     max_temperature=cfg.max_temperature or 25.0)
+    if explorer is None:
+        fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method"}
+        explorer = entry.load()(**{arg: getattr(cfg, f) for f, arg in fields.items()
+                                   if f in entry.options})
+    step = cfg.step_size
+    if path.kind == "temperature" and not isinstance(step, list):
+        step = [float(step) * math.sqrt(t) for t in path.temperatures]
+    return path, explorer, step
+
+
+def _scheme_and_rule(cfg, path, rule, scheme, estimator, allow_gate_bias: bool, facts):
+    """``(scheme, rule, window source)``; every run passes DEO_W's gate check here."""
+    window, source = _window(cfg, int(cfg.chains))
+    if scheme is None:
+        scheme = registry.make_scheme(cfg.scheme, 1) if cfg.scheme != "deo-w" else DEOW(window)
+    elif source == "given":
+        window = int(getattr(scheme, "window", 1))
     facts.update(window=window if source != "auto" else None, window_source=source)
     if rule is None:
         rule = _rule(cfg, getattr(path, "finite", True))
@@ -221,117 +284,153 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if cfg.scheme == "deo-w":
         try:
             note = check_gate("auto" if source == "auto" else window, rule,
-                              _exact_energies(sg, estimator if sg else None), source)
+                              _exact_energies(facts["sg"], estimator), source)
         except ValueError:
             if not allow_gate_bias:
                 raise
             note = "scheme 'deo-w' with exact Metropolis swaps: biased (allow_gate_bias)"
         if note is not None:
             facts.setdefault("approximations", []).append(note)
+    return scheme, rule, source
 
-    if cfg.compile:  # the explorer step as one compiled graph (explorers.compiled)
-        from nrpt.explorers.compiled import Compiled
 
-        explorer = Compiled(explorer)
-
-    # 4. initial states and the engine
+def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device, facts):
+    """``(engine, [the row map's adaptor])`` with the initial states; a variational reference
+    (:class:`nrpt.paths.variational.TwoLeg`) makes its own engine over two rows per system."""
+    R, P = int(cfg.systems), int(cfg.chains)
     reference = getattr(cfg, "reference", None)
     row_map, E = None, R  # how engine rows make up the user's systems (None: one row each)
     if reference is not None:
         from nrpt.paths.variational import TwoLeg
 
-        row_map = TwoLeg(reference, R, kind=kind, path=path, comm=comm, cfg=cfg)
+        row_map = TwoLeg(reference, R, kind=facts["target_kind"], path=path, comm=comm,
+                         cfg=cfg)
         E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
     facts["reference_normalized"] = path.has_reference and bool(
         getattr(target, "reference_is_normalized", False))
-    if domain is not None:
-        domain.check_inside(x0)
+    if getattr(explorer, "domain", None) is not None:
+        explorer.domain.check_inside(x0)
+    common = dict(step_size=step, seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
+                  device=device, initial_states=x0)
     if row_map is None:
-        engine = PTEngine(target, path, explorer, scheme, rule, step_size=step, systems=R,
-                          seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
-                          device=device, initial_states=x0, comm=comm)
-    else:
-        engine = row_map.engine(target, path, explorer, scheme, rule, step_size=step,
-                               seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
-                               device=device, initial_states=x0)
-        facts.update(row_map.facts(target))
+        return PTEngine(target, path, explorer, scheme, rule, systems=R, comm=comm,
+                        **common), []
+    engine = row_map.engine(target, path, explorer, scheme, rule, **common)
+    facts.update(row_map.facts(target))
+    return engine, [row_map.adaptor()]
 
-    # 5. adaptors
-    adaptors: list = []
-    rounds = getattr(cfg, "rounds", None)
-    burn = 0 if rounds is not None else burn_in_count(cfg) if burn_in is None else int(burn_in)
-    tune_steps = (rounds is None and burn > 0 and bool(getattr(cfg, "adapt_step_size", None))
-                  and cfg.explorer in ("rwmh", "mala", "hmc"))
-    windows = max(1, min(WARMUP_WINDOWS, burn // WARMUP_WINDOW_MIN)) if tune_steps else 1
-    facts.update(burn_in=burn, warmup_windows=windows if burn else 0,
-                 step_size_tuned=tune_steps)
-    if tune_steps:  # between the warm-up windows only: the sampling kernel is fixed
-        adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance, phase="warm-up"))
-    if rounds is not None:
-        schedule_adaptor = ScheduleAdaptor() if cfg.adapt_schedule else None
-        if schedule_adaptor is not None:
-            adaptors.append(schedule_adaptor)
-        if cfg.adapt_step_size and cfg.explorer in ("rwmh", "mala", "hmc"):
-            # on a temperature ladder the tuned steps follow a re-fitted schedule (sqrt(tau))
-            follow = schedule_adaptor if path.kind == "temperature" else None
-            adaptors.append(StepSizeAdaptor(cfg.explorer, cfg.target_acceptance,
-                                            follow=follow))
-        if cfg.adapt_step_size and cfg.explorer == "slice":
-            adaptors.append(SliceWidthAdaptor())
+
+def _own_tuning(cfg, explorer, phase: str | None, follow=None):
+    """The explorer's own step-size adaptor (``adapt_step_size``), or a ValueError where it
+    declares none (never a setting silently ignored)."""
+    adaptor = own_tuning(explorer, getattr(cfg, "target_acceptance", None), phase, follow)
+    if adaptor is None:
+        where = "in a warm-up" if phase is not None else "between rounds"
+        raise ValueError(f"adapt_step_size: explorer {cfg.explorer!r} declares no step-size "
+                         f"tuning {where} (Explorer.step_adaptor / acceptance_order); set "
+                         f"adapt_step_size = false")
+    return adaptor
+
+
+def _adaptors(cfg, explorer, path, rule, source: str, engine, burn: int, refit: list, facts):
+    """``(the run's adaptors, warm-up windows)``: step sizes in the warm-up or rounds (the
+    explorer's own), the schedule, the window, the SA adaptors of DEO*-SGD, ``refit`` (the
+    variational reference's), and the variance tracker that the bias-corrected rule always
+    needs."""
+    adaptors, windows = _tuning(cfg, explorer, path, burn, facts)
     if source == "auto":
-        adaptors.append(WindowAdaptor(P))
-    if sg and rule.name == "deterministic" and cfg.adapt:
-        gamma = SAStepSize(*cfg.sa_step)
-        S = check_swap_rate(cfg.swap_rate)
-        adaptors.append(CorrectionAdaptor(S, gamma))
-        if P >= 3:
-            adaptors.append(LearningRateAdaptor(S, gamma,
-                                                ladder=getattr(cfg, "ladder_update", None)
-                                                or "paper"))
-    if row_map is not None:
-        adaptors.append(row_map.adaptor())
+        adaptors.append(WindowAdaptor(int(cfg.chains)))
+    if facts["sg"]:
+        adaptors += _sa_adaptors(cfg, explorer, rule, facts)
+    adaptors += refit
     if "slot_variance" in engine.params:  # the bias-corrected rule always gets sigma^2
         adaptors.append(VarianceTracker(every=cfg.variance_every or 100))
+    return adaptors, windows
 
-    # 6. plan and recorders
-    if rounds is not None:
-        plan = Plan.rounds(rounds)
-    elif source == "auto":
-        plan = Plan.tuned(cfg.window_tune or max(1, cfg.iterations // 10), cfg.iterations,
+
+def _tuning(cfg, explorer, path, burn: int, facts) -> tuple[list, int]:
+    """Between the warm-up windows of a fixed-length run (the sampling kernel is then fixed),
+    or between rounds: the schedule and the explorer's own step-size tuning (on a temperature
+    ladder the steps follow the re-fitted schedule)."""
+    adaptors: list = []
+    tune = cfg.rounds is None and burn > 0 and bool(getattr(cfg, "adapt_step_size", None))
+    if tune:
+        adaptors.append(_own_tuning(cfg, explorer, "warm-up"))
+    windows = max(1, min(WARMUP_WINDOWS, burn // WARMUP_WINDOW_MIN)) if tune else 1
+    facts.update(burn_in=burn, warmup_windows=windows if burn else 0, step_size_tuned=tune)
+    if cfg.rounds is not None:
+        schedule = ScheduleAdaptor() if cfg.adapt_schedule else None
+        adaptors += [schedule] if schedule is not None else []
+        if cfg.adapt_step_size:
+            adaptors.append(_own_tuning(cfg, explorer, None, follow=schedule if path.kind ==
+                                        "temperature" else None))
+    return adaptors, windows
+
+
+def _sa_adaptors(cfg, explorer, rule, facts) -> list:
+    """DEO*-SGD's online adaptation (the deterministic rule with ``adapt``): the correction
+    and, from 3 slots, the learning rates; and the method's name the explorer declares."""
+    method = getattr(explorer, "method_names", {}).get(rule.name)
+    if method:
+        facts["method"] = method
+    if rule.name != "deterministic" or not cfg.adapt:
+        return []
+    gamma, S = SAStepSize(*cfg.sa_step), check_swap_rate(cfg.swap_rate)
+    out: list = [CorrectionAdaptor(S, gamma)]
+    if int(cfg.chains) >= 3:
+        out.append(LearningRateAdaptor(S, gamma, ladder=getattr(cfg, "ladder_update", None)
+                                       or "paper"))
+    return out
+
+
+def _plan(cfg, source: str, burn: int, windows: int) -> Plan:
+    if cfg.rounds is not None:
+        return Plan.rounds(cfg.rounds)
+    if source == "auto":
+        return Plan.tuned(cfg.window_tune or max(1, cfg.iterations // 10), cfg.iterations,
                           burn, windows)
-    else:
-        plan = Plan.fixed(cfg.iterations, burn, windows)
+    return Plan.fixed(cfg.iterations, burn, windows)
+
+
+def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record, comm, dtype,
+               device) -> dict[str, Any]:
+    """Swaps, round trips, log Z (exact finite paths), Method I energies (rounds), spreads
+    (every slot where an adaptor asks, ``spread_slots = "all"``), the adaptation trace
+    (stochastic-gradient runs), the streamed draws, the row map's own (two legs)."""
+    R, P, sg = engine.R, engine.P, facts["sg"]  # R: every engine system
     kw = {"dtype": dtype, "device": device}
-    R = E  # recorders see every engine system
     recorders: dict[str, Any] = {"swaps": SwapStats(R, P, **kw),
                                  "round_trips": RoundTrips(engine.slot_of, P)}
-    finite_path = bool(torch.isfinite(engine.schedule).all())
-    if not sg and finite_path and P >= 2:
+    if not sg and bool(torch.isfinite(engine.schedule).all()) and P >= 2:
         recorders["log_z"] = SteppingStone(R, P, reference_normalized=facts[
             "reference_normalized"], **kw)
-    if rounds is not None:
+    if cfg.rounds is not None:
         recorders["slot_energies"] = SlotEnergyRecorder(R, P, **kw)
-    slots = None if cfg.explorer == "slice" and rounds is not None else [P - 1]
-    recorders["spread"] = SlotSpread(R, P, engine.dim, slots=slots, **kw)
+    every = any(getattr(a, "spread_slots", None) == "all" for a in adaptors)
+    recorders["spread"] = SlotSpread(R, P, engine.dim, slots=None if every else [P - 1], **kw)
     if sg:
         recorders["trace"] = Trace(every=max(1, plan.total // 1000))
     recorders["draws"] = Draws(plan.total, R, P, engine.dim, thin=cfg.thin, out_dir=out,
                                dtype=np.float64 if dtype == torch.float64 else np.float32,
                                resume=resume, slots=record,
                                store=comm is None or comm.rank == 0)
+    row_map = facts.get("row_map")
     if row_map is not None:
         recorders.update(row_map.recorders(**kw))
-    for r in recorders.values():  # positions the recorders read every iteration
-        engine.watch(getattr(r, "reads_slots", ()))
-    run = Run(engine=engine, adaptors=adaptors, recorders=recorders, plan=plan, facts=facts)
-    if cfg.fuse == "auto":  # eager chunks wherever they run (nrpt.core.fused.auto)
+    return recorders
+
+
+def _fuse(run: Run, cfg) -> None:
+    """Chunks of iterations at once (:mod:`nrpt.core.fused`): ``auto`` where they run eagerly
+    with the plain loop's numbers; ``true`` (compiled with ``compile = true``) or refused."""
+    if cfg.fuse == "auto":
         from nrpt.core.fused import UNROLL, Fused, auto
 
         if auto(run, compile=bool(cfg.compile)):
             run.fused = Fused(run, unroll=UNROLL, compile=False)
-    elif cfg.fuse:  # chunks of iterations at once (nrpt.core.fused), compiled with compile = true
+    elif cfg.fuse:
         from nrpt.core.fused import UNROLL, Fused, why_not
 
         reason = why_not(run)
@@ -340,5 +439,4 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
                              f"fuse = false")
         unroll = UNROLL if cfg.fuse is True else int(cfg.fuse)
         run.fused = Fused(run, unroll=unroll, compile=bool(cfg.compile))
-    facts["fused"] = run.fused is not None
-    return run
+    run.facts["fused"] = run.fused is not None

@@ -636,7 +636,7 @@ def _explorer_settings(r: _Resolution) -> None:
     r.take("chains")
     r.take("n_explore")
     r.component("explorer", cfg.explorer)
-    if cfg.explorer in COMPILABLE:
+    if registry.entry("explorer", cfg.explorer).load().compilable:  # (its declaration)
         r.take("compile")
         r.take("fuse")
         return
@@ -727,7 +727,7 @@ def _swap_settings(r: _Resolution) -> None:
 
 def _adaptation_settings(r: _Resolution) -> None:
     cfg = r.cfg
-    tunable = cfg.explorer in ("rwmh", "mala", "hmc")
+    tunable = registry.entry("explorer", cfg.explorer).load().acceptance_order is not None
     if cfg.rounds is not None:
         r.take("adapt_schedule")
     else:

@@ -35,8 +35,17 @@ from nrpt.roles import Scheme, adjacent_pairs, is_sweep
 __all__ = ["is_sweep", "adjacent_pairs", "Scheme", "ADJ", "SEO", "DEO", "DEOW", "APE", "NoSwap",
            "check_gate", "GATE_BIAS"]
 
+
+def _theory(scheme: Scheme, rejection, window: int = 1):
+    """The built-in schemes' predicted rates: the exact chain of their clock."""
+    from nrpt.diagnostics import theory
+
+    return theory.predicted_rates(rejection, scheme.name, window)
+
+
 class ADJ(Scheme):
     name = "adj"
+    predicted_rates = _theory
     sequential = True
 
     def phases(self, k, R, P, seed, systems, state):
@@ -50,6 +59,7 @@ class ADJ(Scheme):
 
 class SEO(Scheme):
     name = "seo"
+    predicted_rates = _theory
 
     def phases(self, k, R, P, seed, systems, state):
         lo, hi, _, odd = adjacent_pairs(R, P, systems.device)
@@ -92,6 +102,14 @@ class DEOW(Scheme):
     """Generalized DEO with window ``W`` (``window=1`` is plain DEO)."""
 
     name = "deo-w"
+    predicted_rates = _theory
+
+    def closed_form_restarts(self, rejection, window: int = 1) -> float | None:
+        """Lemma 1 of Deng et al. (2023) (:func:`nrpt.diagnostics.theory.\
+predicted_round_trips_per_1000`)."""
+        from nrpt.diagnostics import theory
+
+        return theory.predicted_round_trips_per_1000(rejection, window, scheme=self.name)
     options = (
         Option("window", _window, default="auto", section="swap", parse=_parse_window,
                help="window W of deo-w: an integer >= 1, 'auto' (W* from the rejection rate "
@@ -145,6 +163,7 @@ class DEO(DEOW):
 
 class APE(Scheme):
     name = "ape"
+    predicted_rates = _theory
 
     def phases(self, k, R, P, seed, systems, state):
         dev = systems.device
@@ -158,6 +177,7 @@ class NoSwap(Scheme):
     """No pair is ever proposed: each replica stays at its slot (independent chains)."""
 
     name = "none"
+    proposes_swaps = False
 
     def phases(self, k, R, P, seed, systems, state):
         return []
