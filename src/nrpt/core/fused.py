@@ -82,8 +82,6 @@ def why_not(run) -> str | None:
     eng = run.engine
     if type(eng) is not PTEngine:
         return f"engine {type(eng).__name__} (only the plain PTEngine is fused)"
-    if eng.sharded:
-        return "replicas spread over processes"
     if not isinstance(eng.scheme, DEOW | SEO):
         return f"scheme {eng.scheme.name!r} (fused: deo, deo-w, seo)"
     if eng.rule.name not in RULES:

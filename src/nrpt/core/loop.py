@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from nrpt.core.engine import PTEngine
+from nrpt.core.sharding import ShardedEngine
 from nrpt.roles import SegmentView
 from nrpt.run.folder import CHECKPOINT, write_checkpoint
 
@@ -349,7 +350,7 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
     def checkpoint() -> None:
         # a sharded engine's state is gathered on every rank (a collective); the rank given
         # the run folder writes it
-        if out is not None or engine.sharded:
+        if out is not None or isinstance(engine, ShardedEngine):
             p = payload()
             if out is not None:
                 write_checkpoint(p, out)
@@ -383,11 +384,10 @@ def _execute(run, out, checkpoint_every, progress, callback, resume, header, say
             while engine.k < end:
                 # the only place a signal takes effect: between iterations (sharded: when the
                 # ranks agreed, from the flags gathered with the last iteration's scalars)
-                if engine.stop_agreed if engine.sharded else stop.flag:
+                if engine.should_stop(stop.flag):
                     raise KeyboardInterrupt
                 consistent = False
                 k_before = engine.k
-                engine.stop_requested = stop.flag
                 chunk = 0
                 try:
                     if fused is not None:  # (may evaluate the target: a dry explore step)

@@ -41,7 +41,7 @@ from nrpt.adapt.sa import (
 from nrpt.adapt.window import WindowAdaptor
 from nrpt.core.engine import PTEngine
 from nrpt.core.loop import Plan, Run
-from nrpt.core.sharding import local_device
+from nrpt.core.sharding import ShardedEngine, local_device
 from nrpt.diagnostics.barrier import SlotEnergyRecorder
 from nrpt.energy.estimators import make_estimator
 from nrpt.explorers import Density
@@ -249,9 +249,11 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if domain is not None:
         domain.check_inside(x0)
     if row_map is None:
-        engine = PTEngine(target, path, explorer, scheme, rule, step_size=step, systems=R,
-                          seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
-                          device=device, initial_states=x0, comm=comm)
+        sharded = {} if comm is None else {"comm": comm}  # (nrpt.core.sharding)
+        engine = (PTEngine if comm is None else ShardedEngine)(
+            target, path, explorer, scheme, rule, step_size=step, systems=R, seed=cfg.seed,
+            n_explore=cfg.n_explore or 1, dtype=dtype, device=device, initial_states=x0,
+            **sharded)
     else:
         engine = row_map.engine(target, path, explorer, scheme, rule, step_size=step,
                                seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
