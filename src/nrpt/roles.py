@@ -45,7 +45,11 @@ from nrpt.swap.schemes import Scheme, adjacent_pairs, is_sweep
 
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
-           "SegmentView", "Adaptor", "Recorder", "RowMap"]
+           "SegmentView", "Adaptor", "Recorder", "RowMap", "BlockAdaptor", "BLOCK"]
+
+#: iterations per block: the fused loop's chunk (:mod:`nrpt.core.fused`), and the groups in
+#: which :class:`nrpt.recorders.stats.SlotSpread` merges its rows
+BLOCK = 8
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,19 @@ class Adaptor(Protocol):
     def load_state_dict(self, sd: dict) -> None: ...
 
 
+class BlockAdaptor(Adaptor, Protocol):
+    """An online adaptor's *block form* (the fused loop, :mod:`nrpt.core.fused`):
+    ``block_inputs(k0, U)`` -- one number per iteration ``k0 .. k0 + U - 1`` (e.g. the
+    stochastic-approximation step size), made outside the block -- and ``observe_block(it, x)``
+    -- :meth:`Adaptor.observe` given that iteration's number ``x`` (a 0-d tensor), pure,
+    returning ``[R, P]`` tables and rule parameters only.  ``observe(it)`` must equal
+    ``observe_block(it, block_inputs(it.k, 1)[0])``."""
+
+    def block_inputs(self, k0: int, U: int) -> list[float]: ...
+
+    def observe_block(self, it: Iteration, x: torch.Tensor) -> Update: ...
+
+
 @runtime_checkable
 class Recorder(Protocol):
     """Watches every iteration.  ``start_segment(reset)`` is called before each segment
@@ -355,6 +372,14 @@ class AdaptorBase:
 
     def observe(self, it: Iteration) -> Update | None:
         return None
+
+    def block_inputs(self, k0: int, U: int) -> list[float]:
+        """(:class:`BlockAdaptor`; an adaptor with a per-iteration ``observe`` and no block
+        form is not fused)"""
+        raise NotImplementedError(f"adaptor {self.name!r} has no block form")
+
+    def observe_block(self, it: Iteration, x: torch.Tensor) -> Update:
+        raise NotImplementedError(f"adaptor {self.name!r} has no block form")
 
     def end_segment(self, view: SegmentView) -> Update | None:
         return None

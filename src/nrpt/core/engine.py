@@ -40,7 +40,31 @@ from nrpt.roles import Iteration, PhaseDecision, Update
 from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
-__all__ = ["PTEngine", "sweep_exchange", "slot_order", "refresh_top"]
+__all__ = ["PTEngine", "explore", "slot_stats", "sweep_exchange", "slot_order", "refresh_top"]
+
+
+def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
+            density: Density, noise, n_explore: int):
+    """``n_explore`` explorer steps of ``state`` at the per-replica parameters ``b``, ``h``;
+    returns ``(state, accept, nonfinite)``: the summed acceptance probabilities and non-finite
+    counts, per replica (the engine's step and the fused chunk both call it)."""
+    for i in range(n_explore):
+        state, info = explorer.step(state, b, h, density, noise, sub=i * explorer.substeps)
+        if i == 0:
+            accept, nonfinite = info.accept_prob, info.nonfinite.long()
+        else:
+            accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
+    return state, accept, nonfinite
+
+
+def slot_stats(accept: torch.Tensor, nonfinite: torch.Tensor, explored_at: torch.Tensor,
+               n_explore: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot explorer statistics ``(mean acceptance, non-finite count)`` ``[R, P]``, at
+    the slots where the moves were made (``explored_at``: slot -> replica during them)."""
+    by_slot = accept.gather(1, explored_at)
+    if n_explore > 1:
+        by_slot = by_slot / n_explore
+    return by_slot, nonfinite.gather(1, explored_at)
 
 
 def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
@@ -230,7 +254,8 @@ class PTEngine:
         b = self._local(self.slot_params(self.schedule))
         h = self._local(self.slot_params(self.step_size))
         # 1. explore: every replica at its slot's parameters, in one batched call per step
-        accept, nonfinite = self._explore(self._noise(k), b, h)
+        self.state, accept, nonfinite = explore(self.explorer, self.state, b, h, self.density,
+                                                self._noise(k), self.n_explore)
         explored_at = self.replica_at  # slot -> replica during the moves
 
         # 2. the reference end of a geometric path is sampled exactly
@@ -244,28 +269,12 @@ class PTEngine:
         decisions = [self._swap_phase(k, phase, lo, hi, active, view.v)
                      for phase, (lo, hi, active) in enumerate(phases)]
         self.k += 1
-        # per-slot explorer statistics, at the slots where the moves were made
-        by_slot = accept.gather(1, explored_at)
-        if self.n_explore > 1:
-            by_slot = by_slot / self.n_explore
-        nf = nonfinite.gather(1, explored_at)
+        by_slot, nf = slot_stats(accept, nonfinite, explored_at, self.n_explore)
         return Iteration(k=k, state=view, slot_of=self.slot_of,
                          replica_at=self.replica_at, schedule=self.schedule,
                          step_size=self.step_size, params=self.params, explore_accept=by_slot,
                          nonfinite=nf, decisions=decisions,
                          has_reference=self.path.has_reference)
-
-    def _explore(self, noise: Noise, b: torch.Tensor, h: torch.Tensor):
-        """``n_explore`` explorer steps of the (local) state; returns the summed acceptance
-        probabilities and non-finite counts, per replica."""
-        for i in range(self.n_explore):
-            self.state, info = self.explorer.step(self.state, b, h, self.density, noise,
-                                                  sub=i * self.explorer.substeps)
-            if i == 0:
-                accept, nonfinite = info.accept_prob, info.nonfinite.long()
-            else:
-                accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
-        return accept, nonfinite
 
     # ------------------------------------------------------------------ hooks of one process
     # (:class:`nrpt.core.sharding.ShardedEngine` overrides them)
@@ -370,31 +379,6 @@ class PTEngine:
             self.replica_at = slot_order(self.slot_of, ids)
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
         return PhaseDecision(lo, hi, active, decision, accepted, prob)
-
-    # ------------------------------------------------------------------ carried state
-    def carry(self) -> dict:
-        """What an iteration reads and writes, as a dict of tensors (the fused loop's chunk,
-        :mod:`nrpt.core.fused`, takes it in and hands it back to :meth:`set_carry`)."""
-        st = self.state
-        carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
-                 "replica_at": self.replica_at, "slot_of": self.slot_of,
-                 "schedule": self.schedule, "step_size": self.step_size,
-                 "params": dict(self.params)}
-        if "gate" in self.scheme_state:
-            carry["gate"] = self.scheme_state["gate"]
-        return carry
-
-    def set_carry(self, carry: dict, iterations: int) -> None:
-        """Take ``carry`` (as :meth:`carry` returns it) as the state after ``iterations`` more
-        iterations (one process only)."""
-        self.state = ReplicaState(carry["x"], carry["v"], carry["base"],
-                                               carry["extras"])
-        self.replica_at, self.slot_of = carry["replica_at"], carry["slot_of"]
-        self.schedule, self.step_size = carry["schedule"], carry["step_size"]
-        self.params.update(carry["params"])  # (the dict keeps its identity, as in apply)
-        if "gate" in carry:
-            self.scheme_state["gate"] = carry["gate"]
-        self.k += int(iterations)
 
     # ------------------------------------------------------------------ views
     def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:

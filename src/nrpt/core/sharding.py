@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import cast
 
 import torch
 
@@ -46,8 +47,8 @@ from nrpt.core.engine import PTEngine
 from nrpt.explorers import Noise, ReplicaState
 from nrpt.rng import Block
 
-__all__ = ["ShardedEngine", "Comm", "from_env", "launch", "spawn", "block_of", "block_size", "check_world",
-           "local_device"]
+__all__ = ["ShardedEngine", "Comm", "from_env", "launch", "spawn", "block_of", "block_size",
+           "check_world", "local_device"]
 
 
 def block_size(world: int, P: int) -> int:
@@ -336,7 +337,7 @@ def _wait(procs: list[subprocess.Popen]) -> list[int]:
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
-            return codes
+            return cast("list[int]", codes)
         if failed_at is None and any(c not in (None, 0, 130) for c in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:

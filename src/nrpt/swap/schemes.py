@@ -79,6 +79,24 @@ class Scheme:
     def describe(self) -> dict:
         return {"scheme": self.name}
 
+    # -- the block form (the fused loop, :mod:`nrpt.core.fused`): a scheme of one phase over
+    # all adjacent pairs, run for a block of ``U`` iterations as pure functions of tensors
+    def block_inputs(self, k0: int, U: int, R: int, seed: int, device) -> dict:
+        """Everything :meth:`block_phase` needs for iterations ``k0 .. k0 + U - 1``, made
+        outside the block (tensors with a leading ``[U]`` axis)."""
+        raise NotImplementedError(f"scheme {self.name!r} has no block form")
+
+    def block_phase(self, pairs: tuple, inputs: dict, u: int, state: dict
+                    ) -> tuple[torch.Tensor, dict]:
+        """``(active[R, P-1], state)`` of the block's iteration ``u``: which of the adjacent
+        ``pairs`` (:func:`adjacent_pairs`) may swap, and the scheme state (out of place) the
+        phase ran with; what :meth:`phases` and :meth:`after_phase` do, per iteration."""
+        raise NotImplementedError(f"scheme {self.name!r} has no block form")
+
+    def block_after(self, state: dict, accepted: torch.Tensor) -> dict:
+        """The scheme state after the phase's ``accepted[R, P-1]`` (out of place)."""
+        return state
+
 
 class ADJ(Scheme):
     name = "adj"
@@ -101,6 +119,13 @@ class SEO(Scheme):
         coin = rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k,
                                      device=systems.device) < 0.5
         return [(lo, hi, odd == coin)]
+
+    def block_inputs(self, k0, U, R, seed, device):
+        return {"coins": rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k0,
+                                               device=device, count=U) < 0.5}
+
+    def block_phase(self, pairs, inputs, u, state):
+        return pairs[3] == inputs["coins"][u], state
 
 
 def _window(name, value, cfg=None) -> int | str:
@@ -170,6 +195,25 @@ class DEOW(Scheme):
     def after_phase(self, k, state, lo, accepted):
         if self.window > 1:
             state["gate"] &= ~accepted
+
+    def block_inputs(self, k0, U, R, seed, device):
+        W, ks = self.window, range(k0, k0 + U)
+        out = {"odd": torch.tensor([(k // W) % 2 == 1 for k in ks], device=device)}
+        if W > 1:
+            out["open"] = torch.tensor([k % W == 0 for k in ks], device=device)
+        return out
+
+    def block_phase(self, pairs, inputs, u, state):
+        parity = torch.where(inputs["odd"][u], pairs[3], pairs[2])
+        if self.window == 1:
+            return parity, state
+        gate = state["gate"] | inputs["open"][u]
+        return parity & gate, {**state, "gate": gate}
+
+    def block_after(self, state, accepted):
+        if self.window == 1:
+            return state
+        return {**state, "gate": state["gate"] & ~accepted}
 
     def describe(self):
         return {"scheme": self.name, "window": self.window}
