@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import Any
 
 import torch
 
@@ -63,8 +64,9 @@ UNROLL = BLOCK
 #: each run's compiled chunk gets its own graph cache: the runs of a process (notebooks,
 #: benchmarks) share the chunk's code object, and torch.compile keeps at most
 #: ``recompile_limit`` graphs per code object (older torch: past it, the fallback says so)
-_ISOLATE = ({"isolate_recompiles": True}
-            if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {})
+_ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
+                             if "isolate_recompiles" in inspect.signature(torch.compile).parameters
+                             else {})
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 
