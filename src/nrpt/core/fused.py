@@ -108,9 +108,8 @@ def auto(run, compile: bool = False) -> bool:
     nrpt's or has its own ``record_block`` (a recorder handed ``IterationBlock.iteration(u)``
     one by one sees the contract's fields, not the engine's raw state, which a user recorder
     written for the plain loop might read).  Eager chunks make the plain loop's numbers (bit
-    for bit, tests/test_fused.py) with fewer launches: the headline run's loop took 723 against
-    864 µs per iteration (``make bench-headline``); RWMH and MALA at d = 10^4 within 4 % of the
-    plain loop (a one-off timing)."""
+    for bit, tests/test_fused.py) with fewer launches (timings: docs/architecture.md, point 11,
+    and ``make bench-headline``)."""
     if compile or why_not(run) is not None:
         return False
     return all(type(r).__module__.startswith("nrpt.") or _own_block(r)
