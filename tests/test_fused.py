@@ -1,7 +1,7 @@
 """The fused loop (nrpt.core.fused) computes what the plain loop computes.
 
 Eager chunks call the same code as the plain step (explorer, sweep_exchange, refresh_top, the
-adaptors' observe_with, RoundTripTracker.advance), so the engine's state, the permutation and
+adaptors' observe_block, the recorders' record_block), so the engine's state, the permutation and
 the round trips are equal bit for bit; recorders' block forms may regroup floating-point sums
 (1e-12).  Compiled chunks round some last bits differently (1e-9, the same decisions); they are
 in the slow suite, one small one here.  Negative controls: a chunk fed the wrong draws, or a

@@ -45,7 +45,11 @@ from nrpt.options import Option
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
            "SegmentView", "Adaptor", "Recorder", "RowMap", "Phase", "adjacent_pairs", "is_sweep",
-           "slot_grad", "swap_log_ratio"]
+           "slot_grad", "swap_log_ratio", "BlockAdaptor", "BLOCK"]
+
+#: iterations per block: the fused loop's chunk (:mod:`nrpt.core.fused`), and the groups in
+#: which :class:`nrpt.recorders.stats.SlotSpread` merges its rows
+BLOCK = 8
 
 # ------------------------------------------------------------------------------------------
 # The roles' base types.  They live here, at the bottom, so that the contracts import no
@@ -413,6 +417,24 @@ class Scheme:
     def after_phase(self, k: int, state: dict, lo: torch.Tensor, accepted: torch.Tensor) -> None:
         """Update scheme state after a phase (``accepted[R, M]`` for pairs ``lo[R, M]``)."""
 
+    # -- the block form (the fused loop, :mod:`nrpt.core.fused`): a scheme of one phase over
+    # all adjacent pairs, run for a block of ``U`` iterations as pure functions of tensors
+    def block_inputs(self, k0: int, U: int, R: int, seed: int, device) -> dict:
+        """Everything :meth:`block_phase` needs for iterations ``k0 .. k0 + U - 1``, made
+        outside the block (tensors with a leading ``[U]`` axis)."""
+        raise NotImplementedError(f"scheme {self.name!r} has no block form")
+
+    def block_phase(self, pairs: tuple, inputs: dict, u: int, state: dict
+                    ) -> tuple[torch.Tensor, dict]:
+        """``(active[R, P-1], state)`` of the block's iteration ``u``: which of the adjacent
+        ``pairs`` (:func:`adjacent_pairs`) may swap, and the scheme state (out of place) the
+        phase ran with; what :meth:`phases` and :meth:`after_phase` do, per iteration."""
+        raise NotImplementedError(f"scheme {self.name!r} has no block form")
+
+    def block_after(self, state: dict, accepted: torch.Tensor) -> dict:
+        """The scheme state after the phase's ``accepted[R, P-1]`` (out of place)."""
+        return state
+
     def describe(self) -> dict:
         return {"scheme": self.name}
 
@@ -692,6 +714,19 @@ class Adaptor(Protocol):
     def load_state_dict(self, sd: dict) -> None: ...
 
 
+class BlockAdaptor(Adaptor, Protocol):
+    """An online adaptor's *block form* (the fused loop, :mod:`nrpt.core.fused`):
+    ``block_inputs(k0, U)`` -- one number per iteration ``k0 .. k0 + U - 1`` (e.g. the
+    stochastic-approximation step size), made outside the block -- and ``observe_block(it, x)``
+    -- :meth:`Adaptor.observe` given that iteration's number ``x`` (a 0-d tensor), pure,
+    returning ``[R, P]`` tables and rule parameters only.  ``observe(it)`` must equal
+    ``observe_block(it, block_inputs(it.k, 1)[0])``."""
+
+    def block_inputs(self, k0: int, U: int) -> list[float]: ...
+
+    def observe_block(self, it: Iteration, x: torch.Tensor) -> Update: ...
+
+
 @runtime_checkable
 class Recorder(Protocol):
     """Watches every iteration.  ``start_segment(reset)`` is called before each segment
@@ -724,6 +759,14 @@ class AdaptorBase:
 
     def observe(self, it: Iteration) -> Update | None:
         return None
+
+    def block_inputs(self, k0: int, U: int) -> list[float]:
+        """(:class:`BlockAdaptor`; an adaptor with a per-iteration ``observe`` and no block
+        form is not fused)"""
+        raise NotImplementedError(f"adaptor {self.name!r} has no block form")
+
+    def observe_block(self, it: Iteration, x: torch.Tensor) -> Update:
+        raise NotImplementedError(f"adaptor {self.name!r} has no block form")
 
     def end_segment(self, view: SegmentView) -> Update | None:
         return None

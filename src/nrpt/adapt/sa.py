@@ -119,14 +119,13 @@ class CorrectionAdaptor(AdaptorBase):
         self.pairs = _check_pairs(pairs)
 
     def observe(self, it: Iteration) -> Update:
-        return self.observe_with(it, self.gamma(it.k))
+        return self.observe_block(it, self.gamma(it.k))
 
-    def gain(self, k: int) -> float:
-        """The step size of iteration ``k`` (the fused loop, :mod:`nrpt.core.fused`, hands it to
-        :meth:`observe_with` as a tensor)."""
-        return self.gamma(k)
+    def block_inputs(self, k0: int, U: int) -> list[float]:
+        """The step sizes of iterations ``k0 .. k0 + U - 1`` (the block form's input)."""
+        return [self.gamma(k) for k in range(k0, k0 + U)]
 
-    def observe_with(self, it, gain) -> Update:
+    def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         A, listed = _indicators(it, self.pairs)
         n = listed.sum(1, keepdim=True)
@@ -199,11 +198,11 @@ class LearningRateAdaptor(AdaptorBase):
         return torch.where(ordered, new, eta)
 
     def observe(self, it: Iteration) -> Update:
-        return self.observe_with(it, self.gamma(it.k))
+        return self.observe_block(it, self.gamma(it.k))
 
-    gain = CorrectionAdaptor.gain
+    block_inputs = CorrectionAdaptor.block_inputs
 
-    def observe_with(self, it, gain) -> Update:
+    def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         A, listed = _indicators(it, self.pairs)
         step = self.update if self.ladder == "paper" else self.update_log_gaps

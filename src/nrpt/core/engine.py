@@ -19,9 +19,10 @@ Randomness is keyed (:mod:`nrpt.rng`): every draw comes from a generator seeded 
 (seed, stream, iteration, sub-step) and has the full ``[R, P, ...]`` shape, so nothing depends
 on how replicas are spread over processes, and resuming needs only the iteration counter.
 
-With a ``comm`` (:mod:`nrpt.core.sharding`) the engine holds only its block of replicas
-(``state`` is ``[R, P_local, ...]``); the per-replica scalars are gathered once per iteration
-and everything from the swaps on runs on full ``[R, P]`` tensors, identically on every rank.
+Spreading the replicas over processes is :class:`nrpt.core.sharding.ShardedEngine`, which
+overrides the hooks ``_local`` (this process's block of a per-replica tensor), ``_noise``,
+``_gather`` (the full-width scalars before the swaps), ``scalars``, ``rows`` and ``_full_state``;
+here they are the single-process identities.
 """
 
 from __future__ import annotations
@@ -34,12 +35,36 @@ import torch
 from nrpt import rng
 from nrpt.explorers import Density, Explorer, Noise, ReplicaState
 from nrpt.paths.ladders import Path
-from nrpt.rng import Block, Stream, generator_for
+from nrpt.rng import Stream, generator_for
 from nrpt.roles import Iteration, PhaseDecision, Update
 from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
-__all__ = ["PTEngine", "sweep_exchange", "slot_order", "refresh_top"]
+__all__ = ["PTEngine", "explore", "slot_stats", "sweep_exchange", "slot_order", "refresh_top"]
+
+
+def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
+            density: Density, noise, n_explore: int):
+    """``n_explore`` explorer steps of ``state`` at the per-replica parameters ``b``, ``h``;
+    returns ``(state, accept, nonfinite)``: the summed acceptance probabilities and non-finite
+    counts, per replica (the engine's step and the fused chunk both call it)."""
+    for i in range(n_explore):
+        state, info = explorer.step(state, b, h, density, noise, sub=i * explorer.substeps)
+        if i == 0:
+            accept, nonfinite = info.accept_prob, info.nonfinite.long()
+        else:
+            accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
+    return state, accept, nonfinite
+
+
+def slot_stats(accept: torch.Tensor, nonfinite: torch.Tensor, explored_at: torch.Tensor,
+               n_explore: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot explorer statistics ``(mean acceptance, non-finite count)`` ``[R, P]``, at
+    the slots where the moves were made (``explored_at``: slot -> replica during them)."""
+    by_slot = accept.gather(1, explored_at)
+    if n_explore > 1:
+        by_slot = by_slot / n_explore
+    return by_slot, nonfinite.gather(1, explored_at)
 
 
 def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
@@ -102,8 +127,6 @@ class PTEngine:
     initial_states
         Optional ``[R, P, dim]`` tensor; otherwise ``target.initial_states(n, generator)`` if
         defined, the reference for a geometric path, or N(0, I).
-    comm
-        A :class:`nrpt.core.sharding.Comm`: this process holds only its block of replicas.
     """
 
     #: evaluates the path components (a subclass may bring its own)
@@ -112,8 +135,8 @@ class PTEngine:
     def __init__(self, target, path: Path, explorer: Explorer, scheme: Scheme, rule: Rule, *,
                  step_size: float | list[float] = 0.5, systems: int = 1, seed: int = 0,
                  n_explore: int = 1, dtype: torch.dtype = torch.float64,
-                 device: str | torch.device = "cpu", initial_states: torch.Tensor | None = None,
-                 comm=None):
+                 device: str | torch.device = "cpu",
+                 initial_states: torch.Tensor | None = None):
         if isinstance(systems, bool) or int(systems) != systems or systems < 1:
             raise ValueError(f"systems must be an integer >= 1; got {systems!r}")
         if isinstance(n_explore, bool) or int(n_explore) != n_explore or n_explore < 1:
@@ -131,22 +154,14 @@ class PTEngine:
         self.density = self.density_class(target, path)
         self.system_ids = torch.arange(R, device=dev).reshape(R, 1)
         self.replica_ids = torch.arange(P, device=dev).reshape(1, P)
-        self.comm = comm
-        self.block = comm.block(P) if comm is not None else Block(0, P, P)
-        #: set by the loop before a step; ``stop_agreed`` is the OR over ranks after it
-        self.stop_requested = False
-        self.stop_agreed = False
-        #: slots whose positions recorders read every iteration (:meth:`watch`): when sharded,
-        #: their rows are gathered together, once per iteration
+        #: slots whose positions recorders read every iteration (:meth:`watch`)
         self.watched: list[int] = []
-        self._watch_pos: dict[int, int] = {}
-        self._row_cache: tuple[int, torch.Tensor] | None = None
         self._ref_rows: tuple[int, ReplicaState] | None = None  # a block of reference draws
 
         # replica r starts at slot r
         self.slot_of = torch.arange(P, device=dev).expand(R, P).clone()
         self.replica_at = self.slot_of.clone()
-        x0 = self.block.take(self._initial_states(initial_states))
+        x0 = self._local(self._initial_states(initial_states))
         v, base = self.density(x0)
         if not torch.isfinite(v).all() or not torch.isfinite(base).all():
             bad = int((~torch.isfinite(v) | ~torch.isfinite(base)).sum())
@@ -160,14 +175,6 @@ class PTEngine:
         self.state = explorer.prepare(ReplicaState(x0, v, base), self.density)
         self.scheme_state = scheme.init_state(R, P, dev)
         self.k = 0
-        self._view = self.state  # the full-width view of the scalars (== state in one process)
-        if self.sharded:
-            zeros = torch.zeros_like(self.state.v)
-            self._view = self._sync(zeros, zeros.long())[0]
-
-    @property
-    def sharded(self) -> bool:
-        return self.comm is not None
 
     @property
     def autograd_free(self) -> bool:
@@ -243,115 +250,66 @@ class PTEngine:
         return table.gather(1, self.slot_of)
 
     def step(self) -> Iteration:
-        k, blk = self.k, self.block
-        noise = Noise(self.seed, k, self.R, blk.width, self.device,
-                      blk if self.sharded else None)
-        b = blk.take(self.slot_params(self.schedule))
-        h = blk.take(self.slot_params(self.step_size))
-
+        k = self.k
+        b = self._local(self.slot_params(self.schedule))
+        h = self._local(self.slot_params(self.step_size))
         # 1. explore: every replica at its slot's parameters, in one batched call per step
-        for i in range(self.n_explore):
-            self.state, info = self.explorer.step(self.state, b, h, self.density, noise,
-                                                  sub=i * self.explorer.substeps)
-            if i == 0:
-                accept, nonfinite = info.accept_prob, info.nonfinite.long()
-            else:
-                accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
+        self.state, accept, nonfinite = explore(self.explorer, self.state, b, h, self.density,
+                                                self._noise(k), self.n_explore)
         explored_at = self.replica_at  # slot -> replica during the moves
 
         # 2. the reference end of a geometric path is sampled exactly
         if self.path.has_reference:
             self._refresh_reference(k)
-        view, accept, nonfinite = self._sync(accept, nonfinite)
+        view, accept, nonfinite = self._gather(accept, nonfinite)
 
         # 3. swaps: phases of disjoint pairs, each decided from scalars only
-        decisions = [
-            self._swap_phase(k, phase, lo, hi, active)
-            for phase, (lo, hi, active) in enumerate(
-                self.scheme.phases(k, self.R, self.P, self.seed, self.system_ids,
-                                   self.scheme_state))
-        ]
+        phases = self.scheme.phases(k, self.R, self.P, self.seed, self.system_ids,
+                                    self.scheme_state)
+        decisions = [self._swap_phase(k, phase, lo, hi, active, view.v)
+                     for phase, (lo, hi, active) in enumerate(phases)]
         self.k += 1
-        # per-slot explorer statistics, at the slots where the moves were made
-        by_slot = accept.gather(1, explored_at)
-        if self.n_explore > 1:
-            by_slot = by_slot / self.n_explore
-        nf = nonfinite.gather(1, explored_at)
+        by_slot, nf = slot_stats(accept, nonfinite, explored_at, self.n_explore)
         return Iteration(k=k, state=view, slot_of=self.slot_of,
                          replica_at=self.replica_at, schedule=self.schedule,
                          step_size=self.step_size, params=self.params, explore_accept=by_slot,
                          nonfinite=nf, decisions=decisions,
-                         has_reference=self.path.has_reference,
-                         rows=self._slot_rows if self.sharded else None)
+                         has_reference=self.path.has_reference)
 
-    # ------------------------------------------------------------------ sharded replicas
-    def _sync(self, accept, nonfinite):
-        """``(view, accept, nonfinite)`` at full width: one gather of the per-replica scalars
-        (``v``, ``base``, acceptance, non-finite counts, ``[R, P]`` buffers, the stop flag)."""
-        if not self.sharded:
-            self.stop_agreed = self.stop_requested
-            self._view = self.state
-            return self.state, accept, nonfinite
-        st, R, w = self.state, self.R, self.block.width
-        names = sorted(n for n, t in st.extras.items() if tuple(t.shape) == (R, w))
-        flag = torch.full((R, w), float(self.stop_requested), dtype=self.dtype,
-                          device=self.device)
-        cols = [st.v, st.base, accept, nonfinite.to(self.dtype), flag,
-                *(st.extras[n].to(self.dtype) for n in names)]
-        full = self.comm.gather_replicas(torch.stack(cols, dim=-1), self.P)  # [R, P, m]
-        self.stop_agreed = bool(full[..., 4].any())
-        extras = {n: full[..., 5 + i].to(st.extras[n].dtype) for i, n in enumerate(names)}
-        x = torch.empty((R, self.P, self.dim), dtype=self.dtype, device="meta")
-        self._view = ReplicaState(x, full[..., 0], full[..., 1], extras)
-        return self._view, full[..., 2], full[..., 3].long()
+    # ------------------------------------------------------------------ hooks of one process
+    # (:class:`nrpt.core.sharding.ShardedEngine` overrides them)
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """This process's block of a per-replica tensor ``[R, P, ...]`` (here: all of it)."""
+        return t
+
+    def _noise(self, k: int) -> Noise:
+        return Noise(self.seed, k, self.R, self.P, self.device)
+
+    def _gather(self, accept: torch.Tensor, nonfinite: torch.Tensor):
+        """``(scalars, accept, nonfinite)`` at full width ``[R, P]``."""
+        return self.state, accept, nonfinite
+
+    def scalars(self) -> ReplicaState:
+        """The per-replica scalars ``v``, ``base`` at full width (here: the state itself)."""
+        return self.state
+
+    def should_stop(self, flag: bool) -> bool:
+        """Whether the loop stops before the next iteration, given this process's stop
+        ``flag`` (sharded: whether the ranks agreed to, from the last gathered flags)."""
+        return flag
 
     def watch(self, slots) -> None:
         """Declare that recorders read the positions at ``slots`` every iteration."""
         self.watched = sorted(set(self.watched) | {int(s) for s in slots})
-        self._watch_pos = {s: i for i, s in enumerate(self.watched)}
-        self._row_cache = None
-
-    def _slot_rows(self, slots: list[int]) -> torch.Tensor:
-        """Positions at ``slots`` after this iteration's swaps (sharded engines): the watched
-        slots' rows come from one gather per iteration, others are gathered apart."""
-        if not all(s in self._watch_pos for s in slots):
-            return self.rows(self.replica_at[:, slots])
-        if self._row_cache is None or self._row_cache[0] != self.k:
-            self._row_cache = (self.k, self.rows(self.replica_at[:, self.watched]))
-        return self._row_cache[1][:, [self._watch_pos[s] for s in slots]]
 
     def rows(self, replicas: torch.Tensor) -> torch.Tensor:
-        """Positions ``[R, S, dim]`` of the replicas ``replicas[R, S]`` (a collective when
-        sharded: every rank calls it with the same argument)."""
+        """Positions ``[R, S, dim]`` of the replicas ``replicas[R, S]``."""
         R, S = replicas.shape
-        if not self.sharded:
-            return self.state.x.gather(1, replicas[..., None].expand(R, S, self.dim))
-        lo, hi, w = self.block.lo, self.block.hi, self.block.width
-        mine = (replicas >= lo) & (replicas < hi)
-        if w:
-            local = (replicas - lo).clamp(0, w - 1)
-            x = self.state.x.gather(1, local[..., None].expand(R, S, self.dim))
-            x = torch.where(mine[..., None], x, torch.zeros_like(x))
-        else:
-            x = torch.zeros((R, S, self.dim), dtype=self.dtype, device=self.device)
-        return self.comm.gather_rows(x, self.comm.owner(replicas, self.P))
+        return self.state.x.gather(1, replicas[..., None].expand(R, S, self.dim))
 
     def _full_state(self) -> ReplicaState:
-        """The whole state ``[R, P, ...]`` (a collective when sharded)."""
-        if not self.sharded:
-            return self.state
-        st, P = self.state, self.P
-        g = self.comm.gather_replicas
-        return ReplicaState(g(st.x, P), g(st.v, P), g(st.base, P),
-                            {n: g(t, P) for n, t in st.extras.items()})
-
-    def unshard(self) -> None:
-        """Gather the whole state onto every rank and go on as a single-process engine (the
-        end of a distributed run: summaries and outputs read the full state)."""
-        if self.sharded:
-            self.state = self._full_state()
-            self.comm, self.block = None, Block(0, self.P, self.P)
-            self._view = self.state
+        """The whole state ``[R, P, ...]``."""
+        return self.state
 
     def _reference_rows(self, k: int, count: int = 0) -> ReplicaState:
         """The prepared reference draws ``[R, 1, ...]`` of iteration ``k``.  Small draws are
@@ -390,10 +348,10 @@ class PTEngine:
         return xr.to(self.device, self.dtype).reshape(B, rows, self.dim)
 
     def _refresh_reference(self, k: int) -> None:
-        self.state = refresh_top(self.state, self.block.take(self.slot_of), self._reference_rows(k),
-                                 self.P - 1)
+        self.state = refresh_top(self.state, self._local(self.slot_of),
+                                 self._reference_rows(k), self.P - 1)
 
-    def _swap_phase(self, k: int, phase: int, lo, hi, active) -> PhaseDecision:
+    def _swap_phase(self, k: int, phase: int, lo, hi, active, v) -> PhaseDecision:
         """Decide and execute one phase of disjoint pairs ``(lo, hi)`` ``[R, M]``."""
         def u():  # drawn only for rules that read them
             return rng.iteration_uniform(lo.shape, self.seed, Stream.SWAP, k, phase,
@@ -401,12 +359,12 @@ class PTEngine:
 
         if is_sweep(lo, self.R, self.P):  # all P-1 pairs, in order (DEO, DEO_W, SEO)
             self.replica_at, self.slot_of, decision, accepted, prob = sweep_exchange(
-                self.rule, self._view.v, self.replica_at, self.schedule, self.params, active, u,
+                self.rule, v, self.replica_at, self.schedule, self.params, active, u,
                 k, lo, hi, self.replica_ids.expand(self.R, self.P))
         else:
             b_lo, b_hi = self.schedule.gather(1, lo), self.schedule.gather(1, hi)
-            v_lo = self._view.v.gather(1, self.replica_at.gather(1, lo))
-            v_hi = self._view.v.gather(1, self.replica_at.gather(1, hi))
+            v_lo = v.gather(1, self.replica_at.gather(1, lo))
+            v_hi = v.gather(1, self.replica_at.gather(1, hi))
             ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_lo, v_hi=v_hi, uniform_or_draw=u,
                               iteration=k, lo=lo, hi=hi, params=self.params)
             decision, prob = self.rule.decide(ctx)
@@ -422,41 +380,15 @@ class PTEngine:
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
         return PhaseDecision(lo, hi, active, decision, accepted, prob)
 
-    # ------------------------------------------------------------------ carried state
-    def carry(self) -> dict:
-        """What an iteration reads and writes, as a dict of tensors (the fused loop's chunk,
-        :mod:`nrpt.core.fused`, takes it in and hands it back to :meth:`set_carry`)."""
-        st = self.state
-        carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
-                 "replica_at": self.replica_at, "slot_of": self.slot_of,
-                 "schedule": self.schedule, "step_size": self.step_size,
-                 "params": dict(self.params)}
-        if "gate" in self.scheme_state:
-            carry["gate"] = self.scheme_state["gate"]
-        return carry
-
-    def set_carry(self, carry: dict, iterations: int) -> None:
-        """Take ``carry`` (as :meth:`carry` returns it) as the state after ``iterations`` more
-        iterations (one process only)."""
-        self.state = self._view = ReplicaState(carry["x"], carry["v"], carry["base"],
-                                               carry["extras"])
-        self.replica_at, self.slot_of = carry["replica_at"], carry["slot_of"]
-        self.schedule, self.step_size = carry["schedule"], carry["step_size"]
-        self.params.update(carry["params"])  # (the dict keeps its identity, as in apply)
-        if "gate" in carry:
-            self.scheme_state["gate"] = carry["gate"]
-        self.k += int(iterations)
-        self.stop_agreed = self.stop_requested
-
     # ------------------------------------------------------------------ views
     def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x[R, dim], v[R])`` of the replica at slot 0."""
         rep = self.replica_at[:, :1]
-        return self.rows(rep).squeeze(1), self._view.v.gather(1, rep).squeeze(1)
+        return self.rows(rep).squeeze(1), self.scalars().v.gather(1, rep).squeeze(1)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The whole engine state (gathered over ranks when sharded: a collective)."""
+        """The whole engine state (:meth:`_full_state`)."""
         st = self._full_state()
         return {
             "k": self.k, "x": st.x, "v": st.v, "base": st.base,
@@ -469,7 +401,7 @@ class PTEngine:
     def load_state_dict(self, sd: dict) -> None:
         dev = self.device
         self.k = int(sd["k"])
-        take = self.block.take  # a checkpoint holds every replica; keep this rank's block
+        take = self._local  # a checkpoint holds every replica (sharded: keep this block)
         self.state = ReplicaState(take(sd["x"].to(dev)), take(sd["v"].to(dev)),
                                   take(sd["base"].to(dev)),
                                   {k: take(v.to(dev)) for k, v in sd.get("extras", {}).items()})
@@ -482,7 +414,3 @@ class PTEngine:
         if sd.get("scheme", {}).get("scheme") == "deo-w" and window not in (None, 1):
             self.set_scheme(DEOW(window))
         self.scheme_state = {k: v.to(dev) for k, v in sd["scheme_state"].items()}
-        self._view, self._row_cache = self.state, None
-        if self.sharded:
-            x = torch.empty((self.R, self.P, self.dim), dtype=self.dtype, device="meta")
-            self._view = ReplicaState(x, sd["v"].to(dev), sd["base"].to(dev), {})

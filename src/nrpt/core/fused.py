@@ -8,18 +8,14 @@ recorders the chunk at once (:class:`~nrpt.roles.IterationBlock`, ``record_block
 ``torch.compile`` the chunk is one graph whose hundreds of launches fuse into a few kernels;
 eager, the same function still saves the per-iteration bookkeeping.
 
-What a chunk computes is what the plain loop computes, with the same code:
-
-* the explorer's own ``step``, fed the draws a plain step asks :class:`~nrpt.explorers.Noise`
-  for (recorded once on a plain step, then made outside the graph and replayed inside, as
-  :mod:`nrpt.explorers.compiled` does);
-* :func:`nrpt.core.engine.sweep_exchange` and :func:`nrpt.core.engine.refresh_top`, which the
-  engine's
-  own step calls;
-* the online adaptors' ``observe_with(view, gain)`` with the step size ``gain(k)`` handed in
-  as a tensor (the stochastic-approximation adaptors of :mod:`nrpt.adapt.sa`);
-* :meth:`nrpt.diagnostics.RoundTripTracker.advance` for the ``round_trips`` recorder, carried
-  inside the chunk (it is a per-iteration state machine); every other recorder gets the block.
+What a chunk computes is what the plain loop computes, composed from the same parts:
+:func:`nrpt.core.engine.explore` (the explorer's own ``step``, fed the draws a plain step asks
+:class:`~nrpt.explorers.Noise` for, recorded once on a plain step, then made outside the graph
+and replayed inside, as :mod:`nrpt.explorers.compiled` does), :func:`~nrpt.core.engine.refresh_top`,
+:func:`~nrpt.core.engine.sweep_exchange`, and each role's *block form* declared in the contracts
+(:mod:`nrpt.roles`): the scheme's ``block_inputs`` / ``block_phase`` / ``block_after``
+(:mod:`nrpt.swap.schemes`), the online adaptors' ``block_inputs`` / ``observe_block``, the
+recorders' ``record_block`` (:class:`~nrpt.roles.IterationBlock`).
 
 Eager, a chunk equals the plain iterations bit for bit (recorders included); compiled, to the
 last bits a fused kernel rounds differently (tested) -- per step: a deterministic swap rule
@@ -28,24 +24,26 @@ is the plain run's chain in law, not in numbers (``tests/test_compile_law.py``).
 iterations run in chunks depends on the iteration number, the run's checkpoint and callback
 periods, and the kind of state (whether the explore phase still sets up buffers) alone
 (:meth:`Fused.chunk_at`), so a resumed run with the same settings chunks exactly as the
-uninterrupted one.  An online adaptor's ``observe_with`` must be pure and return an
+uninterrupted one.  An online adaptor's ``observe_block`` must be pure and return an
 :class:`~nrpt.roles.Update` of ``[R, P]`` tables and known rule parameters only (the chunk
 takes them as they are, without :meth:`nrpt.core.engine.PTEngine.apply`'s conversions).
 
-Fused runs: one process; schemes DEO, DEO_W and SEO (one phase over all adjacent pairs);
-rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the explorers of
-:data:`nrpt.explorers.compiled.COMPILABLE`; adaptors without a per-iteration ``observe`` or
-with ``observe_with``; any recorders.  :func:`why_not` says why a run is not fused.
+Fused runs: one process; schemes with a block form (DEO, DEO_W and SEO: one phase over all
+adjacent pairs); rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the
+explorers of :data:`nrpt.explorers.compiled.COMPILABLE`; adaptors without a per-iteration
+``observe`` or with ``observe_block``; any recorders.  :func:`why_not` says why a run is not
+fused.
 """
 
 from __future__ import annotations
 
-import types
+import inspect
 import warnings
+from typing import Any
 
 import torch
 
-from nrpt.core.engine import PTEngine, refresh_top, sweep_exchange
+from nrpt.core.engine import PTEngine, explore, refresh_top, slot_stats, sweep_exchange
 from nrpt.explorers import Noise, ReplicaState
 from nrpt.explorers.compiled import (
     Compiled,
@@ -55,15 +53,20 @@ from nrpt.explorers.compiled import (
     compilable,
     make_draw,
 )
-from nrpt.roles import AdaptorBase, Iteration, IterationBlock, PhaseDecision
-from nrpt.swap.schemes import DEOW, SEO, adjacent_pairs
+from nrpt.rng import Stream, iteration_uniform
+from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
+from nrpt.swap.schemes import Scheme, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "auto", "UNROLL", "RULES"]
 
-#: iterations per chunk
-UNROLL = 8
-#: the chunk function's code object per kind of run (:meth:`Fused._kind`)
-_CODES: dict[tuple, types.CodeType] = {}
+#: iterations per chunk (the contracts' block length)
+UNROLL = BLOCK
+#: each run's compiled chunk gets its own graph cache: the runs of a process (notebooks,
+#: benchmarks) share the chunk's code object, and torch.compile keeps at most
+#: ``recompile_limit`` graphs per code object (older torch: past it, the fallback says so)
+_ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
+                             if "isolate_recompiles" in inspect.signature(torch.compile).parameters
+                             else {})
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 
@@ -77,22 +80,24 @@ def _online(adaptor) -> bool:
     return type(adaptor).observe is not AdaptorBase.observe
 
 
+def _has_block_form(obj, base: type, name: str) -> bool:
+    return getattr(type(obj), name, None) is not getattr(base, name)
+
+
 def why_not(run) -> str | None:
     """Why ``run`` cannot be fused (``None``: it can)."""
     eng = run.engine
     if type(eng) is not PTEngine:
         return f"engine {type(eng).__name__} (only the plain PTEngine is fused)"
-    if eng.sharded:
-        return "replicas spread over processes"
-    if not isinstance(eng.scheme, DEOW | SEO):
-        return f"scheme {eng.scheme.name!r} (fused: deo, deo-w, seo)"
+    if not _has_block_form(eng.scheme, Scheme, "block_phase"):
+        return f"scheme {eng.scheme.name!r} has no block form (fused: deo, deo-w, seo)"
     if eng.rule.name not in RULES:
         return f"rule {eng.rule.name!r} (fused: {', '.join(RULES)})"
     if not compilable(_explorer(eng)):
         return f"explorer {getattr(_explorer(eng), 'name', '?')!r} (its draws depend on the state)"
     for a in run.adaptors:
-        if _online(a) and not hasattr(a, "observe_with"):
-            return f"adaptor {a.name!r} observes every iteration without observe_with"
+        if _online(a) and not _has_block_form(a, AdaptorBase, "observe_block"):
+            return f"adaptor {a.name!r} observes every iteration without observe_block"
     return None
 
 
@@ -103,9 +108,8 @@ def auto(run, compile: bool = False) -> bool:
     nrpt's or has its own ``record_block`` (a recorder handed ``IterationBlock.iteration(u)``
     one by one sees the contract's fields, not the engine's raw state, which a user recorder
     written for the plain loop might read).  Eager chunks make the plain loop's numbers (bit
-    for bit, tests/test_fused.py) with fewer launches: the headline run's loop took 723 against
-    864 µs per iteration (``make bench-headline``); RWMH and MALA at d = 10^4 within 4 % of the
-    plain loop (a one-off timing)."""
+    for bit, tests/test_fused.py) with fewer launches (timings: docs/architecture.md, point 11,
+    and ``make bench-headline``)."""
     if compile or why_not(run) is not None:
         return False
     return all(type(r).__module__.startswith("nrpt.") or _own_block(r)
@@ -115,8 +119,7 @@ def auto(run, compile: bool = False) -> bool:
 def _own_block(recorder) -> bool:
     from nrpt.roles import RecorderBase
 
-    fn = getattr(type(recorder), "record_block", None)
-    return fn is not None and fn is not RecorderBase.record_block
+    return _has_block_form(recorder, RecorderBase, "record_block")
 
 
 class Fused:
@@ -134,11 +137,7 @@ class Fused:
         eng = run.engine
         self.engine, self.explorer = eng, _explorer(eng)
         self.online = [a for a in run.adaptors if _online(a)]
-        from nrpt.recorders.stats import RoundTrips
-
-        self.trips = next((r for r in run.recorders.values() if isinstance(r, RoundTrips)),
-                          None)
-        self.others = [r for r in run.recorders.values() if r is not self.trips]
+        self.recorders = list(run.recorders.values())
         self.plan: list | None = None  # the draws of one iteration's explore phase
         self._reads_uniforms: bool | None = None
         self._fns: dict = {}
@@ -184,40 +183,34 @@ class Fused:
 
     # ------------------------------------------------------------------ one chunk
     def _inputs(self, k0: int, U: int) -> dict:
+        """Every random number and per-iteration constant of iterations ``k0 .. k0 + U - 1``,
+        made outside the chunk: the explorer's draws, the rule's uniforms, the scheme's and the
+        adaptors' block inputs, the reference rows."""
         eng = self.engine
         R, P, dev, dt = eng.R, eng.P, eng.device, eng.dtype
-        ks = range(k0, k0 + U)
         noise = Noise(eng.seed, k0, R, P, dev, count=U)  # every draw [U, ...]
-        inp = {"draws": [make_draw(noise, call) for call in self.plan]}
+        inp = {"draws": [make_draw(noise, call) for call in self.plan or ()],
+               "scheme": eng.scheme.block_inputs(k0, U, R, eng.seed, dev)}
         if self._reads_uniforms is None:
             self._reads_uniforms = _reads_uniforms(eng)
         if self._reads_uniforms:
-            from nrpt.rng import Stream, iteration_uniform
-
             inp["uniforms"] = iteration_uniform((R, P - 1), eng.seed, Stream.SWAP, k0, 0,
                                                 dtype=dt, device=dev, count=U)
-        scheme = eng.scheme
-        if isinstance(scheme, SEO):
-            from nrpt.rng import Stream, iteration_uniform
-
-            inp["coins"] = iteration_uniform((R, 1), eng.seed, Stream.SCHEME, k0, device=dev,
-                                             count=U) < 0.5
-        else:
-            W = scheme.window
-            inp["odd"] = torch.tensor([(k // W) % 2 == 1 for k in ks], device=dev)
-            if W > 1:
-                inp["open"] = torch.tensor([k % W == 0 for k in ks], device=dev)
         if eng.path.has_reference:
             inp["ref"] = eng._reference_rows(k0, count=U)
         if self.online:
-            inp["gains"] = torch.tensor([[a.gain(k) for k in ks] for a in self.online],
+            inp["gains"] = torch.tensor([a.block_inputs(k0, U) for a in self.online],
                                         dtype=dt, device=dev)
         return inp
 
     def _carry(self) -> dict:
-        carry = self.engine.carry()
-        if self.trips is not None:
-            carry["trips"] = self.trips.tracker.carry()
+        """What an iteration reads and writes, as a dict of tensors."""
+        eng = self.engine
+        st = eng.state
+        carry = {"x": st.x, "v": st.v, "base": st.base, "extras": dict(st.extras),
+                 "replica_at": eng.replica_at, "slot_of": eng.slot_of,
+                 "schedule": eng.schedule, "step_size": eng.step_size,
+                 "params": dict(eng.params), "scheme": dict(eng.scheme_state)}
         if torch.is_inference_mode_enabled() and not self._inference:
             self._inference = True
             # tensors made before the loop's inference mode would make a compiled chunk's
@@ -228,109 +221,84 @@ class Fused:
                 else t, carry)
         return carry
 
+    def _take_carry(self, carry: dict, iterations: int) -> None:
+        """The engine's state after ``iterations`` more iterations: ``carry`` as the chunk
+        returned it."""
+        eng = self.engine
+        eng.state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
+        eng.replica_at, eng.slot_of = carry["replica_at"], carry["slot_of"]
+        eng.schedule, eng.step_size = carry["schedule"], carry["step_size"]
+        eng.params.update(carry["params"])  # (the dict keeps its identity, as in apply)
+        eng.scheme_state.update(carry["scheme"])
+        eng.k += int(iterations)
+
     def _body(self, U: int):
         """The chunk as a function ``(carry, inputs) -> (carry, stacked per-iteration
-        outputs)`` of tensors only (what ``torch.compile`` traces)."""
+        outputs)`` of tensors only (what ``torch.compile`` traces): ``U`` times the engine's
+        iteration, composed from the roles' block forms."""
         eng, explorer, online = self.engine, self.explorer, list(self.online)
-        density, rule, P = eng.density, eng.rule, eng.P
-        lo, hi, even, odd = adjacent_pairs(eng.R, P, eng.device)
-        n_explore, substeps = eng.n_explore, explorer.substeps
-        has_ref = eng.path.has_reference
-        watched = list(eng.watched)
-        seo = isinstance(eng.scheme, SEO)
-        W = None if seo else eng.scheme.window
-        trips = self.trips is not None
-        if trips:
-            from nrpt.diagnostics import RoundTripTracker
+        density, rule, scheme, P = eng.density, eng.rule, eng.scheme, eng.P
+        n_explore = eng.n_explore
+        pairs = adjacent_pairs(eng.R, P, eng.device)
+        lo, hi = pairs[0], pairs[1]
+        has_ref, watched = eng.path.has_reference, list(eng.watched)
 
-            advance = RoundTripTracker.advance
+        def iteration(c: dict, inp: dict, u: int) -> tuple[dict, dict]:
+            """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs."""
+            state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
+            b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
+            noise = ReplayNoise([d[u] for d in inp["draws"]])
+            state, accept, nonfinite = explore(explorer, state, b, h, density, noise, n_explore)
+            explored_at = c["replica_at"]
+            if has_ref:
+                ref = inp["ref"]
+                fresh = ReplicaState(ref.x[u], ref.v[u], ref.base[u],
+                                     {n: t[u] for n, t in ref.extras.items()})
+                state = refresh_top(state, c["slot_of"], fresh, P - 1)
+            active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
+            uniforms = inp["uniforms"][u] if "uniforms" in inp else _no_uniforms
+            # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
+            # iteration number would make every chunk a graph of its own)
+            params = dict(c["params"])
+            replica_at, slot_of, decision, accepted, prob = sweep_exchange(
+                rule, state.v, c["replica_at"], c["schedule"], params, active, uniforms, 0, lo,
+                hi)
+            by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
+            it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
+                           schedule=c["schedule"], step_size=c["step_size"], params=params,
+                           explore_accept=by_slot, nonfinite=nonfinite,
+                           decisions=[PhaseDecision(lo, hi, active, decision, accepted, prob)],
+                           has_reference=has_ref)
+            schedule, step_size = c["schedule"], c["step_size"]
+            for j, a in enumerate(online):  # (k is not read: the gain comes in)
+                upd = a.observe_block(it, inp["gains"][j, u])
+                schedule = upd.schedule if upd.schedule is not None else schedule
+                step_size = upd.step_size if upd.step_size is not None else step_size
+                params.update(upd.params)  # (the view reads the live dict, as it.params)
+            out = {"v": state.v, "base": state.base, "slot_of": slot_of,
+                   "replica_at": replica_at, "schedule": c["schedule"],
+                   "step_size": c["step_size"], "accept": by_slot, "nonfinite": nonfinite,
+                   "active": active, "decision": decision, "accepted": accepted, "prob": prob,
+                   "params": dict(params)}
+            if watched:
+                rep = replica_at[:, watched]
+                out["slot_x"] = state.x.gather(1, rep[..., None].expand(*rep.shape,
+                                                                        state.x.shape[-1]))
+            new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
+                   "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
+                   "step_size": step_size, "params": params,
+                   "scheme": scheme.block_after(sch, accepted)}
+            return new, out
 
         def body(carry, inp):
-            x, v, base, extras = carry["x"], carry["v"], carry["base"], carry["extras"]
-            replica_at, slot_of = carry["replica_at"], carry["slot_of"]
-            schedule, step_size = carry["schedule"], carry["step_size"]
-            params, gate = dict(carry["params"]), carry.get("gate")
-            rt = carry.get("trips")
-            out: dict[str, list] = {n: [] for n in (
-                "v", "base", "slot_of", "replica_at", "schedule", "step_size", "accept",
-                "nonfinite", "active", "decision", "accepted", "prob", "slot_x")}
-            out_params: dict[str, list] = {n: [] for n in params}
+            outs = []
             for u in range(U):
-                state = ReplicaState(x, v, base, extras)
-                b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
-                noise = ReplayNoise([d[u] for d in inp["draws"]])
-                for i in range(n_explore):
-                    state, info = explorer.step(state, b, h, density, noise, sub=i * substeps)
-                    if i == 0:
-                        accept, nonfinite = info.accept_prob, info.nonfinite.long()
-                    else:
-                        accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
-                explored_at = replica_at
-                if has_ref:
-                    ref = inp["ref"]
-                    fresh = ReplicaState(ref.x[u], ref.v[u], ref.base[u],
-                                         {n: t[u] for n, t in ref.extras.items()})
-                    state = refresh_top(state, slot_of, fresh, P - 1)
-                if seo:
-                    active = odd == inp["coins"][u]
-                else:
-                    parity = torch.where(inp["odd"][u], odd, even)
-                    if W > 1:
-                        gate = gate | inp["open"][u]
-                        active = parity & gate
-                    else:
-                        active = parity
-                uniforms = inp["uniforms"][u] if "uniforms" in inp else _no_uniforms
-                # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
-                # iteration number would make every chunk a graph of its own)
-                replica_at, slot_of, decision, accepted, prob = sweep_exchange(
-                    rule, state.v, replica_at, schedule, params, active, uniforms, 0, lo, hi)
-                if gate is not None and W > 1:
-                    gate = gate & ~accepted
-                by_slot = accept.gather(1, explored_at)
-                if n_explore > 1:
-                    by_slot = by_slot / n_explore
-                out["schedule"].append(schedule)
-                out["step_size"].append(step_size)
-                nonfinite = nonfinite.gather(1, explored_at)
-                # what the plain loop hands its adaptors (k is not read: the gain comes in)
-                it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
-                               schedule=schedule, step_size=step_size, params=params,
-                               explore_accept=by_slot, nonfinite=nonfinite,
-                               decisions=[PhaseDecision(lo, hi, active, decision, accepted,
-                                                        prob)], has_reference=has_ref)
-                for j, a in enumerate(online):
-                    upd = a.observe_with(it, inp["gains"][j, u])
-                    if upd.schedule is not None:
-                        schedule = upd.schedule
-                    if upd.step_size is not None:
-                        step_size = upd.step_size
-                    params.update(upd.params)  # (the view reads the live dict, as it.params)
-                if trips:
-                    rt = advance(rt, slot_of, P - 1)
-                x, v, base, extras = state.x, state.v, state.base, state.extras
-                for n, t in (("v", v), ("base", base), ("slot_of", slot_of),
-                             ("replica_at", replica_at), ("accept", by_slot),
-                             ("nonfinite", nonfinite),
-                             ("active", active), ("decision", decision),
-                             ("accepted", accepted), ("prob", prob)):
-                    out[n].append(t)
-                if watched:
-                    rep = replica_at[:, watched]
-                    out["slot_x"].append(x.gather(1, rep[..., None].expand(*rep.shape,
-                                                                           x.shape[-1])))
-                for n in out_params:
-                    out_params[n].append(params[n])
-            new = {"x": x, "v": v, "base": base, "extras": extras, "replica_at": replica_at,
-                   "slot_of": slot_of, "schedule": schedule, "step_size": step_size,
-                   "params": params}
-            if gate is not None:
-                new["gate"] = gate
-            if trips:
-                new["trips"] = rt
-            stacked = {n: torch.stack(t) for n, t in out.items() if t}
-            stacked["params"] = {n: torch.stack(t) for n, t in out_params.items()}
-            return new, stacked
+                carry, out = iteration(carry, inp, u)
+                outs.append(out)
+            stacked = {n: torch.stack([o[n] for o in outs]) for n in outs[0] if n != "params"}
+            stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
+                                 for n in outs[0]["params"]}
+            return carry, stacked
 
         return body
 
@@ -343,28 +311,11 @@ class Fused:
         if fn is None:
             fn = self._body(U)
             if compiled:
-                # one code object per kind of run: torch.compile keeps at most a few graphs per
-                # code object (then silently runs it eagerly), so the runs of a process
-                # (notebooks, benchmarks) must not all share one; runs of the same kind share
-                # it, and a later one finds the graph already compiled
-                code = _CODES.setdefault(self._kind(U), fn.__code__.replace(
-                    co_name=f"fused_chunk_{len(_CODES)}"))
-                fn = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
-                                        fn.__closure__)
                 # fullgraph: a graph break would make torch.compile run the whole chunk
                 # eagerly without a word; it raises instead, and the fallback says so
-                fn = torch.compile(fn, dynamic=False, fullgraph=True)
+                fn = torch.compile(fn, dynamic=False, fullgraph=True, **_ISOLATE)
             self._fns[key] = fn
         return fn
-
-    def _kind(self, U: int) -> tuple:
-        """What the compiled chunk's graph depends on beyond tensor shapes and values."""
-        eng = self.engine
-        return (U, type(eng.scheme).__name__, getattr(eng.scheme, "window", None),
-                type(self.explorer).__name__, eng.rule.name, type(eng.target).__name__,
-                eng.n_explore, eng.path.has_reference, eng.R, eng.P, eng.dim, eng.dtype,
-                self.trips is not None, tuple(type(a).__name__ for a in self.online),
-                tuple(eng.watched))
 
     def run_chunk(self, U: int) -> IterationBlock:
         """Run iterations ``engine.k .. engine.k + U - 1``; returns their block (already
@@ -387,9 +338,7 @@ class Fused:
                               f"eagerly", CompileWarning, stacklevel=2)
         else:
             new, out = self._function(U, compiled=False)(carry, inp)
-        eng.set_carry(new, U)
-        if self.trips is not None:
-            self.trips.take_carry(new["trips"], U)
+        self._take_carry(new, U)
         block = IterationBlock(
             k0=k0, v=out["v"], base=out["base"], slot_of=out["slot_of"],
             replica_at=out["replica_at"], schedule=out["schedule"],
@@ -399,7 +348,7 @@ class Fused:
             slot_x=out.get("slot_x", torch.empty(U, eng.R, 0, eng.dim, dtype=eng.dtype,
                                                  device=eng.device)),
             watched=list(eng.watched), has_reference=eng.path.has_reference)
-        for r in self.others:
+        for r in self.recorders:
             if hasattr(r, "record_block"):
                 r.record_block(block)
             else:  # (a recorder without the block form: one iteration at a time)
@@ -418,7 +367,7 @@ def _reads_uniforms(eng: PTEngine) -> bool:
     energies, which changes nothing)."""
     from nrpt.swap.rules import SwapContext
 
-    read = []
+    read: list[bool] = []
 
     def draw():
         read.append(True)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from nrpt.core.engine import PTEngine
+from nrpt.core.sharding import ShardedEngine
 from nrpt.files import CHECKPOINT, write_checkpoint
 from nrpt.roles import SegmentView
 
@@ -251,11 +252,10 @@ class Interrupt:
         self.flag = True
         self.signum = signum
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():  # (None: a handler not set from Python)
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
         self._old.clear()
-        return False
 
 
 class RunError(RuntimeError):
@@ -312,136 +312,172 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
 
 def _execute(run, out, checkpoint_every, progress, callback, resume, header, say, table,
              stop: Interrupt) -> Outcome:
-    engine, plan = run.engine, run.plan
-    recorders, adaptors = run.recorders, run.adaptors
-    starts = plan.starts()
-    rows: list[dict[str, Any]] = []
-    notes: dict[str, Any] = {}
-    elapsed = 0.0
-    seg_i, started = 0, False
-    if resume is not None:
+    return _Loop(run, out, checkpoint_every, callback, header, say, table, stop).execute(resume,
+                                                                                 progress)
+
+
+class _Loop:
+    """One execution of a run's plan: the loop's state between iterations (rows, notes, the
+    segment, whether it started) and the steps of :func:`execute`."""
+
+    def __init__(self, run: Run, out, checkpoint_every: int, callback, header, say, table,
+                 stop: Interrupt):
+        self.run, self.engine, self.out = run, run.engine, out
+        self.checkpoint_every, self.callback = checkpoint_every, callback
+        self.header, self.say, self.table, self.stop = header, say, table, stop
+        self.starts = run.plan.starts()
+        self.rows: list[dict[str, Any]] = []
+        self.notes: dict[str, Any] = {}
+        self.elapsed = 0.0
+        self.seg_i, self.started = 0, False
+        self.bar: Any = None
+        self.t0 = time.perf_counter()
+        # no fused chunk runs across a checkpoint or a callback
+        self.boundaries = (checkpoint_every, CALLBACK_EVERY if callback is not None else 0)
+
+    def resume(self, resume: dict) -> None:
+        run, engine, plan = self.run, self.engine, self.run.plan
         engine.load_state_dict(resume["engine"])
-        for a, sd in zip(adaptors, resume["adaptors"], strict=True):
+        for a, sd in zip(run.adaptors, resume["adaptors"], strict=True):
             a.load_state_dict(sd)
-        for name, rec in recorders.items():
+        for name, rec in run.recorders.items():
             rec.load_state_dict(resume["recorders"][name])
-        rows, notes = list(resume["rows"]), dict(resume["notes"])
-        seg_i, started = int(resume["segment"]), bool(resume["started"])
-        elapsed = float(resume["wall_time_s"])
-        if seg_i == len(plan.segments) and engine.k < plan.total:
+        self.rows, self.notes = list(resume["rows"]), dict(resume["notes"])
+        self.seg_i, self.started = int(resume["segment"]), bool(resume["started"])
+        self.elapsed = float(resume["wall_time_s"])
+        if self.seg_i == len(plan.segments) and engine.k < plan.total:
             # a finished run given a larger budget: its last segment goes on (same statistics),
             # and its report row is made again at the new end
-            seg_i, started, rows = seg_i - 1, True, rows[:-1]
-    elif "draws" in recorders:
-        recorders["draws"].initial(engine.slot_of)
+            self.seg_i, self.started, self.rows = self.seg_i - 1, True, self.rows[:-1]
 
-    t0 = time.perf_counter()
-
-    def payload() -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         """Everything a resumption needs, at an iteration boundary (the one place a checkpoint
         is assembled; ``state_dict`` of the engine and recorders may be collective)."""
-        return {"version": 2, "header": header or {}, "engine": engine.state_dict(),
-                "adaptors": [a.state_dict() for a in adaptors],
-                "recorders": {n: r.state_dict() for n, r in recorders.items()},
-                "rows": rows, "notes": notes, "segment": seg_i, "started": started,
-                "wall_time_s": elapsed + time.perf_counter() - t0}
+        run = self.run
+        return {"version": 2, "header": self.header or {}, "engine": self.engine.state_dict(),
+                "adaptors": [a.state_dict() for a in run.adaptors],
+                "recorders": {n: r.state_dict() for n, r in run.recorders.items()},
+                "rows": self.rows, "notes": self.notes, "segment": self.seg_i,
+                "started": self.started,
+                "wall_time_s": self.elapsed + time.perf_counter() - self.t0}
 
-    def checkpoint() -> None:
+    def checkpoint(self) -> None:
         # a sharded engine's state is gathered on every rank (a collective); the rank given
         # the run folder writes it
-        if out is not None or engine.sharded:
-            p = payload()
-            if out is not None:
-                write_checkpoint(p, out)
+        if self.out is not None or isinstance(self.engine, ShardedEngine):
+            p = self.payload()
+            if self.out is not None:
+                write_checkpoint(p, self.out)
 
-    if resume is None:
-        checkpoint()  # a run stopped before its first periodic checkpoint can still resume
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    def write(self, line: str) -> None:
+        (self.bar.write if self.bar is not None else self.say)(line)
 
-        bar = tqdm(total=plan.total, initial=engine.k, unit="it", dynamic_ncols=True,
-                   leave=False, desc="nrpt")
-    show_rows = len(plan.segments) > 1 and say is not None and table is not None
-    if show_rows and not rows:
-        (bar.write if bar is not None else say)(table[0])
-    interrupted = False
-    consistent = True  # false only while an iteration is half done
-    fused = run.fused
-    # no fused chunk runs across a checkpoint or a callback
-    boundaries = (checkpoint_every, CALLBACK_EVERY if callback is not None else 0)
-    try:
-        while seg_i < len(plan.segments):
-            seg = plan.segments[seg_i]
-            if not started:
-                for r in recorders.values():
-                    r.start_segment(seg.reset, seg.iterations)
-                started = True
-                notes["segment_b"] = engine.schedule.tolist()
-            end = starts[seg_i] + seg.iterations
-            seg_t0 = time.perf_counter()
-            while engine.k < end:
-                # the only place a signal takes effect: between iterations (sharded: when the
-                # ranks agreed, from the flags gathered with the last iteration's scalars)
-                if engine.stop_agreed if engine.sharded else stop.flag:
-                    raise KeyboardInterrupt
-                consistent = False
-                k_before = engine.k
-                engine.stop_requested = stop.flag
-                chunk = 0
-                try:
-                    if fused is not None:  # (may evaluate the target: a dry explore step)
-                        chunk = fused.chunk_at(k_before, end, boundaries)
-                    if chunk:  # iterations k .. k + chunk - 1 at once (nrpt.core.fused)
-                        fused.run_chunk(chunk)
-                    else:
-                        it = engine.step()
-                        for a in adaptors:
-                            engine.apply(a.observe(it))
-                        for r in recorders.values():
-                            r.record(it)
-                except (KeyboardInterrupt, RunError):
-                    raise
-                except Exception as err:  # a target or an explorer failed mid-run
-                    raise RunError(_failure(k_before, err, out, chunk)) from err
-                consistent = True
-                k = engine.k
-                if bar is not None and (k // 64 != k_before // 64 or k == end):
-                    bar.update(k - bar.n)
-                if callback is not None and k % CALLBACK_EVERY == 0:
-                    callback(engine)
-                if k % checkpoint_every == 0 and k < end:
-                    checkpoint()
-            row = {"segment": seg.name, "round": seg_i + 1, "iterations": seg.iterations,
-                   "first_iteration": starts[seg_i], "b": notes.get("segment_b")}
-            for r in recorders.values():
-                row.update(r.segment_row())
-            row["wall_s"] = time.perf_counter() - seg_t0
-            rows.append(row)
-            if show_rows:
-                (bar.write if bar is not None else say)(table[1](row))
-            view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
-                               last=seg_i == len(plan.segments) - 1, recorders=recorders,
-                               schedule=engine.schedule, step_size=engine.step_size,
-                               params=engine.params)
-            for a in adaptors:
-                update = a.end_segment(view)
-                if update is not None:
-                    notes.update(update.note)
-                    engine.apply(update)
-            seg_i, started = seg_i + 1, False
-            if callback is not None:
-                callback(engine)
-            checkpoint()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if bar is not None:
-            bar.close()
-    wall = elapsed + time.perf_counter() - t0
-    if interrupted and consistent:  # (a completed run was checkpointed at its last segment end;
-        checkpoint()                # an iteration broken off half way keeps the last checkpoint)
-    if "draws" in recorders:
-        recorders["draws"].close()
-    return Outcome(rows=rows, notes=notes, wall_time_s=wall, interrupted=interrupted,
-                   segments_done=seg_i)
+    def execute(self, resume: dict | None, progress: bool) -> Outcome:
+
+        run, engine, plan = self.run, self.engine, self.run.plan
+        if resume is not None:
+            self.resume(resume)
+        elif "draws" in run.recorders:
+            run.recorders["draws"].initial(engine.slot_of)
+        self.t0 = time.perf_counter()
+        if resume is None:
+            self.checkpoint()  # a run stopped before its first periodic checkpoint can resume
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=plan.total, initial=engine.k, unit="it", dynamic_ncols=True,
+                            leave=False, desc="nrpt")
+        self.show_rows = len(plan.segments) > 1 and self.say is not None and \
+            self.table is not None
+        if self.show_rows and not self.rows:
+            self.write(self.table[0])
+        interrupted = False
+        self.consistent = True  # false only while an iteration is half done
+        try:
+            while self.seg_i < len(plan.segments):
+                self.segment(plan.segments[self.seg_i])
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+        wall = self.elapsed + time.perf_counter() - self.t0
+        if interrupted and self.consistent:  # (a completed run was checkpointed at its last
+            self.checkpoint()  # segment end; an iteration broken off half way keeps the last)
+        if "draws" in run.recorders:
+            run.recorders["draws"].close()
+        return Outcome(rows=self.rows, notes=self.notes, wall_time_s=wall,
+                       interrupted=interrupted, segments_done=self.seg_i)
+
+    def segment(self, seg: Segment) -> None:
+        """Run (the rest of) segment ``seg``, report its row, adapt between segments."""
+        engine = self.engine
+        if not self.started:
+            for r in self.run.recorders.values():
+                r.start_segment(seg.reset, seg.iterations)
+            self.started = True
+            self.notes["segment_b"] = engine.schedule.tolist()
+        end = self.starts[self.seg_i] + seg.iterations
+        seg_t0 = time.perf_counter()
+        while engine.k < end:
+            self.iterate(end)
+        self.end_segment(seg, time.perf_counter() - seg_t0)
+
+    def iterate(self, end: int) -> None:
+        """One iteration, or a fused chunk of them, then the progress bar, the callback and
+        the periodic checkpoint."""
+        engine, fused = self.engine, self.run.fused
+        # the only place a signal takes effect: between iterations (sharded: when the ranks
+        # agreed, from the flags gathered with the last iteration's scalars)
+        if engine.should_stop(self.stop.flag):
+            raise KeyboardInterrupt
+        self.consistent = False
+        k_before, chunk = engine.k, 0
+        try:
+            if fused is not None:  # (may evaluate the target: a dry explore step)
+                chunk = fused.chunk_at(k_before, end, self.boundaries)
+            if chunk:  # iterations k .. k + chunk - 1 at once (nrpt.core.fused)
+                fused.run_chunk(chunk)
+            else:
+                it = engine.step()
+                for a in self.run.adaptors:
+                    engine.apply(a.observe(it))
+                for r in self.run.recorders.values():
+                    r.record(it)
+        except (KeyboardInterrupt, RunError):
+            raise
+        except Exception as err:  # a target or an explorer failed mid-run
+            raise RunError(_failure(k_before, err, self.out, chunk)) from err
+        self.consistent = True
+        k = engine.k
+        if self.bar is not None and (k // 64 != k_before // 64 or k == end):
+            self.bar.update(k - self.bar.n)
+        if self.callback is not None and k % CALLBACK_EVERY == 0:
+            self.callback(engine)
+        if k % self.checkpoint_every == 0 and k < end:
+            self.checkpoint()
+
+    def end_segment(self, seg: Segment, wall_s: float) -> None:
+
+        engine, recorders, seg_i = self.engine, self.run.recorders, self.seg_i
+        row = {"segment": seg.name, "round": seg_i + 1, "iterations": seg.iterations,
+               "first_iteration": self.starts[seg_i], "b": self.notes.get("segment_b")}
+        for r in recorders.values():
+            row.update(r.segment_row())
+        row["wall_s"] = wall_s
+        self.rows.append(row)
+        if self.show_rows:
+            self.write(self.table[1](row))
+        view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
+                           last=seg_i == len(self.run.plan.segments) - 1, recorders=recorders,
+                           schedule=engine.schedule, step_size=engine.step_size,
+                           params=engine.params)
+        for a in self.run.adaptors:
+            update = a.end_segment(view)
+            if update is not None:
+                self.notes.update(update.note)
+                engine.apply(update)
+        self.seg_i, self.started = seg_i + 1, False
+        if self.callback is not None:
+            self.callback(engine)
+        self.checkpoint()

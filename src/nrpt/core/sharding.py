@@ -39,13 +39,16 @@ import socket
 import subprocess
 import sys
 import time
+from typing import cast
 
 import torch
 
+from nrpt.core.engine import PTEngine
+from nrpt.explorers import Noise, ReplicaState
 from nrpt.rng import Block
 
-__all__ = ["Comm", "from_env", "launch", "spawn", "block_of", "block_size", "check_world",
-           "local_device"]
+__all__ = ["ShardedEngine", "Comm", "from_env", "launch", "spawn", "block_of", "block_size",
+           "check_world", "local_device"]
 
 
 def block_size(world: int, P: int) -> int:
@@ -132,6 +135,104 @@ class Comm:
 
     def barrier(self) -> None:
         self.dist.barrier(group=self.group)
+
+
+class ShardedEngine(PTEngine):
+    """:class:`~nrpt.core.engine.PTEngine` whose replicas are spread over the processes of
+    ``comm``: this process holds the block ``[R, P_local, ...]`` of the state; the per-replica
+    scalars are gathered once per iteration (with the stop flag) and everything from the swaps
+    on runs on full ``[R, P]`` tensors, identically on every rank.  The single-process step
+    with its hooks overridden (:mod:`nrpt.core.engine`); :meth:`unshard` makes it that engine
+    again."""
+
+    def __init__(self, target, path, *args, comm: Comm, **kwargs):
+        self.comm, self.block = comm, comm.block(path.n_slots)
+        self._requested = self._agreed = False
+        self._row_cache: tuple[int, torch.Tensor] | None = None
+        super().__init__(target, path, *args, **kwargs)
+        zeros = torch.zeros_like(self.state.v)
+        self._view = self._gather(zeros, zeros.long())[0]
+
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        return self.block.take(t)
+
+    def _noise(self, k: int) -> Noise:
+        return Noise(self.seed, k, self.R, self.block.width, self.device, self.block)
+
+    def _gather(self, accept, nonfinite):
+        """One gather of the per-replica scalars (``v``, ``base``, acceptance, non-finite
+        counts, ``[R, P]`` buffers, the stop flag) -> ``(view, accept, nonfinite)``."""
+        st, R, w = self.state, self.R, self.block.width
+        names = sorted(n for n, t in st.extras.items() if tuple(t.shape) == (R, w))
+        flag = torch.full((R, w), float(self._requested), dtype=self.dtype, device=self.device)
+        cols = [st.v, st.base, accept, nonfinite.to(self.dtype), flag,
+                *(st.extras[n].to(self.dtype) for n in names)]
+        full = self.comm.gather_replicas(torch.stack(cols, dim=-1), self.P)  # [R, P, m]
+        self._agreed = bool(full[..., 4].any())
+        extras = {n: full[..., 5 + i].to(st.extras[n].dtype) for i, n in enumerate(names)}
+        x = torch.empty((R, self.P, self.dim), dtype=self.dtype, device="meta")
+        self._view = ReplicaState(x, full[..., 0], full[..., 1], extras)
+        return self._view, full[..., 2], full[..., 3].long()
+
+    def scalars(self) -> ReplicaState:
+        return self._view
+
+    def should_stop(self, flag: bool) -> bool:
+        self._requested = flag  # travels with the next iteration's scalars
+        return self._agreed
+
+    def step(self):
+        it = super().step()
+        it.rows = self._slot_rows
+        return it
+
+    def watch(self, slots) -> None:
+        super().watch(slots)
+        self._row_cache = None
+
+    def _slot_rows(self, slots: list[int]) -> torch.Tensor:
+        """Positions at ``slots`` after this iteration's swaps: the watched slots' rows come
+        from one gather per iteration, others are gathered apart."""
+        if not all(s in self.watched for s in slots):
+            return self.rows(self.replica_at[:, slots])
+        if self._row_cache is None or self._row_cache[0] != self.k:
+            self._row_cache = (self.k, self.rows(self.replica_at[:, self.watched]))
+        return self._row_cache[1][:, [self.watched.index(s) for s in slots]]
+
+    def rows(self, replicas: torch.Tensor) -> torch.Tensor:
+        """Positions ``[R, S, dim]`` of ``replicas[R, S]`` (a collective: every rank calls it
+        with the same argument)."""
+        R, S = replicas.shape
+        lo, hi, w = self.block.lo, self.block.hi, self.block.width
+        mine = (replicas >= lo) & (replicas < hi)
+        if w:
+            local = (replicas - lo).clamp(0, w - 1)
+            x = self.state.x.gather(1, local[..., None].expand(R, S, self.dim))
+            x = torch.where(mine[..., None], x, torch.zeros_like(x))
+        else:
+            x = torch.zeros((R, S, self.dim), dtype=self.dtype, device=self.device)
+        return self.comm.gather_rows(x, self.comm.owner(replicas, self.P))
+
+    def _full_state(self) -> ReplicaState:
+        """The whole state ``[R, P, ...]`` on every rank (a collective)."""
+        st, P = self.state, self.P
+        g = self.comm.gather_replicas
+        return ReplicaState(g(st.x, P), g(st.v, P), g(st.base, P),
+                            {n: g(t, P) for n, t in st.extras.items()})
+
+    def load_state_dict(self, sd: dict) -> None:
+        super().load_state_dict(sd)
+        self._row_cache = None
+        x = torch.empty((self.R, self.P, self.dim), dtype=self.dtype, device="meta")
+        self._view = ReplicaState(x, sd["v"].to(self.device), sd["base"].to(self.device), {})
+
+    def unshard(self) -> None:
+        """Gather the whole state onto every rank and go on as the single-process engine (the
+        end of a distributed run: summaries and outputs read the full state)."""
+        self.state = self._full_state()
+        for name in ("comm", "block", "_requested", "_agreed", "_row_cache", "_view"):
+            delattr(self, name)
+        self.__class__ = PTEngine  # type: ignore[assignment]
 
 
 def from_env(device: str = "cpu") -> Comm | None:
@@ -236,7 +337,7 @@ def _wait(procs: list[subprocess.Popen]) -> list[int]:
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
-            return codes
+            return cast("list[int]", codes)
         if failed_at is None and any(c not in (None, 0, 130) for c in codes):
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:

@@ -242,9 +242,6 @@ class TwoLegEngine(PTEngine):
 
     def __init__(self, target, path: TwoLegPath, *args, **kwargs):
         super().__init__(target, path, *args, **kwargs)
-        if self.sharded:
-            raise ValueError("reference 'variational' runs in one process; got a run spread "
-                             "over processes (use reference 'prior' with --nproc)")
         self.user_R = self.R // 2
         self.refits = torch.zeros(self.user_R, dtype=torch.int64)
         self.fallbacks = torch.zeros(self.user_R, dtype=torch.int64)
@@ -282,7 +279,6 @@ class TwoLegEngine(PTEngine):
         plain = {k: t for k, t in st.extras.items() if k not in GRAD_KEYS}
         fresh = self.explorer.prepare(ReplicaState(st.x, v, base, plain), self.density)
         self.state = st.where(leg.expand(self.R, self.P), fresh)
-        self._view = self.state
         self._ref_rows = None
 
     def _reference_block(self, k: int, B: int) -> torch.Tensor:
@@ -331,7 +327,6 @@ class TwoLegEngine(PTEngine):
                                   put(st.base, moved.base),
                                   {n: put(t, extras[n]) if n in extras else t
                                    for n, t in st.extras.items()})
-        self._view = self.state
         self.bridges += mask.sum() // 2  # a tensor: no host sync per iteration
 
     # ------------------------------------------------------------------ checkpoints

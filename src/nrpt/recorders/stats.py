@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from nrpt.diagnostics import RoundTripTracker
-from nrpt.roles import Iteration, IterationBlock, RecorderBase
+from nrpt.roles import BLOCK, Iteration, IterationBlock, RecorderBase
 from nrpt.swap.schemes import is_sweep
 
 __all__ = ["SwapStats", "RoundTrips", "SlotSpread", "Trace", "per_system", "json_ready"]
@@ -206,11 +206,10 @@ class RoundTrips(RecorderBase):
         self.tracker.update(it.slot_of)
         self.n += 1
 
-    def take_carry(self, state: tuple, iterations: int) -> None:
-        """The tracker's state after ``iterations`` more iterations, advanced elsewhere by
-        :meth:`~nrpt.diagnostics.RoundTripTracker.advance` (the fused loop's chunk)."""
-        self.tracker.set_carry(state, iterations)
-        self.n += int(iterations)
+    def record_block(self, block: IterationBlock) -> None:
+        for u in range(block.U):
+            self.tracker.update(block.slot_of[u])
+        self.n += block.U
 
     def counts(self) -> dict[str, torch.Tensor]:
         """Counts per system since the last reset."""
@@ -257,8 +256,8 @@ class SlotSpread(RecorderBase):
     instead of a Welford step per iteration."""
 
     name = "spread"
-    #: iterations per merged group (the fused loop's default chunk)
-    GROUP = 8
+    #: iterations per merged group (the contracts' block length: the fused loop's chunk)
+    GROUP = BLOCK
 
     def __init__(self, R: int, P: int, dim: int, slots: list[int] | None = None,
                  dtype=torch.float64, device="cpu"):

@@ -41,7 +41,7 @@ from nrpt.adapt.sa import (
 from nrpt.adapt.window import WindowAdaptor
 from nrpt.core.engine import PTEngine
 from nrpt.core.loop import Plan, Run
-from nrpt.core.sharding import local_device
+from nrpt.core.sharding import ShardedEngine, local_device
 from nrpt.diagnostics.barrier import SlotEnergyRecorder
 from nrpt.energy.estimators import make_estimator
 from nrpt.explorers import Density
@@ -315,8 +315,10 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     common = dict(step_size=step, seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,
                   device=device, initial_states=x0)
     if row_map is None:
-        return PTEngine(target, path, explorer, scheme, rule, systems=R, comm=comm,
-                        **common), []
+        if comm is None:
+            return PTEngine(target, path, explorer, scheme, rule, systems=R, **common), []
+        return ShardedEngine(target, path, explorer, scheme, rule, systems=R, comm=comm,
+                             **common), []
     engine = row_map.engine(target, path, explorer, scheme, rule, **common)
     facts.update(row_map.facts(target))
     return engine, [row_map.adaptor()]

@@ -67,6 +67,13 @@ class SEO(Scheme):
                                      device=systems.device) < 0.5
         return [(lo, hi, odd == coin)]
 
+    def block_inputs(self, k0, U, R, seed, device):
+        return {"coins": rng.iteration_uniform((R, 1), seed, rng.Stream.SCHEME, k0,
+                                               device=device, count=U) < 0.5}
+
+    def block_phase(self, pairs, inputs, u, state):
+        return pairs[3] == inputs["coins"][u], state
+
 
 def _window(name, value, cfg=None) -> int | str:
     if isinstance(value, str):
@@ -143,6 +150,25 @@ predicted_round_trips_per_1000`)."""
     def after_phase(self, k, state, lo, accepted):
         if self.window > 1:
             state["gate"] &= ~accepted
+
+    def block_inputs(self, k0, U, R, seed, device):
+        W, ks = self.window, range(k0, k0 + U)
+        out = {"odd": torch.tensor([(k // W) % 2 == 1 for k in ks], device=device)}
+        if W > 1:
+            out["open"] = torch.tensor([k % W == 0 for k in ks], device=device)
+        return out
+
+    def block_phase(self, pairs, inputs, u, state):
+        parity = torch.where(inputs["odd"][u], pairs[3], pairs[2])
+        if self.window == 1:
+            return parity, state
+        gate = state["gate"] | inputs["open"][u]
+        return parity & gate, {**state, "gate": gate}
+
+    def block_after(self, state, accepted):
+        if self.window == 1:
+            return state
+        return {**state, "gate": state["gate"] & ~accepted}
 
     def describe(self):
         return {"scheme": self.name, "window": self.window}
