@@ -1,4 +1,4 @@
-"""``DeepConfig``: every setting of a deep run, declared as :class:`nrpt.options.Option`\\ s.
+"""``DeepConfig``: every setting of a deep run, each an :class:`nrpt.options.Option`.
 
 The settings every method reads are :data:`CENTRAL`; a method declares the ones only it reads
 (``@method(NAME, options=(...))`` in :mod:`nrpt.deep.methods`).  A setting given to a run

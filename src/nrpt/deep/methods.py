@@ -4,9 +4,10 @@ sizes, starting replicas) and returns the :class:`Setup` of its main run: the en
 adaptors, the collected slots and what it adds to the summary.
 
 Adding a method: one builder here (or in the user's module) decorated with
-``@method(NAME, options=(...))``, ``options`` being the :class:`nrpt.options.Option`\ s that
-only it (and the methods sharing them) reads; the ``method`` setting's allowed values, the
-settings of :class:`nrpt.deep.DeepConfig` and the flags of ``nrpt deep`` follow."""
+``@method(NAME, options=(...))``, ``options`` being the :class:`nrpt.options.Option`
+declarations that only it (and the methods sharing them) reads; the ``method`` setting's
+allowed values, the settings of :class:`nrpt.deep.DeepConfig` and the flags of ``nrpt deep``
+follow."""
 
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ from nrpt.report.health import SamplingWarning
 from nrpt.run import registry
 from nrpt.run.config import COMPONENTS, RunConfig, declarations, known_options, section_table
 
-
 _INT = typed("an integer", parse_int)
 
 
