@@ -35,6 +35,8 @@ DATASET_DEFAULTS = {
     "cifar10": {}, "cifar100": {},
 }
 
+#: the settings ``cli.json`` holds beside its ``options`` (fit's own arguments)
+_FIT = ("method", "chains", "epochs", "seed")
 #: what ``nrpt deep`` runs where the command line does not say (DeepConfig's default: 10)
 CLI_DEFAULTS = {"epochs": 30.0}
 
@@ -138,21 +140,26 @@ def resume(folder, progress: bool = True) -> int:
         return _fit_and_report(settings, out, resume=True, progress=progress)
 
 
+def _settings(args) -> dict:
+    """``cli.json``: the data, the model, and the settings given, over the CLI's and the
+    dataset's defaults of the settings the method reads (the others' are dropped)."""
+    known = known_options()
+    given = {n: getattr(args, n) for n in known if getattr(args, n) is not None}
+    method = given.get("method", known["method"].default)
+    reads = {o.name for o, names in declarations() if names is None or method in names}
+    defaults = {**{n: known[n].default for n in ("method", "chains", "seed")}, **CLI_DEFAULTS,
+                **DATASET_DEFAULTS[args.dataset]}
+    options = {**{n: v for n, v in defaults.items() if n in reads}, **given}
+    return {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
+            "data_dir": args.data_dir, **{n: options.pop(n) for n in _FIT}, "options": options}
+
+
 def _start(args) -> int:
     from nrpt.run import folder as rf
 
-    given = {n: getattr(args, n) for n in known_options() if getattr(args, n) is not None}
-    method = given.pop("method", "deo-star")
-    reads = {o.name for o, names in declarations() if names is None or method in names}
-    defaults = {n: v for n, v in {**CLI_DEFAULTS, **DATASET_DEFAULTS[args.dataset]}.items()
-                if n in reads}  # (defaults of settings the method does not read are dropped)
-    options = {**defaults, **given}
-    settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
-                "data_dir": args.data_dir, "method": method, "chains": options.pop("chains", 4),
-                "epochs": options.pop("epochs"), "seed": options.pop("seed", 0),
-                "options": options}
-    DeepConfig(method=method, chains=settings["chains"], epochs=settings["epochs"],
-               seed=settings["seed"], **options)  # bad values fail here, before data is loaded
+    settings = _settings(args)
+    # bad values fail here, before any data is loaded
+    DeepConfig(**settings["options"], **{n: settings[n] for n in _FIT})
     out = Path(args.out) if args.out else None
     if out is not None:
         rf.check_folder_name(out)  # before anything is created (or loaded)
