@@ -254,13 +254,15 @@ def run_deep(name: str, spec: dict, seed: int, tmp: str) -> tuple[dict, dict]:
     import nrpt.deep
 
     Xtr, ytr, Xte, yte = _digits()
+    # only the settings the method reads (one it does not read is an error)
+    own = {"deo-star": dict(swap_rate=0.05), "deo": dict(swap_rate=0.05),
+           "swag": dict(swag_rank=3, swag_samples=3)}.get(spec["method"], {})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = nrpt.deep.fit(_mlp(seed), train=(Xtr, ytr), test=(Xte, yte),
                             method=spec["method"], chains=3, epochs=4, seed=seed,
-                            batch_size=50, lr_min=0.01, lr_max=0.05, swap_rate=0.05,
-                            pretrain_epochs=1.0, burn_in=0.25, strategy="loop",
-                            eval_every=2.0, swag_rank=3, swag_samples=3)
+                            batch_size=50, lr_min=0.01, lr_max=0.05, pretrain_epochs=1.0,
+                            burn_in=0.25, strategy="loop", eval_every=2.0, **own)
     arrays = {"bma_proba": res.predict_proba(Xte).detach().cpu().numpy()}
     if res.index is not None:
         arrays["index"] = np.asarray(res.index)

@@ -16,14 +16,15 @@ resolved (settings resolved before this one hold their final values).
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Option", "SECTION_NAMES", "integer", "number", "boolean", "choice", "increasing",
            "check_int", "check_number", "check_numbers", "parse_int", "parse_float",
-           "parse_floats", "parse_bool", "BOOL_WORDS"]
+           "parse_floats", "parse_bool", "BOOL_WORDS", "typed", "add_flags"]
 
 #: the tables of ``config.toml``, in the order they are written
 SECTION_NAMES = ("run", "ladder", "explorer", "swap", "adaptation", "energy", "output")
@@ -188,3 +189,37 @@ def parse_bool(text: str) -> bool:
         return BOOL_WORDS[text.strip().lower()]
     except KeyError:
         raise ValueError(text) from None
+
+
+# ----------------------------------------------------------------------------- flags
+def typed(what: str, conv: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type whose error says what was expected (never an internal name)."""
+
+    def parse(text: str):
+        try:
+            return conv(text)
+        except (ValueError, TypeError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
+
+    parse.__name__ = what
+    return parse
+
+
+def add_flags(parser: argparse.ArgumentParser, declared: Iterable[tuple[Option, str]],
+              describe: Callable[[Option], str] | None = None) -> None:
+    """One flag ``--name-with-dashes`` per option (default ``None``: unset), in one ``--help``
+    group per title; an option listed twice is added once, under its first title.
+    ``describe(opt)`` is its help (default ``opt.help``)."""
+    groups: dict[str, Any] = {}
+    added: set[str] = set()
+    for opt, title in declared:
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        if opt.name in added:
+            continue
+        added.add(opt.name)
+        kind = str if opt.parse is None else typed(getattr(opt.parse, "what", "a value"),
+                                                   opt.parse)
+        groups[title].add_argument("--" + opt.name.replace("_", "-"), dest=opt.name,
+                                   default=None, type=kind, choices=opt.flag_choices(),
+                                   help=(describe(opt) if describe else opt.help) or None)

@@ -14,10 +14,11 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import fields
 from pathlib import Path
 
-from nrpt.deep.fitting import METHODS, DeepConfig, folder_lock
+from nrpt.deep.config import DeepConfig, declarations, known_options
+from nrpt.deep.fitting import folder_lock
+from nrpt.options import add_flags
 
 __all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command"]
 
@@ -26,7 +27,6 @@ MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
 #: a sensible model per dataset when --model is not given
 DEFAULT_MODEL = {"digits": "mlp", "mnist1d": "mlp", "cifar10": "resnet20",
                  "cifar100": "resnet20"}
-_SKIP = {"method", "chains", "epochs", "seed"}
 #: settings that suit each dataset where the command line does not say (DeepConfig's own
 #: defaults are the paper's CIFAR-100 ones; on small data S = 0.005 makes W* longer than a run)
 DATASET_DEFAULTS = {
@@ -35,60 +35,19 @@ DATASET_DEFAULTS = {
     "cifar10": {}, "cifar100": {},
 }
 
-#: the help of each DeepConfig setting (tests/test_deep.py checks that every flag has one)
-HELP = {
-    "batch_size": "minibatch size of every gradient step",
-    "lr_min": "learning rate of slot 0 (per mean batch loss, as in PyTorch)",
-    "lr_max": "learning rate of the hottest slot P-1; the ladder is geometric in between",
-    "lr": "ensemble / swag: the learning rate (default: lr-min)",
-    "momentum": "SGD momentum in [0, 1) (stays with its replica across swaps)",
-    "weight_decay": "L2 penalty (the Gaussian prior of the weights)",
-    "swap_rate": "target swap rate S of adjacent pairs, in (0, 1): C and the learning rates are "
-                 "adapted to it",
-    "window": "swap window W of deo-star: an integer >= 1 or 'optimal' (W* from the swap "
-              "rate); deo uses W = 1",
-    "correction": "initial correction buffer C of the deterministic swap condition",
-    "sa_scale": "stochastic-approximation gain of C per unit of the energy noise sd",
-    "sa_pairs": "verdicts that adapt C and the learning rates: 'attempted' pairs, or 'all' "
-                "pairs every iteration (Algorithm 1, Eq. 13)",
-    "pretrain_epochs": "epochs of pretraining before tempering: every replica from its own "
-                       "initialisation, one cosine cycle of momentum SGD from lr-max, no swaps",
-    "burn_in": "fraction of the main run before models are collected, in [0, 1)",
-    "collect_every": "iterations between collected models (default: one epoch)",
-    "average": "the model average: 'probabilities' or 'logits'",
-    "cycles": "cyclical: cosine cycles (default: one per 10 epochs of the budget)",
-    "temperature": "cyclical: SGHMC noise temperature",
-    "swag_rank": "swag: rank of the low-rank covariance",
-    "swag_samples": "swag: models drawn from the fitted Gaussian for the average",
-    "device": "torch device (default: where the model's parameters are)",
-    "strategy": "how the replicas are evaluated: auto (measured), loop, vmap or compile",
-    "eval_every": "epochs between the per-epoch metric rows (metrics.csv)",
-    "checkpoint_every": "write a checkpoint every this many iterations",
-}
+#: the settings ``cli.json`` holds beside its ``options`` (fit's own arguments)
+_FIT = ("method", "chains", "epochs", "seed")
+#: what ``nrpt deep`` runs where the command line does not say (DeepConfig's default: 10)
+CLI_DEFAULTS = {"epochs": 30.0}
 
 
-def _default(name: str, value) -> str:
-    small = DATASET_DEFAULTS["digits"].get(name)
+def _help(opt) -> str:
+    value = CLI_DEFAULTS.get(opt.name, opt.default)
+    small = DATASET_DEFAULTS["digits"].get(opt.name)
     if value is None:
-        return ""
-    return f" (default {value!r}" + (f"; {small!r} on digits and mnist1d)" if small is not None
-                                     else ")")
-
-
-def _window(text: str):
-    return text if text == "optimal" else int(text)
-
-
-_window.__name__ = "window (an integer >= 1 or optimal)"  # argparse: "invalid <name> value"
-
-
-def _type(f):
-    if f.name == "window":
-        return _window
-    if f.name in ("lr", "collect_every", "cycles"):
-        return (float if f.name == "lr" else int)
-    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "str")
-    return {"int": int, "float": float, "str": str}.get(t.split(" ")[0], str)
+        return opt.help
+    return opt.help + f" (default {value!r}" + (
+        f"; {small!r} on digits and mnist1d)" if small is not None else ")")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -97,19 +56,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Settings not given take nrpt.deep.DeepConfig's defaults "
                                    "(the paper's CIFAR-100 ones), except on digits and mnist1d: "
                                    "lr 0.01-0.05, swap rate 0.05, 5 pretraining epochs (the "
-                                   "settings of docs/reproduction/deep.md).")
+                                   "settings of docs/reproduction/deep.md).  A setting the "
+                                   "chosen --method does not read is an error.")
     p.add_argument("--dataset", choices=DATASETS, default="mnist1d",
                    help="digits and mnist1d run offline; CIFAR reads --data-dir")
     p.add_argument("--model", choices=MODELS, default=None,
                    help="default: mlp for digits and mnist1d, resnet20 for CIFAR")
-    p.add_argument("--method", choices=METHODS, default="deo-star",
-                   help="deo-star (DEO*-mSGD: windows W* and the adapted swap condition), deo "
-                        "(W = 1), or a baseline: ensemble, cyclical, swag")
-    p.add_argument("--chains", type=int, default=4, help="P replicas (single-chain methods run "
-                   "P times the iterations)")
-    p.add_argument("--epochs", type=float, default=30.0,
-                   help="epochs of the main run (after --pretrain-epochs)")
-    p.add_argument("--seed", type=int, default=0, help="run seed")
     p.add_argument("--out", default=None, help="run folder")
     p.add_argument("--data-dir", default=None,
                    help="CIFAR: the folder holding cifar-10-batches-py / cifar-100-python")
@@ -117,12 +69,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="continue the interrupted run in DIR (other flags are ignored; the same as "
                         "`nrpt resume DIR`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g = p.add_argument_group("settings (nrpt.deep.DeepConfig)")
-    for f in fields(DeepConfig):
-        if f.name in _SKIP:
-            continue
-        g.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                       type=_type(f), help=HELP[f.name] + _default(f.name, f.default))
+    add_flags(p, ((o, "settings (nrpt.deep.DeepConfig)" if names is None else
+                   f"settings of method{'s' if len(names) > 1 else ''} {', '.join(names)}")
+                  for o, names in declarations()), describe=_help)
     return p
 
 
@@ -191,17 +140,26 @@ def resume(folder, progress: bool = True) -> int:
         return _fit_and_report(settings, out, resume=True, progress=progress)
 
 
+def _settings(args) -> dict:
+    """``cli.json``: the data, the model, and the settings given, over the CLI's and the
+    dataset's defaults of the settings the method reads (the others' are dropped)."""
+    known = known_options()
+    given = {n: getattr(args, n) for n in known if getattr(args, n) is not None}
+    method = given.get("method", known["method"].default)
+    reads = {o.name for o, names in declarations() if names is None or method in names}
+    defaults = {**{n: known[n].default for n in ("method", "chains", "seed")}, **CLI_DEFAULTS,
+                **DATASET_DEFAULTS[args.dataset]}
+    options = {**{n: v for n, v in defaults.items() if n in reads}, **given}
+    return {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
+            "data_dir": args.data_dir, **{n: options.pop(n) for n in _FIT}, "options": options}
+
+
 def _start(args) -> int:
     from nrpt.run import folder as rf
 
-    settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
-                "data_dir": args.data_dir, "method": args.method, "chains": args.chains,
-                "epochs": args.epochs, "seed": args.seed,
-                "options": {**DATASET_DEFAULTS[args.dataset],
-                            **{f.name: getattr(args, f.name) for f in fields(DeepConfig)
-                               if f.name not in _SKIP and getattr(args, f.name) is not None}}}
-    DeepConfig(method=args.method, chains=args.chains, epochs=args.epochs, seed=args.seed,
-               **settings["options"])  # bad values fail here, before any data is loaded
+    settings = _settings(args)
+    # bad values fail here, before any data is loaded
+    DeepConfig(**settings["options"], **{n: settings[n] for n in _FIT})
     out = Path(args.out) if args.out else None
     if out is not None:
         rf.check_folder_name(out)  # before anything is created (or loaded)

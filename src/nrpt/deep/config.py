@@ -1,134 +1,138 @@
-"""``DeepConfig``: every setting of a deep run, each with one validation rule.
+"""``DeepConfig``: every setting of a deep run, each an :class:`nrpt.options.Option`.
 
-The rules are a table (:data:`RULES`: field, test, what is allowed), checked in order on
-construction; one cross-field rule (``lr_min < lr_max``) follows them.  The table is what a
-generic option declaration reads: a field's rule lives in one place only."""
+The settings every method reads are :data:`CENTRAL`; a method declares the ones only it reads
+(``@method(NAME, options=(...))`` in :mod:`nrpt.deep.methods`).  A setting given to a run
+whose method does not read it is an error naming it; one left unset is ``None``.  One
+cross-field rule (``lr_min < lr_max``) follows the checks."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterator
 from typing import Any
 
-from nrpt.deep.methods import BUILDERS, METHODS
+from nrpt.deep.methods import BUILDERS, real
 from nrpt.deep.replicas import STRATEGIES
+from nrpt.options import Option, check_int, choice, integer, parse_float, parse_int
 
-__all__ = ["DeepConfig", "RULES", "AVERAGES"]
+__all__ = ["DeepConfig", "CENTRAL", "AVERAGES", "declarations", "known_options"]
 
 AVERAGES = ("probabilities", "logits")
 
 
-@dataclass
+def _seed(name: str, value: Any, cfg: Any = None) -> int:
+    try:
+        return check_int(name, value, 0, 2 ** 64 - 1)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer in [0, 2^64); got {value!r}") from None
+
+
+def _any(name: str, value: Any, cfg: Any = None) -> Any:
+    return value
+
+
+def _methods() -> tuple[str, ...]:
+    return tuple(BUILDERS)
+
+
+_POS, _NONNEG = real(0, strict=True), real(0)
+
+#: the settings every method reads, in the order they are checked
+CENTRAL: tuple[Option, ...] = (
+    Option("method", choice(_methods), "deo-star", choices=_methods,
+           help="deo-star (DEO*-mSGD: windows W* and the adapted swap condition), deo (W = 1), "
+                "or a baseline: ensemble, cyclical, swag"),
+    Option("chains", integer(2), 4, parse=parse_int,
+           help="P replicas (single-chain methods run P times the iterations)"),
+    Option("epochs", _POS, 10.0, parse=parse_float,
+           help="epochs of the main run (after --pretrain-epochs)"),
+    Option("seed", _seed, 0, parse=parse_int, help="run seed"),
+    Option("batch_size", integer(2), 128, parse=parse_int,
+           help="minibatch size of every gradient step"),
+    Option("lr_min", _POS, 0.005, parse=parse_float,
+           help="learning rate of slot 0 (per mean batch loss, as in PyTorch)"),
+    Option("lr_max", _POS, 0.02, parse=parse_float,
+           help="learning rate of the hottest slot P-1; the ladder is geometric in between"),
+    Option("momentum", real(0, high=1), 0.9, parse=parse_float,
+           help="SGD momentum in [0, 1) (stays with its replica across swaps)"),
+    Option("weight_decay", _NONNEG, 5e-4, parse=parse_float,
+           help="L2 penalty (the Gaussian prior of the weights)"),
+    Option("pretrain_epochs", _NONNEG, 2.0, parse=parse_float,
+           help="epochs of pretraining before tempering: every replica from its own "
+                "initialisation, one cosine cycle of momentum SGD from lr-max, no swaps"),
+    Option("burn_in", real(0, high=1), 0.25, parse=parse_float,
+           help="fraction of the main run before models are collected, in [0, 1)"),
+    Option("collect_every", integer(1), parse=parse_int,
+           help="iterations between collected models (default: one epoch; cyclical: half "
+                "an epoch)"),
+    Option("average", choice(AVERAGES), "probabilities", choices=AVERAGES,
+           help="the model average: 'probabilities' or 'logits'"),
+    Option("device", _any, help="torch device (default: where the model's parameters are)"),
+    Option("strategy", choice(STRATEGIES), "auto", choices=STRATEGIES,
+           help="how the replicas are evaluated: auto (measured), loop, vmap or compile"),
+    Option("eval_every", _POS, 1.0, parse=parse_float,
+           help="epochs between the per-epoch metric rows (metrics.csv)"),
+    Option("checkpoint_every", integer(1), 2000, parse=parse_int,
+           help="write a checkpoint every this many iterations"),
+)
+
+
+def declarations() -> Iterator[tuple[Option, list[str] | None]]:
+    """``(option, None)`` for :data:`CENTRAL`, then ``(option, [the methods that read it])``
+    for the methods' own options, each once, in registration order."""
+    yield from ((o, None) for o in CENTRAL)
+    owners: dict[str, tuple[Option, list[str]]] = {o.name: (o, []) for o in CENTRAL}
+    for name, m in BUILDERS.items():
+        for o in m.options:
+            if owners.setdefault(o.name, (o, []))[0] is not o:
+                raise ValueError(f"option {o.name!r} of method {name!r} is declared twice with "
+                                 f"different checks; share one nrpt.options.Option")
+            owners[o.name][1].append(name)
+    yield from ((o, names) for o, names in owners.values() if names)
+
+
+def known_options() -> dict[str, Option]:
+    """Name -> option, for every setting a :class:`DeepConfig` takes."""
+    return {o.name: o for o, _ in declarations()}
+
+
 class DeepConfig:
-    """Every setting of a deep run (validated on construction; written to ``config.json`` and
-    ``run.json``).  Learning rates are per *mean* batch loss, as in PyTorch (the engine uses
-    ``lr / N``)."""
+    """Every setting of a deep run, resolved on construction (written to ``config.json`` and
+    ``run.json``): :data:`CENTRAL` and the chosen method's options, defaults filled in; the
+    other methods' options are ``None``.  Learning rates are per *mean* batch loss, as in
+    PyTorch (the engine uses ``lr / N``).  ``nrpt deep --help`` lists every setting."""
 
-    method: str = "deo-star"
-    chains: int = 4
-    epochs: float = 10.0
-    batch_size: int = 128
-    lr_min: float = 0.005
-    lr_max: float = 0.02
-    lr: float | None = None            # ensemble / swag (default lr_min)
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    swap_rate: float = 0.005           # S (the paper's CIFAR-100 optimum)
-    window: int | str = "optimal"      # "optimal" = W* from S; deo forces 1
-    correction: float = 0.0            # initial C
-    sa_scale: float = 25.0             # C's SA gain per unit of the energy noise sd
-    sa_pairs: str = "attempted"        # verdicts that adapt C and the rates: "attempted" pairs,
-                                       # or "all" pairs every iteration (Algorithm 1, Eq. 13)
-    pretrain_epochs: float = 2.0
-    burn_in: float = 0.25              # fraction of the main run before collection
-    collect_every: int | None = None   # iterations (default: one epoch)
-    average: str = "probabilities"
-    cycles: int | None = None          # cyclical: default one cycle per 10 epochs of its budget
-    temperature: float = 1.0           # cyclical SGHMC noise temperature
-    swag_rank: int = 20
-    swag_samples: int = 20
-    seed: int = 0
-    device: str | None = None          # default: where the model's parameters are
-    strategy: str = "auto"
-    eval_every: float = 1.0            # epochs between per-epoch metric rows
-    checkpoint_every: int = 2000
-
-    def __post_init__(self):
+    def __init__(self, **settings: Any) -> None:
         from nrpt.scalars import plain
 
-        for f in fields(self):  # NumPy / 0-d torch scalars are numbers like any other
-            setattr(self, f.name, plain(getattr(self, f.name)))
-        for name, ok, allowed in RULES:
-            value = getattr(self, name)
-            if not ok(value):
-                raise ValueError(f"{name} must be {allowed}; got {value!r}")
+        known = known_options()
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise TypeError(f"DeepConfig got unknown setting(s) {unknown}; allowed: "
+                            f"{sorted(known)}")
+        self.__dict__.update({n: plain(settings.get(n)) for n in known})
+        for o, names in declarations():  # (method first: it decides which apply)
+            mine = names is None or self.method in names
+            if mine and getattr(self, o.name) is None:
+                setattr(self, o.name, o.default)
+            if getattr(self, o.name) is not None:  # a bad value is named before a misplaced one
+                setattr(self, o.name, o.check(o.name, getattr(self, o.name), self))
+                if not mine:
+                    raise ValueError(f"{o.name} does not apply to method {self.method!r}: "
+                                     f"{o.reason('method', names)}; remove it")
         if not self.lr_min < self.lr_max:
             raise ValueError(f"lr_min must be < lr_max; got {self.lr_min} and {self.lr_max}")
+
+    def __repr__(self) -> str:
+        return f"DeepConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DeepConfig) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def constant_lr(self) -> float:
         return float(self.lr if self.lr is not None else self.lr_min)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# ------------------------------------------------------------------------------ the rules
-def _number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _finite(v) -> bool:
-    return _number(v) and math.isfinite(v)
-
-
-def _positive(v) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v) and v > 0
-
-
-def _int_from(lo: int) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, int) and v >= lo
-
-
-def _optional(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or test(v)
-
-
-def _one_of(allowed: tuple) -> tuple[Callable[[Any], bool], str]:
-    return (lambda v: v in allowed), f"one of {allowed}"
-
-
-#: (field, test, what is allowed): one rule per field, checked in this order
-RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("method", lambda v: v in BUILDERS, f"one of {METHODS}"),
-    ("average", *_one_of(AVERAGES)),
-    ("strategy", *_one_of(STRATEGIES)),
-    ("sa_pairs", lambda v: v in ("all", "attempted"), "'all' or 'attempted'"),
-    ("chains", _int_from(2), "an integer >= 2 (P replicas; single-chain methods run chains x "
-                             "the iterations)"),
-    ("epochs", _positive, "a finite number > 0"),
-    ("lr_min", _positive, "a finite number > 0"),
-    ("lr_max", _positive, "a finite number > 0"),
-    ("eval_every", _positive, "a finite number > 0"),
-    ("seed", lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 64,
-     "an integer in [0, 2^64)"),
-    ("lr", _optional(lambda v: _finite(v) and v > 0), "a finite number > 0 (or None: lr_min)"),
-    ("correction", _finite, "a finite number"),
-    ("sa_scale", lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    ("momentum", lambda v: _number(v) and 0 <= v < 1, "in [0, 1)"),
-    ("weight_decay", lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    ("swap_rate", lambda v: _number(v) and 0 < v < 1, "in (0, 1)"),
-    ("window", lambda v: v == "optimal" or (isinstance(v, int) and v >= 1),
-     "'optimal' or an integer >= 1"),
-    ("batch_size", _int_from(2), "an integer >= 2"),
-    ("burn_in", lambda v: _number(v) and 0 <= v < 1, "a fraction in [0, 1)"),
-    ("pretrain_epochs", lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    ("collect_every", _optional(_int_from(1)),
-     "an integer >= 1 (iterations) or None (one epoch)"),
-    ("cycles", _optional(_int_from(1)), "an integer >= 1"),
-    ("temperature", lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    ("swag_rank", _int_from(1), "an integer >= 1"),
-    ("swag_samples", _int_from(1), "an integer >= 1"),
-    ("checkpoint_every", _int_from(1), "an integer >= 1"),
-)
+        return dict(self.__dict__)

@@ -30,7 +30,7 @@ import json
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +312,7 @@ def _open_folder(job: _Job, out: Path | None) -> None:
     checkpoint header: the settings, the run id, the seed and the settings' hash."""
     cfg = job.cfg
     job.out = out
-    job.header = {"deep_config": json.dumps(asdict(cfg))}
+    job.header = {"deep_config": json.dumps(cfg.to_dict())}
     if out is None:
         if job.resume:
             raise ValueError("resume=True needs out (the run folder)")
@@ -343,7 +343,7 @@ def _new_record(cfg: DeepConfig, fingerprint: dict[str, Any]) -> dict[str, Any]:
     version) and what it ran on (sha256 of the training and test data and of the model)."""
     from nrpt import __version__
 
-    settings = json.loads(json.dumps(asdict(cfg)))
+    settings = json.loads(json.dumps(cfg.to_dict()))
     return {"format": 1, "kind": KIND, "run_id": uuid.uuid4().hex, "seed": cfg.seed,
             "config_hash": _settings_hash(settings), "settings": settings,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -358,7 +358,7 @@ def _check_record(out: Path, cfg: DeepConfig, fingerprint: dict[str, Any]) -> di
         raise ValueError(f"cannot resume {out} as a deep run: {out / rf.RUN_JSON} "
                          f"{'is missing' if record is None else 'records another kind of run'}"
                          f"; restore it or start a new run")
-    _same_settings(out, record.get("settings") or {}, json.loads(json.dumps(asdict(cfg))))
+    _same_settings(out, record.get("settings") or {}, json.loads(json.dumps(cfg.to_dict())))
     then = record.get("data") or {}
     for part, what in (("train", "training data"), ("test", "test data"), ("model", "model")):
         if then.get(part) != fingerprint[part]:

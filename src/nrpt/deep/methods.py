@@ -3,8 +3,11 @@ name with :func:`method`.  A builder takes the :class:`Context` of a run (settin
 sizes, starting replicas) and returns the :class:`Setup` of its main run: the engine, the
 adaptors, the collected slots and what it adds to the summary.
 
-Adding a method: one builder here (or in the user's module) decorated with ``@method(NAME)``;
-:data:`METHODS` and the ``method`` setting's allowed values follow."""
+Adding a method: one builder here (or in the user's module) decorated with
+``@method(NAME, options=(...))``, ``options`` being the :class:`nrpt.options.Option`
+declarations that only it (and the methods sharing them) reads; the ``method`` setting's
+allowed values, the settings of :class:`nrpt.deep.DeepConfig` and the flags of ``nrpt deep``
+follow."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from nrpt.adapt.sa import (
 )
 from nrpt.core.engine import PTEngine
 from nrpt.explorers.sgmcmc import SGHMC, Cyclical, MomentumSGD
+from nrpt.options import Option, choice, integer, number, parse_float, parse_int
 from nrpt.paths.ladders import NoiseLadder, geometric_ladder
 from nrpt.report.health import SamplingWarning
 from nrpt.swap import DEOW, Deterministic, NoSwap
@@ -71,12 +75,14 @@ class Setup:
 class Method:
     """A registered method: its builder; ``single`` (one chain run ``chains`` times as long);
     ``tempered`` (the PT methods: a correction ``C`` in the summary); ``swag`` (the average is
-    SWAG's fitted Gaussian instead of the collected models)."""
+    SWAG's fitted Gaussian instead of the collected models); ``options``: the settings only
+    it reads."""
 
     build: Callable[[Context], Setup]
     single: bool = False
     tempered: bool = False
     swag: bool = False
+    options: tuple[Option, ...] = ()
 
 
 #: method name -> :class:`Method`, in registration order
@@ -99,6 +105,51 @@ def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtyp
     return PTEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
                     step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
                     initial_states=x0.reshape(1, P, -1))
+
+
+# ------------------------------------------------------------------------------ their options
+def real(low: float | None = None, **bounds: Any) -> Callable[..., Any]:
+    """:func:`nrpt.options.number`'s check, the value kept as given (an integer number of
+    ``epochs`` stays one, in the summary too)."""
+    check = number(low, **bounds)
+
+    def keep(name: str, value: Any, cfg: Any = None) -> Any:
+        check(name, value)
+        return value
+    return keep
+
+
+def _window(name: str, value: Any, cfg: Any = None) -> int | str:
+    if value == "optimal" or (isinstance(value, int) and not isinstance(value, bool)
+                              and value >= 1):
+        return value
+    raise ValueError(f"{name} must be 'optimal' or an integer >= 1; got {value!r}")
+
+
+def _parse_window(text: str) -> int | str:
+    return text if text == "optimal" else int(text)
+
+
+_parse_window.what = "an integer >= 1 or optimal"  # type: ignore[attr-defined]
+
+#: the settings of the tempered methods (deo-star, deo)
+TEMPERED = (
+    Option("swap_rate", real(0, strict=True, high=1), 0.005, parse=parse_float,
+           help="target swap rate S of adjacent pairs, in (0, 1): C and the learning rates "
+                "are adapted to it"),
+    Option("correction", real(), 0.0, parse=parse_float,
+           help="initial correction buffer C of the deterministic swap condition"),
+    Option("sa_scale", real(0, strict=True), 25.0, parse=parse_float,
+           help="stochastic-approximation gain of C per unit of the energy noise sd"),
+    Option("sa_pairs", choice(("attempted", "all")), "attempted", choices=("attempted", "all"),
+           help="verdicts that adapt C and the learning rates: 'attempted' pairs, or 'all' "
+                "pairs every iteration (Algorithm 1, Eq. 13)"),
+)
+WINDOW = Option("window", _window, "optimal", parse=_parse_window,
+                help="swap window W: an integer >= 1 or 'optimal' (W* from the swap rate)")
+#: the constant learning rate of ensemble and swag
+LR = Option("lr", real(0, strict=True), parse=parse_float,
+            help="the learning rate (default: lr-min)")
 
 
 # ------------------------------------------------------------------------------ the methods
@@ -126,7 +177,7 @@ def _tempered(ctx: Context, W: int) -> Setup:
     return Setup(eng, [0], adaptors, facts={"window": W, "energy_noise_sd": noise_sd})
 
 
-@method("deo-star", tempered=True)
+@method("deo-star", tempered=True, options=(*TEMPERED, WINDOW))
 def deo_star(ctx: Context) -> Setup:
     """DEO*-mSGD x P: windows ``W* = ceil((log P + log log P) / -log(1 - S))`` from the
     target swap rate ``S`` (or ``window``)."""
@@ -136,13 +187,13 @@ def deo_star(ctx: Context) -> Setup:
     return _tempered(ctx, W)
 
 
-@method("deo", tempered=True)
+@method("deo", tempered=True, options=TEMPERED)
 def deo(ctx: Context) -> Setup:
     """DEO-mSGD x P: the same with ``W = 1``."""
     return _tempered(ctx, 1)
 
 
-@method("ensemble")
+@method("ensemble", options=(LR,))
 def ensemble(ctx: Context) -> Setup:
     """mSGD x P: ``chains`` independent momentum-SGD runs at learning rate ``lr``."""
     cfg, P = ctx.cfg, ctx.cfg.chains
@@ -151,7 +202,10 @@ def ensemble(ctx: Context) -> Setup:
     return Setup(eng, list(range(P)))
 
 
-@method("cyclical", single=True)
+@method("cyclical", single=True, options=(
+    Option("cycles", integer(1), parse=parse_int,
+           help="cosine cycles (default: one per 10 epochs of the budget)"),
+    Option("temperature", real(0), 1.0, parse=parse_float, help="SGHMC noise temperature")))
 def cyclical(ctx: Context) -> Setup:
     """cycSGHMC x T: one SGHMC chain, cosine learning-rate cycles from ``lr_max``; models
     collected in the sampling stage of each cycle, every half epoch by default (Zhang et al.
@@ -166,7 +220,11 @@ def cyclical(ctx: Context) -> Setup:
                  facts={"cycles": cycles})
 
 
-@method("swag", single=True, swag=True)
+@method("swag", single=True, swag=True, options=(
+    LR,
+    Option("swag_rank", integer(1), 20, parse=parse_int, help="rank of the low-rank covariance"),
+    Option("swag_samples", integer(1), 20, parse=parse_int,
+           help="models drawn from the fitted Gaussian for the average")))
 def swag(ctx: Context) -> Setup:
     """SWAG x T: one momentum-SGD chain at learning rate ``lr``; its moments (diagonal and a
     low-rank deviation matrix) are collected, and the average is over ``swag_samples`` draws

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ __all__ = ["write_folder"]
 
 def write_folder(res, out: Path, x_test, y_test, figures: bool = True) -> None:
     out = Path(out)
-    rf.atomic_write(out / "config.json", json.dumps(asdict(res.config), indent=2), sync=False)
+    rf.atomic_write(out / "config.json", json.dumps(res.config.to_dict(), indent=2), sync=False)
     rf.atomic_write(out / "summary.json", json.dumps(json_ready(res.summary), indent=2),
                     sync=False)
     rows = res.metrics

@@ -16,50 +16,24 @@ import os
 import sys
 import warnings
 
-from nrpt.options import Option, parse_int
+from nrpt.options import Option, add_flags, parse_int, typed
 from nrpt.report.health import SamplingWarning
 from nrpt.run import registry
 from nrpt.run.config import COMPONENTS, RunConfig, declarations, known_options, section_table
 
-
-def _typed(what: str, conv):
-    """An argparse type whose error says what was expected (never an internal name)."""
-
-    def parse(text: str):
-        try:
-            return conv(text)
-        except (ValueError, TypeError, OverflowError):
-            raise argparse.ArgumentTypeError(f"expected {what}; got {text!r}") from None
-
-    parse.__name__ = what
-    return parse
-
-
-_INT = _typed("an integer", parse_int)
-
-
-def _flag_type(opt: Option):
-    return str if opt.parse is None else _typed(getattr(opt.parse, "what", "a value"), opt.parse)
+_INT = typed("an integer", parse_int)
 
 
 def _add_settings(run: argparse.ArgumentParser) -> None:
     """One flag per declared setting, in one ``--help`` group per section and component."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    added: set[str] = set()
-    for opt, role, names in declarations():
-        title = f"[{opt.section}]"
-        if role is not None:
-            field = COMPONENTS[role]
-            title += f" {field} {names[0]}" if len(names) == 1 else \
-                f" {field}s {', '.join(names)}"
-        if title not in groups:
-            groups[title] = run.add_argument_group(title)
-        if opt.name in added:  # (one option read by two roles)
-            continue
-        added.add(opt.name)
-        groups[title].add_argument("--" + opt.name.replace("_", "-"), dest=opt.name,
-                                   default=None, type=_flag_type(opt),
-                                   choices=opt.flag_choices(), help=opt.help or None)
+    def title(opt: Option, role: str | None, names: list[str]) -> str:
+        if role is None:
+            return f"[{opt.section}]"
+        field = COMPONENTS[role]
+        return f"[{opt.section}] " + (f"{field} {names[0]}" if len(names) == 1 else
+                                      f"{field}s {', '.join(names)}")
+
+    add_flags(run, ((o, title(o, role, names)) for o, role, names in declarations()))
 
 
 PRESETS = ("deo-star-sgd", "none")
