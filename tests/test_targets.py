@@ -575,10 +575,11 @@ def test_every_target_member_nrpt_probes_is_declared():
     from nrpt.targets.protocol import OPTIONAL_MEMBERS
 
     required = {"dim", "energy", "log_likelihood", "reference_log_prob", "reference_sample"}
-    probe = re.compile(r'(?:hasattr|getattr)\((?:self\.)?(?:target|t), "(\w+)"')
+    probe = re.compile(r'(?:(?:hasattr|getattr|optional_value)\((?:self\.)?(?:target|t), '
+                       r'|\.has\()["\'](\w+)["\']')
     found = {m for f in pathlib.Path(nrpt.__file__).parent.rglob("*.py")
              for m in probe.findall(f.read_text())}
-    assert {"initial_states", "analytic_gradients"} <= found  # the scan sees the probes
+    assert {"initial_states", "mean", "name", "sample_at"} <= found  # the scan sees the probes
     assert found - required - set(OPTIONAL_MEMBERS) == set()
     # negative control: a probe of an undeclared member is caught by the same scan
     assert probe.findall('getattr(target, "no_such_member", None)') == ["no_such_member"]
@@ -618,3 +619,18 @@ def test_capabilities_are_found_once_from_the_declaration():
     assert capabilities(HalfGeometric()).supplied_gradients("geometric") == ()
     with pytest.raises(KeyError, match="not an optional method"):
         supplied.has("mean")  # a value, not a method
+
+
+def test_optional_values_are_read_through_the_declaration():
+    from nrpt.targets.protocol import optional_value
+
+    class T:
+        dim = 1
+        name = None
+        mean = torch.zeros(1)
+
+    assert optional_value(T(), "mean") is T.mean and optional_value(T(), "cov") is None
+    assert optional_value(T(), "name", "default") is None  # present (None) beats the default
+    assert optional_value(T(), "coordinate_names", "default") == "default"
+    with pytest.raises(KeyError, match="not an optional member"):
+        optional_value(T(), "mena")  # negative control: a misspelt probe fails loudly

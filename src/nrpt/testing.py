@@ -60,7 +60,7 @@ import torch
 from nrpt.explorers.base import Density, ExploreInfo, Explorer, Noise, ReplicaState
 from nrpt.paths.ladders import GeometricPath, TemperatureLadder
 from nrpt.rng import Stream, generator_for
-from nrpt.targets.protocol import path_kind
+from nrpt.targets.protocol import capabilities, optional_value, path_kind
 
 __all__ = ["MomentCheck", "InvarianceReport", "check_invariance", "assert_invariant",
            "Frozen", "Flat"]
@@ -210,9 +210,10 @@ def _path_for(target, b: float):
 
 def _exact_sampler(target, b: float) -> Callable | None:
     """``draw(n, generator) -> [n, dim]`` exact draws of ``pi_b``, or None."""
-    if callable(getattr(target, "sample_at", None)):
+    caps = capabilities(target)
+    if caps.has("sample_at"):
         return lambda n, g: target.sample_at(b, n, g)
-    if b == 1.0 and callable(getattr(target, "sample", None)):
+    if b == 1.0 and caps.has("sample"):
         return lambda n, g: target.sample(n, g)
     return None
 
@@ -231,7 +232,7 @@ def _start_states(start, exact, target, path, systems: int, dim: int, seed: int,
                          "generator)")
     elif start in ("auto", "initial"):
         how = "initial states"
-        if callable(getattr(target, "initial_states", None)):
+        if capabilities(target).has("initial_states"):
             x0 = target.initial_states(systems, g)
         elif path.kind == "geometric":
             x0 = target.reference_sample(systems, g)
@@ -267,8 +268,8 @@ def _known_moments(target, b: float, dim: int, mean, var, cov):
     """``mean, var, cov, source``: the moments given here, else the target's exact ones (at
     ``b = 1`` only); each None where not known.  Variances about an unknown mean are unknown
     (they are estimated alongside it)."""
-    t_mean = getattr(target, "mean", None) if b == 1.0 else None
-    t_cov = getattr(target, "cov", None) if b == 1.0 else None
+    t_mean = optional_value(target, "mean") if b == 1.0 else None
+    t_cov = optional_value(target, "cov") if b == 1.0 else None
     mean_v = _array(mean, (dim,), "mean") if mean is not None else (
         _array(t_mean, (dim,), "target.mean") if t_mean is not None else None)
     cov_src = cov if cov is not None else t_cov
@@ -483,7 +484,7 @@ def check_invariance(
     total = systems * n_steps
     return InvarianceReport(
         explorer=getattr(ex, "name", "") or type(ex).__name__,
-        target=getattr(target, "name", type(target).__name__), b=b, step_size=step_size,
+        target=optional_value(target, "name", type(target).__name__), b=b, step_size=step_size,
         systems=systems, n_steps=n_steps, burn_in=burn_in, start=how, truth_from=source,
         batches=systems * per_chain, threshold=float(z), checks=checks,
         acceptance=accept / total, moved=moved / total, min_moved=float(min_moved),

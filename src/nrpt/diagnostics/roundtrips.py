@@ -310,6 +310,24 @@ def count_round_trips(index: np.ndarray) -> dict[str, np.ndarray]:
         module docstring: restarts / round trips of Syed et al. (2021) and the
         origin-to-origin round trips of Deng et al. (2023), Appendix A.5.
     """
+    idx = _checked_index(index)
+    n_systems, n_slots = idx.shape[1:]
+    restarts = np.zeros(n_systems, dtype=np.int64)
+    round_trips = np.zeros(n_systems, dtype=np.int64)
+    round_trips_a5 = np.zeros(n_systems, dtype=np.int64)
+    for r in range(n_systems):
+        for replica in range(n_slots):
+            path = [int(p) for p in idx[:, r, replica]]
+            n_restarts, n_trips = _syed_counts(path, n_slots - 1)
+            restarts[r] += n_restarts
+            round_trips[r] += n_trips
+            round_trips_a5[r] += _deng_count(path, n_slots - 1)
+    return {"restarts": restarts, "round_trips": round_trips, "round_trips_a5": round_trips_a5}
+
+
+def _checked_index(index: np.ndarray) -> np.ndarray:
+    """``index`` as an integer ``[K, R, P]`` array (a ``[K, P]`` one gets ``R = 1``), every
+    row a permutation of ``0..P-1``; a ``ValueError`` otherwise."""
     idx = np.asarray(index)
     if idx.ndim == 2:
         idx = idx[:, None, :]
@@ -317,38 +335,38 @@ def count_round_trips(index: np.ndarray) -> dict[str, np.ndarray]:
         raise ValueError(f"index must have shape [K, R, P] or [K, P] with P >= 2, got {idx.shape}")
     if not np.issubdtype(idx.dtype, np.integer):
         raise ValueError(f"index must be an integer array, got dtype {idx.dtype}")
-    n_iter, n_systems, n_slots = idx.shape
+    n_slots = idx.shape[2]
     if not np.array_equal(np.sort(idx, axis=-1), np.broadcast_to(np.arange(n_slots), idx.shape)):
         raise ValueError("index: every [k, r] row must be a permutation of 0..P-1")
-    top = n_slots - 1
+    return idx
 
-    restarts = np.zeros(n_systems, dtype=np.int64)
-    round_trips = np.zeros(n_systems, dtype=np.int64)
-    round_trips_a5 = np.zeros(n_systems, dtype=np.int64)
-    for r in range(n_systems):
-        for replica in range(n_slots):
-            path = [int(p) for p in idx[:, r, replica]]
 
-            # Syed et al. (2021): restarts and P-1 -> 0 -> P-1 round trips.
-            phase = AT_TOP_SIDE if path[0] == top else NONE
-            for slot in path[1:]:
-                if slot == top:
-                    if phase == DOWN_DONE:
-                        round_trips[r] += 1
-                    phase = AT_TOP_SIDE
-                elif slot == 0 and phase != NONE:  # 0 before any visit to P-1: ignored
-                    if phase == AT_TOP_SIDE:
-                        restarts[r] += 1
-                    phase = DOWN_DONE
+def _syed_counts(path: list[int], top: int) -> tuple[int, int]:
+    """Syed et al. (2021): ``(restarts, round trips P-1 -> 0 -> P-1)`` of one replica's slots
+    ``path`` (its initial slot first)."""
+    restarts = round_trips = 0
+    phase = AT_TOP_SIDE if path[0] == top else NONE
+    for slot in path[1:]:
+        if slot == top:
+            if phase == DOWN_DONE:
+                round_trips += 1
+            phase = AT_TOP_SIDE
+        elif slot == 0 and phase != NONE:  # 0 before any visit to P-1: ignored
+            if phase == AT_TOP_SIDE:
+                restarts += 1
+            phase = DOWN_DONE
+    return restarts, round_trips
 
-            # Deng et al. (2023), App. A.5: hit both ends, then return to the origin.
-            origin = path[0]
+
+def _deng_count(path: list[int], top: int) -> int:
+    """Deng et al. (2023), App. A.5: the round trips of one replica's slots ``path`` (hit both
+    ends, then return to the origin ``path[0]``)."""
+    origin, count = path[0], 0
+    hit0, hit_top = origin == 0, origin == top
+    for slot in path[1:]:
+        hit0 = hit0 or slot == 0
+        hit_top = hit_top or slot == top
+        if hit0 and hit_top and slot == origin:
+            count += 1
             hit0, hit_top = origin == 0, origin == top
-            for slot in path[1:]:
-                hit0 = hit0 or slot == 0
-                hit_top = hit_top or slot == top
-                if hit0 and hit_top and slot == origin:
-                    round_trips_a5[r] += 1
-                    hit0, hit_top = origin == 0, origin == top
-
-    return {"restarts": restarts, "round_trips": round_trips, "round_trips_a5": round_trips_a5}
+    return count

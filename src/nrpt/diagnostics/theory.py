@@ -332,7 +332,8 @@ def _base_chain(r: np.ndarray, scheme: str):
 
     Returns ``(rows, cols, probs, slot_of_state, start_state)``: the nonzero entries of the
     transition matrix, the slot of every state and, for each slot ``s``, the state of a
-    replica that starts (iteration ``k = 0``) at ``s``.
+    replica that starts (iteration ``k = 0``) at ``s``.  DEO's state is ``2 s + (k mod 2)``,
+    the other schemes' the slot.
     """
     n = r.size + 1
     rows: list[int] = []
@@ -345,46 +346,61 @@ def _base_chain(r: np.ndarray, scheme: str):
             cols.append(j)
             probs.append(float(p))
 
-    def parity_move(s, q):
-        """(new slot, acceptance prob) of the pair containing slot s among pairs p % 2 == q."""
-        if s % 2 == q and s + 1 <= n - 1:
-            return s + 1, 1.0 - r[s]
-        if s >= 1 and (s - 1) % 2 == q:
-            return s - 1, 1.0 - r[s - 1]
-        return s, 0.0
-
-    if scheme == "deo":  # state 2 s + (k mod 2)
-        for s in range(n):
-            for q in (0, 1):
-                t, a = parity_move(s, q)
-                add(2 * s + q, 2 * t + 1 - q, a)
-                add(2 * s + q, 2 * s + 1 - q, 1.0 - a)
-        return rows, cols, probs, np.repeat(np.arange(n), 2), 2 * np.arange(n)
-    if scheme == "seo":
-        for s in range(n):
-            for q in (0, 1):
-                t, a = parity_move(s, q)
-                add(s, t, 0.5 * a)
-                add(s, s, 0.5 * (1.0 - a))
-    elif scheme == "adj":
-        for s in range(n):
-            if s >= 1:
-                add(s, s - 1, 1.0 - r[s - 1])
-            climb = r[s - 1] if s >= 1 else 1.0  # P(not moved down)
-            for t in range(s, n):
-                add(s, t, climb * (r[t] if t < n - 1 else 1.0))
-                if t < n - 1:
-                    climb *= 1.0 - r[t]
-    elif scheme == "ape":
-        m = n * (n - 1) // 2
-        for s in range(n):
-            for t in range(n):
-                if t != s:
-                    add(s, t, (1.0 - r[0]) / m)
-            add(s, s, 1.0 - (n - 1) * (1.0 - r[0]) / m)
-    else:  # pragma: no cover - guarded by _scheme
+    if scheme not in _CHAINS:  # pragma: no cover - guarded by _scheme
         raise ValueError(f"no single-replica chain for scheme {scheme!r}")
+    _CHAINS[scheme](r, n, add)
+    if scheme == "deo":
+        return rows, cols, probs, np.repeat(np.arange(n), 2), 2 * np.arange(n)
     return rows, cols, probs, np.arange(n), np.arange(n)
+
+
+def _parity_move(r: np.ndarray, n: int, s: int, q: int) -> tuple[int, float]:
+    """(new slot, acceptance prob) of the pair containing slot s among pairs p % 2 == q."""
+    if s % 2 == q and s + 1 <= n - 1:
+        return s + 1, 1.0 - r[s]
+    if s >= 1 and (s - 1) % 2 == q:
+        return s - 1, 1.0 - r[s - 1]
+    return s, 0.0
+
+
+def _deo_chain(r: np.ndarray, n: int, add) -> None:
+    for s in range(n):
+        for q in (0, 1):
+            t, a = _parity_move(r, n, s, q)
+            add(2 * s + q, 2 * t + 1 - q, a)
+            add(2 * s + q, 2 * s + 1 - q, 1.0 - a)
+
+
+def _seo_chain(r: np.ndarray, n: int, add) -> None:
+    for s in range(n):
+        for q in (0, 1):
+            t, a = _parity_move(r, n, s, q)
+            add(s, t, 0.5 * a)
+            add(s, s, 0.5 * (1.0 - a))
+
+
+def _adj_chain(r: np.ndarray, n: int, add) -> None:
+    for s in range(n):
+        if s >= 1:
+            add(s, s - 1, 1.0 - r[s - 1])
+        climb = r[s - 1] if s >= 1 else 1.0  # P(not moved down)
+        for t in range(s, n):
+            add(s, t, climb * (r[t] if t < n - 1 else 1.0))
+            if t < n - 1:
+                climb *= 1.0 - r[t]
+
+
+def _ape_chain(r: np.ndarray, n: int, add) -> None:
+    m = n * (n - 1) // 2
+    for s in range(n):
+        for t in range(n):
+            if t != s:
+                add(s, t, (1.0 - r[0]) / m)
+        add(s, s, 1.0 - (n - 1) * (1.0 - r[0]) / m)
+
+
+#: scheme -> ``fill(r, n, add)``: the entries of its single-replica chain (:func:`_base_chain`)
+_CHAINS = {"deo": _deo_chain, "seo": _seo_chain, "adj": _adj_chain, "ape": _ape_chain}
 
 
 def _syed_automaton(n: int):
@@ -662,7 +678,21 @@ def exact_event_rates(
         For an unknown scheme, a window other than 1 for a scheme other than DEO_W, or APE
         with unequal rates.
     """
-    r = _rejections(rejection)
+    name, r, per_step = _index_chain(_rejections(rejection), scheme, window)
+    base = _base_chain(r, name)
+    unichain = _unichain(r)
+    out = dict.fromkeys(_EVENT_KEYS, 0.0)
+    if a5_only:
+        out.update(restarts=math.nan, round_trips=math.nan)
+    else:
+        out.update(_syed_rates(base, r.size + 1, unichain))
+    out["round_trips_a5"] = _a5_rate(base, r.size + 1, unichain)
+    return {key: per_step * v for key, v in out.items()}
+
+
+def _index_chain(r: np.ndarray, scheme, window) -> tuple[str, np.ndarray, float]:
+    """``(scheme of the chain, its rejection rates, iterations per chain step)``: DEO_W is
+    DEO with ``r^W`` per window of ``W`` iterations; APE needs a common rate."""
     name, w = _scheme(scheme, window)
     if name == "ape" and np.ptp(r) > 1e-12:
         raise ValueError(
@@ -670,36 +700,45 @@ def exact_event_rates(
             "determined by the P-1 adjacent ones; exact rates are available only for a common "
             f"rate r applied to every pair (FixedRate), got {r.tolist()}"
         )
-    per_step = 1.0
-    if name == "deo-w":  # window-level chain = DEO with r^W; W iterations per window
-        name, r, per_step = "deo", r**w, 1.0 / w
-    n = r.size + 1
-    base = _base_chain(r, name)
-    starts = base[4]
-    # every 0 < r_p < 1: any sequence of accepts and rejects has positive probability, so
-    # from every state a replica can walk to slot 0, the top and back to any slot, and the
-    # slot chain and its products with the (resetting) counters have a single closed class.
-    # (r_p = 0 makes DEO deterministic: up- and down-going replicas are two closed cycles;
-    # r_p = 1 cuts the ladder.)
-    # (read off the probabilities the chain is built from, accept a = 1 - r_p and reject
-    # 1 - a: below ~1e-16, a rounds to 1 and the reject move is not in the chain)
-    accept = 1.0 - r
-    unichain = bool(np.all((accept > 0.0) & (1.0 - accept > 0.0)))
+    if name == "deo-w":
+        return "deo", r**w, 1.0 / w
+    return name, r, 1.0
 
-    out = dict.fromkeys(_EVENT_KEYS, 0.0)
-    if a5_only:
-        out.update(restarts=math.nan, round_trips=math.nan)
-    else:
-        nxt, events = _syed_automaton(n)
-        matrix, rewards = _augment(base, nxt, events)
-        chain = _long_run(matrix, unichain)
-        for s in range(n):
-            phase0 = 1 if s == n - 1 else 0  # AT_TOP_SIDE if starting at the top, else NONE
-            for key, v in chain.average(int(starts[s]) * 3 + phase0, rewards).items():
-                out[key] += v
+
+def _unichain(r: np.ndarray) -> bool:
+    """Whether the index chain (and its products with the counters) has one closed class.
+
+    Every ``0 < r_p < 1``: any sequence of accepts and rejects has positive probability, so
+    from every state a replica can walk to slot 0, the top and back to any slot, and the slot
+    chain and its products with the (resetting) counters have a single closed class
+    (``r_p = 0`` makes DEO deterministic: up- and down-going replicas are two closed cycles;
+    ``r_p = 1`` cuts the ladder).  Read off the probabilities the chain is built from, accept
+    ``a = 1 - r_p`` and reject ``1 - a``: below ~1e-16, ``a`` rounds to 1 and the reject move
+    is not in the chain."""
+    accept = 1.0 - r
+    return bool(np.all((accept > 0.0) & (1.0 - accept > 0.0)))
+
+
+def _syed_rates(base, n: int, unichain: bool) -> dict[str, float]:
+    """Restarts and Syed round trips per chain step, summed over the ``n`` replicas (replica
+    ``s`` starts at slot ``s``)."""
+    nxt, events = _syed_automaton(n)
+    matrix, rewards = _augment(base, nxt, events)
+    chain = _long_run(matrix, unichain)
+    out = dict.fromkeys(events, 0.0)
+    for s in range(n):
+        phase0 = 1 if s == n - 1 else 0  # AT_TOP_SIDE if starting at the top, else NONE
+        for key, v in chain.average(int(base[4][s]) * 3 + phase0, rewards).items():
+            out[key] += v
+    return out
+
+
+def _a5_rate(base, n: int, unichain: bool) -> float:
+    """Deng et al. A.5 round trips per chain step, summed over the ``n`` origins."""
+    total = 0.0
     for origin in range(n):
         nxt, events, flags0 = _a5_automaton(n, origin)
         matrix, rewards = _augment(base, nxt, events)
-        v = _long_run(matrix, unichain).average(int(starts[origin]) * 4 + flags0, rewards)
-        out["round_trips_a5"] += v["round_trips_a5"]
-    return {key: per_step * v for key, v in out.items()}
+        v = _long_run(matrix, unichain).average(int(base[4][origin]) * 4 + flags0, rewards)
+        total += v["round_trips_a5"]
+    return total

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nrpt import rng
+from nrpt.targets.protocol import capabilities, optional_value
 
 __all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
            "MinibatchEnergy", "ControlVariateEnergy", "SG_STREAMS", "energy_and_grad",
@@ -59,18 +60,21 @@ class Estimate:
 
 
 def _analytic(target):
-    """A closed-form ``(U, ∇U)`` for ``x[..., dim]`` if the target supplies its gradient
-    ``grad_energy(x[n, dim]) -> [n, dim]`` (the protocol member the full-batch explorers also
-    use), or both at once from an optional ``energy_and_grad(x[n, dim]) -> ([n], [n, dim])``;
-    ``None`` means autograd."""
-    fused = getattr(target, "energy_and_grad", None)
-    if callable(fused):
+    """A closed-form ``(U, ∇U)`` for ``x[..., dim]``: from the target's
+    ``energy_and_grad(x[n, dim]) -> ([n], [n, dim])`` if it has one, else from ``energy`` and
+    ``grad_energy(x[n, dim]) -> [n, dim]`` (the member the full-batch explorers use; they
+    ignore ``energy_and_grad``); ``None`` (neither): autograd."""
+    caps = capabilities(target)
+    if caps.has("energy_and_grad"):
+        fused = target.energy_and_grad
+
         def fn_fused(x):
             u, g = fused(x.reshape(-1, x.shape[-1]))
             return u.to(x.dtype).reshape(x.shape[:-1]), g.to(x.dtype).reshape(x.shape)
         return fn_fused
-    grad = getattr(target, "grad_energy", None)
-    if callable(grad):
+    if caps.has("grad_energy"):
+        grad = target.grad_energy
+
         def fn(x):
             flat = x.reshape(-1, x.shape[-1])
             u = target.energy(flat).to(x.dtype)
@@ -375,9 +379,10 @@ def make_estimator(target, *, batch_size: int | None = None, vr_every: int | Non
     control variates if ``vr_every > 0``), noisy oracle (``noise_sd > 0`` or
     ``grad_noise_sd > 0``) or exact."""
     if batch_size is not None:
-        if not hasattr(target, "n_data") or not callable(getattr(target, "loss", None)):
+        caps = capabilities(target)
+        if optional_value(target, "n_data") is None or not caps.has("loss"):
             raise ValueError(f"batch_size needs a data target (with data, n_data, loss); "
-                             f"{getattr(target, 'name', type(target).__name__)!r} has none")
+                             f"{caps.name!r} has none")
         if vr_every:
             return ControlVariateEnergy(target, batch_size, anchor_every=vr_every)
         return MinibatchEnergy(target, batch_size)

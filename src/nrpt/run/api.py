@@ -37,6 +37,7 @@ from nrpt.run import folder as rf
 from nrpt.run.build import build
 from nrpt.run.config import RunConfig
 from nrpt.swap import Rule
+from nrpt.targets.protocol import optional_value
 
 __all__ = ["sample", "resume", "run_config", "Result"]
 
@@ -198,11 +199,7 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
     comm = _join(cfg, distributed.from_env(cfg.device))
     lead = comm is None or comm.rank == 0
     out = Path(cfg.out) if cfg.out else None
-    created: list[Path] = []
-    if out is not None and lead:
-        rf.check_folder_name(out)  # before anything is created
-        created = [p for p in (out, *out.parents) if not p.exists()]
-        out.mkdir(parents=True, exist_ok=True)
+    created = _make_folder(out) if out is not None and lead else []
     resume_from = Path(resume_from) if resume_from is not None else None
     with _guard(out if lead else None) as stop:
         if not lead:
@@ -218,6 +215,15 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
             if ours and not rf.checkpoint_exists(out):
                 _discard_failed_start(out, created)
             raise
+
+
+def _make_folder(out: Path) -> list[Path]:
+    """Create the run folder ``out`` (its name checked first); the folders this created,
+    ``out`` first, then its parents."""
+    rf.check_folder_name(out)  # before anything is created
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    out.mkdir(parents=True, exist_ok=True)
+    return created
 
 
 def _discard_failed_start(out: Path, created: list[Path]) -> None:
@@ -354,6 +360,31 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, parts, progress, callback,
          comm=None, threads=None) -> Result:
     """The run itself (the caller holds the lock); ``record``: the folder's ``run.json``;
     ``comm``: this is rank 0 of a distributed run, which tells the others what it found."""
+    ck, chash, record, target, spec = _prepare_told(cfg, target, resume_from, overwrite,
+                                                    record, comm)
+    out = Path(cfg.out) if cfg.out else None
+    if ck is None and out is not None and spec and spec != cfg.target:
+        # a new run's file target is the absolute path it was imported from (config.toml,
+        # summary): what a resumption imports, from any directory (checked against run.json)
+        cfg = cfg.replace(target=spec)
+    objects = _given_objects(parts, ck, out)
+    run = build(cfg, target=target, out=out, resume=ck is not None, comm=comm,
+                burn_in=_pinned_burn_in(ck), **(parts or {}))
+    record, chash = _records(cfg, run, out, ck, record, chash, resume_from)
+    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
+                      callback=callback, resume=ck,
+                      header=_header(cfg, run, chash, record, objects), table=report.TABLE,
+                      say=print if progress else None, stop=stop, threads=threads)
+    if comm is not None:
+        run.engine.unshard()  # the summary and outputs read the whole state
+    return _finish(run, cfg, outcome, out)
+
+
+def _prepare_told(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
+                  record: dict | None, comm):
+    """:func:`_prepare` (``(checkpoint, config hash, run record, target, target file spec)``);
+    in a distributed run the other ranks are told its checkpoint and target file, or its
+    error."""
     try:
         ck, used, chash, record, target, spec = _prepare(cfg, target, resume_from, overwrite,
                                                          record)
@@ -364,27 +395,20 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, parts, progress, callback,
         raise
     if comm is not None:
         comm.share({"error": None, "checkpoint": str(used) if used else None, "target": spec})
-    out = Path(cfg.out) if cfg.out else None
-    if ck is None and out is not None and spec and spec != cfg.target:
-        # a new run's file target is the absolute path it was imported from (config.toml,
-        # summary): what a resumption imports, from any directory (checked against run.json)
-        cfg = cfg.replace(target=spec)
-    objects = _given_objects(parts, ck, out)
-    run = build(cfg, target=target, out=out, resume=ck is not None, comm=comm,
-                burn_in=_pinned_burn_in(ck), **(parts or {}))
-    record, chash = _records(cfg, run, out, ck, record, chash, resume_from)
+    return ck, chash, record, target, spec
+
+
+def _header(cfg: RunConfig, run: Run, chash: str, record: dict | None,
+            objects: list[str]) -> dict:
+    """The checkpoint header: settings, their hash, seed, budget, burn-in, the run record's id
+    and target, and the roles given as objects (a resumption must be given them again)."""
     header = {"config": cfg.to_dict(), "config_hash": chash, "seed": cfg.seed,
               "iterations": cfg.iterations, "burn_in": run.plan.burn_in}
     if record is not None:
         header.update(run_id=record["run_id"], target=record.get("target"))
-    if objects:  # a resumption must be given the same objects
+    if objects:
         header["objects"] = objects
-    outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
-                      callback=callback, resume=ck, header=header, table=report.TABLE,
-                      say=print if progress else None, stop=stop, threads=threads)
-    if comm is not None:
-        run.engine.unshard()  # the summary and outputs read the whole state
-    return _finish(run, cfg, outcome, out)
+    return header
 
 
 def _records(cfg: RunConfig, run: Run, out: Path | None, ck, record, chash, resume_from):
@@ -552,7 +576,7 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
         options["target"] = target
     else:
         obj = target
-        options["target"] = getattr(target, "name", type(target).__name__)
+        options["target"] = optional_value(target, "name", type(target).__name__)
     cfg = RunConfig(**options)
     return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback,
                       overwrite=overwrite, threads=threads, adaptors=adaptors,
@@ -605,6 +629,29 @@ def _registered_name(role: str, obj) -> str:
     return name
 
 
+def _resumed_config(out: Path, record: dict | None, iterations: int | None) -> RunConfig:
+    """The settings of the run in ``out`` (``config.toml``, checked against the run record's
+    budget), with ``out`` and a larger budget ``iterations`` applied."""
+    cfg = RunConfig.from_toml(out / "config.toml")
+    changes: dict[str, Any] = {"out": str(out)}
+    if cfg.rounds is None and not _sets(out / "config.toml", "burn_in"):
+        changes["burn_in"] = 0  # a run from before burn-in existed: it had none
+    if record is not None and cfg.iterations != record.get("iterations"):
+        raise ValueError(f"{out / 'config.toml'} says iterations = {cfg.iterations} but the "
+                         f"run's budget is {record.get('iterations')} (run.json): a run's "
+                         f"settings cannot be edited; extend its budget with `nrpt resume "
+                         f"{out} --iterations N` (resume(iterations=N))")
+    if iterations is not None:
+        if getattr(cfg, "rounds", None) is not None:
+            raise ValueError("iterations: an adaptive run is extended with more rounds, not "
+                             "iterations")
+        if iterations < cfg.iterations:
+            raise ValueError(f"iterations must be >= the run's {cfg.iterations}; got "
+                             f"{iterations}")
+        changes["iterations"] = iterations
+    return cfg.replace(**changes)
+
+
 def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
            iterations: int | None = None, callback=None,
            threads: int | str | None = None, rule=None, explorer=None, scheme=None,
@@ -638,24 +685,7 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
     lead = comm is None or comm.rank == 0
     with _guard(out if lead else None) as stop:
         record = rf.read_run_record(out)
-        cfg = RunConfig.from_toml(out / "config.toml")
-        changes: dict[str, Any] = {"out": str(out)}
-        if cfg.rounds is None and not _sets(out / "config.toml", "burn_in"):
-            changes["burn_in"] = 0  # a run from before burn-in existed: it had none
-        if record is not None and cfg.iterations != record.get("iterations"):
-            raise ValueError(f"{out / 'config.toml'} says iterations = {cfg.iterations} but the "
-                             f"run's budget is {record.get('iterations')} (run.json): a run's "
-                             f"settings cannot be edited; extend its budget with `nrpt resume "
-                             f"{out} --iterations N` (resume(iterations=N))")
-        if iterations is not None:
-            if getattr(cfg, "rounds", None) is not None:
-                raise ValueError("iterations: an adaptive run is extended with more rounds, not "
-                                 "iterations")
-            if iterations < cfg.iterations:
-                raise ValueError(f"iterations must be >= the run's {cfg.iterations}; got "
-                                 f"{iterations}")
-            changes["iterations"] = iterations
-        cfg = cfg.replace(**changes)
+        cfg = _resumed_config(out, record, iterations)
         if _join(cfg, comm) is not None and not lead:  # (a target path: rank 0 checks it)
             return _follow(cfg, stop, comm,
                            target=None if isinstance(target, (str, os.PathLike)) else target,

@@ -55,7 +55,14 @@ from nrpt.run import registry
 from nrpt.run.config import burn_in_count
 from nrpt.swap import DEOW, Rule
 from nrpt.swap.schemes import check_gate
-from nrpt.targets.protocol import TargetError, fingerprint, load_target, validate_target
+from nrpt.targets.protocol import (
+    TargetError,
+    capabilities,
+    fingerprint,
+    load_target,
+    optional_value,
+    validate_target,
+)
 
 __all__ = ["build", "initial_states", "DTYPES"]
 
@@ -76,6 +83,7 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
     draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
     the share of such draws among 512 probes is reported; all bad is an error); else N(0, I)."""
     d = int(target.dim)
+    own = capabilities(target).has("initial_states")
     g = generator_for(seed, Stream.INIT)
     share = 0.0
     drawn = path.kind == "geometric"  # reference draws start every slot of a geometric path
@@ -86,12 +94,12 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
         v, base = density(probe.to(device, dtype))
         probe_ok = torch.isfinite(v) & torch.isfinite(base)
         share = float((~probe_ok).double().mean())
-        if share == 1.0 and not hasattr(target, "initial_states"):
+        if share == 1.0 and not own:
             raise TargetError(
                 "the target's log-likelihood is -inf (or NaN) at all 512 reference draws tried: "
                 "the target must be positive on a part of the reference's support that has "
                 "noticeable reference mass (choose a reference that covers the target)")
-    if hasattr(target, "initial_states"):
+    if own:
         x = target.initial_states(R * P, g)
     elif drawn:
         x = torch.as_tensor(target.reference_sample(R * P, g)).to(device, dtype)
@@ -227,8 +235,9 @@ def _sg_parts(cfg, target, entry, explorer, facts):
     run; an explorer object without an estimator gets the configured one."""
     P = int(cfg.chains)
     if facts["target_kind"] != "temperature":
+        name = optional_value(target, "name", cfg.target)
         raise ValueError("stochastic-gradient explorers need an energy target (energy(x)); "
-                         f"{getattr(target, 'name', cfg.target)!r} is a geometric-path target")
+                         f"{name!r} is a geometric-path target")
     if "zero-temperature" in entry.tags:
         temps = [float(cfg.bottom_temperature)] + [0.0] * (P - 1)
     else:
@@ -308,8 +317,8 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
         E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
-    facts["reference_normalized"] = path.has_reference and bool(
-        getattr(target, "reference_is_normalized", False))
+    facts["reference_normalized"] = (path.has_reference
+                                     and capabilities(target).reference_is_normalized)
     if getattr(explorer, "domain", None) is not None:
         explorer.domain.check_inside(x0)
     common = dict(step_size=step, seed=cfg.seed, n_explore=cfg.n_explore or 1, dtype=dtype,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from nrpt.targets.gaussian import GaussianReference, bimodal_1d
-from nrpt.targets.protocol import TargetError, path_kind
+from nrpt.targets.protocol import TargetError, optional_value, path_kind
 
 __all__ = ["GeometricTarget", "geometric_bimodal"]
 
@@ -28,6 +28,7 @@ _CARRIED = (
     "log_normalizer",
     "density_grid",
 )
+_ABSENT = object()
 
 
 class GeometricTarget:
@@ -62,11 +63,12 @@ class GeometricTarget:
         self.base = target
         self.reference = reference
         self.dim: int = target.dim
-        self.name: str = getattr(target, "name", type(target).__name__)
+        self.name: str = optional_value(target, "name", type(target).__name__)
         self.reference_is_normalized: bool = bool(getattr(reference, "is_normalized", True))
         for member in _CARRIED:
-            if hasattr(target, member):
-                setattr(self, member, getattr(target, member))
+            value = optional_value(target, member, _ABSENT)
+            if value is not _ABSENT:
+                setattr(self, member, value)
 
     def log_likelihood(self, x: torch.Tensor) -> torch.Tensor:
         """``-U(x) - log pi_0(x)``, shape ``[n]``."""

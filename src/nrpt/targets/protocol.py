@@ -55,6 +55,7 @@ __all__ = [
     "Target",
     "TemperatureForm",
     "capabilities",
+    "optional_value",
     "TargetError",
     "load_target",
     "import_file_target",
@@ -109,8 +110,8 @@ class GeometricForm(Target, Protocol):
 
 #: The optional members a target may have: ``name -> (sort, contract)``.  A ``"method"`` is
 #: present when callable (:attr:`Capabilities.methods`); a ``"flag"`` is read as
-#: ``bool(getattr(target, name, False))``; a ``"value"`` is read where it is used, as
-#: ``getattr(target, name, None)`` (never by :func:`capabilities`: ``mean`` / ``cov`` may be
+#: ``bool(getattr(target, name, False))``; a ``"value"`` is read where it is used, by
+#: :func:`optional_value` (never by :func:`capabilities`: ``mean`` / ``cov`` may be
 #: properties that compute exact moments expensively).
 OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
     "name": ("value", "str shown in logs and reports (else the class name)"),
@@ -137,6 +138,9 @@ OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
     "sample_at": ("method", "(beta, n, generator) -> [n, dim] exact iid draws of pi_beta"),
     "n_data": ("value", "int: the number of data points of a minibatch (data) target"),
     "loss": ("method", "the per-datum loss of a minibatch (data) target"),
+    "log_normalizer": ("value", "float: the exact log Z of pi (checks of log Z estimates)"),
+    "cdf": ("method", "(t) -> the exact cdf of a 1-d target (checks)"),
+    "marginal_cdf": ("method", "(t, i) -> the exact cdf of coordinate i (checks)"),
 }
 
 #: by path kind: the members giving the values (probed by :func:`validate_target`; an
@@ -183,6 +187,15 @@ def capabilities(target: Any) -> Capabilities:
                           if sort == "method" and callable(getattr(target, m, None))),
         analytic_gradients=bool(getattr(target, "analytic_gradients", False)),
         reference_is_normalized=bool(getattr(target, "reference_is_normalized", False)))
+
+
+def optional_value(target: Any, member: str, default: Any = None) -> Any:
+    """``getattr(target, member, default)`` for a member of :data:`OPTIONAL_MEMBERS` (a
+    :class:`KeyError` for any other name, so a misspelt probe fails loudly).  Read where the
+    value is used: a ``"value"`` member may be a property that computes."""
+    if member not in OPTIONAL_MEMBERS:
+        raise KeyError(f"{member!r} is not an optional member of the target protocol")
+    return getattr(target, member, default)
 
 
 # --------------------------------------------------------------------------------------------
