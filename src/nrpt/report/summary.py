@@ -378,7 +378,10 @@ def _rounds_fields(s: dict, run: Run, outcome: Outcome, rej: np.ndarray, kind: s
     _local_barrier_fields(s, b, rej, kind, R)
     restarts = run.recorders["round_trips"].counts()["restarts"].double().cpu().numpy()
     s["restart_rate"] = per_system(restarts / outcome.rows[-1]["iterations"], R)
-    s["predicted_restart_rate"] = _per_iteration(s.get("predicted_restarts_per_1000"))
+    pred = s.get("predicted_restarts_per_1000")  # scheme-aware (theory.predicted_rates)
+    s["predicted_restart_rate"] = (None if pred is None else
+                                   [None if v is None else v / 1000 for v in pred]
+                                   if isinstance(pred, list) else pred / 1000)
     lam = np.clip(rej.sum(1), 0.0, None)
     s["asymptotic_restart_rate"] = per_system([theory.asymptotic_restart_rate(x) for x in lam], R)
     s["recommended_chains"] = per_system([recommended_chains(x) for x in lam], R)
@@ -392,8 +395,8 @@ def _rounds_fields(s: dict, run: Run, outcome: Outcome, rej: np.ndarray, kind: s
 
 
 def _local_barrier_fields(s: dict, b: np.ndarray, rej: np.ndarray, kind: str, R: int) -> None:
-    """The fitted local barrier of each system (schedule ``b`` and rejections ``rej``
-    ``[R, P]``) on 51 points, and the Method I points placed at ``b``."""
+    """The fitted local barrier per system (last round's ``b`` and ``rej`` ``[R, P]``) on 51
+    points, and the Method I points placed at ``b``."""
     fits = [fit_barrier(b[i], rej[i]) for i in range(R)]
     grid = fits[0].grid(51)[0]
     coordinate = "1/temperature" if kind == "temperature" else "beta"
@@ -402,15 +405,6 @@ def _local_barrier_fields(s: dict, b: np.ndarray, rej: np.ndarray, kind: str, R:
     if "local_barrier_method_i" in s:
         s["local_barrier_method_i"] = {"coordinate": coordinate, "at": per_system(b, R),
                                        "values": s["local_barrier_method_i"]}
-
-
-def _per_iteration(per_1000):
-    """A per-1000-iterations prediction (scalar, per-system list or None) per iteration."""
-    if per_1000 is None:
-        return None
-    if isinstance(per_1000, list):
-        return [None if v is None else v / 1000 for v in per_1000]
-    return per_1000 / 1000
 
 
 def _health(run: Run, cfg, s: dict, samples) -> list:
@@ -565,15 +559,21 @@ def _system_table(s: dict[str, Any], R: int) -> list[str]:
         return []
     if s.get("log_normalizer_kind") != "log Z":
         cols = [(k, "log Z ratio" if k == "log_normalizer" else lab, sp) for k, lab, sp in cols]
-    table = [[label for _, label, _ in cols]]
-    table += [["n/a" if s[k][r] is None else format(float(s[k][r]), spec)
-               for k, _, spec in cols] for r in range(R)]
-    table.append([_spread(s[k], spec) for k, _, spec in cols])
+    table = _table_cells(s, cols, R)
     widths = [max(len(row[j]) for row in table) for j in range(len(cols))]
     names = ["  per system     "] + [f"    system {r:<6}" for r in range(R)] + \
         ["    mean ± sd   "]
     return [name + "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
             for name, row in zip(names, table, strict=True)]
+
+
+def _table_cells(s: dict[str, Any], cols: list, R: int) -> list[list[str]]:
+    """The table's header, a row per system and the ``mean ± sd`` row of columns ``cols``."""
+    table = [[label for _, label, _ in cols]]
+    table += [["n/a" if s[k][r] is None else format(float(s[k][r]), spec)
+               for k, _, spec in cols] for r in range(R)]
+    table.append([_spread(s[k], spec) for k, _, spec in cols])
+    return table
 
 
 def _scalar(v, R: int, spec: str = ".3g") -> str:
@@ -602,7 +602,14 @@ def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
     if row_map is not None:  # its own fields (e.g. per leg)
         lines += row_map.text(s, lambda v, fmt=".3g": _scalar(v, R, fmt))
     if "rounds" in s:
-        lines += _rounds_lines(s, R)
+        lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
+                     f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "
+                     f"{_scalar(s.get('recommended_chains'), R, '.3g')} chains recommended")
+        if "restart_rate" in s:
+            lines.append(f"  restart rate    observed {_scalar(s['restart_rate'], R)} per "
+                         f"iteration, finite-P theory "
+                         f"{_scalar(s['predicted_restart_rate'], R)}, 1/(2+2Λ̂) = "
+                         f"{_scalar(s['asymptotic_restart_rate'], R)}")
     if R > 1:
         lines += _system_table(s, R)
     return "\n".join(lines + _answer_lines(s, R) + _note_lines(s))
@@ -665,18 +672,6 @@ def _log_normalizer_line(s: dict, R: int) -> str:
     return (f"  {label:<15} {_scalar(s['log_normalizer'], R, '.4g')}{se}  (bridge; "
             f"stepping-stone halves: forward {_scalar(s['log_normalizer_forward'], R, '.4g')}"
             f", reverse {_scalar(s['log_normalizer_reverse'], R, '.4g')})")
-
-
-def _rounds_lines(s: dict, R: int) -> list[str]:
-    """An adaptive run's rounds, barrier, recommended chains and restart rates."""
-    lines = [f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
-             f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "
-             f"{_scalar(s.get('recommended_chains'), R, '.3g')} chains recommended"]
-    if "restart_rate" in s:
-        lines.append(f"  restart rate    observed {_scalar(s['restart_rate'], R)} per "
-                     f"iteration, finite-P theory {_scalar(s['predicted_restart_rate'], R)}"
-                     f", 1/(2+2Λ̂) = {_scalar(s['asymptotic_restart_rate'], R)}")
-    return lines
 
 
 def _answer_lines(s: dict, R: int) -> list[str]:
