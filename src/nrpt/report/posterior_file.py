@@ -1,7 +1,7 @@
 """``posterior.nc``: a run's draws and diagnostics as an ArviZ InferenceData netCDF file.
 
-The file is written with xarray and h5netcdf alone (no ArviZ import: that costs about 2.7 s
-on every run); it follows ArviZ's InferenceData layout, so ``arviz.from_netcdf`` reads it and
+The file is written with xarray and h5netcdf alone (no ArviZ import: its cost is in
+docs/benchmarks.md); it follows ArviZ's InferenceData layout, so ``arviz.from_netcdf`` reads it and
 ``arviz.summary`` / ``plot_trace`` / ``plot_pair`` work on it unchanged.  ``chain`` is the PT
 system (one chain per independent system), ``draw`` the slot-0 draw of the sampling segments.
 

@@ -148,7 +148,7 @@ def _approximation_note(cfg, facts, s: dict) -> str | None:
 
 #: above this many slots the summary gives only the closed-form (Lemma 1) prediction: the
 #: exact chain of :func:`nrpt.diagnostics.theory.exact_event_rates` solves one sparse system
-#: per origin slot (26 s at P = 400; a run of 40,000 chains never reached its summary)
+#: per origin slot (its cost: docs/benchmarks.md)
 EXACT_PREDICTION_SLOTS = 256
 
 
@@ -410,16 +410,16 @@ def _local_barrier_fields(s: dict, b: np.ndarray, rej: np.ndarray, kind: str, R:
 def _health(run: Run, cfg, s: dict, samples) -> list:
     """The run's health findings (:func:`nrpt.report.health.check_run`, then the log Z
     recorder's and the row map's own); a check that cannot run is itself a finding."""
-    facts, eng = run.facts, run.engine
-    row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
-    exact = not facts["sg"]
-    hot = _hot_states(eng, run.recorders.get("spread"), row_map)
-    ref_sd = _reference_sd(eng) if exact else None
+    eng, row_map = run.engine, run.facts.get("row_map")  # engine rows != the user's systems
+    exact = not run.facts["sg"]
+    hot = _hot_inputs(eng, run.recorders.get("spread"), row_map) if exact else {}
+    x = np.asarray(samples)
+    slot0 = x if x.ndim == 3 else (x[None] if x.ndim == 2 else None)
     try:
         findings = health.check_run(
-            **_check_inputs(run, cfg, exact), hot_states=hot if exact else None,
-            reference_spread=ref_sd, reference_exact=eng.path.has_reference,
-            slot0=_slot0_draws(samples), exact=exact, **_sg_ladder_inputs(run, cfg, s))
+            **_check_inputs(run, cfg, exact), **hot, reference_exact=eng.path.has_reference,
+            slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact,
+            **_sg_ladder_inputs(run, cfg, s))
     except ValueError as err:  # never lose a run's result to a diagnostic
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
@@ -447,30 +447,21 @@ def _check_inputs(run: Run, cfg, exact: bool) -> dict:
             "explorer_target": target_acc, "explorer_name": cfg.explorer}
 
 
-def _hot_states(eng, spread, row_map: RowMap | None) -> dict | None:
-    """Mean and sd of the hottest slot per user system (the spread recorder's), or None."""
-    if spread is None or spread.n < 2 or (eng.P - 1) not in spread.slots:
-        return None
-    j = spread.slots.index(eng.P - 1)
-    rows = slice(None) if row_map is None else row_map.chain_rows  # the user's rows
-    return {"mean": spread.mean[rows, j].cpu().double().numpy(),
-            "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
-
-
-def _reference_sd(eng) -> np.ndarray | None:
-    """The reference's sd per coordinate from 2000 exact draws (fixed generator), where the
-    path has a sampleable reference."""
-    if not eng.path.has_reference:
-        return None
-    g = torch.Generator().manual_seed(12345)
-    return torch.as_tensor(eng.target.reference_sample(2000, g)).double().std(0).numpy()
-
-
-def _slot0_draws(samples) -> np.ndarray | None:
-    """The slot-0 draws as ``[R, n, dim]`` where there are at least 8 per system, else None."""
-    x = np.asarray(samples)
-    slot0 = x if x.ndim == 3 else (x[None] if x.ndim == 2 else None)
-    return slot0 if slot0 is not None and slot0.shape[1] >= 8 else None
+def _hot_inputs(eng, spread, row_map: RowMap | None) -> dict:
+    """The ``hot-slot-stuck`` inputs of an exact run: the hottest slot's mean and sd per user
+    system (the spread recorder's), and the reference's sd per coordinate from 2000 exact
+    draws (a fixed generator) where the path has a sampleable reference; None where unknown."""
+    out = {"hot_states": None, "reference_spread": None}
+    if spread is not None and spread.n >= 2 and (eng.P - 1) in spread.slots:
+        j = spread.slots.index(eng.P - 1)
+        rows = slice(None) if row_map is None else row_map.chain_rows  # the user's rows
+        out["hot_states"] = {"mean": spread.mean[rows, j].cpu().double().numpy(),
+                             "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
+    if eng.path.has_reference:
+        g = torch.Generator().manual_seed(12345)
+        draws = torch.as_tensor(eng.target.reference_sample(2000, g)).double()
+        out["reference_spread"] = draws.std(0).numpy()
+    return out
 
 
 def _sg_ladder_inputs(run: Run, cfg, s: dict) -> dict:
