@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from nrpt.diagnostics.density import iid_floor
+from nrpt.report.posterior_file import write_inference_data as export_inference_data
 from nrpt.targets.protocol import capabilities
 
 __all__ = ["ROW_HEADER", "format_row", "TABLE", "write_round_table", "write_figures",
@@ -199,15 +200,3 @@ def import_arviz():
         except ImportError:
             return None
     return arviz
-
-
-def export_inference_data(path: str | Path, **options) -> str | None:
-    """Write ``posterior.nc`` (:func:`nrpt.report.posterior_file.write_inference_data`, which takes
-    ``options``: the draws as the ``posterior`` group -- in the model's variables for targets
-    with ``model_variables`` --, nrpt's per-draw and per-system diagnostics as
-    ``sample_stats``, the per-slot / per-pair tables as ``constant_data``); returns its file
-    name, or None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
-    ArviZ itself is not imported."""
-    from nrpt.report.posterior_file import write_inference_data
-
-    return write_inference_data(path, **options)
