@@ -94,65 +94,50 @@ class Finding:
 
 # --------------------------------------------------------------------------- thresholds
 
-#: Swap acceptance below which an adjacent pair counts as blocked.  A pair with acceptance
-#: ``a`` adds ``(1 - a) / a`` to the DEO round-trip sum (Syed et al. 2021, Theorem 1): at
-#: ``a = 0.05`` that single pair costs 19 "pair units", i.e. it alone caps the restart rate at
-#: 1/40 per iteration, and an adapted ladder (equal rejection per pair) would never leave one
-#: pair that far below the others.  Values this low mean the ladder is too coarse there.
+#: Swap acceptance below which an adjacent pair counts as blocked: a pair with acceptance
+#: ``a`` adds ``(1 - a) / a`` to the DEO round-trip sum (Syed et al. 2021, Theorem 1), so at
+#: 0.05 that one pair caps the restart rate at 1/40 per iteration; an adapted ladder (equal
+#: rejection per pair) never leaves one pair that far below the others.
 PAIR_FLOOR = 0.05
 
 #: Zero restarts in a system are flagged once the DEO restart rate predicted from the observed
 #: swap acceptance, ``tau = 1 / (2 + 2 sum_p r_p / (1 - r_p))`` per iteration, times the
 #: iterations after the first ``P - 1`` (the earliest a replica can descend the ladder) reaches
-#: this many.  Restarts are roughly Poisson, and ``P(0 | mean 3) = e^-3 = 0.05``: zero restarts
-#: is then unlikely for a working index process, while short runs are not flagged.
+#: this many: restarts are roughly Poisson and ``P(0 | mean 3) = e^-3 = 0.05``.
 RESTARTS_EXPECTED_MIN = 3.0
 
-#: Default band for explorer acceptance around its target: flagged when the acceptance is below
-#: ``target * band[0]`` (a factor 4 short: the sampler is close to frozen, the step is too large)
-#: or the rejection is below ``(1 - target) / band[1]`` (a factor 4 fewer rejections than aimed
-#: at: the steps are so small the chain diffuses slowly).  For RWMH's 0.3 this flags below 0.075
-#: and above 0.825; for MALA's 0.574 below 0.14 / above 0.89; for HMC's 0.65 below 0.16 / above
-#: 0.91.  A factor 4 is far outside the noise of a per-slot average over many moves and far
-#: outside what the between-round step-size adaptation leaves behind.
+#: Band for explorer acceptance around its target: flagged below ``target * band[0]`` (nearly
+#: frozen: the step is too large) or with rejection below ``(1 - target) / band[1]`` (steps so
+#: small the chain diffuses slowly) -- a factor 4 either way, far outside the noise of a
+#: per-slot average and what the between-round step-size adaptation leaves.
 EXPLORER_BAND = (0.25, 4.0)
 
-#: The hottest slot should explore the whole reference: its within-system sd is compared with
-#: the reference sd.  Even from 10 independent draws the sample sd falls below a third of the
-#: true sd with probability ~6e-4 (chi-square with 9 degrees of freedom below 1), so a ratio
-#: below 1/3 means the hot chain covers a fraction of the reference: it has not forgotten its
-#: start and cannot feed fresh states down the ladder.
+#: Hottest-slot sd below this fraction of the reference sd: the hot chain covers a fraction of
+#: the reference (10 independent draws fall below it with probability ~6e-4, chi-square with 9
+#: degrees of freedom below 1), so it has not forgotten its start.
 HOT_SPREAD_MIN = 1.0 / 3.0
 
-#: With ``R >= 2`` systems, the sd of the systems' hot-slot means in units of the pooled
-#: within-system sd.  For a mixing hot chain this ratio is about ``1 / sqrt(ESS)`` (0.1 at an
-#: ESS of 100); a ratio of 1 corresponds to a hot-slot R-hat of about ``sqrt(1 + 1^2) = 1.41``:
-#: the systems' hot chains sit in different places.
+#: With ``R >= 2`` systems: the sd of the systems' hot-slot means in units of the pooled
+#: within-system sd above which they sit in different places (about ``1 / sqrt(ESS)`` when
+#: mixing; 1 corresponds to a hot-slot R-hat of about ``sqrt(2) = 1.41``).
 HOT_MEAN_DISAGREEMENT = 1.0
 
-#: Rank-normalized split R-hat threshold across systems (Vehtari et al. 2021 and ArviZ
-#: recommend 1.01; 1.1 is the old Gelman-Rubin rule that misses slow mixing).  On iid draws it
-#: stays below 1.01 once each system has about 1000 draws; above it the systems (or the halves
-#: of one system) disagree about the target.
+#: Rank-normalized split R-hat threshold across systems (Vehtari et al. 2021 and ArviZ; 1.1 is
+#: the old Gelman-Rubin rule that misses slow mixing).
 R_HAT_MAX = 1.01
 
 #: Minimum bulk and tail ESS per system (Vehtari et al. 2021: "at least 100 per chain"); below
 #: it R-hat itself and the Monte-Carlo error of means and quantiles are unreliable.
 ESS_MIN_PER_SYSTEM = 100.0
 
-#: Two adjacent rungs of a stochastic-gradient learning-rate ladder closer than this fraction of
-#: the larger have collapsed: they run (nearly) the same dynamics, so a slot is wasted, and the
-#: adaptation has stopped working there.  The initial geometric ladder of the default run has
-#: gaps of 29 %; adapted ladders that work keep gaps of several percent (4-6 % at the smallest
-#: with ``ladder_update = "log-gaps"`` on the default run), while Eq. 11/12 as written left
-#: 0.04 % (seed 0) and 0.4 % (seed 1) between rungs 1 and 2.
+#: Two adjacent rungs of a stochastic-gradient learning-rate ladder closer than this fraction
+#: of the larger have collapsed: they run (nearly) the same dynamics, a slot is wasted and the
+#: adaptation has stopped there (the ladders measured are in docs/benchmarks.md).
 RUNG_GAP_MIN = 0.01
 
 #: The learning-rate and correction adaptors aim every adjacent pair's swap-indicator rate at
-#: ``S``.  A pair further than this from ``S`` (absolute) over the statistics' span was not
-#: equalized: on the default run (``S = 0.4``) Eq. 11/12 as written leaves pair 0 at 0.58-0.59
-#: while ``"log-gaps"`` gives 0.40 at every pair; the binomial noise of a rate over 1000
-#: iterations is below 0.02.
+#: ``S``; a pair further than this from ``S`` (absolute) was not equalized (the rates measured
+#: are in docs/benchmarks.md).
 SWAP_RATE_TOLERANCE = 0.1
 
 KNOB_SG_LADDER = ("ladder_update = log-gaps (or the initial ladder: lr_min / lr_max / "

@@ -1,7 +1,7 @@
 """``posterior.nc``: a run's draws and diagnostics as an ArviZ InferenceData netCDF file.
 
-The file is written with xarray and h5netcdf alone (no ArviZ import: that costs about 2.7 s
-on every run); it follows ArviZ's InferenceData layout, so ``arviz.from_netcdf`` reads it and
+The file is written with xarray and h5netcdf alone (no ArviZ import: its cost is in
+docs/benchmarks.md); it follows ArviZ's InferenceData layout, so ``arviz.from_netcdf`` reads it and
 ``arviz.summary`` / ``plot_trace`` / ``plot_pair`` work on it unchanged.  ``chain`` is the PT
 system (one chain per independent system), ``draw`` the slot-0 draw of the sampling segments.
 
@@ -44,6 +44,7 @@ import numpy as np
 
 from nrpt.recorders.draws import index_dtype
 from nrpt.roles import RowMap
+from nrpt.targets.protocol import capabilities
 
 __all__ = ["write_inference_data", "index_statistics", "DRAW_BLOCK_BYTES"]
 
@@ -166,35 +167,49 @@ def _model_values(target, x: np.ndarray) -> dict:
 
 def _model_layout(target, x0: np.ndarray) -> dict[str, dict[str, Any]]:
     """Each model variable's dims, coordinates, shape and dtype, from the hook applied to one
-    state; refuses dims / coords that do not fit the values."""
+    state (``x0`` ``[1, dim]``) and the target's ``model_dims`` / ``model_coords`` (values of
+    the protocol, read here); refuses dims / coords that do not fit the values."""
     values = _model_values(target, x0)
     dims_of = dict(getattr(target, "model_dims", None) or {})
     coords_of = dict(getattr(target, "model_coords", None) or {})
-    layout: dict[str, dict[str, Any]] = {}
-    for name, v in values.items():
-        v = np.asarray(v)
-        if v.ndim < 1 or v.shape[0] != x0.shape[0]:
-            raise ValueError(f"model_variables: {name!r} has shape {v.shape}; expected "
-                             f"[{x0.shape[0]}, *shape] for {x0.shape[0]} states")
-        shape = tuple(int(s) for s in v.shape[1:])
-        dims = list(dims_of.get(name) or [f"{name}_dim_{i}" for i in range(len(shape))])
-        if len(dims) != len(shape):
-            raise ValueError(f"model_dims: {name!r} names {len(dims)} dims {dims} but its "
-                             f"values have shape {shape}")
-        if name in ("chain", "draw") or {"chain", "draw"} & set(dims):
-            raise ValueError(f"model variable {name!r}: 'chain' and 'draw' are reserved")
-        coords = {}
-        for d, size in zip(dims, shape, strict=True):
-            c = coords_of.get(d)
-            c = np.arange(size) if c is None else np.asarray(list(c))
-            if len(c) != size:
-                raise ValueError(f"model_coords: dim {d!r} of {name!r} has {len(c)} "
-                                 f"coordinates but size {size}")
-            coords[d] = c
-        layout[name] = {"dims": dims, "shape": shape, "dtype": v.dtype, "coords": coords}
+    layout = {name: _variable_layout(name, np.asarray(v), x0.shape[0], dims_of, coords_of)
+              for name, v in values.items()}
     if not layout:
         raise ValueError("model_variables returned no variables")
     return layout
+
+
+def _variable_layout(name: str, v: np.ndarray, n: int, dims_of: dict,
+                     coords_of: dict) -> dict[str, Any]:
+    """One model variable's layout from its values ``v`` ``[n, *shape]`` of ``n`` states."""
+    if v.ndim < 1 or v.shape[0] != n:
+        raise ValueError(f"model_variables: {name!r} has shape {v.shape}; expected "
+                         f"[{n}, *shape] for {n} states")
+    shape = tuple(int(s) for s in v.shape[1:])
+    dims = list(dims_of.get(name) or [f"{name}_dim_{i}" for i in range(len(shape))])
+    if len(dims) != len(shape):
+        raise ValueError(f"model_dims: {name!r} names {len(dims)} dims {dims} but its "
+                         f"values have shape {shape}")
+    if name in ("chain", "draw") or {"chain", "draw"} & set(dims):
+        raise ValueError(f"model variable {name!r}: 'chain' and 'draw' are reserved")
+    coords = {}
+    for d, size in zip(dims, shape, strict=True):
+        c = coords_of.get(d)
+        c = np.arange(size) if c is None else np.asarray(list(c))
+        if len(c) != size:
+            raise ValueError(f"model_coords: dim {d!r} of {name!r} has {len(c)} "
+                             f"coordinates but size {size}")
+        coords[d] = c
+    return {"dims": dims, "shape": shape, "dtype": v.dtype, "coords": coords}
+
+
+def _create(group, name: str, dims, shape, dtype, n: int):
+    """A gzip-compressed ``[chain, draw, *shape]`` variable of ``n`` draws per chain, chunked
+    to about :data:`_CHUNK_BYTES`."""
+    per_draw = int(np.prod(shape, dtype=np.int64)) * max(dtype.itemsize, 1)
+    chunks = (1, max(1, min(n, _CHUNK_BYTES // max(per_draw, 1))), *[max(1, s) for s in shape])
+    return group.create_variable(name, ("chain", "draw", *dims), dtype=dtype,
+                                 compression="gzip", chunks=chunks)
 
 
 def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
@@ -205,48 +220,51 @@ def _write_draws(tmp: Path, target, x: np.ndarray, layout: dict | None) -> None:
     import h5netcdf
 
     R, n, dim = x.shape
+    layout = layout or {}
     # a block holds the unconstrained rows and every model variable's values of its draws
     # (a per-observation Deterministic can be far larger than the state)
     per_draw = 8 * max(dim, 1) + sum(
         int(np.prod(spec["shape"], dtype=np.int64)) * max(spec["dtype"].itemsize, 1)
-        for spec in (layout or {}).values())
+        for spec in layout.values())
     block = max(1, DRAW_BLOCK_BYTES // per_draw)
-
-    def create(group, name, dims, shape, dtype):
-        per_draw = int(np.prod(shape, dtype=np.int64)) * max(dtype.itemsize, 1)
-        chunks = (1, max(1, min(n, _CHUNK_BYTES // max(per_draw, 1))),
-                  *[max(1, s) for s in shape])
-        return group.create_variable(name, ("chain", "draw", *dims), dtype=dtype,
-                                     compression="gzip", chunks=chunks)
-
     with h5netcdf.File(tmp, "a") as f:
-        flat = create(f["posterior" if layout is None else "unconstrained_posterior"], "x",
-                      ("x_dim",), (dim,), np.dtype(x.dtype))
-        handles = {}
-        for name, spec in (layout or {}).items():
-            boolean = spec["dtype"].kind == "b"  # netCDF has no bool: int8 + a dtype attr
-            handles[name] = create(f["posterior"], name, spec["dims"], spec["shape"],
-                                   np.dtype(np.int8) if boolean else spec["dtype"])
-            if boolean:
-                handles[name].attrs["dtype"] = "bool"  # xarray decodes it back to bool
+        flat = _create(f["unconstrained_posterior" if layout else "posterior"], "x",
+                       ("x_dim",), (dim,), np.dtype(x.dtype), n)
+        handles = {name: _model_variable(f["posterior"], name, spec, n)
+                   for name, spec in layout.items()}
         for r in range(R):
             for a in range(0, n, block):
                 xb = np.array(x[r, a:a + block])
                 flat[r, a:a + len(xb)] = xb
-                if not handles:
-                    continue
-                values = _model_values(target, xb.astype(np.float64, copy=False))
-                missing = set(handles) - set(values)
-                if missing:
-                    raise ValueError(f"model_variables: {sorted(missing)} missing from a "
-                                     f"block of draws")
-                for name, spec in layout.items():
-                    v = np.asarray(values[name])
-                    if v.shape[1:] != spec["shape"] or v.shape[0] != len(xb):
-                        raise ValueError(f"model_variables: {name!r} changed shape to "
-                                         f"{v.shape} (was [n, {spec['shape']}])")
-                    handles[name][r, a:a + len(v)] = \
-                        v.astype(np.int8) if v.dtype.kind == "b" else v
+                if handles:
+                    _write_model_block(handles, layout, target, xb, r, a)
+
+
+def _model_variable(group, name: str, spec: dict, n: int):
+    """The file variable of one model variable (netCDF has no bool: int8 with a ``dtype``
+    attribute that xarray decodes back to bool)."""
+    boolean = spec["dtype"].kind == "b"
+    handle = _create(group, name, spec["dims"], spec["shape"],
+                     np.dtype(np.int8) if boolean else spec["dtype"], n)
+    if boolean:
+        handle.attrs["dtype"] = "bool"
+    return handle
+
+
+def _write_model_block(handles: dict, layout: dict, target, xb: np.ndarray, r: int,
+                       a: int) -> None:
+    """The hook's values of the block ``xb`` of system ``r`` from draw ``a`` on, checked
+    against ``layout`` and written."""
+    values = _model_values(target, xb.astype(np.float64, copy=False))
+    missing = set(handles) - set(values)
+    if missing:
+        raise ValueError(f"model_variables: {sorted(missing)} missing from a block of draws")
+    for name, spec in layout.items():
+        v = np.asarray(values[name])
+        if v.shape[1:] != spec["shape"] or v.shape[0] != len(xb):
+            raise ValueError(f"model_variables: {name!r} changed shape to {v.shape} (was "
+                             f"[n, {spec['shape']}])")
+        handles[name][r, a:a + len(v)] = v.astype(np.int8) if v.dtype.kind == "b" else v
 
 
 # ------------------------------------------------------------------------------ the file
@@ -276,34 +294,12 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     e = np.asarray(energies, dtype=float)
     if x.ndim == 2:  # one system: [n, dim] -> [1, n, dim]
         x, e = x[None], e[None]
-    R, n, dim = x.shape
+    R, n = x.shape[:2]
     chain, draw = np.arange(R), np.arange(n)
-    hook = callable(getattr(target, "model_variables", None))
     nrpt_attrs = {"nrpt_" + k: str(summary.get(k)) for k in (
         "target", "path", "chains", "explorer", "scheme", "window", "rule", "statistics_from",
         "log_normalizer", "log_normalizer_kind", "barrier")}
-
-    groups: dict[str, Any] = {}
-    # coordinates and attrs through xarray; the draws themselves are written block by block
-    # afterwards (:func:`_write_draws`), so no group holds all of them in memory at once
-    flat = xr.Dataset(coords={"chain": chain, "draw": draw, "x_dim": np.arange(dim)},
-                      attrs=_group_attrs())
-    layout = None
-    if hook:
-        layout = _model_layout(target, np.array(x[0, :1], dtype=np.float64))
-        coords = {"chain": chain, "draw": draw}
-        for spec in layout.values():
-            for d, c in spec["coords"].items():
-                if d in coords and not np.array_equal(coords[d], c):
-                    raise ValueError(f"model_coords: dim {d!r} has two sets of coordinates")
-                coords[d] = c
-        groups["posterior"] = xr.Dataset(coords=coords, attrs=_group_attrs(
-            {"nrpt_parameterization": "the model's constrained variables "
-             "(target.model_variables); the sampler's unconstrained draws are in the group "
-             "unconstrained_posterior"}))
-        groups["unconstrained_posterior"] = flat
-    else:
-        groups["posterior"] = flat
+    layout, groups = _posterior_groups(xr, target, x, chain, draw)
     groups["sample_stats"] = _sample_stats(xr, e, chain, draw, summary, index, first, thin, R,
                                            n, row_map)
     groups["constant_data"] = _constant_data(xr, recorders, engine, nrpt_attrs)
@@ -313,6 +309,28 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
             ds.to_netcdf(tmp, mode="a", group=name, engine="h5netcdf", encoding=_encoding(ds))
         _write_draws(tmp, target, x, layout)
     return Path(path).name
+
+
+def _posterior_groups(xr, target, x: np.ndarray, chain, draw) -> tuple[dict | None, dict]:
+    """The model variables' layout (None without the hook) and the posterior group(s) with
+    their coordinates and attrs only: the draws themselves are written block by block
+    afterwards (:func:`_write_draws`), so no group holds all of them in memory at once."""
+    flat = xr.Dataset(coords={"chain": chain, "draw": draw, "x_dim": np.arange(x.shape[2])},
+                      attrs=_group_attrs())
+    if not capabilities(target).has("model_variables"):
+        return None, {"posterior": flat}
+    layout = _model_layout(target, np.array(x[0, :1], dtype=np.float64))
+    coords = {"chain": chain, "draw": draw}
+    for spec in layout.values():
+        for d, c in spec["coords"].items():
+            if d in coords and not np.array_equal(coords[d], c):
+                raise ValueError(f"model_coords: dim {d!r} has two sets of coordinates")
+            coords[d] = c
+    posterior = xr.Dataset(coords=coords, attrs=_group_attrs(
+        {"nrpt_parameterization": "the model's constrained variables "
+         "(target.model_variables); the sampler's unconstrained draws are in the group "
+         "unconstrained_posterior"}))
+    return layout, {"posterior": posterior, "unconstrained_posterior": flat}
 
 
 def _sample_stats(xr, e, chain, draw, summary, index, first, thin, R, n, row_map):

@@ -25,13 +25,22 @@ from nrpt.diagnostics.density import grid_errors, iid_floor
 from nrpt.recorders.stats import json_ready, per_system
 from nrpt.report import health
 from nrpt.roles import RowMap
+from nrpt.targets.protocol import capabilities
 
 __all__ = ["build_summary", "format_summary", "exact_moments", "density_error"]
 
 
 def _schedule_values(b, kind: str) -> list:
+    """A schedule row ``b`` as reported: temperatures ``1 / b`` for ``kind == "temperature"``,
+    else ``b`` itself (betas), as a list of floats."""
     b = np.asarray(b, dtype=float)
     return (1.0 / b).tolist() if kind == "temperature" else b.tolist()
+
+
+def _moments_fit(mean: np.ndarray, sd: np.ndarray, dim: int | None) -> bool:
+    """Whether ``mean`` and ``sd`` are finite, of one shape, and of size ``dim`` (if given)."""
+    return bool(mean.shape == sd.shape and (dim is None or mean.size == dim)
+                and np.isfinite(mean).all() and np.isfinite(sd).all())
 
 
 def exact_moments(target, dim: int | None = None) -> dict[str, list] | None:
@@ -43,24 +52,34 @@ def exact_moments(target, dim: int | None = None) -> dict[str, list] | None:
     not taken for the answer).  A target's own ``exact_moments()`` that fails or returns
     something else than finite ``mean`` and ``sd`` of the state's size raises ``ValueError``
     (the caller reports it: a known answer is never dropped silently)."""
-    fn = getattr(target, "exact_moments", None)
-    if callable(fn):
-        try:
-            m = fn()
-            if m is None:
-                return None
-            mean = np.asarray(m["mean"], dtype=float).reshape(-1)
-            sd = np.asarray(m["sd"], dtype=float).reshape(-1)
-        except Exception as err:  # noqa: BLE001 -- re-raised with the method named
-            raise ValueError(f"the target's exact_moments() failed: {type(err).__name__}: "
-                             f"{err} (it must return {{'mean': [dim], 'sd': [dim]}} or None)"
-                             ) from err
-        if mean.shape != sd.shape or (dim is not None and mean.size != dim) \
-                or not (np.isfinite(mean).all() and np.isfinite(sd).all()):
-            raise ValueError(f"the target's exact_moments() gave mean of shape {mean.shape} and "
-                             f"sd of shape {sd.shape}: both must be finite, of the state's size "
-                             f"({dim})")
-        return {"mean": mean.tolist(), "sd": sd.tolist()}
+    if capabilities(target).has("exact_moments"):
+        return _own_moments(target, dim)
+    return _carried_moments(target, dim)
+
+
+def _own_moments(target, dim: int | None) -> dict[str, list] | None:
+    """``target.exact_moments()`` checked; ``ValueError`` naming it when it fails or misfits."""
+    try:
+        m = target.exact_moments()
+        if m is None:
+            return None
+        mean = np.asarray(m["mean"], dtype=float).reshape(-1)
+        sd = np.asarray(m["sd"], dtype=float).reshape(-1)
+    except Exception as err:  # noqa: BLE001 -- re-raised with the method named
+        raise ValueError(f"the target's exact_moments() failed: {type(err).__name__}: "
+                         f"{err} (it must return {{'mean': [dim], 'sd': [dim]}} or None)"
+                         ) from err
+    if not _moments_fit(mean, sd, dim):
+        raise ValueError(f"the target's exact_moments() gave mean of shape {mean.shape} and "
+                         f"sd of shape {sd.shape}: both must be finite, of the state's size "
+                         f"({dim})")
+    return {"mean": mean.tolist(), "sd": sd.tolist()}
+
+
+def _carried_moments(target, dim: int | None) -> dict[str, list] | None:
+    """The moments from the ``mean`` / ``cov`` values a target carries (read here only: they
+    may be expensive properties, see :data:`nrpt.targets.protocol.OPTIONAL_MEMBERS`); None
+    where absent, callable or not of the state's shape."""
     mean, cov = getattr(target, "mean", None), getattr(target, "cov", None)
     if mean is None or cov is None or callable(mean) or callable(cov):
         return None
@@ -71,12 +90,9 @@ def exact_moments(target, dim: int | None = None) -> dict[str, list] | None:
         return None
     if cov.ndim != 2 or cov.shape != (mean.size, mean.size):
         return None
-    sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-    mean, sd = mean.reshape(-1), sd.reshape(-1)
-    if mean.shape != sd.shape or (dim is not None and mean.size != dim) \
-            or not (np.isfinite(mean).all() and np.isfinite(sd).all()):
-        return None
-    return {"mean": mean.tolist(), "sd": sd.tolist()}
+    sd = np.sqrt(np.clip(np.diag(cov), 0.0, None)).reshape(-1)
+    mean = mean.reshape(-1)
+    return {"mean": mean.tolist(), "sd": sd.tolist()} if _moments_fit(mean, sd, dim) else None
 
 
 def density_error(target, samples) -> dict[str, Any] | None:
@@ -85,14 +101,14 @@ def density_error(target, samples) -> dict[str, Any] | None:
     many exact iid draws give (:func:`nrpt.diagnostics.density.iid_floor`: the finite-sample
     floor a perfect sampler would show).  None for targets without an exact grid or samples
     that are not 2-D.  Errors of the target's ``density_grid`` propagate (no silent floor)."""
-    fn = getattr(target, "density_grid", None)
     x = np.asarray(samples, dtype=float)
-    if not callable(fn) or x.ndim not in (2, 3) or x.shape[-1] != 2:
+    if not capabilities(target).has("density_grid") or x.ndim not in (2, 3) \
+            or x.shape[-1] != 2:
         return None
     x = x.reshape(-1, 2)
     if x.shape[0] == 0:
         return None
-    grid = fn()
+    grid = target.density_grid()
     if len(grid) != 3:
         return None
     xs, ys, probs = grid
@@ -132,7 +148,7 @@ def _approximation_note(cfg, facts, s: dict) -> str | None:
 
 #: above this many slots the summary gives only the closed-form (Lemma 1) prediction: the
 #: exact chain of :func:`nrpt.diagnostics.theory.exact_event_rates` solves one sparse system
-#: per origin slot (26 s at P = 400; a run of 40,000 chains never reached its summary)
+#: per origin slot (its cost: docs/benchmarks.md)
 EXACT_PREDICTION_SLOTS = 256
 
 
@@ -167,128 +183,35 @@ def _recorder_fields(rec: dict, facts: dict) -> dict[str, Any]:
 
 
 def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[str, Any]:
-    eng, rec, facts = run.engine, run.recorders, run.facts
-    R, P, K = eng.R, eng.P, eng.k
-    sg = facts["sg"]
-    path_kind = eng.path.kind if not sg else "noise-temperatures"
+    """The summary of a finished (or interrupted) run: the fields of the module docstring,
+    JSON-ready (:func:`nrpt.recorders.stats.json_ready`).  ``samples`` are the slot-0 draws the
+    statistics describe (``[R, n, dim]`` or ``[n, dim]``).  The health findings are listed
+    under ``"warnings"`` and emitted as :class:`~nrpt.report.health.SamplingWarning` s pointing
+    at the caller's caller."""
+    eng, facts = run.engine, run.facts
+    path_kind = eng.path.kind if not facts["sg"] else "noise-temperatures"
     window = outcome.notes.get("window", facts.get("window")) or 1
-    segs = run.plan.segments
-    done = outcome.segments_done
-    last_reset = max([i for i, s in enumerate(segs[:max(done, 1)]) if s.reset] or [0])
-    if len(segs) == 1:
-        stats_from = "the whole run"
-    elif any(s.reset for s in segs[1:]):
-        seg = segs[min(last_reset, len(segs) - 1)]
-        stats_from = f"the last completed segment ({seg.name})" if done else "no completed round"
-    else:
-        stats_from = "the whole run (tuning segment included)"
-    burn = int(facts.get("burn_in") or 0)
-    if burn and done > len(run.plan.warm_up(burn, facts.get("warmup_windows") or 1)):
-        stats_from = (f"the {K - burn} iterations after the burn-in of {burn} (round_trips_total"
-                      f", restarts_total: the whole run)")
-    s: dict[str, Any] = {
-        "target": cfg.target, "target_options": dict(cfg.target_options or {}),
-        "path": path_kind, "chains": P, "systems": R, "explorer": cfg.explorer,
-        "scheme": cfg.scheme, "window": window, "window_source": facts.get("window_source"),
-        "rule": facts.get("rule"), "seed": cfg.seed, "n_iterations": K,
-        "wall_time_s": outcome.wall_time_s, "threads": outcome.notes.get("threads"),
-        "iterations_per_s": K / outcome.wall_time_s if outcome.wall_time_s > 0 else None,
-        "statistics_from": stats_from,
-        # fixed-length runs: warm-up iterations in no statistic, not in posterior.nc nor in
-        # Result.samples (samples.npy keeps every row, from iteration 0)
-        "burn_in": burn, "warmup_windows": facts.get("warmup_windows") or 0,
-        "step_size_tuned_in_burn_in": bool(facts.get("step_size_tuned")),
-    }
-    if facts.get("approximations"):  # e.g. DEO_W's gate on noisy swaps (nrpt.swap.check_gate)
-        s["approximations"] = list(facts["approximations"])
-    if "window_rejection" in outcome.notes:
-        s["window_rejection"] = outcome.notes["window_rejection"]
-    if getattr(run, "fused", None) is not None:
-        s["fused"] = run.fused.describe()
-    s.update(_recorder_fields(rec, facts))
-    swaps = rec["swaps"]
-    rej = swaps.rejection().detach().cpu().double().numpy()
+    s = _run_fields(run, cfg, outcome, path_kind, window)
+    s.update(_recorder_fields(run.recorders, facts))
+    rej = run.recorders["swaps"].rejection().detach().cpu().double().numpy()
     if eng.scheme.proposes_swaps:
         s.update(_predictions(rej, eng.scheme, window))
         mean_rej = np.nanmean(np.where(np.isnan(rej), 0.0, rej), axis=1)
         s["optimal_window_measured"] = per_system(
-            [theory.optimal_window(P, min(float(x), 1 - 1e-12)) for x in mean_rej], R)
-    if sg:
-        # a learning-rate ladder: no temperature path, no barrier; report the ladder itself
-        s.pop("explorer_acceptance", None)
-        s["learning_rates"] = per_system(eng.step_size, R)
-        temps = [[1.0 / b if b > 0 else math.inf for b in row] for row in eng.schedule.tolist()]
-        s["noise_temperatures"] = json_ready(temps[0])  # the ladder is fixed: the same in
-        if any(t != temps[0] for t in temps[1:]):  # every system (else each is reported)
-            s["noise_temperatures_per_system"] = json_ready(temps)
-        s["energy"] = facts.get("energy")
-        if "C" in eng.params:
-            s["correction"] = per_system(eng.params["C"][:, 0], R)
-        if facts.get("rule") == "deterministic":
-            s["swap_rate_target"] = cfg.swap_rate
-        var = eng.state.extras.get("energy_var")
-        zero_temperature = bool(np.any(eng.schedule.cpu().double().numpy()[:, 1:] == math.inf))
-        if var is not None and zero_temperature:
-            # Eq. 53 needs sigma_p / tau_{p+1}: scale-dependent, so learning rates (tau ∝ eta
-            # only up to an unknown factor) cannot stand in for temperatures
-            s["recommended_chains_noisy"] = None
-            s["recommended_chains_noisy_note"] = (
-                "not given: SGD exploration has no temperature, and Deng et al.'s Eq. 53 "
-                "(sigma_p / tau_{p+1}) is not invariant to the unknown factor of tau ∝ "
-                "learning rate")
-        if var is not None:
-            sigma = var.gather(1, eng.replica_at).clamp_min(0).sqrt().cpu().double().numpy()
-            temps_np = 1.0 / eng.schedule.cpu().double().numpy()  # noise temperatures [R, P]
-        if var is not None and not zero_temperature:
-            ranges = []
-            for i in range(R):
-                try:
-                    ranges.append(list(recommended_chains_noisy(sigma[i], temps_np[i])))
-                except ValueError:  # a diverged run (non-finite sigma): no recommendation
-                    ranges.append(None)
-            s["recommended_chains_noisy"] = ranges[0] if R == 1 else ranges
-        if var is not None:
-            plain = eng.state.extras.get("energy_var_plain")
-            if plain is not None:
-                ratio = float(plain.mean() / var.mean().clamp_min(1e-300))
-                s["variance_reduction"] = ratio if math.isfinite(ratio) else None
+            [theory.optimal_window(eng.P, min(float(x), 1 - 1e-12)) for x in mean_rej], eng.R)
+    if facts["sg"]:
+        _sg_fields(s, run, cfg)
     else:
-        s["barrier"] = per_system(swaps.barrier(), R)
-        s["schedule_kind"] = "temperatures" if path_kind == "temperature" else "betas"
-        every = [_schedule_values(b, path_kind) for b in eng.schedule.cpu().numpy()]
-        s["schedules"] = every  # [R][P]: every system's (they differ once adapted)
-        s["schedule"] = every[0]  # system 0's (kept for readers of older summaries)
-        s["step_size"] = per_system(eng.step_size, R)
+        _ladder_fields(s, run, path_kind)
     if getattr(cfg, "rounds", None) is not None:
         _rounds_fields(s, run, outcome, rej, path_kind)
     if facts.get("zero_likelihood_share"):
         s["reference_zero_likelihood_share"] = facts["zero_likelihood_share"]
-    if "log_normalizer" in s and path_kind == "temperature":
-        s["log_normalizer_note"] = ("temperature ladder: only the ratio log(Z(tau=1) / "
-                                    "Z(tau_max)) is estimated, not log Z")
-    elif "log_normalizer" in s and not eng.path.has_reference:
-        s["log_normalizer_note"] = (
-            f"the ladder stops at beta = {eng.path.betas[-1]:g} > 0: only "
-            "log(Z(beta=1) / Z(beta_min)) is estimated, not log Z")
-    elif "log_normalizer" in s and not facts.get("reference_normalized"):
-        s.setdefault("log_normalizer_note", "the reference is not declared normalized "
-                     "(reference_is_normalized): only log(Z_target / Z_reference) is estimated")
+    _log_normalizer_note(s, run, path_kind)
     row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
     if row_map is not None:
         s.update(row_map.summary(run))
-    s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
-    s["exact_moments"] = None
-    if s["slot0"]:
-        try:
-            s["exact_moments"] = exact_moments(eng.target, eng.dim)
-        except ValueError as err:  # the target's own method failed: said, not hidden
-            s["exact_moments_failed"] = str(err)
-    if s["slot0"]:
-        try:  # a diagnostic must not lose the run, but its failure is reported, never hidden
-            s["density_error"] = density_error(eng.target, samples)
-        except Exception as err:  # noqa: BLE001
-            s["density_error"] = None
-            s["density_error_failed"] = f"{type(err).__name__}: {err}"
+    _exact_fields(s, eng, samples)
     note = _approximation_note(cfg, facts, s)
     if note:
         s["approximation_note"] = note
@@ -300,9 +223,148 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     return json_ready(s)
 
 
-def _rounds_fields(s, run: Run, outcome: Outcome, rej: np.ndarray, kind: str) -> None:
-    eng = run.engine
-    R = eng.R
+def _statistics_from(run: Run, outcome: Outcome) -> str:
+    """What the recorders' statistics cover: the whole run, the last completed segment after
+    a reset, or the iterations after the burn-in."""
+    segs, done, facts = run.plan.segments, outcome.segments_done, run.facts
+    burn = int(facts.get("burn_in") or 0)
+    if burn and done > len(run.plan.warm_up(burn, facts.get("warmup_windows") or 1)):
+        return (f"the {run.engine.k - burn} iterations after the burn-in of {burn} "
+                f"(round_trips_total, restarts_total: the whole run)")
+    if len(segs) == 1:
+        return "the whole run"
+    if not any(s.reset for s in segs[1:]):
+        return "the whole run (tuning segment included)"
+    if not done:
+        return "no completed round"
+    last_reset = max([i for i, s in enumerate(segs[:done]) if s.reset] or [0])
+    return f"the last completed segment ({segs[min(last_reset, len(segs) - 1)].name})"
+
+
+def _run_fields(run: Run, cfg, outcome: Outcome, path_kind: str, window: int) -> dict:
+    """The run's facts: target, path, components, sizes, timing, what the statistics cover."""
+    eng, facts, K = run.engine, run.facts, run.engine.k
+    s: dict[str, Any] = {
+        "target": cfg.target, "target_options": dict(cfg.target_options or {}),
+        "path": path_kind, "chains": eng.P, "systems": eng.R, "explorer": cfg.explorer,
+        "scheme": cfg.scheme, "window": window, "window_source": facts.get("window_source"),
+        "rule": facts.get("rule"), "seed": cfg.seed, "n_iterations": K,
+        "wall_time_s": outcome.wall_time_s, "threads": outcome.notes.get("threads"),
+        "iterations_per_s": K / outcome.wall_time_s if outcome.wall_time_s > 0 else None,
+        "statistics_from": _statistics_from(run, outcome),
+        # fixed-length runs: warm-up iterations in no statistic, not in posterior.nc nor in
+        # Result.samples (samples.npy keeps every row, from iteration 0)
+        "burn_in": int(facts.get("burn_in") or 0),
+        "warmup_windows": facts.get("warmup_windows") or 0,
+        "step_size_tuned_in_burn_in": bool(facts.get("step_size_tuned")),
+    }
+    if facts.get("approximations"):  # e.g. DEO_W's gate on noisy swaps (nrpt.swap.check_gate)
+        s["approximations"] = list(facts["approximations"])
+    if "window_rejection" in outcome.notes:
+        s["window_rejection"] = outcome.notes["window_rejection"]
+    if getattr(run, "fused", None) is not None:
+        s["fused"] = run.fused.describe()
+    return s
+
+
+def _ladder_fields(s: dict, run: Run, path_kind: str) -> None:
+    """An exact run's barrier, schedules (every system's) and step sizes."""
+    eng, R = run.engine, run.engine.R
+    s["barrier"] = per_system(run.recorders["swaps"].barrier(), R)
+    s["schedule_kind"] = "temperatures" if path_kind == "temperature" else "betas"
+    every = [_schedule_values(b, path_kind) for b in eng.schedule.cpu().numpy()]
+    s["schedules"] = every  # [R][P]: every system's (they differ once adapted)
+    s["schedule"] = every[0]  # system 0's (kept for readers of older summaries)
+    s["step_size"] = per_system(eng.step_size, R)
+
+
+def _sg_fields(s: dict, run: Run, cfg) -> None:
+    """A stochastic-gradient run's learning-rate ladder (no temperature path, no barrier), its
+    noise temperatures, correction and noise-based recommendations."""
+    eng, facts, R = run.engine, run.facts, run.engine.R
+    s.pop("explorer_acceptance", None)
+    s["learning_rates"] = per_system(eng.step_size, R)
+    temps = [[1.0 / b if b > 0 else math.inf for b in row] for row in eng.schedule.tolist()]
+    s["noise_temperatures"] = json_ready(temps[0])  # the ladder is fixed: the same in
+    if any(t != temps[0] for t in temps[1:]):  # every system (else each is reported)
+        s["noise_temperatures_per_system"] = json_ready(temps)
+    s["energy"] = facts.get("energy")
+    if "C" in eng.params:
+        s["correction"] = per_system(eng.params["C"][:, 0], R)
+    if facts.get("rule") == "deterministic":
+        s["swap_rate_target"] = cfg.swap_rate
+    var = eng.state.extras.get("energy_var")
+    if var is not None:
+        _noise_fields(s, eng, var)
+
+
+def _noise_fields(s: dict, eng, var: torch.Tensor) -> None:
+    """From the energy-noise variances ``var`` ``[R, P]`` (per replica): the chain counts of
+    Deng et al.'s Eq. 53 and the variance reduction of a control variate."""
+    b = eng.schedule.cpu().double().numpy()
+    if np.any(b[:, 1:] == math.inf):
+        # Eq. 53 needs sigma_p / tau_{p+1}: scale-dependent, so learning rates (tau ∝ eta
+        # only up to an unknown factor) cannot stand in for temperatures
+        s["recommended_chains_noisy"] = None
+        s["recommended_chains_noisy_note"] = (
+            "not given: SGD exploration has no temperature, and Deng et al.'s Eq. 53 "
+            "(sigma_p / tau_{p+1}) is not invariant to the unknown factor of tau ∝ "
+            "learning rate")
+    else:
+        sigma = var.gather(1, eng.replica_at).clamp_min(0).sqrt().cpu().double().numpy()
+        ranges = []
+        for sigma_r, b_r in zip(sigma, b, strict=True):
+            try:
+                ranges.append(list(recommended_chains_noisy(sigma_r, 1.0 / b_r)))
+            except ValueError:  # a diverged run (non-finite sigma): no recommendation
+                ranges.append(None)
+        s["recommended_chains_noisy"] = ranges[0] if eng.R == 1 else ranges
+    plain = eng.state.extras.get("energy_var_plain")
+    if plain is not None:
+        ratio = float(plain.mean() / var.mean().clamp_min(1e-300))
+        s["variance_reduction"] = ratio if math.isfinite(ratio) else None
+
+
+def _log_normalizer_note(s: dict, run: Run, path_kind: str) -> None:
+    """What the log Z estimate is where it is not log Z (a ratio of normalizers)."""
+    if "log_normalizer" not in s:
+        return
+    path = run.engine.path
+    if path_kind == "temperature":
+        s["log_normalizer_note"] = ("temperature ladder: only the ratio log(Z(tau=1) / "
+                                    "Z(tau_max)) is estimated, not log Z")
+    elif not path.has_reference:
+        s["log_normalizer_note"] = (
+            f"the ladder stops at beta = {path.betas[-1]:g} > 0: only "
+            "log(Z(beta=1) / Z(beta_min)) is estimated, not log Z")
+    elif not run.facts.get("reference_normalized"):
+        s.setdefault("log_normalizer_note", "the reference is not declared normalized "
+                     "(reference_is_normalized): only log(Z_target / Z_reference) is estimated")
+
+
+def _exact_fields(s: dict, eng, samples) -> None:
+    """ArviZ-style diagnostics of the slot-0 draws and, where the target knows its answer,
+    the exact moments and the histogram's error; a failure of either is reported in the
+    summary (``*_failed``), never hidden."""
+    s["slot0"] = health.slot0_diagnostics(samples) if np.asarray(samples).size else None
+    s["exact_moments"] = None
+    if not s["slot0"]:
+        return
+    try:
+        s["exact_moments"] = exact_moments(eng.target, eng.dim)
+    except ValueError as err:  # the target's own method failed: said, not hidden
+        s["exact_moments_failed"] = str(err)
+    try:  # a diagnostic must not lose the run, but its failure is reported, never hidden
+        s["density_error"] = density_error(eng.target, samples)
+    except Exception as err:  # noqa: BLE001
+        s["density_error"] = None
+        s["density_error_failed"] = f"{type(err).__name__}: {err}"
+
+
+def _rounds_fields(s: dict, run: Run, outcome: Outcome, rej: np.ndarray, kind: str) -> None:
+    """An adaptive run's rounds, schedules per round and, from the last round, the local
+    barrier, restart rates (observed, finite-P and asymptotic) and the adapted schedule."""
+    R = run.engine.R
     s["rounds"] = outcome.segments_done
     s["rounds_planned"] = len(run.plan.segments)
     s["round_rows"] = outcome.rows
@@ -313,17 +375,9 @@ def _rounds_fields(s, run: Run, outcome: Outcome, rej: np.ndarray, kind: str) ->
         return
     b = np.array(outcome.rows[-1]["b"], dtype=float)  # [R, P] of the last round
     rej = np.nan_to_num(rej, nan=0.0)
-    fits = [fit_barrier(b[i], rej[i]) for i in range(R)]
-    grid = fits[0].grid(51)[0]
-    coordinate = "1/temperature" if kind == "temperature" else "beta"
-    s["local_barrier"] = {"coordinate": coordinate, "grid": grid.tolist(),
-                          "values": per_system(np.array([f.local(grid) for f in fits]), R)}
-    if "local_barrier_method_i" in s:
-        s["local_barrier_method_i"] = {"coordinate": coordinate, "at": per_system(b, R),
-                                       "values": s["local_barrier_method_i"]}
-    n = outcome.rows[-1]["iterations"]
+    _local_barrier_fields(s, b, rej, kind, R)
     restarts = run.recorders["round_trips"].counts()["restarts"].double().cpu().numpy()
-    s["restart_rate"] = per_system(restarts / n, R)
+    s["restart_rate"] = per_system(restarts / outcome.rows[-1]["iterations"], R)
     pred = s.get("predicted_restarts_per_1000")  # scheme-aware (theory.predicted_rates)
     s["predicted_restart_rate"] = (None if pred is None else
                                    [None if v is None else v / 1000 for v in pred]
@@ -340,52 +394,74 @@ def _rounds_fields(s, run: Run, outcome: Outcome, rej: np.ndarray, kind: str) ->
     s["adapted_schedule"] = adapted[0]  # system 0's (kept for readers of older summaries)
 
 
+def _local_barrier_fields(s: dict, b: np.ndarray, rej: np.ndarray, kind: str, R: int) -> None:
+    """The fitted local barrier per system (last round's ``b`` and ``rej`` ``[R, P]``) on 51
+    points, and the Method I points placed at ``b``."""
+    fits = [fit_barrier(b[i], rej[i]) for i in range(R)]
+    grid = fits[0].grid(51)[0]
+    coordinate = "1/temperature" if kind == "temperature" else "beta"
+    s["local_barrier"] = {"coordinate": coordinate, "grid": grid.tolist(),
+                          "values": per_system(np.array([f.local(grid) for f in fits]), R)}
+    if "local_barrier_method_i" in s:
+        s["local_barrier_method_i"] = {"coordinate": coordinate, "at": per_system(b, R),
+                                       "values": s["local_barrier_method_i"]}
+
+
 def _health(run: Run, cfg, s: dict, samples) -> list:
-    eng, rec, facts = run.engine, run.recorders, run.facts
-    row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
-    swaps = rec["swaps"]
-    exact = not facts["sg"]
-    # the acceptance the explorer declares it aims at (nrpt.run.build: facts)
-    target_acc = facts.get("target_acceptance") if exact else None
-    spread = rec.get("spread")
-    hot = None
-    if spread is not None and spread.n >= 2:
-        j = spread.slots.index(eng.P - 1) if (eng.P - 1) in spread.slots else None
-        if j is not None:
-            rows = slice(None) if row_map is None else row_map.chain_rows  # the user's rows
-            hot = {"mean": spread.mean[rows, j].cpu().double().numpy(),
-                   "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
-    ref_sd = None
-    if eng.path.has_reference and exact:
-        g = torch.Generator().manual_seed(12345)
-        draws = torch.as_tensor(eng.target.reference_sample(2000, g)).double()
-        ref_sd = draws.std(0).numpy()
+    """The run's health findings (:func:`nrpt.report.health.check_run`, then the log Z
+    recorder's and the row map's own); a check that cannot run is itself a finding."""
+    eng, row_map = run.engine, run.facts.get("row_map")  # engine rows != the user's systems
+    exact = not run.facts["sg"]
+    hot = _hot_inputs(eng, run.recorders.get("spread"), row_map) if exact else {}
     x = np.asarray(samples)
     slot0 = x if x.ndim == 3 else (x[None] if x.ndim == 2 else None)
-    n_stats = int(swaps.n)
     try:
         findings = health.check_run(
-            swap_acceptance=None if not eng.scheme.proposes_swaps or not exact
-            else swaps.acceptance().cpu().double().numpy(),
-            restarts=None if not eng.scheme.proposes_swaps
-            else rec["round_trips"].counts()["restarts"].cpu().numpy(),
-            n_iterations=n_stats, n_chains=eng.P,
-            explorer_acceptance=swaps.explorer_acceptance().cpu().double().numpy()
-            if target_acc is not None else None,
-            explorer_target=target_acc, explorer_name=cfg.explorer,
-            hot_states=hot if exact else None, reference_spread=ref_sd,
-            reference_exact=eng.path.has_reference,
+            **_check_inputs(run, cfg, exact), **hot, reference_exact=eng.path.has_reference,
             slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact,
             **_sg_ladder_inputs(run, cfg, s))
     except ValueError as err:  # never lose a run's result to a diagnostic
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
-    lz = rec.get("log_z")
+    lz = run.recorders.get("log_z")
     if lz is not None:  # log Z halves self-check, per engine row
         findings += lz.findings(None if row_map is None else row_map.row_label)
         if row_map is not None:
             findings += row_map.findings(run)
     return findings
+
+
+def _check_inputs(run: Run, cfg, exact: bool) -> dict:
+    """The swap, restart and explorer-acceptance inputs of the health checks."""
+    eng, rec = run.engine, run.recorders
+    swaps, swapping = rec["swaps"], eng.scheme.proposes_swaps
+    # the acceptance the explorer declares it aims at (nrpt.run.build: facts)
+    target_acc = run.facts.get("target_acceptance") if exact else None
+    return {"swap_acceptance": swaps.acceptance().cpu().double().numpy()
+            if swapping and exact else None,
+            "restarts": rec["round_trips"].counts()["restarts"].cpu().numpy()
+            if swapping else None,
+            "n_iterations": int(swaps.n), "n_chains": eng.P,
+            "explorer_acceptance": swaps.explorer_acceptance().cpu().double().numpy()
+            if target_acc is not None else None,
+            "explorer_target": target_acc, "explorer_name": cfg.explorer}
+
+
+def _hot_inputs(eng, spread, row_map: RowMap | None) -> dict:
+    """The ``hot-slot-stuck`` inputs of an exact run: the hottest slot's mean and sd per user
+    system (the spread recorder's), and the reference's sd per coordinate from 2000 exact
+    draws (a fixed generator) where the path has a sampleable reference; None where unknown."""
+    out = {"hot_states": None, "reference_spread": None}
+    if spread is not None and spread.n >= 2 and (eng.P - 1) in spread.slots:
+        j = spread.slots.index(eng.P - 1)
+        rows = slice(None) if row_map is None else row_map.chain_rows  # the user's rows
+        out["hot_states"] = {"mean": spread.mean[rows, j].cpu().double().numpy(),
+                             "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
+    if eng.path.has_reference:
+        g = torch.Generator().manual_seed(12345)
+        draws = torch.as_tensor(eng.target.reference_sample(2000, g)).double()
+        out["reference_spread"] = draws.std(0).numpy()
+    return out
 
 
 def _sg_ladder_inputs(run: Run, cfg, s: dict) -> dict:
@@ -460,18 +536,21 @@ _SYSTEM_COLUMNS = [("restarts", "restarts", ".0f"), ("restarts_per_1000", "/1000
                    ("correction", "C", ".3g"), ("recommended_chains", "2Λ̂ chains", ".0f")]
 
 
+def _flat_list(v) -> bool:
+    """Whether ``v`` is a list of scalars (a per-system scalar), not a table."""
+    return isinstance(v, list) and not any(isinstance(x, list) for x in v)
+
+
 def _system_table(s: dict[str, Any], R: int) -> list[str]:
+    """The per-system table: a row per system of the :data:`_SYSTEM_COLUMNS` the summary has
+    per system, and their ``mean ± sd``; no lines when it has none."""
     cols = [(k, label, spec) for k, label, spec in _SYSTEM_COLUMNS
-            if isinstance(s.get(k), list) and len(s[k]) == R
-            and not any(isinstance(x, list) for x in s[k])]
+            if _flat_list(s.get(k)) and len(s[k]) == R]
     if not cols:
         return []
     if s.get("log_normalizer_kind") != "log Z":
         cols = [(k, "log Z ratio" if k == "log_normalizer" else lab, sp) for k, lab, sp in cols]
-    table = [[label for _, label, _ in cols]]
-    table += [["n/a" if s[k][r] is None else format(float(s[k][r]), spec)
-               for k, _, spec in cols] for r in range(R)]
-    table.append([_spread(s[k], spec) for k, _, spec in cols])
+    table = _table_cells(s, cols, R)
     widths = [max(len(row[j]) for row in table) for j in range(len(cols))]
     names = ["  per system     "] + [f"    system {r:<6}" for r in range(R)] + \
         ["    mean ± sd   "]
@@ -479,11 +558,18 @@ def _system_table(s: dict[str, Any], R: int) -> list[str]:
             for name, row in zip(names, table, strict=True)]
 
 
+def _table_cells(s: dict[str, Any], cols: list, R: int) -> list[list[str]]:
+    """The table's header, a row per system and the ``mean ± sd`` row of columns ``cols``."""
+    table = [[label for _, label, _ in cols]]
+    table += [["n/a" if s[k][r] is None else format(float(s[k][r]), spec)
+               for k, _, spec in cols] for r in range(R)]
+    table.append([_spread(s[k], spec) for k, _, spec in cols])
+    return table
+
+
 def _scalar(v, R: int, spec: str = ".3g") -> str:
     """A per-system scalar: itself for one system, ``mean ± sd`` over several."""
-    if R > 1 and isinstance(v, list) and not any(isinstance(x, list) for x in v):
-        return _spread(v, spec)
-    return _fmt(v, spec)
+    return _spread(v, spec) if R > 1 and _flat_list(v) else _fmt(v, spec)
 
 
 def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
@@ -492,6 +578,36 @@ def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
     per-pair vectors as their mean over systems with each system on its own line.
     ``row_map``: the run's ``Run.facts["row_map"]``, which adds lines of its own."""
     R = int(s.get("systems") or 1)
+    lines = _header_lines(s, R)
+    if s["scheme"] != "none":
+        lines += _swap_lines(s, R)
+    if "barrier" in s:
+        label = "temperatures" if s["schedule_kind"] == "temperatures" else "betas"
+        lines.append(f"  barrier Λ̂       {_scalar(s['barrier'], R)}")
+        lines += _per_system(label, s.get("schedules", s["schedule"]), R, ".3g")
+        lines += _per_system("explorer acc.", s.get("explorer_acceptance"), R, ".2f")
+    if s.get("learning_rates") is not None:
+        lines += _sg_lines(s, R)
+    if "log_normalizer" in s:
+        lines.append(_log_normalizer_line(s, R))
+    if row_map is not None:  # its own fields (e.g. per leg)
+        lines += row_map.text(s, lambda v, fmt=".3g": _scalar(v, R, fmt))
+    if "rounds" in s:
+        lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
+                     f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "
+                     f"{_scalar(s.get('recommended_chains'), R, '.3g')} chains recommended")
+        if "restart_rate" in s:
+            lines.append(f"  restart rate    observed {_scalar(s['restart_rate'], R)} per "
+                         f"iteration, finite-P theory "
+                         f"{_scalar(s['predicted_restart_rate'], R)}, 1/(2+2Λ̂) = "
+                         f"{_scalar(s['asymptotic_restart_rate'], R)}")
+    if R > 1:
+        lines += _system_table(s, R)
+    return "\n".join(lines + _answer_lines(s, R) + _note_lines(s))
+
+
+def _header_lines(s: dict, R: int) -> list[str]:
+    """The target, path, sizes, components, iterations and what the statistics cover."""
     opts = s.get("target_options") or {}
     target = s["target"] + (" (" + ", ".join(f"{k}={v}" for k, v in opts.items()) + ")"
                             if opts else "")
@@ -505,56 +621,53 @@ def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
         lines.append(f"  ({R} independent systems: a single number is the mean ± sd over the "
                      "systems, each system's in the table below; per-slot values are the mean "
                      "over systems, each system's on its own line)")
-    if s["scheme"] != "none":
-        lines += [
-            f"  restarts        {_scalar(s['restarts'], R, '.4g')} observed; per 1000 it "
-            f"{_scalar(s['restarts_per_1000'], R)} vs "
-            f"{_scalar(s.get('predicted_restarts_per_1000'), R)}"
-            " predicted (Syed et al. 2021 Thm 1 / Deng et al. 2023 Lemma 1)",
-            f"  round trips     {_scalar(s['round_trips'], R, '.4g')} (Syed et al.: restart, "
-            f"then back to the top); appendix-A.5 (Deng et al.) "
-            f"{_scalar(s['round_trips_a5'], R, '.4g')}, per 1000 it "
-            f"{_scalar(s['round_trips_a5_per_1000'], R)} vs "
-            f"{_scalar(s.get('predicted_round_trips_a5_per_1000'), R)} predicted (the index "
-            "process solved exactly at the measured rates)"]
-        lines += _per_system("swap acceptance", s["swap_acceptance"], R, ".2f")
-    if "barrier" in s:
-        label = "temperatures" if s["schedule_kind"] == "temperatures" else "betas"
-        lines.append(f"  barrier Λ̂       {_scalar(s['barrier'], R)}")
-        lines += _per_system(label, s.get("schedules", s["schedule"]), R, ".3g")
-        lines += _per_system("explorer acc.", s.get("explorer_acceptance"), R, ".2f")
-    if s.get("learning_rates") is not None:
-        C = s.get("correction")
-        lines += _per_system("learning rates", s["learning_rates"], R, ".3g")
-        lines += _per_system("noise temps", s.get("noise_temperatures_per_system",
-                                                  s["noise_temperatures"]), R, ".3g",
-                             f"; energy {s.get('energy')}")
-        if C is not None:
-            lines.append(f"  correction C    {_scalar(C, R)} (target swap rate S = "
-                         f"{s.get('swap_rate_target')})")
-            lines += _per_system("indicator rate", s.get("indicator_rate"), R, ".2f",
-                                 " per pair")
-    if "log_normalizer" in s:
-        label = "log Z" if s.get("log_normalizer_kind") == "log Z" else "log Z ratio"
-        se = s.get("log_normalizer_se")
-        # (one system: its standard error; several: the spread over systems says it)
-        se = "" if se is None or R > 1 else f" ± {_fmt(se, '.2g')}"
-        lines.append(f"  {label:<15} {_scalar(s['log_normalizer'], R, '.4g')}{se}  (bridge; "
-                     f"stepping-stone halves: forward "
-                     f"{_scalar(s['log_normalizer_forward'], R, '.4g')}, reverse "
-                     f"{_scalar(s['log_normalizer_reverse'], R, '.4g')})")
-    if row_map is not None:  # its own fields (e.g. per leg)
-        lines += row_map.text(s, lambda v, fmt=".3g": _scalar(v, R, fmt))
-    if "rounds" in s:
-        lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
-                     f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "
-                     f"{_scalar(s.get('recommended_chains'), R, '.3g')} chains recommended")
-        if "restart_rate" in s:
-            lines.append(f"  restart rate    observed {_scalar(s['restart_rate'], R)} per "
-                         f"iteration, finite-P theory {_scalar(s['predicted_restart_rate'], R)}"
-                         f", 1/(2+2Λ̂) = {_scalar(s['asymptotic_restart_rate'], R)}")
-    if R > 1:
-        lines += _system_table(s, R)
+    return lines
+
+
+def _swap_lines(s: dict, R: int) -> list[str]:
+    """Restarts and round trips, observed beside predicted, and the swap acceptance."""
+    return [
+        f"  restarts        {_scalar(s['restarts'], R, '.4g')} observed; per 1000 it "
+        f"{_scalar(s['restarts_per_1000'], R)} vs "
+        f"{_scalar(s.get('predicted_restarts_per_1000'), R)}"
+        " predicted (Syed et al. 2021 Thm 1 / Deng et al. 2023 Lemma 1)",
+        f"  round trips     {_scalar(s['round_trips'], R, '.4g')} (Syed et al.: restart, "
+        f"then back to the top); appendix-A.5 (Deng et al.) "
+        f"{_scalar(s['round_trips_a5'], R, '.4g')}, per 1000 it "
+        f"{_scalar(s['round_trips_a5_per_1000'], R)} vs "
+        f"{_scalar(s.get('predicted_round_trips_a5_per_1000'), R)} predicted (the index "
+        "process solved exactly at the measured rates)",
+        *_per_system("swap acceptance", s["swap_acceptance"], R, ".2f")]
+
+
+def _sg_lines(s: dict, R: int) -> list[str]:
+    """A stochastic-gradient run's ladder, noise temperatures and correction."""
+    lines = _per_system("learning rates", s["learning_rates"], R, ".3g")
+    lines += _per_system("noise temps", s.get("noise_temperatures_per_system",
+                                              s["noise_temperatures"]), R, ".3g",
+                         f"; energy {s.get('energy')}")
+    C = s.get("correction")
+    if C is not None:
+        lines.append(f"  correction C    {_scalar(C, R)} (target swap rate S = "
+                     f"{s.get('swap_rate_target')})")
+        lines += _per_system("indicator rate", s.get("indicator_rate"), R, ".2f", " per pair")
+    return lines
+
+
+def _log_normalizer_line(s: dict, R: int) -> str:
+    """The bridge estimate of log Z (or its ratio) with its stepping-stone halves."""
+    label = "log Z" if s.get("log_normalizer_kind") == "log Z" else "log Z ratio"
+    se = s.get("log_normalizer_se")
+    # (one system: its standard error; several: the spread over systems says it)
+    se = "" if se is None or R > 1 else f" ± {_fmt(se, '.2g')}"
+    return (f"  {label:<15} {_scalar(s['log_normalizer'], R, '.4g')}{se}  (bridge; "
+            f"stepping-stone halves: forward {_scalar(s['log_normalizer_forward'], R, '.4g')}"
+            f", reverse {_scalar(s['log_normalizer_reverse'], R, '.4g')})")
+
+
+def _answer_lines(s: dict, R: int) -> list[str]:
+    """The slot-0 diagnostics beside the exact answer and histogram error where known."""
+    lines = []
     slot0 = s.get("slot0")
     if slot0:
         pooled = f" (pooled over {R} systems)" if R > 1 else ""
@@ -575,17 +688,20 @@ def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
                      f"{de['n']} exact iid draws (the finite-sample floor; {ratio:.2g} x)")
     if s.get("density_error_failed"):
         lines.append(f"  histogram TV    could not be computed: {s['density_error_failed']}")
+    return lines
+
+
+def _note_lines(s: dict) -> list[str]:
+    """Rejected proposals, notes, warnings, interruption and the results folder."""
+    lines = []
     if s.get("nonfinite_proposals"):
         lines.append(f"  rejected non-finite proposals: {s['nonfinite_proposals']}")
-    for note in (s.get("approximation_note"), s.get("log_normalizer_note")):
-        if note:
-            lines.append(f"  note: {note}")
-    for w in s.get("warnings") or []:
-        lines.append(f"  WARNING: {w}")
-    for w in s.get("figure_errors") or []:
-        lines.append(f"  WARNING: figure: {w}")
+    lines += [f"  note: {note}" for note in (s.get("approximation_note"),
+                                             s.get("log_normalizer_note")) if note]
+    lines += [f"  WARNING: {w}" for w in s.get("warnings") or []]
+    lines += [f"  WARNING: figure: {w}" for w in s.get("figure_errors") or []]
     if s.get("interrupted"):
         lines.append("  (interrupted: results cover the iterations completed)")
     if s.get("out"):
         lines.append(f"  results in      {s['out']}")
-    return "\n".join(lines)
+    return lines

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from nrpt.diagnostics.density import iid_floor
+from nrpt.report.posterior_file import write_inference_data as export_inference_data
+from nrpt.targets.protocol import capabilities
 
 __all__ = ["ROW_HEADER", "format_row", "TABLE", "write_round_table", "write_figures",
            "export_inference_data", "import_arviz"]
@@ -78,6 +80,7 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     out = Path(out)
     written: list[str] = []
     target = run.engine.target
+    has = capabilities(target).has
 
     def save(fig, name):
         plots.save(fig, out / name)
@@ -85,8 +88,8 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
 
     x = samples if samples.ndim == 2 else samples[0]
     if x.shape[0] and x.shape[1] in (1, 2):
-        save(plots.density(x, target if hasattr(target, "density_grid") else None,
-                           tv_floor=_tv_floor(target, x, summary)), "density.png")
+        save(plots.density(x, target if has("density_grid") else None,
+                           tv_floor=_tv_floor(target, x, summary, has)), "density.png")
     if samples.size and samples.shape[-2] >= 4:  # slot 0: one chain per system
         names = _coordinate_names(target, samples.shape[-1])
         save(plots.trace(samples, names=names), "trace.png")
@@ -104,7 +107,7 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
                               arrays.get("pair_rate"), summary.get("swap_rate_target"),
                               window=summary.get("window")), "adaptation.png")
     if "local_barrier" in summary:
-        save(_local_barrier_figure(plots, target, summary, rows), "local_barrier.png")
+        save(_local_barrier_figure(plots, target, has, summary, rows), "local_barrier.png")
         sched = np.asarray([r["b"][0] for r in rows], dtype=float)
         save(plots.schedules(sched, summary["local_barrier"]["coordinate"]), "schedules.png")
     return written
@@ -115,10 +118,11 @@ def _floats(values) -> np.ndarray:
     return np.asarray([np.nan if v is None else v for v in np.ravel(values)], dtype=float)
 
 
-def _tv_floor(target, x: np.ndarray, summary: dict) -> float | None:
+def _tv_floor(target, x: np.ndarray, summary: dict, has) -> float | None:
     """The TV of as many exact iid draws as ``x`` (the density figure's sample) on a 2-D
-    target's ``density_grid``, else None; a failure is recorded in the summary."""
-    if not (callable(getattr(target, "density_grid", None)) and x.shape[1] == 2):
+    target's ``density_grid`` (``has``: its :meth:`~nrpt.targets.protocol.Capabilities.has`),
+    else None; a failure is recorded in the summary."""
+    if not (has("density_grid") and x.shape[1] == 2):
         return None
     try:
         grid = target.density_grid()
@@ -129,9 +133,10 @@ def _tv_floor(target, x: np.ndarray, summary: dict) -> float | None:
         return None
 
 
-def _local_barrier_figure(plots, target, summary: dict, rows):
+def _local_barrier_figure(plots, target, has, summary: dict, rows):
     """System 0's local barrier (``plots``: :mod:`nrpt.report.figures`): the fit (on the dense
-    grid where it can be refitted), the Method I points and the exact barrier where known."""
+    grid where it can be refitted), the Method I points and the exact barrier where the target
+    has ``local_barrier`` (``has``: its :meth:`~nrpt.targets.protocol.Capabilities.has`)."""
     lb = summary["local_barrier"]
     grid = np.asarray(lb["grid"], dtype=float)
     values = np.asarray(lb["values"], dtype=float)
@@ -143,15 +148,15 @@ def _local_barrier_figure(plots, target, summary: dict, rows):
     if dense is not None:  # the fit on a grid that also resolves small beta (log axis)
         grid, values = dense
     exact = None
-    if callable(getattr(target, "local_barrier", None)) and lb["coordinate"] == "beta":
+    if has("local_barrier") and lb["coordinate"] == "beta":
         exact = np.asarray(target.local_barrier(grid), dtype=float)
     return plots.local_barrier(grid, values, at if at.size else None, m1, lb["coordinate"],
                                exact=exact)  # [R, P] Method I points: drawn at system 0
 
 
 def _coordinate_names(target, dim: int) -> list[str] | None:
-    """Names of the state's coordinates where the target gives them (``coordinate_names``),
-    else None (``x[j]``)."""
+    """Names of the state's coordinates where the target gives them (``coordinate_names``, a
+    value of the protocol -- a list or a method giving one -- read here), else None (``x[j]``)."""
     names = getattr(target, "coordinate_names", None)
     try:
         names = list(names() if callable(names) else names) if names is not None else None
@@ -195,15 +200,3 @@ def import_arviz():
         except ImportError:
             return None
     return arviz
-
-
-def export_inference_data(path: str | Path, **options) -> str | None:
-    """Write ``posterior.nc`` (:func:`nrpt.report.posterior_file.write_inference_data`, which takes
-    ``options``: the draws as the ``posterior`` group -- in the model's variables for targets
-    with ``model_variables`` --, nrpt's per-draw and per-system diagnostics as
-    ``sample_stats``, the per-slot / per-pair tables as ``constant_data``); returns its file
-    name, or None when xarray / h5netcdf are not installed (``pip install nrpt[arviz]``).
-    ArviZ itself is not imported."""
-    from nrpt.report.posterior_file import write_inference_data
-
-    return write_inference_data(path, **options)
