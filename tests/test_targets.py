@@ -10,6 +10,7 @@ controls show that the same checks have the power to catch a modest error.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 from scipy import integrate, stats
 from scipy.special import i0
 
+import nrpt
 from nrpt.targets import (
     Gaussian,
     GaussianMixture,
@@ -441,6 +443,8 @@ def test_validate_allows_non_finite_values():
 USER_FILE = """
 import torch
 
+import nrpt
+
 class Quartic:
     def __init__(self, dim=2, scale=1.0):
         self.dim = dim
@@ -634,3 +638,25 @@ def test_optional_values_are_read_through_the_declaration():
     assert optional_value(T(), "coordinate_names", "default") == "default"
     with pytest.raises(KeyError, match="not an optional member"):
         optional_value(T(), "mena")  # negative control: a misspelt probe fails loudly
+
+
+def test_a_target_named_none_is_labelled_by_its_class_not_the_default_target():
+    """A user target with ``name = None`` was reported as the default built-in
+    (``twenty-five-modes``) in the summary; it is labelled by its class name.  Control: a str
+    name is kept."""
+
+    class Unnamed:
+        name = None
+        dim = 1
+
+        def energy(self, x):
+            return 0.5 * (x ** 2).sum(-1)
+
+    class Named(Unnamed):
+        name = "my-model"
+
+    for target, label in ((Unnamed(), "Unnamed"), (Named(), "my-model")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = nrpt.sample(target, iterations=60, chains=3, burn_in=0, figures=False)
+        assert res.summary["target"] == label

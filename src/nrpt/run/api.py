@@ -37,7 +37,7 @@ from nrpt.run import folder as rf
 from nrpt.run.build import build
 from nrpt.run.config import RunConfig
 from nrpt.swap import Rule
-from nrpt.targets.protocol import optional_value
+from nrpt.targets.protocol import capabilities
 
 __all__ = ["sample", "resume", "run_config", "Result"]
 
@@ -576,7 +576,7 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
         options["target"] = target
     else:
         obj = target
-        options["target"] = optional_value(target, "name", type(target).__name__)
+        options["target"] = capabilities(target).name  # a str name, else the class name
     cfg = RunConfig(**options)
     return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback,
                       overwrite=overwrite, threads=threads, adaptors=adaptors,
