@@ -40,7 +40,7 @@ test-all: $(STAMP)
 
 # the contracts, typed: mypy checks them alone (errors of the modules they import are silenced;
 # `$(VENV)/bin/mypy src/nrpt` reports the whole package)
-CONTRACTS := src/nrpt/roles.py src/nrpt/rng.py src/nrpt/scalars.py src/nrpt/options.py
+CONTRACTS := src/nrpt/roles.py src/nrpt/rng.py src/nrpt/scalars.py src/nrpt/options.py src/nrpt/files.py src/nrpt/core
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

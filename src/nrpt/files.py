@@ -225,8 +225,9 @@ def write_checkpoint(payload: dict[str, Any], out: Path) -> None:
         os.replace(tmp, out / CHECKPOINT)
     except BaseException as err:
         for name in (tmp, side_tmp):
-            with contextlib.suppress(OSError, TypeError):
-                os.unlink(name)
+            if name is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
         if isinstance(err, OSError):
             _named(err, writing)
         raise
