@@ -300,12 +300,6 @@ class Path:
         """``(V, base)`` for states ``x[..., dim]`` (leading dims are flattened for the target)."""
         raise NotImplementedError
 
-    def with_schedule(self, schedule: Sequence[float]) -> Path:
-        return type(self)(self.values_from_schedule(schedule))
-
-    def values_from_schedule(self, schedule: Sequence[float]) -> list[float]:
-        return list(schedule)
-
     def describe(self) -> dict:
         raise NotImplementedError
 
@@ -390,8 +384,6 @@ class Scheme:
     name = ""
     #: the settings this scheme reads (:class:`nrpt.options.Option`)
     options: tuple[Option, ...] = ()
-    #: True if a pair's decision must wait for the previous pair's (ADJ)
-    sequential = False
     #: False for a scheme that never proposes a swap (no swap statistics, no predictions)
     proposes_swaps = True
 

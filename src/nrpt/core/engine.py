@@ -380,12 +380,6 @@ class PTEngine:
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
         return PhaseDecision(lo, hi, active, decision, accepted, prob)
 
-    # ------------------------------------------------------------------ views
-    def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x[R, dim], v[R])`` of the replica at slot 0."""
-        rep = self.replica_at[:, :1]
-        return self.rows(rep).squeeze(1), self.scalars().v.gather(1, rep).squeeze(1)
-
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """The whole engine state (:meth:`_full_state`)."""

@@ -94,9 +94,6 @@ class TemperatureLadder(Path):
         n = int(n_slots)
         return cls([max_temperature ** (p / (n - 1)) for p in range(n)])
 
-    def values_from_schedule(self, schedule):
-        return [1.0 / float(b) for b in schedule]
-
     def components(self, target, x):
         v = flat_call(target.energy, x, "energy")
         return v, torch.zeros_like(v)

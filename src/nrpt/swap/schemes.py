@@ -46,7 +46,6 @@ def _theory(scheme: Scheme, rejection, window: int = 1):
 class ADJ(Scheme):
     name = "adj"
     predicted_rates = _theory
-    sequential = True
 
     def phases(self, k, R, P, seed, systems, state):
         dev = systems.device
