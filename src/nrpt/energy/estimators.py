@@ -1,28 +1,23 @@
 """Energy estimators for stochastic-gradient parallel tempering.
 
-An estimator returns, for a batch of states ``x[R, P, dim]`` (replica-major, see
-:mod:`nrpt.core.engine`), an unbiased energy estimate ``Ũ(x)`` ``[R, P]``, a gradient estimate
-``∇Ũ(x)`` ``[R, P, dim]`` and, where it can, an estimate of ``Var Ũ(x)`` ``[R, P]`` (what the
-bias-corrected swap rule of reSGLD needs).  Sign convention: ``U = -log pi`` (energy).
+For states ``x[R, P, dim]`` an estimator returns an unbiased energy estimate ``Ũ(x)`` ``[R, P]``
+(``U = -log pi``), a gradient estimate ``∇Ũ(x)`` ``[R, P, dim]`` and, where it can, an estimate
+of ``Var Ũ(x)`` ``[R, P]`` (for the bias-corrected swap rule).
 
 ==============================  ============================================================
 :class:`ExactEnergy`            ``U`` and ``∇U`` by autograd, variance 0 (full batch)
-:class:`NoisyOracle`            ``U + sd_e N(0, 1)``, ``∇U + sd_g N(0, I)`` -- the simulation
-                                oracle of Deng et al. (2023, Sec. 5.1), sd 2 on both there
-:class:`MinibatchEnergy`        ``Ũ = (N / n) sum_{i in B} l_i(x) + prior(x)`` over a batch ``B``
-                                of ``n`` of the ``N`` data, drawn per replica and iteration
-:class:`ControlVariateEnergy`   VR-reSGLD (Deng et al. 2021): the minibatch energy with a
-                                control variate at an anchor ``x̂`` refreshed every ``m``
-                                iterations,
-                                ``Ũ_vr(x) = Ũ_B(x) - c (Ũ_B(x̂) - U(x̂))`` (same batch ``B``)
+:class:`NoisyOracle`            ``U + sd_e N(0, 1)``, ``∇U + sd_g N(0, I)`` (Deng et al. 2023,
+                                Sec. 5.1)
+:class:`MinibatchEnergy`        ``Ũ = (N / n) sum_{i in B} l_i(x) + prior(x)``, a batch ``B``
+                                of ``n`` of ``N`` data per replica and iteration
+:class:`ControlVariateEnergy`   VR-reSGLD (Deng et al. 2021):
+                                ``Ũ_vr(x) = Ũ_B(x) - c (Ũ_B(x̂) - U(x̂))``, anchor ``x̂``
+                                refreshed every ``m`` iterations
 ==============================  ============================================================
 
-Randomness is keyed (:mod:`nrpt.rng`): every call receives ``key = (seed, iteration, sub,
-evaluation)`` and draws full ``[R, P, ...]`` tensors from generators seeded by that key, so a run
-is reproducible and independent of how replicas are laid out.
-
-Per-replica buffers (the control-variate anchor) are returned in ``Estimate.extras`` and stored
-in :attr:`nrpt.explorers.ReplicaState.extras`, so they travel with their replica across slots.
+Every call receives a :class:`~nrpt.rng.Key` and draws full ``[R, P, ...]`` tensors
+(:mod:`nrpt.rng`).  Per-replica buffers (the anchor) are returned in ``Estimate.extras`` and
+travel with their replica in :attr:`nrpt.roles.ReplicaState.extras`.
 """
 
 from __future__ import annotations
