@@ -51,11 +51,8 @@ __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", 
 #: which :class:`nrpt.recorders.stats.SlotSpread` merges its rows
 BLOCK = 8
 
-# ------------------------------------------------------------------------------------------
-# The roles' base types.  They live here, at the bottom, so that the contracts import no
-# implementation; their old homes (nrpt.explorers.base, nrpt.paths.ladders, nrpt.swap.rules,
-# nrpt.swap.schemes) re-export them, so every existing import keeps working.
-# ------------------------------------------------------------------------------------------
+# The roles' base types (re-exported by nrpt.explorers.base, nrpt.paths.ladders,
+# nrpt.swap.rules, nrpt.swap.schemes).
 
 @dataclass(frozen=True)
 class ReplicaState:

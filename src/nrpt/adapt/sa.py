@@ -94,9 +94,7 @@ class CorrectionAdaptor(AdaptorBase):
 
     ``pairs="all"`` (Algorithm 1): the mean verdict of every adjacent pair at every iteration
     is driven to ``S``.  ``pairs="attempted"``: only the pairs the scheme allowed to swap this
-    iteration count.  Under DEO_W (W > 1) with network replicas the two differ in outcome:
-    measured on MNIST-1D (P = 8, W* = 55), Eq. 13 gave W* 0.44x the round trips of W = 1 and
-    ``"attempted"`` 2.5x; why is not settled (docs/reproduction/deep.md)."""
+    iteration count (docs/reproduction/deep.md compares them)."""
 
     name = "correction"
 
@@ -130,20 +128,13 @@ def check_ladder_update(value) -> str:
 class LearningRateAdaptor(AdaptorBase):
     """Eqs. 8-11 on the learning rates ``step_size[:, 1:-1]`` (the end points stay fixed).
 
-    ``ladder="paper"`` is Eq. 11/12 as written.  It can collapse two rungs: a rung moves by
-    ``(v_{p-1} gamma H_{p-1} - v_p gamma H_p) / 2``, so a pair whose gap ``v_p`` has become
-    tiny has almost no pull, while its neighbour's keeps pushing the rung into it; an update
-    that would cross is refused for the whole system (the order check), which freezes the
-    ladder.  On the default DEO*-SGD run rungs 1 and 2 end at 0.015169 / 0.015176 and pair 0
-    swaps at 0.59 against S = 0.4 (:mod:`nrpt.report.health` warns: ``ladder-collapse``,
-    ``swap-rate-off-target``).
+    ``ladder="paper"``: Eq. 11/12 as written; an update that would break the ladder's order is
+    refused for the whole system, so rungs can collapse and freeze (health findings
+    ``ladder-collapse``, ``swap-rate-off-target``).
 
-    ``ladder="log-gaps"`` applies Eq. 10 to the gaps ``u_p = log eta_{p+1} - log eta_p`` (the
-    logarithmic scale the paper motivates its scheme with), ``u_p <- u_p exp(gamma H_p)``, and
-    rescales them to sum to ``log(eta_{P-1} / eta_0)`` (the end points stay fixed).  Gaps stay
-    positive (no order check needed, nothing freezes) and a pair's pull does not vanish with its
-    gap: the fixed point has equal indicator rates at every pair, which the correction ``C``
-    drives to ``S``."""
+    ``ladder="log-gaps"``: Eq. 10 on ``u_p = log eta_{p+1} - log eta_p``,
+    ``u_p <- u_p exp(gamma H_p)``, rescaled to sum to ``log(eta_{P-1} / eta_0)``; gaps stay
+    positive and the fixed point has equal indicator rates at every pair."""
 
     name = "learning-rates"
 

@@ -90,12 +90,7 @@ class SliceSampler(Explorer):
         max_shrink: the cap on shrinkage proposals per coordinate (default 64); an integer
             in ``[1, 10000]``.
 
-    Both caps are bounded because every pass of a loop is a batched density evaluation: a
-    cap in the thousands already means a badly chosen width ``w``, and the bound keeps a typo
-    from hanging a run.  (The random numbers cannot collide whatever the caps.)
-
-    The initial width ``w`` is the slot's ``step_size``; a width far too small costs extra
-    stepping-out, far too large costs extra shrinkage, but the kernel is exact either way.
+    The initial width ``w`` is the slot's ``step_size`` (any width is exact).
     """
 
     name = "slice"

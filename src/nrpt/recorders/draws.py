@@ -253,7 +253,7 @@ def _check_size(K: int, R: int, P: int, dim: int, n: int, slots: str, item: int,
 
 def index_dtype(P: int) -> np.dtype:
     """The dtype of the index process (``slot_of``, values ``0 .. P - 1``) of ``P`` slots: int16
-    up to 32,768 slots, int32 above (int16 wrapped around past 32,767: issue 26)."""
+    up to 32,768 slots, int32 above."""
     return np.dtype(np.int16) if int(P) - 1 <= np.iinfo(np.int16).max else np.dtype(np.int32)
 
 

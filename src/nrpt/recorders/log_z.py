@@ -38,18 +38,12 @@ __all__ = ["SteppingStone", "StreamingLogSumExp", "BATCHES", "HALVES_Z"]
 class StreamingLogSumExp:
     """Per-entry ``log sum_i exp(t_i)`` over a stream of tensors ``t`` of a fixed shape.
 
-    Terms are copied into a small device buffer (one op per term); every ``chunk`` terms the
-    buffer is reduced with ``logsumexp`` and merged into the running total with ``logaddexp``,
-    both of which subtract the maximum first, so nothing overflows or underflows.  ``-inf``
-    terms (weight 0) are allowed and counted in ``zeros``; NaN and ``+inf`` terms are counted in
-    ``invalid`` and skipped (they cannot come from a finite energy and a finite coefficient).
+    Terms are buffered and reduced every ``chunk`` terms (``logsumexp``, ``logaddexp``).
+    ``-inf`` terms are counted in ``zeros``; NaN and ``+inf`` in ``invalid`` and skipped.
 
-    With ``batches = K > 0`` the stream is also cut into consecutive *batches* for batch-means
-    error estimates: each full chunk's ``log sum exp`` is added to the current batch; between
-    ``K`` and ``2K`` complete batches of equal size are kept (when ``2K`` are complete,
-    neighbours are merged and the batch size doubles).  :meth:`batch_log_means` gives them.
-    The batches are cut where the chunks are, so :meth:`add` and :meth:`add_many` give the same
-    batches bit for bit.
+    ``batches = K > 0``: also keeps ``K`` to ``2K`` equal consecutive batches (neighbours merged
+    when ``2K`` are complete) for batch means (:meth:`batch_log_means`); cut at chunk
+    boundaries, so :meth:`add` and :meth:`add_many` agree bit for bit.
     """
 
     def __init__(self, shape, dtype=torch.float64, device="cpu", chunk: int = 64,
