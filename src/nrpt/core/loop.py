@@ -46,8 +46,7 @@ __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "CHECKPOINT", "RunErr
            "Interrupt"]
 
 CALLBACK_EVERY = 256
-#: below this many numbers in the replica states ``[R, P, dim]``, tensors are tiny and torch's
-#: thread pool costs more than it gives (several times slower on 2 cores): one thread
+#: below this many numbers in the replica states ``[R, P, dim]``, ``"auto"`` uses one thread
 SMALL_STATE = 1 << 16
 
 

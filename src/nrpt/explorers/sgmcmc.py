@@ -238,9 +238,8 @@ class MomentumSGD(SGHMC):
 class PSGLD(SGExplorer):
     """RMSprop-preconditioned SGLD (Li et al. 2016) without the ``Gamma`` correction term.
 
-    Dropping ``Gamma`` (as Li et al. do in practice) biases the stationary law where the
-    preconditioner follows the state: on ``N(0, 4 I)`` with exact gradients, ``rho = 0.99``
-    inflates the variance by ~30%, ``rho = 0.999`` (a nearly constant ``G``) by ~1%.
+    Dropping ``Gamma`` (as Li et al. do) biases the stationary law where the preconditioner
+    follows the state (less so as ``rho`` -> 1).
     """
 
     name = "psgld"
