@@ -12,7 +12,7 @@ state and the tunable tables (``schedule``, ``step_size``, rule ``params``), cha
 :meth:`PTEngine.apply`; statistics are recorders, the loop is :mod:`nrpt.core.loop`.
 
 :class:`nrpt.core.sharding.ShardedEngine` overrides the hooks ``_local``, ``_noise``,
-``_gather``, ``scalars``, ``rows`` and ``_full_state`` (single-process identities here).
+``_gather``, ``rows`` and ``_full_state`` (single-process identities here).
 """
 
 from __future__ import annotations
@@ -278,10 +278,6 @@ class PTEngine:
     def _gather(self, accept: torch.Tensor, nonfinite: torch.Tensor):
         """``(scalars, accept, nonfinite)`` at full width ``[R, P]``."""
         return self.state, accept, nonfinite
-
-    def scalars(self) -> ReplicaState:
-        """The per-replica scalars ``v``, ``base`` at full width (here: the state itself)."""
-        return self.state
 
     def should_stop(self, flag: bool) -> bool:
         """Whether the loop stops before the next iteration, given this process's stop

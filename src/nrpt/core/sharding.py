@@ -138,8 +138,6 @@ class ShardedEngine(PTEngine):
         self._requested = self._agreed = False
         self._row_cache: tuple[int, torch.Tensor] | None = None
         super().__init__(target, path, *args, **kwargs)
-        zeros = torch.zeros_like(self.state.v)
-        self._view = self._gather(zeros, zeros.long())[0]
 
     def _local(self, t: torch.Tensor) -> torch.Tensor:
         return self.block.take(t)
@@ -159,11 +157,8 @@ class ShardedEngine(PTEngine):
         self._agreed = bool(full[..., 4].any())
         extras = {n: full[..., 5 + i].to(st.extras[n].dtype) for i, n in enumerate(names)}
         x = torch.empty((R, self.P, self.dim), dtype=self.dtype, device="meta")
-        self._view = ReplicaState(x, full[..., 0], full[..., 1], extras)
-        return self._view, full[..., 2], full[..., 3].long()
-
-    def scalars(self) -> ReplicaState:
-        return self._view
+        view = ReplicaState(x, full[..., 0], full[..., 1], extras)
+        return view, full[..., 2], full[..., 3].long()
 
     def should_stop(self, flag: bool) -> bool:
         self._requested = flag  # travels with the next iteration's scalars
@@ -211,14 +206,12 @@ class ShardedEngine(PTEngine):
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
         self._row_cache = None
-        x = torch.empty((self.R, self.P, self.dim), dtype=self.dtype, device="meta")
-        self._view = ReplicaState(x, sd["v"].to(self.device), sd["base"].to(self.device), {})
 
     def unshard(self) -> None:
         """Gather the whole state onto every rank and go on as the single-process engine (the
         end of a distributed run: summaries and outputs read the full state)."""
         self.state = self._full_state()
-        for name in ("comm", "block", "_requested", "_agreed", "_row_cache", "_view"):
+        for name in ("comm", "block", "_requested", "_agreed", "_row_cache"):
             delattr(self, name)
         self.__class__ = PTEngine  # type: ignore[assignment]
 
