@@ -290,20 +290,15 @@ class ControlVariateEnergy(MinibatchEnergy):
 
         Ũ_vr(x) = (N / n) sum_{i in B} [loss_i(x) - c loss_i(x̂)] + c U_data(x̂) + prior(x),
 
-    unbiased for ``U(x)`` for any ``c`` fixed given the past, since ``E_B (N/n) sum_B loss_i(x̂) =
-    U_data(x̂)``.  The anchor ``x̂`` of each replica is its own state, refreshed every
-    ``anchor_every`` (``m``) iterations (and then ``U_data(x̂)`` over all ``N`` data is paid once);
-    between refreshes the variance is ``O(m^2 eta / n)`` small (the blog's bound).  Only the energy
-    is variance-reduced; the gradient is the plain minibatch gradient.
+    unbiased for ``U(x)`` for any ``c`` fixed given the past.  Each replica's anchor ``x̂`` is
+    its own state, refreshed every ``anchor_every`` (``m``) iterations (a full-data ``U_data(x̂)``
+    then).  Only the energy is variance-reduced; the gradient is the plain minibatch gradient.
 
-    ``coefficient``: a number ``c`` (1 is the classical control variate; the blog's ``c`` is our
-    ``-c``), or ``"adaptive"``: ``c = Cov(l(x), l(x̂)) / Var(l(x̂))`` estimated from the previous
-    batch of the same replica (so it does not depend on the current batch, keeping ``Ũ_vr``
-    unbiased), clipped to [0, 2].
+    ``coefficient``: a number ``c`` (1: the classical control variate), or ``"adaptive"``:
+    ``c = Cov(l(x), l(x̂)) / Var(l(x̂))`` from the replica's previous batch, clipped to [0, 2].
 
     ``extras``: ``cv_anchor [R, P, dim]``, ``cv_anchor_u [R, P]``, ``cv_coef [R, P]`` and
-    ``energy_var_plain [R, P]`` (the variance the plain minibatch estimate would have had at the
-    same batch: ``mean(energy_var_plain) / mean(var)`` is the variance reduction achieved).
+    ``energy_var_plain [R, P]`` (the plain minibatch estimate's variance at the same batch).
     """
 
     extras_keys = ("cv_anchor", "cv_anchor_u", "cv_coef")

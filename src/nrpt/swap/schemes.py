@@ -213,12 +213,9 @@ def check_gate(window: int | str, rule, exact_energies: bool, source: str = "giv
     """Whether a run may use DEO_W's gate (*at most one swap per pair per window*); every run
     passes here (:func:`nrpt.run.build.build`).
 
-    The gate closes after a pair swaps, so whether a later attempt of the window happens
-    depends on the earlier verdicts.  Under a rule whose verdicts depend on the states that is
-    a stopping time: the swap moves are no longer a mixture of kernels that each leave the
-    tempered product distribution invariant, and slot 0 is biased (Deng et al. 2023, appendix
-    C.2; :data:`GATE_BIAS`).  Hence, for ``window`` (an integer, or ``"auto"``: W* chosen
-    later, possibly > 1; ``source``: where an integer came from, e.g. ``"swap-rate"``):
+    With state-dependent verdicts the gate is a stopping time and biases slot 0 (Deng et al.
+    2023, App. C.2; :data:`GATE_BIAS`).  For ``window`` (an integer, or ``"auto"``; ``source``:
+    where an integer came from, e.g. ``"swap-rate"``):
 
     * ``window == 1`` (DEO), or a rule whose verdicts ignore the states (``always``,
       ``fixed-rate``: scheme studies) -> ``None``, nothing approximate;
