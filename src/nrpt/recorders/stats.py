@@ -212,10 +212,7 @@ class RoundTrips(RecorderBase):
         R, n = self.R, max(self.n, 1)
         c = self.counts()
         out = {k: per_system(v, R) for k, v in c.items()}
-        out["restarts_per_1000"] = per_system(c["restarts"].double() * 1000.0 / n, R)
-        out["round_trips_per_1000"] = per_system(c["round_trips"].double() * 1000.0 / n, R)
-        out["round_trips_a5_per_1000"] = per_system(c["round_trips_a5"].double() * 1000.0 / n,
-                                                    R)
+        out.update({f"{k}_per_1000": per_system(v.double() * 1000.0 / n, R) for k, v in c.items()})
         total = self._counts()
         if any(bool((total[k] != c[k]).any()) for k in c):
             out.update({f"{k}_total": per_system(v, R) for k, v in total.items()})
