@@ -88,13 +88,10 @@ def why_not(run) -> str | None:
 
 def auto(run, compile: bool = False) -> bool:
     """Whether ``fuse = "auto"`` (the default) runs ``run`` in eager chunks: where
-    :func:`why_not` allows, ``compile`` is off (``compile = true`` alone keeps its compiled
-    explorer step; ``fuse = true`` with it compiles the chunks), and every recorder is one of
-    nrpt's or has its own ``record_block`` (a recorder handed ``IterationBlock.iteration(u)``
-    one by one sees the contract's fields, not the engine's raw state, which a user recorder
-    written for the plain loop might read).  Eager chunks make the plain loop's numbers (bit
-    for bit, tests/test_fused.py) with fewer launches (timings: docs/architecture.md, point 11,
-    and ``make bench-headline``)."""
+    :func:`why_not` allows, ``compile`` is off, and every recorder is one of nrpt's or has its
+    own ``record_block`` (a user recorder written for the plain loop might read engine state
+    that ``IterationBlock.iteration(u)`` does not carry).  Eager chunks equal the plain loop
+    bit for bit."""
     if compile or why_not(run) is not None:
         return False
     return all(type(r).__module__.startswith("nrpt.") or _own_block(r)
@@ -152,10 +149,8 @@ class Fused:
         return U if self.plan is not None else 0
 
     def _record_plan(self) -> None:
-        """Note the draws of the explore phase at the current state (a dry run whose result is
-        discarded).  A phase that sets up buffers (a stochastic-gradient explorer's first step)
-        is not a steady one: no plan yet.  Whether there is a plan thus depends on the state
-        alone, and so does which iterations are fused (resume stays exact)."""
+        """Note the draws of the explore phase at the current state (a discarded dry run); none
+        while the phase still sets up buffers, so fusing depends on the state alone."""
         eng = self.engine
         rec = RecordingNoise(Noise(eng.seed, eng.k, eng.R, eng.P, eng.device))
         state = eng.state
