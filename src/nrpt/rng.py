@@ -1,36 +1,18 @@
 """Keyed random numbers.
 
-Every random number nrpt draws comes from a fresh generator whose seed is a hash of a *key*:
-the run seed, a stream tag (explorer noise, swap uniforms, scheme coins, ...), the iteration and
-a sub-step.  Draws always have the *full* shape of the quantity (``[R, P, ...]`` over all systems
-and replicas), so
+Every draw comes from a fresh generator seeded by a SplitMix64 hash of a key (run seed, stream
+tag, iteration, sub-step) and has the full shape of the quantity (``[R, P, ...]``), so results
+do not depend on how replicas are spread over processes (a :class:`Block` keeps its slice),
+resuming needs no generator state (the iteration counter is the state), and a draw is one
+tensor op.  Reproducible bit for bit on one machine and device type (CPU and CUDA differ).
 
-* a process that holds only some replicas (``torch.distributed``, a :class:`Block`) draws the
-  same full tensor and keeps its slice: results do not depend on how replicas are spread over
-  processes;
-* resuming from a checkpoint needs no generator state: the iteration counter is the state;
-* a draw is one native tensor op (no per-replica generators, no Python loop).
-
-The price of the full-shape draw is that each process generates the noise of every replica;
-that is negligible beside the gradient evaluations that consume it.  Draws are bit-for-bit
-reproducible on one machine and device type (CPU and CUDA generators differ).
-
-The key hash is SplitMix64 folded over the key parts, in plain Python integers.
-
-Per-iteration draws come in blocks
-----------------------------------
-Seeding a generator costs far more than drawing a few hundred numbers from it (tens of
-microseconds against a few), so the per-iteration draws of small runs (:func:`iteration_normal`,
-:func:`iteration_uniform`, :func:`iteration_draw`) are made for a *block* of ``B`` consecutive
-iterations at once, from one generator keyed by (seed, stream, block number, ...), and iteration
-``k`` reads row ``k mod B`` of its block.  ``B`` is a function of the full-width draw size only
-(:func:`block_length`: up to 512 iterations and ``BLOCK_ELEMENTS`` numbers per block), so the
-numbers still do not depend on how replicas are spread over processes, and a run resumed at any
-iteration redraws its block and reads the same row: resumption stays exact with the iteration
-counter as the only state.  Draws of ``BLOCK_ELEMENTS`` numbers or more (large models) have
-``B = 1`` and are keyed exactly as a plain :func:`normal` / :func:`uniform` of the iteration.
-Blocks live in a small cache (:data:`CACHE_ELEMENTS` numbers in all, least recently used out);
-a draw is a read-only view into it.
+Per-iteration draws (:func:`iteration_normal`, :func:`iteration_uniform`,
+:func:`iteration_draw`) are made for a block of ``B`` consecutive iterations from one generator
+keyed by (seed, stream, block number, ...); iteration ``k`` reads row ``k mod B``.  ``B``
+depends only on the full-width draw size (:func:`block_length`: at most 512 iterations and
+``BLOCK_ELEMENTS`` numbers); draws of ``BLOCK_ELEMENTS`` or more have ``B = 1`` and are keyed as
+a plain :func:`normal` / :func:`uniform`.  Blocks live in an LRU cache of
+:data:`CACHE_ELEMENTS` numbers; a draw is a read-only view into it.
 """
 
 from __future__ import annotations

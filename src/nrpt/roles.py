@@ -51,11 +51,8 @@ __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", 
 #: which :class:`nrpt.recorders.stats.SlotSpread` merges its rows
 BLOCK = 8
 
-# ------------------------------------------------------------------------------------------
-# The roles' base types.  They live here, at the bottom, so that the contracts import no
-# implementation; their old homes (nrpt.explorers.base, nrpt.paths.ladders, nrpt.swap.rules,
-# nrpt.swap.schemes) re-export them, so every existing import keeps working.
-# ------------------------------------------------------------------------------------------
+# The roles' base types (re-exported by nrpt.explorers.base, nrpt.paths.ladders,
+# nrpt.swap.rules, nrpt.swap.schemes).
 
 @dataclass(frozen=True)
 class ReplicaState:
@@ -117,14 +114,11 @@ class Density:
         """``(v, base, grad_v, grad_base)`` for ``x[..., dim]``: the components (shape
         ``x.shape[:-1]``) and their gradients with respect to ``x`` (shape ``x.shape``).
 
-        Independent of ``b``, so the gradients may be cached with a replica and combined at
-        whatever slot it sits (:func:`slot_grad`).  Target-supplied gradients are used when
-        present: ``grad_energy(x)`` on a temperature ladder (``grad_v = grad U``,
-        ``grad_base = 0``), or ``grad_log_likelihood(x)`` and ``grad_reference_log_prob(x)`` on a
-        geometric path (``grad_v = -grad log L``, ``grad_base = grad log pi_0``), each
-        ``[n, dim]`` for ``x[n, dim]``.  Otherwise autograd, from one forward pass; a component
-        that does not depend on ``x`` (``base`` of a temperature ladder) gets a zero gradient
-        without a backward pass.  Non-finite values are left for the caller to flag.
+        Independent of ``b`` (combine with :func:`slot_grad`).  Uses the target's
+        ``grad_energy`` (temperature ladder) or ``grad_log_likelihood`` and
+        ``grad_reference_log_prob`` (geometric path), each ``[n, dim]`` for ``x[n, dim]``, when
+        present; otherwise autograd (a component independent of ``x`` gets zeros).  Non-finite
+        values are left for the caller to flag.
         """
         supplied = self._supplied_components(x)
         if supplied is not None:
@@ -145,12 +139,9 @@ class Density:
     def with_grad(
         self, x: torch.Tensor, b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(v, base, grad_x (base - b v))`` for ``x[R, P, dim]`` and ``b[R, P]``; non-finite
-        gradients are left for the caller.
-
-        One backward pass of the slot log density (autograd), unless the target supplies
-        gradients (see :meth:`grad_components`).  The cached explorers (MALA, HMC) use
-        :meth:`grad_components` instead, whose gradients do not depend on ``b``."""
+        """``(v, base, grad_x (base - b v))`` for ``x[R, P, dim]`` and ``b[R, P]`` (target-supplied
+        gradients as in :meth:`grad_components`, else one backward pass); non-finite gradients
+        are left for the caller."""
         supplied = self._supplied_grad(x, b)
         if supplied is not None:
             return supplied
@@ -190,11 +181,8 @@ class Noise:
     """Random numbers for one iteration, drawn with the full ``[R, P, ...]`` shape from
     generators keyed by (seed, stream, iteration, sub-step) -- see :mod:`nrpt.rng`.
 
-    ``block`` (a :class:`nrpt.rng.Block`) is the slice of replicas this process holds
-    (:mod:`nrpt.core.sharding`); ``P`` is then the local width and every draw is made at the
-    full width and sliced, so a replica gets the same numbers however replicas are spread over
-    processes.  Explorers that draw through this object (or through :meth:`key`) need no other
-    care."""
+    ``block`` (a :class:`nrpt.rng.Block`): the replicas this process holds; ``P`` is then the
+    local width and draws are made at full width and sliced."""
 
     def __init__(self, seed: int, iteration: int, R: int, P: int, device: torch.device,
                  block: rng.Block | None = None, count: int = 0):
@@ -300,12 +288,6 @@ class Path:
         """``(V, base)`` for states ``x[..., dim]`` (leading dims are flattened for the target)."""
         raise NotImplementedError
 
-    def with_schedule(self, schedule: Sequence[float]) -> Path:
-        return type(self)(self.values_from_schedule(schedule))
-
-    def values_from_schedule(self, schedule: Sequence[float]) -> list[float]:
-        return list(schedule)
-
     def describe(self) -> dict:
         raise NotImplementedError
 
@@ -390,8 +372,6 @@ class Scheme:
     name = ""
     #: the settings this scheme reads (:class:`nrpt.options.Option`)
     options: tuple[Option, ...] = ()
-    #: True if a pair's decision must wait for the previous pair's (ADJ)
-    sequential = False
     #: False for a scheme that never proposes a swap (no swap statistics, no predictions)
     proposes_swaps = True
 
@@ -463,11 +443,9 @@ class Iteration:
     slot ``[R, P]``: the mean acceptance probability of the explorer steps made at each slot
     this iteration, and the count of rejected non-finite proposals.
 
-    Positions are read with :meth:`slot_x` (never ``state.x`` directly): when replicas are
-    spread over processes (:mod:`nrpt.core.sharding`), ``state`` holds the gathered per-replica
-    scalars (``v``, ``base``, ``[R, P]`` buffers of ``extras``) but not the positions, and
-    :meth:`slot_x` fetches the rows it is asked for (a collective: every process's recorders
-    ask for the same rows)."""
+    Positions are read with :meth:`slot_x`, never ``state.x``: when replicas are sharded,
+    ``state`` holds only the gathered scalars (``v``, ``base``, ``[R, P]`` extras) and
+    :meth:`slot_x` is a collective."""
 
     k: int
     state: ReplicaState
@@ -568,17 +546,13 @@ class Iteration:
 class IterationBlock:
     """``U`` consecutive iterations ``k0 .. k0 + U - 1`` stacked on a leading axis: what the
     fused loop (:mod:`nrpt.core.fused`) hands to :meth:`Recorder.record_block` instead of ``U``
-    :class:`Iteration` objects.  Only single-phase sweep schemes (SEO, DEO, DEO_W) are fused, so
-    there is one phase per iteration and its pairs are all ``P - 1`` adjacent pairs in order.
+    :class:`Iteration` objects (one phase per iteration over all ``P - 1`` adjacent pairs).
 
-    Every field has the meaning of the :class:`Iteration` field of the same name, per iteration
-    ``u``: ``v``, ``base`` ``[U, R, P]`` (replica order, after the swaps), ``slot_of``,
-    ``replica_at`` ``[U, R, P]``, ``schedule`` and ``step_size`` ``[U, R, P]`` (the tables the
-    iteration ran with), ``params`` (name -> ``[U, ...]``, after the iteration's adaptors, as
-    ``Iteration.params`` is read by recorders), ``explore_accept`` and ``nonfinite``
-    ``[U, R, P]`` (by slot); the phase's ``active``, ``decision``, ``accepted`` (bool) and
-    ``prob`` ``[U, R, P - 1]``; ``slot_x[U, R, S, dim]`` the positions at the engine's
-    ``watched`` slots (after the swaps)."""
+    Fields mean what the :class:`Iteration` fields of the same name mean, per iteration ``u``:
+    ``v``, ``base``, ``slot_of``, ``replica_at``, ``schedule``, ``step_size``,
+    ``explore_accept``, ``nonfinite`` ``[U, R, P]``; ``params`` name -> ``[U, ...]`` (after the
+    iteration's adaptors); the phase's ``active``, ``decision``, ``accepted``, ``prob``
+    ``[U, R, P - 1]``; ``slot_x[U, R, S, dim]`` the positions at the ``watched`` slots."""
 
     k0: int
     v: torch.Tensor
@@ -639,10 +613,8 @@ class Update:
     rule's parameters (e.g. ``{"C": [R, 1]}``); ``window``: switch the scheme to DEO_W with this
     window (the tuning segment of ``window = "auto"``); ``note``: free-form facts for the report
     (e.g. the measured rejection rate behind a window); ``reference``: a newly fitted reference
-    for the hot end, installed by the engine of a path that has one (any other refuses it).
-    The engine takes the tables it is
-    given as its own (no copy): an adaptor must not change a tensor in place after handing it
-    over."""
+    for the hot end (refused by an engine whose path has none).  The engine takes the tables
+    without copying: an adaptor must not change them in place afterwards."""
 
     schedule: torch.Tensor | None = None
     step_size: torch.Tensor | None = None

@@ -1,6 +1,5 @@
-"""NumPy and 0-d torch scalars as Python numbers, for settings given from array code (issue 26:
-``swap_rate = np.float32(0.3)`` was refused as "must be a finite number").  A leaf module: it
-imports nothing of nrpt (config, target and deep all use it)."""
+"""NumPy and 0-d torch scalars as Python numbers, for settings given from array code.  A leaf
+module: it imports nothing of nrpt."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Adaptors: what tunes the ladder while sampling (the adaptor role, :mod:`nrpt.roles`).
 
-* :mod:`nrpt.adapt.rounds` -- between rounds (Syed et al. 2021): schedule from the fitted
-  barrier (the mathematics in :mod:`nrpt.adapt.schedule`), step sizes (:mod:`nrpt.adapt.step`),
-  slice widths;
-* :mod:`nrpt.adapt.sa` -- online stochastic approximation (Deng et al. 2023, Algorithm 1): the
-  buffer ``C``, the learning-rate ladder, the energy variance of the bias-corrected rule;
-* :mod:`nrpt.adapt.window` -- ``window = "auto"``: W* from a tuning segment;
-* :mod:`nrpt.adapt.chains` -- how many chains (both recommendations).
+:mod:`~nrpt.adapt.rounds` between rounds (Syed et al. 2021; :mod:`~nrpt.adapt.schedule`,
+:mod:`~nrpt.adapt.step`); :mod:`~nrpt.adapt.sa` online stochastic approximation (Deng et al.
+2023, Alg. 1); :mod:`~nrpt.adapt.window` ``window = "auto"``; :mod:`~nrpt.adapt.chains` how
+many chains.
 """
 
 from nrpt.adapt.chains import recommended_chains, recommended_chains_noisy, restart_rate_curve

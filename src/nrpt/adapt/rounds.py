@@ -49,24 +49,14 @@ class ScheduleAdaptor(AdaptorBase):
 
 class StepSizeAdaptor(AdaptorBase):
     """Move each slot's step size toward ``target`` acceptance (default: the ``explorer``'s
-    declared ``target_acceptance``; its ``acceptance_order`` is the model's ``k``) from the
-    segment's explorer
-    acceptance (the ``swaps`` recorder): the Newton step of
-    :func:`nrpt.adapt.step.step_size_factor`, kept inside a per-slot bracket of steps seen to
-    accept too often / too rarely, with the curve's order re-estimated from the last two
-    measurements (:class:`nrpt.adapt.step.StepTuner`, part of the adaptor's checkpointed
-    state).
+    ``target_acceptance``; its ``acceptance_order`` is the model's ``k``) from the segment's
+    explorer acceptance (the ``swaps`` recorder), by :class:`nrpt.adapt.step.StepTuner`
+    (checkpointed with the adaptor).
 
-    ``phase``: act only at the end of segments whose name starts with it (the warm-up windows
-    of a fixed-length run, ``"warm-up"``), so the sampling segments run a fixed kernel; by
-    default at the end of every segment but the last (adaptive rounds).
-
-    ``follow``: the :class:`ScheduleAdaptor` that runs before this one on a temperature
-    ladder: where it moved a slot's coefficient ``b = 1/tau`` from ``b0`` to ``b1`` in the same
-    segment end, the tuned step (and the tuner's memory) is carried to the new temperature by
-    ``sqrt(b0 / b1)`` (the slot's scale goes like ``sqrt(tau)``), so a re-fitted schedule does
-    not undo the tuning (HMC on a 3-D Gaussian: a slot whose temperature fell from 2.10 to
-    1.93 went from acceptance 0.75 to 0.43 without it)."""
+    ``phase``: act only at the end of segments whose name starts with it (``"warm-up"``); by
+    default at the end of every segment but the last.  ``follow``: the :class:`ScheduleAdaptor`
+    run before this one on a temperature ladder; where it moved a slot's ``b`` from ``b0`` to
+    ``b1``, the tuned step is scaled by ``sqrt(b0 / b1)``."""
 
     name = "step-size"
 

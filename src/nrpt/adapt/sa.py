@@ -1,34 +1,21 @@
 """Online stochastic-approximation adaptors of DEO*-SGD (Deng et al. 2023, Algorithm 1).
 
-All are adaptors (:mod:`nrpt.roles`): ``observe(it)`` runs once per iteration after the swaps
-and returns an :class:`~nrpt.roles.Update` that the engine applies.  Following the authors'
-released implementation, the learning-rate and buffer updates use the per-iteration 0/1
-indicators ``A_p`` of **all** adjacent pairs (``it.pair_indicators``: the rule's verdict for
-every listed pair, active or not), not only of the pairs the scheme let swap.
+``observe(it)`` runs after the swaps of every iteration and returns an
+:class:`~nrpt.roles.Update`.  As in the authors' implementation, updates use the 0/1 indicators
+``A_p`` of all adjacent pairs (``it.pair_indicators``), not only the pairs allowed to swap.
+Step sizes (:class:`SAStepSize`): ``gamma_k = a / (k^kappa + b)``, default ``50 / (k^0.8 + 500)``.
 
-Step sizes (:class:`SAStepSize`): ``gamma_k = a / (k^kappa + b)``, by default
-``50 / (k^0.8 + 500)`` (so ``gamma_0 = 0.1``; sum gamma = inf, sum gamma^2 < inf).
-
-* :class:`CorrectionAdaptor` -- Eq. 12/13: ``C_{k+1} = C_k + gamma_k (mean_p A_p - S)`` drives the
-  average swap indicator of the deterministic rule to the target swap rate ``S``.
-* :class:`LearningRateAdaptor` -- Eqs. 8-11: with the end points ``eta_0``, ``eta_{P-1}`` fixed,
-  each gap ``v_p = eta_{p+1} - eta_p`` follows ``log v_p <- log v_p + gamma_k (A_p - S)`` (Eq. 9),
-  and slot ``p`` takes the average of the forward and backward sequences (Eq. 11)::
+* :class:`CorrectionAdaptor` -- Eq. 12/13: ``C_{k+1} = C_k + gamma_k (mean_p A_p - S)``.
+* :class:`LearningRateAdaptor` -- Eqs. 8-11: end points fixed, gaps
+  ``v_p = eta_{p+1} - eta_p`` follow ``log v_p <- log v_p + gamma_k (A_p - S)`` and::
 
       eta_p <- (eta_{p-1} + eta_{p+1}) / 2
                + (max(0, v_{p-1}) e^{gamma H_{p-1}} - max(0, v_p) e^{gamma H_p}) / 2,
 
-  ``H_p = A_p - S``: a pair that swaps more often than ``S`` has its gap widened.  The update
-  keeps the ladder strictly increasing (a system whose update would not is left unchanged that
-  iteration) and never touches the end points.
-* :class:`VarianceTracker` -- averages the energy estimator's own variance estimates per slot
-  over blocks of ``every`` iterations and hands them to :class:`~nrpt.swap.noisy.BiasCorrected`
-  (reSGLD's sigma^2, refreshed every ``m`` iterations).
-* :func:`window_from_swap_rate` -- Algorithm 1's input ``W = ceil((log P + log log P) /
-  -log(1 - S))`` (the ``window = "swap-rate"`` setting).
-
-(The trace of ``C``, the ladder and the indicator rates for figures 4b/4d is the recorder
-:class:`nrpt.recorders.stats.Trace`.)
+  ``H_p = A_p - S``; a system whose update would not keep the ladder increasing is unchanged.
+* :class:`VarianceTracker` -- per-slot average of the estimator's variance over blocks of
+  ``every`` iterations, for :class:`~nrpt.swap.noisy.BiasCorrected`.
+* :func:`window_from_swap_rate` -- ``W = ceil((log P + log log P) / -log(1 - S))``.
 """
 
 from __future__ import annotations
@@ -107,9 +94,7 @@ class CorrectionAdaptor(AdaptorBase):
 
     ``pairs="all"`` (Algorithm 1): the mean verdict of every adjacent pair at every iteration
     is driven to ``S``.  ``pairs="attempted"``: only the pairs the scheme allowed to swap this
-    iteration count.  Under DEO_W (W > 1) with network replicas the two differ in outcome:
-    measured on MNIST-1D (P = 8, W* = 55), Eq. 13 gave W* 0.44x the round trips of W = 1 and
-    ``"attempted"`` 2.5x; why is not settled (docs/reproduction/deep.md)."""
+    iteration count (docs/reproduction/deep.md compares them)."""
 
     name = "correction"
 
@@ -143,20 +128,13 @@ def check_ladder_update(value) -> str:
 class LearningRateAdaptor(AdaptorBase):
     """Eqs. 8-11 on the learning rates ``step_size[:, 1:-1]`` (the end points stay fixed).
 
-    ``ladder="paper"`` is Eq. 11/12 as written.  It can collapse two rungs: a rung moves by
-    ``(v_{p-1} gamma H_{p-1} - v_p gamma H_p) / 2``, so a pair whose gap ``v_p`` has become
-    tiny has almost no pull, while its neighbour's keeps pushing the rung into it; an update
-    that would cross is refused for the whole system (the order check), which freezes the
-    ladder.  On the default DEO*-SGD run rungs 1 and 2 end at 0.015169 / 0.015176 and pair 0
-    swaps at 0.59 against S = 0.4 (:mod:`nrpt.report.health` warns: ``ladder-collapse``,
-    ``swap-rate-off-target``).
+    ``ladder="paper"``: Eq. 11/12 as written; an update that would break the ladder's order is
+    refused for the whole system, so rungs can collapse and freeze (health findings
+    ``ladder-collapse``, ``swap-rate-off-target``).
 
-    ``ladder="log-gaps"`` applies Eq. 10 to the gaps ``u_p = log eta_{p+1} - log eta_p`` (the
-    logarithmic scale the paper motivates its scheme with), ``u_p <- u_p exp(gamma H_p)``, and
-    rescales them to sum to ``log(eta_{P-1} / eta_0)`` (the end points stay fixed).  Gaps stay
-    positive (no order check needed, nothing freezes) and a pair's pull does not vanish with its
-    gap: the fixed point has equal indicator rates at every pair, which the correction ``C``
-    drives to ``S``."""
+    ``ladder="log-gaps"``: Eq. 10 on ``u_p = log eta_{p+1} - log eta_p``,
+    ``u_p <- u_p exp(gamma H_p)``, rescaled to sum to ``log(eta_{P-1} / eta_0)``; gaps stay
+    positive and the fixed point has equal indicator rates at every pair."""
 
     name = "learning-rates"
 

@@ -1,29 +1,15 @@
-r"""Round-based schedule adaptation from swap rejection rates (Syed et al. 2021, Sec. 5).
+r"""Round-based schedule adaptation from swap rejection rates (Syed et al. 2021, Sec. 5, Alg. 3).
 
-Pure functions of numpy arrays; no engine state.  Conventions follow :mod:`nrpt.paths.ladders`: a
-*schedule* is the per-slot coefficient ``b[P]`` with ``b_0 = 1`` at the target (slot 0) and
-``b`` strictly decreasing along the ladder -- ``beta`` for a geometric path (``b_{P-1} = 0``,
-the reference) or ``1 / tau`` for a temperature ladder (``b_{P-1} = 1 / tau_max``).  The
-rejection rate ``r_p`` (``P - 1`` of them) belongs to the adjacent pair ``(p, p + 1)``.
+Pure functions of numpy arrays.  A schedule is ``b[P]``, ``b_0 = 1`` at the target, strictly
+decreasing (:mod:`nrpt.paths.ladders`); rejection rate ``r_p`` belongs to pair ``(p, p + 1)``.
 
-The algorithm (the slides' "outline of schedule optimization", Syed et al. 2021, Alg. 3):
+1. cumulative barrier ``Lambda(b_{P-1}) = 0``, ``Lambda(b_p) = sum_{q >= p} r_q`` (Eq. 32);
+2. a monotone PCHIP interpolant through these points;
+3. the new schedule is the inverse image of equally spaced ``Lambda`` levels (Thm. 3).
 
-1. the cumulative barrier at the slots, counted from the explorative end of the ladder,
-   ``Lambda(b_{P-1}) = 0`` and ``Lambda(b_p) = sum_{q >= p} r_q``  (their Eq. 32: the estimator of
-   ``Lambda(beta) = ∫_0^beta lambda``);
-2. a monotone interpolant through these points (SciPy's :class:`~scipy.interpolate.
-   PchipInterpolator`, which is monotone whenever the data are, so no overshoot and no negative
-   local barrier);
-3. the new schedule is the inverse image of an equally spaced grid of ``Lambda`` levels, so that
-   every adjacent pair carries the same share ``Lambda / (P - 1)`` of the barrier and hence
-   (to first order) the same rejection rate -- optimal for the restart rate (their Thm. 3).
-
-The local barrier is the derivative ``lambda(b) = dLambda/db`` of the fitted curve.
-
-Degenerate inputs are handled without dividing by zero: rates are clipped to ``[0, 1]``; a pair
-that was never attempted (NaN) gets the mean of the attempted pairs; zero rates give flat
-pieces of ``Lambda``; if every rate is zero (``Lambda = 0``: every swap was accepted) the schedule
-carries no information and is returned unchanged.
+The local barrier is ``lambda(b) = dLambda/db`` of the fitted curve.  Rates are clipped to
+``[0, 1]``; a never-attempted pair (NaN) gets the mean of the attempted ones; if every rate is
+zero the schedule is returned unchanged.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 r"""Between-round step-size tuning of Metropolis explorers towards a target acceptance rate.
 
-For random-walk Metropolis, MALA and HMC in many dimensions the log acceptance ratio is close
-to Gaussian with mean ``-s^2/2`` and standard deviation ``s`` proportional to ``h^k`` (each
-explorer's ``acceptance_order``: ``k = 1`` for RWMH, 3 for MALA, 2 for HMC: Roberts & Rosenthal
-2001; Beskos et al. 2013), so the mean
-acceptance is ``a(h) = 2 Phi(-c h^k / 2)``.  One round's acceptance ``a`` at step ``h`` fixes
-``c``; the step that gives the target acceptance ``a*`` is then
+Model (Roberts & Rosenthal 2001; Beskos et al. 2013): acceptance ``a(h) = 2 Phi(-c h^k / 2)``
+with ``k`` the explorer's ``acceptance_order`` (1 RWMH, 3 MALA, 2 HMC).  From one round's
+acceptance ``a`` at step ``h`` the step for target ``a*`` is
 
     h* = h (Phi^{-1}(a*/2) / Phi^{-1}(a/2))^(1/k),
 
-a Newton step in the coordinates where the model is linear.  Acceptances are clipped to
-``[0.01, 0.99]`` (0 or 1 carry no scale) and the factor to ``[1/4, 4]`` per round.
+with ``a`` clipped to ``[0.01, 0.99]`` and the factor to ``[1/4, 4]`` per round.
 
-The model is asymptotic (small steps, many dimensions).  HMC in a few dimensions breaks it: the
-acceptance stays near 1 up to the leapfrog integrator's stability limit (``h = 2 sd`` on a
-Gaussian) and falls to 0 just past it, so the Newton step from an acceptance of 0.94 jumps over
-the cliff (x2.5), the next one comes back (x0.42), and the step bounces for ever (slot-0 step
-0.5 <-> 2.35 on a 3-D Gaussian).  :func:`bracketed_step` therefore keeps, per slot, a bracket
-``[lo, hi]`` of steps seen to give acceptance above / below the target and never leaves it: a
-Newton proposal outside the bracket is replaced by the geometric mean of the current step and
-the bracket's end (bisection in log step), which converges for any acceptance curve that falls
-with the step.  A bracket end contradicted by a later measurement is dropped, and both ends
-are relaxed by :data:`BRACKET_RELAX` per update, so a stale end (the slot's temperature moved
-with the schedule, or a noisy measurement) cannot pin the step for long.
+:func:`bracketed_step` keeps per slot a bracket ``[lo, hi]`` of steps seen above / below the
+target and replaces a proposal outside it by the geometric mean of the current step and the
+bracket's end (converges for any acceptance curve decreasing in the step, e.g. HMC's cliff at
+its stability limit in few dimensions).  A contradicted end is dropped and both ends relax by
+:data:`BRACKET_RELAX` per update.
 """
 
 from __future__ import annotations

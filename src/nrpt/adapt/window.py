@@ -1,12 +1,8 @@
 """``window = "auto"``: W* of DEO_W from the rejection rate measured in a tuning segment.
 
-The run's tuning segment (``"tune"``, ``window_tune`` iterations, after the burn-in's warm-up
-windows) uses DEO; at its end the mean rejection
-rate ``r`` of the adjacent pairs (the ``swaps`` recorder) gives
-``W* = ceil((log P + log log P) / -log r)`` (Deng et al. 2023, from Lemma 1;
-:func:`nrpt.diagnostics.theory.optimal_window`) and the scheme switches to DEO_W(W*).  (The
-other named window, ``"swap-rate"``, fixes ``r = 1 - S`` in advance: Algorithm 1's input,
-:func:`nrpt.adapt.sa.window_from_swap_rate`.)
+The tuning segment (``"tune"``, ``window_tune`` iterations of DEO) gives the mean adjacent
+rejection rate ``r``; ``W* = ceil((log P + log log P) / -log r)`` (Deng et al. 2023, Lemma 1;
+:func:`nrpt.diagnostics.theory.optimal_window`), then the scheme switches to DEO_W(W*).
 """
 
 from __future__ import annotations

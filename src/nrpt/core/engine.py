@@ -1,4 +1,4 @@
-"""The parallel-tempering engine: one iteration, read top to bottom.
+"""The parallel-tempering engine: one iteration.
 
     states[R, P, ...]  --explorer(slot params)-->  states'      (one batched call)
     reference slot of a geometric path           -->  iid draw from the reference
@@ -6,23 +6,13 @@
     each phase  --rule(params)-->  accepted pairs  -->  new slot_of (a permutation)
     everything above  -->  an :class:`~nrpt.roles.Iteration` for adaptors and recorders
 
-Replicas are *replica-major*: ``state.x[s, r]`` is replica ``r`` of system ``s`` wherever it sits;
-``slot_of[s, r]`` is its slot and ``replica_at[s, p]`` the inverse permutation.  Swapping two
-slots rewrites two integers per system, so swaps cost the same for a 2-D toy and a ResNet.
+Replica-major: ``state.x[s, r]`` is replica ``r`` of system ``s``; ``slot_of[s, r]`` its slot,
+``replica_at[s, p]`` the inverse.  The engine holds the states, the permutation, the scheme's
+state and the tunable tables (``schedule``, ``step_size``, rule ``params``), changed only by
+:meth:`PTEngine.apply`; statistics are recorders, the loop is :mod:`nrpt.core.loop`.
 
-The engine keeps only what one iteration needs: the states, the permutation, the scheme's state
-and the tunable tables (``schedule``, ``step_size``, the rule's ``params``), which change only
-through :meth:`PTEngine.apply`.  Counters, round trips, log Z and traces are recorders
-(:mod:`nrpt.recorders.stats`); the loop is :mod:`nrpt.core.loop`.
-
-Randomness is keyed (:mod:`nrpt.rng`): every draw comes from a generator seeded by a hash of
-(seed, stream, iteration, sub-step) and has the full ``[R, P, ...]`` shape, so nothing depends
-on how replicas are spread over processes, and resuming needs only the iteration counter.
-
-Spreading the replicas over processes is :class:`nrpt.core.sharding.ShardedEngine`, which
-overrides the hooks ``_local`` (this process's block of a per-replica tensor), ``_noise``,
-``_gather`` (the full-width scalars before the swaps), ``scalars``, ``rows`` and ``_full_state``;
-here they are the single-process identities.
+:class:`nrpt.core.sharding.ShardedEngine` overrides the hooks ``_local``, ``_noise``,
+``_gather``, ``rows`` and ``_full_state`` (single-process identities here).
 """
 
 from __future__ import annotations
@@ -289,10 +279,6 @@ class PTEngine:
         """``(scalars, accept, nonfinite)`` at full width ``[R, P]``."""
         return self.state, accept, nonfinite
 
-    def scalars(self) -> ReplicaState:
-        """The per-replica scalars ``v``, ``base`` at full width (here: the state itself)."""
-        return self.state
-
     def should_stop(self, flag: bool) -> bool:
         """Whether the loop stops before the next iteration, given this process's stop
         ``flag`` (sharded: whether the ranks agreed to, from the last gathered flags)."""
@@ -379,12 +365,6 @@ class PTEngine:
             self.replica_at = slot_order(self.slot_of, ids)
         self.scheme.after_phase(k, self.scheme_state, lo, accepted)
         return PhaseDecision(lo, hi, active, decision, accepted, prob)
-
-    # ------------------------------------------------------------------ views
-    def target_slot(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x[R, dim], v[R])`` of the replica at slot 0."""
-        rep = self.replica_at[:, :1]
-        return self.rows(rep).squeeze(1), self.scalars().v.gather(1, rep).squeeze(1)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

@@ -1,38 +1,23 @@
 """The fused loop: ``U`` whole iterations per call, optionally one ``torch.compile`` graph.
 
-On small problems an iteration costs what its few hundred tensor ops cost to *launch*, not to
-compute.  :class:`Fused` runs a chunk of ``U`` consecutive iterations -- explore, refresh the
-reference, swap, adapt online, track the index process -- as one function of tensors, with
-every random number drawn beforehand (the engine's keyed draws, :mod:`nrpt.rng`), and hands the
-recorders the chunk at once (:class:`~nrpt.roles.IterationBlock`, ``record_block``).  Under
-``torch.compile`` the chunk is one graph whose hundreds of launches fuse into a few kernels;
-eager, the same function still saves the per-iteration bookkeeping.
+:class:`Fused` runs a chunk of ``U`` iterations (explore, refresh the reference, swap, adapt
+online, track the index process) as one function of tensors, with every random number drawn
+beforehand (:mod:`nrpt.rng`), and hands recorders the chunk (:class:`~nrpt.roles.IterationBlock`,
+``record_block``).  It is composed from :func:`nrpt.core.engine.explore`,
+:func:`~nrpt.core.engine.refresh_top`, :func:`~nrpt.core.engine.sweep_exchange` and the roles'
+block forms (:mod:`nrpt.roles`): scheme ``block_inputs`` / ``block_phase`` / ``block_after``,
+adaptor ``block_inputs`` / ``observe_block``, recorder ``record_block``.
 
-What a chunk computes is what the plain loop computes, composed from the same parts:
-:func:`nrpt.core.engine.explore` (the explorer's own ``step``, fed the draws a plain step asks
-:class:`~nrpt.explorers.Noise` for, recorded once on a plain step, then made outside the graph
-and replayed inside, as :mod:`nrpt.explorers.compiled` does), :func:`~nrpt.core.engine.refresh_top`,
-:func:`~nrpt.core.engine.sweep_exchange`, and each role's *block form* declared in the contracts
-(:mod:`nrpt.roles`): the scheme's ``block_inputs`` / ``block_phase`` / ``block_after``
-(:mod:`nrpt.swap.schemes`), the online adaptors' ``block_inputs`` / ``observe_block``, the
-recorders' ``record_block`` (:class:`~nrpt.roles.IterationBlock`).
+Eager, a chunk equals the plain iterations bit for bit; compiled, up to rounding per step (the
+same chain in law, ``tests/test_compile_law.py``).  Chunking depends only on the iteration
+number, the checkpoint and callback periods and the kind of state (:meth:`Fused.chunk_at`), so
+a resumed run chunks as the uninterrupted one.  ``observe_block`` must be pure and return an
+:class:`~nrpt.roles.Update` of ``[R, P]`` tables and known rule parameters only (applied
+without :meth:`nrpt.core.engine.PTEngine.apply`'s conversions).
 
-Eager, a chunk equals the plain iterations bit for bit (recorders included); compiled, to the
-last bits a fused kernel rounds differently (tested) -- per step: a deterministic swap rule
-(DEO*-SGD) flips a verdict on such a last bit within tens of iterations, after which the run
-is the plain run's chain in law, not in numbers (``tests/test_compile_law.py``).  Which
-iterations run in chunks depends on the iteration number, the run's checkpoint and callback
-periods, and the kind of state (whether the explore phase still sets up buffers) alone
-(:meth:`Fused.chunk_at`), so a resumed run with the same settings chunks exactly as the
-uninterrupted one.  An online adaptor's ``observe_block`` must be pure and return an
-:class:`~nrpt.roles.Update` of ``[R, P]`` tables and known rule parameters only (the chunk
-takes them as they are, without :meth:`nrpt.core.engine.PTEngine.apply`'s conversions).
-
-Fused runs: one process; schemes with a block form (DEO, DEO_W and SEO: one phase over all
-adjacent pairs); rules ``metropolis``, ``deterministic``, ``always``, ``fixed-rate``; the
-explorers of :data:`nrpt.explorers.compiled.COMPILABLE`; adaptors without a per-iteration
-``observe`` or with ``observe_block``; any recorders.  :func:`why_not` says why a run is not
-fused.
+Fusable runs: one process; DEO, DEO_W, SEO; rules ``metropolis``, ``deterministic``,
+``always``, ``fixed-rate``; explorers in :data:`nrpt.explorers.compiled.COMPILABLE`; adaptors
+without ``observe`` or with ``observe_block``; any recorders.  :func:`why_not` says why not.
 """
 
 from __future__ import annotations
@@ -103,13 +88,10 @@ def why_not(run) -> str | None:
 
 def auto(run, compile: bool = False) -> bool:
     """Whether ``fuse = "auto"`` (the default) runs ``run`` in eager chunks: where
-    :func:`why_not` allows, ``compile`` is off (``compile = true`` alone keeps its compiled
-    explorer step; ``fuse = true`` with it compiles the chunks), and every recorder is one of
-    nrpt's or has its own ``record_block`` (a recorder handed ``IterationBlock.iteration(u)``
-    one by one sees the contract's fields, not the engine's raw state, which a user recorder
-    written for the plain loop might read).  Eager chunks make the plain loop's numbers (bit
-    for bit, tests/test_fused.py) with fewer launches (timings: docs/architecture.md, point 11,
-    and ``make bench-headline``)."""
+    :func:`why_not` allows, ``compile`` is off, and every recorder is one of nrpt's or has its
+    own ``record_block`` (a user recorder written for the plain loop might read engine state
+    that ``IterationBlock.iteration(u)`` does not carry).  Eager chunks equal the plain loop
+    bit for bit."""
     if compile or why_not(run) is not None:
         return False
     return all(type(r).__module__.startswith("nrpt.") or _own_block(r)
@@ -167,10 +149,8 @@ class Fused:
         return U if self.plan is not None else 0
 
     def _record_plan(self) -> None:
-        """Note the draws of the explore phase at the current state (a dry run whose result is
-        discarded).  A phase that sets up buffers (a stochastic-gradient explorer's first step)
-        is not a steady one: no plan yet.  Whether there is a plan thus depends on the state
-        alone, and so does which iterations are fused (resume stays exact)."""
+        """Note the draws of the explore phase at the current state (a discarded dry run); none
+        while the phase still sets up buffers, so fusing depends on the state alone."""
         eng = self.engine
         rec = RecordingNoise(Noise(eng.seed, eng.k, eng.R, eng.P, eng.device))
         state = eng.state

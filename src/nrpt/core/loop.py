@@ -46,8 +46,7 @@ __all__ = ["Segment", "Plan", "Run", "Outcome", "execute", "CHECKPOINT", "RunErr
            "Interrupt"]
 
 CALLBACK_EVERY = 256
-#: below this many numbers in the replica states ``[R, P, dim]``, tensors are tiny and torch's
-#: thread pool costs more than it gives (several times slower on 2 cores): one thread
+#: below this many numbers in the replica states ``[R, P, dim]``, ``"auto"`` uses one thread
 SMALL_STATE = 1 << 16
 
 
@@ -300,20 +299,14 @@ def execute(run: Run, *, out: Path | None = None, checkpoint_every: int = 5000,
         fast = run.engine.autograd_free
         try:
             with torch.inference_mode(fast):
-                outcome = _execute(run, out, checkpoint_every, progress, callback, resume,
-                                   header, say, table, stop)
+                loop = _Loop(run, out, checkpoint_every, callback, header, say, table, stop)
+                outcome = loop.execute(resume, progress)
         finally:
             if fast:  # what the run leaves behind is ordinary tensors again
                 release_inference_tensors([run.engine, *run.adaptors, *run.recorders.values()])
         outcome.notes["threads"] = n
         outcome.notes["inference_mode"] = fast
         return outcome
-
-
-def _execute(run, out, checkpoint_every, progress, callback, resume, header, say, table,
-             stop: Interrupt) -> Outcome:
-    return _Loop(run, out, checkpoint_every, callback, header, say, table, stop).execute(resume,
-                                                                                 progress)
 
 
 class _Loop:

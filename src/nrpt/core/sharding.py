@@ -1,31 +1,19 @@
 """Replicas across processes on ``torch.distributed``: same algorithm, sharded replicas.
 
-Each process (rank) holds a contiguous block of replicas (:class:`nrpt.rng.Block`) of every
-system, ``[R, P / world, dim]``, and they never move.  An iteration is
+Each rank holds a fixed contiguous block of replicas (:class:`nrpt.rng.Block`) of every system,
+``[R, P / world, dim]``.  Per iteration every rank explores its replicas (full-width keyed
+draws, sliced), the ranks ``all_gather`` the per-replica scalars (``v``, ``base``, explorer
+acceptance and non-finite counts, ``energy_var``, a stop flag) into ``[R, P, m]``, and every
+rank makes the same swap decisions, so ``slot_of`` agrees everywhere.  Rows at the slots
+recorders declare (``reads_slots``) are gathered once per iteration
+(:meth:`nrpt.roles.Iteration.slot_x`).  Checkpoints gather the full state; rank 0 writes it
+(N processes resume on M).  For targets whose per-row evaluation does not depend on batch size
+(the built-ins), results are bit for bit those of one process.
 
-1. every rank explores its own replicas, with random numbers drawn at full width and sliced
-   (:mod:`nrpt.rng`), so a replica gets the numbers it would get in one process;
-2. the ranks ``all_gather`` the per-replica *scalars* of the iteration — the energies ``v``, the
-   reference part ``base``, the explorer's acceptance and non-finite counts, the scalar buffers
-   of the estimator (``energy_var``) and a stop flag — into one ``[R, P, m]`` tensor;
-3. every rank makes the same swap decisions from the same scalars and the shared keyed
-   uniforms, so the permutation ``slot_of`` is the same everywhere; states stay where they are.
-
-Recorders that need positions (the slot-0 draws; the hottest slot's spread) ask for the rows of
-the replicas at those slots (:meth:`nrpt.roles.Iteration.slot_x`): the slots the recorders
-declare (``reads_slots``) come together in one ``all_gather`` of ``[R, S, dim]`` per
-iteration.  Checkpoints gather the full state on every rank and rank 0 writes it, so a
-checkpoint written by N processes resumes on M.  Gathers only copy (no arithmetic), every
-reduction runs on the full tensors in the single-process order, and every rank runs the same
-adaptors and recorders: for targets whose per-row evaluation does not depend on how many rows
-are evaluated together (true of the built-in targets), results are bit for bit those of one
-process.
-
-Launch with ``nrpt run --nproc N ...`` (N local processes, gloo) or ``torchrun
---nproc-per-node N -m nrpt run ...``; in Python, any ``nrpt.sample``/``run_config`` call made in
-processes started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) runs distributed;
-rank 0 owns the run folder and returns the :class:`~nrpt.run.api.Result`, the other ranks return a
-``Result`` with empty arrays whose ``summary`` holds only ``rank`` and ``interrupted``.
+Launch: ``nrpt run --nproc N ...`` (gloo) or ``torchrun --nproc-per-node N -m nrpt run ...``;
+``nrpt.sample``/``run_config`` under ``torchrun`` (``WORLD_SIZE`` > 1) run distributed.  Rank 0
+owns the run folder and returns the :class:`~nrpt.run.api.Result`; other ranks return one with
+empty arrays whose ``summary`` holds only ``rank`` and ``interrupted``.
 """
 
 from __future__ import annotations
@@ -150,8 +138,6 @@ class ShardedEngine(PTEngine):
         self._requested = self._agreed = False
         self._row_cache: tuple[int, torch.Tensor] | None = None
         super().__init__(target, path, *args, **kwargs)
-        zeros = torch.zeros_like(self.state.v)
-        self._view = self._gather(zeros, zeros.long())[0]
 
     def _local(self, t: torch.Tensor) -> torch.Tensor:
         return self.block.take(t)
@@ -171,11 +157,8 @@ class ShardedEngine(PTEngine):
         self._agreed = bool(full[..., 4].any())
         extras = {n: full[..., 5 + i].to(st.extras[n].dtype) for i, n in enumerate(names)}
         x = torch.empty((R, self.P, self.dim), dtype=self.dtype, device="meta")
-        self._view = ReplicaState(x, full[..., 0], full[..., 1], extras)
-        return self._view, full[..., 2], full[..., 3].long()
-
-    def scalars(self) -> ReplicaState:
-        return self._view
+        view = ReplicaState(x, full[..., 0], full[..., 1], extras)
+        return view, full[..., 2], full[..., 3].long()
 
     def should_stop(self, flag: bool) -> bool:
         self._requested = flag  # travels with the next iteration's scalars
@@ -223,14 +206,12 @@ class ShardedEngine(PTEngine):
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
         self._row_cache = None
-        x = torch.empty((self.R, self.P, self.dim), dtype=self.dtype, device="meta")
-        self._view = ReplicaState(x, sd["v"].to(self.device), sd["base"].to(self.device), {})
 
     def unshard(self) -> None:
         """Gather the whole state onto every rank and go on as the single-process engine (the
         end of a distributed run: summaries and outputs read the full state)."""
         self.state = self._full_state()
-        for name in ("comm", "block", "_requested", "_agreed", "_row_cache", "_view"):
+        for name in ("comm", "block", "_requested", "_agreed", "_row_cache"):
             delattr(self, name)
         self.__class__ = PTEngine  # type: ignore[assignment]
 

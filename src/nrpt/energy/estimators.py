@@ -1,28 +1,23 @@
 """Energy estimators for stochastic-gradient parallel tempering.
 
-An estimator returns, for a batch of states ``x[R, P, dim]`` (replica-major, see
-:mod:`nrpt.core.engine`), an unbiased energy estimate ``Ũ(x)`` ``[R, P]``, a gradient estimate
-``∇Ũ(x)`` ``[R, P, dim]`` and, where it can, an estimate of ``Var Ũ(x)`` ``[R, P]`` (what the
-bias-corrected swap rule of reSGLD needs).  Sign convention: ``U = -log pi`` (energy).
+For states ``x[R, P, dim]`` an estimator returns an unbiased energy estimate ``Ũ(x)`` ``[R, P]``
+(``U = -log pi``), a gradient estimate ``∇Ũ(x)`` ``[R, P, dim]`` and, where it can, an estimate
+of ``Var Ũ(x)`` ``[R, P]`` (for the bias-corrected swap rule).
 
 ==============================  ============================================================
 :class:`ExactEnergy`            ``U`` and ``∇U`` by autograd, variance 0 (full batch)
-:class:`NoisyOracle`            ``U + sd_e N(0, 1)``, ``∇U + sd_g N(0, I)`` -- the simulation
-                                oracle of Deng et al. (2023, Sec. 5.1), sd 2 on both there
-:class:`MinibatchEnergy`        ``Ũ = (N / n) sum_{i in B} l_i(x) + prior(x)`` over a batch ``B``
-                                of ``n`` of the ``N`` data, drawn per replica and iteration
-:class:`ControlVariateEnergy`   VR-reSGLD (Deng et al. 2021): the minibatch energy with a
-                                control variate at an anchor ``x̂`` refreshed every ``m``
-                                iterations,
-                                ``Ũ_vr(x) = Ũ_B(x) - c (Ũ_B(x̂) - U(x̂))`` (same batch ``B``)
+:class:`NoisyOracle`            ``U + sd_e N(0, 1)``, ``∇U + sd_g N(0, I)`` (Deng et al. 2023,
+                                Sec. 5.1)
+:class:`MinibatchEnergy`        ``Ũ = (N / n) sum_{i in B} l_i(x) + prior(x)``, a batch ``B``
+                                of ``n`` of ``N`` data per replica and iteration
+:class:`ControlVariateEnergy`   VR-reSGLD (Deng et al. 2021):
+                                ``Ũ_vr(x) = Ũ_B(x) - c (Ũ_B(x̂) - U(x̂))``, anchor ``x̂``
+                                refreshed every ``m`` iterations
 ==============================  ============================================================
 
-Randomness is keyed (:mod:`nrpt.rng`): every call receives ``key = (seed, iteration, sub,
-evaluation)`` and draws full ``[R, P, ...]`` tensors from generators seeded by that key, so a run
-is reproducible and independent of how replicas are laid out.
-
-Per-replica buffers (the control-variate anchor) are returned in ``Estimate.extras`` and stored
-in :attr:`nrpt.explorers.ReplicaState.extras`, so they travel with their replica across slots.
+Every call receives a :class:`~nrpt.rng.Key` and draws full ``[R, P, ...]`` tensors
+(:mod:`nrpt.rng`).  Per-replica buffers (the anchor) are returned in ``Estimate.extras`` and
+travel with their replica in :attr:`nrpt.roles.ReplicaState.extras`.
 """
 
 from __future__ import annotations
@@ -295,20 +290,15 @@ class ControlVariateEnergy(MinibatchEnergy):
 
         Ũ_vr(x) = (N / n) sum_{i in B} [loss_i(x) - c loss_i(x̂)] + c U_data(x̂) + prior(x),
 
-    unbiased for ``U(x)`` for any ``c`` fixed given the past, since ``E_B (N/n) sum_B loss_i(x̂) =
-    U_data(x̂)``.  The anchor ``x̂`` of each replica is its own state, refreshed every
-    ``anchor_every`` (``m``) iterations (and then ``U_data(x̂)`` over all ``N`` data is paid once);
-    between refreshes the variance is ``O(m^2 eta / n)`` small (the blog's bound).  Only the energy
-    is variance-reduced; the gradient is the plain minibatch gradient.
+    unbiased for ``U(x)`` for any ``c`` fixed given the past.  Each replica's anchor ``x̂`` is
+    its own state, refreshed every ``anchor_every`` (``m``) iterations (a full-data ``U_data(x̂)``
+    then).  Only the energy is variance-reduced; the gradient is the plain minibatch gradient.
 
-    ``coefficient``: a number ``c`` (1 is the classical control variate; the blog's ``c`` is our
-    ``-c``), or ``"adaptive"``: ``c = Cov(l(x), l(x̂)) / Var(l(x̂))`` estimated from the previous
-    batch of the same replica (so it does not depend on the current batch, keeping ``Ũ_vr``
-    unbiased), clipped to [0, 2].
+    ``coefficient``: a number ``c`` (1: the classical control variate), or ``"adaptive"``:
+    ``c = Cov(l(x), l(x̂)) / Var(l(x̂))`` from the replica's previous batch, clipped to [0, 2].
 
     ``extras``: ``cv_anchor [R, P, dim]``, ``cv_anchor_u [R, P]``, ``cv_coef [R, P]`` and
-    ``energy_var_plain [R, P]`` (the variance the plain minibatch estimate would have had at the
-    same batch: ``mean(energy_var_plain) / mean(var)`` is the variance reduction achieved).
+    ``energy_var_plain [R, P]`` (the plain minibatch estimate's variance at the same batch).
     """
 
     extras_keys = ("cv_anchor", "cv_anchor_u", "cv_coef")

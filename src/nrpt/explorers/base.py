@@ -1,47 +1,26 @@
 """The explorer contract.
 
-An explorer moves every replica with a kernel that leaves its *current slot's* distribution
-invariant.  It is one batched call for all replicas of all systems:
-
     explorer.step(state, b, step_size, density, noise) -> (state, info)
 
-* ``state`` — :class:`ReplicaState` with ``x[R, P, dim]`` (replica-major: ``x[s, r]`` is replica r
-  of system s, wherever it sits on the ladder) and the cached path components ``v``, ``base``
-  (``[R, P]``, see :mod:`nrpt.paths.ladders`);
-* ``b``, ``step_size`` — ``[R, P]``, the slot coefficient and step size of each replica's slot;
-* ``density`` — :class:`Density`, evaluates ``(v, base)`` and, on request, gradients: of the
-  two path components (:meth:`Density.grad_components`) or of the slot log density
-  ``base - b v`` (:meth:`Density.with_grad`);
-* ``noise`` — :class:`Noise`, keyed random numbers for this iteration (no generator state).
+moves every replica with a kernel that leaves its current slot's distribution invariant:
 
-``info`` is an :class:`ExploreInfo` of per-replica tensors.  Proposals whose log density (or
-gradient) is NaN or ±inf are rejected and flagged in ``info.nonfinite``; they never enter the
-state.
+* ``state`` — :class:`ReplicaState`, ``x[R, P, dim]`` in replica order and the path components
+  ``v``, ``base`` ``[R, P]`` (``log pi_p = base - b_p v``, :mod:`nrpt.paths.ladders`);
+* ``b``, ``step_size`` — ``[R, P]``, each replica's slot coefficient and step size;
+* ``density`` — :class:`Density` (components; gradients via :meth:`Density.grad_components`
+  or :meth:`Density.with_grad`);
+* ``noise`` — :class:`Noise`, keyed random numbers for this iteration.
 
-Sign conventions: ``U = -log pi`` is the energy; the slot log density is
-``log pi_p(x) = base(x) - b_p v(x)`` (:mod:`nrpt.paths.ladders`), so ``v = U`` and ``base = 0`` on a
-temperature ladder, ``v = -log L`` and ``base = log pi_0`` on a geometric path.
+``info`` is an :class:`ExploreInfo`.  Proposals with a non-finite log density or gradient are
+rejected and flagged in ``info.nonfinite``.
 
-Preparing a state
------------------
-``explorer.prepare(state, density) -> state`` fills the explorer's per-replica caches in
-``state.extras`` (default: nothing).  The engine calls it once on the initial states and on
-every state it puts into ``state`` from outside the explorer (the fresh reference draws of a
-geometric path), so a cache always describes the replica's current ``x``.  ``step`` still
-works when the cache is missing (it is then computed first).  Any other code that changes
-``state.x`` behind the explorer's back must drop those extras or call ``prepare`` again.
+``explorer.prepare(state, density) -> state`` fills per-replica caches in ``state.extras``; the
+engine calls it on initial states and on states it inserts (fresh reference draws).  Code that
+changes ``state.x`` otherwise must drop those extras or call ``prepare`` again.  Gradient cache
+(MALA, HMC): ``extras["grad_v"]``, ``extras["grad_base"]`` ``[R, P, dim]``, slot-independent,
+combined by :func:`slot_grad`.
 
-Gradient cache (MALA, HMC): ``extras["grad_v"]`` and ``extras["grad_base"]`` (``[R, P, dim]``)
-are the gradients of the two *components* at the replica's ``x``.  They do not depend on the
-slot, so they stay valid when the replica changes slot or the schedule is adapted; the step
-combines them at the replica's current ``b`` as ``grad log pi_p = grad_base - b grad_v``
-(:func:`slot_grad`).
-
-Checking an explorer
---------------------
-:func:`nrpt.testing.assert_invariant` runs an explorer alone at a fixed slot (from exact draws
-where the target can make them) and compares moments to the truth within a Monte Carlo error
-bar: the check the test suite applies to every built-in explorer.
+:func:`nrpt.testing.assert_invariant` checks an explorer's invariance against exact moments.
 """
 
 from __future__ import annotations

@@ -1,38 +1,20 @@
 """An explorer step compiled with ``torch.compile`` (optional; falls back to the plain step).
 
-On small problems an iteration costs what its tensor ops cost to *launch*, not to compute:
-a random-walk step on ``[32, 8, 2]`` with a 25-component mixture target is some twenty
-dispatcher calls of a few microseconds each.  :class:`Compiled` runs the wrapped explorer's
-``step`` -- the proposal, the target's own code and the Metropolis decision -- as one compiled
-graph, so those launches fuse into a few kernels.
+:class:`Compiled` runs the wrapped explorer's ``step`` (proposal, target code, Metropolis
+decision) as one compiled graph.  Random numbers stay the engine's keyed draws
+(:mod:`nrpt.rng`), made outside the graph: one eager step records which draws the explorer asks
+:class:`~nrpt.explorers.base.Noise` for, and later steps with the same kind of state make those
+draws and replay them to the compiled function.  Results equal the plain step's up to rounding
+per step, so a run is the plain run in law (``tests/test_compile_law.py``), not bit for bit.
 
-The random numbers stay the engine's keyed draws (:mod:`nrpt.rng`), made outside the graph:
-a step runs eagerly once to *record* which draws the explorer asks
-:class:`~nrpt.explorers.base.Noise` for; that step and every later one with the same kind of
-state make exactly those draws and hand them to the compiled function, where a stand-in replays
-them in order.  The numbers consumed are therefore the plain step's, and so are the results, up
-to the last bits that a fused kernel may round differently (the tests hold the two to 1e-9 and
-the same accept/reject decisions over short runs).  A run is therefore the plain run only to
-rounding per step: with exact Metropolis swaps the decisions agree unless a uniform falls
-within rounding of an acceptance probability; the deterministic swap rule has no uniform to
-absorb the difference, a verdict flips within tens of iterations of a DEO*-SGD run and the two
-trajectories part -- the same chain in law (``tests/test_compile_law.py``), not the same
-numbers.
+Which steps are compiled depends on the state alone (a step whose state lacks the explorer's
+buffers runs plain; one whose ``extras`` keys are unchanged by the step runs compiled), so a
+resumed run equals the uninterrupted one bit for bit.
 
-Which steps are compiled depends on the state alone, so a resumed run is the uninterrupted one
-bit for bit: a step whose state lacks buffers the explorer keeps (the first step of a
-stochastic-gradient explorer sets up its gradient; its draws differ) runs plain; a step whose
-state already holds them (``extras`` keys unchanged by the step) runs compiled, under the plan
-recorded for that kind of state (the recording step's own result is discarded).
-
-Only explorers whose draws do not depend on the state can be compiled: RWMH, MALA and HMC (a
-fixed number of normal and uniform draws per step) and the stochastic-gradient explorers with
-the exact, noisy-oracle or minibatch energy (their estimator draws through the
-:class:`~nrpt.rng.Key` it is handed, which is recorded and replayed the same way; the
-control-variate energy decides from the iteration number when to refresh its anchor, which a
-graph cannot); others are refused by :func:`compilable`.  If
-compilation or a compiled call fails, a :class:`CompileWarning` says why and the plain step is
-used from then on, so a run never fails for want of a compiler.
+Only explorers whose draws do not depend on the state are compilable (:func:`compilable`):
+RWMH, MALA, HMC, and the stochastic-gradient explorers with the exact, noisy-oracle or
+minibatch energy.  A failed compilation or call emits a :class:`CompileWarning` and falls back
+to the plain step.
 """
 
 from __future__ import annotations

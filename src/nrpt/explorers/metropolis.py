@@ -1,17 +1,9 @@
 """Exact full-batch explorers: random-walk Metropolis, MALA and HMC.
 
-Each leaves its slot's density pi_p(x) ∝ exp(base(x) - b_p v(x)) invariant (a Metropolis-Hastings
-correction is always applied), with a per-slot step size ``step_size[R, P]`` and all replicas
-moved in one batched call.
-
-Gradient cache (MALA, HMC).  The gradients of the two path components at a replica's current
-state, ``extras["grad_v"]`` and ``extras["grad_base"]`` (``[R, P, dim]``, see
-:mod:`nrpt.explorers.base`), travel with the replica; the step combines them at the replica's
-current slot as ``grad log pi_p = grad_base - b grad_v``.  :meth:`prepare` fills the cache; an
-accepted proposal brings its own gradients (computed anyway for the reverse move of MALA or the
-last leapfrog half step of HMC), a rejected one leaves the cache as it was.  Cost per step after
-``prepare``: one gradient evaluation for MALA, ``leapfrog_steps`` for HMC.  A step given a state
-without a cache computes it first.
+Each leaves its slot's density ``pi_p ∝ exp(base - b_p v)`` invariant (Metropolis-Hastings
+correction), per-slot step size ``step_size[R, P]``.  MALA and HMC keep the gradient cache of
+:mod:`nrpt.explorers.base` (an accepted proposal brings its own gradients): one gradient
+evaluation per step for MALA, ``leapfrog_steps`` for HMC.
 """
 
 from __future__ import annotations
@@ -55,10 +47,8 @@ def metropolis_select(
 
 
 def _finite_rows(x: torch.Tensor) -> torch.Tensor:
-    """Rows of ``x[..., dim]`` with no NaN or infinity, as ``isfinite`` of their sum: one
-    reduction instead of a full boolean tensor and its ``all`` (10x cheaper at dim = 10^4).  A
-    row of finite numbers whose sum overflows (|x| near 1e308) counts as non-finite too, so
-    such a proposal is rejected: it has no usable density in floating point anyway."""
+    """Rows of ``x[..., dim]`` with no NaN or infinity, as ``isfinite`` of their sum (a row whose
+    sum overflows counts as non-finite too)."""
     return torch.isfinite(x.sum(dim=-1))
 
 
@@ -133,17 +123,10 @@ class HMC(_GradientCached):
     (momentum ``p0 ~ N(0, I)``, kinetic energy ``|p|^2 / 2``).  ``leapfrog_steps`` gradient
     evaluations per step (the first half step uses the cached gradient at ``x``).
 
-    ``jitter``: each step's leapfrog step is ``h (1 + jitter (2u - 1))`` with ``u ~ U(0, 1)``
-    drawn afresh per replica and iteration (independent of the state, so every step is still an
-    exact Metropolis-Hastings kernel: a mixture of reversible kernels).  With a fixed step the
-    acceptance of ``L`` leapfrog steps is not monotone in ``h``: on a Gaussian the integrator
-    rotates phase space by ``theta(h)`` per step and the energy error vanishes whenever
-    ``L theta`` is a multiple of pi, so the acceptance of ``L = 10`` steps on a 3-D standard
-    Gaussian swings 0.91 -> 0.54 -> 0.80 -> 0.32 -> 0.87 -> 0.04 as h goes 1.4 -> 1.95 (the
-    resonances Neal 2011, section 5.4.2.2, avoids by randomizing the step).  A 20 % jitter
-    averages them out -- the mean acceptance then falls smoothly with ``h`` (0.89 at 1.0, 0.67
-    at 1.5, 0.25 at 1.95) -- which is what step-size tuning (:mod:`nrpt.adapt.step`) needs.
-    ``jitter = 0``: the fixed step."""
+    ``jitter``: each step's leapfrog step is ``h (1 + jitter (2u - 1))``, ``u ~ U(0, 1)`` per
+    replica and iteration (state-independent: still exact).  It removes the leapfrog
+    resonances (Neal 2011, Sec. 5.4.2.2) that make acceptance non-monotone in ``h``, which
+    step-size tuning needs.  ``jitter = 0``: the fixed step."""
 
     name = "hmc"
     target_acceptance, acceptance_order, compilable = 0.65, 2, True

@@ -1,41 +1,28 @@
-"""Stochastic-gradient explorers: SGLD / SGD, SGHMC / momentum SGD, preconditioned SGLD / SGD,
-and a cyclical step-size wrapper -- all batched over replicas with per-slot learning rates.
+"""Stochastic-gradient explorers (SGLD/SGD, SGHMC/momentum SGD, pSGLD/pSGD, cyclical step size),
+batched over replicas with per-slot learning rates.
 
-Conventions (Deng et al. 2023, Eqs. 5-6 and appendix A.1).  ``U = -log pi`` is the energy; each
-replica uses its slot's *learning rate* ``eta`` (the engine's ``step_size`` table) and its slot's
-*noise temperature* ``tau = 1 / b`` (the engine's ``schedule`` table; ``b = inf`` means
-``tau = 0``: no injected noise, i.e. plain SGD).  Slot ``p`` then targets
-``pi^(1/tau_p)`` for Langevin slots, and SGD's approximate invariant law (whose temperature grows
-linearly with ``eta``, Mandt et al. 2017) for ``tau_p = 0``:
+Conventions (Deng et al. 2023, Eqs. 5-6, App. A.1): ``U = -log pi``; a replica uses its slot's
+learning rate ``eta`` (``step_size``) and noise temperature ``tau = 1 / b`` (``b = inf``:
+``tau = 0``, plain SGD).  ``xi ~ N(0, I)``:
 
 ====================  =========================================================================
 SGLD (tau > 0)        x <- x - eta ∇Ũ(x) + sqrt(2 eta tau) xi                      (A.1)
 SGD (tau = 0)         x <- x - eta ∇Ũ(x)                                           (Eq. 5)
 SGHMC                 m <- (1 - a) m - eta ∇Ũ(x) + sqrt(2 a eta tau) xi;  x <- x + m
-                      (Chen et al. 2014, friction a = 1 - momentum; tau = 0: momentum SGD)
+                      (Chen et al. 2014, friction a = 1 - momentum)
 pSGLD / pSGD          V <- rho V + (1 - rho) g^2;  G = 1 / (eps + sqrt V)
-                      x <- x - eta G g + sqrt(2 eta tau G) xi   (Li et al. 2016, Gamma term
-                      dropped as in the paper's experiments)
+                      x <- x - eta G g + sqrt(2 eta tau G) xi   (Li et al. 2016, no Gamma term)
 ====================  =========================================================================
 
-where ``xi ~ N(0, I)``.  The paper's DEO*-SGD kernel (Eq. 6) is SGD at every slot with the
-optional Langevin noise ``Xi ~ N(0, 2 eta tau_1)`` at slot 0: a ladder of noise temperatures
+DEO*-SGD (Eq. 6) is SGD at every slot with Langevin noise at slot 0: noise temperatures
 ``[tau_1, 0, ..., 0]`` (:class:`nrpt.run.sgpt.NoiseLadder`).
 
-**One energy evaluation per step.**  After the move, the estimator is evaluated once at the new
-state; its energy ``Ũ(x')`` is what the swap rule reads (``state.v``) and its gradient
-``∇Ũ(x')`` is cached in ``state.extras["sg_grad"]`` for the next move (a gradient of ``U`` does
-not depend on the slot, so the cache stays valid when the replica changes slot).  Momentum and
-preconditioner buffers also live in ``extras`` and travel with their replica.
-
-**Reflection** (r2SGLD): with a :class:`nrpt.explorers.domains.Domain`, the proposed position is
-reflected
-back into the domain before the energy is evaluated (so the energy is never evaluated outside);
-momentum methods then set ``m = x' - x`` (the displacement actually made).
-
-No Metropolis correction is applied: ``info.accept_prob`` is 1.  A step whose new state or
-energy is non-finite is not taken (the replica keeps its state) and is flagged in
-``info.nonfinite``.
+One energy evaluation per step, at the new state: ``Ũ(x')`` goes to ``state.v`` (read by the
+swap rule), ``∇Ũ(x')`` to ``state.extras["sg_grad"]`` for the next move.  Momentum and
+preconditioner buffers live in ``extras``.  With a :class:`nrpt.explorers.domains.Domain`
+(r2SGLD) the proposal is reflected into the domain before evaluation; momentum methods then
+set ``m = x' - x``.  No Metropolis correction (``info.accept_prob`` is 1); a non-finite new
+state or energy is not taken and is flagged in ``info.nonfinite``.
 """
 
 from __future__ import annotations
@@ -251,9 +238,8 @@ class MomentumSGD(SGHMC):
 class PSGLD(SGExplorer):
     """RMSprop-preconditioned SGLD (Li et al. 2016) without the ``Gamma`` correction term.
 
-    Dropping ``Gamma`` (as Li et al. do in practice) biases the stationary law where the
-    preconditioner follows the state: on ``N(0, 4 I)`` with exact gradients, ``rho = 0.99``
-    inflates the variance by ~30%, ``rho = 0.999`` (a nearly constant ``G``) by ~1%.
+    Dropping ``Gamma`` (as Li et al. do) biases the stationary law where the preconditioner
+    follows the state (less so as ``rho`` -> 1).
     """
 
     name = "psgld"

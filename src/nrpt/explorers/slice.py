@@ -1,44 +1,24 @@
 r"""Coordinate-wise slice sampling (Neal 2003, "Slice sampling", Ann. Statist. 31(3)), batched.
 
-One step is a sweep over the coordinates ``j = 0..dim-1``; for each coordinate every replica of
-every system does, at its slot's log density ``f(x) = base(x) - b v(x)``
-(:mod:`nrpt.paths.ladders`):
+One step sweeps coordinates ``j = 0..dim-1``; per coordinate every replica, at its slot's
+log density ``f(x) = base(x) - b v(x)``:
 
-    y  = f(x) - E,  E ~ Exp(1)                                  (the slice level; Neal Eq. 2)
-    an interval [L, R] of width w around x_j, w = the slot's step size, at a uniform offset
-    grow it:  "stepping-out"  up to m steps of w, split at random between the two sides
-                                                               (Neal Fig. 3), or
+    y  = f(x) - E,  E ~ Exp(1)                                  (slice level; Neal Eq. 2)
+    an interval [L, R] of width w (the slot's step size) around x_j, at a uniform offset
+    grow it:  "stepping-out"  up to m steps of w, split at random between sides (Neal Fig. 3)
               "doubling"      up to p doublings on a random side while either end is
                               inside the slice                  (Neal Fig. 4)
-    shrink:   draw x1 ~ U[L, R]; accept if f(x1) > y (and, for doubling, if the interval
-              grown from x1 would have been the same -- the test of Neal Fig. 6, applied to
-              the grown interval, not the shrunk one); otherwise the side of the (shrinking)
-              interval beyond x1 moves to x1                              (Neal Fig. 5)
+    shrink:   x1 ~ U[L, R]; accept if f(x1) > y (doubling: and the Fig. 6 test on the grown
+              interval); else move the side beyond x1 to x1                (Neal Fig. 5)
 
-All replicas go through the loops together as masked tensor operations; a loop stops as soon
-as no replica needs another pass.  Loop counts are capped (``max_steps`` for growing,
-``max_shrink`` for shrinking); a replica whose shrinkage hits the cap keeps its current
-coordinate.  Both caps keep the kernel reversible: the probability of reaching ``x1`` from
-``x0`` through a given sequence of rejected points equals that of the reverse path, which has
-the same length, so the cap removes the same mass in both directions and the remainder is a
-(reversible) stay.
+Replicas run the loops together as masked tensor ops.  Caps ``max_steps`` (grow) and
+``max_shrink`` (shrink; a replica hitting it keeps its coordinate) preserve reversibility.
+Non-finite densities count as outside the slice; at ``b = 0`` the density is ``base`` alone.
 
-Points where the density is NaN or ±inf count as outside the slice.  At ``b = 0`` the slot
-density is ``base`` alone (the reference of a geometric path), even where ``v = +inf``.
-
-Random numbers (:mod:`nrpt.rng`): two keyed sub-streams per (iteration, step, coordinate), each
-drawn in blocks of uniforms ``[R, P, 16]`` on demand:
-
-* the *main* stream: column 0 the slice level, 1 the interval offset, 2 the stepping-out split,
-  and column ``SHRINK0 + i`` the ``i``-th shrinkage proposal;
-* the *doubling* stream (its own key): column ``i`` the side of the ``i``-th doubling.
-
-The two streams have different keys, so no number is used twice whatever the caps (an earlier
-layout put both in one stream, shrinkage from column 3 and doubling from column 1024, which
-overlapped once ``max_shrink`` exceeded 1021).  The engine's ``sub`` index separates repeated
-explorer steps.
-The kernel has no acceptance probability; ``info.accept_prob`` is 1 and ``info.accepted`` says
-whether the replica moved.
+Random numbers (:mod:`nrpt.rng`), two keyed sub-streams per (iteration, step, coordinate), in
+blocks of uniforms ``[R, P, 16]``: *main* (column 0 level, 1 offset, 2 stepping-out split,
+``SHRINK0 + i`` the ``i``-th shrink proposal) and *doubling* (column ``i`` the ``i``-th side).
+``info.accept_prob`` is 1; ``info.accepted`` says whether the replica moved.
 """
 
 from __future__ import annotations
@@ -110,12 +90,7 @@ class SliceSampler(Explorer):
         max_shrink: the cap on shrinkage proposals per coordinate (default 64); an integer
             in ``[1, 10000]``.
 
-    Both caps are bounded because every pass of a loop is a batched density evaluation: a
-    cap in the thousands already means a badly chosen width ``w``, and the bound keeps a typo
-    from hanging a run.  (The random numbers cannot collide whatever the caps.)
-
-    The initial width ``w`` is the slot's ``step_size``; a width far too small costs extra
-    stepping-out, far too large costs extra shrinkage, but the kernel is exact either way.
+    The initial width ``w`` is the slot's ``step_size`` (any width is exact).
     """
 
     name = "slice"

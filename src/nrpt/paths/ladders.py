@@ -1,12 +1,8 @@
 """Paths: the family of distributions over slots, and the log acceptance ratio of a swap.
 
-Both paths are written in one form.  Each slot p carries a coefficient ``b_p`` (``b_0 = 1`` at
-the target, decreasing along the ladder) and each state x two numbers computed once per move:
-
-* ``V(x)`` — the part that is tempered, and
-* ``base(x)`` — the part that is not,
-
-so that the slot's log density is ``log pi_p(x) = base(x) - b_p V(x)`` (up to a constant).
+Slot ``p`` has coefficient ``b_p`` (``b_0 = 1`` at the target, decreasing along the ladder); a
+state has a tempered part ``V(x)`` and an untempered part ``base(x)``, cached with the replica:
+``log pi_p(x) = base(x) - b_p V(x)`` (up to a constant).
 
 ================  ====================  ======================  =======================
 path              b_p                   V(x)                    base(x)
@@ -15,14 +11,7 @@ temperature       1 / tau_p             U(x) = -log pi(x)       0
 geometric         beta_p                -l(x) (log-likelihood)  log pi_0(x) (reference)
 ================  ====================  ======================  =======================
 
-Swapping the states of slots i and j (replicas a at i and c at j) is accepted by Metropolis with
-probability min(1, alpha),
-
-    log alpha = (b_i - b_j) * (V(x_a) - V(x_c))                                     (1)
-
-which for the temperature ladder is the familiar (1/tau_i - 1/tau_j)(U_a - U_c) and for the
-geometric path is (beta_j - beta_i)(l_a - l_c).  The path never needs to re-evaluate a target
-during a swap: ``V`` is cached with each replica.
+Swapping replica a at slot i with replica c at slot j: ``log alpha = (b_i - b_j)(V(x_a) - V(x_c))``.
 """
 
 from __future__ import annotations
@@ -93,9 +82,6 @@ class TemperatureLadder(Path):
             raise ValueError(f"max_temperature must be > 1; got {max_temperature!r}")
         n = int(n_slots)
         return cls([max_temperature ** (p / (n - 1)) for p in range(n)])
-
-    def values_from_schedule(self, schedule):
-        return [1.0 / float(b) for b in schedule]
 
     def components(self, target, x):
         v = flat_call(target.energy, x, "energy")

@@ -1,54 +1,27 @@
-r"""Parallel tempering with a variational reference, in its stabilized two-leg form.
+r"""Parallel tempering with a variational reference, stabilized two-leg form (Surjanovic, Syed,
+Bouchard-Côté & Campbell, NeurIPS 2022).
 
-Idea (Surjanovic, Syed, Bouchard-Côté & Campbell, NeurIPS 2022): annealing from the prior is
-slow when the posterior sits far from it; annealing from a reference ``q`` fitted to the
-posterior is fast.  Between adaptive rounds a normalized Gaussian ``q`` (full-rank, or diagonal
-"mean-field") is fitted to the target chain's draws of the round by moment matching -- the
-forward-KL minimizer over Gaussians is the mean and covariance of the target -- and a
-*variational leg* anneals ``log pi_beta = (1 - beta) log q + beta log pi``.  Because a poor fit
-could make matters worse, the fixed *prior leg* ``pi_beta ∝ p0 L^beta`` is kept as well and the
-two legs are joined at the target::
+Between adaptive rounds a normalized Gaussian ``q`` (full-rank or mean-field) is fitted to the
+target chain's draws by moment matching (the forward-KL minimizer); the *variational leg*
+anneals ``log pi_beta = (1 - beta) log q + beta log pi`` and the fixed *prior leg*
+``pi_beta ∝ p0 L^beta`` is kept; the legs are joined at the target::
 
     prior  p0 ... pi  |bridge|  pi ... q   variational
     slot   P-1 ... 0            0 ... P-1
 
-How it maps onto the engine (design "legs as paired systems")
-------------------------------------------------------------
-User system ``r`` becomes two engine systems: row ``2r`` is the prior leg, row ``2r + 1`` the
-variational leg; each has slot 0 = target and slot ``P - 1`` = its reference (prior draws, or
-Gaussian draws from ``q``), its own schedule (adapted from its own rejection rates), its own
-barrier, round trips and stepping-stone ``log Z``.  Per-system machinery already exists for all
-of those, so nothing downstream of the engine had to learn about legs.  What differs per leg
-is the path's split ``log pi_p = base - b_p V``:
+User system ``r`` is engine rows ``2r`` (prior leg) and ``2r + 1`` (variational leg), each with
+its own schedule, barrier, round trips and ``log Z``.  Path split ``log pi_p = base - b_p V``:
+prior ``V = -l``, ``base = log p0``; variational ``V = -(log p0 + l - log q)``, ``base = log q``.
 
-==============  =========================  =======================
-leg             V(x)                       base(x)
-==============  =========================  =======================
-prior           -l(x)                      log p0(x)
-variational     -(log p0 + l - log q)(x)   log q(x)
-==============  =========================  =======================
+After the swaps, :class:`TwoLegEngine` exchanges the slot-0 states of rows ``2r`` and ``2r + 1``
+(always accepted: both have density ``pi``) on the iterations where pair ``(0, 1)`` was not
+attempted; under DEO this is exactly DEO on the joined ``2P``-slot ladder, under other schemes a
+pi-invariant move.
 
-:class:`TwoLegPath` computes ``l``, ``log p0`` once and ``log q`` (cheap) per state and selects
-by row; :class:`TwoLegDensity` does the same with target-supplied gradients.
-
-After the swap phase, :class:`TwoLegEngine` runs a **bridge**: the slot-0 states of rows ``2r``
-and ``2r + 1`` are exchanged (positions and explorer extras; ``V``, ``base`` and the gradient
-cache recomputed under the new leg).  Both slots have density ``pi``, so the exchange is always
-accepted.  Seen as one ladder of ``2P`` slots (prior leg reversed, then the variational leg:
-prior slot ``p`` at position ``P-1-p``, variational slot ``p`` at ``P+p``), DEO's pair ``(p,
-p+1)`` of either leg is joined pair ``P-2-p`` or ``P+p``, both of parity ``P + k`` at iteration
-``k``; the bridge is joined pair ``P - 1``, of that parity exactly when ``k`` is odd, i.e. when
-the legs' pair ``(0, 1)`` is inactive.  So bridging on the iterations where pair ``(0, 1)`` was
-not attempted (in both rows) makes the joined ladder exactly DEO on ``2P`` slots; for other
-schemes the same rule gives a valid (pi-invariant) move.
-
-Outputs (:class:`TwoLeg`, the one object that knows this layout): the run's samples are the
-prior leg's slot-0 chain (row ``2r``) of each user system.  The variational leg's slot 0 is
-also an exact chain of ``pi``, but the two are coupled by the bridge (they exchange states),
-so presenting them as independent chains would overstate the effective sample size; the
-recorded slot-0 energy is ``V`` of the leg (``-l`` on the prior leg, as in a plain run).
-``samples.npy`` keeps both rows; per-system summary lists have ``2R`` entries (even: prior
-leg, odd: variational leg), besides the per-leg fields.
+Outputs (:class:`TwoLeg`): the samples are the prior leg's slot-0 chain (row ``2r``); the
+variational leg's slot 0 is coupled to it by the bridge and is not reported as a separate
+chain.  ``samples.npy`` keeps both rows; per-system summary lists have ``2R`` entries (even:
+prior leg, odd: variational leg).
 """
 
 from __future__ import annotations

@@ -1,35 +1,20 @@
 """The ``draws`` recorder: target-slot draws, their energies and the index process, streamed.
 
-Records are written in chunks: the engine keeps a small device buffer and copies it to the
-host once per chunk (the only host sync of a run, besides the progress bar).  The sinks are
-NumPy arrays preallocated for the whole run — in memory, or ``.npy`` files opened as memory
-maps in the run folder, so a long run has flat memory (after each flush the written pages are
-released from the process) and a crash loses at most what was not flushed yet (the checkpoint
-is written right after a flush, so a resumed run rewrites the same rows).
-
-A run folder's files hold only valid rows once the run ends or stops: :meth:`Draws.close` cuts
-them (a rewritten header and ``os.truncate`` when the rows are the leading axis, a copy when
-they are not: ``[R, n, ...]`` with R > 1).  A resumption checks each file before mapping it
-(present, as long as its header says -- a memory map would zero-extend a truncated file --, the
-right shape and dtype) and against the rows the checkpoint needs, then grows it back.  After
-``kill -9`` the files keep their full preallocated length; the checkpoint (and its sidecar
-``checkpoint.json``) says which rows are valid.  Each checkpoint also holds the sha256 of every
-block of :data:`BLOCK_BYTES` of valid rows (only blocks written since the last checkpoint are
-hashed again); a resumption verifies them before it touches the files, so a damaged row or a
-file from another run is refused, never carried into the results (rows after the checkpoint's
-are written again by the resumed run).  The files are created and grown with
-``posix_fallocate``: a full disk is an ``OSError`` naming the file, not a SIGBUS in a write into
-the memory map; they are never opened through a symbolic link.
+Records go to a small device buffer copied to the host once per chunk, into NumPy arrays
+preallocated for the whole run: in memory, or ``.npy`` memory maps in the run folder
+(``posix_fallocate``d; never opened through a symbolic link; written pages released after
+each flush).  The checkpoint is written right after a flush and holds the sha256 of every
+:data:`BLOCK_BYTES` block of valid rows; a resumption checks each file (present, header length,
+shape, dtype, hashes) before mapping it, refuses a damaged or foreign file, and grows it back.
+:meth:`Draws.close` cuts the files to their valid rows.
 
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 
-* ``samples``  ``[n, dim]`` when R = 1, else ``[R, n, dim]`` — the state at slot 0 after
-  iteration ``thin - 1, 2 thin - 1, ...`` (with ``slots="all"``: ``[R, n, P, dim]``, the states
-  of every slot, for the no-swap baselines);
+* ``samples``  ``[n, dim]`` when R = 1, else ``[R, n, dim]`` — the slot-0 state after
+  iterations ``thin - 1, 2 thin - 1, ...`` (``slots="all"``: ``[R, n, P, dim]``);
 * ``energies`` ``[n]`` / ``[R, n]`` — the tempered part ``v`` of those states;
-* ``index``    ``[K + 1, R, P]`` int16 (int32 above 32,768 slots: :func:`index_dtype`) —
-  ``slot_of[replica]`` before the first iteration (row 0)
-  and after each iteration.
+* ``index``    ``[K + 1, R, P]`` (dtype :func:`index_dtype`) — ``slot_of[replica]`` before the
+  first iteration (row 0) and after each iteration.
 """
 
 from __future__ import annotations
@@ -268,7 +253,7 @@ def _check_size(K: int, R: int, P: int, dim: int, n: int, slots: str, item: int,
 
 def index_dtype(P: int) -> np.dtype:
     """The dtype of the index process (``slot_of``, values ``0 .. P - 1``) of ``P`` slots: int16
-    up to 32,768 slots, int32 above (int16 wrapped around past 32,767: issue 26)."""
+    up to 32,768 slots, int32 above."""
     return np.dtype(np.int16) if int(P) - 1 <= np.iinfo(np.int16).max else np.dtype(np.int32)
 
 

@@ -1,52 +1,26 @@
 r"""Normalizing constants by bridge sampling, accumulated online (the ``log_z`` recorder).
 
-Along a path with slot coefficients ``b_0 = 1 > b_1 > ... > b_{P-1}`` (:mod:`nrpt.paths.ladders`),
-the
-slot densities are ``pi_p ∝ exp(base - b_p V)`` with normalizing constants ``Z_p``.  For each
-adjacent pair, with ``Delta = b_p - b_{p+1} > 0``, the ratio of constants has three estimates
-(Syed et al. 2021, Sec. 6.2; the "stepping stone" of Xie et al. 2011; the geometric bridge of
-Meng & Wong 1996):
+Slot densities ``pi_p ∝ exp(base - b_p V)``, ``b_0 = 1 > ... > b_{P-1}``; per adjacent pair,
+with ``Delta = b_p - b_{p+1} > 0`` (Syed et al. 2021, Sec. 6.2; Xie et al. 2011; Meng & Wong
+1996)::
 
     Z_p / Z_{p+1}  =  E_{pi_{p+1}} [ exp(-Delta V) ]                             (forward)
     Z_{p+1} / Z_p  =  E_{pi_p}     [ exp(+Delta V) ]                             (reverse)
     Z_p / Z_{p+1}  =  E_{pi_{p+1}} [ exp(-Delta V / 2) ] / E_{pi_p} [ exp(+Delta V / 2) ]  (bridge)
 
-On a geometric path ``V = -l``.  Every iteration adds, per pair, one term to each mean from the
-replica that currently sits at slot ``p + 1`` or slot ``p``.  The means are kept as streaming
-log-sum-exp accumulators (:class:`StreamingLogSumExp`), so terms of order ``10^6`` neither
-overflow nor underflow (terms are buffered and reduced in chunks).  Then
+Each iteration adds one term per pair to each mean (streaming log-sum-exp,
+:class:`StreamingLogSumExp`).  ``log Z_0 - log Z_{P-1}`` is reported from the bridge sum
+(``log_normalizer``): its weights have finite variance whenever the ``Z``'s are finite, unlike
+the reverse half's, which can be infinite at the hottest pair (a likelihood vanishing faster
+than the reference) and is then biased upward.  The forward and reverse halves are kept as a
+self-check (``halves_z``; a ``log-z-halves`` finding beyond ``HALVES_Z``).
 
-    log Z_0 - log Z_{P-1} = sum_p log(Z_p / Z_{p+1})
+Errors are batch means (:meth:`SteppingStone.estimate`, ``BATCHES``) through the delta method;
+they assume nearly independent batches and finite-variance weights.
 
-is estimated by the forward sum (aimed at ``Z``), minus the reverse sum (aimed at ``1 / Z``)
-and the bridge sum, which is **reported** (``log_normalizer``).  Why the bridge: its weights
-have finite variance on both sides whenever the ``Z``'s are finite (second moments
-``Z_p / Z_{p+1}`` and ``Z_{p+1} / Z_p``), so its bias is ``O(1/n)``; the reverse weights'
-second moment is ``∝ Z(b_p - 2 Delta)``, infinite at the hottest pair when the likelihood
-vanishes faster than the reference (a HalfNormal scale: ``l ~ -S / (2 sigma^2)``), and there
-the reverse half converges slowly and is biased upward far beyond its spread (issue 21; in
-``tests/test_lognorm.py`` the old report, the average of the halves, is 0.44 off at a standard
-error of 0.06).  The bridge
-also needs no support condition (only overlap), unlike the reverse half.
-
-Errors are batch means (:meth:`SteppingStone.estimate`, ``BATCHES``): each stream is cut into
-32-64 equal consecutive batches, and the delta method turns a batch's relative deviation of
-each mean, summed over pairs, into the deviation of the log estimate; this counts correlation
-in time, across pairs and between numerator and denominator, and assumes the batches are long
-enough to be nearly independent and the weights have finite variance (true for the bridge; for
-the reverse half in the case above the ``reverse_se`` understates).  The halves are kept as a
-self-check: ``halves_z``, their gap over its error, and a ``log-z-halves`` finding beyond
-``HALVES_Z`` (:meth:`SteppingStone.findings`).
-
-On a geometric path with a *normalized* reference ``Z_{P-1} = 1`` and the result is ``log Z`` of
-the target; otherwise (a temperature ladder, or a reference without a normalized density) only
-the *ratio* ``log(Z_0 / Z_{P-1})`` is estimated.  The per-slot values ``log Z_p - log Z_{P-1}``
-come for free.  Where the target vanishes on part of the reference's support the reverse half
-cannot see the lost mass; this is detected online and the halves are not compared there.
-
-The accumulators assume the schedule is fixed while they run: the recorder starts fresh
-statistics with every segment that resets (``start_segment(reset=True)``: each round of adaptive
-NRPT, whose schedule changes between rounds).
+With a normalized reference (``Z_{P-1} = 1``) the result is ``log Z`` of the target; otherwise
+only the ratio ``log(Z_0 / Z_{P-1})``.  Per-slot values ``log Z_p - log Z_{P-1}`` are also given.
+The schedule must be fixed while accumulating: ``start_segment(reset=True)`` starts afresh.
 """
 
 from __future__ import annotations
@@ -64,18 +38,12 @@ __all__ = ["SteppingStone", "StreamingLogSumExp", "BATCHES", "HALVES_Z"]
 class StreamingLogSumExp:
     """Per-entry ``log sum_i exp(t_i)`` over a stream of tensors ``t`` of a fixed shape.
 
-    Terms are copied into a small device buffer (one op per term); every ``chunk`` terms the
-    buffer is reduced with ``logsumexp`` and merged into the running total with ``logaddexp``,
-    both of which subtract the maximum first, so nothing overflows or underflows.  ``-inf``
-    terms (weight 0) are allowed and counted in ``zeros``; NaN and ``+inf`` terms are counted in
-    ``invalid`` and skipped (they cannot come from a finite energy and a finite coefficient).
+    Terms are buffered and reduced every ``chunk`` terms (``logsumexp``, ``logaddexp``).
+    ``-inf`` terms are counted in ``zeros``; NaN and ``+inf`` in ``invalid`` and skipped.
 
-    With ``batches = K > 0`` the stream is also cut into consecutive *batches* for batch-means
-    error estimates: each full chunk's ``log sum exp`` is added to the current batch; between
-    ``K`` and ``2K`` complete batches of equal size are kept (when ``2K`` are complete,
-    neighbours are merged and the batch size doubles).  :meth:`batch_log_means` gives them.
-    The batches are cut where the chunks are, so :meth:`add` and :meth:`add_many` give the same
-    batches bit for bit.
+    ``batches = K > 0``: also keeps ``K`` to ``2K`` equal consecutive batches (neighbours merged
+    when ``2K`` are complete) for batch means (:meth:`batch_log_means`); cut at chunk
+    boundaries, so :meth:`add` and :meth:`add_many` agree bit for bit.
     """
 
     def __init__(self, shape, dtype=torch.float64, device="cpu", chunk: int = 64,

@@ -1,28 +1,20 @@
-"""Recorders: what a run measures, one object per quantity (the recorder role, :mod:`nrpt.roles`).
+"""Recorders: one object per measured quantity (the recorder role, :mod:`nrpt.roles`).
 
-Each recorder sees every :class:`~nrpt.roles.Iteration`, keeps batched running statistics on the
-engine's device (no host sync per iteration), reduces them to JSON-ready summary fields, and
-checkpoints itself.  ``start_segment(reset=True, ...)`` starts fresh statistics (a new round of
-adaptive NRPT); the summary always describes the statistics since the last reset.
-
-The fused loop (:mod:`nrpt.core.fused`) hands them ``U`` iterations at a time
-(:class:`~nrpt.roles.IterationBlock`): ``record_block`` does a constant number of tensor ops per
-block and ends with the state of ``U`` calls of ``record``, bit for bit (:class:`SlotSpread`
-merges groups of 8 iterations, counted from its reset, whichever way they arrive).
+A recorder sees every :class:`~nrpt.roles.Iteration` (or a fused :class:`~nrpt.roles.IterationBlock`
+through ``record_block``, ending in the same state bit for bit), keeps running statistics on
+the engine's device, reduces them to JSON-ready summary fields since the last
+``start_segment(reset=True)``, and checkpoints itself.
 
 =================  =============================================================================
-``swaps``          per-pair swap acceptance (mean of min(1, alpha)), swaps executed, explorer
-                   acceptance per slot, rejected non-finite proposals      (:class:`SwapStats`)
-``round_trips``    restarts and round trips (Syed et al.; Deng et al. appendix A.5)
-                   (:class:`RoundTrips`)
+``swaps``          per-pair swap acceptance, swaps executed, explorer acceptance per slot,
+                   rejected non-finite proposals                          (:class:`SwapStats`)
+``round_trips``    restarts and round trips (Syed et al.; Deng et al. A.5) (:class:`RoundTrips`)
 ``spread``         running mean / sd of the states at chosen slots        (:class:`SlotSpread`)
-``trace``          the adapted tables (schedule or learning rates, ``C``) and the per-pair
-                   swap-indicator rate over time                          (:class:`Trace`)
-``log_z``          online stepping-stone log Z      (:class:`nrpt.recorders.log_z.SteppingStone`)
-``slot_energies``  energies by slot for the Method I local barrier
+``trace``          adapted tables and per-pair swap-indicator rate        (:class:`Trace`)
+``log_z``          online log Z       (:class:`nrpt.recorders.log_z.SteppingStone`)
+``slot_energies``  energies by slot for the local barrier
                    (:class:`nrpt.diagnostics.barrier.SlotEnergyRecorder`)
-``draws``          slot-0 draws, energies and the index process streamed to disk
-                   (:class:`nrpt.recorders.draws.Draws`)
+``draws``          slot-0 draws, energies, index process (:class:`nrpt.recorders.draws.Draws`)
 =================  =============================================================================
 """
 
@@ -220,10 +212,7 @@ class RoundTrips(RecorderBase):
         R, n = self.R, max(self.n, 1)
         c = self.counts()
         out = {k: per_system(v, R) for k, v in c.items()}
-        out["restarts_per_1000"] = per_system(c["restarts"].double() * 1000.0 / n, R)
-        out["round_trips_per_1000"] = per_system(c["round_trips"].double() * 1000.0 / n, R)
-        out["round_trips_a5_per_1000"] = per_system(c["round_trips_a5"].double() * 1000.0 / n,
-                                                    R)
+        out.update({f"{k}_per_1000": per_system(v.double() * 1000.0 / n, R) for k, v in c.items()})
         total = self._counts()
         if any(bool((total[k] != c[k]).any()) for k in c):
             out.update({f"{k}_total": per_system(v, R) for k, v in total.items()})

@@ -1,33 +1,18 @@
-"""Swap rules for noisy (minibatch) energies.
+"""Swap rules for noisy (minibatch) energies, from the cached estimates ``Ũ`` of a pair's two
+replicas (``v_lo`` nearer the target, ``v_hi``) and ``b = 1 / tau``; any scheme.
 
-Both rules see only the cached energy estimates ``Ũ`` of the two replicas of a pair (``v_lo`` at
-the slot nearer the target, ``v_hi``) and the slot coefficients ``b = 1 / tau``; they combine
-with any scheme (DEO, DEO_W, ...).
-
-* :class:`Deterministic` -- Deng et al. (2023), Eq. 7: swap iff ``Ũ_hi + C < Ũ_lo``, with a
-  correction buffer ``C > 0`` (adapted toward a target swap rate by
-  :class:`nrpt.adapt.sa.CorrectionAdaptor`, Eq. 12/13).  It needs no temperatures, which is what
-  makes SGD explorers (whose temperature is inaccessible) usable.  ``prob`` is the 0/1 verdict.
+* :class:`Deterministic` -- Deng et al. (2023), Eq. 7: swap iff ``Ũ_hi + C < Ũ_lo``, buffer
+  ``C > 0`` (adapted by :class:`nrpt.adapt.sa.CorrectionAdaptor`, Eq. 12/13); needs no
+  temperatures.  ``prob`` is the 0/1 verdict.
 * :class:`BiasCorrected` -- reSGLD (Deng et al. 2020; 2023 Eq. 16): accept with probability
   ``min(1, S̃)``,
 
       log S̃ = db (Ũ_lo - Ũ_hi) - db^2 (sigma_lo^2 + sigma_hi^2) / (2 F),   db = b_lo - b_hi,
 
-  where ``sigma^2`` is the variance of each energy estimate (for equal variances the correction
-  is the paper's ``db^2 sigma^2``) and ``F >= 1`` shrinks the correction (the notes' "F > 1
-  reduces the variance"; F = 1 is unbiased).  Under Gaussian energy noise the *ratio* is unbiased,
-  ``E exp(log S̃) = exp(db (U_lo - U_hi))`` (because ``E exp(db sqrt(2) sigma xi) =
-  exp(db^2 sigma^2)``); the clipped probability ``E min(1, S̃) <= min(1, E S̃)`` is unbiased only
-  where ``S̃ < 1`` almost surely.  With ``sigma = 0`` the rule *is* Metropolis.
-
-  ``sigma^2`` is the per-slot table ``params["slot_variance"]`` ``[R, P]`` owned by the engine,
-  initialised to ``variance`` and kept current by :class:`nrpt.adapt.sa.VarianceTracker`
-  (refreshed every ``m`` iterations), which every run with this rule attaches: a rule that
-  needs sigma^2 always gets it.  A per-slot block average is only as good as the variance is
-  steady: control-variate energies restart at variance 0 at every anchor refresh, and a block
-  much longer than the anchor period over-corrects early in each cycle (greedy swaps; measured
-  in ``tests/test_sg_distribution.py``: a mode mass of 0.156 for 0.221 with ``vr_every = 10``,
-  ``variance_every = 100``; 0.209-0.218 with ``variance_every = vr_every``).
+  ``sigma^2`` the per-slot estimate variance ``params["slot_variance"]`` ``[R, P]`` (initialised
+  to ``variance``, kept current by :class:`nrpt.adapt.sa.VarianceTracker`), ``F >= 1`` shrinks
+  the correction (F = 1 unbiased).  Under Gaussian noise ``E S̃ = exp(db (U_lo - U_hi))``; the
+  clipped probability is unbiased only where ``S̃ < 1`` a.s.  ``sigma = 0`` is Metropolis.
 """
 
 from __future__ import annotations

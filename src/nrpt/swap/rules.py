@@ -1,14 +1,9 @@
 """Swap rules: how a proposed pair decides.
 
-A rule sees the two slot coefficients and the two cached energies of the pair (shapes
-``[R, M]``) and one keyed uniform per pair (owned by the lower slot, so every process that
-holds the energies reaches the same decision), and returns ``(accepted, prob)`` where ``prob``
-is the acceptance probability min(1, alpha) used for rejection-rate statistics.
-
-Rules are stateless.  A rule with tunable parameters (the deterministic rule's buffer ``C``,
-the bias-corrected rule's per-slot energy variance) declares them in :meth:`Rule.initial_params`;
-the engine owns them, adaptors change them through the engine (:class:`nrpt.roles.Update`), and
-the rule reads them from :attr:`SwapContext.params`.
+A rule sees the pair's slot coefficients and cached energies (``[R, M]``) and one keyed uniform
+per pair, and returns ``(accepted, prob)``, ``prob`` = min(1, alpha) for the statistics.
+Rules are stateless: tunable parameters are declared in :meth:`Rule.initial_params`, owned by
+the engine, changed through :class:`nrpt.roles.Update` and read from :attr:`SwapContext.params`.
 """
 
 from __future__ import annotations

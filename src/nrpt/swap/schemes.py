@@ -1,25 +1,19 @@
 """Swap schemes: which pairs of slots may attempt a swap at iteration k.
 
-A scheme returns a list of *phases*; each phase is a set of disjoint slot pairs
-``(lo[R, M], hi[R, M], active[R, M])`` decided together from the energies after the previous
-phase.  All schemes but ADJ have one phase per iteration.  Pairs are indexed by their lower slot
-(the one nearer the target); "even pairs" are (0,1), (2,3), ... (the papers' odd-numbered pairs
-(1,2), (3,4), ... in their 1-based counting).
+A scheme returns *phases*; each is a set of disjoint pairs ``(lo[R, M], hi[R, M], active[R, M])``
+decided together from the energies after the previous phase.  Pairs are indexed by their lower
+slot; "even pairs" are (0,1), (2,3), ... (the papers' odd pairs in 1-based counting).
 
 ====== ======================================================================================
-ADJ    sequential sweep (0,1), (1,2), ..., (P-2,P-1) in one iteration; each decision sees the
-       outcome of the previous one (P-1 phases)
-SEO    stochastic even-odd: a fair coin per iteration (and per system) picks even or odd pairs
-       (reversible; O(P^2) round trips)
+ADJ    sequential sweep (0,1), ..., (P-2,P-1); each decision sees the previous (P-1 phases)
+SEO    stochastic even-odd: a fair coin per iteration and system picks even or odd pairs
 DEO    deterministic even-odd: even pairs at even k, odd pairs at odd k (non-reversible)
-DEO_W  generalized DEO (Deng et al. 2023, Section 3.1): even pairs during windows with
-       floor(k / W) even, odd pairs otherwise; a pair's gate opens at the start of each window
-       (k mod W == 0) and closes after it swaps, so *at most one swap per pair per window*.
-       W = 1 is DEO.  For W > 1 the stopping time of the gate biases the target marginal
-       whenever the verdicts depend on the states (the paper's Section C.2): runs refuse it
-       with exact energies and Metropolis swaps, :func:`check_gate`; see docs/architecture.md.
-APE    one pair of slots (i < j, not necessarily adjacent) drawn uniformly per iteration
-none   no swaps: independent chains at their slots (the no-swap baselines, e.g. SGLD x P)
+DEO_W  Deng et al. 2023, Sec. 3.1: even pairs while floor(k / W) is even, else odd; a pair's
+       gate opens at k mod W == 0 and closes after it swaps (at most one swap per pair per
+       window); W = 1 is DEO.  W > 1 with state-dependent verdicts biases the target (Sec. C.2):
+       refused with exact energies and Metropolis swaps (:func:`check_gate`)
+APE    one pair (i < j, any) drawn uniformly per iteration
+none   no swaps: independent chains at their slots
 ====== ======================================================================================
 """
 
@@ -46,7 +40,6 @@ def _theory(scheme: Scheme, rejection, window: int = 1):
 class ADJ(Scheme):
     name = "adj"
     predicted_rates = _theory
-    sequential = True
 
     def phases(self, k, R, P, seed, systems, state):
         dev = systems.device
@@ -220,12 +213,9 @@ def check_gate(window: int | str, rule, exact_energies: bool, source: str = "giv
     """Whether a run may use DEO_W's gate (*at most one swap per pair per window*); every run
     passes here (:func:`nrpt.run.build.build`).
 
-    The gate closes after a pair swaps, so whether a later attempt of the window happens
-    depends on the earlier verdicts.  Under a rule whose verdicts depend on the states that is
-    a stopping time: the swap moves are no longer a mixture of kernels that each leave the
-    tempered product distribution invariant, and slot 0 is biased (Deng et al. 2023, appendix
-    C.2; :data:`GATE_BIAS`).  Hence, for ``window`` (an integer, or ``"auto"``: W* chosen
-    later, possibly > 1; ``source``: where an integer came from, e.g. ``"swap-rate"``):
+    With state-dependent verdicts the gate is a stopping time and biases slot 0 (Deng et al.
+    2023, App. C.2; :data:`GATE_BIAS`).  For ``window`` (an integer, or ``"auto"``; ``source``:
+    where an integer came from, e.g. ``"swap-rate"``):
 
     * ``window == 1`` (DEO), or a rule whose verdicts ignore the states (``always``,
       ``fixed-rate``: scheme studies) -> ``None``, nothing approximate;
