@@ -19,6 +19,11 @@ def plain(value: Any) -> Any:
         return type(value)(plain(v) for v in value)
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
+    return _numpy_scalar(value) if type(value).__module__.startswith("numpy") else \
+        _torch_scalar(value) if type(value).__module__.startswith("torch") else value
+
+
+def _numpy_scalar(value: Any) -> Any:
     import numpy as np
 
     if isinstance(value, np.bool_):
@@ -30,11 +35,16 @@ def plain(value: Any) -> Any:
         return float(value) if value.dtype.itemsize >= 8 else float(str(value))
     if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
         return plain(value[()])
-    if type(value).__module__.startswith("torch") and getattr(value, "ndim", None) == 0:
-        import torch
-
-        if isinstance(value, torch.Tensor) and not value.is_complex():
-            if value.is_floating_point() and value.element_size() < 8:
-                return float(str(np.float32(value.item())))
-            return value.item()  # bool -> bool, integer -> int, float64 -> float
     return value
+
+
+def _torch_scalar(value: Any) -> Any:
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.ndim != 0 or value.is_complex():
+        return value
+    if value.is_floating_point() and value.element_size() < 8:
+        import numpy as np
+
+        return float(str(np.float32(value.item())))
+    return value.item()  # bool -> bool, integer -> int, float64 -> float

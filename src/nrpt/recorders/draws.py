@@ -286,23 +286,7 @@ class Draws(RecorderBase):
         if not self.store:
             self.n_draws, out = 0, None
         _check_size(self.K, R, P, dim, self.n_draws, slots, np.dtype(dtype).itemsize, out)
-        tail = (dim,) if slots == "target" else (P, dim)
-        e_tail = () if slots == "target" else (P,)
-        s_shape = (self.n_draws, *tail) if R == 1 else (R, self.n_draws, *tail)
-        e_shape = (self.n_draws, *e_tail) if R == 1 else (R, self.n_draws, *e_tail)
-        row_axis = 0 if R == 1 else 1
-        self._paths = None if out is None else {
-            "samples": (out / "samples.npy", s_shape, dtype, row_axis),
-            "energies": (out / "energies.npy", e_shape, dtype, row_axis),
-            "index": (out / "index.npy", (self.K + 1, R, P), index_dtype(P), 0)}
-        self._disk: dict[str, int] | None = None
-        self._tail, self._e_tail = tail, e_tail
-        #: the checksums of the record files' valid rows (state_dict): rows per block, the
-        #: digests of the complete blocks hashed so far, and the first row written since
-        self._block = {} if self._paths is None else {
-            name: max(1, BLOCK_BYTES // max(1, int(np.prod([n for i, n in enumerate(shape)
-                                                            if i != ax])) * np.dtype(dt).itemsize))
-            for name, (_, shape, dt, ax) in self._paths.items()}
+        s_shape, e_shape = self._record_layout(out, dtype)
         self._digests: dict[str, list[str]] = {name: [] for name in self._block}
         self._dirty: dict[str, int] = {}
         if out is None:
@@ -324,6 +308,29 @@ class Draws(RecorderBase):
         self._buf_rows = 0
         self._next_draw = 0
         self._next_row = 0
+
+    def _record_layout(self, out: Path | None, dtype) -> tuple[tuple, tuple]:
+        """The shapes of the samples and energies records; the record files' paths, shapes,
+        dtypes and row axes (``_paths``); rows per checksum block (``_block``)."""
+        R, P, dim = self.R, self.P, self.dim
+        tail = (dim,) if self.slots == "target" else (P, dim)
+        e_tail = () if self.slots == "target" else (P,)
+        s_shape = (self.n_draws, *tail) if R == 1 else (R, self.n_draws, *tail)
+        e_shape = (self.n_draws, *e_tail) if R == 1 else (R, self.n_draws, *e_tail)
+        row_axis = 0 if R == 1 else 1
+        self._paths = None if out is None else {
+            "samples": (out / "samples.npy", s_shape, dtype, row_axis),
+            "energies": (out / "energies.npy", e_shape, dtype, row_axis),
+            "index": (out / "index.npy", (self.K + 1, R, P), index_dtype(P), 0)}
+        self._disk: dict[str, int] | None = None
+        self._tail, self._e_tail = tail, e_tail
+        #: the checksums of the record files' valid rows (state_dict): rows per block, the
+        #: digests of the complete blocks hashed so far, and the first row written since
+        self._block = {} if self._paths is None else {
+            name: max(1, BLOCK_BYTES // max(1, int(np.prod([n for i, n in enumerate(shape)
+                                                            if i != ax])) * np.dtype(dt).itemsize))
+            for name, (_, shape, dt, ax) in self._paths.items()}
+        return s_shape, e_shape
 
     def _views(self) -> None:
         """Views with the system axis first, for uniform writing."""
