@@ -1,50 +1,14 @@
-r"""Run-health checks: turn a run's statistics into warnings a user can act on.
-
-A parallel-tempering run can look excellent on its own summary (high swap acceptance, a small
-barrier, thousands of restarts) and still be wrong: independent systems that sit in different
-modes, an explorer that never moves at some slot, a ladder whose first pair never swaps.  This
-module looks at the numbers a run already has and returns :class:`Finding` s, each naming the
-setting to turn; :func:`emit` raises them as :class:`SamplingWarning` s and
+"""Run-health checks: a run's statistics (numpy arrays or floats) to :class:`Finding` s naming
+the setting to turn; :func:`emit` raises them as :class:`SamplingWarning` s,
 :func:`format_findings` prints them.
 
-The module is engine-independent: every input is a numpy array (or array-like) or a float, so
-it can be applied to a finished run folder as well as to a live engine.  It imports only numpy;
-ArviZ (for ESS and R-hat) is imported lazily inside :func:`slot0_diagnostics`, which falls back
-to mean / sd only when ArviZ is missing.
-
-Checks of :func:`check_run` (codes and thresholds; each is skipped when its input is ``None``)
-
-====================== =================================================== ==================
-code                   fires when                                          knob
-====================== =================================================== ==================
-``pair-acceptance``    an adjacent pair's swap acceptance < ``pair_floor`` :data:`KNOB_LADDER`
-                       (:data:`PAIR_FLOOR` = 0.05) in some system
-``no-restarts``        a system has zero restarts although the observed    :data:`KNOB_RESTARTS`
-                       swap rates predict >= :data:`RESTARTS_EXPECTED_MIN`
-                       (= 3) in the run's iterations
-``explorer-acceptance`` acceptance < ``target * band[0]`` (step too large)  ``step_size``
-                       or rejection < ``(1 - target) / band[1]`` (step too
-                       small); :data:`EXPLORER_BAND` = (0.25, 4.0)
-``hot-slot-stuck``     hottest-slot sd < :data:`HOT_SPREAD_MIN` (= 1/3) of :data:`KNOB_HOT`
-                       the reference sd, never moves, or (R >= 2) the
-                       systems' hot means differ by more than
-                       :data:`HOT_MEAN_DISAGREEMENT` (= 1) within-system sd
-``r-hat``              slot-0 rank-normalized split R-hat >                :data:`KNOB_MIXING`
-                       :data:`R_HAT_MAX` (= 1.01) for some coordinate
-``low-ess``            slot-0 bulk or tail ESS < :data:`ESS_MIN_PER_SYSTEM` :data:`KNOB_MIXING`
-                       (= 100) times the number of systems
-``ladder-collapse``    two adjacent learning rates of an SG ladder closer  :data:`KNOB_SG_LADDER`
-                       than :data:`RUNG_GAP_MIN` (= 1 %) of the larger
-``swap-rate-off-target`` an adjacent pair's swap-indicator rate further    :data:`KNOB_SG_LADDER`
-                       than :data:`SWAP_RATE_TOLERANCE` (= 0.1) from the
-                       adaptation's target ``S``
-====================== =================================================== ==================
-
-References: A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021),
-"Rank-normalization, folding, and localization: an improved R-hat for assessing convergence of
-MCMC", Bayesian Analysis (R-hat < 1.01, bulk and tail ESS > 100 per chain); S. Syed et al.
-(2021), JRSS-B, Theorem 1 (the DEO restart rate used by the ``no-restarts`` check).
-"""
+Codes of :func:`check_run` (each skipped when its input is ``None``): ``pair-acceptance``
+(< :data:`PAIR_FLOOR`), ``no-restarts`` (zero though >= :data:`RESTARTS_EXPECTED_MIN`
+predicted, Syed et al. 2021, Theorem 1), ``explorer-acceptance`` (outside
+:data:`EXPLORER_BAND` of the target), ``hot-slot-stuck`` (:data:`HOT_SPREAD_MIN`,
+:data:`HOT_MEAN_DISAGREEMENT`), ``r-hat`` (> :data:`R_HAT_MAX`), ``low-ess``
+(< :data:`ESS_MIN_PER_SYSTEM` per system; Vehtari et al. 2021), ``ladder-collapse``
+(:data:`RUNG_GAP_MIN`), ``swap-rate-off-target`` (:data:`SWAP_RATE_TOLERANCE`)."""
 
 from __future__ import annotations
 
@@ -210,16 +174,11 @@ def _slots(idx: np.ndarray, limit: int = 4) -> str:
 # --------------------------------------------------------------------------- slot-0 summary
 
 def slot0_diagnostics(samples) -> dict:
-    """Per-coordinate summary of slot-0 draws ``[R, n, dim]`` (``R`` independent PT systems,
-    the chains of ArviZ; ``[n, dim]`` or ``[n]`` is one system).
-
-    Returns a JSON-ready dict: ``n_systems``, ``n_draws`` and per-coordinate lists ``mean``,
-    ``sd`` (pooled over systems, ``ddof=1``), ``ess_bulk``, ``ess_tail`` and ``r_hat`` (the
-    rank-normalized split versions of Vehtari et al. 2021, computed by
-    :mod:`nrpt.diagnostics.ess` to the numbers ArviZ gives, without importing ArviZ; ``None``
-    where undefined, e.g. fewer than 4 draws).  With one system R-hat is computed on its two
-    halves as two chains, which is the split R-hat of that one chain.
-    """
+    """Per-coordinate summary of slot-0 draws ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``: one
+    system): JSON-ready ``n_systems``, ``n_draws`` and lists ``mean``, ``sd`` (pooled,
+    ``ddof=1``), ``ess_bulk``, ``ess_tail``, ``r_hat`` (rank-normalized split, Vehtari et al.
+    2021, via :mod:`nrpt.diagnostics.ess`; ``None`` where undefined).  One system: split R-hat
+    of its two halves."""
     x = _as_3d(samples, "samples")
     R, n, dim = x.shape
     with _quiet():

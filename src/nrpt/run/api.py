@@ -1,19 +1,10 @@
-"""``nrpt.sample`` / ``nrpt.resume`` / ``nrpt.run_config``: from a target to a result.
-
-Every public entry builds its run with :func:`nrpt.run.build.build` and executes it with the one
-loop :func:`nrpt.core.loop.execute`.  A run folder holds ``config.toml`` (every setting needed to
-rerun it), ``summary.json``, ``samples.npy`` / ``energies.npy`` / ``index.npy`` (streamed, see
-:mod:`nrpt.recorders.draws`), ``checkpoint.pt`` (every ``checkpoint_every`` iterations, at segment
-ends
-and on Ctrl-C), ``posterior.nc`` (ArviZ), the figures (``figures = true``), and for adaptive runs
-``rounds.csv`` / ``report.txt``, for stochastic-gradient runs ``adaptation.npz``; and the
-bookkeeping of :mod:`nrpt.run.folder` (``run.json``, checkpoint sidecars, the lock).
-
-A run holds its folder's lock from start to finish and defers SIGINT / SIGTERM to the next
-iteration boundary (:class:`nrpt.core.loop.Interrupt`) until its outputs are written.  A new run
-refuses a folder that holds another run's files unless ``overwrite=True``; a resumption
-refuses a checkpoint, ``config.toml``, target file or record file that is not the run's own.
-"""
+"""``nrpt.sample`` / ``nrpt.resume`` / ``nrpt.run_config``: build a run
+(:func:`nrpt.run.build.build`) and execute it (:func:`nrpt.core.loop.execute`) in its run
+folder (:mod:`nrpt.run.folder`): ``config.toml``, ``summary.json``, the streamed
+``samples.npy`` / ``energies.npy`` / ``index.npy``, ``checkpoint.pt``, ``posterior.nc``,
+figures, ``rounds.csv`` / ``report.txt`` (adaptive runs), ``adaptation.npz`` (SG runs).
+A run holds the folder's lock and defers SIGINT / SIGTERM to an iteration boundary until its
+outputs are written."""
 
 from __future__ import annotations
 
@@ -174,24 +165,13 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
                explorer=None, scheme=None, adaptors=(), recorders=()) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
 
-    ``rule``, ``explorer``, ``scheme`` (objects) replace the ones ``cfg`` names;
-    ``adaptors`` and ``recorders`` (objects) join the run's own (see :func:`sample`).
-
-    A new run refuses a folder ``cfg.out`` that already holds an nrpt run unless
-    ``overwrite=True`` (which first removes that run's files).
-
-    In processes launched by ``torchrun`` / ``nrpt run --nproc`` the replicas are spread over
-    the processes (:mod:`nrpt.core.sharding`); rank 0 owns the run folder (lock, checks, files)
-    and returns the result, the other ranks return a :class:`Result` with empty arrays whose
-    ``summary`` holds only ``rank`` and ``interrupted``.
-
-    ``threads``: torch threads for the run (an int, or ``"auto"``: one thread for small
-    states, see :func:`nrpt.core.loop.choose_threads`; default the ``NRPT_THREADS`` environment
-    variable, else ``"auto"``).  Not a setting of the run: it changes speed, not the draws
-    beyond floating-point reduction order in large tensors.
-
-    ``progress``: a progress bar and, for runs of several segments (warm-up windows, rounds),
-    one report row per segment (``None``: when :func:`interactive`)."""
+    ``rule``, ``explorer``, ``scheme`` (objects) replace the ones ``cfg`` names; ``adaptors``
+    and ``recorders`` join the run's own.  ``overwrite=True`` replaces a run already in
+    ``cfg.out`` (else an error).  Under ``torchrun`` rank 0 owns the folder and returns the
+    result; other ranks return a :class:`Result` with empty arrays.  ``threads``: an int or
+    ``"auto"`` (:func:`nrpt.core.loop.choose_threads`; default ``NRPT_THREADS``, else
+    ``"auto"``).  ``progress``: a bar and per-segment rows (``None``: when
+    :func:`interactive`)."""
     progress = _progress(progress)
     overwrite = _overwrite(overwrite)
     parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
@@ -656,26 +636,14 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
            iterations: int | None = None, callback=None,
            threads: int | str | None = None, rule=None, explorer=None, scheme=None,
            adaptors=(), recorders=()) -> Result:
-    """Continue the run in folder ``out`` from its last checkpoint, to its configured length
-    or to ``iterations`` (a larger budget; fixed-length runs).
+    """Continue the run in folder ``out`` from its last checkpoint, to its configured length or
+    to ``iterations`` (fixed-length runs).
 
-    The folder's settings (``config.toml``) must be the run's own: an edited setting, a
-    checkpoint of another run, a changed target file or a damaged record file is refused with
-    a ``ValueError`` that names it.
-
-    The target is the one ``config.toml`` names (a new run writes a ``file.py:NAME`` target
-    there with its absolute path), or ``target``: the run's target object, or the path of its
-    target file (``"path/to/file.py"`` or ``"path/to/file.py:NAME"``) when the file is no
-    longer where config.toml says.  Nothing in the folder chooses code to import: ``run.json``
-    is only the record a target is checked against before the file is imported -- its sha256
-    and those of the modules it imported from its own directory tree -- and after it is built
-    (name, dim and values at fixed probe states, :func:`nrpt.targets.protocol.fingerprint`); a
-    target
-    that is not the run's is refused with a ``ValueError``.
-
-    A run started with component objects (:func:`sample`) is resumed with the same objects
-    (``rule``, ``explorer``, ``scheme``, ``adaptors``, ``recorders``); without them it is
-    refused."""
+    Refuses with a ``ValueError`` naming it: an edited setting, another run's checkpoint, a
+    changed target file, a damaged record file, a target whose fingerprint
+    (:func:`nrpt.targets.protocol.fingerprint`) is not the run's.  ``target``: the run's target
+    object or file path when not where ``config.toml`` says.  A run started with component
+    objects needs the same objects again."""
     out = Path(out)
     parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
              "recorders": list(recorders)}
