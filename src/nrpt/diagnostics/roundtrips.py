@@ -1,52 +1,23 @@
-"""Round-trip and restart counting for parallel tempering index processes.
+"""Round-trip and restart counting for index processes ``[K, R, P]`` (slot ``0`` the target,
+``P-1`` the reference; rows permutations of ``0..P-1``).
 
-Vocabulary
-----------
-There are ``P`` slots ``p = 0..P-1``: slot ``0`` is the target (coldest chain) and
-slot ``P-1`` is the reference (hottest chain).  Replicas move between slots through
-swaps; the *index process* is ``slot_of[replica]`` recorded at every iteration.  An
-optional leading dimension ``R`` holds independent PT systems, so one iteration's
-index is a ``[R, P]`` integer array whose rows are permutations of ``0..P-1`` and a
-recorded index process is ``[K, R, P]`` (iterations first).
-
-Three event counts are provided, per replica and per system (sum over replicas):
-
-**Restart** (Syed et al., 2021, "Non-reversible parallel tempering: a scalable
-highly parallel MCMC scheme", JRSS-B, Sec. 3.3).  A replica that has visited the
-reference slot ``P-1`` and afterwards arrives at the target slot ``0`` performs a
-restart: it carries a fresh, independent sample from the reference down to the
-target.  Only the *first* arrival at ``0`` after a visit to ``P-1`` counts.
-
-**Round trip (Syed et al.)**.  A replica that did a restart (``P-1 -> 0``) and then
-arrives back at ``P-1``.  Both counts are driven by one per-replica state machine
-with phase in ``{NONE, AT_TOP_SIDE, DOWN_DONE}``::
+**Restart** (Syed et al. 2021, JRSS-B, Sec. 3.3): first arrival at ``0`` after a visit to
+``P-1``.  **Round trip (Syed)**: a restart followed by arrival at ``P-1``.  One phase per
+replica in ``{NONE, AT_TOP_SIDE, DOWN_DONE}``::
 
     at slot P-1:  if phase == DOWN_DONE: round_trips += 1
                   phase = AT_TOP_SIDE
     at slot 0:    if phase == AT_TOP_SIDE: restarts += 1
                   if phase != NONE: phase = DOWN_DONE
 
-The initial state is applied: a replica that starts at ``P-1`` begins in
-``AT_TOP_SIDE``; every other replica (including one starting at slot ``0``, which has
-not come from the reference) begins in ``NONE``.  A visit to slot ``0`` before the
-first visit to ``P-1`` leaves the phase at ``NONE``: it is not a restart, so the
-replica's first subsequent arrival at ``P-1`` is not a round trip either (a round
-trip always contains a restart, whatever slot the replica started in).
+A replica starting at ``P-1`` begins in ``AT_TOP_SIDE``, every other in ``NONE``.
 
-**Round trip (Deng et al., AAAI 2023, "Non-reversible parallel tempering for deep
-posterior approximation", Appendix A.5)**.  "A particle at its original index ``p``
-hits both index boundaries (slot ``0`` and slot ``P-1``) and returns to its original
-index ``p``."  Each replica keeps its origin (its slot when tracking began; it is
-unchanged after each completed round trip) and two flags ``hit0`` / ``hit_top``
-(already set at the start if the replica begins on that end).  A round trip is
-counted when both flags are set and the replica is at its origin; the flags are then
-cleared, except that the flag of the end the origin lies on is set again (the
-replica is standing on it).
+**Round trip (Deng et al. 2023, AAAI, App. A.5)**: from its origin (slot when tracking
+began) a replica hits both ends and returns to the origin; flags ``hit0`` / ``hit_top`` (set
+at start on an end) are cleared on completion except the origin's own end.
 
-:class:`RoundTripTracker` maintains all counters online with a constant number of
-batched tensor operations per iteration; :func:`count_round_trips` is a plain,
-loop-based reference implementation over a recorded index process.
-"""
+:class:`RoundTripTracker` counts online in batched tensor ops; :func:`count_round_trips` is
+the loop-based reference."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import csv
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from nrpt.report.posterior_file import write_inference_data as export_inference_
 from nrpt.targets.protocol import capabilities
 
 __all__ = ["ROW_HEADER", "format_row", "TABLE", "write_round_table", "write_figures",
-           "export_inference_data", "import_arviz"]
+           "export_inference_data"]
 
 _COLUMNS = [("round", "round", "{:>5d}"), ("iterations", "iters", "{:>8d}"),
             ("restarts", "restarts", "{:>8.1f}"), ("round_trips", "trips", "{:>7.1f}"),
@@ -188,15 +187,3 @@ def _dense_local_barrier(rows, summary):
     if pos.size and pos.min() > lo and hi > 0:
         grid = np.union1d(grid, np.geomspace(pos.min(), hi, 200))
     return grid, np.asarray(fit.local(grid), dtype=float)
-
-
-# ------------------------------------------------------------------------------ ArviZ
-def import_arviz():
-    """``arviz``, imported with its import-time FutureWarning silenced; None if missing."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            import arviz
-        except ImportError:
-            return None
-    return arviz
