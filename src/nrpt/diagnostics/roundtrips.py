@@ -58,28 +58,16 @@ def _check_n_slots(n_slots) -> int:
 
 
 class RoundTripTracker:
-    """Batched online restart / round-trip counters for ``R`` PT systems of ``P`` slots.
+    """Batched online restart / round-trip counters for ``R`` PT systems of ``P`` slots, with a
+    fixed number of tensor ops and no host sync per :meth:`update`.
 
-    All ``R * P`` replicas are updated together with a fixed number of tensor
-    operations per iteration; :meth:`update` never synchronises with the host, so
-    it can be called inside a CUDA sampling loop without stalls.
+    Args:
+        slot_of: initial index ``[R, P]`` (rows permutations of ``0..P-1``; ``[P]``: one
+            system); the tracker lives on its device.
+        n_slots: ``P >= 2``.
 
-    Parameters
-    ----------
-    slot_of:
-        Initial index, integer tensor ``[R, P]`` (``slot_of[r, i]`` is the slot of
-        replica ``i`` in system ``r``); each row must be a permutation of
-        ``0..P-1``.  A 1-D ``[P]`` index is treated as a single system (``R = 1``).
-        The tracker's tensors live on this tensor's device.
-    n_slots:
-        Number of slots ``P`` (at least 2).
-
-    Counts (see the module docstring for the definitions)
-    -----------------------------------------------------
-    ``restarts``, ``round_trips`` (Syed et al. 2021) and ``round_trips_a5`` (Deng et
-    al. 2023, App. A.5) are per-system ``int64`` tensors ``[R]``;
-    :meth:`per_replica` gives the ``[R, P]`` per-replica counters.
-    """
+    ``restarts``, ``round_trips`` (Syed et al. 2021) and ``round_trips_a5`` (Deng et al. 2023,
+    App. A.5) are ``int64 [R]``; :meth:`per_replica` gives the ``[R, P]`` counters."""
 
     def __init__(self, slot_of: torch.Tensor, n_slots: int) -> None:
         self.n_slots = _check_n_slots(n_slots)
@@ -131,11 +119,8 @@ class RoundTripTracker:
         return self._n_updates
 
     def update(self, slot_of: torch.Tensor) -> None:
-        """Advance all counters by one iteration given the new index ``[R, P]``.
-
-        The index is not re-validated as a permutation (that would require a host
-        sync); only its shape is checked.
-        """
+        """Advance all counters by one iteration given the new index ``[R, P]`` (shape checked, not
+        re-validated as a permutation)."""
         s = torch.as_tensor(slot_of, device=self.device)
         if s.dim() == 1:
             s = s.unsqueeze(0)
@@ -264,23 +249,9 @@ class RoundTripTracker:
 
 
 def count_round_trips(index: np.ndarray) -> dict[str, np.ndarray]:
-    """Reference (loop-based) restart / round-trip counts of a recorded index process.
-
-    Parameters
-    ----------
-    index:
-        Integer array ``[K, R, P]`` or ``[K, P]`` with ``index[k, r, i]`` the slot of
-        replica ``i`` of system ``r`` at iteration ``k``; row ``0`` is the initial
-        index (the one a :class:`RoundTripTracker` is constructed with).
-
-    Returns
-    -------
-    dict
-        ``{"restarts": [R], "round_trips": [R], "round_trips_a5": [R]}`` as ``int64``
-        numpy arrays (``R = 1`` for a ``[K, P]`` input).  Definitions as in the
-        module docstring: restarts / round trips of Syed et al. (2021) and the
-        origin-to-origin round trips of Deng et al. (2023), Appendix A.5.
-    """
+    """Reference (loop-based) counts of a recorded index process ``[K, R, P]`` or ``[K, P]``
+    (row 0 the initial index): ``{"restarts", "round_trips", "round_trips_a5"}``, each an
+    ``int64`` array ``[R]``."""
     idx = _checked_index(index)
     n_systems, n_slots = idx.shape[1:]
     restarts = np.zeros(n_systems, dtype=np.int64)

@@ -64,12 +64,8 @@ class Result:
         return format_summary(self.summary, self.export.get("row_map"))
 
     def to_inference_data(self):
-        """The run's draws and diagnostics as an ``arviz.InferenceData``, in memory: the same
-        groups as the run folder's ``posterior.nc`` (:mod:`nrpt.report.posterior_file`:
-        ``posterior``
-        -- the samples after the burn-in, in the model's variables for targets with
-        ``model_variables`` --, ``sample_stats``, ``constant_data``), for a run with or
-        without a folder.  Needs ArviZ: ``pip install nrpt[arviz]``."""
+        """The run's draws and diagnostics as an in-memory ``arviz.InferenceData`` with the groups of
+        ``posterior.nc`` (:mod:`nrpt.report.posterior_file`).  Needs ArviZ (``nrpt[arviz]``)."""
         try:
             import arviz as az
             import h5netcdf  # noqa: F401  (the engine the builder writes with)
@@ -524,32 +520,20 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
            adaptors=(), recorders=(), **options) -> Result:
     """Run parallel tempering on ``target``.
 
-    ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
-    the target protocol (:mod:`nrpt.targets.protocol`).  ``options`` are the fields of
-    :class:`~nrpt.run.config.RunConfig` (``chains``, ``iterations``, ``scheme``, ``window``,
-    ``explorer``, ``step_size``, ``seed``, ``systems``, ``rounds``, ``out``, ...); a setting that
-    does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
-    ``overwrite``: replace a run already in the folder ``out`` (else that is an error).
-    ``threads``: torch threads while it runs (default ``"auto"``: one for small states; see
-    :func:`run_config`).  ``progress``: a progress bar and the per-segment report rows (warm-up
-    windows, rounds) as the CLI prints them; default ``None``: on in a notebook, IPython, the
-    Python prompt or a terminal, off otherwise (pytest, output to a file).
-
-    Components may be objects: ``explorer=MyExplorer(...)``, ``scheme=DEO()``,
-    ``rule=...``; a registered name is shorthand for the same object (``explorer="hmc"`` is
-    ``HMC(leapfrog_steps=...)`` from the settings).  An object whose class's ``name`` is not
-    registered is registered under it (exact explorers and schemes; a stochastic-gradient
-    explorer must be registered first, with its tags).  ``adaptors=[...]`` and
-    ``recorders=[...]`` (objects following :class:`nrpt.roles.AdaptorBase` /
-    :class:`nrpt.roles.RecorderBase`) run after the run's own; a recorder's ``summary()`` is
-    in the run's summary (and ``summary.json``) under its ``name``.
+    ``target``: a built-in name, ``"path/to/file.py:NAME"``, or an object following the target
+    protocol.  ``options``: :class:`~nrpt.run.config.RunConfig` settings (a setting that does
+    not apply is an error).  ``explorer`` / ``scheme`` / ``rule`` may be objects (registered
+    names are shorthand for them; an unregistered exact explorer's or scheme's class is
+    registered under its ``name``); ``adaptors`` / ``recorders`` objects
+    (:class:`nrpt.roles.AdaptorBase` / :class:`nrpt.roles.RecorderBase`) run after the run's own,
+    a recorder's ``summary()`` joining the summary under its ``name``.  ``overwrite``,
+    ``threads``, ``progress``: as :func:`run_config` (``progress=None``: on when interactive).
 
     Example::
 
         res = nrpt.sample("twenty-five-modes", chains=10, iterations=20_000, scheme="deo")
         res.samples.shape        # (18000, 2): slot-0 draws after the burn-in (0.1)
-        res.round_trips, res.barrier, res.swap_acceptance
-    """
+        res.round_trips, res.barrier, res.swap_acceptance"""
     parts = _objects(options)
     obj = None
     if isinstance(target, str):

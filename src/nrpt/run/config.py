@@ -487,7 +487,6 @@ class RunConfig:
                              f"settings; nrpt 0.1's flat config.toml files are no longer read: "
                              f"rewrite it in sections [{'], ['.join(SECTION_NAMES)}] with "
                              f"version = {VERSION})") from None
-        return cls.from_dict(data, defaults=defaults)
 
     def write_toml(self, path: str | Path, omit: tuple[str, ...] = ()) -> None:
         """Write ``config.toml``; ``omit``: settings the built run turned out not to read
