@@ -64,8 +64,8 @@ class Result:
         return format_summary(self.summary, self.export.get("row_map"))
 
     def to_inference_data(self):
-        """The run's draws and diagnostics as an in-memory ``arviz.InferenceData`` with the groups of
-        ``posterior.nc`` (:mod:`nrpt.report.posterior_file`).  Needs ArviZ (``nrpt[arviz]``)."""
+        """The run's draws and diagnostics as an in-memory ``arviz.InferenceData`` with the groups
+        of ``posterior.nc`` (:mod:`nrpt.report.posterior_file`).  Needs ArviZ (``nrpt[arviz]``)."""
         try:
             import arviz as az
             import h5netcdf  # noqa: F401  (the engine the builder writes with)
