@@ -230,38 +230,19 @@ def scheme_orders(n_chains: int, rejection_rate: float) -> dict[str, float]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Exact event rates of a single replica's index process (FixedRate model)
-# ---------------------------------------------------------------------------------------------
-#
-# Model (= assumptions B1-B2 of Deng et al. 2023 / the setting of Syed et al. 2021, Thm 1):
-# every swap attempted on the adjacent pair (p, p+1) is rejected with probability r_p,
-# independently of everything else.  This is exactly :class:`nrpt.swap.FixedRate`.  Under it
-# the slot of a single replica, augmented with the scheme's clock, is a Markov chain:
-#
-# * DEO (= DEO_1): state (slot s, k mod 2); at parity q the replica is in pair (s, s+1) if
-#   s % 2 == q, in pair (s-1, s) if (s-1) % 2 == q, and moves with probability 1 - r_pair.
-# * DEO_W: the replica is in one pair for the whole window (the active pairs of a window are
-#   disjoint and fixed), the pair's gate is closed iff that pair -- hence this replica -- has
-#   swapped in the window, so over a window it moves with probability 1 - r^W.  The counters
-#   only fire on *changes* of end/origin status (an automaton step repeated on the same slot is
-#   a no-op), so the event counts of DEO_W are those of the window-level chain, which is DEO
-#   with rejection r_p^W; per iteration they are divided by W.
-# * SEO: state = slot; a fair coin picks the even or the odd pairs, then as DEO.
-# * ADJ: state = slot; one iteration is the sweep (0,1), (1,2), ..., (P-2,P-1).  From slot s the
-#   replica first meets pair (s-1, s) and moves down one slot with probability 1 - r_{s-1} (it
-#   is then past every later pair); otherwise it meets (s, s+1), (s+1, s+2), ... in turn and
-#   climbs until the first rejection: P(s -> t) = r_{s-1} prod_{j=s}^{t-1} (1 - r_j) * r_t for
-#   t >= s (r_{-1} := 1 and r_{P-1} := 1).
-# * APE: one pair (i < j) of the P(P-1)/2 drawn uniformly; only for a common rejection rate r
-#   of *all* pairs (what FixedRate does), since the rates of non-adjacent pairs are not
-#   determined by the P-1 adjacent ones.
-#
-# The counters of :mod:`nrpt.diagnostics.roundtrips` are deterministic automata driven by the
-# slot at the end of each iteration, so (replica state, automaton state) is again a finite
-# Markov chain and the long-run number of events per iteration is the stationary expectation
-# of the expected events per step (ergodic theorem for finite chains; with several closed
-# classes, weighted by the probabilities of absorption from the replica's initial state).
+# ------------------------------------------- exact event rates of one replica (FixedRate model)
+# Each swap on pair (p, p+1) is rejected with probability r_p independently (nrpt.swap.FixedRate;
+# Deng et al. 2023 B1-B2; Syed et al. 2021 Thm 1).  A replica's Markov chain per scheme:
+# * DEO: state (slot s, k mod 2); at parity q it is in pair (s, s+1) if s % 2 == q, else in
+#   (s-1, s) if (s-1) % 2 == q, and moves with probability 1 - r_pair.
+# * DEO_W: over a window it moves with probability 1 - r^W and the counters fire only on
+#   changes, so its events are DEO's with rejection r_p^W, divided by W per iteration.
+# * SEO: state = slot; a fair coin picks the even or odd pairs, then as DEO.
+# * ADJ: state = slot; the sweep (0,1), ..., (P-2,P-1): down one with probability 1 - r_{s-1},
+#   else P(s -> t) = r_{s-1} prod_{j=s}^{t-1} (1 - r_j) r_t for t >= s (r_{-1} = r_{P-1} = 1).
+# * APE: one of the P(P-1)/2 pairs uniformly; a common rate r only.
+# The product with the counting automata of .roundtrips is a finite chain; events per iteration
+# are stationary expectations (several closed classes: weighted by absorption probabilities).
 
 _SCHEMES = {"adj": "adj", "seo": "seo", "deo": "deo", "deo-w": "deo-w", "deo_w": "deo-w",
             "deow": "deo-w", "ape": "ape"}
