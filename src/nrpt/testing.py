@@ -405,34 +405,24 @@ def check_invariance(
     dtype: torch.dtype = torch.float64,
     device: str | torch.device = "cpu",
 ) -> InvarianceReport:
-    """Run ``explorer`` on ``target`` at slot coefficient ``b`` and compare moments to the truth.
+    """Run ``explorer`` on ``target`` at slot coefficient ``b`` and compare moments to the truth
+    (the recipe of the module docstring); returns an :class:`InvarianceReport`.
 
     Args:
         explorer: an :class:`~nrpt.explorers.Explorer` or a registered name (with
-            ``explorer_options``, e.g. ``{"leapfrog_steps": 5}``).
-        target: an nrpt target (:mod:`nrpt.targets.protocol`), temperature or geometric form.
-        step_size: the explorer's step size (the engine's per-slot ``step_size``), > 0.
-        n_steps: explorer steps per chain.
-        systems: independent chains (each with its own keyed noise).
-        seed: keys every random number (:mod:`nrpt.rng`); same seed, same report.
-        b: the slot coefficient: inverse temperature (temperature form) or beta (geometric form).
-        mean, var, cov: the exact moments of ``pi_b`` (``var`` or ``cov``: per-coordinate
-            variances come from either); default the target's ``mean`` / ``cov`` at ``b = 1``,
-            else estimated from ``exact_draws`` exact draws.
-        cross: also check the off-diagonal covariances (needs ``cov`` or exact draws).
+            ``explorer_options``).
+        target: an nrpt target, temperature or geometric form.
+        step_size: > 0; n_steps: steps per chain; systems: independent chains.
+        seed: keys every random number (same seed, same report).
+        b: inverse temperature (temperature form) or beta (geometric form).
+        mean, var, cov: exact moments of ``pi_b``; default the target's at ``b = 1``, else from
+            ``exact_draws`` exact draws.  ``cross``: also the off-diagonal covariances.
         functions, truth: extra statistics ``f(x[n, dim]) -> [n]`` and their exact values.
-        start: ``"auto"`` (exact draws when possible, else the target's initial states),
-            ``"exact"`` (an error if the target cannot draw exactly), ``"initial"``, or a tensor
-            ``[systems, dim]``.
-        burn_in: steps dropped at the start of each chain (default 0 from exact draws, else
-            ``n_steps // 5``).
-        batches: batches per chain for the batch-means standard error (see the module doc).
-        z: the threshold in standard errors.
-        min_moved: the share of steps in which the state must change.
-        exact_draws: how many exact draws estimate a truth not known otherwise.
-        dtype, device: of the chains.
-
-    Returns an :class:`InvarianceReport` (``report.ok``, ``str(report)``)."""
+        start: ``"auto"``, ``"exact"`` (else an error), ``"initial"`` or ``[systems, dim]``.
+        burn_in: default 0 from exact draws, else ``n_steps // 5``.
+        batches: batches per chain for the batch-means error; z: threshold in standard errors;
+            min_moved: share of steps that must change the state.
+        dtype, device: of the chains."""
     ex = _as_explorer(explorer, explorer_options)
     b, step_size = float(b), float(step_size)
     n_steps, systems = _check_sizes(step_size, n_steps, systems)

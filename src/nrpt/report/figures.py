@@ -118,8 +118,7 @@ def _slot_colors(n: int, cmap_name: str = "viridis") -> list:
 def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     """A ScalarMappable for a colorbar of ``n`` discrete indices 0..n-1."""
     base = _cmap(cmap_name) if dark else colormaps[cmap_name]
-    if n > 256:  # more indices than colours: a continuous scale (matplotlib's BoundaryNorm
-        # holds its bin numbers in int16 and fails past 32,767 slots, issue 26)
+    if n > 256:  # continuous scale (BoundaryNorm's int16 bins fail past 32,767 slots)
         return ScalarMappable(norm=Normalize(vmin=-0.5, vmax=n - 0.5), cmap=base)
     return ScalarMappable(norm=BoundaryNorm(np.arange(-0.5, n + 0.5), n), cmap=base.resampled(n))
 
