@@ -1,15 +1,6 @@
-"""Reports of a run: per-segment rows, figures and an ArviZ InferenceData file.
-
-* :func:`format_row` / :data:`ROW_HEADER` -- the one-line-per-round table printed during a run
-  and kept in ``report.txt`` / ``rounds.csv``;
-* :func:`write_figures` -- the figures of :mod:`nrpt.report.figures` that apply to the run;
-* :func:`export_inference_data` -- ``posterior.nc`` for every run
-  (:mod:`nrpt.report.posterior_file`):
-  the slot-0 draws of the sampling segments as the ``posterior`` group (``chain`` = PT
-  system; in the model's own variables where the target has ``model_variables``) and nrpt's
-  diagnostics as ``sample_stats``, so that ``arviz.summary`` gives ESS and R-hat (R-hat needs
-  ``systems >= 2``).
-"""
+"""Reports of a run: :func:`format_row` / :data:`ROW_HEADER` (the per-segment rows of
+``report.txt`` / ``rounds.csv``), :func:`write_figures`, :func:`export_inference_data`
+(``posterior.nc``, :mod:`nrpt.report.posterior_file`)."""
 
 from __future__ import annotations
 
@@ -67,13 +58,10 @@ def write_round_table(rows: list[dict[str, Any]], path: str | Path) -> None:
 # ------------------------------------------------------------------------------ figures
 def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: np.ndarray,
                   rows: list[dict]) -> list[str]:
-    """Write the figures that apply to the run into ``out`` (:mod:`nrpt.report.figures`); returns
-    their file names: ``density.png`` (1-D/2-D targets; with the exact density and the error
-    where the target has ``density_grid``), ``index_process.png``, ``swap_acceptance.png``,
-    ``adaptation.png`` (runs with online adaptation), ``trace.png`` and ``rank.png`` (the
-    slot-0 chains of the first coordinates, one per system: :func:`nrpt.report.figures.trace`,
-    :func:`nrpt.report.figures.rank`), and for adaptive runs ``local_barrier.png`` and
-    ``schedules.png``."""
+    """Write the figures of :mod:`nrpt.report.figures` that apply to the run into ``out``; returns
+    their file names (``density.png``, ``index_process.png``, ``swap_acceptance.png``,
+    ``adaptation.png``, ``trace.png``, ``rank.png``, and for adaptive runs
+    ``local_barrier.png``, ``schedules.png``)."""
     from nrpt.report import figures as plots
 
     out = Path(out)
