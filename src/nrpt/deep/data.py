@@ -347,18 +347,13 @@ def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0,
 
     Args:
         name: ``digits``, ``mnist1d``, ``cifar10`` or ``cifar100``.
-        root: the directory holding ``cifar-10-batches-py/`` or ``cifar-100-python/`` (CIFAR
-            only; ignored for digits and mnist1d, which need no files).
-        seed: the digits train/test split (a stratified 25 % test set drawn with a
-            ``torch.Generator`` seeded with it).  MNIST-1D and CIFAR have fixed splits, so it
-            does not affect them.
-        flatten: give ``x`` as ``[n, prod(input_shape)]`` (for MLPs); ``input_shape`` becomes
-            ``(prod,)`` and ``augment`` reshapes around the image augmentation.
+        root: CIFAR only: the directory holding ``cifar-10-batches-py/`` or ``cifar-100-python/``.
+        seed: the digits split (stratified 25 % test set); no effect on the fixed splits.
+        flatten: ``x`` as ``[n, prod(input_shape)]`` (``input_shape = (prod,)``).
 
     Raises:
         ValueError: an unknown name, or CIFAR without ``root``.
-        FileNotFoundError: CIFAR files missing; the message says which, and where to get them.
-    """
+        FileNotFoundError: CIFAR files missing (the message says which, and where to get them)."""
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):

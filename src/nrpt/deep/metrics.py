@@ -68,21 +68,12 @@ def _bin_stats(probs: Tensor, y: Tensor, bins: int):
 
 
 def evaluate(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
-    """Accuracy, NLL, ECE and Brier score of a probability table.
+    """Accuracy, NLL, ECE and Brier score of ``probs[n, C]`` (not renormalised) against ``y[n]``.
 
-    Args:
-        probs: ``[n, C]`` predicted class probabilities (rows summing to 1; not renormalised).
-        y: ``[n]`` integer labels in ``[0, C)``.
-        bins: number of equal-width confidence bins on ``[0, 1]`` for the ECE.
-
-    Returns:
-        ``accuracy``: fraction of examples whose argmax is the label (ties: the lowest class).
-        ``nll_mean``: ``mean_i -log max(p_i[y_i], 1e-12)`` in nats.
-        ``nll_sum``: the same summed over the test set (the unit of Table 2 of the AAAI paper).
-        ``ece``: ``Σ_b (n_b / n) |acc_b - conf_b|`` with conf the max probability of an example,
-        binned into ``(k/B, (k+1)/B]`` (Guo et al. 2017, eq. 3).
-        ``brier``: ``mean_i Σ_c (p_ic - 1[c = y_i])²`` (range [0, 2]).
-    """
+    Returns ``accuracy`` (argmax, ties to the lowest class), ``nll_mean`` / ``nll_sum``
+    (``-log max(p_i[y_i], 1e-12)`` in nats), ``ece`` (``Σ_b (n_b / n) |acc_b - conf_b|`` over
+    ``bins`` bins ``(k/B, (k+1)/B]``, Guo et al. 2017, eq. 3) and ``brier``
+    (``mean_i Σ_c (p_ic - 1[c = y_i])²``)."""
     p, y = _check(probs, y)
     n = p.shape[0]
     _, count, conf_sum, acc_sum, correct = _bin_stats(p, y, bins)

@@ -66,18 +66,12 @@ def _window(window) -> int:
 
 
 def lemma1_round_trip_time(rejection: Sequence[float] | np.ndarray, window: int = 1) -> float:
-    r"""Expected round-trip time of ``DEO_W`` (Deng et al. 2023, Lemma 1, Eq. 4).
+    """Expected round-trip time of ``DEO_W`` (Deng et al. 2023, Lemma 1, Eq. 4)::
 
-    .. math::
+        E[T] = 2WP + 2WP sum_{p=0}^{P-2} r_p^W / (1 - r_p^W),
 
-        \mathbb{E}[T] = 2WP + 2WP \sum_{p=0}^{P-2} \frac{r_p^W}{1 - r_p^W},
-
-    where ``P = len(rejection) + 1`` and ``W = window``.  With ``W = 1`` this is the
-    DEO round-trip time of Syed et al. (2021).  With all swaps accepted
-    (``r_p = 0``) a replica zig-zags deterministically and ``E[T] = 2WP``.
-
-    Returns ``inf`` if any ``r_p == 1`` (that pair never swaps, no round trip).
-    """
+    ``P = len(rejection) + 1``, ``W = window``; at ``W = 1`` Syed et al.'s (2021) DEO time.
+    ``inf`` if any ``r_p == 1``."""
     r = _rejections(rejection)
     w = _window(window)
     n_chains = r.size + 1
@@ -185,16 +179,9 @@ def cumulative_barrier(rejection: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def predicted_restart_rate(rejection: Sequence[float] | np.ndarray) -> float:
-    r"""Finite-``P`` DEO restart rate of Syed et al. (2021, Theorem 1).
-
-    .. math::
-
-        \tau = \frac{1}{2 + 2 \sum_p \frac{r_p}{1 - r_p}},
-
-    the expected number of restarts per iteration (summed over all replicas).  It
-    equals ``P / E[T]`` with ``E[T]`` from Lemma 1 at ``W = 1``.  Returns ``0`` if any
-    ``r_p == 1``.
-    """
+    """Finite-``P`` DEO restarts per iteration, summed over replicas (Syed et al. 2021, Theorem 1):
+    ``tau = 1 / (2 + 2 sum_p r_p / (1 - r_p))`` (``= P / E[T]`` of Lemma 1 at ``W = 1``); ``0`` if
+    any ``r_p == 1``."""
     r = _rejections(rejection)
     if np.any(r >= 1.0):
         return 0.0

@@ -54,21 +54,11 @@ def _polar_moments(penalty: bool) -> tuple[float, float]:
 
 
 class TwentyFiveModes:
-    """Two-dimensional multimodal energy target with wells at the integer points.
+    """Two-dimensional multimodal energy target with wells at the integer points (module docstring).
 
-    ``U(x) = 0.2 (x1^2 + x2^2) - 2 (cos 2 pi x1 + cos 2 pi x2) [+ max(0, |x|^2 - 20)]``.
-
-    Attributes:
-        dim: 2.
-        name: ``"twenty-five-modes"`` (the name `--target` accepts; `penalty` is an option).
-        penalty: whether the confining penalty is on.
-        mean, cov: exact moments (``0`` and ``v I`` by symmetry, ``v`` by quadrature; ``v = 2.5``
-            without penalty up to ``~e^-49``).
-        log_normalizer: ``log ∫ exp(-U)`` by quadrature (closed form without penalty:
-            ``2 log(I0(2) sqrt(5 pi))``).
-        grid_lim: half-width of the default box of :meth:`density_grid`; the mass outside
-            ``[-grid_lim, grid_lim]^2`` is below ``1e-8``.
-    """
+    Attributes: ``dim`` 2; ``name`` ``"twenty-five-modes"``; ``penalty``; exact ``mean`` 0 and
+    ``cov`` ``v I`` (``v`` by quadrature); ``log_normalizer`` by quadrature (no penalty:
+    ``2 log(I0(2) sqrt(5 pi))``); ``grid_lim``, the default half-width of :meth:`density_grid`."""
 
     #: ``grad_energy`` / ``energy_and_grad`` are closed forms (no autograd): runs may use
     #: ``torch.inference_mode`` (:attr:`nrpt.PTEngine.autograd_free`)
