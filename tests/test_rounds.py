@@ -16,7 +16,6 @@ import torch
 import nrpt
 from nrpt.core.loop import Plan
 from nrpt.diagnostics import count_round_trips
-from nrpt.report.text import import_arviz
 from nrpt.run.api import run_config
 from nrpt.run.cli import main
 from nrpt.run.config import RunConfig
@@ -91,11 +90,9 @@ def test_run_folder_contract_summary_and_arviz_export(tmp_path):
     text = str(res)
     assert "log Z" in text and "restart rate" in text and "2Λ̂" in text
     # ArviZ: ESS and R-hat from the exported posterior (two systems = two chains)
-    az = import_arviz()
-    if az is None:  # an optional extra (nrpt[arviz]); the contract above holds without it
-        pytest.skip("arviz is not installed")
     with warnings.catch_warnings():  # ArviZ's own deprecation notices are not ours to test
         warnings.simplefilter("ignore")
+        az = pytest.importorskip("arviz")  # an optional extra (nrpt[arviz])
         idata = az.from_netcdf(str(out / "posterior.nc"))
         table = az.summary(idata, var_names=["x"])
     assert idata.posterior["x"].shape == (2, 64, 3)

@@ -1,10 +1,4 @@
-"""Check an explorer (or a target) for invariance the way nrpt's own test suite does.
-
-An explorer must leave its slot's distribution ``pi_b(x) ∝ exp(base(x) - b v(x))`` invariant
-(:mod:`nrpt.explorers.base`).  :func:`check_invariance` runs it on its own, at one fixed ``b``
-and step size, with no swaps and no adaptation, and compares the moments of what it produced to
-known values; :func:`assert_invariant` does the same and raises :class:`AssertionError` with a
-readable table when a check fails::
+"""Check an explorer (or a target) for invariance the way nrpt's own test suite does::
 
     from nrpt.targets import Gaussian
     from nrpt.testing import assert_invariant
@@ -13,39 +7,14 @@ readable table when a check fails::
     report = assert_invariant(MyExplorer(), target, step_size=0.8)
     print(report)
 
-The recipe
-----------
-* ``systems`` independent chains (the engine's system dimension, one slot each) take
-  ``n_steps`` explorer steps, each one batched call ``explorer.step(state, b, h, density,
-  noise)`` with the keyed noise of :mod:`nrpt.rng` (the same :class:`~nrpt.explorers.Noise` the
-  engine hands over), after ``explorer.prepare`` as in the engine.  No global random state is
-  used: every draw comes from a generator keyed by ``seed``.
-* Start: exact draws of ``pi_b`` when the target can make them (``target.sample(n, generator)``
-  at ``b = 1``, or ``target.sample_at(b, n, generator)``).  Started exactly, an invariant
-  kernel stays exactly distributed at every step, so no burn-in is needed and a bias shows
-  from the first step.  Otherwise the chains start from ``target.initial_states`` (reference
-  draws on a geometric path, else N(0, I)) and the first ``burn_in`` steps (default a fifth)
-  are dropped.
-* Truth: ``mean`` / ``var`` (or ``cov``) given here; else the target's exact ``mean`` / ``cov``
-  (at ``b = 1``); else the moments of ``exact_draws`` iid exact draws, whose own standard error
-  is added to the tolerance.  Custom statistics: ``functions={"name": f}`` with
-  ``f(x[n, dim]) -> [n]`` and their exact values in ``truth={"name": value}`` (or estimated
-  from exact draws).
-* Tolerance: the Monte Carlo standard error by batch means.  Each chain's kept draws are cut
-  into ``batches`` contiguous batches (default: one per chain when there are >= 16 chains,
-  else enough to make 16 in all); ``se = sd(batch means) / sqrt(#batches)`` and the effective
-  sample size is ``ESS = var(f) / se^2``.  With one batch per chain the batch means are exactly
-  independent (independent chains, independent keyed noise), so the error bar holds however
-  slowly the kernel mixes -- even a kernel stuck in one mode of a mixture is judged fairly.
-  Every statistic must satisfy ``|estimate - truth| < z * se`` (default ``z = 4.5``: with 16
-  or more batches, a t tail below 1e-3 per statistic for a correct kernel).
-* Not vacuous: a kernel that never moves is trivially invariant from an exact start, so the
-  check also asks that the state changed in at least ``min_moved`` of the steps.
-
-A failing check is strong evidence of a bug (or of a kernel that is not meant to be exact, such
-as an unadjusted Langevin step); a passing one is evidence at the resolution of the standard
-error, which the report prints -- raise ``systems`` or ``n_steps`` for a sharper test.
-"""
+:func:`check_invariance` runs ``systems`` independent chains of ``n_steps`` explorer steps at
+one ``b`` (no swaps, no adaptation, keyed noise of :mod:`nrpt.rng`), started from exact
+draws of ``pi_b`` when the target can make them (else its initial states, dropping
+``burn_in``), and compares moments (or ``functions``) to the truth (given, the target's
+exact ``mean`` / ``cov``, or ``exact_draws`` iid draws whose error is added).  Tolerance:
+``|estimate - truth| < z * se``, ``se`` by batch means (one batch per chain when there are
+>= 16 chains, exactly independent).  The state must change in at least ``min_moved`` of
+the steps."""
 
 from __future__ import annotations
 
@@ -436,34 +405,24 @@ def check_invariance(
     dtype: torch.dtype = torch.float64,
     device: str | torch.device = "cpu",
 ) -> InvarianceReport:
-    """Run ``explorer`` on ``target`` at slot coefficient ``b`` and compare moments to the truth.
+    """Run ``explorer`` on ``target`` at slot coefficient ``b`` and compare moments to the truth
+    (the recipe of the module docstring); returns an :class:`InvarianceReport`.
 
     Args:
         explorer: an :class:`~nrpt.explorers.Explorer` or a registered name (with
-            ``explorer_options``, e.g. ``{"leapfrog_steps": 5}``).
-        target: an nrpt target (:mod:`nrpt.targets.protocol`), temperature or geometric form.
-        step_size: the explorer's step size (the engine's per-slot ``step_size``), > 0.
-        n_steps: explorer steps per chain.
-        systems: independent chains (each with its own keyed noise).
-        seed: keys every random number (:mod:`nrpt.rng`); same seed, same report.
-        b: the slot coefficient: inverse temperature (temperature form) or beta (geometric form).
-        mean, var, cov: the exact moments of ``pi_b`` (``var`` or ``cov``: per-coordinate
-            variances come from either); default the target's ``mean`` / ``cov`` at ``b = 1``,
-            else estimated from ``exact_draws`` exact draws.
-        cross: also check the off-diagonal covariances (needs ``cov`` or exact draws).
+            ``explorer_options``).
+        target: an nrpt target, temperature or geometric form.
+        step_size: > 0; n_steps: steps per chain; systems: independent chains.
+        seed: keys every random number (same seed, same report).
+        b: inverse temperature (temperature form) or beta (geometric form).
+        mean, var, cov: exact moments of ``pi_b``; default the target's at ``b = 1``, else from
+            ``exact_draws`` exact draws.  ``cross``: also the off-diagonal covariances.
         functions, truth: extra statistics ``f(x[n, dim]) -> [n]`` and their exact values.
-        start: ``"auto"`` (exact draws when possible, else the target's initial states),
-            ``"exact"`` (an error if the target cannot draw exactly), ``"initial"``, or a tensor
-            ``[systems, dim]``.
-        burn_in: steps dropped at the start of each chain (default 0 from exact draws, else
-            ``n_steps // 5``).
-        batches: batches per chain for the batch-means standard error (see the module doc).
-        z: the threshold in standard errors.
-        min_moved: the share of steps in which the state must change.
-        exact_draws: how many exact draws estimate a truth not known otherwise.
-        dtype, device: of the chains.
-
-    Returns an :class:`InvarianceReport` (``report.ok``, ``str(report)``)."""
+        start: ``"auto"``, ``"exact"`` (else an error), ``"initial"`` or ``[systems, dim]``.
+        burn_in: default 0 from exact draws, else ``n_steps // 5``.
+        batches: batches per chain for the batch-means error; z: threshold in standard errors;
+            min_moved: share of steps that must change the state.
+        dtype, device: of the chains."""
     ex = _as_explorer(explorer, explorer_options)
     b, step_size = float(b), float(step_size)
     n_steps, systems = _check_sizes(step_size, n_steps, systems)

@@ -1,8 +1,8 @@
 """Offline classification datasets for deep posteriors, as tensors, with batched augmentation.
 
-``load_dataset(name)`` returns a :class:`Dataset`: float32 inputs ``x[n, *input_shape]``, int64
-labels ``y[n]`` in ``[0, classes)``, a fixed train/test split, and ``augment`` (``None`` or a
-callable ``augment(x[B, ...], generator) -> x[B, ...]``).  Nothing is ever downloaded:
+:func:`load_dataset` returns a :class:`Dataset` (float32 ``x[n, *input_shape]``, int64
+``y[n]`` in ``[0, classes)``, fixed train/test split, optional ``augment``).  Nothing is
+downloaded:
 
 =============  ==================================================  =============  ===========
 name           source                                              train / test   input_shape
@@ -13,20 +13,11 @@ name           source                                              train / test 
 ``cifar100``   CIFAR-100 "python version" (fine labels)            50000 / 10000  (3, 32, 32)
 =============  ==================================================  =============  ===========
 
-Normalisation uses training-set statistics only: digits are scaled to [0, 1] and standardised
-by the one mean and sd of all training pixels; CIFAR is scaled to [0, 1] and standardised per
-channel (population sd over the training images); MNIST-1D comes standardised by its package
-(one mean and sd over the whole generated set — the package's convention, kept so numbers
-compare with the literature).
-
-Augmentation (CIFAR only, the AAAI paper's; Deng et al. 2023) — :class:`CifarAugment`:
-random crop 32 with padding 4, random horizontal flip, random erasing with p = 0.5 (Zhong et
-al. 2020 / torchvision defaults), all batched in torch with each example's own draws from the
-given generator.  Pixel order follows torchvision's ``RandomCrop(32, padding=4)`` →
-``RandomHorizontalFlip`` → ``ToTensor`` → ``Normalize`` → ``RandomErasing``: the crop pads with
-*black* (raw value 0, i.e. ``-mean/sd`` per channel after normalisation) and the erasing writes 0
-after normalisation (the channel mean).
-"""
+Normalisation from training statistics (digits: one mean and sd; CIFAR: per channel;
+MNIST-1D: its package's).  CIFAR augmentation (:class:`CifarAugment`, Deng et al. 2023):
+torchvision's ``RandomCrop(32, padding=4)`` (black padding) → ``RandomHorizontalFlip`` →
+``Normalize`` → ``RandomErasing(p=0.5)`` (value 0), batched, per-example draws from the
+given generator."""
 
 from __future__ import annotations
 
@@ -122,14 +113,9 @@ def random_erasing(x: Tensor, generator: torch.Generator, p: float = 0.5,
                    scale: tuple[float, float] = (0.02, 0.33),
                    ratio: tuple[float, float] = (0.3, 3.3), value: float = 0.0,
                    attempts: int = 10) -> Tensor:
-    """Random erasing (Zhong et al. 2020, torchvision's ``RandomErasing`` algorithm), batched.
-
-    With probability ``p`` an image gets one rectangle set to ``value`` in every channel: area
-    ``s·H·W`` with ``s ~ U(scale)``, aspect ``r = h/w`` with ``log r ~ U(log ratio)``,
-    ``h = round(sqrt(s·H·W·r))``, ``w = round(sqrt(s·H·W / r))``; the first of ``attempts``
-    candidates with ``h < H`` and ``w < W`` is placed at a uniform top-left corner (if none fits
-    the image is left as is, as torchvision does).  Draws: ``apply[B]``, ``s[B, attempts]``,
-    ``log r[B, attempts]``, ``top[B]``, ``left[B]``."""
+    """Random erasing (Zhong et al. 2020; torchvision's ``RandomErasing`` algorithm), batched:
+    with probability ``p`` one rectangle of area ``s·H·W`` (``s ~ U(scale)``) and aspect ``r``
+    (``log r ~ U(log ratio)``) set to ``value``; the first of ``attempts`` that fits, else none."""
     _check_images(x)
     b, _, hh, ww = x.shape
     if not (scale[0] <= scale[1] and ratio[0] <= ratio[1] and ratio[0] > 0):
@@ -361,18 +347,13 @@ def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0,
 
     Args:
         name: ``digits``, ``mnist1d``, ``cifar10`` or ``cifar100``.
-        root: the directory holding ``cifar-10-batches-py/`` or ``cifar-100-python/`` (CIFAR
-            only; ignored for digits and mnist1d, which need no files).
-        seed: the digits train/test split (a stratified 25 % test set drawn with a
-            ``torch.Generator`` seeded with it).  MNIST-1D and CIFAR have fixed splits, so it
-            does not affect them.
-        flatten: give ``x`` as ``[n, prod(input_shape)]`` (for MLPs); ``input_shape`` becomes
-            ``(prod,)`` and ``augment`` reshapes around the image augmentation.
+        root: CIFAR only: the directory holding ``cifar-10-batches-py/`` or ``cifar-100-python/``.
+        seed: the digits split (stratified 25 % test set); no effect on the fixed splits.
+        flatten: ``x`` as ``[n, prod(input_shape)]`` (``input_shape = (prod,)``).
 
     Raises:
         ValueError: an unknown name, or CIFAR without ``root``.
-        FileNotFoundError: CIFAR files missing; the message says which, and where to get them.
-    """
+        FileNotFoundError: CIFAR files missing (the message says which, and where to get them)."""
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):

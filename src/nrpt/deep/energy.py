@@ -1,27 +1,14 @@
 """A network posterior as an nrpt energy target, and its minibatch energy estimator.
 
-Energy (``U = -log pi``, :mod:`nrpt.energy.estimators`'s convention) of parameters ``theta`` on
-``N``
-training examples with weight decay ``wd``::
+Energy of parameters ``theta`` on ``N`` examples with weight decay ``wd``::
 
     U(theta)     = sum_i loss_i(theta) + N * wd / 2 * |theta|^2
     Ũ_B(theta)   = (N / B) * sum_{i in B} loss_i(theta) + N * wd / 2 * |theta|^2
 
-so a step ``theta - eta ∇Ũ`` with ``eta = lr / N`` is PyTorch's SGD step of learning rate ``lr``
-on the *mean* batch loss with weight decay ``wd``: learning rates are quoted per mean loss (the
-paper's 0.005 - 0.02) and divided by ``N`` for the engine (the paper's Fig. 10 note).  ``Ũ_B``
-is the swap energy, as in the paper: the training-mode (BatchNorm batch statistics, data
-augmentation) loss of the replica's own batch.  The deterministic swap rule
-``Ũ_{p+1} + C < Ũ_p`` then assumes the energy differences' noise is roughly symmetric and of
-similar size for every pair, so that one buffer ``C`` adapted toward the target swap rate
-absorbs it (Deng et al. 2023, Sec. 4.2); augmentation and BatchNorm make ``Ũ_B`` a noisy and
-biased proxy of ``U``, which ``C`` absorbs only on average.
-
-Each replica draws its own batch of ``B`` examples per iteration (keyed, without replacement
-within a batch; one *epoch* is ``N / B`` iterations) and, where the dataset has one, its own
-augmentation.  The BatchNorm running statistics of each replica are the estimator's per-replica
-buffer ``extras["bn"]`` and travel with the replica across slots.
-"""
+so ``theta - eta ∇Ũ`` with ``eta = lr / N`` is PyTorch's SGD step of rate ``lr`` on the mean
+batch loss.  ``Ũ_B`` (training mode: BatchNorm batch statistics, augmentation) is the swap
+energy (Deng et al. 2023, Sec. 4.2).  Each replica draws its own keyed batch per iteration
+(one epoch = ``N / B`` iterations); its BatchNorm statistics are ``extras["bn"]``."""
 
 from __future__ import annotations
 

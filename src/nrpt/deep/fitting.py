@@ -1,23 +1,9 @@
-"""``nrpt.deep.fit`` (this module, ``nrpt.deep.fitting``): tempered network replicas, and the
-baselines of the AAAI paper's Table 2, run by the one loop and evaluated as a Bayesian model
-average.
-
-Methods (:data:`nrpt.deep.methods.BUILDERS`, a table of builders: ``deo-star``, ``deo``,
-``ensemble``, ``cyclical``, ``swag``; each builder's docstring says what it runs) are charged
-the same number of minibatch gradient evaluations ``epochs * chains * ceil(N / batch_size)``
-after the same pretraining.
-
-Pretraining (``pretrain_epochs``; the paper pretrains its 10 models for 300 epochs): every
-replica from its own initialisation, one cosine cycle of momentum SGD from ``lr_max`` (no swaps),
-run by the same loop.  Single-chain methods continue from replica 0.
-
-Collection: every ``collect_every`` iterations (default one epoch) after ``burn_in`` (a fraction
-of the main run), the models at ``collect_slots`` (PT methods: slot 0; the ensemble: every
-chain; the cyclical chain only in the sampling stage of its cycles) are evaluated on the test
-set and their softmax probabilities (and logits) accumulated.  The summary is the final-epoch
-average (no selection on the test set); ``average="logits"`` averages logits instead, as the
-authors' released code does.
-"""
+"""``nrpt.deep.fit``: tempered network replicas and the baselines of the AAAI paper's Table 2
+(:data:`nrpt.deep.methods.BUILDERS`), run by the one loop after the same pretraining
+(``pretrain_epochs``: one cosine cycle from ``lr_max`` per replica, no swaps) with the same
+budget ``epochs * chains * ceil(N / batch_size)`` gradient evaluations, evaluated as a
+Bayesian model average of the models at ``collect_slots`` every ``collect_every`` iterations
+after ``burn_in`` (``average``: ``"probabilities"`` or ``"logits"``)."""
 
 
 from __future__ import annotations
@@ -193,18 +179,12 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
         callback=None, say=None, **options) -> DeepResult:
     """Tempered replicas of ``model`` on ``train = (X, y)``, evaluated on ``test = (X, y)``.
 
-    ``method`` is one of :data:`METHODS`; every other setting is a :class:`DeepConfig` field
-    (``lr_min``, ``lr_max``, ``batch_size``, ``swap_rate``, ``pretrain_epochs``, ``burn_in``,
-    ``collect_every``, ``average``, ``strategy``, ...).  ``augment(x, generator)`` is applied to
-    every training batch.  With ``out`` the run folder gets ``config.json``, ``summary.json``,
-    ``metrics.csv``, ``index.npy``, checkpoints and figures; ``resume=True`` continues the
-    interrupted run in ``out`` (give the same model and data).  ``callback(engine)`` is called
-    every 256 iterations of the pretraining and of the main run; raising ``KeyboardInterrupt``
-    there stops it cleanly (as Ctrl-C does), with a checkpoint to resume from.  ``say(line)``
-    receives one line per evaluation epoch (swap rate, ``C``, slot-0 and BMA accuracy).
-
-    The folder ``out`` is locked for the whole call (:func:`folder_lock`): a concurrent run or
-    resume of the same folder is refused (:class:`nrpt.run.folder.RunFolderBusy`)."""
+    ``method``: one of :data:`METHODS`; other settings are :class:`DeepConfig` fields.
+    ``augment(x, generator)``: applied to training batches.  ``out``: the run folder (locked for
+    the call, :class:`nrpt.run.folder.RunFolderBusy` otherwise); ``resume=True`` continues it
+    (same model and data).  ``callback(engine)``: every 256 iterations; raising
+    ``KeyboardInterrupt`` stops cleanly with a checkpoint.  ``say(line)``: one line per
+    evaluation epoch."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     with folder_lock(out):
         return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,

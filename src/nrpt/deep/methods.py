@@ -1,13 +1,7 @@
-"""The deep methods as a table of builders: one small function per method, registered by
-name with :func:`method`.  A builder takes the :class:`Context` of a run (settings, target,
-sizes, starting replicas) and returns the :class:`Setup` of its main run: the engine, the
-adaptors, the collected slots and what it adds to the summary.
-
-Adding a method: one builder here (or in the user's module) decorated with
-``@method(NAME, options=(...))``, ``options`` being the :class:`nrpt.options.Option`
-declarations that only it (and the methods sharing them) reads; the ``method`` setting's
-allowed values, the settings of :class:`nrpt.deep.DeepConfig` and the flags of ``nrpt deep``
-follow."""
+"""The deep methods as a table of builders, registered with ``@method(NAME, options=(...))``:
+a builder takes a run's :class:`Context` and returns the :class:`Setup` of its main run
+(engine, adaptors, collected slots, summary additions); the ``options`` join
+:class:`nrpt.deep.DeepConfig` and ``nrpt deep``'s flags."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
-"""Evaluation of a Bayesian model average (BMA): accuracy, NLL, ECE, Brier, reliability bins.
+"""Evaluation of a Bayesian model average: accuracy, NLL, ECE, Brier, reliability bins.
 
-A classifier's prediction on ``n`` test examples with ``C`` classes is a probability table
-``probs[n, C]`` (rows sum to 1); the labels are ``y[n]``, integers in ``[0, C)``.  The posterior
-predictive of a sampler is the average over collected models θ_1..θ_S (Deng et al., AAAI 2023,
-"Non-reversible parallel tempering for deep posterior approximation"; Wilson & Izmailov 2020)::
-
-    p(y | x, D) ≈ (1/S) Σ_s softmax(f(x; θ_s))_y          (average="probabilities")
-
-:class:`BMA` keeps that running sum, and also the running sum of logits, since the paper's released
-code averages logits and takes one softmax at the end (``average="logits"``), which is the
-normalised *geometric* mean of the models' probabilities — sharper than the arithmetic one.
-
-All numbers are computed in float64 and returned as Python floats.  The NLL clamps probabilities
-below at :data:`PROB_FLOOR` (1e-12, so one confidently wrong example costs at most
--log 1e-12 ≈ 27.6 nats instead of ``inf``).
-"""
+Predictions are ``probs[n, C]`` (rows sum to 1), labels ``y[n]`` in ``[0, C)``.  The
+posterior predictive is ``(1/S) Σ_s softmax(f(x; θ_s))`` (Deng et al. 2023; Wilson &
+Izmailov 2020); :class:`BMA` also keeps the logits' sum (``average="logits"``, the
+paper's released code).  Computed in float64, returned as floats; the NLL clamps
+probabilities at :data:`PROB_FLOOR`."""
 
 from __future__ import annotations
 
@@ -78,21 +68,12 @@ def _bin_stats(probs: Tensor, y: Tensor, bins: int):
 
 
 def evaluate(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
-    """Accuracy, NLL, ECE and Brier score of a probability table.
+    """Accuracy, NLL, ECE and Brier score of ``probs[n, C]`` (not renormalised) against ``y[n]``.
 
-    Args:
-        probs: ``[n, C]`` predicted class probabilities (rows summing to 1; not renormalised).
-        y: ``[n]`` integer labels in ``[0, C)``.
-        bins: number of equal-width confidence bins on ``[0, 1]`` for the ECE.
-
-    Returns:
-        ``accuracy``: fraction of examples whose argmax is the label (ties: the lowest class).
-        ``nll_mean``: ``mean_i -log max(p_i[y_i], 1e-12)`` in nats.
-        ``nll_sum``: the same summed over the test set (the unit of Table 2 of the AAAI paper).
-        ``ece``: ``Σ_b (n_b / n) |acc_b - conf_b|`` with conf the max probability of an example,
-        binned into ``(k/B, (k+1)/B]`` (Guo et al. 2017, eq. 3).
-        ``brier``: ``mean_i Σ_c (p_ic - 1[c = y_i])²`` (range [0, 2]).
-    """
+    Returns ``accuracy`` (argmax, ties to the lowest class), ``nll_mean`` / ``nll_sum``
+    (``-log max(p_i[y_i], 1e-12)`` in nats), ``ece`` (``Σ_b (n_b / n) |acc_b - conf_b|`` over
+    ``bins`` bins ``(k/B, (k+1)/B]``, Guo et al. 2017, eq. 3) and ``brier``
+    (``mean_i Σ_c (p_ic - 1[c = y_i])²``)."""
     p, y = _check(probs, y)
     n = p.shape[0]
     _, count, conf_sum, acc_sum, correct = _bin_stats(p, y, bins)
@@ -122,24 +103,9 @@ def reliability(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, list]:
 
 
 class BMA:
-    """Running Bayesian model average of classifier outputs over collected models.
-
-    ``add(logits)`` takes one model's ``[n, C]`` logits on a fixed test set (same examples, same
-    order, every call) and accumulates, in float64 on the logits' device, both
-    ``Σ_s softmax(logits_s)`` and ``Σ_s logits_s``.  ``probs()`` then gives
-
-    * ``average="probabilities"``: ``(1/S) Σ_s softmax(logits_s)`` — the Monte Carlo estimate of
-      the posterior predictive (the default);
-    * ``average="logits"``: ``softmax((1/S) Σ_s logits_s)`` — what the AAAI paper's released code
-      reports.
-
-    Example::
-
-        bma = BMA()
-        for theta in samples:
-            bma.add(model(x_test))
-        evaluate(bma.probs(), y_test)
-    """
+    """Running Bayesian model average: ``add(logits[n, C])`` (fixed test set) accumulates
+    ``Σ softmax`` and ``Σ logits`` in float64; ``probs()`` gives ``(1/S) Σ softmax``
+    (``average="probabilities"``) or ``softmax((1/S) Σ logits)`` (``"logits"``)."""
 
     def __init__(self) -> None:
         self.count = 0

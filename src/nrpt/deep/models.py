@@ -1,33 +1,18 @@
-"""Network builders for deep posteriors: plain ``torch.nn.Module`` s (no torchvision).
-
-Every model maps a batch ``x[B, *input_shape]`` to logits ``[B, classes]`` and is written to be
-stacked over replicas with ``torch.func.stack_module_state`` and evaluated with
-``torch.func.vmap(torch.func.functional_call)``: no in-place ops on activations (``nn.ReLU()``,
-never ``inplace=True``), no ``.item()``, no data-dependent control flow.  BatchNorm layers use
-their running statistics in ``eval()`` mode; in ``train()`` mode under ``vmap`` they normalise
-with the batch statistics of each replica and update each replica's own running buffers when
-those are separate stacked tensors (``stack_module_state``); :mod:`nrpt.deep.replicas` keeps
-them as views of one flat vector, whose updates vmap drops, and updates them itself.
-
-Initialisation never touches torch's global RNG: the modules are built on the ``meta`` device
-and their parameters drawn from ``generator`` (default: a generator seeded with 0, so two calls
-without one give identical networks — pass one generator per replica for distinct starts).
-Conv and linear weights are He-normal, N(0, 2 / fan_in) (He et al. 2015, as in the ResNet
-paper), biases 0, BatchNorm weight 1 and bias 0.
-
-Parameter counts (10 classes):
+"""Network builders for deep posteriors: plain ``torch.nn.Module`` s (no torchvision) mapping
+``x[B, *input_shape]`` to logits ``[B, classes]``, vmappable (no in-place activations, no
+data-dependent control flow).  Parameters are drawn from ``generator`` (default seeded with
+0) on modules built on ``meta``: He-normal weights, zero biases, BatchNorm 1 / 0.
 
 =========================  ===============  ===========
-builder                    input            parameters
+builder (10 classes)       input            parameters
 =========================  ===============  ===========
 ``mlp`` (128, 128)         digits 64         26,122
 ``small_cnn`` width 16     digits (1, 8, 8)  24,058
 ``cnn1d`` width 32         MNIST-1D (1, 40)   8,106
-``resnet(20)``             CIFAR (3, 32, 32) 269,722 (≈ 0.27 M)
-``resnet(32)``             CIFAR             464,154 (≈ 0.46 M)
-``resnet(56)``             CIFAR             853,018 (≈ 0.85 M)
-=========================  ===============  ===========
-"""
+``resnet(20)``             CIFAR (3, 32, 32) 269,722
+``resnet(32)``             CIFAR             464,154
+``resnet(56)``             CIFAR             853,018
+=========================  ===============  ==========="""
 
 from __future__ import annotations
 

@@ -1,46 +1,15 @@
-"""P copies of one ``torch.nn.Module`` as flat parameter vectors, evaluated as one batched model.
+"""P copies of one ``torch.nn.Module`` as flat parameter rows ``theta[R, P, dim]`` evaluated as
+one batched model; momentum and BatchNorm statistics (``extras["bn"]``, ``[R, P,
+buffer_dim]``) live in ``ReplicaState.extras``.
 
-The engine moves replicas as rows ``theta[R, P, dim]`` (:mod:`nrpt.core.engine`); a network
-replica is
-its parameters flattened into such a row (:class:`FunctionalNet` packs and unpacks them), so the
-schemes, rules, adaptors, recorders and checkpoints of every other run apply unchanged, and a
-swap exchanges two slot indices, never weights.  What is not a parameter lives with the replica
-in ``ReplicaState.extras``: the momentum (the explorer's buffer) and the BatchNorm running
-statistics (``extras["bn"]``, ``[R, P, buffer_dim]``, updated by the energy estimator of
-:mod:`nrpt.deep.energy`).
+Strategies: ``loop`` (one ``functional_call`` per replica; the reference), ``vmap``
+(``torch.func.vmap(grad_and_value(...))``), ``compile`` (``torch.compile`` of the vmap
+function; falls back to ``vmap`` with a warning).  ``"auto"`` times ``loop`` and ``vmap`` on
+the batch and also ``compile`` when the run would exceed :data:`COMPILE_WORTH_S`.
 
-One forward/backward for all replicas, three interchangeable execution strategies:
-
-============  ===========================================================================
-``loop``      a plain Python loop over replicas, one ``functional_call`` and one backward
-              each: the reference implementation, and the fallback for models that cannot
-              be vmapped (data-dependent control flow, ``.item()``)
-``vmap``      ``torch.func.vmap(grad_and_value(...))`` over the stacked parameters: one
-              batched forward/backward
-``compile``   ``torch.compile`` of the ``vmap`` function (first call compiles: seconds to
-              minutes; falls back to ``vmap`` with a warning where compilation fails)
-============  ===========================================================================
-
-``strategy="auto"`` times ``loop`` and ``vmap`` for a few steps on the actual batch; when the
-run is long enough that the faster of the two would take more than :data:`COMPILE_WORTH_S`
-seconds, it also compiles (seconds to a minute on a CPU) and times ``compile``, and keeps the
-fastest.  Measured on a 2-core CPU (docs/reproduction/deep.md): ``vmap`` is 1.1-1.3x the loop
-for an MLP at P >= 4 but 0.6-1.0x for a BatchNorm CNN, and ``compile`` 2.4-2.7x (MLP) and
-1.0-1.5x (CNN), after 7-24 s of compilation.  The choice and the timings are reported.
-
-**BatchNorm under vmap.**  The running statistics of a replica are views into one flat vector,
-and ``vmap`` silently drops BatchNorm's in-place update of such views (measured with torch
-2.13: the vector comes back unchanged; separately stacked buffer tensors would be updated), so
-the statistics are updated here, functionally and identically for every strategy: a forward
-pre-hook on each BatchNorm layer records the batch mean and unbiased variance of its input,
-and the new running statistics are ``(1 - momentum) * old + momentum * batch``, exactly
-PyTorch's rule.  BatchNorm with ``momentum=None`` (a cumulative average that needs
-``num_batches_tracked``) is refused.
-
-**Dropout.**  Random layers draw from a generator seeded from the iteration's key inside
-``torch.random.fork_rng`` (``vmap(randomness="different")``: each replica its own draws), so a
-run stays reproducible and the caller's global RNG is untouched.
-"""
+BatchNorm running statistics are updated functionally by a pre-hook with PyTorch's rule
+(``vmap`` drops in-place updates of views); ``momentum=None`` is refused.  Dropout draws
+from a generator seeded from the iteration's key inside ``torch.random.fork_rng``."""
 
 from __future__ import annotations
 

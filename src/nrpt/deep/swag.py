@@ -1,30 +1,13 @@
-"""SWAG: a Gaussian fitted to iterates θ_1, θ_2, … of a flat parameter vector (Maddox et al.,
-"A simple baseline for Bayesian uncertainty in deep learning", NeurIPS 2019, Algorithm 1).
+"""SWAG (Maddox et al. 2019, NeurIPS, Algorithm 1) on flat ``[d]`` vectors.
 
-Pure math on ``[d]`` vectors: it knows nothing of networks (flatten parameters with
-``torch.nn.utils.parameters_to_vector`` and write samples back with ``vector_to_parameters``).
+After n collections: running mean θ̄, running second moment m, ``Σ_diag = max(m − θ̄², 0)``
+and the deviations ``D̂`` of the last ``K = min(n, rank)`` iterates (each against the mean
+after its update).  Samples::
 
-After n collections SWAG holds
+    θ̃ = θ̄ + sqrt(scale) · ( Σ_diag^{1/2} z₁ + D̂ z₂ / sqrt(max(K − 1, 1)) )
 
-* the running first moment  θ̄_n = θ̄_{n-1} + (θ_n − θ̄_{n-1}) / n,
-* the running second moment  m_n = m_{n-1} + (θ_n² − m_{n-1}) / n  (element-wise),
-* the diagonal covariance  Σ_diag = max(m_n − θ̄_n², 0)  (the population variance, ddof = 0;
-  the clamp removes round-off negatives),
-* the deviation matrix  D̂ = [θ_i − θ̄_i]  of the last K = min(n, rank) iterates, each column taken
-  against the running mean *after* that iterate's update, as in Algorithm 1.
-
-Samples are (Maddox et al., eq. 1 and Algorithm 1, "Test Bayesian model averaging")::
-
-    θ̃ = θ̄ + sqrt(scale) · ( Σ_diag^{1/2} z₁ + D̂ z₂ / sqrt(max(K − 1, 1)) ),
-    z₁ ~ N(0, I_d),  z₂ ~ N(0, I_K),
-
-a draw from N(θ̄, scale · (Σ_diag + D̂ D̂ᵀ / (K − 1))).  ``scale = 0.5`` is the paper's
-θ̃ = θ̄ + (1/√2) Σ_diag^{1/2} z₁ + (1/√(2(K−1))) D̂ z₂ (their covariance is
-½ (Σ_diag + Σ_low-rank)); ``diag_only=True`` drops the low-rank term (SWAG-Diagonal,
-θ̃ = θ̄ + sqrt(scale) Σ_diag^{1/2} z₁).  The reference implementation divides D̂ by
-sqrt(rank − 1) even while fewer than ``rank`` columns are held; here it is K − 1, the paper's
-formula, which agrees once K = rank.
-"""
+i.e. N(θ̄, scale · (Σ_diag + D̂ D̂ᵀ / (K − 1))); ``scale = 0.5`` is the paper's,
+``diag_only=True`` SWAG-Diagonal."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-r"""Local communication barrier: the rejection-based curve and the slides' "Method I".
+"""Local communication barrier by the slides' "Method I" (Syed et al. 2021, JRSS-B, Sec. 4)::
 
-Syed et al. (2021, JRSS-B, Sec. 4) define the local barrier of a path at coefficient ``b``
-(``beta`` on a geometric path, ``1 / tau`` on a temperature ladder) as
+    lambda(b) = (1/2) E |V(X) - V(Y)|,    X, Y iid pi_b,
 
-    lambda(b) = (1/2) E |V(X) - V(Y)|,    X, Y iid pi_b,                       ("Method I")
-
-where ``V`` is the tempered part of the log density (``-l`` on a geometric path, the energy
-``U`` on a temperature ladder; ``|V(X) - V(Y)| = |l(X) - l(Y)|``).  It is also the rate at
-which swaps are rejected per unit of ``b``: ``r(b, b + db) = lambda(b) db + O(db^3)``, whence
-the rejection-based estimate ("Method II"): the derivative of the monotone fit of the
-cumulative rejections, :meth:`nrpt.adapt.BarrierFit.local`.  The two use different data (the
-energies seen at each slot vs. the swap acceptance probabilities), so their agreement is a
-cross-check of both.
-
-Method I is computed here from the energies at each slot over a round, kept by
-:class:`SlotEnergyRecorder` (the ``slot_energies`` recorder).  ``E|V(X) - V(Y)|`` is estimated
-by the mean absolute difference over all pairs of recorded draws (Gini's mean difference,
-``O(n log n)`` after sorting); draws from one Markov chain are dependent, which inflates the
-variance of the estimate but not its limit.
-"""
+``V`` the tempered part of the log density (``-l`` geometric, ``U`` temperature).  Estimated
+per slot by Gini's mean difference of the energies :class:`SlotEnergyRecorder` keeps over a
+round; a cross-check of the rejection-based curve (:meth:`nrpt.adapt.BarrierFit.local`)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
-r"""Rank-normalized split R-hat and bulk / tail effective sample sizes, in NumPy.
-
-The definitions are those of Vehtari, Gelman, Simpson, Carpenter and Bürkner (2021, "Rank-
-normalization, folding, and localization: an improved R-hat for assessing convergence of
-MCMC", Bayesian Analysis 16(2)), as ArviZ and Stan compute them; the test suite checks the
-numbers against ArviZ.  nrpt computes them itself because importing ArviZ costs seconds, more
-than a short run's sampling.
-
-For draws ``x[chains, n]`` of one quantity:
-
-* *split*: every chain is cut into its first and last ``n // 2`` draws (2 x chains chains);
-* *rank-normalize*: pooled average ranks ``r`` become ``Phi^{-1}((r - 3/8) / (S + 1/4))``;
-* ``R-hat`` is the larger of the classic potential scale reduction of the rank-normalized split
-  chains and of their folded version ``|x - median(x)|``;
-* ``ESS bulk`` is the effective sample size of the rank-normalized split chains; ``ESS tail``
-  the smaller of those of the indicators ``x <= q_05`` and ``x <= q_95``;
-* the effective sample size is ``chains * n / tau`` with ``tau = -1 + 2 sum rho_t`` over
-  Geyer's initial positive sequence of the multi-chain autocorrelations, made monotone, and
-  ``tau >= 1 / log10(chains * n)``.
-"""
+"""Rank-normalized split R-hat and bulk / tail ESS in NumPy, as defined by Vehtari et al.
+(2021, Bayesian Analysis 16(2)) and computed by ArviZ (the tests compare) -- without ArviZ's
+import cost.  For ``x[chains, n]``: chains split in halves; pooled ranks mapped by
+``Phi^{-1}((r - 3/8) / (S + 1/4))``; R-hat the larger of the rank-normalized and folded
+(``|x - median|``) potential scale reductions; ESS ``chains * n / tau`` with Geyer's
+monotone initial positive sequence, ``tau >= 1 / log10(chains * n)``; bulk ESS of the
+rank-normalized chains, tail ESS the smaller of those of ``x <= q_05`` and ``x <= q_95``."""
 
 from __future__ import annotations
 

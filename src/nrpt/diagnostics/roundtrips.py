@@ -1,52 +1,23 @@
-"""Round-trip and restart counting for parallel tempering index processes.
+"""Round-trip and restart counting for index processes ``[K, R, P]`` (slot ``0`` the target,
+``P-1`` the reference; rows permutations of ``0..P-1``).
 
-Vocabulary
-----------
-There are ``P`` slots ``p = 0..P-1``: slot ``0`` is the target (coldest chain) and
-slot ``P-1`` is the reference (hottest chain).  Replicas move between slots through
-swaps; the *index process* is ``slot_of[replica]`` recorded at every iteration.  An
-optional leading dimension ``R`` holds independent PT systems, so one iteration's
-index is a ``[R, P]`` integer array whose rows are permutations of ``0..P-1`` and a
-recorded index process is ``[K, R, P]`` (iterations first).
-
-Three event counts are provided, per replica and per system (sum over replicas):
-
-**Restart** (Syed et al., 2021, "Non-reversible parallel tempering: a scalable
-highly parallel MCMC scheme", JRSS-B, Sec. 3.3).  A replica that has visited the
-reference slot ``P-1`` and afterwards arrives at the target slot ``0`` performs a
-restart: it carries a fresh, independent sample from the reference down to the
-target.  Only the *first* arrival at ``0`` after a visit to ``P-1`` counts.
-
-**Round trip (Syed et al.)**.  A replica that did a restart (``P-1 -> 0``) and then
-arrives back at ``P-1``.  Both counts are driven by one per-replica state machine
-with phase in ``{NONE, AT_TOP_SIDE, DOWN_DONE}``::
+**Restart** (Syed et al. 2021, JRSS-B, Sec. 3.3): first arrival at ``0`` after a visit to
+``P-1``.  **Round trip (Syed)**: a restart followed by arrival at ``P-1``.  One phase per
+replica in ``{NONE, AT_TOP_SIDE, DOWN_DONE}``::
 
     at slot P-1:  if phase == DOWN_DONE: round_trips += 1
                   phase = AT_TOP_SIDE
     at slot 0:    if phase == AT_TOP_SIDE: restarts += 1
                   if phase != NONE: phase = DOWN_DONE
 
-The initial state is applied: a replica that starts at ``P-1`` begins in
-``AT_TOP_SIDE``; every other replica (including one starting at slot ``0``, which has
-not come from the reference) begins in ``NONE``.  A visit to slot ``0`` before the
-first visit to ``P-1`` leaves the phase at ``NONE``: it is not a restart, so the
-replica's first subsequent arrival at ``P-1`` is not a round trip either (a round
-trip always contains a restart, whatever slot the replica started in).
+A replica starting at ``P-1`` begins in ``AT_TOP_SIDE``, every other in ``NONE``.
 
-**Round trip (Deng et al., AAAI 2023, "Non-reversible parallel tempering for deep
-posterior approximation", Appendix A.5)**.  "A particle at its original index ``p``
-hits both index boundaries (slot ``0`` and slot ``P-1``) and returns to its original
-index ``p``."  Each replica keeps its origin (its slot when tracking began; it is
-unchanged after each completed round trip) and two flags ``hit0`` / ``hit_top``
-(already set at the start if the replica begins on that end).  A round trip is
-counted when both flags are set and the replica is at its origin; the flags are then
-cleared, except that the flag of the end the origin lies on is set again (the
-replica is standing on it).
+**Round trip (Deng et al. 2023, AAAI, App. A.5)**: from its origin (slot when tracking
+began) a replica hits both ends and returns to the origin; flags ``hit0`` / ``hit_top`` (set
+at start on an end) are cleared on completion except the origin's own end.
 
-:class:`RoundTripTracker` maintains all counters online with a constant number of
-batched tensor operations per iteration; :func:`count_round_trips` is a plain,
-loop-based reference implementation over a recorded index process.
-"""
+:class:`RoundTripTracker` counts online in batched tensor ops; :func:`count_round_trips` is
+the loop-based reference."""
 
 from __future__ import annotations
 
@@ -87,28 +58,16 @@ def _check_n_slots(n_slots) -> int:
 
 
 class RoundTripTracker:
-    """Batched online restart / round-trip counters for ``R`` PT systems of ``P`` slots.
+    """Batched online restart / round-trip counters for ``R`` PT systems of ``P`` slots, with a
+    fixed number of tensor ops and no host sync per :meth:`update`.
 
-    All ``R * P`` replicas are updated together with a fixed number of tensor
-    operations per iteration; :meth:`update` never synchronises with the host, so
-    it can be called inside a CUDA sampling loop without stalls.
+    Args:
+        slot_of: initial index ``[R, P]`` (rows permutations of ``0..P-1``; ``[P]``: one
+            system); the tracker lives on its device.
+        n_slots: ``P >= 2``.
 
-    Parameters
-    ----------
-    slot_of:
-        Initial index, integer tensor ``[R, P]`` (``slot_of[r, i]`` is the slot of
-        replica ``i`` in system ``r``); each row must be a permutation of
-        ``0..P-1``.  A 1-D ``[P]`` index is treated as a single system (``R = 1``).
-        The tracker's tensors live on this tensor's device.
-    n_slots:
-        Number of slots ``P`` (at least 2).
-
-    Counts (see the module docstring for the definitions)
-    -----------------------------------------------------
-    ``restarts``, ``round_trips`` (Syed et al. 2021) and ``round_trips_a5`` (Deng et
-    al. 2023, App. A.5) are per-system ``int64`` tensors ``[R]``;
-    :meth:`per_replica` gives the ``[R, P]`` per-replica counters.
-    """
+    ``restarts``, ``round_trips`` (Syed et al. 2021) and ``round_trips_a5`` (Deng et al. 2023,
+    App. A.5) are ``int64 [R]``; :meth:`per_replica` gives the ``[R, P]`` counters."""
 
     def __init__(self, slot_of: torch.Tensor, n_slots: int) -> None:
         self.n_slots = _check_n_slots(n_slots)
@@ -160,11 +119,8 @@ class RoundTripTracker:
         return self._n_updates
 
     def update(self, slot_of: torch.Tensor) -> None:
-        """Advance all counters by one iteration given the new index ``[R, P]``.
-
-        The index is not re-validated as a permutation (that would require a host
-        sync); only its shape is checked.
-        """
+        """Advance all counters by one iteration given the new index ``[R, P]`` (shape checked, not
+        re-validated as a permutation)."""
         s = torch.as_tensor(slot_of, device=self.device)
         if s.dim() == 1:
             s = s.unsqueeze(0)
@@ -293,23 +249,9 @@ class RoundTripTracker:
 
 
 def count_round_trips(index: np.ndarray) -> dict[str, np.ndarray]:
-    """Reference (loop-based) restart / round-trip counts of a recorded index process.
-
-    Parameters
-    ----------
-    index:
-        Integer array ``[K, R, P]`` or ``[K, P]`` with ``index[k, r, i]`` the slot of
-        replica ``i`` of system ``r`` at iteration ``k``; row ``0`` is the initial
-        index (the one a :class:`RoundTripTracker` is constructed with).
-
-    Returns
-    -------
-    dict
-        ``{"restarts": [R], "round_trips": [R], "round_trips_a5": [R]}`` as ``int64``
-        numpy arrays (``R = 1`` for a ``[K, P]`` input).  Definitions as in the
-        module docstring: restarts / round trips of Syed et al. (2021) and the
-        origin-to-origin round trips of Deng et al. (2023), Appendix A.5.
-    """
+    """Reference (loop-based) counts of a recorded index process ``[K, R, P]`` or ``[K, P]``
+    (row 0 the initial index): ``{"restarts", "round_trips", "round_trips_a5"}``, each an
+    ``int64`` array ``[R]``."""
     idx = _checked_index(index)
     n_systems, n_slots = idx.shape[1:]
     restarts = np.zeros(n_systems, dtype=np.int64)

@@ -66,18 +66,12 @@ def _window(window) -> int:
 
 
 def lemma1_round_trip_time(rejection: Sequence[float] | np.ndarray, window: int = 1) -> float:
-    r"""Expected round-trip time of ``DEO_W`` (Deng et al. 2023, Lemma 1, Eq. 4).
+    """Expected round-trip time of ``DEO_W`` (Deng et al. 2023, Lemma 1, Eq. 4)::
 
-    .. math::
+        E[T] = 2WP + 2WP sum_{p=0}^{P-2} r_p^W / (1 - r_p^W),
 
-        \mathbb{E}[T] = 2WP + 2WP \sum_{p=0}^{P-2} \frac{r_p^W}{1 - r_p^W},
-
-    where ``P = len(rejection) + 1`` and ``W = window``.  With ``W = 1`` this is the
-    DEO round-trip time of Syed et al. (2021).  With all swaps accepted
-    (``r_p = 0``) a replica zig-zags deterministically and ``E[T] = 2WP``.
-
-    Returns ``inf`` if any ``r_p == 1`` (that pair never swaps, no round trip).
-    """
+    ``P = len(rejection) + 1``, ``W = window``; at ``W = 1`` Syed et al.'s (2021) DEO time.
+    ``inf`` if any ``r_p == 1``."""
     r = _rejections(rejection)
     w = _window(window)
     n_chains = r.size + 1
@@ -90,23 +84,14 @@ def lemma1_round_trip_time(rejection: Sequence[float] | np.ndarray, window: int 
 def predicted_round_trips_per_1000(
     rejection: Sequence[float] | np.ndarray, window: int = 1, *, scheme: str
 ) -> float:
-    r"""Predicted Syed et al. round trips (= restarts) per 1000 iterations, summed over replicas.
+    """Predicted Syed et al. round trips (= restarts) per 1000 iterations, summed over replicas.
 
-    ``scheme`` is required (it used to be implicitly DEO_W, which gave e.g. 500 for SEO with
-    ``r = 0``, ``P = 8``, where the true rate is 71.4 restarts and 84.3 A.5 round trips):
-
-    * ``"deo"`` / ``"deo-w"``: Lemma 1 of Deng et al. (2023, Eq. 4), ``1000 P / E[T]`` (each
-      replica's restarts form a renewal process with mean inter-arrival time ``E[T]``, the
-      restart-to-restart time of the proof in their App. B.1); at ``W = 1`` this is Syed et
-      al. (2021, Theorem 1), ``1000 / (2 + 2 sum_p r_p / (1 - r_p))``;
+    * ``"deo"`` / ``"deo-w"``: Lemma 1 of Deng et al. (2023, Eq. 4), ``1000 P / E[T]``; at
+      ``W = 1`` Syed et al. (2021, Theorem 1), ``1000 / (2 + 2 sum_p r_p / (1 - r_p))``;
     * ``"seo"``, ``"adj"``, ``"ape"``: the exact rate of :func:`exact_event_rates`.
 
-    This is the rate of *restarts* and of Syed round trips (the two alternate), **not** of the
-    appendix-A.5 round trips, a different count (for DEO, SEO and ADJ 0-20 % higher, for APE
-    lower; see :func:`exact_event_rates`).
-    Returns ``0`` if some ``r_p = 1`` cuts the ladder.  Use :func:`predicted_rates` for all
-    three quantities at once.
-    """
+    Not the appendix-A.5 round trips (see :func:`predicted_rates`).  Returns ``0`` if some
+    ``r_p = 1`` cuts the ladder."""
     r = _rejections(rejection)
     name, w = _scheme(scheme, window)
     if name in ("deo", "deo-w"):
@@ -120,28 +105,15 @@ def predicted_round_trips_per_1000(
 def predicted_rates(
     rejection: Sequence[float] | np.ndarray, scheme: str, window: int = 1
 ) -> dict[str, float | None]:
-    r"""Predictions of the three observed event rates of a run, per 1000 iterations.
+    """Predictions of a run's three event rates per 1000 iterations, summed over the ``P`` replicas.
 
-    Keys match the observed quantities of :class:`~nrpt.diagnostics.RoundTripTracker`
-    (summed over the ``P`` replicas):
-
-    ``restarts_per_1000``
-        DEO / DEO_W: Lemma 1 of Deng et al. (2023, Eq. 4), ``1000 P / E[T]``, which at
-        ``W = 1`` is Syed et al. (2021, Theorem 1) ``1000 / (2 + 2 sum r/(1-r))``.  SEO / ADJ:
-        the exact rate of :func:`exact_event_rates` (for SEO it equals the reversible formula
-        of Syed et al.'s Theorem 1, ``1000 / (2(P-1) + 2 sum r/(1-r))``).
-    ``round_trips_per_1000``
-        Syed round trips (restart, then back at ``P - 1``): same long-run rate as restarts.
-    ``round_trips_a5_per_1000``
-        Appendix-A.5 round trips (Deng et al. 2023): the exact rate of
-        :func:`exact_event_rates`.  Lemma 1 does *not* predict this quantity.
-
-    Every prediction assumes independent swap decisions with rejection ``r_p`` on pair
-    ``(p, p+1)`` (exact under :class:`~nrpt.swap.FixedRate`; assumptions B1-B2 of Deng et al.
-    otherwise).  For APE every value is ``None``: it attempts non-adjacent pairs, whose
-    rejection rates the ``P - 1`` adjacent ones do not determine (use
-    :func:`exact_event_rates` with a common rate for FixedRate).
-    """
+    Keys as :class:`~nrpt.diagnostics.RoundTripTracker`: ``restarts_per_1000`` (DEO / DEO_W:
+    Lemma 1 of Deng et al. 2023, Eq. 4; SEO / ADJ: :func:`exact_event_rates`),
+    ``round_trips_per_1000`` (Syed round trips: the restart rate) and ``round_trips_a5_per_1000``
+    (appendix-A.5 round trips: :func:`exact_event_rates`).  Assumes independent swap decisions
+    with rejection ``r_p`` on pair ``(p, p+1)`` (exact under :class:`~nrpt.swap.FixedRate`;
+    assumptions B1-B2 of Deng et al. otherwise).  APE: every value ``None`` (its non-adjacent
+    pairs' rates are not determined by the adjacent ones)."""
     r = _rejections(rejection)
     name, w = _scheme(scheme, window)
     if name == "ape":
@@ -160,24 +132,11 @@ def predicted_rates(
 
 
 def optimal_window(n_chains: int, rejection_rate: float) -> int:
-    r"""Optimal window size ``W*`` of ``DEO_W`` (Deng et al. 2023, derived from Lemma 1).
+    """Optimal window ``W* = ceil((log P + log log P) / -log r)`` of ``DEO_W`` (Deng et al. 2023,
+    from Lemma 1): ``r^W <~ 1 / (P log P)``, so the round-trip time is ``O(P log P)``.
 
-    .. math::
-
-        W^\star = \left\lceil \frac{\log P + \log\log P}{-\log r} \right\rceil ,
-
-    which makes ``r^W ≲ 1 / (P log P)`` so that the sum in Lemma 1 is ``O(1)`` and the
-    round-trip time is ``O(P log P)`` instead of ``O(P^2)``.  Conventions: ``W* = 1``
-    for ``P <= 3`` (``log log P`` is negative or tiny) and for ``r <= 0`` (swaps are
-    never rejected, so no window is needed); the result is always at least 1.
-
-    Parameters
-    ----------
-    n_chains:
-        Number of chains ``P``, an integer ``>= 2``.
-    rejection_rate:
-        Common adjacent rejection rate ``r``, must be ``< 1`` (and not NaN).
-    """
+    ``W* = 1`` for ``P <= 3`` and for ``r <= 0``; never below 1.  ``n_chains``: ``P >= 2``
+    (int); ``rejection_rate``: common ``r < 1`` (not NaN)."""
     if isinstance(n_chains, bool):
         raise ValueError(f"n_chains must be an integer >= 2, got {n_chains!r}")
     try:
@@ -220,16 +179,9 @@ def cumulative_barrier(rejection: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def predicted_restart_rate(rejection: Sequence[float] | np.ndarray) -> float:
-    r"""Finite-``P`` DEO restart rate of Syed et al. (2021, Theorem 1).
-
-    .. math::
-
-        \tau = \frac{1}{2 + 2 \sum_p \frac{r_p}{1 - r_p}},
-
-    the expected number of restarts per iteration (summed over all replicas).  It
-    equals ``P / E[T]`` with ``E[T]`` from Lemma 1 at ``W = 1``.  Returns ``0`` if any
-    ``r_p == 1``.
-    """
+    """Finite-``P`` DEO restarts per iteration, summed over replicas (Syed et al. 2021, Theorem 1):
+    ``tau = 1 / (2 + 2 sum_p r_p / (1 - r_p))`` (``= P / E[T]`` of Lemma 1 at ``W = 1``); ``0`` if
+    any ``r_p == 1``."""
     r = _rejections(rejection)
     if np.any(r >= 1.0):
         return 0.0
@@ -251,18 +203,9 @@ def asymptotic_restart_rate(barrier: float) -> float:
 
 
 def scheme_orders(n_chains: int, rejection_rate: float) -> dict[str, float]:
-    r"""Round-trip times for a uniform rejection rate, for display (cf. Deng et al. Table 1).
-
-    Returns a dict with
-
-    * ``"DEO"``: Lemma 1 with ``W = 1``, i.e. ``2P + 2P(P-1) r/(1-r)`` — ``O(P^2)``
-      when ``r`` stays bounded away from 0;
-    * ``"W_star"``: :func:`optimal_window` ``W*``;
-    * ``"DEO_star"``: Lemma 1 with ``W = W*`` — ``O(P log P)``;
-    * ``"P^2"`` and ``"P log P"``: the reference scalings ``P^2`` and ``P log P``.
-
-    Parameters are validated as in :func:`optimal_window`.
-    """
+    """Round-trip times for a uniform rejection rate (cf. Deng et al. Table 1): ``{"DEO"``
+    (Lemma 1, ``W = 1``), ``"W_star"`` (:func:`optimal_window`), ``"DEO_star"`` (Lemma 1 at
+    ``W*``), ``"P^2"``, ``"P log P"}``.  Arguments validated as in :func:`optimal_window`."""
     w_star = optimal_window(n_chains, rejection_rate)
     rates = np.full(n_chains - 1, max(float(rejection_rate), 0.0))
     return {
@@ -274,38 +217,19 @@ def scheme_orders(n_chains: int, rejection_rate: float) -> dict[str, float]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Exact event rates of a single replica's index process (FixedRate model)
-# ---------------------------------------------------------------------------------------------
-#
-# Model (= assumptions B1-B2 of Deng et al. 2023 / the setting of Syed et al. 2021, Thm 1):
-# every swap attempted on the adjacent pair (p, p+1) is rejected with probability r_p,
-# independently of everything else.  This is exactly :class:`nrpt.swap.FixedRate`.  Under it
-# the slot of a single replica, augmented with the scheme's clock, is a Markov chain:
-#
-# * DEO (= DEO_1): state (slot s, k mod 2); at parity q the replica is in pair (s, s+1) if
-#   s % 2 == q, in pair (s-1, s) if (s-1) % 2 == q, and moves with probability 1 - r_pair.
-# * DEO_W: the replica is in one pair for the whole window (the active pairs of a window are
-#   disjoint and fixed), the pair's gate is closed iff that pair -- hence this replica -- has
-#   swapped in the window, so over a window it moves with probability 1 - r^W.  The counters
-#   only fire on *changes* of end/origin status (an automaton step repeated on the same slot is
-#   a no-op), so the event counts of DEO_W are those of the window-level chain, which is DEO
-#   with rejection r_p^W; per iteration they are divided by W.
-# * SEO: state = slot; a fair coin picks the even or the odd pairs, then as DEO.
-# * ADJ: state = slot; one iteration is the sweep (0,1), (1,2), ..., (P-2,P-1).  From slot s the
-#   replica first meets pair (s-1, s) and moves down one slot with probability 1 - r_{s-1} (it
-#   is then past every later pair); otherwise it meets (s, s+1), (s+1, s+2), ... in turn and
-#   climbs until the first rejection: P(s -> t) = r_{s-1} prod_{j=s}^{t-1} (1 - r_j) * r_t for
-#   t >= s (r_{-1} := 1 and r_{P-1} := 1).
-# * APE: one pair (i < j) of the P(P-1)/2 drawn uniformly; only for a common rejection rate r
-#   of *all* pairs (what FixedRate does), since the rates of non-adjacent pairs are not
-#   determined by the P-1 adjacent ones.
-#
-# The counters of :mod:`nrpt.diagnostics.roundtrips` are deterministic automata driven by the
-# slot at the end of each iteration, so (replica state, automaton state) is again a finite
-# Markov chain and the long-run number of events per iteration is the stationary expectation
-# of the expected events per step (ergodic theorem for finite chains; with several closed
-# classes, weighted by the probabilities of absorption from the replica's initial state).
+# ------------------------------------------- exact event rates of one replica (FixedRate model)
+# Each swap on pair (p, p+1) is rejected with probability r_p independently (nrpt.swap.FixedRate;
+# Deng et al. 2023 B1-B2; Syed et al. 2021 Thm 1).  A replica's Markov chain per scheme:
+# * DEO: state (slot s, k mod 2); at parity q it is in pair (s, s+1) if s % 2 == q, else in
+#   (s-1, s) if (s-1) % 2 == q, and moves with probability 1 - r_pair.
+# * DEO_W: over a window it moves with probability 1 - r^W and the counters fire only on
+#   changes, so its events are DEO's with rejection r_p^W, divided by W per iteration.
+# * SEO: state = slot; a fair coin picks the even or odd pairs, then as DEO.
+# * ADJ: state = slot; the sweep (0,1), ..., (P-2,P-1): down one with probability 1 - r_{s-1},
+#   else P(s -> t) = r_{s-1} prod_{j=s}^{t-1} (1 - r_j) r_t for t >= s (r_{-1} = r_{P-1} = 1).
+# * APE: one of the P(P-1)/2 pairs uniformly; a common rate r only.
+# The product with the counting automata of .roundtrips is a finite chain; events per iteration
+# are stationary expectations (several closed classes: weighted by absorption probabilities).
 
 _SCHEMES = {"adj": "adj", "seo": "seo", "deo": "deo", "deo-w": "deo-w", "deo_w": "deo-w",
             "deow": "deo-w", "ape": "ape"}
@@ -441,19 +365,13 @@ def _a5_automaton(n: int, origin: int):
     return nxt, {"round_trips_a5": done}, reset
 
 
-#: chains with at most this many states are solved with dense NumPy linear algebra (the
-#: DEO index chain of P <= 40 or the SEO one of P <= 80; a dense solve of 256 states took 34 ms
-#: per system against 107 ms sparse at P = 32, of 512 states 594 against 183 ms, one thread)
+#: chains with at most this many states are solved densely (NumPy), larger ones sparse (SciPy)
 DENSE_STATES = 320
 
 
 def _augment(base, nxt: np.ndarray, events: dict[str, np.ndarray]):
-    """Product of the base chain with a counting automaton: transition matrix and rewards.
-
-    The matrix is a dense array for chains of at most :data:`DENSE_STATES` states (the
-    summary's predictions: a few dozen states, where SciPy's sparse machinery and its import
-    cost far more than the arithmetic), a SciPy CSR matrix otherwise.
-    """
+    """Product of the base chain with a counting automaton: transition matrix and rewards
+    (dense array up to :data:`DENSE_STATES` states, SciPy CSR above)."""
     rows, cols, probs, slot_of_state, _ = base
     i = np.asarray(rows, dtype=np.int64)
     j = np.asarray(cols, dtype=np.int64)
@@ -505,13 +423,8 @@ def _stationary_of(block: np.ndarray) -> np.ndarray:
 class _DenseLongRun:
     """Cesàro limits ``lim_K (1/K) sum_k E[g(X_k)]`` of a small finite chain (dense arrays).
 
-    Reachability is the transitive closure of the transition graph (repeated boolean
-    squaring); a state is recurrent when every state it reaches reaches it back, and its
-    closed class is then everything it reaches.  A chain known to have a single closed class
-    (``unichain``) needs none of this: its stationary law, zero on the transient states, is
-    the Cesàro limit from every start, one solve of the whole matrix (the balance equations
-    have rank ``n - 1`` exactly when the chain is unichain).
-    """
+    Recurrent states and closed classes from the transitive closure of the graph; a
+    ``unichain`` chain is solved once for its stationary law."""
 
     def __init__(self, matrix: np.ndarray, unichain: bool = False) -> None:
         self.m = matrix
@@ -626,58 +539,29 @@ def exact_event_rates(
     rejection: Sequence[float] | np.ndarray, scheme: str, window: int = 1, *,
     a5_only: bool = False,
 ) -> dict[str, float]:
-    r"""Exact long-run restart and round-trip rates of ``scheme`` under independent rejections.
+    """Exact long-run restart and round-trip rates of ``scheme`` under independent rejections.
 
-    Model: every swap attempted on the adjacent pair ``(p, p+1)`` is rejected with probability
-    ``r_p`` independently of everything else (:class:`nrpt.swap.FixedRate`; the stationarity
-    and weak-independence assumptions B1-B2 of Deng et al. 2023, App. B, under which Lemma 1
-    is derived, and the setting of Syed et al. 2021, Theorem 1).  A single replica's slot,
-    augmented with the scheme's clock, is then a finite Markov chain (DEO: ``(slot, k mod
-    2)``; SEO and ADJ: the slot, ADJ with the one-sweep transition; DEO_W reduces to DEO with
-    ``r_p^W`` per window, see the comment above this function in the source).  It is
-    augmented with the counting automata of :mod:`nrpt.diagnostics.roundtrips` (Syed et al.
-    phase ``NONE / AT_TOP_SIDE / DOWN_DONE``; Deng et al. App. A.5 origin and ``hit0 /
-    hit_top`` flags), and the expected number of events per iteration is computed from the
-    stationary distribution (dense NumPy solves up to :data:`DENSE_STATES` states, SciPy sparse
-    solves above; ``P`` up to a few hundred is fine).
+    Model: each swap on pair ``(p, p+1)`` is rejected with probability ``r_p`` independently
+    (:class:`nrpt.swap.FixedRate`; assumptions B1-B2 of Deng et al. 2023, App. B; Syed et al.
+    2021, Theorem 1).  A replica's slot and the scheme's clock form a finite Markov chain, taken
+    in product with the counters of :mod:`nrpt.diagnostics.roundtrips`; rates come from its
+    stationary law.  Replica ``i`` starts at slot ``i`` at ``k = 0``; results sum over the ``P``
+    replicas.
 
-    Replica ``i`` starts at slot ``i`` at iteration ``k = 0`` (the engine's initial index), so
-    its A.5 origin is ``i``; the A.5 rate depends on the origin and the result sums over the
-    ``P`` origins.  The Syed rate is the same for every replica whenever the chain has a single
-    closed class (always, unless some ``r_p = 1`` cuts the ladder).
+    Args:
+        rejection: the ``P - 1`` rates ``r_p`` in ``[0, 1]``.
+        scheme: ``"deo"``, ``"deo-w"`` (alias ``"DEO_W"``), ``"seo"``, ``"adj"`` or ``"ape"``
+            (APE: a common rate only).
+        window: ``W`` of DEO_W (1 for the other schemes).
+        a5_only: compute only ``round_trips_a5`` (the others NaN).
 
-    Parameters
-    ----------
-    rejection:
-        The ``P - 1`` adjacent rejection rates ``r_p`` in ``[0, 1]``.
-    scheme:
-        ``"deo"``, ``"deo-w"`` (alias ``"DEO_W"``), ``"seo"``, ``"adj"`` or ``"ape"``.  APE
-        attempts non-adjacent pairs and is only available for a common rate (all ``r_p``
-        equal, applied to every pair, as :class:`~nrpt.swap.FixedRate` does).
-    window:
-        ``W`` of DEO_W (must be 1 for the other schemes).
-    a5_only:
-        Compute only ``round_trips_a5`` (``restarts`` and ``round_trips`` are NaN): what
-        :func:`predicted_rates` needs for DEO and DEO_W, whose restart rate is Lemma 1's
-        closed form (the Syed chain is then skipped, half the work).
+    Returns:
+        ``{"restarts", "round_trips", "round_trips_a5"}``: expected events per iteration, summed
+        over replicas.  ``round_trips`` equals ``restarts`` in the long run; for DEO/DEO_W
+        ``restarts`` equals Lemma 1's ``P / E[T]``.
 
-    Returns
-    -------
-    dict
-        ``{"restarts", "round_trips", "round_trips_a5"}``: expected events per iteration,
-        summed over the ``P`` replicas (multiply by 1000 for the usual "per 1000").  In the
-        long run ``round_trips`` (Syed) equals ``restarts`` (the two events alternate).  For
-        DEO/DEO_W ``restarts`` equals Lemma 1's ``P / E[T]`` (Deng et al. 2023, Eq. 4), i.e.
-        Syed et al.'s Theorem 1 at ``W = 1``; ``round_trips_a5`` is larger, because a replica
-        that re-hits the end it just left (e.g. bounces back to slot 0 without reaching
-        ``P - 1`` in between) can still complete an A.5 trip.
-
-    Raises
-    ------
-    ValueError
-        For an unknown scheme, a window other than 1 for a scheme other than DEO_W, or APE
-        with unequal rates.
-    """
+    Raises:
+        ValueError: unknown scheme, ``window != 1`` outside DEO_W, APE with unequal rates."""
     name, r, per_step = _index_chain(_rejections(rejection), scheme, window)
     base = _base_chain(r, name)
     unichain = _unichain(r)
@@ -706,15 +590,8 @@ def _index_chain(r: np.ndarray, scheme, window) -> tuple[str, np.ndarray, float]
 
 
 def _unichain(r: np.ndarray) -> bool:
-    """Whether the index chain (and its products with the counters) has one closed class.
-
-    Every ``0 < r_p < 1``: any sequence of accepts and rejects has positive probability, so
-    from every state a replica can walk to slot 0, the top and back to any slot, and the slot
-    chain and its products with the (resetting) counters have a single closed class
-    (``r_p = 0`` makes DEO deterministic: up- and down-going replicas are two closed cycles;
-    ``r_p = 1`` cuts the ladder).  Read off the probabilities the chain is built from, accept
-    ``a = 1 - r_p`` and reject ``1 - a``: below ~1e-16, ``a`` rounds to 1 and the reject move
-    is not in the chain."""
+    """Whether the index chain has one closed class: every ``0 < r_p < 1`` (read off the
+    accept probabilities the chain is built from, ``a = 1 - r_p``)."""
     accept = 1.0 - r
     return bool(np.all((accept > 0.0) & (1.0 - accept > 0.0)))
 

@@ -1,24 +1,6 @@
-"""Figures of nrpt runs: object-oriented matplotlib only, written as PNG.
-
-Every function takes plain numpy arrays (and, where an exact density is drawn, a ``target``
-object, used duck-typed) and returns a :class:`matplotlib.figure.Figure`; :func:`save` writes one.
-Figures are built on :class:`~matplotlib.figure.Figure` directly -- ``matplotlib.pyplot`` is never
-imported, so no global state (current figure, backend, ``rcParams``) is read or changed, nothing
-has to be closed, and everything works headless.  Font sizes are set per artist.
-
-* :func:`density` -- 2-D histogram of the slot-0 samples; with an exact grid density also the
-  exact panel and the error panel with the total-variation distance (1-D targets: overlay);
-* :func:`adaptation` -- stochastic-approximation traces of DEO*-SGD: the correction buffer
-  ``C``, the ladder (learning rates) per slot, the per-pair swap-indicator rate against ``S``;
-* :func:`index_process` -- the slot of a few replicas over the whole run (thinned evenly when
-  long, said so) above a heat map of every replica's slot;
-* :func:`swap_acceptance` -- per-pair acceptance, mean and spread over systems;
-* :func:`local_barrier` -- the fitted local barrier ``lambda`` with the Method I points;
-* :func:`schedules` -- the schedule of every round;
-* :func:`trace` / :func:`rank` -- the slot-0 chains of the first coordinates: trace with the
-  marginal histograms (ArviZ's ``plot_trace``) and rank histograms (ArviZ's ``plot_rank``,
-  Vehtari et al. 2021), one chain per system (one system: its quarters).
-"""
+"""Figures of nrpt runs: object-oriented matplotlib only (``pyplot`` is never imported, no
+global state), each function returning a :class:`matplotlib.figure.Figure`; :func:`save`
+writes PNG.  Inputs are numpy arrays (and a duck-typed ``target`` for exact densities)."""
 
 from __future__ import annotations
 
@@ -136,8 +118,7 @@ def _slot_colors(n: int, cmap_name: str = "viridis") -> list:
 def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     """A ScalarMappable for a colorbar of ``n`` discrete indices 0..n-1."""
     base = _cmap(cmap_name) if dark else colormaps[cmap_name]
-    if n > 256:  # more indices than colours: a continuous scale (matplotlib's BoundaryNorm
-        # holds its bin numbers in int16 and fails past 32,767 slots, issue 26)
+    if n > 256:  # continuous scale (BoundaryNorm's int16 bins fail past 32,767 slots)
         return ScalarMappable(norm=Normalize(vmin=-0.5, vmax=n - 0.5), cmap=base)
     return ScalarMappable(norm=BoundaryNorm(np.arange(-0.5, n + 0.5), n), cmap=base.resampled(n))
 
@@ -407,30 +388,21 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
                   zoom: int | None | str = "auto", title: str | None = None) -> Figure:
     """The slot of replicas over the whole run.
 
-    Panels, top to bottom:
-
-    * the slot of the ``highlight`` replicas (default replica 0 and replica P-1) over the whole
-      run, so their round trips between slot 0 (target) and slot P-1 (reference) can be
-      followed; the other replicas are drawn faint grey when there are at most 8.  A run of more
-      than ``max_points`` iterations is thinned evenly (every ``s``-th iteration, and the last
-      one), which the title and the x label say;
-    * with ``heatmap``: every replica's slot over the whole run as an image (thinned alike);
-    * with ``zoom``: the highlighted replicas over the last ``zoom`` iterations at full
-      resolution (``"auto"``: the last ``max(200, 10 P)`` iterations when the run is more than
-      twice as long; ``None``: no zoom panel).
+    Panels: the ``highlight`` replicas' slots (others faint grey when ``P <= 8``), thinned
+    evenly past ``max_points`` iterations (the title says so); with ``heatmap`` every replica's
+    slot as an image; with ``zoom`` the last ``zoom`` iterations at full resolution (``"auto"``:
+    the last ``max(200, 10 P)`` when the run is more than twice as long; ``None``: none).
 
     Args:
-        index: ``[K + 1, R, P]`` (or ``[K + 1, P]``): ``index[k, r, i]`` = slot of replica ``i``
-            of system ``r`` before iteration ``k`` (row 0 = the start).
+        index: ``[K + 1, R, P]`` (or ``[K + 1, P]``): slot of replica ``i`` of system ``r``
+            before iteration ``k``.
         system: which PT system.
         highlight: replica number(s) drawn in colour (the first 4 are used).
         max_points: the most iterations drawn in the whole-run panels.
-        boundaries: iteration numbers of round/segment boundaries (vertical dashed lines).
-        boundary_label: their legend entry.
-        heatmap: add the all-replica heat map panel.
-        zoom: see above.
-        title: replaces the default title's first part.
-    """
+        boundaries: iterations of round/segment boundaries (dashed lines), ``boundary_label``
+            their legend entry.
+        heatmap, zoom: see above.
+        title: replaces the default title's first part."""
     idx = np.asarray(index)
     if idx.ndim == 3:
         if not 0 <= system < idx.shape[1]:
@@ -612,22 +584,17 @@ def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "bet
                   title: str = "Local communication barrier") -> Figure:
     """The local barrier ``lambda`` over the schedule coordinate.
 
-    ``lambda`` may span orders of magnitude, which a linear axis squeezes into one spike: with
-    ``yscale="auto"`` the ``lambda`` axis is logarithmic when the drawn values span more than
-    a factor 20, and with ``xscale="auto"`` the coordinate axis is ``symlog`` (linear below
-    the smallest positive schedule point, logarithmic above, so ``beta = 0`` stays on it) when
-    the positive points span more than two decades.  ``"linear"`` / ``"log"`` / ``"symlog"``
-    force a scale.
+    ``yscale="auto"``: log when the values span more than a factor 20; ``xscale="auto"``:
+    ``symlog`` when the positive points span more than two decades; or force ``"linear"`` /
+    ``"log"`` / ``"symlog"``.
 
     Args:
         grid: coordinate values ``[G]``.
-        values: ``lambda`` on ``grid`` from the fitted cumulative barrier ``[G]`` (or ``[R, G]``,
-            drawn at ``system``).
-        at, method_one: Method I estimates ``1/2 E|l(X) - l(Y)|`` at the schedule points
-            (``[P]`` or ``[R, P]``); NaN entries are skipped.
-        coordinate: the schedule coordinate (x label), e.g. ``"beta"`` or ``"1/temperature"``.
-        exact: the exact ``lambda`` on ``grid`` where known (analytic targets).
-    """
+        values: ``lambda`` on ``grid`` ``[G]`` (or ``[R, G]``, drawn at ``system``).
+        at, method_one: Method I estimates at the schedule points (``[P]`` or ``[R, P]``; NaN
+            skipped).
+        coordinate: the x label, e.g. ``"beta"``.
+        exact: the exact ``lambda`` on ``grid`` where known."""
     g = np.asarray(grid, dtype=float).ravel()
     v = np.asarray(values, dtype=float)
     if v.ndim == 2:
@@ -791,17 +758,13 @@ def trace(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
 
 def rank(samples, *, names: Sequence[str] | None = None, max_coords: int = 4,
          bins: int = 20, title: str = "Slot-0 rank plot") -> Figure:
-    """Rank histograms (ArviZ's ``plot_rank``; Vehtari et al. 2021): the draws of all chains
-    are ranked together per coordinate and each chain's ranks histogrammed; chains that
-    sample the same distribution give flat histograms (the dashed line), a chain stuck in a
-    region shows as a slope or bump.  With one system its four quarters are the chains (as
-    split R-hat splits it): a single chain's own ranks would be flat by construction.
+    """Rank histograms (ArviZ's ``plot_rank``; Vehtari et al. 2021), one chain per system (one
+    system: its four quarters).
 
     Args:
         samples: ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``).
         names, max_coords: as :func:`trace`.
-        bins: rank bins per chain.
-    """
+        bins: rank bins per chain."""
     x, dim = _chains(samples, max_coords)
     R, n, k = x.shape
     split = R == 1

@@ -1,50 +1,14 @@
-r"""Run-health checks: turn a run's statistics into warnings a user can act on.
-
-A parallel-tempering run can look excellent on its own summary (high swap acceptance, a small
-barrier, thousands of restarts) and still be wrong: independent systems that sit in different
-modes, an explorer that never moves at some slot, a ladder whose first pair never swaps.  This
-module looks at the numbers a run already has and returns :class:`Finding` s, each naming the
-setting to turn; :func:`emit` raises them as :class:`SamplingWarning` s and
+"""Run-health checks: a run's statistics (numpy arrays or floats) to :class:`Finding` s naming
+the setting to turn; :func:`emit` raises them as :class:`SamplingWarning` s,
 :func:`format_findings` prints them.
 
-The module is engine-independent: every input is a numpy array (or array-like) or a float, so
-it can be applied to a finished run folder as well as to a live engine.  It imports only numpy;
-ArviZ (for ESS and R-hat) is imported lazily inside :func:`slot0_diagnostics`, which falls back
-to mean / sd only when ArviZ is missing.
-
-Checks of :func:`check_run` (codes and thresholds; each is skipped when its input is ``None``)
-
-====================== =================================================== ==================
-code                   fires when                                          knob
-====================== =================================================== ==================
-``pair-acceptance``    an adjacent pair's swap acceptance < ``pair_floor`` :data:`KNOB_LADDER`
-                       (:data:`PAIR_FLOOR` = 0.05) in some system
-``no-restarts``        a system has zero restarts although the observed    :data:`KNOB_RESTARTS`
-                       swap rates predict >= :data:`RESTARTS_EXPECTED_MIN`
-                       (= 3) in the run's iterations
-``explorer-acceptance`` acceptance < ``target * band[0]`` (step too large)  ``step_size``
-                       or rejection < ``(1 - target) / band[1]`` (step too
-                       small); :data:`EXPLORER_BAND` = (0.25, 4.0)
-``hot-slot-stuck``     hottest-slot sd < :data:`HOT_SPREAD_MIN` (= 1/3) of :data:`KNOB_HOT`
-                       the reference sd, never moves, or (R >= 2) the
-                       systems' hot means differ by more than
-                       :data:`HOT_MEAN_DISAGREEMENT` (= 1) within-system sd
-``r-hat``              slot-0 rank-normalized split R-hat >                :data:`KNOB_MIXING`
-                       :data:`R_HAT_MAX` (= 1.01) for some coordinate
-``low-ess``            slot-0 bulk or tail ESS < :data:`ESS_MIN_PER_SYSTEM` :data:`KNOB_MIXING`
-                       (= 100) times the number of systems
-``ladder-collapse``    two adjacent learning rates of an SG ladder closer  :data:`KNOB_SG_LADDER`
-                       than :data:`RUNG_GAP_MIN` (= 1 %) of the larger
-``swap-rate-off-target`` an adjacent pair's swap-indicator rate further    :data:`KNOB_SG_LADDER`
-                       than :data:`SWAP_RATE_TOLERANCE` (= 0.1) from the
-                       adaptation's target ``S``
-====================== =================================================== ==================
-
-References: A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021),
-"Rank-normalization, folding, and localization: an improved R-hat for assessing convergence of
-MCMC", Bayesian Analysis (R-hat < 1.01, bulk and tail ESS > 100 per chain); S. Syed et al.
-(2021), JRSS-B, Theorem 1 (the DEO restart rate used by the ``no-restarts`` check).
-"""
+Codes of :func:`check_run` (each skipped when its input is ``None``): ``pair-acceptance``
+(< :data:`PAIR_FLOOR`), ``no-restarts`` (zero though >= :data:`RESTARTS_EXPECTED_MIN`
+predicted, Syed et al. 2021, Theorem 1), ``explorer-acceptance`` (outside
+:data:`EXPLORER_BAND` of the target), ``hot-slot-stuck`` (:data:`HOT_SPREAD_MIN`,
+:data:`HOT_MEAN_DISAGREEMENT`), ``r-hat`` (> :data:`R_HAT_MAX`), ``low-ess``
+(< :data:`ESS_MIN_PER_SYSTEM` per system; Vehtari et al. 2021), ``ladder-collapse``
+(:data:`RUNG_GAP_MIN`), ``swap-rate-off-target`` (:data:`SWAP_RATE_TOLERANCE`)."""
 
 from __future__ import annotations
 
@@ -94,50 +58,29 @@ class Finding:
 
 # --------------------------------------------------------------------------- thresholds
 
-#: Swap acceptance below which an adjacent pair counts as blocked: a pair with acceptance
-#: ``a`` adds ``(1 - a) / a`` to the DEO round-trip sum (Syed et al. 2021, Theorem 1), so at
-#: 0.05 that one pair caps the restart rate at 1/40 per iteration; an adapted ladder (equal
-#: rejection per pair) never leaves one pair that far below the others.
+#: swap acceptance below which an adjacent pair is blocked (at 0.05 one pair caps the DEO
+#: restart rate at 1/40 per iteration, Syed et al. 2021, Theorem 1)
 PAIR_FLOOR = 0.05
-
-#: Zero restarts in a system are flagged once the DEO restart rate predicted from the observed
-#: swap acceptance, ``tau = 1 / (2 + 2 sum_p r_p / (1 - r_p))`` per iteration, times the
-#: iterations after the first ``P - 1`` (the earliest a replica can descend the ladder) reaches
-#: this many: restarts are roughly Poisson and ``P(0 | mean 3) = e^-3 = 0.05``.
+#: zero restarts are flagged once the predicted DEO restarts after the first ``P - 1``
+#: iterations reach this (Poisson: ``P(0 | mean 3) = 0.05``)
 RESTARTS_EXPECTED_MIN = 3.0
-
-#: Band for explorer acceptance around its target: flagged below ``target * band[0]`` (nearly
-#: frozen: the step is too large) or with rejection below ``(1 - target) / band[1]`` (steps so
-#: small the chain diffuses slowly) -- a factor 4 either way, far outside the noise of a
-#: per-slot average and what the between-round step-size adaptation leaves.
+#: explorer acceptance flagged below ``target * band[0]`` or rejection below
+#: ``(1 - target) / band[1]``
 EXPLORER_BAND = (0.25, 4.0)
-
-#: Hottest-slot sd below this fraction of the reference sd: the hot chain covers a fraction of
-#: the reference (10 independent draws fall below it with probability ~6e-4, chi-square with 9
-#: degrees of freedom below 1), so it has not forgotten its start.
+#: hottest-slot sd below this fraction of the reference sd: stuck
 HOT_SPREAD_MIN = 1.0 / 3.0
-
-#: With ``R >= 2`` systems: the sd of the systems' hot-slot means in units of the pooled
-#: within-system sd above which they sit in different places (about ``1 / sqrt(ESS)`` when
-#: mixing; 1 corresponds to a hot-slot R-hat of about ``sqrt(2) = 1.41``).
+#: ``R >= 2``: sd of the systems' hot-slot means, in pooled within-system sds, above which
+#: they disagree (about a hot-slot R-hat of 1.41)
 HOT_MEAN_DISAGREEMENT = 1.0
-
-#: Rank-normalized split R-hat threshold across systems (Vehtari et al. 2021 and ArviZ; 1.1 is
-#: the old Gelman-Rubin rule that misses slow mixing).
+#: rank-normalized split R-hat threshold (Vehtari et al. 2021)
 R_HAT_MAX = 1.01
-
-#: Minimum bulk and tail ESS per system (Vehtari et al. 2021: "at least 100 per chain"); below
-#: it R-hat itself and the Monte-Carlo error of means and quantiles are unreliable.
+#: minimum bulk and tail ESS per system (Vehtari et al. 2021: 100 per chain)
 ESS_MIN_PER_SYSTEM = 100.0
-
-#: Two adjacent rungs of a stochastic-gradient learning-rate ladder closer than this fraction
-#: of the larger have collapsed: they run (nearly) the same dynamics, a slot is wasted and the
-#: adaptation has stopped there (the ladders measured are in docs/benchmarks.md).
+#: adjacent SG learning rates closer than this fraction of the larger have collapsed
+#: (ladders measured: docs/benchmarks.md)
 RUNG_GAP_MIN = 0.01
-
-#: The learning-rate and correction adaptors aim every adjacent pair's swap-indicator rate at
-#: ``S``; a pair further than this from ``S`` (absolute) was not equalized (the rates measured
-#: are in docs/benchmarks.md).
+#: a pair's swap-indicator rate further than this from the target ``S`` was not equalized
+#: (rates measured: docs/benchmarks.md)
 SWAP_RATE_TOLERANCE = 0.1
 
 KNOB_SG_LADDER = ("ladder_update = log-gaps (or the initial ladder: lr_min / lr_max / "
@@ -210,16 +153,11 @@ def _slots(idx: np.ndarray, limit: int = 4) -> str:
 # --------------------------------------------------------------------------- slot-0 summary
 
 def slot0_diagnostics(samples) -> dict:
-    """Per-coordinate summary of slot-0 draws ``[R, n, dim]`` (``R`` independent PT systems,
-    the chains of ArviZ; ``[n, dim]`` or ``[n]`` is one system).
-
-    Returns a JSON-ready dict: ``n_systems``, ``n_draws`` and per-coordinate lists ``mean``,
-    ``sd`` (pooled over systems, ``ddof=1``), ``ess_bulk``, ``ess_tail`` and ``r_hat`` (the
-    rank-normalized split versions of Vehtari et al. 2021, computed by
-    :mod:`nrpt.diagnostics.ess` to the numbers ArviZ gives, without importing ArviZ; ``None``
-    where undefined, e.g. fewer than 4 draws).  With one system R-hat is computed on its two
-    halves as two chains, which is the split R-hat of that one chain.
-    """
+    """Per-coordinate summary of slot-0 draws ``[R, n, dim]`` (or ``[n, dim]`` / ``[n]``: one
+    system): JSON-ready ``n_systems``, ``n_draws`` and lists ``mean``, ``sd`` (pooled,
+    ``ddof=1``), ``ess_bulk``, ``ess_tail``, ``r_hat`` (rank-normalized split, Vehtari et al.
+    2021, via :mod:`nrpt.diagnostics.ess`; ``None`` where undefined).  One system: split R-hat
+    of its two halves."""
     x = _as_3d(samples, "samples")
     R, n, dim = x.shape
     with _quiet():
@@ -504,52 +442,28 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
               pair_rate=None, swap_rate_target: float | None = None,
               rung_gap_min: float = RUNG_GAP_MIN,
               swap_rate_tolerance: float = SWAP_RATE_TOLERANCE) -> list[Finding]:
-    """Health checks of one run; returns the findings (empty when nothing is wrong).
+    """Health checks of one run; the findings (empty when nothing is wrong).  Every argument is
+    optional; its check is skipped when it is ``None``.
 
-    Every argument is optional and its check is skipped when it is ``None``.
-
-    Parameters
-    ----------
-    swap_acceptance:
-        Mean swap acceptance per adjacent pair, ``[R, P-1]`` (or ``[P-1]``); NaN = the pair was
-        never attempted (ignored).  Check ``pair-acceptance``; also the rates from which
-        ``no-restarts`` predicts the restart count.
-    restarts:
-        Restarts per system ``[R]`` (a scalar is one system; ``[R, P]`` per-replica counts are
-        summed).  With ``n_iterations``: check ``no-restarts``.
-    n_iterations:
-        Iterations the statistics cover.
-    explorer_acceptance, explorer_target, explorer_name:
-        Mean explorer acceptance per slot ``[R, P]`` (or ``[P]``), the acceptance aimed at
-        (``None`` skips the check: slice sampler, stochastic-gradient explorers) and the
-        explorer's name for the message.  Check ``explorer-acceptance`` with ``explorer_band``
-        (see :data:`EXPLORER_BAND`).
-    hot_states, reference_spread:
-        States visited at the hottest slot ``[R, n, dim]`` (``[n, dim]`` = one system), or a
-        mapping with ``"mean"`` and ``"sd"`` ``[R, dim]`` (optionally ``"n"``); and the sd of
-        the hottest slot's distribution per coordinate ``[dim]`` (or a scalar) when known.
-        Check ``hot-slot-stuck``.
-    slot0:
-        Slot-0 draws ``[R, n, dim]`` or the dict of :func:`slot0_diagnostics`.  Checks
-        ``r-hat`` and ``low-ess``.
-    exact:
-        ``False`` for runs without Metropolis-corrected explorers (stochastic-gradient PT):
-        their acceptance is 1 by construction, so ``explorer-acceptance`` is skipped.
-    n_chains:
-        ``P``, when ``swap_acceptance`` is not given (for the ``no-restarts`` lead-in).
-    reference_exact:
-        The hottest slot is refreshed by an exact reference draw every iteration (geometric
-        path with a sampleable reference): its explorer acceptance is irrelevant and skipped.
-    r_hat_max, ess_min_per_system:
-        Thresholds of the slot-0 checks (:data:`R_HAT_MAX`, :data:`ESS_MIN_PER_SYSTEM`).
-    learning_rates:
-        A stochastic-gradient learning-rate ladder ``[R, P]`` (or ``[P]``).  Check
-        ``ladder-collapse`` with ``rung_gap_min`` (:data:`RUNG_GAP_MIN`).
-    pair_rate, swap_rate_target:
-        Per-pair swap-indicator rates ``[R, P-1]`` of the deterministic rule and the target
-        ``S`` its adaptation aims at.  Check ``swap-rate-off-target`` with
-        ``swap_rate_tolerance`` (:data:`SWAP_RATE_TOLERANCE`).
-    """
+    Args:
+        swap_acceptance: ``[R, P-1]`` (or ``[P-1]``; NaN = never attempted): ``pair-acceptance``
+            and the rates ``no-restarts`` predicts from.
+        restarts, n_iterations: per system ``[R]`` (scalar: one system; ``[R, P]`` summed) and
+            the iterations covered: ``no-restarts``.
+        explorer_acceptance, explorer_target, explorer_name: ``[R, P]`` (or ``[P]``), the target
+            (``None`` skips) and name: ``explorer-acceptance`` with ``explorer_band``.
+        hot_states, reference_spread: hottest-slot states ``[R, n, dim]`` (or ``[n, dim]``, or a
+            mapping with ``"mean"``, ``"sd"`` ``[R, dim]`` and optional ``"n"``) and the reference
+            sd ``[dim]`` or scalar: ``hot-slot-stuck``.
+        slot0: draws ``[R, n, dim]`` or :func:`slot0_diagnostics`'s dict: ``r-hat``, ``low-ess``
+            with ``r_hat_max``, ``ess_min_per_system``.
+        exact: ``False`` (SG runs) skips ``explorer-acceptance``.
+        n_chains: ``P`` when ``swap_acceptance`` is not given.
+        reference_exact: the hottest slot is an exact reference draw: its explorer is skipped.
+        learning_rates: SG ladder ``[R, P]`` (or ``[P]``): ``ladder-collapse`` with
+            ``rung_gap_min``.
+        pair_rate, swap_rate_target: ``[R, P-1]`` and ``S``: ``swap-rate-off-target`` with
+            ``swap_rate_tolerance``."""
     findings: list[Finding] = []
     acc = None
     if swap_acceptance is not None:
@@ -581,10 +495,7 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
 
 
 def emit(findings: Sequence[Finding], stacklevel: int = 2) -> None:
-    """Raise each finding as a :class:`SamplingWarning` ``"message (turn: knob)"``.
-
-    ``stacklevel`` is passed to :func:`warnings.warn` from inside ``emit``: 2 (the default)
-    points the warning at the line calling ``emit``; a library function that calls ``emit`` on
-    its user's behalf passes 3 to point at its own caller (one more per frame in between)."""
+    """Raise each finding as a :class:`SamplingWarning` ``"message (turn: knob)"``, at
+    ``stacklevel`` (2: the line calling ``emit``; one more per frame in between)."""
     for f in findings:
         warnings.warn(f"{f.message} (turn: {f.knob})", SamplingWarning, stacklevel=stacklevel)

@@ -1,38 +1,14 @@
-"""``posterior.nc``: a run's draws and diagnostics as an ArviZ InferenceData netCDF file.
+"""``posterior.nc``: a run's draws and diagnostics in ArviZ's InferenceData netCDF layout,
+written with xarray and h5netcdf alone.  ``chain`` = PT system, ``draw`` = slot-0 draw.
 
-The file is written with xarray and h5netcdf alone (no ArviZ import: its cost is in
-docs/benchmarks.md); it follows ArviZ's InferenceData layout, so ``arviz.from_netcdf`` reads it and
-``arviz.summary`` / ``plot_trace`` / ``plot_pair`` work on it unchanged.  ``chain`` is the PT
-system (one chain per independent system), ``draw`` the slot-0 draw of the sampling segments.
-
-Groups:
-
-* ``posterior`` -- for a target with the model-variable hook (``model_variables``, see
-  :mod:`nrpt.targets.protocol`): one variable per model variable, in its constrained space, with its
-  name, shape ``[chain, draw, *var_shape]``, dims and coordinates (dims the model does not name
-  are ``<name>_dim_<i>`` with integer coordinates, as ArviZ names them).  The conversion runs
-  over blocks of draws and writes each block straight into the file, so memory stays flat
-  for long runs.  Without the hook: one variable ``x`` ``[chain, draw, x_dim]``, the
-  sampler's own coordinates;
-* ``unconstrained_posterior`` -- (hook targets only) ``x``: the draws in the sampler's
-  unconstrained coordinates, ArviZ's group for exactly that; kept out of ``posterior`` so
-  that summaries and plots see each quantity once, in the model's own parameterization;
-* ``sample_stats`` -- per chain and draw: ``path_energy`` (the tempered energy ``V`` at slot
-  0), ``slot0_replica`` (the replica at slot 0), ``target_swap_accepted`` (whether the slot-0
-  occupant changed in the iteration that produced the draw: a swap involving the target slot
-  was accepted), ``restarts`` and ``round_trips`` (cumulative per system since the start of
-  the sampled segment, Syed et al. definitions of :mod:`nrpt.diagnostics.roundtrips`); per
-  chain: ``log_normalizer`` (the bridge), its error ``log_normalizer_se`` and its two
-  stepping-stone halves ``log_normalizer_forward`` /
-  ``log_normalizer_reverse``, and ``barrier`` (the global barrier Λ̂), copied from the summary;
-* ``constant_data`` -- per-slot and per-pair tables (schedule, step sizes, swap and explorer
-  acceptance, per-slot log Z, Method I barrier), dims ``system`` / ``slot`` / ``pair``.
-
-NaN is written only where the summary reports a value as undefined (``null`` in
-``summary.json``) or a recorder's table holds NaN for "undefined" (a pair never attempted);
-such a variable says what NaN means in its ``nan_means`` attribute.  Infinite values are
-written as they are (earlier versions turned them into NaN).
-"""
+Groups: ``posterior`` (one variable per model variable ``[chain, draw, *var_shape]`` with the
+model-variable hook of :mod:`nrpt.targets.protocol`, written block by block; unnamed dims
+``<name>_dim_<i>``; else ``x`` ``[chain, draw, x_dim]``); ``unconstrained_posterior`` (hook
+targets: ``x``); ``sample_stats`` (per draw: ``path_energy``, ``slot0_replica``,
+``target_swap_accepted``, cumulative ``restarts`` / ``round_trips``; per chain:
+``log_normalizer`` with ``_se`` / ``_forward`` / ``_reverse``, ``barrier``); ``constant_data``
+(per-slot and per-pair tables, dims ``system`` / ``slot`` / ``pair``).  NaN only where the
+summary has ``null`` or a table means "undefined" (attribute ``nan_means``); infinities kept."""
 
 from __future__ import annotations
 
@@ -58,20 +34,11 @@ _INDEX_BLOCK_BYTES = 8 * 2 ** 20
 
 # ------------------------------------------------------------------------------ index process
 def index_statistics(index: np.ndarray, rows: np.ndarray, first: int = 0) -> dict[str, np.ndarray]:
-    """Statistics of the index process at chosen rows, read in blocks (flat memory).
+    """Statistics of ``index`` ``[K + 1, R, P]`` at the increasing ``rows``, read in blocks.
 
-    ``index`` is ``[K + 1, R, P]`` (``slot_of[replica]``, row 0 before the first iteration, row
-    ``t`` after iteration ``t``); ``rows`` the increasing index rows of the draws; ``first`` the
-    row the cumulative counts start from.  Returns ``[R, len(rows)]`` arrays:
-
-    * ``slot0_replica`` -- the replica at slot 0 at each row;
-    * ``target_swap_accepted`` -- whether that replica differs from the one at the row before;
-    * ``restarts``, ``round_trips`` -- events in rows ``first + 1 .. row``, by the per-replica
-      state machine of :class:`nrpt.diagnostics.RoundTripTracker`, run from row 0 (a replica's
-      phase carries over from before ``first``).  A restart is an arrival at slot 0 whose last
-      visit to an end slot was the top ``P - 1``; a round trip an arrival at the top whose last
-      end visit was slot 0, with the top visited before that.
-    """
+    Returns ``[R, len(rows)]`` arrays ``slot0_replica``, ``target_swap_accepted`` (it differs
+    from the row before) and ``restarts`` / ``round_trips`` counted in rows ``first + 1 .. row``
+    by the state machine of :class:`nrpt.diagnostics.RoundTripTracker` run from row 0."""
     rows = np.asarray(rows, dtype=np.int64)
     K1, R, P = index.shape
     m = len(rows)

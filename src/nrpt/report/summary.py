@@ -1,12 +1,7 @@
-"""One summary for every kind of run: ``summary.json`` and the printed report.
-
-The summary is the union of the recorders' reductions (statistics since the last reset: the
-whole run, or the last round of an adaptive run -- ``statistics_from`` says which), the run's
-facts (path, scheme, window and where it came from, rule), the theory's predictions of the
-observed rates (each beside the quantity it predicts), the adaptive quantities of round-based
-runs, the adapted ladder of stochastic-gradient runs, ArviZ diagnostics of the slot-0 chain, and
-the health findings (:mod:`nrpt.report.health`), which are also emitted as Python warnings.
-"""
+"""One summary for every kind of run (``summary.json`` and the printed report): the recorders'
+reductions since the last reset (``statistics_from``), the run's facts, the theory's
+predictions beside what they predict, adaptive and SG quantities, slot-0 diagnostics and the
+health findings (:mod:`nrpt.report.health`, also emitted as warnings)."""
 
 from __future__ import annotations
 
@@ -44,14 +39,11 @@ def _moments_fit(mean: np.ndarray, sd: np.ndarray, dim: int | None) -> bool:
 
 
 def exact_moments(target, dim: int | None = None) -> dict[str, list] | None:
-    """The target's exact mean and marginal sd per coordinate, where it knows them: from
-    ``target.exact_moments()`` (a dict with ``"mean"`` and ``"sd"``) if it has one, else from
-    the ``mean`` ``[dim]`` and ``cov`` ``[dim, dim]`` the built-in targets carry
-    (:class:`~nrpt.targets.TwentyFiveModes`, ``Gaussian``, ``GaussianMixture``); None when
-    unknown or not of the state's shape (a user's ``mean`` attribute meaning something else is
-    not taken for the answer).  A target's own ``exact_moments()`` that fails or returns
-    something else than finite ``mean`` and ``sd`` of the state's size raises ``ValueError``
-    (the caller reports it: a known answer is never dropped silently)."""
+    """The target's exact mean and marginal sd per coordinate: ``target.exact_moments()`` (dict
+    with ``"mean"``, ``"sd"``) if it has one, else its ``mean`` ``[dim]`` and ``cov`` ``[dim,
+    dim]``; None when unknown or not of the state's shape.  Raises ``ValueError`` when
+    ``exact_moments()`` fails or returns other than finite ``mean`` and ``sd`` of the state's
+    size."""
     if capabilities(target).has("exact_moments"):
         return _own_moments(target, dim)
     return _carried_moments(target, dim)

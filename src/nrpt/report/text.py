@@ -1,20 +1,10 @@
-"""Reports of a run: per-segment rows, figures and an ArviZ InferenceData file.
-
-* :func:`format_row` / :data:`ROW_HEADER` -- the one-line-per-round table printed during a run
-  and kept in ``report.txt`` / ``rounds.csv``;
-* :func:`write_figures` -- the figures of :mod:`nrpt.report.figures` that apply to the run;
-* :func:`export_inference_data` -- ``posterior.nc`` for every run
-  (:mod:`nrpt.report.posterior_file`):
-  the slot-0 draws of the sampling segments as the ``posterior`` group (``chain`` = PT
-  system; in the model's own variables where the target has ``model_variables``) and nrpt's
-  diagnostics as ``sample_stats``, so that ``arviz.summary`` gives ESS and R-hat (R-hat needs
-  ``systems >= 2``).
-"""
+"""Reports of a run: :func:`format_row` / :data:`ROW_HEADER` (the per-segment rows of
+``report.txt`` / ``rounds.csv``), :func:`write_figures`, :func:`export_inference_data`
+(``posterior.nc``, :mod:`nrpt.report.posterior_file`)."""
 
 from __future__ import annotations
 
 import csv
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +15,7 @@ from nrpt.report.posterior_file import write_inference_data as export_inference_
 from nrpt.targets.protocol import capabilities
 
 __all__ = ["ROW_HEADER", "format_row", "TABLE", "write_round_table", "write_figures",
-           "export_inference_data", "import_arviz"]
+           "export_inference_data"]
 
 _COLUMNS = [("round", "round", "{:>5d}"), ("iterations", "iters", "{:>8d}"),
             ("restarts", "restarts", "{:>8.1f}"), ("round_trips", "trips", "{:>7.1f}"),
@@ -68,13 +58,10 @@ def write_round_table(rows: list[dict[str, Any]], path: str | Path) -> None:
 # ------------------------------------------------------------------------------ figures
 def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: np.ndarray,
                   rows: list[dict]) -> list[str]:
-    """Write the figures that apply to the run into ``out`` (:mod:`nrpt.report.figures`); returns
-    their file names: ``density.png`` (1-D/2-D targets; with the exact density and the error
-    where the target has ``density_grid``), ``index_process.png``, ``swap_acceptance.png``,
-    ``adaptation.png`` (runs with online adaptation), ``trace.png`` and ``rank.png`` (the
-    slot-0 chains of the first coordinates, one per system: :func:`nrpt.report.figures.trace`,
-    :func:`nrpt.report.figures.rank`), and for adaptive runs ``local_barrier.png`` and
-    ``schedules.png``."""
+    """Write the figures of :mod:`nrpt.report.figures` that apply to the run into ``out``; returns
+    their file names (``density.png``, ``index_process.png``, ``swap_acceptance.png``,
+    ``adaptation.png``, ``trace.png``, ``rank.png``, and for adaptive runs
+    ``local_barrier.png``, ``schedules.png``)."""
     from nrpt.report import figures as plots
 
     out = Path(out)
@@ -188,15 +175,3 @@ def _dense_local_barrier(rows, summary):
     if pos.size and pos.min() > lo and hi > 0:
         grid = np.union1d(grid, np.geomspace(pos.min(), hi, 200))
     return grid, np.asarray(fit.local(grid), dtype=float)
-
-
-# ------------------------------------------------------------------------------ ArviZ
-def import_arviz():
-    """``arviz``, imported with its import-time FutureWarning silenced; None if missing."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            import arviz
-        except ImportError:
-            return None
-    return arviz

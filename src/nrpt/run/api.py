@@ -1,19 +1,10 @@
-"""``nrpt.sample`` / ``nrpt.resume`` / ``nrpt.run_config``: from a target to a result.
-
-Every public entry builds its run with :func:`nrpt.run.build.build` and executes it with the one
-loop :func:`nrpt.core.loop.execute`.  A run folder holds ``config.toml`` (every setting needed to
-rerun it), ``summary.json``, ``samples.npy`` / ``energies.npy`` / ``index.npy`` (streamed, see
-:mod:`nrpt.recorders.draws`), ``checkpoint.pt`` (every ``checkpoint_every`` iterations, at segment
-ends
-and on Ctrl-C), ``posterior.nc`` (ArviZ), the figures (``figures = true``), and for adaptive runs
-``rounds.csv`` / ``report.txt``, for stochastic-gradient runs ``adaptation.npz``; and the
-bookkeeping of :mod:`nrpt.run.folder` (``run.json``, checkpoint sidecars, the lock).
-
-A run holds its folder's lock from start to finish and defers SIGINT / SIGTERM to the next
-iteration boundary (:class:`nrpt.core.loop.Interrupt`) until its outputs are written.  A new run
-refuses a folder that holds another run's files unless ``overwrite=True``; a resumption
-refuses a checkpoint, ``config.toml``, target file or record file that is not the run's own.
-"""
+"""``nrpt.sample`` / ``nrpt.resume`` / ``nrpt.run_config``: build a run
+(:func:`nrpt.run.build.build`) and execute it (:func:`nrpt.core.loop.execute`) in its run
+folder (:mod:`nrpt.run.folder`): ``config.toml``, ``summary.json``, the streamed
+``samples.npy`` / ``energies.npy`` / ``index.npy``, ``checkpoint.pt``, ``posterior.nc``,
+figures, ``rounds.csv`` / ``report.txt`` (adaptive runs), ``adaptation.npz`` (SG runs).
+A run holds the folder's lock and defers SIGINT / SIGTERM to an iteration boundary until its
+outputs are written."""
 
 from __future__ import annotations
 
@@ -73,12 +64,8 @@ class Result:
         return format_summary(self.summary, self.export.get("row_map"))
 
     def to_inference_data(self):
-        """The run's draws and diagnostics as an ``arviz.InferenceData``, in memory: the same
-        groups as the run folder's ``posterior.nc`` (:mod:`nrpt.report.posterior_file`:
-        ``posterior``
-        -- the samples after the burn-in, in the model's variables for targets with
-        ``model_variables`` --, ``sample_stats``, ``constant_data``), for a run with or
-        without a folder.  Needs ArviZ: ``pip install nrpt[arviz]``."""
+        """The run's draws and diagnostics as an in-memory ``arviz.InferenceData`` with the groups
+        of ``posterior.nc`` (:mod:`nrpt.report.posterior_file`).  Needs ArviZ (``nrpt[arviz]``)."""
         try:
             import arviz as az
             import h5netcdf  # noqa: F401  (the engine the builder writes with)
@@ -174,24 +161,13 @@ def run_config(cfg: RunConfig, *, target=None, rule: Rule | None = None,
                explorer=None, scheme=None, adaptors=(), recorders=()) -> Result:
     """Run (or, with ``resume_from`` = a run folder, resume) the run ``cfg`` describes.
 
-    ``rule``, ``explorer``, ``scheme`` (objects) replace the ones ``cfg`` names;
-    ``adaptors`` and ``recorders`` (objects) join the run's own (see :func:`sample`).
-
-    A new run refuses a folder ``cfg.out`` that already holds an nrpt run unless
-    ``overwrite=True`` (which first removes that run's files).
-
-    In processes launched by ``torchrun`` / ``nrpt run --nproc`` the replicas are spread over
-    the processes (:mod:`nrpt.core.sharding`); rank 0 owns the run folder (lock, checks, files)
-    and returns the result, the other ranks return a :class:`Result` with empty arrays whose
-    ``summary`` holds only ``rank`` and ``interrupted``.
-
-    ``threads``: torch threads for the run (an int, or ``"auto"``: one thread for small
-    states, see :func:`nrpt.core.loop.choose_threads`; default the ``NRPT_THREADS`` environment
-    variable, else ``"auto"``).  Not a setting of the run: it changes speed, not the draws
-    beyond floating-point reduction order in large tensors.
-
-    ``progress``: a progress bar and, for runs of several segments (warm-up windows, rounds),
-    one report row per segment (``None``: when :func:`interactive`)."""
+    ``rule``, ``explorer``, ``scheme`` (objects) replace the ones ``cfg`` names; ``adaptors``
+    and ``recorders`` join the run's own.  ``overwrite=True`` replaces a run already in
+    ``cfg.out`` (else an error).  Under ``torchrun`` rank 0 owns the folder and returns the
+    result; other ranks return a :class:`Result` with empty arrays.  ``threads``: an int or
+    ``"auto"`` (:func:`nrpt.core.loop.choose_threads`; default ``NRPT_THREADS``, else
+    ``"auto"``).  ``progress``: a bar and per-segment rows (``None``: when
+    :func:`interactive`)."""
     progress = _progress(progress)
     overwrite = _overwrite(overwrite)
     parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
@@ -544,32 +520,20 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
            adaptors=(), recorders=(), **options) -> Result:
     """Run parallel tempering on ``target``.
 
-    ``target`` is a built-in name, a ``"path/to/file.py:NAME"`` spec, or an object following
-    the target protocol (:mod:`nrpt.targets.protocol`).  ``options`` are the fields of
-    :class:`~nrpt.run.config.RunConfig` (``chains``, ``iterations``, ``scheme``, ``window``,
-    ``explorer``, ``step_size``, ``seed``, ``systems``, ``rounds``, ``out``, ...); a setting that
-    does not apply to the chosen run is an error.  ``rule`` (an object) overrides the swap rule.
-    ``overwrite``: replace a run already in the folder ``out`` (else that is an error).
-    ``threads``: torch threads while it runs (default ``"auto"``: one for small states; see
-    :func:`run_config`).  ``progress``: a progress bar and the per-segment report rows (warm-up
-    windows, rounds) as the CLI prints them; default ``None``: on in a notebook, IPython, the
-    Python prompt or a terminal, off otherwise (pytest, output to a file).
-
-    Components may be objects: ``explorer=MyExplorer(...)``, ``scheme=DEO()``,
-    ``rule=...``; a registered name is shorthand for the same object (``explorer="hmc"`` is
-    ``HMC(leapfrog_steps=...)`` from the settings).  An object whose class's ``name`` is not
-    registered is registered under it (exact explorers and schemes; a stochastic-gradient
-    explorer must be registered first, with its tags).  ``adaptors=[...]`` and
-    ``recorders=[...]`` (objects following :class:`nrpt.roles.AdaptorBase` /
-    :class:`nrpt.roles.RecorderBase`) run after the run's own; a recorder's ``summary()`` is
-    in the run's summary (and ``summary.json``) under its ``name``.
+    ``target``: a built-in name, ``"path/to/file.py:NAME"``, or an object following the target
+    protocol.  ``options``: :class:`~nrpt.run.config.RunConfig` settings (a setting that does
+    not apply is an error).  ``explorer`` / ``scheme`` / ``rule`` may be objects (registered
+    names are shorthand for them; an unregistered exact explorer's or scheme's class is
+    registered under its ``name``); ``adaptors`` / ``recorders`` objects
+    (:class:`nrpt.roles.AdaptorBase` / :class:`nrpt.roles.RecorderBase`) run after the run's own,
+    a recorder's ``summary()`` joining the summary under its ``name``.  ``overwrite``,
+    ``threads``, ``progress``: as :func:`run_config` (``progress=None``: on when interactive).
 
     Example::
 
         res = nrpt.sample("twenty-five-modes", chains=10, iterations=20_000, scheme="deo")
         res.samples.shape        # (18000, 2): slot-0 draws after the burn-in (0.1)
-        res.round_trips, res.barrier, res.swap_acceptance
-    """
+        res.round_trips, res.barrier, res.swap_acceptance"""
     parts = _objects(options)
     obj = None
     if isinstance(target, str):
@@ -656,26 +620,14 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
            iterations: int | None = None, callback=None,
            threads: int | str | None = None, rule=None, explorer=None, scheme=None,
            adaptors=(), recorders=()) -> Result:
-    """Continue the run in folder ``out`` from its last checkpoint, to its configured length
-    or to ``iterations`` (a larger budget; fixed-length runs).
+    """Continue the run in folder ``out`` from its last checkpoint, to its configured length or
+    to ``iterations`` (fixed-length runs).
 
-    The folder's settings (``config.toml``) must be the run's own: an edited setting, a
-    checkpoint of another run, a changed target file or a damaged record file is refused with
-    a ``ValueError`` that names it.
-
-    The target is the one ``config.toml`` names (a new run writes a ``file.py:NAME`` target
-    there with its absolute path), or ``target``: the run's target object, or the path of its
-    target file (``"path/to/file.py"`` or ``"path/to/file.py:NAME"``) when the file is no
-    longer where config.toml says.  Nothing in the folder chooses code to import: ``run.json``
-    is only the record a target is checked against before the file is imported -- its sha256
-    and those of the modules it imported from its own directory tree -- and after it is built
-    (name, dim and values at fixed probe states, :func:`nrpt.targets.protocol.fingerprint`); a
-    target
-    that is not the run's is refused with a ``ValueError``.
-
-    A run started with component objects (:func:`sample`) is resumed with the same objects
-    (``rule``, ``explorer``, ``scheme``, ``adaptors``, ``recorders``); without them it is
-    refused."""
+    Refuses with a ``ValueError`` naming it: an edited setting, another run's checkpoint, a
+    changed target file, a damaged record file, a target whose fingerprint
+    (:func:`nrpt.targets.protocol.fingerprint`) is not the run's.  ``target``: the run's target
+    object or file path when not where ``config.toml`` says.  A run started with component
+    objects needs the same objects again."""
     out = Path(out)
     parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
              "recorders": list(recorders)}

@@ -1,23 +1,7 @@
-"""One builder: a :class:`~nrpt.run.config.RunConfig` -> (engine, adaptors, recorders, plan).
-
-Every kind of run is assembled here and nowhere else; names resolve through
-:mod:`nrpt.run.registry`.  The pieces, in order:
-
-1. the target (built-in name, ``file.py:NAME`` or an object) and its path: a temperature
-   ladder or a geometric path for exact explorers, a ladder of *noise temperatures* for
-   stochastic-gradient explorers (``[bottom_temperature, 0, ..., 0]`` for SGD explorers);
-2. the explorer (for stochastic-gradient explorers with its energy estimator and domain);
-3. the scheme (``window``: an integer, ``"auto"`` = W* from a tuning segment, ``"swap-rate"`` =
-   W* from ``r = 1 - swap_rate``) and the rule;
-4. per-slot step sizes (learning rates) and the initial states (:func:`initial_states`);
-5. adaptors: rounds (schedule, step sizes, slice widths), the window, the SA adaptors of
-   DEO*-SGD, and the variance tracker that the bias-corrected rule always needs;
-6. recorders: swaps, round trips, log Z (exact paths), Method I energies (rounds), spreads,
-   the adaptation trace (stochastic-gradient runs) and the streamed draws;
-7. the plan: the burn-in's warm-up windows (fixed-length runs; step sizes tuned between them
-   and frozen after) then one segment, or a tuning segment + the main one; or rounds of
-   doubling length.
-"""
+"""One builder: a :class:`~nrpt.run.config.RunConfig` -> (engine, adaptors, recorders, plan);
+every kind of run is assembled here, names resolving through :mod:`nrpt.run.registry`:
+target and path, explorer, scheme and rule, step sizes and initial states, adaptors,
+recorders, and the plan (warm-up windows + one segment, tuning + main, or rounds)."""
 
 from __future__ import annotations
 
@@ -155,27 +139,17 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
           resume: bool = False, record: str = "target", comm=None,
           allow_gate_bias: bool = False, burn_in: int | None = None,
           explorer=None, scheme=None, adaptors=(), recorders=()) -> Run:
-    """Assemble the run ``cfg`` describes.  ``target`` / ``rule`` / ``explorer`` / ``scheme``
-    may be given as objects (they override ``cfg.target``, ``cfg.swap_rule``, ``cfg.explorer``,
-    ``cfg.scheme``, whose names are shorthand for the same objects); ``adaptors`` and
-    ``recorders`` (objects) run after the run's own (a recorder's ``summary()`` joins the
-    run's summary under its ``name``).  ``out`` is the run folder for streamed draws
-    (``resume``: reopen them); ``record="all"`` keeps every slot's draws (no-swap baselines);
-    ``comm`` (:mod:`nrpt.core.sharding`) spreads the replicas over processes (only rank 0
-    stores the draws).  ``burn_in``: the warm-up iterations, overriding the config's (a
-    resumption keeps its first run's count, :func:`nrpt.run.api.resume`).
+    """Assemble the run ``cfg`` describes.
 
-    The decisions read the components' declarations: an explorer's ``tags`` (registry),
-    ``step_adaptor`` / ``acceptance_order`` / ``target_acceptance`` (its own tuning,
-    :func:`nrpt.adapt.rounds.own_tuning`; ``adapt_step_size`` with an explorer that cannot
-    tune itself is refused), ``compilable``; an adaptor's ``spread_slots``.
-
-    Every run (``nrpt.sample``, the CLI, config files, resumes, each process of a distributed
-    run) passes :func:`nrpt.swap.schemes.check_gate` here: scheme ``deo-w`` with a window
-    > 1 and Metropolis swaps on exact energies is refused (biased), and an approximate
-    combination is named in ``facts["approximations"]`` (and the summary).
-    ``allow_gate_bias=True`` skips the refusal: only for tests of the scheme machinery that
-    compare implementations (plain vs fused loops) rather than sample."""
+    ``target`` / ``rule`` / ``explorer`` / ``scheme`` objects override ``cfg``'s names;
+    ``adaptors`` and ``recorders`` run after the run's own.  ``out``: the folder for streamed
+    draws (``resume``: reopen them); ``record="all"`` keeps every slot's draws; ``comm``
+    (:mod:`nrpt.core.sharding`) spreads replicas over processes; ``burn_in`` overrides the
+    config's.  Every run passes :func:`nrpt.swap.schemes.check_gate` (refuses ``deo-w`` with a
+    window > 1 and Metropolis swaps on exact energies; names approximations in
+    ``facts["approximations"]``) unless ``allow_gate_bias=True`` (tests comparing
+    implementations only).  ``adapt_step_size`` with an explorer that cannot tune itself is
+    refused."""
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
     entry = registry.entry("explorer", cfg.explorer, what="explorer")

@@ -1,13 +1,6 @@
 """Command line: ``nrpt run`` (flags or a TOML config), ``nrpt resume DIR``, ``nrpt list``.
-
-Exit status: 0 done, 2 an error the user can fix (``nrpt: error: ...``), 130 interrupted (Ctrl-C
-or SIGTERM: the run checkpointed and wrote its outputs; continue with ``nrpt resume DIR``).
-
-Flags mirror :class:`nrpt.run.config.RunConfig` field by field; a flag given on the command line
-overrides the same key of ``--config FILE``.  The names offered for ``--explorer``,
-``--scheme``, ``--swap-rule`` and ``--target`` come from :mod:`nrpt.run.registry`.  Every error a
-user can cause is printed as ``nrpt: error: ...`` (exit status 2).
-"""
+Flags mirror :class:`nrpt.run.config.RunConfig` (and override ``--config FILE``).  Exit
+status: 0 done, 2 a user error (``nrpt: error: ...``), 130 interrupted (checkpointed)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
-"""Run configuration: settings declared by the components that read them, resolved into one
-frozen :class:`RunConfig`, written to TOML in sections, mirrored by the CLI.
+"""Run configuration: :class:`nrpt.options.Option` s declared by the components that read them
+(central ones in :data:`CENTRAL`), resolved into one frozen :class:`RunConfig`, written to
+TOML in sections (:func:`section_table`), mirrored by the CLI and keyword arguments.
 
-Every setting is an :class:`nrpt.options.Option`.  Those of a component -- an explorer, scheme
-or rule -- are declared on its class (``HMC.options`` holds ``leapfrog_steps``); those that span
-components (``target``, ``iterations``, ``chains``, ``seed``, ``out``, ...) are declared here
-(:data:`CENTRAL`).  A setting belongs to one of the sections ``run``, ``ladder``, ``explorer``,
-``swap``, ``adaptation``, ``energy`` and ``output`` (:func:`section_table`); flags and keyword
-arguments use the names themselves (``nrpt.sample(step_size=0.5)``, ``--step-size 0.5``).
-
-After construction every setting holds its *resolved* value, and one that does not apply to
-the run is ``None``:
-
-* a setting the user gave (``explicit``) that does not apply is an error naming it -- never
-  silently ignored (``step_size`` with explorer ``sgld``, ``noise_sd`` with an exact explorer,
-  a registered explorer's own option with another explorer);
-* a value that came from a preset is a default: dropped when it does not apply.
-
-``window`` of scheme ``deo-w`` is an integer, ``"auto"`` (W* from the rejection rate measured
-in a tuning segment of ``window_tune`` iterations) or ``"swap-rate"`` (W* from the target swap
-rate S: ``r = 1 - swap_rate``, Deng et al.'s Algorithm 1).
-
-``config.toml`` carries ``version = 2``; a file of another version is refused, and one without
-a version is read as version-2 settings (nrpt 0.1's flat files are no longer read: an error
-in such a file says how to rewrite it).
-"""
+After construction every setting holds its resolved value, ``None`` where it does not apply;
+a user-given setting that does not apply is an error naming it, a preset's is dropped.
+``window`` of ``deo-w``: an integer, ``"auto"`` (W* from a tuning segment of ``window_tune``
+iterations) or ``"swap-rate"`` (``r = 1 - swap_rate``, Deng et al.'s Algorithm 1).
+``config.toml`` has ``version = 2``; other versions are refused, none means 2."""
 
 from __future__ import annotations
 
@@ -504,7 +487,6 @@ class RunConfig:
                              f"settings; nrpt 0.1's flat config.toml files are no longer read: "
                              f"rewrite it in sections [{'], ['.join(SECTION_NAMES)}] with "
                              f"version = {VERSION})") from None
-        return cls.from_dict(data, defaults=defaults)
 
     def write_toml(self, path: str | Path, omit: tuple[str, ...] = ()) -> None:
         """Write ``config.toml``; ``omit``: settings the built run turned out not to read

@@ -1,37 +1,20 @@
 """The run folder's bookkeeping: one writer at a time, atomic writes, verified checkpoints.
 
-A run folder holds, besides the outputs (:mod:`nrpt.run.api`):
-
 =========================  ================================================================
-``run.json``               who the run is: a run id (uuid), the seed, a hash of its settings,
-                           its budget, the target's fingerprint, and for a ``file.py:NAME``
-                           target the file's absolute path and sha256 and those of the
-                           modules it imported from its directory (a record to check against:
-                           never a source of code to import)
+``run.json``               run id, seed, settings hash, budget, the target's fingerprint and
+                           for a ``file.py:NAME`` target its absolute path and the sha256 of
+                           it and its local modules (a record, never code to import)
 ``checkpoint.pt``          the newest checkpoint (:func:`write_checkpoint`)
 ``checkpoint.json``        its sidecar: size, sha256, iteration, the valid rows of the records
 ``checkpoint.prev.pt``     the checkpoint before it, and its sidecar ``checkpoint.prev.json``
 ``.nrpt.lock``             locked (``flock``) by the process running or resuming the run
 =========================  ================================================================
 
-Every file is written to a unique temporary name in the folder and renamed into place
-(:func:`atomic_write`), so a crash leaves either the old or the new version, never half a file.
-The files changed in place (the lock, the record files) are opened by :func:`open_fd`: never
-through a symbolic link (``O_NOFOLLOW``), only a regular file with one name -- a run folder is
-untrusted input, and nothing in it can make nrpt write outside it.  The record files' valid
-rows carry sha256 checksums in the checkpoint (:class:`nrpt.recorders.draws.Draws`), verified on
-resume.
-An ``OSError`` of a write (a full disk: ENOSPC) names the file (:func:`os_error_message`) and
-leaves the last checkpoint intact.
-A checkpoint is used only if its size and sha256 match a sidecar and ``torch.load(...,
-weights_only=True)`` accepts it; a damaged newest checkpoint falls back to the previous one
-with a :class:`CheckpointWarning`.  A checkpoint, ``config.toml`` or target file that does not
-belong to the folder's run is refused with a ``ValueError`` naming the file and what differs.
-
-Only :func:`write_checkpoint` writes checkpoints (a distributed backend calls it on one rank).
-The writing primitives live in :mod:`nrpt.files` (the layers below :mod:`nrpt.run` use them);
-this module re-exports them.
-"""
+Files are written by :func:`atomic_write` (temporary name, then rename); files changed in
+place are opened by :func:`open_fd` (no symlinks, one link).  A write's ``OSError`` names the
+file (:func:`os_error_message`).  A damaged newest checkpoint falls back to the previous one
+with a :class:`CheckpointWarning`; a checkpoint, ``config.toml`` or target file of another run
+is refused with a ``ValueError``.  Writing primitives are re-exported from :mod:`nrpt.files`."""
 
 from __future__ import annotations
 
@@ -260,14 +243,10 @@ def _tampered(out: Path, what: str) -> ValueError:
 
 def check_target_file(record: dict[str, Any], spec: str, out: Path,
                       given: str | os.PathLike | None = None) -> str | None:
-    """Before anything is imported: for a ``file.py:NAME`` target, the spec (absolute path) to
-    load, after checking it is the file the run started with -- its sha256, and those of the
-    modules it imported from its own tree -- against ``record`` (``run.json``); None for other
-    targets.
-
-    The file is the one ``spec`` (``config.toml``'s ``target``) names, relative paths resolved
-    against the current directory, or ``given`` (resume's ``--target`` / ``target=``: a path,
-    or ``path:NAME`` with the run's NAME); ``run.json`` only says what to expect of it."""
+    """For a ``file.py:NAME`` target, the absolute spec to load after checking the file (and its
+    local modules) against the sha256s in ``record`` (``run.json``); None for other targets.
+    The file is ``spec``'s (relative to the current directory) or ``given`` (a path, or
+    ``path:NAME`` with the run's NAME)."""
     from nrpt.targets.protocol import file_spec
 
     tgt = record.get("target") or {}
@@ -539,12 +518,9 @@ def load_file(path: Path) -> dict[str, Any]:
 
 
 def read_checkpoint(out: Path) -> tuple[dict[str, Any], Path]:
-    """The newest usable checkpoint of ``out`` and its path.
-
-    A checkpoint is usable when a sidecar vouches for its size and sha256 (folders that predate
-    sidecars: when it loads) and it loads with ``weights_only=True``.  When ``checkpoint.pt``
-    is missing, truncated or damaged, ``checkpoint.prev.pt`` is used with a
-    :class:`CheckpointWarning`; one that needs an unrestricted unpickler is refused outright."""
+    """The newest usable checkpoint of ``out`` and its path: its size and sha256 match a sidecar
+    (or, without sidecars, it loads) and it loads with ``weights_only=True``; else
+    ``checkpoint.prev.pt`` with a :class:`CheckpointWarning`."""
     sides = _sidecars(out)
     known = {(s["sha256"], int(s["size"])) for s in sides}
     legacy = not sides and not (out / RUN_JSON).exists()

@@ -1,23 +1,10 @@
-"""One registry: names -> factories for every role (explorer, scheme, rule, adaptor, target).
-
-Config validation, the CLI's choices, ``nrpt targets``-style listings and the generic test
-matrix all read this table, so a name exists in exactly one place.  Factories are given as
-``"module:attribute"`` strings and imported on first use, so this module imports nothing from
-the rest of the package but the leaf :mod:`nrpt.options` and the built-in targets' table it
-fills (:data:`nrpt.targets.protocol.BUILTIN_TARGETS`; nothing below :mod:`nrpt.run` imports
-this module).
-
-Each :class:`Entry` also says which settings the choice *reads* (``options``): the
-:class:`nrpt.options.Option` declarations of its class (its ``options`` attribute), plus any
-given to :func:`register`.  :class:`nrpt.run.config.RunConfig`'s settings, ``config.toml``, the
-CLI flags and ``nrpt list`` are generated from them; a setting that no chosen entry reads is an
-error (never silently ignored), and ``tags`` classify entries (``exact``: a Metropolis-corrected
-explorer or an exact rule; ``sg``: a stochastic-gradient explorer; ``zero-temperature``: an SGD
-explorer whose slots above 0 inject no noise).
-
-Adding an explorer (or scheme, rule, adaptor, target) = its own module, one ``register`` line
-below, and its test (docs/architecture.md walks through an example).
-"""
+"""One registry: names -> ``"module:attribute"`` factories (imported on first use) for every
+role (explorer, scheme, rule, adaptor, target); fills
+:data:`nrpt.targets.protocol.BUILTIN_TARGETS`.  Each :class:`Entry` carries the
+:class:`nrpt.options.Option` s it reads (its class's ``options`` plus those given to
+:func:`register`), from which the config, TOML, CLI flags and ``nrpt list`` are generated,
+and ``tags`` (``exact``, ``sg``, ``zero-temperature``).  Adding a component: its module, one
+``register`` line below, its test (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""Stochastic-gradient parallel tempering: building DEO*-SGD / reSGLD engines from a config, the
-no-swap baselines (parallel SGLD, cyclical SGLD), and histogram errors against an exact density.
-
-DEO*-SGD (Deng et al. 2023, Algorithm 1) in nrpt's roles::
-
-    explorer  SGD with per-slot learning rates eta_0 < ... < eta_{P-1}, Langevin noise at slot 0
-              (nrpt.explorers.sgmcmc; noise temperatures [tau_1, 0, ..., 0] = NoiseLadder)
-    energies  noisy oracle / minibatch / control variates              (nrpt.energy.estimators)
-    scheme    DEO_W with W = ceil((log P + log log P) / -log(1 - S))   (nrpt.swap.schemes)
-    rule      Ũ_{p+1} + C < Ũ_p                                        (nrpt.swap.noisy)
-    adaptors  C toward the swap rate S, learning rates toward equal    (nrpt.adapt.sa)
-              acceptance between fixed end points
-
-Stochastic-gradient runs are built by :func:`nrpt.run.build.build` like every other run (explorers
-tagged ``sg`` in :mod:`nrpt.run.registry`) and run by the one loop.  Explorers ``sgd``, ``msgd``,
-``psgd`` run at temperature 0 on every slot but slot 0 (whose noise temperature is
-``bottom_temperature``, 1 by default, 0 for plain SGD); ``sgld``, ``sghmc``, ``psgld`` run on a
-temperature ladder (``temperatures`` or geometric up to ``max_temperature``).  This module keeps
-the paper's headline preset, the no-swap baselines and the histogram errors.
-"""
+"""Stochastic-gradient parallel tempering (DEO*-SGD, Deng et al. 2023, Algorithm 1; reSGLD):
+the headline preset, the no-swap baselines (parallel SGLD, cyclical SGLD) and histogram
+errors against an exact density.  SG runs themselves are built by
+:func:`nrpt.run.build.build` (explorers tagged ``sg`` in :mod:`nrpt.run.registry`)."""
 
 from __future__ import annotations
 

@@ -1,54 +1,24 @@
-r"""Analytic geometric paths: Gaussian reference-to-target paths with closed-form swap
-rejection rates, local and cumulative communication barrier and normalizing constants.
+"""Analytic geometric paths ``pi_beta ∝ pi_0 L^beta`` (reference ``N(0, I_d)``, normalized)
+with closed-form swap rejection rates, barriers and ``log Z(beta)``, to check a PT set-up
+against exact numbers.
 
-They are built-in targets so that a user can check a PT set-up (schedule adaptation, barrier
-and ``log Z`` estimates) against exact numbers.  Both follow the geometric form of the target
-protocol (:mod:`nrpt.targets.protocol`): ``log_likelihood(x)``, ``reference_log_prob(x)`` and
-``reference_sample(n, generator)``, with ``x`` of shape ``[n, dim]`` and results ``[n]``.  The
-path is ``pi_beta ∝ pi_0 L^beta`` (``beta = 0`` reference, ``beta = 1`` target), and the
-normalizing constant is ``Z(beta) = ∫ pi_0 L^beta`` (the reference is normalized, so
-``Z(0) = 1``).
-
-Scaled Gaussians (:class:`ScaledGaussianPath`)
----------------------------------------------
-Reference ``N(0, I_d)``, log-likelihood ``l(x) = -c |x|^2 / 2 + offset`` with ``c > -1``, so
+:class:`ScaledGaussianPath`: ``l(x) = -c |x|^2 / 2 + offset``, ``c > -1``::
 
     pi_beta = N(0, I_d / a(beta)),   a(beta) = 1 + c beta,
-    log Z(beta) = -(d / 2) log a(beta) + beta * offset.
+    log Z(beta) = -(d / 2) log a(beta) + beta * offset,
+    r(beta, beta') = 1 - 2 I_{m/(a+a')}(d/2, d/2),   m = min(a, a')
 
-*Swap rejection.*  Let ``beta > beta'`` with ``a = a(beta)``, ``a' = a(beta')``, ``X ~ pi_beta``
-and ``Y ~ pi_beta'`` independent.  The swap log ratio is ``(beta - beta')(l(Y) - l(X)) =
-((a - a') / 2)(S1 / a - S2 / a')`` with ``S1, S2`` iid chi-square(d).  Writing ``S1 = T B``,
-``S2 = T (1 - B)`` with ``T ~ Gamma(d, 2)`` and ``B ~ Beta(d/2, d/2)`` independent, taking the
-expectation over ``T`` (a Gamma moment generating function) and changing variables
-``y = B (1 - k) / (1 - k B)``, ``k = 1 - (a'/a)^2``, gives
-
-    E[min(1, alpha)] = 2 I_{m / (a + a')}(d/2, d/2),   m = min(a, a'),
-
-where ``I_x(p, q)`` is the regularized incomplete beta function -- the "incomplete beta function
-law" of Predescu, Predescu & Ciobanu (2004, J. Chem. Phys. 120, 4119) for scaled Gaussian
-(harmonic) systems.  The rejection rate is ``r(beta, beta') = 1 - 2 I_{m/(a+a')}(d/2, d/2)``.
-
-*Local and cumulative barrier* (Syed et al. 2021, JRSS-B, Sec. 4: ``lambda(beta) =
-(1/2) E|l(X) - l(Y)|`` with ``X, Y`` iid ``pi_beta``).  ``l(X) - l(Y) = -(c / 2a)(S1 - S2)`` and
-the mean absolute difference of two iid chi-square(d) variables is
-``4 Gamma((d+1)/2) / (sqrt(pi) Gamma(d/2))`` (the Gini mean difference of a Gamma law), so
+(incomplete beta law, Predescu, Predescu & Ciobanu 2004, J. Chem. Phys. 120, 4119), and
+(Syed et al. 2021, Sec. 4)::
 
     lambda(beta) = kappa_d |c| / (1 + c beta),    kappa_d = Gamma((d+1)/2) / (sqrt(pi) Gamma(d/2)),
-    Lambda(beta) = kappa_d |log(1 + c beta)|,     Lambda = Lambda(1) = kappa_d |log(1 + c)|.
+    Lambda(beta) = kappa_d |log(1 + c beta)|.
 
-``kappa_d ~ sqrt(d / (2 pi))`` for large ``d``: the barrier grows like ``sqrt(d)``.  Expanding the
-incomplete-beta rejection for ``beta' -> beta`` gives back ``lambda`` (a check done in the tests).
+:class:`ShiftedGaussianPath`: ``l(x) = mu . x``, ``|mu| = m``::
 
-Shifted Gaussians (:class:`ShiftedGaussianPath`)
------------------------------------------------
-Reference ``N(0, I_d)``, ``l(x) = mu . x`` with ``|mu| = m``, so ``pi_beta = N(beta mu, I_d)``,
-``log Z(beta) = beta^2 m^2 / 2``.  ``l(Y) - l(X) ~ N((beta' - beta) m^2, 2 m^2)``, hence the log
-swap ratio is ``N(-s^2/2, s^2)`` with ``s = sqrt(2) m |beta - beta'|`` and
-
-    r(beta, beta') = 1 - 2 Phi(-s / 2) = erf(m |beta - beta'| / 2),
-    lambda(beta) = m / sqrt(pi) (constant),   Lambda(beta) = beta m / sqrt(pi).
-"""
+    pi_beta = N(beta mu, I_d),   log Z(beta) = beta^2 m^2 / 2,
+    r(beta, beta') = erf(m |beta - beta'| / 2),
+    lambda = m / sqrt(pi),   Lambda(beta) = beta m / sqrt(pi)."""
 
 from __future__ import annotations
 

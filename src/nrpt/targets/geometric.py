@@ -1,11 +1,5 @@
-"""Wrap an energy target into the geometric form (reference -> target path).
-
-Given a target ``pi ∝ exp(-U)`` and a normalized reference ``pi_0``, the geometric path is
-``pi_beta ∝ pi_0 L^beta`` with ``log L = -U - log pi_0``, so ``beta = 0`` is the reference
-(sampled exactly) and ``beta = 1`` is the target.  Shapes follow :mod:`nrpt.targets.protocol`:
-``x`` is
-``[n, dim]``, results are ``[n]``.
-"""
+"""Wrap an energy target into the geometric form ``pi_beta ∝ pi_0 L^beta``,
+``log L = -U - log pi_0`` (``beta = 0``: the normalized reference, sampled exactly)."""
 
 from __future__ import annotations
 
@@ -32,22 +26,16 @@ _ABSENT = object()
 
 
 class GeometricTarget:
-    """An energy target seen through a geometric path from ``reference``.
-
-    ``log_likelihood(x) = -U(x) - reference.log_prob(x)``, ``reference_log_prob`` and
-    ``reference_sample`` delegate to ``reference``; hence ``reference_log_prob +
-    log_likelihood = -U`` and, the reference being normalized, ``log_normalizer`` of the wrapped
-    target is also the ``log Z`` of the path's end point.
-
-    ``dim``, ``name`` and, where the wrapped target has them, ``mean``, ``cov``, ``cdf``,
-    ``marginal_cdf``, ``sample``, ``log_normalizer`` and ``density_grid`` are carried over.
-    ``initial_states`` are reference draws.  The wrapped target is ``base``.
+    """An energy target seen through a geometric path from ``reference``:
+    ``log_likelihood(x) = -U(x) - reference.log_prob(x)``, reference members delegated, so the
+    wrapped ``log_normalizer`` is the path's ``log Z``.  Carries over ``dim``, ``name`` and, where
+    present, ``mean``, ``cov``, ``cdf``, ``marginal_cdf``, ``sample``, ``log_normalizer``,
+    ``density_grid``; ``initial_states`` are reference draws; the wrapped target is ``base``.
 
     Args:
-        target: an object with ``dim`` and ``energy(x) -> [n]``.
-        reference: an object with ``log_prob(x) -> [n]`` (normalized) and
-            ``sample(n, generator) -> [n, dim]``, e.g. :class:`GaussianReference`.
-    """
+        target: ``dim`` and ``energy(x) -> [n]``.
+        reference: normalized ``log_prob(x) -> [n]`` and ``sample(n, generator) -> [n, dim]``,
+            e.g. :class:`GaussianReference`."""
 
     def __init__(self, target: Any, reference: Any) -> None:
         if path_kind(target) != "temperature":

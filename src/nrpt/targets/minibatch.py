@@ -1,16 +1,9 @@
-"""Targets for stochastic-gradient parallel tempering: data + per-datum loss (minibatch energies),
-and the VR-reSGLD paper's mixture-mean model.
-
-A *minibatch target* is an energy target (``energy(x) -> [n]``, usable by every exact explorer)
-that also exposes its data, so :class:`nrpt.energy.estimators.MinibatchEnergy` can estimate the
-energy from
-a batch::
-
-    U(x) = sum_{i=1}^N loss(x, d_i) + prior_energy(x)        (U = -log posterior)
-
-Members: ``data`` (tensor ``[N, ...]``), ``n_data``, ``loss(x[B, dim], batch[B, n, ...]) ->
-[B, n]`` (per-datum losses, differentiable in ``x``), ``prior_energy(x[B, dim]) -> [B]``.
-"""
+"""Minibatch targets for stochastic-gradient PT (data + per-datum loss), and VR-reSGLD's
+mixture-mean model.  A minibatch target is an energy target that also exposes ``data``
+``[N, ...]``, ``n_data``, ``loss(x[B, dim], batch[B, n, ...]) -> [B, n]`` and
+``prior_energy(x[B, dim]) -> [B]``, with
+``U(x) = sum_i loss(x, d_i) + prior_energy(x)``
+(estimated by :class:`nrpt.energy.estimators.MinibatchEnergy`)."""
 
 from __future__ import annotations
 

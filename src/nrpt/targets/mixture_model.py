@@ -1,19 +1,11 @@
-r"""A Bayesian Gaussian mixture model whose posterior has label-switching modes.
-
-The model of the NRPT slides' example (Syed et al. 2021, Sec. 7), in its simplest exact form:
-``K`` components with equal weights and a known scale ``sigma``, unknown means ``mu[K]``,
+"""A Bayesian Gaussian mixture with label-switching modes (Syed et al. 2021, Sec. 7): ``K``
+equal-weight components of known scale ``sigma``, means ``mu[K]``::
 
     mu_k ~ N(0, prior_std^2)  iid                         (prior = the path's reference)
     y_i | mu ~ (1/K) sum_k N(mu_k, sigma^2),  i = 1..n    (likelihood)
 
-The likelihood is invariant under permutations of the labels, so the posterior has ``K!``
-symmetric modes (one per ordering of the means) separated by low-density regions; a local
-sampler stays in one of them, while NRPT reaches all of them through the prior.  The geometric
-path runs from the prior (``beta = 0``, exact iid draws) to the posterior (``beta = 1``), and the
-prior is normalized, so the stepping-stone ``log Z`` is the log marginal likelihood.
-
-Shapes follow :mod:`nrpt.targets.protocol`: states ``x = mu`` are ``[n, K]``, results ``[n]``.
-"""
+``K!`` symmetric posterior modes; a geometric path from the normalized prior, so ``log Z`` is
+the log marginal likelihood.  States ``x = mu`` are ``[n, K]``."""
 
 from __future__ import annotations
 

@@ -1,35 +1,15 @@
-"""Targets: what nrpt samples from, how it is checked, and how it is loaded.
+"""Targets: the protocol, its checks, and loading.
 
-Conventions
------------
-Energies are ``U = -log pi`` up to an additive constant (``pi`` need not be normalized).  A batch
-of states ``x`` is a floating tensor of shape ``[n, dim]``; every per-state quantity (energy, log
-likelihood, log density) is a tensor of shape ``[n]``.  Functions are written in differentiable
-torch ops: gradients (for Langevin / HMC explorers) come from autograd, so a target only
-provides values.  Functions work in the dtype and on the device of their input ``x``.  Random
-numbers are only ever drawn from an explicit ``torch.Generator`` argument, never the global RNG.
-
-The target protocol (duck-typed)
---------------------------------
-A target is any object with an integer attribute ``dim >= 1`` and **one** of two forms:
-:class:`TemperatureForm` (``energy``) or :class:`GeometricForm` (``log_likelihood``,
-``reference_log_prob``, ``reference_sample``); if both are present the geometric one is used
-(see :func:`path_kind`).
-
-Optional members: :data:`OPTIONAL_MEMBERS` lists them (one declaration), and
-:func:`capabilities` finds, once per target, which of them a target has (a
-:class:`Capabilities`).  The model-variable hook (``model_variables``, ``model_dims``,
-``model_coords``) is for targets built from a model (e.g. a PyMC model) whose state ``x`` is
-an unconstrained vector: with it, ``posterior.nc`` holds one posterior variable per model
-variable (``[chain, draw, *var_shape]``, its dims and coordinates; unnamed dims are
-``<name>_dim_<i>``) and the unconstrained draws in the ``unconstrained_posterior`` group;
-without it, the posterior is the flat ``x`` ``[chain, draw, x_dim]``
-(:mod:`nrpt.report.posterior_file`).  The hook is called on blocks of draws after the run,
-never during sampling.
-
-Built-in targets live in :mod:`nrpt.targets`; :data:`BUILTIN_TARGETS` maps their names to
-factories, and :func:`load_target` resolves either a built-in name or ``path/to/file.py:NAME``.
-"""
+Energies are ``U = -log pi`` up to a constant; states ``x`` are ``[n, dim]`` floating tensors,
+per-state values ``[n]``, in the dtype and on the device of ``x``; gradients come from
+autograd; randomness only from an explicit ``torch.Generator``.  A target has ``dim >= 1`` and
+one of two forms, :class:`TemperatureForm` (``energy``) or :class:`GeometricForm`
+(``log_likelihood``, ``reference_log_prob``, ``reference_sample``; preferred when both,
+:func:`path_kind`).  Optional members: :data:`OPTIONAL_MEMBERS`, found once per target by
+:func:`capabilities`.  The model-variable hook (``model_variables``, ``model_dims``,
+``model_coords``) shapes ``posterior.nc`` (:mod:`nrpt.report.posterior_file`), called after
+the run only.  :func:`load_target` resolves a built-in name (:data:`BUILTIN_TARGETS`) or
+``path/to/file.py:NAME``."""
 
 from __future__ import annotations
 
@@ -232,13 +212,8 @@ def _describe(target: Any) -> str:
 
 def path_kind(target: Any) -> PathKind:
     """``"geometric"`` if ``target`` has the geometric trio, else ``"temperature"`` if it has
-    ``energy``; :class:`TargetError` otherwise.
-
-    A target that defines ``log_likelihood`` (or a ``reference_*`` member) but not the whole
-    trio is an error even when it also has ``energy``: it most likely meant a geometric path and
-    misspelt or forgot a member, and silently falling back to a temperature ladder would hide
-    that.
-    """
+    ``energy``; :class:`TargetError` otherwise, and also for a partial trio (even with
+    ``energy``)."""
     present = {m: _has_callable(target, m) for m in _GEOMETRIC_MEMBERS}
     if all(present.values()):
         return "geometric"
@@ -438,23 +413,15 @@ def validate_target(
     probe: dict[str, Any] | None = None,
     gradient_for: str | None = None,
 ) -> PathKind:
-    """Check ``target`` against the target protocol and return its path kind.
+    """Check ``target`` against the protocol on a probe batch of ``n = 3`` states in ``dtype`` on
+    ``device``; return its path kind.
 
-    Evaluates every protocol function on a probe batch of ``n = 3`` states (zeros plus small
-    offsets for an energy target; reference draws from a seeded generator for a geometric one)
-    in ``dtype`` on ``device`` and checks the shapes of the results, and checks the optional
-    members that are present (``name``, ``initial_states``, ``mean``, ``cov``).  Non-finite
-    values are allowed (a target may be ``-inf`` somewhere).  Raises :class:`TargetError` with a
-    message naming the offending member.  ``probe``: a dict that receives the probe batch's
-    values (``{member: [n floats]}``, for :func:`fingerprint`: no extra call of user code).
-
-    Also refused: values that are not real floating point (bool, integer, complex), a function
-    that changes its input ``x`` in place, a ``reference_sample`` that does not draw from its
-    generator (equal seeds must give equal draws, another seed other draws), and -- with
-    ``gradient_for`` (the name of an explorer that follows the gradient: mala, hmc, the
-    stochastic-gradient ones) -- a gradient not connected to ``x`` or zero at every probe point
-    where the values vary (an energy computed with NumPy would make MALA a random walk).
-    """
+    Raises :class:`TargetError` naming the member for: wrong shapes, non-real values, an input
+    changed in place, a ``reference_sample`` that ignores its generator, a bad optional member
+    (``name``, ``initial_states``, ``mean``, ``cov``), and with ``gradient_for`` (a gradient
+    explorer's name) a gradient disconnected from ``x`` or zero wherever the values vary.
+    Non-finite values are allowed.  ``probe``: receives ``{member: [n floats]}`` for
+    :func:`fingerprint`."""
     kind = path_kind(target)
     dim = _check_dim(target)
     n = _PROBE_N
@@ -607,13 +574,9 @@ def _sha256(path: Path) -> str:
 
 def local_modules(module: Any, new: Collection[str] = frozenset(),
                   seen: Iterable[Any] = ()) -> dict[str, str]:
-    """The modules a target file's ``module`` imported from its own directory tree (their
-    ``__file__`` under the file's directory), as ``{path relative to that directory: sha256}``.
-
-    Found among the modules the import added to ``sys.modules`` (``new``), those its
-    ``import`` statements resolved to (``seen``: also modules a previous load had cached), and
-    those the namespaces reach (``import helper``, ``from helper import f``), followed
-    transitively through the local ones."""
+    """``{path relative to the file's directory: sha256}`` of the modules a target file's
+    ``module`` imported from its own directory tree (via ``new`` modules, ``seen`` import
+    targets and names the namespaces reach, transitively)."""
     own = Path(module.__file__).resolve()
     root = own.parent
 
@@ -696,21 +659,13 @@ def import_file_target(spec: str, **kwargs: Any) -> tuple[Any, dict[str, str]]:
 
 
 def load_target(spec: str, **kwargs: Any) -> Any:
-    """Resolve ``spec`` to a target object.
+    """Resolve ``spec`` to a target object (not validated: :func:`validate_target`).
 
-    ``spec`` is either
-
-    * ``"path/to/file.py:NAME"`` -- the file is imported as a fresh module and its attribute
-      ``NAME`` is taken; a ``pymc.Model`` becomes :func:`nrpt.targets.from_pymc` ``(model,
-      **kwargs)`` (e.g. ``path="temperature"``); a class, or a function without a ``dim``, is
-      called with ``kwargs`` to build the target, anything else is returned as it is
-      (``kwargs`` must then be empty);
-    * the name of a built-in target (a key of :data:`BUILTIN_TARGETS`, ``_`` and ``-`` are
-      interchangeable), whose factory is called with ``kwargs``.
-
-    Raises :class:`TargetError` for an unknown name, a missing file or a missing attribute.  The
-    result is not validated; call :func:`validate_target` for that.
-    """
+    ``"path/to/file.py:NAME"``: the file imported as a fresh module; a ``pymc.Model`` goes
+    through :func:`nrpt.targets.from_pymc` ``(model, **kwargs)``, a class or a function without
+    ``dim`` is called with ``kwargs``, anything else is returned (``kwargs`` then empty).  A
+    built-in name (:data:`BUILTIN_TARGETS`; ``_`` and ``-`` alike): its factory with ``kwargs``.
+    Raises :class:`TargetError` for an unknown name, a missing file or attribute."""
     return _load_target(spec, kwargs, {})
 
 

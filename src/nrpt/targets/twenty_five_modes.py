@@ -1,15 +1,6 @@
-"""The "twenty-five modes" target in two dimensions.
-
-``U(x) = 0.2 |x|^2 - 2 (cos 2 pi x1 + cos 2 pi x2)`` (plus ``max(0, |x|^2 - 20)`` with
-``penalty=True``), ``pi ∝ exp(-U)``.  The cosines put a narrow well (standard deviation about
-``1 / (2 pi sqrt 2) ≈ 0.11``) at every integer point, the quadratic weights them by
-``exp(-0.2 |k|^2)``: the 25 wells in ``[-2, 2]^2`` hold most of the mass, separated by energy
-barriers of 8 (a factor ``e^-8`` in density), so a local sampler at ``tau = 1`` is stuck in one.
-Without the penalty, wells further out still carry noticeable mass (about 20% lies outside
-``[-2.5, 2.5]^2``); the penalty confines the mass to the disc of radius ``sqrt 20``.
-
-Shapes follow :mod:`nrpt.targets.protocol`: ``x`` is ``[n, 2]``, ``energy(x)`` is ``[n]``.
-"""
+"""The "twenty-five modes" target in two dimensions: ``U(x) = 0.2 |x|^2 - 2 (cos 2 pi x1 +
+cos 2 pi x2)`` (plus ``max(0, |x|^2 - 20)`` with ``penalty=True``); wells of sd about 0.11 at
+the integer points, the 25 in ``[-2, 2]^2`` holding most mass, separated by barriers of 8."""
 
 from __future__ import annotations
 
@@ -63,21 +54,11 @@ def _polar_moments(penalty: bool) -> tuple[float, float]:
 
 
 class TwentyFiveModes:
-    """Two-dimensional multimodal energy target with wells at the integer points.
+    """Two-dimensional multimodal energy target with wells at the integer points (module docstring).
 
-    ``U(x) = 0.2 (x1^2 + x2^2) - 2 (cos 2 pi x1 + cos 2 pi x2) [+ max(0, |x|^2 - 20)]``.
-
-    Attributes:
-        dim: 2.
-        name: ``"twenty-five-modes"`` (the name `--target` accepts; `penalty` is an option).
-        penalty: whether the confining penalty is on.
-        mean, cov: exact moments (``0`` and ``v I`` by symmetry, ``v`` by quadrature; ``v = 2.5``
-            without penalty up to ``~e^-49``).
-        log_normalizer: ``log ∫ exp(-U)`` by quadrature (closed form without penalty:
-            ``2 log(I0(2) sqrt(5 pi))``).
-        grid_lim: half-width of the default box of :meth:`density_grid`; the mass outside
-            ``[-grid_lim, grid_lim]^2`` is below ``1e-8``.
-    """
+    Attributes: ``dim`` 2; ``name`` ``"twenty-five-modes"``; ``penalty``; exact ``mean`` 0 and
+    ``cov`` ``v I`` (``v`` by quadrature); ``log_normalizer`` by quadrature (no penalty:
+    ``2 log(I0(2) sqrt(5 pi))``); ``grid_lim``, the default half-width of :meth:`density_grid`."""
 
     #: ``grad_energy`` / ``energy_and_grad`` are closed forms (no autograd): runs may use
     #: ``torch.inference_mode`` (:attr:`nrpt.PTEngine.autograd_free`)
@@ -162,19 +143,14 @@ class TwentyFiveModes:
         """Exact cell probabilities on a square grid, for histogram errors (TV, KL).
 
         Args:
-            lim: the box is ``[-lim, lim]^2``; default :attr:`grid_lim` (mass outside < 1e-8).
-            bins: cells per axis; default 9 per unit length (with a half-integer ``lim``, as the
-                default is, every integer point is then a cell centre).
+            lim: the box ``[-lim, lim]^2``; default :attr:`grid_lim` (mass outside < 1e-8).
+            bins: cells per axis; default 9 per unit length.
             nodes: Gauss-Legendre nodes per cell and axis.
 
         Returns:
-            ``(xs, ys, probs)``: cell edges ``xs``, ``ys`` (numpy, ``[bins + 1]``) and ``probs``
-            (``[bins, bins]``) with ``probs[i, j] = P(xs[i] <= x1 < xs[i+1], ys[j] <= x2 <
-            ys[j+1])``, the layout of ``np.histogram2d(x1, x2, bins=(xs, ys))``.  These are
-            probabilities under ``pi``, not renormalized to the box: they sum to
-            ``P(box)`` (within ``1e-7`` of 1 for the default box; the quadrature error is
-            ~1e-14 without penalty, ~4e-8 in total with it, from the penalty's kink).
-        """
+            ``(xs, ys, probs)``: edges ``[bins + 1]`` and ``probs[bins, bins]`` with ``probs[i, j] =
+            P(xs[i] <= x1 < xs[i+1], ys[j] <= x2 < ys[j+1])`` (``np.histogram2d``'s layout), not
+            renormalized to the box."""
         lim = float(self.grid_lim if lim is None else lim)
         if not lim > 0:
             raise ValueError(f"lim must be > 0; got {lim}")

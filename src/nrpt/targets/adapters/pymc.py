@@ -1,56 +1,15 @@
-r"""PyMC models as nrpt targets: :func:`from_pymc`.
+"""PyMC models as nrpt targets: :func:`from_pymc` (described in docs/pymc.md).
 
-A PyMC model is sampled on its *unconstrained* space: the model's value variables, i.e. every
-free random variable after its default transform (``log`` for a positive variable, ``logodds``
-/ ``interval`` for a bounded one, ``simplex`` for a Dirichlet, ...).  A state ``x`` is the
-concatenation of the raveled value variables (C order) **in the order of**
-``model.free_RVs`` (the order the variables were defined in); ``dim`` is their total size and
-:attr:`PyMCTarget.layout` lists ``(value variable name, slice, shape)`` for each block.
-
-Two paths (``path=``):
-
-``"prior"`` (default) -- a geometric path from the prior to the posterior:
-
-* ``reference_log_prob(x)``: the prior's log density on the unconstrained space, log-Jacobians
-  of the transforms included (PyMC's ``model.logp(vars=free_RVs, jacobian=True)``).  PyMC
-  priors are normalized, so ``reference_is_normalized = True`` and the stepping-stone estimate
-  is the absolute log marginal likelihood ``log Z``.
-* ``log_likelihood(x)``: the sum of the observed variables' log densities (the tempered part).
-* ``reference_sample(n, generator)``: exact iid prior draws by forward sampling the free
-  variables (PyTensor's random ops) and mapping them through the transforms' forward maps.
-  The draws are a function of ``generator`` alone: a 63-bit seed is drawn from it and seeds
-  the compiled sampler's random generators.  All ``n`` draws come from one call of the
-  forward-sampling graph vectorized over a leading batch axis of symbolic length ``n`` (each
-  random variable drawn ``(n, *shape)`` times, a downstream variable with its own draw's
-  parents, the transforms applied to the batch); if some op of the prior has no batched form
-  (e.g. ``pm.LKJCholeskyCov``), a loop calls the one-draw sampler ``n`` times
-  (``vectorized["sample"]`` says which).
-
-  This needs a prior that forward sampling reproduces exactly: no ``pm.Potential`` and no free
-  variable that depends on an observed one (its "prior" would then be conditional on data).
-  Such models are refused with a message pointing to ``path="temperature"``.
-
-``"temperature"`` -- a temperature ladder on ``energy(x) = -(joint log density with
-Jacobian)`` (potentials included); for models whose prior cannot be sampled forward.
-``initial_states`` are PyMC's initial point jittered by ``Uniform(-1, 1)`` per coordinate.
-
-Gradients come from PyTensor's symbolic gradient (``grad_*`` methods, ``analytic_gradients =
-True``), so a run needs no torch autograd.  Every function is compiled once for a batch: the
-flat-vector log-density graph (:func:`pymc.pytensorf.join_nonshared_inputs`) is vectorized over
-a leading batch axis (:func:`pytensor.graph.replace.vectorize_graph`), so one call evaluates
-``[n, dim]`` states; if some op of the model cannot be vectorized, a per-state loop over the
-single-state function is used instead (``vectorize=False`` forces the loop; see
-:attr:`PyMCTarget.vectorized`).
-
-Numbers: PyTensor computes in float64; inputs may be torch tensors of any float dtype on any
-device (or numpy arrays) and results come back as torch tensors in the input's dtype and on
-its device.  The compiled functions hold mutable storage: a target must not be called from
-several threads at once.
-
-For the run's posterior file: :meth:`PyMCTarget.model_variables` maps states to the constrained
-values of every free variable and ``pm.Deterministic`` (``{name: [n, *shape]}``), with
-:attr:`~PyMCTarget.model_dims` / :attr:`~PyMCTarget.model_coords` from the model.
-"""
+A state ``x`` is the raveled value variables (after default transforms) concatenated in
+``model.free_RVs`` order; :attr:`PyMCTarget.layout` gives ``(name, slice, shape)`` per block.
+``path="prior"``: geometric path, ``reference_log_prob`` = the prior with log-Jacobians
+(normalized: absolute ``log Z``), ``log_likelihood`` = the observed variables,
+``reference_sample`` = forward sampling seeded from ``generator`` alone (refused with
+``pm.Potential`` or a free variable depending on an observed one).  ``path="temperature"``:
+``energy`` = minus the joint log density with Jacobian.  Gradients are PyTensor's
+(``analytic_gradients = True``); functions are compiled once, vectorized over the batch or a
+per-state loop (:attr:`PyMCTarget.vectorized`).  Computes in float64, returns tensors in the
+input's dtype and device; not thread-safe."""
 
 from __future__ import annotations
 
@@ -147,19 +106,10 @@ def _vectorized_or_loop(vectorize: bool | None, what: str, loop_name: str, fallb
 
 
 class _Batched:
-    """A compiled function of a flat state vector, evaluated on a batch ``[n, dim]``.
-
-    ``outputs`` are graphs of ``flat`` (a vector input); results come back with a leading
-    batch axis ``[n, *core_shape]``.  Vectorized: one call of the graph vectorized over the
-    batch (an output that does not depend on the state is broadcast).  Loop: one call of the
-    single-state function per state.  ``x0`` (a valid state) is evaluated once to learn the
-    outputs' shapes and to check that the vectorized function runs.
-
-    ``grad=True`` appends the gradient of every (scalar) output with respect to the state.  In
-    the vectorized graph it is taken *after* vectorizing, as the gradient of the batch's sum
-    (the states do not interact, so row i is state i's gradient): vectorizing the gradient
-    graph instead leaves ops without a batched form (the ``Split`` that differentiates a
-    ``Join``) running as a Python loop over the batch."""
+    """A compiled function of a flat state vector, evaluated on a batch ``[n, dim]``; results
+    ``[n, *core_shape]``.  Vectorized (one call; state-independent outputs broadcast) or a
+    per-state loop; ``x0`` is evaluated once for shapes.  ``grad=True`` appends each scalar
+    output's gradient, taken after vectorizing as the gradient of the batch's sum."""
 
     def __init__(self, pm, pt, flat, x0: np.ndarray, outputs, vectorize: bool | None,
                  what: str, grad: bool = False):
@@ -223,16 +173,9 @@ def _toposort(outputs) -> list:
 
 
 def _vectorize_draws(pt, outputs, n, vect: dict | None = None, done: set | None = None) -> dict:
-    """``{variable of the one-draw forward graph of outputs: its version batched over a
-    leading axis of length n}`` for every variable that depends on a random draw.
-
-    Every random variable is drawn ``n`` times (:func:`_batch_random_variable`, or for a
-    PyMC symbolic random variable without a random parent, PyMC's ``change_dist_size``);
-    every other node with a batched input is vectorized by PyTensor's rules
-    (``vectorize_graph`` on the node alone).  A symbolic random variable that neither
-    handles (PyMC has no batched form of e.g. a ``ZeroSumNormal`` or ``Mixture`` with a
-    random parameter) is inlined: its inner graph, on the outer inputs, is vectorized the
-    same way.  Raises if some node has no batched form."""
+    """``{variable of the one-draw forward graph: its version batched over a leading axis n}``
+    for every variable that depends on a random draw; symbolic random variables without a
+    batched form are inlined.  Raises if some node has no batched form."""
     from pytensor.graph.replace import clone_replace, vectorize_graph
     from pytensor.tensor.random.op import RandomVariable
 
@@ -292,13 +235,9 @@ def _resize_root(node, n) -> list:
 
 
 def _batch_random_variable(pt, node, ins, batched, n) -> list:
-    """The random-variable node ``node`` drawn once per row of a batch of ``n``; the outputs
-    of the new node.  Its batched parameters (leading axis ``n``: row i holds draw i's
-    parents) are padded after that axis to the one-draw variable's batch dimensions, so that
-    broadcasting lines row i up with draw i.  The size: ``(n, *old size)`` if it had one;
-    none if some parameter is batched (the parameters' broadcast shape is ``(n, *batch
-    shape)``); else (a root) ``(n, *the parameters' broadcast batch shape)``.  The rng input
-    is the same (shared) generator: the new node replaces the old one."""
+    """The outputs of ``node`` redrawn once per row of a batch of ``n``: batched parameters padded
+    to line row i up with draw i; size ``(n, *old size)``, none if a parameter is batched, else
+    ``(n, *broadcast batch shape)``; same shared rng."""
     from pytensor.tensor.random.utils import compute_batch_shape
     from pytensor.tensor.type_other import NoneTypeT
 
@@ -339,13 +278,9 @@ def _batch_random_variable(pt, node, ins, batched, n) -> list:
 
 
 def _batched_dirichlet(pt, rng, size, alpha) -> list:
-    """``[next rng, Dirichlet(alpha) draws]`` for a batch: PyTensor's Dirichlet draws a
-    batched concentration one row at a time in Python, so the draws are built from gamma
-    variates instead, in log space: ``log G_i = log Gamma(alpha_i + 1) + log(U_i) / alpha_i``
-    (``G_i ~ Gamma(alpha_i)`` exactly: a Gamma(a + 1) variate times ``U^(1/a)``, which stays
-    finite for a small ``alpha_i`` where ``G_i`` itself underflows to 0) and ``w =
-    softmax(log G)`` (normalized independent gammas are exactly Dirichlet).  One generator,
-    chained through both draws."""
+    """``[next rng, Dirichlet(alpha) draws]`` for a batch, as ``softmax(log G)`` with
+    ``log G_i = log Gamma(alpha_i + 1) + log(U_i) / alpha_i`` (exact; finite for small
+    ``alpha_i``); one generator chained through both draws."""
     from pytensor.tensor.random.basic import gamma, uniform
     from pytensor.tensor.type_other import NoneTypeT
 
