@@ -5,6 +5,7 @@ name builds and runs."""
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from pathlib import Path
 
@@ -47,8 +48,19 @@ def _imports(path: Path, mod: str | None = None) -> list[tuple[str, list[str]]]:
 
 
 def _graph(files: dict[str, Path] | None = None) -> dict[str, set[str]]:
-    """Module -> the nrpt modules it imports (module level or inside a function)."""
-    files = files if files is not None else {_module_name(p): p for p in SRC.rglob("*.py")}
+    """Module -> the nrpt modules it imports (module level or inside a function); the real
+    package's graph is parsed once per session (a fresh copy each call: tests add edges)."""
+    if files is None:
+        return {m: set(d) for m, d in _package_graph().items()}
+    return _parse_graph(files)
+
+
+@functools.lru_cache(maxsize=1)
+def _package_graph() -> dict[str, set[str]]:
+    return _parse_graph({_module_name(p): p for p in SRC.rglob("*.py")})
+
+
+def _parse_graph(files: dict[str, Path]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
         for target, names in _imports(path, mod):

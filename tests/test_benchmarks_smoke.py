@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -16,6 +18,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow  # 5.5 s; make bench-scaling runs the script itself
 def test_scaling_quick(tmp_path):
     scaling = _load("scaling")
     out = tmp_path / "scaling.json"

@@ -133,6 +133,7 @@ CLI = ["deep", "--dataset", "digits", "--method", "deo-star", "--chains", "2", "
        "--strategy", "vmap", "--swap-rate", "0.2", "--checkpoint-every", "100"]
 
 
+@pytest.mark.slow  # 5 s; the test below keeps `nrpt resume` of a deep folder in the default run
 def test_nrpt_resume_continues_a_deep_run_bit_for_bit(tmp_path, capsys, monkeypatch):
     import nrpt.deep.fitting as fitting
     from nrpt.run.cli import main

@@ -205,6 +205,7 @@ def check_mixture(systems, iterations, burn_in, vr_every):
     return res, stats, model, exact
 
 
+@pytest.mark.slow  # 11 s; minibatch SGLD stays in the default run through the conjugate test
 def test_minibatch_sgld_pt_samples_the_mixture_mean_posterior():
     # 64 systems x 2500 kept draws: se of the mode mass ~0.008
     _, _, model, exact = check_mixture(systems=64, iterations=3000, burn_in=500, vr_every=0)
