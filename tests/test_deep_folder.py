@@ -114,7 +114,8 @@ def test_a_damaged_pretrained_file_is_refused(tmp_path):
         fit(_mlp(), train, test, out=out, resume=True, **opts)
 
 
-@pytest.mark.parametrize("what", ["train", "test", "model"])
+@pytest.mark.parametrize("what", [pytest.param("train", marks=pytest.mark.slow),
+                                  pytest.param("test", marks=pytest.mark.slow), "model"])
 def test_resuming_with_other_data_or_another_model_is_refused(tmp_path, what):
     out = tmp_path / "run"
     train, test = _interrupted(out)

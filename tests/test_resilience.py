@@ -232,7 +232,7 @@ def test_signal_between_the_step_and_the_record_resumes_exactly(full, tmp_path, 
     assert_same_run(nrpt.resume(tmp_path / "cut", target=Kicker()), full)
 
 
-@pytest.mark.parametrize("also_in_loop", [False, True])
+@pytest.mark.parametrize("also_in_loop", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_signal_while_writing_figures_keeps_every_output(full, tmp_path, monkeypatch,
                                                          also_in_loop):
     from nrpt.report import text as report

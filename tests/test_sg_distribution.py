@@ -205,7 +205,6 @@ def check_mixture(systems, iterations, burn_in, vr_every):
     return res, stats, model, exact
 
 
-@pytest.mark.slow  # 11 s; minibatch SGLD stays in the default run through the conjugate test
 def test_minibatch_sgld_pt_samples_the_mixture_mean_posterior():
     # 64 systems x 2500 kept draws: se of the mode mass ~0.008
     _, _, model, exact = check_mixture(systems=64, iterations=3000, burn_in=500, vr_every=0)
@@ -215,6 +214,7 @@ def test_minibatch_sgld_pt_samples_the_mixture_mean_posterior():
     assert naive["right"].mean() - exact["right"] > N_SE * se(naive["right"]) + 0.03
 
 
+@pytest.mark.slow  # 8 s; the control-variate estimator's unbiasedness is in test_sg_energy.py
 def test_variance_reduced_sgld_pt_samples_the_mixture_mean_posterior():
     res, _, _, _ = check_mixture(systems=64, iterations=3000, burn_in=500, vr_every=2)
     # the control variate does its job: a smaller energy variance and many more swaps at the
