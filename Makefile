@@ -25,8 +25,10 @@ install: $(STAMP)
 run: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/nrpt run --out runs/default
 
+# two workers (one per core of the project machines), whole files per worker: the suite is
+# single-threaded tiny-tensor code, so this halves its wall time (`pytest tests/x.py` stays serial)
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 # long statistical checks (marked slow: exact event rates over a grid of schemes, the tighter
 # stochastic-gradient distribution checks)
