@@ -125,6 +125,14 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def _discard(tmp: str, err: BaseException, path: Path) -> None:
+    """After a failed atomic write: remove the temporary file; an OS error names ``path``."""
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    if isinstance(err, OSError):
+        _named(err, path)
+
+
 def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = True) -> None:
     """Write ``data`` to a unique temporary file beside ``path`` (fsynced), then rename it."""
     path = Path(path)
@@ -137,10 +145,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str, *, sync: bool = Tru
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(err, OSError):
-            _named(err, path)
+        _discard(tmp, err, path)
         raise
 
 
@@ -155,10 +160,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield Path(tmp)
         os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(err, OSError):
-            _named(err, path)
+        _discard(tmp, err, path)
         raise
 
 
