@@ -160,7 +160,7 @@ def test_a_chunk_length_from_the_config_and_the_cli():
 def test_auto_is_the_default_and_runs_eager_chunks_where_they_run():
     """fuse = "auto" (the default): eager chunks of 8 where why_not allows; the plain loop for
     compile = true (its compiled explorer step), schemes the chunk does not run, explorers
-    outside COMPILABLE, and user recorders without their own record_block."""
+    that do not declare compilable, and user recorders without their own record_block."""
     from nrpt.roles import RecorderBase
 
     run = build(config("rwmh-deo", 32))

@@ -16,7 +16,7 @@ a resumed run chunks as the uninterrupted one.  ``observe_block`` must be pure a
 without :meth:`nrpt.core.engine.PTEngine.apply`'s conversions).
 
 Fusable runs: one process; DEO, DEO_W, SEO; rules ``metropolis``, ``deterministic``,
-``always``, ``fixed-rate``; explorers in :data:`nrpt.explorers.compiled.COMPILABLE`; adaptors
+``always``, ``fixed-rate``; explorers that declare ``compilable``; adaptors
 without ``observe`` or with ``observe_block``; any recorders.  :func:`why_not` says why not.
 """
 

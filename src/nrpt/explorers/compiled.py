@@ -25,13 +25,8 @@ import torch
 
 from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 
-__all__ = ["Compiled", "CompileWarning", "compilable", "COMPILABLE", "RecordingNoise",
+__all__ = ["Compiled", "CompileWarning", "compilable", "RecordingNoise",
            "ReplayNoise", "make_draw"]
-
-#: the built-in explorers that declare ``compilable`` (listings; the decision is
-#: :func:`compilable`, which reads the declaration of any explorer)
-COMPILABLE = ("rwmh", "mala", "hmc", "sgd", "sgld", "sghmc", "msgd", "psgd", "psgld")
-
 
 class CompileWarning(UserWarning):
     """A compiled explorer step could not be built or run; the plain step is used instead."""
@@ -136,7 +131,7 @@ class Compiled(Explorer):
             raise ValueError(f"explorer {getattr(inner, 'name', inner)!r} cannot be compiled "
                              f"(its draws depend on the state or the iteration, e.g. the "
                              f"control-variate energy); compile works for explorers "
-                             f"that declare compilable ({', '.join(COMPILABLE)})")
+                             f"that declare compilable = True (`nrpt list` names them)")
         self.inner = inner
         self.name, self.uses_gradient = inner.name, inner.uses_gradient
         self.substeps = inner.substeps

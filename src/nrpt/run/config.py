@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from nrpt.explorers.compiled import COMPILABLE
 from nrpt.options import (
     BOOL_WORDS,
     SECTION_NAMES,
@@ -524,6 +523,14 @@ _DECLARED = object()
 _C = {o.name: o for o in CENTRAL}
 
 
+def _explorers(declares: str) -> str:
+    """The registered explorers whose class declares ``declares`` (a metadata attribute that is
+    truthy, or not None), for messages: the declarations, not a table of names, decide."""
+    return ", ".join(n for n in registry.names("explorer")
+                     if getattr(registry.entry("explorer", n).load(), declares, None)
+                     not in (None, False))
+
+
 class _Resolution:
     """One resolution: the config being filled, the settings the user gave, and those found
     not to apply (name -> why; their values are set to ``None`` at once)."""
@@ -549,6 +556,13 @@ class _Resolution:
     def drop(self, name: str, why: str) -> None:
         self.na[name] = why
         self.set(name, None)
+
+    def keep_if(self, name: str, applies: bool, why: str) -> None:
+        """:meth:`take` ``name`` where it ``applies``, else :meth:`drop` it with ``why``."""
+        if applies:
+            self.take(name)
+        else:
+            self.drop(name, why)
 
     def component(self, role: str, chosen: str) -> None:
         """The options of ``role``: the chosen component's are taken (where they apply), every
@@ -622,7 +636,7 @@ def _explorer_settings(r: _Resolution) -> None:
         r.take("compile")
         r.take("fuse")
         return
-    why = f"is for explorers {', '.join(COMPILABLE)} (a step with a fixed set of draws)"
+    why = f"is for explorers {_explorers('compilable')} (a step with a fixed set of draws)"
     r.drop("compile", f"compile {why}")
     if cfg.fuse not in ("auto", False):  # (auto and false mean the plain loop here)
         r.drop("fuse", f"fuse {why}")
@@ -699,32 +713,26 @@ def _swap_settings(r: _Resolution) -> None:
         raise ValueError(f"swap_rule must be one of {', '.join(rules)} for explorer "
                          f"{cfg.explorer!r} ({why}); got {cfg.swap_rule!r}")
     r.component("rule", cfg.swap_rule)
-    if (cfg.swap_rule == "deterministic" and cfg.adapt) or \
-            getattr(cfg, "window", None) == "swap-rate":
-        r.take("swap_rate")
-    else:
-        r.drop("swap_rate", "swap_rate is the target of the deterministic rule's adaptation "
-                            "(adapt = true) and of window 'swap-rate'")
+    r.keep_if("swap_rate", (cfg.swap_rule == "deterministic" and cfg.adapt)
+              or getattr(cfg, "window", None) == "swap-rate",
+              "swap_rate is the target of the deterministic rule's adaptation (adapt = true) "
+              "and of window 'swap-rate'")
 
 
 def _adaptation_settings(r: _Resolution) -> None:
     cfg = r.cfg
     tunable = registry.entry("explorer", cfg.explorer).load().acceptance_order is not None
-    if cfg.rounds is not None:
-        r.take("adapt_schedule")
-    else:
-        r.drop("adapt_schedule", "adapt_schedule is for adaptive runs (rounds)")
+    tuned = _explorers("acceptance_order")
+    r.keep_if("adapt_schedule", cfg.rounds is not None,
+              "adapt_schedule is for adaptive runs (rounds)")
     if cfg.rounds is None and not (tunable and burn_in_count(cfg) > 0):
         for name in ("adapt_step_size", "target_acceptance"):
             r.drop(name, f"{name} is for adaptive runs (rounds) and for the burn-in "
-                         f"(burn_in > 0) of fixed-length runs with explorer rwmh, mala or hmc")
+                         f"(burn_in > 0) of fixed-length runs with explorer {tuned}")
         return
     r.take("adapt_step_size")
-    if cfg.adapt_step_size and tunable:
-        r.take("target_acceptance")
-    else:
-        r.drop("target_acceptance", "target_acceptance is what adapt_step_size aims at for "
-                                    "rwmh, mala, hmc")
+    r.keep_if("target_acceptance", bool(cfg.adapt_step_size and tunable),
+              f"target_acceptance is what adapt_step_size aims at for {tuned}")
 
 
 def _output_settings(r: _Resolution) -> None:
