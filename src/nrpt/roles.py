@@ -233,6 +233,12 @@ class Explorer:
     #: can record and replay them (and :mod:`nrpt.core.fused` can run chunks of steps); read
     #: from the class that defines ``step`` (a subclass re-defining it declares it again)
     compilable = False
+    #: takes a per-slot preconditioner: ``step(..., metric=M)`` with ``M`` per replica either
+    #: ``[R, P, dim]`` (a diagonal scale ``s``: moves in ``z`` where ``x = s * z``) or
+    #: ``[R, P, dim, dim]`` (a lower-triangular ``L``: ``x = L z``), see
+    #: :func:`nrpt.explorers.base.metric_mul`; the engine passes ``metric`` only when a run
+    #: has one (``None``: identity), so an explorer without the keyword keeps working
+    preconditionable = False
 
     def step_adaptor(self, target_acceptance: float | None = None, *, phase: str | None = None,
                      follow=None):

@@ -31,7 +31,7 @@ from nrpt.options import Option, check_number, check_numbers, parse_floats
 from nrpt.roles import Density, ExploreInfo, Explorer, Noise, ReplicaState, slot_grad
 
 __all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finite_or",
-           "slot_grad", "GRAD_KEYS"]
+           "slot_grad", "GRAD_KEYS", "metric_mul", "metric_tmul"]
 
 #: the ``extras`` keys of the gradient cache of MALA / HMC (see the module docstring)
 GRAD_KEYS = ("grad_v", "grad_base")
@@ -39,6 +39,27 @@ GRAD_KEYS = ("grad_v", "grad_base")
 
 def finite_or(t: torch.Tensor, fill: float) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.full_like(t, fill))
+
+
+def metric_mul(metric: torch.Tensor | None, z: torch.Tensor) -> torch.Tensor:
+    """``L z`` per replica: ``z[R, P, dim]`` from the whitened space to the state space of a
+    preconditioned explorer (``metric``: ``None`` identity, ``[R, P, dim]`` a diagonal scale,
+    ``[R, P, dim, dim]`` a lower-triangular factor ``L`` of the covariance ``L L^T``)."""
+    if metric is None:
+        return z
+    if metric.dim() == z.dim():
+        return metric * z
+    return (metric @ z.unsqueeze(-1)).squeeze(-1)
+
+
+def metric_tmul(metric: torch.Tensor | None, g: torch.Tensor) -> torch.Tensor:
+    """``L^T g`` per replica: a gradient ``g[R, P, dim]`` in the state space to the whitened
+    space (see :func:`metric_mul`)."""
+    if metric is None:
+        return g
+    if metric.dim() == g.dim():
+        return metric * g
+    return (metric.transpose(-1, -2) @ g.unsqueeze(-1)).squeeze(-1)
 
 
 def _step_size(name, value, cfg=None):
