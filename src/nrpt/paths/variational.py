@@ -42,8 +42,9 @@ from nrpt.roles import AdaptorBase, RecorderBase, SegmentView, Update
 __all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
            "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "TwoLeg"]
 
-#: the ``reference`` setting: what the hot end of the ladder is
-REFERENCES = ("prior", "variational", "variational-meanfield")
+#: the ``reference`` setting: what the hot end of the ladder is ("gaussian", "gaussian-fixed":
+#: :mod:`nrpt.paths.gaussian_reference`, for targets with ``energy(x)`` only)
+REFERENCES = ("prior", "variational", "variational-meanfield", "gaussian", "gaussian-fixed")
 #: ``reference`` values that run the two-leg ladder, and the covariance family of their ``q``
 VARIATIONAL = {"variational": "full-rank", "variational-meanfield": "mean-field"}
 #: stream tag of the Gaussian draws of the variational reference (the prior's draws keep

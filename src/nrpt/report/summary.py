@@ -203,6 +203,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
     if row_map is not None:
         s.update(row_map.summary(run))
+    if facts.get("fitted_reference") is not None:  # a Gaussian hot end (density-only target)
+        s.update(facts["fitted_reference"].summary(run))
     _exact_fields(s, eng, samples)
     note = _approximation_note(cfg, facts, s)
     if note:
@@ -449,7 +451,9 @@ def _hot_inputs(eng, spread, row_map: RowMap | None) -> dict:
         rows = slice(None) if row_map is None else row_map.chain_rows  # the user's rows
         out["hot_states"] = {"mean": spread.mean[rows, j].cpu().double().numpy(),
                              "sd": spread.sd()[rows, j].cpu().double().numpy(), "n": spread.n}
-    if eng.path.has_reference:
+    if callable(getattr(eng.path, "reference_sd", None)):  # a reference the path holds
+        out["reference_spread"] = eng.path.reference_sd().detach().cpu().double().numpy()
+    elif eng.path.has_reference:
         g = torch.Generator().manual_seed(12345)
         draws = torch.as_tensor(eng.target.reference_sample(2000, g)).double()
         out["reference_spread"] = draws.std(0).numpy()

@@ -30,7 +30,8 @@ from nrpt.diagnostics.barrier import SlotEnergyRecorder
 from nrpt.energy.estimators import make_estimator
 from nrpt.explorers import Density
 from nrpt.explorers.domains import parse_domain
-from nrpt.paths.ladders import NoiseLadder, geometric_ladder, make_path
+from nrpt.paths.gaussian_reference import GAUSSIAN
+from nrpt.paths.ladders import GeometricPath, NoiseLadder, geometric_ladder, make_path
 from nrpt.recorders.draws import Draws
 from nrpt.recorders.log_z import SteppingStone
 from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
@@ -58,8 +59,8 @@ WARMUP_WINDOW_MIN = 50
 WARMUP_WINDOWS = 8
 
 
-def initial_states(target, path, R: int, P: int, seed: int, dtype, device
-                   ) -> tuple[torch.Tensor, float]:
+def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
+                   drawn: bool | None = None) -> tuple[torch.Tensor, float]:
     """The one recipe for initial states ``[R, P, dim]`` and the share of reference draws
     where the target vanishes (0 unless the path has a reference).
 
@@ -70,7 +71,8 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
     own = capabilities(target).has("initial_states")
     g = generator_for(seed, Stream.INIT)
     share = 0.0
-    drawn = path.kind == "geometric"  # reference draws start every slot of a geometric path
+    if drawn is None:  # reference draws start every slot of a geometric path
+        drawn = path.kind == "geometric"
     if drawn:
         density = Density(target, path)
         probe = torch.as_tensor(target.reference_sample(512, generator_for(seed, Stream.INIT,
@@ -241,8 +243,14 @@ def _exact_parts(cfg, target, entry, explorer, kind: str):
             cfg.max_temperature != 25.0:  # 25 = the default a written config.toml holds
         raise ValueError("max_temperature applies to a temperature ladder; this target has a "
                          "reference (geometric path): give betas instead")
-    path = make_path(target, int(cfg.chains), temperatures=cfg.temperatures, betas=cfg.betas,
-                     max_temperature=cfg.max_temperature or 25.0)
+    if getattr(cfg, "reference", None) in GAUSSIAN:  # energy(x) annealed from a Gaussian
+        path = (GeometricPath(cfg.betas) if cfg.betas is not None
+                else GeometricPath.linear(int(cfg.chains)))
+        if path.n_slots != int(cfg.chains):
+            raise ValueError(f"the ladder has {path.n_slots} slots but chains = {cfg.chains}")
+    else:
+        path = make_path(target, int(cfg.chains), temperatures=cfg.temperatures,
+                         betas=cfg.betas, max_temperature=cfg.max_temperature or 25.0)
     if explorer is None:
         fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method"}
         explorer = entry.load()(**{arg: getattr(cfg, f) for f, arg in fields.items()
@@ -282,6 +290,9 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     (:class:`nrpt.paths.variational.TwoLeg`) makes its own engine over two rows per system."""
     R, P = int(cfg.systems), int(cfg.chains)
     reference = getattr(cfg, "reference", None)
+    if reference in GAUSSIAN:
+        return _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype,
+                                device, facts)
     row_map, E = None, R  # how engine rows make up the user's systems (None: one row each)
     if reference is not None:
         from nrpt.paths.variational import TwoLeg
@@ -305,6 +316,27 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     engine = row_map.engine(target, path, explorer, scheme, rule, **common)
     facts.update(row_map.facts(target))
     return engine, [row_map.adaptor()]
+
+
+def _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device,
+                     facts):
+    """``(engine, [its refit adaptor])`` of a density-only target annealed from a Gaussian
+    (:mod:`nrpt.paths.gaussian_reference`): initial states as a temperature ladder's (the
+    target's own or N(0, I)), the initial Gaussian set from them."""
+    from nrpt.paths.gaussian_reference import GaussianRef
+
+    ref = GaussianRef(cfg.reference, int(cfg.systems), kind=facts["target_kind"], path=path,
+                      comm=comm, cfg=cfg)
+    x0, _ = initial_states(target, path, int(cfg.systems), int(cfg.chains), cfg.seed, dtype,
+                           device, drawn=False)
+    facts["zero_likelihood_share"] = 0.0
+    if getattr(explorer, "domain", None) is not None:
+        explorer.domain.check_inside(x0)
+    engine = ref.engine(target, path, explorer, scheme, rule, step_size=step, seed=cfg.seed,
+                        n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
+                        initial_states=x0)
+    facts.update(ref.facts())
+    return engine, ref.adaptors()
 
 
 def _own_tuning(cfg, explorer, phase: str | None, follow=None):
@@ -404,6 +436,8 @@ def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record,
     row_map = facts.get("row_map")
     if row_map is not None:
         recorders.update(row_map.recorders(**kw))
+    if facts.get("fitted_reference") is not None:
+        recorders.update(facts["fitted_reference"].recorders(**kw))
     return recorders
 
 

@@ -166,6 +166,10 @@ def _references():
     return REFERENCES
 
 
+#: the references of :mod:`nrpt.paths.gaussian_reference` (one leg, no bridge)
+_GAUSSIAN = ("gaussian", "gaussian-fixed")
+
+
 def _parse_burn_in(text: str):
     """An integer count ("500") or a fraction ("0.1")."""
     try:
@@ -229,7 +233,9 @@ CENTRAL: tuple[Option, ...] = (
             help="hot end of a geometric path: prior (default), or with --rounds a Gaussian "
                  "fitted to the target draws between rounds, full-rank (variational) or "
                  "diagonal (variational-meanfield), annealed in a second leg joined to the "
-                 "prior leg at the target"),
+                 "prior leg at the target; for targets with energy(x) only: gaussian (one "
+                 "leg from a Gaussian refitted between rounds, with --rounds) or "
+                 "gaussian-fixed (a broad Gaussian set from the initial states)"),
     _explorer("explorer", choice(lambda: registry.names("explorer")),
               choices=lambda: registry.names("explorer"),
               help="local move (exact: rwmh, mala, hmc, slice; stochastic-gradient: the rest)"),
@@ -655,6 +661,13 @@ def _ladder_settings(r: _Resolution) -> None:
     _reference(r)
     if "zero-temperature" in tags:
         return
+    if cfg.reference in _GAUSSIAN:
+        why = (f"reference {cfg.reference!r} anneals on a geometric path from a Gaussian: "
+               f"give betas")
+        r.drop("temperatures", why)
+        r.drop("max_temperature", why)
+        r.take("betas")
+        return
     if cfg.temperatures is not None and cfg.betas is not None:
         raise ValueError("give temperatures or betas, not both")
     r.take("temperatures")
@@ -672,11 +685,15 @@ def _reference(r: _Resolution) -> None:
     r.take("reference")
     if cfg.reference == "prior":
         r.set("reference", None)  # the default: a plain run, its settings unchanged
-    elif cfg.is_sg or cfg.rounds is None:
+    elif cfg.is_sg:
+        raise ValueError(f"reference {cfg.reference!r} needs an exact explorer (the swaps read "
+                         f"exact energies); got explorer {cfg.explorer!r} (use reference "
+                         f"'prior')")
+    elif cfg.rounds is None and cfg.reference != "gaussian-fixed":
+        alt = "'gaussian-fixed'" if cfg.reference == "gaussian" else "'prior'"
         raise ValueError(f"reference {cfg.reference!r} is fitted between adaptive rounds: "
-                         f"it needs rounds (rounds = N) and an exact explorer; got "
-                         f"{'explorer ' + repr(cfg.explorer) if cfg.is_sg else 'no rounds'} "
-                         f"(use reference 'prior')")
+                         f"it needs rounds (rounds = N); got no rounds (or use reference "
+                         f"{alt})")
     elif cfg.compile:
         raise ValueError(f"reference {cfg.reference!r} does not run with compile = true "
                          f"(the compiled step would keep the old reference after a refit); "
@@ -697,7 +714,7 @@ def _rules(cfg: RunConfig) -> list[str]:
 def _swap_settings(r: _Resolution) -> None:
     cfg = r.cfg
     r.take("scheme")
-    if cfg.reference is not None and cfg.scheme not in BRIDGED_SCHEMES:
+    if cfg.reference not in (None, *_GAUSSIAN) and cfg.scheme not in BRIDGED_SCHEMES:
         raise ValueError(f"reference {cfg.reference!r} joins its two legs on the iterations where "
                          f"pair (0, 1) rests, which scheme {cfg.scheme!r} never or hardly leaves; "
                          f"use scheme {', '.join(map(repr, BRIDGED_SCHEMES))} (or reference "
