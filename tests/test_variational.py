@@ -239,8 +239,11 @@ def test_benchmark_runs_end_to_end(capsys):
 #: row slicing that only :class:`~nrpt.paths.variational.TwoLeg` may do
 _TWO_LEG = r"TwoLeg|fitted_reference|leg_summary|legs_findings|\"legs\"|nrpt\.paths\.variational"
 #: who may name it: the object itself; the builder, which makes the run's parts through it; the
-#: ``reference`` option's declaration and validation (run/config.py, run/cli.py)
-_MAY_NAME = {"paths/variational.py", "run/build.py", "run/config.py", "run/cli.py"}
+#: ``reference`` option's declaration and validation (run/config.py, run/cli.py); the one-leg
+#: Gaussian reference of density-only targets, which reuses the fitted-Gaussian machinery
+#: (GaussianReference, fit_gaussian, TargetMoments), not the legs
+_MAY_NAME = {"paths/variational.py", "paths/gaussian_reference.py", "run/build.py",
+             "run/config.py", "run/cli.py"}
 
 
 def _naming_two_leg(files: dict[str, str]) -> list[str]:

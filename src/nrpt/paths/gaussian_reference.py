@@ -224,7 +224,7 @@ class GaussianRefit(VariationalRefit):
 
 class GaussianRef:
     """The Gaussian reference as the parts it adds to a run (engine, refit adaptor, moments
-    recorder, summary fields): ``Run.facts["fitted_reference"]``."""
+    recorder, summary fields): ``Run.facts["hot_end"]``."""
 
     def __init__(self, reference: str, R: int, *, kind: str, path, comm, cfg):
         if reference not in GAUSSIAN:
@@ -259,7 +259,7 @@ class GaussianRef:
         return self._engine
 
     def facts(self) -> dict:
-        return {"fitted_reference": self, "reference_normalized": True}
+        return {"hot_end": self, "reference_normalized": True}
 
     def adaptors(self) -> list:
         return [GaussianRefit(self.family, lambda: self._engine.q)] if self.fitted else []

@@ -203,8 +203,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
     row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
     if row_map is not None:
         s.update(row_map.summary(run))
-    if facts.get("fitted_reference") is not None:  # a Gaussian hot end (density-only target)
-        s.update(facts["fitted_reference"].summary(run))
+    if facts.get("hot_end") is not None:  # a Gaussian hot end (density-only target)
+        s.update(facts["hot_end"].summary(run))
     _exact_fields(s, eng, samples)
     note = _approximation_note(cfg, facts, s)
     if note:

@@ -436,8 +436,8 @@ def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record,
     row_map = facts.get("row_map")
     if row_map is not None:
         recorders.update(row_map.recorders(**kw))
-    if facts.get("fitted_reference") is not None:
-        recorders.update(facts["fitted_reference"].recorders(**kw))
+    if facts.get("hot_end") is not None:
+        recorders.update(facts["hot_end"].recorders(**kw))
     return recorders
 
 
