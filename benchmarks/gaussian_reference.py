@@ -116,8 +116,8 @@ def targets():
     return [gauss, LinReg(), Banana(), Mixture()]
 
 
-def one(target, reference, seed, rounds, chains):
-    opts = dict(rounds=rounds, chains=chains, systems=2, explorer="mala", seed=seed,
+def one(target, reference, seed, rounds, chains, explorer):
+    opts = dict(rounds=rounds, chains=chains, systems=2, explorer=explorer, seed=seed,
                 progress=False, threads=1, figures=False)
     if reference is not None:
         opts["reference"] = reference
@@ -136,8 +136,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--chains", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--explorer", default="slice")
     a = ap.parse_args()
-    print(f"rounds={a.rounds} chains={a.chains} systems=2 explorer=mala, seeds 1..{a.seeds}; "
+    print(f"rounds={a.rounds} chains={a.chains} systems=2 explorer={a.explorer}, seeds 1..{a.seeds}; "
           f"rt: last-round round trips (sum over systems and seeds); Λ: mean barrier; "
           f"z: (log Z - exact) / se per system")
     print(f"{'target':8} {'reference':15} {'rt':>5} {'Λ':>6} {'max|z|':>7} "
@@ -147,7 +148,7 @@ def main():
         for ref in refs + (["prior"] if hasattr(t, "as_prior") else []):
             tgt = t.as_prior() if ref == "prior" else t
             rows = [one(tgt, None if ref in ("temperature", "prior") else ref, s, a.rounds,
-                        a.chains) for s in range(1, a.seeds + 1)]
+                        a.chains, a.explorer) for s in range(1, a.seeds + 1)]
             rt = sum(r["rt"] for r in rows)
             lam = np.mean([r["lam"] for r in rows])
             wall = sum(r["wall"] for r in rows)

@@ -287,3 +287,24 @@ def test_initial_q_covers_the_initial_states():
     assert torch.allclose(q.mean[0], x0.reshape(-1, 3).mean(0))
     assert torch.allclose(torch.diagonal(q.chol[0]), torch.full((3,), 3 * float(sd.max()),
                                                                 dtype=F64))
+
+
+def test_a_target_may_make_it_its_default():
+    """``default_reference = "gaussian"`` on an energy target: runs that name no reference
+    anneal from the Gaussian ('gaussian-fixed' without rounds); a run that chose a temperature
+    ladder keeps it and says so; a target without the member keeps today's temperature path."""
+    t = correlated()
+    t.default_reference = "gaussian"
+    res = run(t, seed=1, reference=None)
+    assert res.summary["reference"] == "gaussian" and res.summary["path"] == "geometric"
+    assert "default_reference" in res.summary["gaussian_note"]
+    assert np.all(np.abs(log_z_z(res, t.log_normalizer)) < Z)
+    fixed = run(t, seed=1, reference=None, rounds=None, iterations=200)
+    assert fixed.summary["reference"] == "gaussian-fixed"
+    own = run(t, seed=1, reference=None, max_temperature=8.0)
+    assert own.summary["path"] == "temperature" and "default_reference_note" in own.summary
+    del t.default_reference
+    assert run(t, seed=1, reference=None).summary["path"] == "temperature"
+    t.default_reference = "bogus"
+    with pytest.raises(ValueError, match="default_reference must be one of gaussian"):
+        run(t, seed=1, reference=None)

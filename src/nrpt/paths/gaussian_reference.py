@@ -279,5 +279,7 @@ class GaussianRef:
         res["gaussian_note"] = (
             "hot end: a normalized Gaussian q (" + ("refitted between rounds to the pooled "
             f"slot-0 draws, covariance x{INFLATE:g}" if self.fitted else "fixed") +
-            "); log Z is that of exp(-energy) itself")
+            "); log Z is that of exp(-energy) itself" + (
+                "; chosen by the target's default_reference" if run.facts.get(
+                    "reference_from_target") else ""))
         return res

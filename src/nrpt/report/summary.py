@@ -205,6 +205,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         s.update(row_map.summary(run))
     if facts.get("hot_end") is not None:  # a Gaussian hot end (density-only target)
         s.update(facts["hot_end"].summary(run))
+    if facts.get("default_reference_skipped"):
+        s["default_reference_note"] = facts["default_reference_skipped"]
     _exact_fields(s, eng, samples)
     note = _approximation_note(cfg, facts, s)
     if note:

@@ -158,10 +158,11 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     facts = _target_facts(cfg, target, entry)
     dtype = DTYPES[cfg.dtype]
     device = torch.device(local_device(cfg.device) if comm is not None else cfg.device)
+    facts["reference"] = _reference(cfg, target, facts)
     if facts["sg"]:
         path, explorer, step, estimator = _sg_parts(cfg, target, entry, explorer, facts)
     else:
-        path, explorer, step = _exact_parts(cfg, target, entry, explorer, facts["target_kind"])
+        path, explorer, step = _exact_parts(cfg, target, entry, explorer, facts)
         estimator = None
     if explorer.target_acceptance is not None:  # (the health check's explorer target)
         facts["target_acceptance"] = (getattr(cfg, "target_acceptance", None)
@@ -236,14 +237,40 @@ def _sg_parts(cfg, target, entry, explorer, facts):
     return NoiseLadder(temps), explorer, step, estimator
 
 
-def _exact_parts(cfg, target, entry, explorer, kind: str):
+def _reference(cfg, target, facts) -> str | None:
+    """The run's ``reference``: the setting, else an energy target's ``default_reference``
+    (:mod:`nrpt.paths.gaussian_reference`; ``'gaussian'`` becomes ``'gaussian-fixed'`` without
+    rounds) unless the run chose a temperature ladder (``temperatures``, a ``max_temperature``
+    other than the default 25), compiles its step or uses a stochastic-gradient explorer."""
+    if cfg.reference is not None or facts["target_kind"] != "temperature" or facts["sg"]:
+        return cfg.reference
+    want = optional_value(target, "default_reference")
+    if want is None:
+        return None
+    if want not in GAUSSIAN:
+        raise TargetError(f"target.default_reference must be one of {', '.join(GAUSSIAN)}; "
+                          f"got {want!r}")
+    chose = (cfg.temperatures is not None or cfg.compile or (
+        "max_temperature" in getattr(cfg, "explicit", frozenset())
+        and cfg.max_temperature not in (None, 25.0)))
+    if chose:
+        facts["default_reference_skipped"] = (
+            f"the target's default_reference {want!r} is not used: this run chose a "
+            f"temperature ladder (temperatures / max_temperature) or compile = true")
+        return None
+    facts["reference_from_target"] = True
+    return "gaussian-fixed" if cfg.rounds is None else want
+
+
+def _exact_parts(cfg, target, entry, explorer, facts):
     """``(path, explorer, step sizes)`` of an exact run: a scalar step size is for slot 0 of a
     temperature ladder, hotter slots wider by ``sqrt(tau)``."""
+    kind = facts["target_kind"]
     if kind == "geometric" and "max_temperature" in getattr(cfg, "explicit", frozenset()) and \
             cfg.max_temperature != 25.0:  # 25 = the default a written config.toml holds
         raise ValueError("max_temperature applies to a temperature ladder; this target has a "
                          "reference (geometric path): give betas instead")
-    if getattr(cfg, "reference", None) in GAUSSIAN:  # energy(x) annealed from a Gaussian
+    if facts["reference"] in GAUSSIAN:  # energy(x) annealed from a Gaussian
         path = (GeometricPath(cfg.betas) if cfg.betas is not None
                 else GeometricPath.linear(int(cfg.chains)))
         if path.n_slots != int(cfg.chains):
@@ -289,7 +316,7 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     """``(engine, [the row map's adaptor])`` with the initial states; a variational reference
     (:class:`nrpt.paths.variational.TwoLeg`) makes its own engine over two rows per system."""
     R, P = int(cfg.systems), int(cfg.chains)
-    reference = getattr(cfg, "reference", None)
+    reference = facts["reference"]
     if reference in GAUSSIAN:
         return _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype,
                                 device, facts)
@@ -325,7 +352,7 @@ def _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtyp
     target's own or N(0, I)), the initial Gaussian set from them."""
     from nrpt.paths.gaussian_reference import GaussianRef
 
-    ref = GaussianRef(cfg.reference, int(cfg.systems), kind=facts["target_kind"], path=path,
+    ref = GaussianRef(facts["reference"], int(cfg.systems), kind=facts["target_kind"], path=path,
                       comm=comm, cfg=cfg)
     x0, _ = initial_states(target, path, int(cfg.systems), int(cfg.chains), cfg.seed, dtype,
                            device, drawn=False)

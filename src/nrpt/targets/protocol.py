@@ -119,6 +119,11 @@ OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
     "n_data": ("value", "int: the number of data points of a minibatch (data) target"),
     "loss": ("method", "the per-datum loss of a minibatch (data) target"),
     "log_normalizer": ("value", "float: the exact log Z of pi (checks of log Z estimates)"),
+    "default_reference": ("value", "str: the hot end of a run that names none, for an energy "
+                                   "target: 'gaussian' (refitted between rounds; "
+                                   "'gaussian-fixed' without rounds) or 'gaussian-fixed' "
+                                   "(e.g. a Stan program, whose flat priors can make the "
+                                   "tempered density improper)"),
     "cdf": ("method", "(t) -> the exact cdf of a 1-d target (checks)"),
     "marginal_cdf": ("method", "(t, i) -> the exact cdf of coordinate i (checks)"),
 }
