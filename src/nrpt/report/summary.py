@@ -590,6 +590,10 @@ def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
         lines.append(_log_normalizer_line(s, R))
     if row_map is not None:  # its own fields (e.g. per leg)
         lines += row_map.text(s, lambda v, fmt=".3g": _scalar(v, R, fmt))
+    if s.get("gaussian_note"):  # a Gaussian hot end (nrpt.paths.gaussian_reference)
+        lines.append(f"  reference       {s.get('reference')}: {s['gaussian_note']}")
+    if s.get("default_reference_note"):
+        lines.append(f"  reference       {s['default_reference_note']}")
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
                      f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "
