@@ -36,8 +36,7 @@ broad fixed Gaussian; measured against the refitted one in docs/gaussian_referen
 
 The initial ``q`` (:func:`initial_gaussian`): ``N(m0, s0^2 I)`` with ``m0`` the mean of the
 run's initial states and ``s0 = 3 max(1, largest sd of the initial states)``: it covers the
-region where the chains start; the first fit (the first round with at least ``d + 2`` pooled
-draws) replaces it.
+region where the chains start; the first fit (see the guards) replaces it.
 """
 
 from __future__ import annotations
