@@ -299,15 +299,15 @@ def test_a_target_may_make_it_its_default():
     assert res.summary["reference"] == "gaussian" and res.summary["path"] == "geometric"
     assert "default_reference" in res.summary["gaussian_note"]
     assert np.all(np.abs(log_z_z(res, t.log_normalizer)) < Z)
-    fixed = run(t, seed=1, reference=None, rounds=None, iterations=200)
+    fixed = run(t, seed=1, reference=None, rounds=None, iterations=100)
     assert fixed.summary["reference"] == "gaussian-fixed"
-    own = run(t, seed=1, reference=None, max_temperature=8.0)
+    own = run(t, seed=1, reference=None, max_temperature=8.0, rounds=4)
     assert own.summary["path"] == "temperature" and "default_reference_note" in own.summary
     del t.default_reference
-    assert run(t, seed=1, reference=None).summary["path"] == "temperature"
+    assert run(t, seed=1, reference=None, rounds=4).summary["path"] == "temperature"
     t.default_reference = "bogus"
     with pytest.raises(ValueError, match="default_reference must be one of gaussian"):
-        run(t, seed=1, reference=None)
+        run(t, seed=1, reference=None, rounds=4)
 
 
 def test_supplied_energy_gradient_matches_autograd():
