@@ -161,7 +161,8 @@ def main():
     a = ap.parse_args()
     if a.inflate:
         return sweep([float(v) for v in a.inflate.split(",")], a)
-    print(f"rounds={a.rounds} chains={a.chains} systems=2 explorer={a.explorer}, seeds 1..{a.seeds}; "
+    print(f"rounds={a.rounds} chains={a.chains} systems=2 explorer={a.explorer}, "
+          f"seeds 1..{a.seeds}; "
           f"rt: last-round round trips (sum over systems and seeds); Λ: mean barrier; "
           f"z: (log Z - exact) / se per system")
     print(f"{'target':8} {'reference':15} {'rt':>5} {'Λ':>6} {'max|z|':>7} "

@@ -367,8 +367,8 @@ def test_guards_against_a_q_fitted_to_one_mode(monkeypatch, systems, seed, off):
     """At these seeds slot 0 sits in one mode in an early, short round: a q refitted to it
     covers that mode only and log Z is log 2 off at tens of reported errors, a silently wrong
     answer (the negative control: guards off).  With the guards (refit only to rounds of at
-    least MIN_DRAWS pooled draws with MIN_RESTARTS restarts, covariance x INFLATE) log Z is within its
-    error."""
+    least MIN_DRAWS pooled draws with MIN_RESTARTS restarts, covariance x INFLATE) log Z is
+    within its error."""
     t = Mixture()
     opts = dict(seed=seed, chains=8, rounds=9, systems=systems)
     assert np.all(np.abs(log_z_z(run(t, **opts), 0.0)) < Z)
