@@ -244,7 +244,8 @@ def _exact_parts(cfg, target, entry, explorer, kind: str):
     path = make_path(target, int(cfg.chains), temperatures=cfg.temperatures, betas=cfg.betas,
                      max_temperature=cfg.max_temperature or 25.0)
     if explorer is None:
-        fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method"}
+        fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method",
+                  "max_doublings": "max_doublings", "max_tree_depth": "max_tree_depth"}
         explorer = entry.load()(**{arg: getattr(cfg, f) for f, arg in fields.items()
                                    if f in entry.options})
     step = cfg.step_size
