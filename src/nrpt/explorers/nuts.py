@@ -165,48 +165,54 @@ class NUTS(_GradientCached):
             lw_sub = torch.full((n_a,), -math.inf, dtype=dtype, device=x0.device)
             sub_sample = {k: t[rows].clone() for k, t in sample.items()}
             valid = torch.ones(n_a, dtype=torch.bool, device=x0.device)
+            metro = torch.zeros(n_a, dtype=dtype, device=x0.device)
+            leaps = torch.zeros_like(metro)
+            bad = torch.zeros_like(valid)
             for n in range(1, m + 1):
                 act = valid.nonzero().squeeze(-1)
                 if act.numel() == 0:
                     break
-                e = eps[act][:, None]
-                Ma = None if Mr is None else Mr[act]
-                p_half = p[act] + 0.5 * e * gz[act]
-                xn = x[act] + e * metric_mul(Ma, p_half)
+                # every row still building: views instead of gathers
+                ia = slice(None) if act.numel() == n_a else act
+                e = eps[ia][:, None]
+                Ma = None if Mr is None else Mr[ia]
+                p_half = p[ia] + 0.5 * e * gz[ia]
+                xn = x[ia] + e * metric_mul(Ma, p_half)
                 v, base, g_v, g_base = density.grad_components(xn)
-                g = slot_grad(g_v, g_base, br[act])
+                g = slot_grad(g_v, g_base, br[ia])
                 gzn = metric_tmul(Ma, g)
                 pn = p_half + 0.5 * e * gzn
-                lp = base - br[act] * v
-                dH = (-lp + 0.5 * (pn**2).sum(-1)) - H0r[act]
+                lp = base - br[ia] * v
+                dH = (-lp + 0.5 * (pn**2).sum(-1)) - H0r[ia]
                 finite = (torch.isfinite(dH) & _finite_rows(xn) & _finite_rows(g)
                           & _finite_rows(pn))
                 log_w = torch.where(finite, -dH, torch.full_like(dH, -math.inf))
-                ra = rows[act]
-                sum_metro[ra] += torch.where(finite, torch.exp(torch.clamp(-dH, max=0.0)),
-                                             torch.zeros_like(dH))
-                n_leap[ra] += 1
-                nonfinite[ra] |= ~finite
+                metro[ia] += torch.where(finite, torch.exp(torch.clamp(-dH, max=0.0)),
+                                         torch.zeros_like(dH))
+                leaps[ia] += 1
+                bad[ia] |= ~finite
                 # progressive multinomial sampling inside the subtree
-                lw_new = torch.logaddexp(lw_sub[act], log_w)
-                take = finite & self._take_leaf(u_leaf[act, n - 1], log_w, lw_new)
+                lw_new = torch.logaddexp(lw_sub[ia], log_w)
+                take = finite & self._take_leaf(u_leaf[ia, n - 1], log_w, lw_new)
                 leaf = {"x": xn, "v": v, "base": base, "g_v": g_v, "g_base": g_base}
                 for k, t in leaf.items():
-                    cur = sub_sample[k][act]
-                    sub_sample[k][act] = torch.where(
-                        take.reshape(-1, *[1] * (t.dim() - 1)), t, cur)
-                lw_sub[act] = lw_new
-                hist[act, n - 1] = pn
-                S[act, n] = S[act, n - 1] + pn
+                    sub_sample[k][ia] = torch.where(take.reshape(-1, *[1] * (t.dim() - 1)), t,
+                                                    sub_sample[k][ia])
+                lw_sub[ia] = lw_new
+                hist[ia, n - 1] = pn
+                S[ia, n] = S[ia, n - 1] + pn
                 ok = finite & (dH <= MAX_DELTA_H)
                 k = 1
                 while n % (2**k) == 0:
                     i0, im = n - 2**k, n - 2 ** (k - 1)
-                    ok &= _merge_ok(hist[act, i0], hist[act, im - 1], S[act, im] - S[act, i0],
-                                    hist[act, im], hist[act, n - 1], S[act, n] - S[act, im])
+                    ok &= _merge_ok(hist[ia, i0], hist[ia, im - 1], S[ia, im] - S[ia, i0],
+                                    hist[ia, im], hist[ia, n - 1], S[ia, n] - S[ia, im])
                     k += 1
-                valid[act] = ok
-                x[act], p[act], gz[act] = xn, pn, gzn
+                valid[ia] = ok
+                x[ia], p[ia], gz[ia] = xn, pn, gzn
+            sum_metro[rows] += metro
+            n_leap[rows] += leaps
+            nonfinite[rows] |= bad
             # merge the valid subtrees into their trajectories
             top = self._take_subtree(u_top[rows, d], lw_sub, log_W[rows]) & valid
             for k in sample:
