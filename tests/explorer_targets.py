@@ -58,23 +58,3 @@ TARGETS = {"gaussian": lambda: TemperedGaussian(ill_gaussian()), "funnel": Funne
 METRICS = {"none": None,
            "diag": torch.tensor([0.6, 0.6], dtype=torch.float64),
            "dense": torch.tensor([[0.6, 0.0], [0.06, 0.5]], dtype=torch.float64)}
-
-
-class WithMetric:
-    """Calls the explorer's step with one fixed ``metric`` for every replica (until the engine
-    passes per-slot metrics)."""
-
-    def __init__(self, inner, metric):
-        self.inner, self.metric = inner, metric
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def step(self, state, b, step_size, density, noise, sub=0):
-        if self.metric is None:
-            return self.inner.step(state, b, step_size, density, noise, sub)
-        R, P = state.v.shape
-        metric = self.metric.expand(R, P, *self.metric.shape)
-        return self.inner.step(state, b, step_size, density, noise, sub, metric=metric)
-
-

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import nrpt
-from explorer_targets import B, METRICS, TARGETS, WithMetric
+from explorer_targets import B, METRICS, TARGETS
 from nrpt.explorers.nuts import NUTS
 from nrpt.paths.ladders import TemperatureLadder
 from nrpt.roles import Density, Noise, ReplicaState
@@ -35,7 +35,7 @@ STEP = {"gaussian": 0.12, "funnel": 0.25}
 
 
 def check(explorer, target: str, metric: str):
-    return check_invariance(WithMetric(explorer, METRICS[metric]), TARGETS[target](), b=B,
+    return check_invariance(explorer, TARGETS[target](), b=B, metric=METRICS[metric],
                             step_size=STEP[target], cross=True, n_steps=60, systems=128, seed=5)
 
 
@@ -146,3 +146,21 @@ def test_nuts_in_adaptive_pt_samples_the_target_and_tunes_its_step():
     assert (np.abs(per_system.mean(0) - truth) < 4.5 * se).all(), (per_system.mean(0), se)
     acc = np.array(res.summary["explorer_acceptance"])
     assert (acc > 0.6).all() and (acc < 0.97).all()  # tuned toward 0.8 from step 2.0
+
+
+def test_nuts_with_the_engines_dense_metric_samples_a_badly_conditioned_gaussian():
+    # condition number ~140 (sds 1 and 0.2, correlation 0.9): the metric estimated between
+    # rounds is passed by the engine; the tuned step grows to the whitened scale
+    t = Gaussian([1.0, -2.0], [[1.0, 0.18], [0.18, 0.04]])
+    res = nrpt.sample(t, explorer="nuts", precondition="dense", chains=3, rounds=7, systems=8,
+                      seed=4, step_size=0.3, max_temperature=4.0, max_tree_depth=8,
+                      figures=False)
+    x = np.asarray(res.samples)
+    per_system = np.concatenate([x.mean(1), x.var(1)], axis=1)
+    truth = np.array([1.0, -2.0, 1.0, 0.04])
+    se = per_system.std(0, ddof=1) / math.sqrt(x.shape[0])
+    assert (np.abs(per_system.mean(0) - truth) < 4.5 * se).all(), (per_system.mean(0), se)
+    pre = res.summary["preconditioner"]
+    assert pre["kind"] == "dense"
+    assert all(20 < c < 400 for c in pre["condition_number"])  # (true 140)
+    assert (np.array(res.summary["step_size"]) > 0.5).all()  # whitened: ~1.3 (0.1-0.3 without)

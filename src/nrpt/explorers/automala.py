@@ -7,10 +7,11 @@ see :func:`nrpt.explorers.base.metric_mul`)::
     auxiliaries  p ~ N(0, I); thresholds 0 < a < b < 1 (two ordered uniforms);
                  a jittered initial step  h0 = step_size * exp(jitter * N(0, 1))
     selection    l(h) = log acceptance ratio of one leapfrog step of size h from (x, p)
-                 (= MALA's ratio):  h = h0 if log a < l(h0) < log b; else
-                 l(h0) >= log b: double while l stays >= log b, take the largest step with
-                                 l >= log b (h0 2^j, j <= max_doublings);
-                 l(h0) <= log a: halve until l > log a (h0 2^-j, j <= max_doublings)
+                 (= MALA's ratio), c(h) = -|l(h)| (``symmetric``, the default) or l(h):
+                 h = h0 if log a < c(h0) < log b; else
+                 c(h0) >= log b: double while c stays >= log b, take the largest step with
+                                 c >= log b (h0 2^j, j <= max_doublings);
+                 c(h0) <= log a: halve until c > log a (h0 2^-j, j <= max_doublings)
     proposal     (x', p') = leapfrog_h(x, p)
     accept       with probability min(1, exp l(h)) AND only if the selection run from
                  (x', -p') with the same (a, b, h0) picks the same step (reversibility)
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 from nrpt.explorers.base import (
+    PRECONDITION,
     STEP_SIZE,
     Density,
     ExploreInfo,
@@ -89,9 +91,16 @@ class AutoMALA(_GradientCached):
 
     Args:
         max_doublings: the cap ``K`` on doublings / halvings of the step per step (an integer
-            in ``[1, 60]``; default 12: steps within ``2^+-12`` of the jittered base step).
+            in ``[1, 60]``; default 30: steps within ``2^+-30`` of the jittered base step; the search stops as soon as the ratio is inside the thresholds, so the cap costs nothing where the base step is reasonable).
         jitter: the standard deviation ``s`` of the log-normal jitter of the base step
             (``>= 0``; default 0.5).
+        symmetric: the thresholds bound ``-|l|`` (default) rather than ``l``.  Both are exact;
+            with the signed ``l`` (the autoMALA paper's rule) the selection from the proposal
+            of a large downhill move (``l >> 0``) is a different step, so far from the mode
+            every move fails the reversibility check: from the default start on a Gaussian
+            with sds 1 and 0.01 no replica moved in 8 rounds (acceptance 0).  With ``|l|``
+            the selected step has the same ``|l|`` from either end and the chain descends
+            (about ``log(1/a)`` per step).
     """
 
     name = "automala"
@@ -103,23 +112,27 @@ class AutoMALA(_GradientCached):
     #: check) but not tuned toward: the base step follows the selected steps instead
     target_acceptance = None
     acceptance_order = None
-    options = (STEP_SIZE,
-               Option("max_doublings", integer(1, 60), default=12, section="explorer",
+    options = (STEP_SIZE, PRECONDITION,
+               Option("max_doublings", integer(1, 60), default=30, section="explorer",
                       parse=parse_int,
                       help="automala: cap on the doublings / halvings of the step per step"))
 
-    def __init__(self, max_doublings: int = 12, jitter: float = 0.5):
+    def __init__(self, max_doublings: int = 30, jitter: float = 0.5, symmetric: bool = True):
         if (isinstance(max_doublings, bool) or int(max_doublings) != max_doublings
                 or not 1 <= max_doublings <= 60):
             raise ValueError(f"max_doublings must be an integer in [1, 60]; got "
                              f"{max_doublings!r}")
         if not (isinstance(jitter, int | float) and math.isfinite(jitter) and jitter >= 0):
             raise ValueError(f"jitter must be a finite number >= 0; got {jitter!r}")
+        if not isinstance(symmetric, bool):
+            raise ValueError(f"symmetric must be true or false; got {symmetric!r}")
         self.max_doublings = int(max_doublings)
         self.jitter = float(jitter)
+        self.symmetric = symmetric
 
     def describe(self) -> dict:
-        return {"name": self.name, "max_doublings": self.max_doublings, "jitter": self.jitter}
+        return {"name": self.name, "max_doublings": self.max_doublings, "jitter": self.jitter,
+                "symmetric": self.symmetric}
 
     def step_adaptor(self, target_acceptance=None, *, phase=None, follow=None):
         """The base step per slot from the selected steps (:class:`AutoStepAdaptor`)."""
@@ -131,14 +144,19 @@ class AutoMALA(_GradientCached):
         return state.replace(extras={**state.extras, LOG_STEP: nan, AT_B: nan.clone()})
 
     # ------------------------------------------------------------------------- the selection
+    def _criterion(self, ell: torch.Tensor) -> torch.Tensor:
+        """What the thresholds compare: ``-|l|`` (symmetric) or ``l`` (signed)."""
+        return -ell.abs() if self.symmetric else ell
+
     def _select(self, x, gz, lp, p, log_a, log_b, h0, b, metric, density):
         """``(j, leap)``: the selected exponent ``j`` (step ``h0 2^j``) per row and the leapfrog
         step at it.  Rows: flat ``[n, ...]``."""
         first = _Leap(x, gz, lp, p, h0, b, metric, density)
         n = x.shape[0]
         j = torch.zeros(n, dtype=torch.long, device=x.device)
-        up = first.ell >= log_b
-        down = first.ell <= log_a
+        crit = self._criterion
+        up = crit(first.ell) >= log_b
+        down = crit(first.ell) <= log_a
         sel = first
         searching = up | down
         direction = torch.where(up, 1, -1)
@@ -153,8 +171,9 @@ class AutoMALA(_GradientCached):
             # doubling: stop at the first step below log b and keep the one before (already
             # selected); still above: select this one.  halving: select this one; stop once
             # above log a.
-            take = torch.where(dr > 0, leap.ell >= log_b[rows], torch.ones_like(leap.ok))
-            stop = torch.where(dr > 0, leap.ell < log_b[rows], leap.ell > log_a[rows])
+            c = crit(leap.ell)
+            take = torch.where(dr > 0, c >= log_b[rows], torch.ones_like(leap.ok))
+            stop = torch.where(dr > 0, c < log_b[rows], c > log_a[rows])
             take_rows = rows[take]
             j[take_rows] = direction[take_rows] * k
             sel = _merge(sel, leap, rows, take)
@@ -235,6 +254,10 @@ class AutoStepAdaptor(AdaptorBase):
 
     def __init__(self, phase: str | None = None, follow=None):
         self.phase, self.follow = phase, follow
+        #: the :class:`nrpt.adapt.metric.MetricAdaptor` run before this one: where it changed
+        #: a slot's metric the new base step is multiplied by its step ratio (the steps were
+        #: selected in the old whitened units)
+        self.metric_from = None
         self.sum: torch.Tensor | None = None
         self.count: torch.Tensor | None = None
 
@@ -272,6 +295,11 @@ class AutoStepAdaptor(AdaptorBase):
                 scale = np.sqrt(b0 / b1)
             scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
             new = new * torch.as_tensor(scale)
+        changed = self.metric_from.changed if self.metric_from is not None else None
+        if changed is not None and changed[0] == view.index:
+            ratio = changed[1].detach().cpu().double()
+            new = new * torch.where(torch.isfinite(ratio) & (ratio > 0), ratio,
+                                    torch.ones_like(ratio))
         return Update(step_size=new.to(view.step_size))
 
     def state_dict(self) -> dict:

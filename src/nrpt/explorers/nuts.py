@@ -42,6 +42,7 @@ import math
 import torch
 
 from nrpt.explorers.base import (
+    PRECONDITION,
     STEP_SIZE,
     Density,
     ExploreInfo,
@@ -86,7 +87,7 @@ class NUTS(_GradientCached):
     substeps = 1
     #: Stan's target of its acceptance statistic; the leapfrog's energy error is O(h^2)
     target_acceptance, acceptance_order = 0.8, 2
-    options = (STEP_SIZE,
+    options = (STEP_SIZE, PRECONDITION,
                Option("max_tree_depth", integer(1, 20), default=10, section="explorer",
                       parse=parse_int,
                       help="nuts: at most 2^max_tree_depth - 1 leapfrog steps per step"))
