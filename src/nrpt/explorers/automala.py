@@ -51,7 +51,7 @@ from nrpt.explorers.base import (
     metric_tmul,
     slot_grad,
 )
-from nrpt.explorers.metropolis import _finite_rows, _GradientCached
+from nrpt.explorers.metropolis import GradientCached, finite_rows
 from nrpt.options import Option, integer, parse_int
 from nrpt.roles import AdaptorBase, Iteration, SegmentView, Update
 
@@ -76,8 +76,8 @@ class _Leap:
         self.p = p_half + 0.5 * hh * metric_tmul(metric, g_new)
         self.lp = self.base - b * self.v
         ell = (self.lp - 0.5 * (self.p**2).sum(-1)) - (lp - 0.5 * (p**2).sum(-1))
-        self.ok = (torch.isfinite(self.lp) & _finite_rows(self.x) & _finite_rows(g_new)
-                   & _finite_rows(self.p))
+        self.ok = (torch.isfinite(self.lp) & finite_rows(self.x) & finite_rows(g_new)
+                   & finite_rows(self.p))
         self.ell = torch.where(self.ok & ~torch.isnan(ell), ell,
                                torch.full_like(ell, -math.inf))
 
@@ -86,7 +86,7 @@ def _rows(metric, mask):
     return None if metric is None else metric[mask]
 
 
-class AutoMALA(_GradientCached):
+class AutoMALA(GradientCached):
     """AutoMALA (see the module docstring).
 
     Args:
@@ -196,7 +196,7 @@ class AutoMALA(_GradientCached):
             None if metric is None else flat(metric.to(dtype).expand(*shape, *metric.shape[2:])))
         g = slot_grad(flat(state.extras["grad_v"]), flat(state.extras["grad_base"]), bb)
         lp = flat(state.log_density(b))
-        start_ok = _finite_rows(g) & torch.isfinite(lp)
+        start_ok = finite_rows(g) & torch.isfinite(lp)
         gz = metric_tmul(M, g)
         j, fwd = self._select(x, gz, lp, flat(p), flat(log_a), flat(log_b), flat(h0), bb, M,
                               density)

@@ -27,7 +27,7 @@ from nrpt.explorers.base import (
 )
 from nrpt.options import Option, integer, parse_int
 
-__all__ = ["RWMH", "MALA", "HMC", "metropolis_select"]
+__all__ = ["RWMH", "MALA", "HMC", "metropolis_select", "finite_rows", "GradientCached"]
 
 
 def metropolis_select(
@@ -92,6 +92,11 @@ class _GradientCached(Explorer):
         if all(k in ex and ex[k].shape == state.x.shape for k in GRAD_KEYS):
             return state
         return self.prepare(state, density)
+
+
+#: the shared pieces, public for the gradient explorers of other modules (automala, nuts)
+finite_rows = _finite_rows
+GradientCached = _GradientCached
 
 
 class MALA(_GradientCached):

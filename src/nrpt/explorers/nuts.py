@@ -51,7 +51,7 @@ from nrpt.explorers.base import (
     metric_tmul,
     slot_grad,
 )
-from nrpt.explorers.metropolis import _finite_rows, _GradientCached
+from nrpt.explorers.metropolis import GradientCached, finite_rows
 from nrpt.options import Option, integer, parse_int
 from nrpt.roles import ReplicaState
 
@@ -72,7 +72,7 @@ def _merge_ok(a_first, a_last, rho_a, b_first, b_last, rho_b) -> torch.Tensor:
             & _crit(a_last, b_last, rho_b + a_last))
 
 
-class NUTS(_GradientCached):
+class NUTS(GradientCached):
     """The No-U-Turn sampler (see the module docstring).
 
     Args:
@@ -141,7 +141,7 @@ class NUTS(_GradientCached):
         log_W = torch.zeros(N, dtype=dtype, device=x0.device)
         sample = {"x": x0, "v": flat(state.v), "base": flat(state.base), "g_v": gv0,
                   "g_base": gb0}
-        alive = torch.isfinite(H0) & _finite_rows(g0) & _finite_rows(x0)
+        alive = torch.isfinite(H0) & finite_rows(g0) & finite_rows(x0)
         sum_metro = torch.zeros_like(log_W)
         n_leap = torch.zeros_like(log_W)
         nonfinite = ~alive.clone()
@@ -185,8 +185,8 @@ class NUTS(_GradientCached):
                 pn = p_half + 0.5 * e * gzn
                 lp = base - br[ia] * v
                 dH = (-lp + 0.5 * (pn**2).sum(-1)) - H0r[ia]
-                finite = (torch.isfinite(dH) & _finite_rows(xn) & _finite_rows(g)
-                          & _finite_rows(pn))
+                finite = (torch.isfinite(dH) & finite_rows(xn) & finite_rows(g)
+                          & finite_rows(pn))
                 log_w = torch.where(finite, -dH, torch.full_like(dH, -math.inf))
                 metro[ia] += torch.where(finite, torch.exp(torch.clamp(-dH, max=0.0)),
                                          torch.zeros_like(dH))
