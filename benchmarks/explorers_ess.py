@@ -2,14 +2,16 @@
 nuts) on a d = 10 ill-conditioned, correlated Gaussian, one slot (b = 1), no swaps, one thread.
 
 Each explorer runs ``--chains`` independent chains batched in one tensor, from exact draws (no
-burn-in needed), at a step tuned by short pilots (bisection; MALA to acceptance ~0.57, HMC ~0.65 with
-10 leapfrog steps, NUTS ~0.8; AutoMALA's base step is the geometric mean of its selected steps
-in the pilot, as its round adaptor does).  ESS: arviz's bulk ESS of each coordinate and of its
-square over the chains, the minimum over the 20 statistics.  Gradient evaluations are counted
-per replica (``Density.grad_components`` rows).  ``--metric dense`` passes the exact Cholesky
-factor of the covariance (ideal preconditioning), ``diag`` its marginal sds.
+burn-in needed), at a step tuned by short pilots (bisection; MALA to acceptance ~0.57, HMC
+~0.65 with 10 leapfrog steps, NUTS ~0.8; AutoMALA's base step is the geometric mean of its
+selected steps in the pilot, as its round adaptor does). ESS: arviz's bulk ESS of each
+coordinate and of its square over the chains, the minimum over the 20 statistics. Gradient
+evaluations are counted per replica (``Density.grad_components`` rows). ``--metric dense``
+passes the exact Cholesky factor of the covariance (ideal preconditioning), ``diag`` its
+marginal sds.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/explorers_ess.py [--metric none]
+
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from explorer_targets import METRICS, TARGETS, B
 
 import nrpt
 from nrpt.explorers.automala import AT_B, LOG_STEP, AutoMALA
-from explorer_targets import B, METRICS, TARGETS
 from nrpt.targets import Gaussian
 from nrpt.testing import check_invariance
 

@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from explorer_targets import METRICS, TARGETS, B
 
 import nrpt
-from explorer_targets import B, METRICS, TARGETS
 from nrpt.explorers.nuts import NUTS
 from nrpt.paths.ladders import TemperatureLadder
 from nrpt.roles import Density, Noise, ReplicaState

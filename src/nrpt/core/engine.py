@@ -274,7 +274,8 @@ class PTEngine:
                                               False):
             raise ValueError(f"explorer {getattr(ex, 'name', ex)!r} takes no preconditioner "
                              f"(it does not declare preconditionable = True); use precondition "
-                             f"= 'none' or a preconditionable explorer (rwmh, mala, hmc, slice)")
+                             f"= 'none' or a preconditionable explorer (rwmh, mala, hmc, slice, "
+                             f"automala, nuts)")
         self.metric = check_metric(metric, self.R, self.P, self.dim, self.dtype, self.device)
 
     def _table(self, value) -> torch.Tensor:

@@ -91,7 +91,9 @@ class AutoMALA(GradientCached):
 
     Args:
         max_doublings: the cap ``K`` on doublings / halvings of the step per step (an integer
-            in ``[1, 60]``; default 30: steps within ``2^+-30`` of the jittered base step; the search stops as soon as the ratio is inside the thresholds, so the cap costs nothing where the base step is reasonable).
+            in ``[1, 60]``; default 30: steps within ``2^+-30`` of the jittered base step;
+            the search stops once the ratio is inside the thresholds, so a high cap costs
+            nothing where the base step is reasonable).
         jitter: the standard deviation ``s`` of the log-normal jitter of the base step
             (``>= 0``; default 0.5).
         symmetric: the thresholds bound ``-|l|`` (default) rather than ``l``.  Both are exact;
@@ -191,7 +193,9 @@ class AutoMALA(GradientCached):
         log_b = torch.log(torch.maximum(u[..., 0], u[..., 1]))
         h0 = step_size.to(dtype) * torch.exp(self.jitter * eta)
 
-        flat = (lambda t: t.reshape(-1, *t.shape[len(shape):]))
+        def flat(t):
+            return t.reshape(-1, *t.shape[len(shape):])
+
         x, bb, M = flat(state.x), flat(b.to(dtype).expand(shape)), (
             None if metric is None else flat(metric.to(dtype).expand(*shape, *metric.shape[2:])))
         g = slot_grad(flat(state.extras["grad_v"]), flat(state.extras["grad_base"]), bb)
@@ -206,7 +210,9 @@ class AutoMALA(GradientCached):
         log_alpha = log_alpha.reshape(shape)
         accepted = torch.log(noise.uniform(sub, dtype)) < log_alpha
         prob = torch.exp(torch.clamp(log_alpha, max=0.0))
-        unflat = (lambda t: t.reshape(*shape, *t.shape[1:]))
+        def unflat(t):
+            return t.reshape(*shape, *t.shape[1:])
+
         log_h = torch.log(flat(h0)) + j.to(dtype) * math.log(2.0)
         prop = ReplicaState(unflat(fwd.x), unflat(fwd.v), unflat(fwd.base),
                             {"grad_v": unflat(fwd.g_v), "grad_base": unflat(fwd.g_base)})

@@ -236,7 +236,9 @@ class NUTS(GradientCached):
 
         moved = (sample["x"] != x0).any(-1)
         prob = torch.where(n_leap > 0, sum_metro / n_leap.clamp(min=1), torch.zeros_like(n_leap))
-        unflat = (lambda t: t.reshape(*shape, *t.shape[1:]))
+        def unflat(t):
+            return t.reshape(*shape, *t.shape[1:])
+
         new = ReplicaState(unflat(sample["x"]), unflat(sample["v"]), unflat(sample["base"]),
                            {**state.extras, "grad_v": unflat(sample["g_v"]),
                             "grad_base": unflat(sample["g_base"])})
