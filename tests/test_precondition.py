@@ -201,25 +201,35 @@ def test_dense_preconditioning_passes_where_none_fails():
 
 # ---------------------------------------------------------------- engine, resume, fuse
 def test_resume_with_a_metric_is_bit_for_bit(tmp_path):
+    # stop at iteration 256, in the middle of round 8 (254..509), after several new metrics:
+    # the metric, the step tuner and the spread's co-moments are all in the checkpoint
+    stop = 256
     opts = dict(target="gaussian", target_options={"dim": 3, "correlation": 0.9, "std": 0.1},
-                rounds=6, chains=4, systems=2, seed=5, explorer="mala", precondition="dense",
-                figures=False)
-    full = run_config(RunConfig(out=str(tmp_path / "full"), **opts))
+                rounds=8, chains=4, systems=2, seed=5, explorer="mala", precondition="dense",
+                figures=False, checkpoint_every=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = run_config(RunConfig(out=str(tmp_path / "full"), **opts))
 
-    def interrupt(engine):  # stop as round 5 finishes (after its adaptation)
-        if engine.k >= sum(2 ** i for i in range(1, 6)):
-            raise KeyboardInterrupt
+        def interrupt(engine):
+            if engine.k == stop:
+                raise KeyboardInterrupt
 
-    part = run_config(RunConfig(out=str(tmp_path / "cut"), **opts), callback=interrupt)
-    assert part.summary["interrupted"] and part.summary["rounds"] == 5
-    assert "preconditioner" in part.summary
-    resumed = nrpt.resume(tmp_path / "cut")
+        part = run_config(RunConfig(out=str(tmp_path / "cut"), **opts), callback=interrupt)
+        assert part.summary["interrupted"] and part.summary["n_iterations"] == stop
+        assert "preconditioner" in part.summary
+        resumed = nrpt.resume(tmp_path / "cut")
     assert not resumed.summary["interrupted"]
     assert np.array_equal(resumed.samples, full.samples)
     assert np.array_equal(resumed.index, full.index)
     for key in ("preconditioner", "step_size", "schedules"):
         assert resumed.summary[key] == full.summary[key], key
     assert (tmp_path / "full" / "config.toml").read_text().count('precondition = "dense"') == 1
+    # negative control: the comparison sees another seed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        other = run_config(RunConfig(**{**opts, "seed": 6}))
+    assert not np.array_equal(other.samples, full.samples)
 
 
 @pytest.mark.parametrize("explorer", ["mala", "hmc"])
