@@ -177,6 +177,8 @@ BAD = [
     (dict(fuse=0), "fuse must be auto, true, false or a chunk length"),
     (dict(fuse=True, explorer="slice"), "fuse is for explorers rwmh, mala, hmc"),
     (dict(out=5), "out must be a folder path"),
+    (dict(rounds=3, explorer="mala", precondition="full"),
+     "precondition must be one of none, diagonal, dense, auto"),
 ]
 
 

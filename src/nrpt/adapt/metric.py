@@ -5,13 +5,17 @@ co-moments, merged in float64 batched over slots) and pools each slot over the s
 
     S_p = (sum_r M2_{r,p} + n sum_r (m_{r,p} - m_p)(m_{r,p} - m_p)^T) / (N - 1),  N = R n,
 
-regularised as Stan's windowed adaptation does, but toward the diagonal of ``S_p`` (in each
-coordinate's own units: Stan's absolute ``1e-3 I`` would swamp a posterior sd of 1e-3):
+regularised as Stan's windowed adaptation does, but in the whitened units of the slot's current
+metric ``L`` (``A = L^{-1} S_p L^{-T}``; the first time, ``L = diag(S_p)^{1/2}``: ``A`` is the
+correlation matrix, shrunk toward the diagonal), so that the ridge scales with the posterior
+and does not swamp the narrow directions of a correlated one (Stan's absolute ``1e-3 I``
+would, at sds of 1e-3):
 
-    S_p <- (N / (N + 5)) S_p + 1e-3 (5 / (N + 5)) diag(S_p).
+    A <- (N / (N + 5)) A + 1e-3 (5 / (N + 5)) I,   L_new = L chol(A)   (lower triangular).
 
-``diagonal``: the scales ``sqrt(diag S_p)`` ``[R, P, dim]``; ``dense``: its lower Cholesky
-factor ``[R, P, dim, dim]`` (where that fails, the diagonal scales on the diagonal).  A slot
+``diagonal``: the same on the diagonal, scales ``[R, P, dim]``; ``dense``: ``L_new``
+``[R, P, dim, dim]`` (where the Cholesky factor of ``A`` fails: the square roots of its
+diagonal).  A slot
 with fewer than :data:`MIN_ROWS` pooled rows, or a non-positive or non-finite variance, keeps
 its old metric.
 
@@ -43,9 +47,13 @@ MIN_ROWS = 16
 #: systems) lies inside this range (``gate``): a frozen chain's states (acceptance ~0) say
 #: nothing about the slot's covariance, a crawling one's (~1) measure the step more than the
 #: target; the step tuning brings the acceptance into the range first
-GATE = (0.1, 0.9)
+GATE = (0.1, 1.01)
 #: the step ratio applied after a change is kept inside [1 / RATIO_MAX, RATIO_MAX]
 RATIO_MAX = 1e3
+#: and taken to this power (a new metric estimated from a round whose states were still
+#: settling tends to overstate the narrow directions: half the move in log scale, the step
+#: tuner does the rest)
+RATIO_POWER = 0.5
 #: Stan's shrinkage: ``(n / (n + 5)) S + REG (5 / (n + 5)) D``
 SHRINK, REG = 5.0, 1e-3
 
@@ -117,32 +125,38 @@ class MetricAdaptor(AdaptorBase):
         if not bool(good.any()):
             return None
         w = N / (N + SHRINK)
-        reg_var = var * (w + REG * (1.0 - w))
         old = view.metric
         old0 = None if old is None else old[0].double()  # pooled: every system's is the same
+        d = var.shape[-1]
+        sd = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
         if c2 is None:
-            new = reg_var.sqrt()
-            if old0 is not None:
-                new = torch.where(good[:, None], new, old0)
-            else:
-                new = torch.where(good[:, None], new, torch.ones_like(new))
-            ratio = (new.reciprocal() if old0 is None else old0 / new).max(-1).values
+            s_old = torch.ones_like(var) if old0 is None else old0
+            frame = sd if old0 is None else old0
+            # in the frame's whitened units: w a + REG (1 - w), a = var / frame^2
+            new = (w * var + REG * (1.0 - w) * frame * frame).sqrt()
+            new = torch.where(good[:, None], new, s_old)
+            ratio = (s_old / new).max(-1).values
             z_scale = (var.sqrt() / new).mean(-1)
         else:
-            Sreg = w * S + torch.diag_embed(REG * (1.0 - w) * var)
-            Sreg = torch.where(good[:, None, None], Sreg, torch.eye(S.shape[-1], dtype=S.dtype))
-            L, info = torch.linalg.cholesky_ex(Sreg)
-            ok = (info == 0) & torch.isfinite(L).all((-1, -2))
-            diag = torch.diag_embed(reg_var.clamp_min(torch.finfo(S.dtype).tiny).sqrt())
-            L = torch.where(ok[:, None, None], L, diag)
-            keep = old0 if old0 is not None else torch.eye(S.shape[-1], dtype=S.dtype).expand_as(L)
-            if keep.dim() == 2:  # (an old diagonal metric, as a factor)
-                keep = torch.diag_embed(keep)
-            new = torch.where(good[:, None, None], L, keep)
-            ratio = _stretch(new, old0)
+            eye = torch.eye(d, dtype=S.dtype)
+            L_old = (eye.expand_as(S) if old0 is None else
+                     torch.diag_embed(old0) if old0.dim() == 2 else old0)
+            frame = torch.diag_embed(sd) if old0 is None else L_old
+            A = _whitened_var(S, frame)
+            A = 0.5 * (A + A.transpose(-1, -2))
+            A = torch.where(good[:, None, None], w * A + REG * (1.0 - w) * eye, eye)
+            C, info = torch.linalg.cholesky_ex(A)
+            ok = (info == 0) & torch.isfinite(C).all((-1, -2))
+            # where the Cholesky factor fails: the diagonal of A
+            C = torch.where(ok[:, None, None], C,
+                            torch.diag_embed(A.diagonal(dim1=-2, dim2=-1).clamp_min(REG).sqrt()))
+            new = frame @ C  # lower triangular: the new covariance frame A frame^T
+            new = torch.where(good[:, None, None], new, L_old)
+            ratio = _stretch(new, L_old)
             z_scale = _whitened_var(S, new).diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt().mean(-1)
         ratio = torch.where(good & torch.isfinite(ratio) & (ratio > 0), ratio,
                             torch.ones_like(ratio)).clamp(1.0 / RATIO_MAX, RATIO_MAX)
+        ratio = ratio ** RATIO_POWER
         z_scale = torch.where(good & torch.isfinite(z_scale) & (z_scale > 0), z_scale,
                               torch.ones_like(z_scale))
         self.changed = (view.index, ratio.expand(R, P).to(view.step_size))
