@@ -24,6 +24,12 @@ a loop over at most ``max_doublings`` rounds, each evaluating gradients only for
 still searching.  Non-finite densities or gradients count as ``l = -inf`` (the step halves);
 a selected proposal that is not finite is rejected and flagged.
 
+Far from the mode the move is slow by design: the selected step has ``|l| < log(1/a)`` (the
+symmetric rule; with the signed one downhill moves fail the check outright), so the energy
+falls by only a few units per step.  From a start ~100 sds out (energy ~1e5) AutoMALA was
+still in its transient after 8 rounds where MALA had reached the bulk: start it near the
+bulk (or let the hot slots of the ladder feed it).
+
 The slot's ``step_size`` is the base step.  Between rounds :class:`AutoStepAdaptor` sets it
 to the geometric mean of the steps selected at that slot during the round (it reads the
 per-replica ``extras["automala_log_step"]`` / ``extras["automala_b"]`` of every iteration).
