@@ -253,7 +253,7 @@ def test_every_sg_explorer_and_rule_builds_and_runs(explorer):
 
 def test_registry_names_drive_the_errors():
     with pytest.raises(ValueError, match="explorer must be one of rwmh, mala"):
-        nrpt.make_explorer("nuts")
+        nrpt.make_explorer("gibbs")  # (was "nuts", now registered)
     with pytest.raises(ValueError, match="scheme must be one of adj, seo, deo"):
         nrpt.make_scheme("zigzag")
 

@@ -117,7 +117,8 @@ BAD = [
     (dict(device=3), "device must be a torch device name"),
     (dict(target=5), "target must be a built-in name"),
     (dict(target_options=[1]), "target_options must be a table"),
-    (dict(explorer="nuts"), "explorer must be one of rwmh, mala, hmc, slice, sgld"),
+    (dict(explorer="gibbs"),
+     "explorer must be one of rwmh, mala, hmc, slice, automala, nuts, sgld"),
     (dict(scheme="zigzag"), "scheme must be one of adj, seo, deo, deo-w, ape, none"),
     (dict(scheme="deo-w", window=0), "window must be an integer >= 1"),
     (dict(scheme="deo-w", window="big"), "window must be an integer >= 1, 'auto'"),
@@ -136,6 +137,8 @@ BAD = [
     (dict(chains=3, betas=[1, 0.5, 0.7]), "betas must be strictly decreasing"),
     (dict(chains=3, betas=[1, 0.5, 0], temperatures=[1, 2, 3]), "not both"),
     (dict(explorer="slice", slice_method="bisect"), "slice_method must be one of"),
+    (dict(explorer="nuts", max_tree_depth=0), "max_tree_depth must be an integer in"),
+    (dict(explorer="automala", max_doublings=61), "max_doublings must be an integer in"),
     (dict(rounds=3, reference="posterior"), "reference must be one of prior, variational"),
     (dict(reference="variational"), "reference 'variational' is fitted between adaptive rounds"),
     (dict(explorer="sghmc", momentum=1.0), "momentum must be a finite number >= 0.0 and < 1.0"),
@@ -174,6 +177,8 @@ BAD = [
     (dict(fuse=0), "fuse must be auto, true, false or a chunk length"),
     (dict(fuse=True, explorer="slice"), "fuse is for explorers rwmh, mala, hmc"),
     (dict(out=5), "out must be a folder path"),
+    (dict(rounds=3, explorer="mala", precondition="full"),
+     "precondition must be one of none, diagonal, dense, auto"),
 ]
 
 

@@ -629,6 +629,10 @@ class Update:
     note: dict[str, Any] = field(default_factory=dict)
     #: a fitted reference ``(q, refitted[R])``
     reference: tuple[Any, torch.Tensor] | None = None
+    #: a new per-slot preconditioner: ``[R, P, dim]`` diagonal scales or ``[R, P, dim, dim]``
+    #: lower-triangular factors (the engine's ``metric``, for explorers that declare
+    #: ``preconditionable``)
+    metric: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -673,6 +677,8 @@ class SegmentView:
     schedule: torch.Tensor
     step_size: torch.Tensor
     params: dict[str, torch.Tensor]
+    #: the engine's per-slot preconditioner (``None``: identity)
+    metric: torch.Tensor | None = None
 
 
 @runtime_checkable

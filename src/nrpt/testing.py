@@ -318,7 +318,7 @@ def _estimate(stats, known: dict[str, float], draws) -> dict[str, float]:
 
 
 def _run_chains(ex: Explorer, density: Density, x0: torch.Tensor, b: float, step_size: float,
-                n_steps: int, burn_in: int, seed: int, stats, dtype, device):
+                n_steps: int, burn_in: int, seed: int, stats, dtype, device, metric=None):
     """Run the chains as the engine does (prepare, then one batched step per iteration);
     returns each statistic's values ``[systems, n_steps - burn_in]`` after the burn-in, the
     summed acceptance, the number of (chain, step) pairs that moved and the non-finite
@@ -334,8 +334,12 @@ def _run_chains(ex: Explorer, density: Density, x0: torch.Tensor, b: float, step
     values = {name: torch.empty(systems, n_steps - burn_in, dtype=torch.float64)
               for name in stats}
     accept, moved, nonfinite = 0.0, 0.0, 0
+    kw = {}
+    if metric is not None:
+        m = torch.as_tensor(metric).to(device, dtype)
+        kw["metric"] = m.expand(systems, 1, *m.shape).contiguous()
     for k in range(n_steps):
-        new, info = ex.step(state, bb, hh, density, Noise(seed, k, systems, 1, device))
+        new, info = ex.step(state, bb, hh, density, Noise(seed, k, systems, 1, device), **kw)
         moved += float((new.x != state.x).any(-1).double().sum())
         accept += float(info.accept_prob.double().sum())
         nonfinite += int(info.nonfinite.sum())
@@ -404,6 +408,7 @@ def check_invariance(
     explorer_options: Mapping[str, Any] | None = None,
     dtype: torch.dtype = torch.float64,
     device: str | torch.device = "cpu",
+    metric=None,
 ) -> InvarianceReport:
     """Run ``explorer`` on ``target`` at slot coefficient ``b`` and compare moments to the truth
     (the recipe of the module docstring); returns an :class:`InvarianceReport`.
@@ -422,8 +427,19 @@ def check_invariance(
         burn_in: default 0 from exact draws, else ``n_steps // 5``.
         batches: batches per chain for the batch-means error; z: threshold in standard errors;
             min_moved: share of steps that must change the state.
-        dtype, device: of the chains."""
+        dtype, device: of the chains.
+        metric: a preconditioner for every chain, ``[dim]`` (diagonal scales) or ``[dim, dim]``
+            (a lower-triangular factor), for an explorer that declares ``preconditionable``
+            (:func:`nrpt.explorers.base.metric_mul`); ``None``: the identity."""
     ex = _as_explorer(explorer, explorer_options)
+    if metric is not None:
+        if not getattr(ex, "preconditionable", False):
+            raise ValueError(f"metric: explorer {getattr(ex, 'name', ex)!r} does not declare "
+                             f"preconditionable = True")
+        d = int(target.dim)
+        if tuple(torch.as_tensor(metric).shape) not in ((d,), (d, d)):
+            raise ValueError(f"metric must have shape [{d}] or [{d}, {d}]; got "
+                             f"{list(torch.as_tensor(metric).shape)}")
     b, step_size = float(b), float(step_size)
     n_steps, systems = _check_sizes(step_size, n_steps, systems)
     device = torch.device(device)
@@ -436,7 +452,8 @@ def check_invariance(
         target, b, dim, exact, mean=mean, var=var, cov=cov, cross=cross, functions=functions,
         truth=truth, exact_draws=exact_draws, seed=seed, dtype=dtype, device=device)
     values, accept, moved, nonfinite = _run_chains(ex, Density(target, path), x0, b, step_size,
-                                                   n_steps, burn_in, seed, stats, dtype, device)
+                                                   n_steps, burn_in, seed, stats, dtype, device,
+                                                   metric)
     per_chain = _batches_per_chain(batches, systems, n_steps - burn_in)
     checks = [_moment_check(name, values[name].numpy(), per_chain, known[name],
                             truth_se.get(name, 0.0), z) for name in stats]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from nrpt.adapt.schedule import update_schedule
-from nrpt.adapt.step import StepTuner
+from nrpt.adapt.step import StepTuner, step_size_factor
 from nrpt.roles import AdaptorBase, SegmentView, Update
 
 __all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "SLICE_WIDTH", "own_tuning"]
@@ -71,6 +71,9 @@ class StepSizeAdaptor(AdaptorBase):
         self.target = float(target if target is not None else explorer.target_acceptance)
         self.phase = phase
         self.follow = follow
+        #: the :class:`nrpt.adapt.metric.MetricAdaptor` run before this one: where it changed
+        #: the metric, the tuned step is multiplied by its step ratio and the bracket restarts
+        self.metric_from = None
         self.tuner = StepTuner(self.target, self.order)
 
     def end_segment(self, view: SegmentView) -> Update | None:
@@ -80,6 +83,7 @@ class StepSizeAdaptor(AdaptorBase):
         h = view.step_size.detach().cpu().double().numpy()
         new = self.tuner.update(h, acc)
         moved = self.follow.moved if self.follow is not None else None
+        scale = 1.0
         if moved is not None and moved[0] == view.index:
             _, b0, b1 = moved
             with np.errstate(all="ignore"):
@@ -87,6 +91,15 @@ class StepSizeAdaptor(AdaptorBase):
             scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
             new = new * scale
             self.tuner.rescale(scale)
+        changed = self.metric_from.changed if self.metric_from is not None else None
+        if changed is not None and changed[0] == view.index:
+            ratio = changed[1].detach().cpu().double().numpy()
+            # the new metric's step: the plain model step (no fast move, no bracket: both were
+            # for the old metric) mapped by the ratio, and a fresh bracket from there
+            changed = np.abs(np.log(ratio)) > 0.01
+            plain = h * step_size_factor(acc, self.target, self.order) * scale
+            new = np.where(changed, plain * ratio, new)
+            self.tuner.restart(changed)
         return Update(step_size=torch.as_tensor(new).to(view.step_size))
 
     def state_dict(self) -> dict:
@@ -103,11 +116,18 @@ class SliceWidthAdaptor(AdaptorBase):
     name = "slice-width"
     #: the ``spread`` recorder must watch every slot (not only the hottest)
     spread_slots = "all"
+    #: the :class:`nrpt.adapt.metric.MetricAdaptor` run before this one: with a metric the
+    #: widths are in whitened units, from its mean whitened standard deviation
+    metric_from = None
 
     def end_segment(self, view: SegmentView) -> Update | None:
         if view.last:
             return None
-        scale = view.recorders["spread"].scale().to(view.step_size)
+        z = self.metric_from.z_scale if self.metric_from is not None else None
+        if z is not None and z[0] == view.index:
+            scale = z[1].to(view.step_size)
+        else:
+            scale = view.recorders["spread"].scale().to(view.step_size)
         ok = torch.isfinite(scale) & (scale > 0)
         return Update(step_size=torch.where(ok, SLICE_WIDTH * scale, view.step_size))
 

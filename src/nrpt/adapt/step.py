@@ -25,6 +25,10 @@ _CLIP_ACCEPTANCE = (0.01, 0.99)
 _CLIP_FACTOR = (0.25, 4.0)
 #: both bracket ends move outwards by this factor per update (stale information fades)
 BRACKET_RELAX = 1.1
+#: ``fast`` tuning: acceptance below / above these moves the step by :data:`FAST_FACTOR` (down /
+#: up) in one update, instead of the model's clipped factor (MALA: at most 0.60x)
+FAST_ACCEPTANCE = (0.01, 0.99)
+FAST_FACTOR = 10.0
 
 
 def step_size_factor(acceptance, target: float, order) -> np.ndarray:
@@ -57,9 +61,11 @@ class StepTuner:
     the Newton step: a shallower estimate is more likely noise of short windows); otherwise
     ``k``."""
 
-    def __init__(self, target: float, order: int):
+    def __init__(self, target: float, order: int, fast: bool = False):
         step_size_factor([0.5], target, order)  # (validates both)
         self.target, self.order = float(target), int(order)
+        #: acceptance ~0 / ~1 moves the step 10x (kept inside the bracket: no new oscillation)
+        self.fast = bool(fast)
         self.lo = self.hi = self.prev_h = self.prev_a = None
 
     def orders(self, h: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -84,7 +90,8 @@ class StepTuner:
         if self.lo is not None and self.lo.shape != h.shape:
             self.lo = self.hi = self.prev_h = self.prev_a = None
         k = self.orders(h, a)
-        new, self.lo, self.hi = bracketed_step(h, a, self.target, k, self.lo, self.hi)
+        new, self.lo, self.hi = bracketed_step(h, a, self.target, k, self.lo, self.hi,
+                                               fast=self.fast)
         seen = np.isfinite(a)
         if self.prev_h is None:
             self.prev_h, self.prev_a = h.copy(), a.copy()
@@ -102,6 +109,18 @@ class StepTuner:
             if v is not None:
                 setattr(self, k, v * f)
 
+    def restart(self, where) -> None:
+        """Forget the bracket and the last measurement at the slots ``where`` (a boolean array
+        of the steps' shape): their scale changed in a way no factor carries (a new
+        preconditioner)."""
+        w = np.asarray(where, dtype=bool)
+        if self.lo is not None and self.lo.shape == w.shape:
+            self.lo = np.where(w, 0.0, self.lo)
+            self.hi = np.where(w, np.inf, self.hi)
+        if self.prev_h is not None and self.prev_h.shape == w.shape:
+            self.prev_h = np.where(w, np.nan, self.prev_h)
+            self.prev_a = np.where(w, np.nan, self.prev_a)
+
     def state_dict(self) -> dict:
         return {k: None if getattr(self, k) is None else getattr(self, k).tolist()
                 for k in ("lo", "hi", "prev_h", "prev_a")}
@@ -112,7 +131,8 @@ class StepTuner:
             setattr(self, k, None if v is None else np.asarray(v, dtype=float))
 
 
-def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None):
+def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None,
+                   fast: bool = False):
     """``(new step, lo, hi)``: the Newton step of :func:`step_size_factor`, kept inside the
     bracket ``(lo, hi)`` of steps known to give acceptance above / below ``target`` (arrays of
     the shape of ``step``; ``None``: no bracket yet, i.e. ``0`` and ``inf``).
@@ -121,7 +141,10 @@ def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None):
     = ``step``; above: ``lo`` = ``step``; an end on the wrong side of ``step`` is dropped as
     contradicted); a proposal at or beyond an end becomes the geometric mean of ``step`` and
     that end.  The returned ends are relaxed by :data:`BRACKET_RELAX`.  NaN acceptance (no
-    data) leaves the step and its bracket as they were."""
+    data) leaves the step and its bracket as they were.  ``fast``: an acceptance outside
+    :data:`FAST_ACCEPTANCE` proposes a step :data:`FAST_FACTOR` times smaller / larger, or,
+    where the bracket's end on that side is known, the geometric mean of the step and that end
+    (bisection of a cliff in the acceptance curve, without oscillating across it)."""
     h = np.asarray(step, dtype=float)
     a = np.asarray(acceptance, dtype=float)
     lo = np.zeros_like(h) if lo is None else np.asarray(lo, dtype=float).copy()
@@ -134,6 +157,12 @@ def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None):
     hi = np.where(below, np.minimum(hi, h), hi)
     lo = np.where(above, np.maximum(lo, h), lo)
     new = h * step_size_factor(a, target, order)
+    if fast:  # (toward a known end: halfway to it in log scale, i.e. bisection)
+        with np.errstate(all="ignore"):
+            down = np.where(lo > 0, np.sqrt(h * lo), h / FAST_FACTOR)
+            up = np.where(np.isfinite(hi), np.sqrt(h * hi), h * FAST_FACTOR)
+        new = np.where(seen & (a < FAST_ACCEPTANCE[0]), down, new)
+        new = np.where(seen & (a > FAST_ACCEPTANCE[1]), up, new)
     new = np.where(new >= hi, np.sqrt(h * hi), new)
     new = np.where((new <= lo) & (lo > 0), np.sqrt(h * lo), new)
     new = np.where(seen, new, h)

@@ -30,21 +30,55 @@ from nrpt.roles import Iteration, PhaseDecision, Update
 from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
-__all__ = ["PTEngine", "explore", "slot_stats", "sweep_exchange", "slot_order", "refresh_top"]
+__all__ = ["PTEngine", "explore", "slot_metric", "check_metric", "slot_stats", "sweep_exchange", "slot_order", "refresh_top"]
 
 
 def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
-            density: Density, noise, n_explore: int):
-    """``n_explore`` explorer steps of ``state`` at the per-replica parameters ``b``, ``h``;
-    returns ``(state, accept, nonfinite)``: the summed acceptance probabilities and non-finite
-    counts, per replica (the engine's step and the fused chunk both call it)."""
+            density: Density, noise, n_explore: int, metric: torch.Tensor | None = None):
+    """``n_explore`` explorer steps of ``state`` at the per-replica parameters ``b``, ``h``
+    (and preconditioner ``metric``, passed only when not ``None``); returns ``(state, accept,
+    nonfinite)``: the summed acceptance probabilities and non-finite counts, per replica (the
+    engine's step and the fused chunk both call it)."""
+    kw = {} if metric is None else {"metric": metric}
     for i in range(n_explore):
-        state, info = explorer.step(state, b, h, density, noise, sub=i * explorer.substeps)
+        state, info = explorer.step(state, b, h, density, noise, sub=i * explorer.substeps,
+                                    **kw)
         if i == 0:
             accept, nonfinite = info.accept_prob, info.nonfinite.long()
         else:
             accept, nonfinite = accept + info.accept_prob, nonfinite + info.nonfinite
     return state, accept, nonfinite
+
+
+def slot_metric(metric: torch.Tensor | None, slot_of: torch.Tensor) -> torch.Tensor | None:
+    """Per-replica view ``[R, P, dim(, dim)]`` of a per-slot preconditioner table (``None``
+    stays ``None``), gathered by ``slot_of[R, P]`` as the step sizes are."""
+    if metric is None:
+        return None
+    idx = slot_of.reshape(*slot_of.shape, *(1,) * (metric.dim() - 2)).expand_as(metric)
+    return metric.gather(1, idx)
+
+
+def check_metric(metric, R: int, P: int, dim: int, dtype, device) -> torch.Tensor | None:
+    """A per-slot preconditioner table as the engine keeps it: ``None`` (identity), ``[R, P,
+    dim]`` positive finite diagonal scales, or ``[R, P, dim, dim]`` lower-triangular factors
+    with a positive finite diagonal (a ``[P, ...]`` table is broadcast over the systems)."""
+    if metric is None:
+        return None
+    m = torch.as_tensor(metric).to(device, dtype)
+    if m.dim() in (2, 3) and m.shape[0] == P and m.shape[1:] in ((dim,), (dim, dim)):
+        m = m.expand(R, *m.shape)
+    if m.shape not in ((R, P, dim), (R, P, dim, dim)):
+        raise ValueError(f"metric must be None, [systems, chains, dim] = [{R}, {P}, {dim}] "
+                         f"(diagonal scales) or [{R}, {P}, {dim}, {dim}] (lower-triangular "
+                         f"factors); got {list(m.shape)}")
+    diag = m if m.dim() == 3 else m.diagonal(dim1=-2, dim2=-1)
+    if not (bool(torch.isfinite(m).all()) and bool((diag > 0).all())):
+        raise ValueError("metric must be finite with a positive diagonal (scales or the "
+                         "Cholesky factors' diagonal)")
+    if m.dim() == 4:
+        m = torch.tril(m)
+    return m.contiguous().clone()
 
 
 def slot_stats(accept: torch.Tensor, nonfinite: torch.Tensor, explored_at: torch.Tensor,
@@ -140,6 +174,9 @@ class PTEngine:
 
         self.schedule = path.schedule.to(dev, dtype).expand(R, P).clone()  # b per slot [R, P]
         self.step_size = self._per_slot("step_size", step_size)
+        #: per-slot preconditioner (``None``: identity; ``[R, P, dim]`` diagonal scales or
+        #: ``[R, P, dim, dim]`` lower-triangular factors), changed only by :meth:`apply`
+        self.metric: torch.Tensor | None = None
         self.params = {k: v.to(dev, dtype) for k, v in rule.initial_params(R, P, dtype).items()}
         self.density = self.density_class(target, path)
         self.system_ids = torch.arange(R, device=dev).reshape(R, 1)
@@ -216,6 +253,8 @@ class PTEngine:
             self.schedule = self._table(update.schedule)
         if update.step_size is not None:
             self.step_size = self._table(update.step_size)
+        if update.metric is not None:
+            self.set_metric(update.metric)
         for name, value in update.params.items():
             if name not in self.params:
                 raise KeyError(f"rule {self.rule.name!r} has no parameter {name!r} "
@@ -226,6 +265,18 @@ class PTEngine:
         if update.reference is not None:  # an engine whose path has one installs it itself
             raise ValueError("this run's reference is fixed (reference 'prior'): an "
                              "Update.reference needs a run whose `reference` setting fits one")
+
+    def set_metric(self, metric) -> None:
+        """Install a per-slot preconditioner (:func:`check_metric`); refused for an explorer
+        that does not declare ``preconditionable``."""
+        ex = self.explorer
+        if metric is not None and not getattr(getattr(ex, "inner", ex), "preconditionable",
+                                              False):
+            raise ValueError(f"explorer {getattr(ex, 'name', ex)!r} takes no preconditioner "
+                             f"(it does not declare preconditionable = True); use precondition "
+                             f"= 'none' or a preconditionable explorer (rwmh, mala, hmc, slice, "
+                             f"automala, nuts)")
+        self.metric = check_metric(metric, self.R, self.P, self.dim, self.dtype, self.device)
 
     def _table(self, value) -> torch.Tensor:
         """A per-slot table ``[R, P]`` of the engine's dtype and device: an ``[R, P]`` tensor
@@ -243,9 +294,10 @@ class PTEngine:
         k = self.k
         b = self._local(self.slot_params(self.schedule))
         h = self._local(self.slot_params(self.step_size))
+        m = None if self.metric is None else self._local(slot_metric(self.metric, self.slot_of))
         # 1. explore: every replica at its slot's parameters, in one batched call per step
         self.state, accept, nonfinite = explore(self.explorer, self.state, b, h, self.density,
-                                                self._noise(k), self.n_explore)
+                                                self._noise(k), self.n_explore, m)
         explored_at = self.replica_at  # slot -> replica during the moves
 
         # 2. the reference end of a geometric path is sampled exactly
@@ -376,6 +428,7 @@ class PTEngine:
             "slot_of": self.slot_of, "schedule": self.schedule, "step_size": self.step_size,
             "params": dict(self.params), "scheme": self.scheme.describe(),
             "scheme_state": dict(self.scheme_state),
+            **({} if self.metric is None else {"metric": self.metric}),
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -389,6 +442,7 @@ class PTEngine:
         self.replica_at = slot_order(self.slot_of, self.replica_ids.expand(self.R, self.P))
         self.schedule = sd["schedule"].to(dev)
         self.step_size = sd["step_size"].to(dev)
+        self.metric = None if sd.get("metric") is None else sd["metric"].to(dev)
         self.params = {k: v.to(dev) for k, v in sd.get("params", {}).items()}
         window = sd.get("scheme", {}).get("window")
         if sd.get("scheme", {}).get("scheme") == "deo-w" and window not in (None, 1):

@@ -28,7 +28,14 @@ from typing import Any
 
 import torch
 
-from nrpt.core.engine import PTEngine, explore, refresh_top, slot_stats, sweep_exchange
+from nrpt.core.engine import (
+    PTEngine,
+    explore,
+    refresh_top,
+    slot_metric,
+    slot_stats,
+    sweep_exchange,
+)
 from nrpt.explorers import Noise, ReplicaState
 from nrpt.explorers.compiled import (
     Compiled,
@@ -155,9 +162,8 @@ class Fused:
         rec = RecordingNoise(Noise(eng.seed, eng.k, eng.R, eng.P, eng.device))
         state = eng.state
         b, h = eng.slot_params(eng.schedule), eng.slot_params(eng.step_size)
-        for i in range(eng.n_explore):
-            state, _ = self.explorer.step(state, b, h, eng.density, rec,
-                                          sub=i * self.explorer.substeps)
+        state, _, _ = explore(self.explorer, state, b, h, eng.density, rec, eng.n_explore,
+                              slot_metric(eng.metric, eng.slot_of))
         if sorted(state.extras) == sorted(eng.state.extras):
             self.plan = rec.calls
 
@@ -191,6 +197,8 @@ class Fused:
                  "replica_at": eng.replica_at, "slot_of": eng.slot_of,
                  "schedule": eng.schedule, "step_size": eng.step_size,
                  "params": dict(eng.params), "scheme": dict(eng.scheme_state)}
+        if eng.metric is not None:  # (constant within a chunk: it changes between segments)
+            carry["metric"] = eng.metric
         if torch.is_inference_mode_enabled() and not self._inference:
             self._inference = True
             # tensors made before the loop's inference mode would make a compiled chunk's
@@ -227,8 +235,10 @@ class Fused:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
             b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
+            m = slot_metric(c["metric"], c["slot_of"]) if "metric" in c else None
             noise = ReplayNoise([d[u] for d in inp["draws"]])
-            state, accept, nonfinite = explore(explorer, state, b, h, density, noise, n_explore)
+            state, accept, nonfinite = explore(explorer, state, b, h, density, noise, n_explore,
+                                               m)
             explored_at = c["replica_at"]
             if has_ref:
                 ref = inp["ref"]
@@ -267,7 +277,8 @@ class Fused:
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
                    "step_size": step_size, "params": params,
-                   "scheme": scheme.block_after(sch, accepted)}
+                   "scheme": scheme.block_after(sch, accepted),
+                   **({"metric": c["metric"]} if "metric" in c else {})}
             return new, out
 
         def body(carry, inp):
@@ -285,8 +296,9 @@ class Fused:
     def _function(self, U: int, compiled: bool):
         # the body bakes in the scheme's kind and window: a run whose window is tuned
         # (window = "auto": DEO, then DEO_W(W*) from the next segment on) gets a new one
+        metric = self.engine.metric  # (none, diagonal or dense: a body each)
         key = (U, type(self.engine.scheme).__name__, getattr(self.engine.scheme, "window", None),
-               compiled)
+               compiled, None if metric is None else metric.dim())
         fn = self._fns.get(key)
         if fn is None:
             fn = self._body(U)

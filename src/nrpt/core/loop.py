@@ -464,7 +464,7 @@ class _Loop:
         view = SegmentView(index=seg_i, name=seg.name, iterations=seg.iterations,
                            last=seg_i == len(self.run.plan.segments) - 1, recorders=recorders,
                            schedule=engine.schedule, step_size=engine.step_size,
-                           params=engine.params)
+                           params=engine.params, metric=getattr(engine, "metric", None))
         for a in self.run.adaptors:
             update = a.end_segment(view)
             if update is not None:

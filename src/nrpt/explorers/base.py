@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import torch
 
-from nrpt.options import Option, check_number, check_numbers, parse_floats
+from nrpt.options import Option, check_number, check_numbers, choice, parse_floats
 from nrpt.roles import Density, ExploreInfo, Explorer, Noise, ReplicaState, slot_grad
 
 __all__ = ["ReplicaState", "ExploreInfo", "Density", "Noise", "Explorer", "finite_or",
-           "slot_grad", "GRAD_KEYS", "metric_mul", "metric_tmul"]
+           "slot_grad", "GRAD_KEYS", "metric_mul", "metric_tmul", "PRECONDITION",
+           "PRECONDITION_MODES"]
 
 #: the ``extras`` keys of the gradient cache of MALA / HMC (see the module docstring)
 GRAD_KEYS = ("grad_v", "grad_base")
@@ -87,3 +88,19 @@ STEP_SIZE = Option("step_size", _step_size, default=0.35, section="explorer", pa
                         "temperature ladder), or one per slot, comma-separated")
 
 
+
+
+#: ``precondition`` values (:mod:`nrpt.adapt.metric`)
+PRECONDITION_MODES = ("none", "diagonal", "dense", "auto")
+
+#: the per-slot preconditioner of the explorers that declare ``preconditionable``, estimated
+#: between adaptive rounds (:class:`nrpt.adapt.metric.MetricAdaptor`)
+PRECONDITION = Option(
+    "precondition", choice(PRECONDITION_MODES), default="none", section="adaptation",
+    choices=PRECONDITION_MODES,
+    applies=lambda cfg: None if cfg.rounds is not None else
+    "precondition is estimated between adaptive rounds (rounds)",
+    why="precondition is for {who} (explorers that take a preconditioner)",
+    help="with --rounds: per-slot preconditioner estimated between rounds from each slot's "
+         "states: none (default), diagonal, dense, or auto (dense up to dim 200, else "
+         "diagonal)")

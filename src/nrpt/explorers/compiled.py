@@ -137,6 +137,7 @@ class Compiled(Explorer):
         self.substeps = inner.substeps
         self.target_acceptance = inner.target_acceptance
         self.acceptance_order = inner.acceptance_order
+        self.preconditionable = inner.preconditionable
         self.options = {"dynamic": False, **options}
         self._plans: dict[tuple, list] = {}  # kind of state -> the draws a step makes
         self._fn: dict[int, object] = {}  # sub-step -> its compiled function
@@ -159,29 +160,32 @@ class Compiled(Explorer):
     def _graph(self, density, sub: int):
         inner = self.inner
 
-        def step(x, v, base, extras, b, h, draws):
+        def step(x, v, base, extras, b, h, draws, metric=None):
+            kw = {} if metric is None else {"metric": metric}
             new, info = inner.step(ReplicaState(x, v, base, extras), b, h, density,
-                                   ReplayNoise(draws), sub)
+                                   ReplayNoise(draws), sub, **kw)
             return (new.x, new.v, new.base, new.extras, info.accept_prob, info.accepted,
                     info.nonfinite)
 
         return torch.compile(step, **self.options)
 
-    def step(self, state, b, step_size, density, noise, sub=0):
+    def step(self, state, b, step_size, density, noise, sub=0, metric=None):
+        kw = {} if metric is None else {"metric": metric}
         if self.failed is not None:
-            return self.inner.step(state, b, step_size, density, noise, sub)
+            return self.inner.step(state, b, step_size, density, noise, sub, **kw)
         kind = (sub, tuple(sorted(state.extras)))
         plan = self._plans.get(kind)
         if plan is None:  # a plain step, recording its draws
             rec = RecordingNoise(noise)
-            out = self.inner.step(state, b, step_size, density, rec, sub)
+            out = self.inner.step(state, b, step_size, density, rec, sub, **kw)
             if set(out[0].extras) != set(state.extras):  # it set up buffers: not a steady step
                 return out
             plan = self._plans[kind] = rec.calls
         draws = tuple(make_draw(noise, call) for call in plan)
         try:
             fn = self._fn.get(sub)
-            args = (state.x, state.v, state.base, dict(state.extras), b, step_size, draws)
+            args = (state.x, state.v, state.base, dict(state.extras), b, step_size, draws,
+                    metric)
             if fn is None:  # compiles now: torch's own deprecation notices are not the user's
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", DeprecationWarning)
@@ -195,5 +199,5 @@ class Compiled(Explorer):
             self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             warnings.warn(f"the compiled {self.name} step failed ({self.failed}); using the "
                           f"plain step", CompileWarning, stacklevel=2)
-            return self.inner.step(state, b, step_size, density, noise, sub)
+            return self.inner.step(state, b, step_size, density, noise, sub, **kw)
         return ReplicaState(x, v, base, extras), ExploreInfo(prob, accepted, nonfinite)

@@ -14,17 +14,20 @@ import torch
 
 from nrpt.explorers.base import (
     GRAD_KEYS,
+    PRECONDITION,
     STEP_SIZE,
     Density,
     ExploreInfo,
     Explorer,
     Noise,
     ReplicaState,
+    metric_mul,
+    metric_tmul,
     slot_grad,
 )
 from nrpt.options import Option, integer, parse_int
 
-__all__ = ["RWMH", "MALA", "HMC", "metropolis_select"]
+__all__ = ["RWMH", "MALA", "HMC", "metropolis_select", "finite_rows", "GradientCached"]
 
 
 def metropolis_select(
@@ -53,15 +56,18 @@ def _finite_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class RWMH(Explorer):
-    """Gaussian random-walk Metropolis: x' = x + h * xi, xi ~ N(0, I)."""
+    """Gaussian random-walk Metropolis: x' = x + h * L xi, xi ~ N(0, I) (``L``: the slot's
+    preconditioner ``metric``, identity by default; the proposal stays symmetric)."""
 
     name = "rwmh"
     target_acceptance, acceptance_order, compilable = 0.3, 1, True
-    options = (STEP_SIZE,)
+    preconditionable = True
+    options = (STEP_SIZE, PRECONDITION)
 
-    def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
+    def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
+             metric=None):
         xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
-        x_new = state.x + step_size[..., None] * xi
+        x_new = state.x + step_size[..., None] * metric_mul(metric, xi)
         v, base = density(x_new)
         prop = ReplicaState(x_new, v, base)
         lp_new = prop.log_density(b)
@@ -88,29 +94,48 @@ class _GradientCached(Explorer):
         return self.prepare(state, density)
 
 
+#: the shared pieces, public for the gradient explorers of other modules (automala, nuts)
+finite_rows = _finite_rows
+GradientCached = _GradientCached
+
+
 class MALA(_GradientCached):
     """Metropolis-adjusted Langevin: x' = x + (h^2 / 2) grad log pi_p(x) + h xi, xi ~ N(0, I),
     accepted with the Metropolis-Hastings ratio including the proposal asymmetry
     ``q(x | x') / q(x' | x)``.  One gradient evaluation per step (at ``x'``; the one at ``x``
-    comes from the cache)."""
+    comes from the cache).
+
+    With a preconditioner ``metric`` ``L`` (``x = L z``) the same move in ``z``:
+    ``z' = z + (h^2 / 2) L^T grad + h xi``, i.e. ``x' = x + L ((h^2 / 2) L^T grad + h xi)``;
+    the proposal's log density in ``z`` needs no solve (``z' - z`` is the move itself)."""
 
     name = "mala"
     target_acceptance, acceptance_order, compilable = 0.574, 3, True
-    options = (STEP_SIZE,)
+    preconditionable = True
+    options = (STEP_SIZE, PRECONDITION)
 
-    def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
+    def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
+             metric=None):
         state = self._cached(state, density)
         h = step_size[..., None]
         g = slot_grad(state.extras["grad_v"], state.extras["grad_base"], b)
         xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
-        x_new = state.x + 0.5 * h * h * g + h * xi
+        if metric is None:
+            x_new = state.x + 0.5 * h * h * g + h * xi
+        else:
+            dz = 0.5 * h * h * metric_tmul(metric, g) + h * xi  # z' - z
+            x_new = state.x + metric_mul(metric, dz)
         v, base, g_v, g_base = density.grad_components(x_new)
         g_new = slot_grad(g_v, g_base, b)
         prop = ReplicaState(x_new, v, base, {"grad_v": g_v, "grad_base": g_base})
         lp_new = prop.log_density(b)
-        # log q(x | x') - log q(x' | x), q(a | c) = N(a; c + h^2/2 grad(c), h^2 I)
-        fwd = ((x_new - state.x - 0.5 * h * h * g) ** 2).sum(-1)
-        bwd = ((state.x - x_new - 0.5 * h * h * g_new) ** 2).sum(-1)
+        # log q(x | x') - log q(x' | x), q(a | c) = N(a; c + h^2/2 grad(c), h^2 I) (in z)
+        if metric is None:
+            fwd = ((x_new - state.x - 0.5 * h * h * g) ** 2).sum(-1)
+            bwd = ((state.x - x_new - 0.5 * h * h * g_new) ** 2).sum(-1)
+        else:
+            fwd = ((dz - 0.5 * h * h * metric_tmul(metric, g)) ** 2).sum(-1)
+            bwd = ((-dz - 0.5 * h * h * metric_tmul(metric, g_new)) ** 2).sum(-1)
         log_q = (fwd - bwd) / (2.0 * step_size**2)
         ok = (torch.isfinite(lp_new) & _finite_rows(x_new) & _finite_rows(g_new)
               & _finite_rows(g))
@@ -126,12 +151,16 @@ class HMC(_GradientCached):
     ``jitter``: each step's leapfrog step is ``h (1 + jitter (2u - 1))``, ``u ~ U(0, 1)`` per
     replica and iteration (state-independent: still exact).  It removes the leapfrog
     resonances (Neal 2011, Sec. 5.4.2.2) that make acceptance non-monotone in ``h``, which
-    step-size tuning needs.  ``jitter = 0``: the fixed step."""
+    step-size tuning needs.  ``jitter = 0``: the fixed step.
+
+    With a preconditioner ``metric`` ``L`` (mass matrix ``(L L^T)^{-1}``): ``x += h L p``,
+    ``p += h L^T grad``, kinetic energy still ``|p|^2 / 2``."""
 
     name = "hmc"
     target_acceptance, acceptance_order, compilable = 0.65, 2, True
+    preconditionable = True
     options = (STEP_SIZE, Option("leapfrog_steps", integer(1), default=10, section="explorer",
-                                 parse=parse_int, help="leapfrog steps of hmc"))
+                                 parse=parse_int, help="leapfrog steps of hmc"), PRECONDITION)
     #: the default relative half-width of the step's jitter
     JITTER = 0.2
 
@@ -146,7 +175,8 @@ class HMC(_GradientCached):
     def describe(self) -> dict:
         return {"name": self.name, "leapfrog_steps": self.leapfrog_steps, "jitter": self.jitter}
 
-    def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0):
+    def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
+             metric=None):
         state = self._cached(state, density)
         h = step_size[..., None]
         p0 = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
@@ -154,14 +184,15 @@ class HMC(_GradientCached):
             u = noise.uniform(sub, state.x.dtype, parts=(1,))
             h = h * (1.0 + self.jitter * (2.0 * u[..., None] - 1.0))
         g = slot_grad(state.extras["grad_v"], state.extras["grad_base"], b)
-        x, p = state.x, p0 + 0.5 * h * g
+        x, p = state.x, p0 + 0.5 * h * metric_tmul(metric, g)
         ok = _finite_rows(g)
         for i in range(self.leapfrog_steps):
-            x = x + h * p
+            x = x + h * metric_mul(metric, p)
             v, base, g_v, g_base = density.grad_components(x)
             g = slot_grad(g_v, g_base, b)
             ok = ok & _finite_rows(g)
-            p = p + (h * g if i < self.leapfrog_steps - 1 else 0.5 * h * g)
+            gz = metric_tmul(metric, g)
+            p = p + (h * gz if i < self.leapfrog_steps - 1 else 0.5 * h * gz)
         prop = ReplicaState(x, v, base, {"grad_v": g_v, "grad_base": g_base})
         lp_new = prop.log_density(b)
         ok = ok & torch.isfinite(lp_new) & _finite_rows(x) & _finite_rows(p)

@@ -28,7 +28,15 @@ import numbers
 
 import torch
 
-from nrpt.explorers.base import STEP_SIZE, Density, ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.explorers.base import (
+    PRECONDITION,
+    STEP_SIZE,
+    Density,
+    ExploreInfo,
+    Explorer,
+    Noise,
+    ReplicaState,
+)
 from nrpt.options import Option, choice
 
 __all__ = ["SliceSampler", "slot_log_density"]
@@ -96,9 +104,10 @@ class SliceSampler(Explorer):
     name = "slice"
     options = (STEP_SIZE, Option("slice_method", choice(METHODS), default="stepping-out",
                                  section="explorer", choices=METHODS,
-                                 help="interval growth of the slice explorer"))
+                                 help="interval growth of the slice explorer"), PRECONDITION)
     uses_gradient = False
     substeps = 1
+    preconditionable = True
 
     def step_adaptor(self, target_acceptance=None, *, phase=None, follow=None):
         """Between adaptive rounds: the widths from each slot's spread
@@ -130,14 +139,36 @@ class SliceSampler(Explorer):
                 "max_shrink": self.max_shrink}
 
     # ------------------------------------------------------------------ one sweep
-    def step(self, state: ReplicaState, b, step_size, density: Density, noise: Noise, sub=0):
+    def step(self, state: ReplicaState, b, step_size, density: Density, noise: Noise, sub=0,
+             metric=None):
+        """One sweep over the coordinates of ``z`` where ``x = L z`` (``metric``: ``None``
+        the identity, ``[R, P, dim]`` diagonal scales -- coordinate ``j`` with width ``w s_j``
+        --, ``[R, P, dim, dim]`` a lower-triangular ``L`` -- along its column ``j``); the
+        width ``w`` (``step_size``) is in ``z`` units."""
         x, v, base = state.x, state.v, state.base
         f0 = slot_log_density(v, base, b)
         moved = torch.zeros_like(f0, dtype=torch.bool)
         nonfinite = torch.zeros_like(moved)
+        dense = metric is not None and metric.dim() == x.dim() + 1
         for j in range(x.shape[-1]):
             u = _Uniforms(noise, sub, j, x.dtype)
-            xj, v, base, f0, bad = self._coordinate(x, j, v, base, f0, b, step_size, density, u)
+            if dense:
+                col = metric[..., :, j]  # the line x + t L e_j, t from 0
+
+                def evaluate(t, x=x, col=col):
+                    v, base = density(x + t[..., None] * col)
+                    return v, base, slot_log_density(v, base, b)
+
+                t, v, base, f0, bad = self._slice(torch.zeros_like(f0), v, base, f0,
+                                                  step_size, u, evaluate)
+                went = t != 0
+                moved |= went
+                nonfinite |= bad
+                x = torch.where(went[..., None], x + t[..., None] * col, x)
+                continue
+
+            w = step_size if metric is None else step_size * metric[..., j]
+            xj, v, base, f0, bad = self._coordinate(x, j, v, base, f0, b, w, density, u)
             moved |= xj != x[..., j]
             nonfinite |= bad
             x = x.clone()
@@ -147,7 +178,7 @@ class SliceSampler(Explorer):
         return new, info
 
     def _coordinate(self, x, j, v0, base0, f0, b, w, density, u):
-        x0 = x[..., j]
+        """One slice update of coordinate ``j`` of ``x`` (width ``w[R, P]``)."""
 
         def evaluate(values):
             """Path components at x with coordinate j replaced by ``values`` ([..., R, P])."""
@@ -156,6 +187,11 @@ class SliceSampler(Explorer):
             v, base = density(pts)
             return v, base, slot_log_density(v, base, b)
 
+        return self._slice(x[..., j], v0, base0, f0, w, u, evaluate)
+
+    def _slice(self, x0, v0, base0, f0, w, u, evaluate):
+        """One slice update of the scalar ``x0[R, P]`` (a coordinate, or the position along a
+        line) of the density ``evaluate`` returns, from its current value ``f0``."""
         y = f0 + torch.log1p(-u(0))  # log(1 - U) ~ -Exp(1), finite since U < 1
         left = x0 - w * u(1)
         right = left + w

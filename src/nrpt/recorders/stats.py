@@ -242,18 +242,24 @@ class SlotSpread(RecorderBase):
     checkpoint).  The grouping depends on the rows alone, not on whether they come one by one
     (:meth:`record`) or in chunks (:meth:`record_block`, the fused loop): both give the same
     numbers bit for bit, wherever a run's chunks fall; and a chunk costs one merge per group
-    instead of a Welford step per iteration."""
+    instead of a Welford step per iteration.
+
+    ``covariance``: also the co-moment ``[R, S, dim, dim]`` (:meth:`covariance`, merged the
+    same way, batched over slots), for the per-slot preconditioner
+    (:class:`nrpt.adapt.metric.MetricAdaptor`); the recorder then keeps every statistic in
+    float64 whatever the run's dtype."""
 
     name = "spread"
     #: iterations per merged group (the contracts' block length: the fused loop's chunk)
     GROUP = BLOCK
 
     def __init__(self, R: int, P: int, dim: int, slots: list[int] | None = None,
-                 dtype=torch.float64, device="cpu"):
+                 dtype=torch.float64, device="cpu", covariance: bool = False):
         self.slots = list(range(P)) if slots is None else [int(s) for s in slots]
         self.shape = (R, len(self.slots), dim)
         self.reads_slots = tuple(self.slots)
-        self.dtype, self.device = dtype, device
+        self.with_cov = bool(covariance)
+        self.dtype, self.device = (torch.float64 if self.with_cov else dtype), device
         self.start_segment(True)
 
     def start_segment(self, reset: bool, length: int = 0) -> None:
@@ -261,6 +267,8 @@ class SlotSpread(RecorderBase):
             self._n = 0
             self._mean = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
             self._m2 = torch.zeros_like(self._mean)
+            self._c2 = (torch.zeros((*self.shape, self.shape[-1]), dtype=self.dtype,
+                                    device=self.device) if self.with_cov else None)
             self._rows: list[torch.Tensor] = []  # the partial group, [R, S, dim] each
 
     def record(self, it: Iteration) -> None:
@@ -287,6 +295,8 @@ class SlotSpread(RecorderBase):
                 self._rows = []
 
     def _merge(self, group: torch.Tensor) -> None:
+        if self.with_cov:
+            self._c2 = _chan_merge_cov(self._n, self._mean, self._c2, group)
         self._n, self._mean, self._m2 = _chan_merge(self._n, self._mean, self._m2, group)
 
     def _stats(self) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -294,6 +304,17 @@ class SlotSpread(RecorderBase):
         if not self._rows:
             return self._n, self._mean, self._m2
         return _chan_merge(self._n, self._mean, self._m2, torch.stack(self._rows))
+
+    def moments(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """``(n, mean [R, S, dim], co-moment [R, S, dim, dim])`` of every row since the reset
+        (``covariance`` recorders only; the co-moment is ``sum (x - mean)(x - mean)^T``)."""
+        if not self.with_cov:
+            raise ValueError("this spread recorder keeps no covariance (covariance=False)")
+        if not self._rows:
+            return self._n, self._mean, self._c2
+        group = torch.stack(self._rows)
+        c2 = _chan_merge_cov(self._n, self._mean, self._c2, group)
+        return self._n + group.shape[0], _chan_merge(self._n, self._mean, self._m2, group)[1], c2
 
     @property
     def n(self) -> int:
@@ -319,10 +340,13 @@ class SlotSpread(RecorderBase):
     def state_dict(self) -> dict:
         rows = (torch.stack(self._rows) if self._rows
                 else torch.zeros((0, *self.shape), dtype=self.dtype, device=self.device))
-        return {"n": self._n, "mean": self._mean, "m2": self._m2, "rows": rows}
+        return {"n": self._n, "mean": self._mean, "m2": self._m2, "rows": rows,
+                **({"c2": self._c2} if self.with_cov else {})}
 
     def load_state_dict(self, sd: dict) -> None:
         self._n, self._mean, self._m2 = int(sd["n"]), sd["mean"], sd["m2"]
+        if self.with_cov:
+            self._c2 = sd["c2"]
         rows = sd.get("rows")  # (checkpoints before the grouping: none pending)
         self._rows = [] if rows is None else list(rows.unbind(0))
 
@@ -339,6 +363,21 @@ def _chan_merge(n_a: int, mean_a: torch.Tensor, m2_a: torch.Tensor, group: torch
     n = n_a + n_b
     delta = mean_b - mean_a
     return n, mean_a + delta * (n_b / n), m2_a + m2_b + delta.square() * (n_a * n_b / n)
+
+
+def _chan_merge_cov(n_a: int, mean_a: torch.Tensor, c2_a: torch.Tensor, group: torch.Tensor):
+    """The co-moment ``[..., dim, dim]`` of ``n_a`` rows summarized by ``(mean_a, c2_a)`` and
+    the rows of ``group[m, ..., dim]`` (the pairwise update of :func:`_chan_merge`, batched over
+    every leading index: no loop over slots)."""
+    group = group.contiguous()
+    n_b = group.shape[0]
+    mean_b = group.mean(0)
+    dev = group - mean_b
+    c2_b = torch.einsum("m...i,m...j->...ij", dev, dev)
+    if n_a == 0:
+        return c2_b
+    delta = mean_b - mean_a
+    return c2_a + c2_b + delta[..., :, None] * delta[..., None, :] * (n_a * n_b / (n_a + n_b))
 
 
 class Trace(RecorderBase):

@@ -272,6 +272,24 @@ def _ladder_fields(s: dict, run: Run, path_kind: str) -> None:
     s["schedules"] = every  # [R][P]: every system's (they differ once adapted)
     s["schedule"] = every[0]  # system 0's (kept for readers of older summaries)
     s["step_size"] = per_system(eng.step_size, R)
+    metric = getattr(eng, "metric", None)
+    if metric is not None:
+        s["preconditioner"] = _preconditioner_fields(metric, run.facts.get("precondition"))
+
+
+def _preconditioner_fields(metric, mode) -> dict:
+    """Per slot (system 0; the metric is pooled over systems): the condition number of the
+    covariance the metric encodes and the range of its scales (diagonal: the scales; dense:
+    the square roots of the covariance's extreme eigenvalues)."""
+    m = metric[0].detach().cpu().double()
+    if m.dim() == 2:
+        lo, hi = m.min(-1).values, m.max(-1).values
+    else:
+        ev = torch.linalg.eigvalsh(m @ m.transpose(-1, -2)).clamp_min(0).sqrt()
+        lo, hi = ev[..., 0], ev[..., -1]
+    return {"kind": "diagonal" if m.dim() == 2 else "dense", "precondition": mode,
+            "condition_number": ((hi / lo) ** 2).tolist(),
+            "scale_range": torch.stack([lo, hi], -1).tolist()}
 
 
 def _sg_fields(s: dict, run: Run, cfg) -> None:

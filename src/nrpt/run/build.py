@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nrpt.adapt.metric import MetricAdaptor, resolve_mode
 from nrpt.adapt.rounds import ScheduleAdaptor, own_tuning
 from nrpt.adapt.sa import (
     CorrectionAdaptor,
@@ -279,7 +280,8 @@ def _exact_parts(cfg, target, entry, explorer, facts):
         path = make_path(target, int(cfg.chains), temperatures=cfg.temperatures,
                          betas=cfg.betas, max_temperature=cfg.max_temperature or 25.0)
     if explorer is None:
-        fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method"}
+        fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method",
+                  "max_doublings": "max_doublings", "max_tree_depth": "max_tree_depth"}
         explorer = entry.load()(**{arg: getattr(cfg, f) for f, arg in fields.items()
                                    if f in entry.options})
     step = cfg.step_size
@@ -383,7 +385,7 @@ def _adaptors(cfg, explorer, path, rule, source: str, engine, burn: int, refit: 
     explorer's own), the schedule, the window, the SA adaptors of DEO*-SGD, ``refit`` (the
     variational reference's), and the variance tracker that the bias-corrected rule always
     needs."""
-    adaptors, windows = _tuning(cfg, explorer, path, burn, facts)
+    adaptors, windows = _tuning(cfg, explorer, path, burn, facts, engine.dim)
     if source == "auto":
         adaptors.append(WindowAdaptor(int(cfg.chains)))
     if facts["sg"]:
@@ -394,10 +396,11 @@ def _adaptors(cfg, explorer, path, rule, source: str, engine, burn: int, refit: 
     return adaptors, windows
 
 
-def _tuning(cfg, explorer, path, burn: int, facts) -> tuple[list, int]:
+def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]:
     """Between the warm-up windows of a fixed-length run (the sampling kernel is then fixed),
-    or between rounds: the schedule and the explorer's own step-size tuning (on a temperature
-    ladder the steps follow the re-fitted schedule)."""
+    or between rounds: the schedule, the per-slot preconditioner (``precondition``) and the
+    explorer's own step-size tuning (on a temperature ladder the steps follow the re-fitted
+    schedule; after a new metric they restart from its step ratio)."""
     adaptors: list = []
     tune = cfg.rounds is None and burn > 0 and bool(getattr(cfg, "adapt_step_size", None))
     if tune:
@@ -407,9 +410,20 @@ def _tuning(cfg, explorer, path, burn: int, facts) -> tuple[list, int]:
     if cfg.rounds is not None:
         schedule = ScheduleAdaptor() if cfg.adapt_schedule else None
         adaptors += [schedule] if schedule is not None else []
+        mode = resolve_mode(getattr(cfg, "precondition", None) or "none", dim)
+        metric = (MetricAdaptor(mode, dim, gate=explorer.acceptance_order is not None)
+                  if mode != "none" else None)
+        if metric is not None:  # (the summary's preconditioner section)
+            facts["precondition"] = mode
+        adaptors += [metric] if metric is not None else []
         if cfg.adapt_step_size:
-            adaptors.append(_own_tuning(cfg, explorer, None, follow=schedule if path.kind ==
-                                        "temperature" else None))
+            step = _own_tuning(cfg, explorer, None, follow=schedule if path.kind ==
+                               "temperature" else None)
+            if metric is not None and hasattr(step, "metric_from"):
+                step.metric_from = metric
+            if metric is not None and hasattr(step, "tuner"):  # (robust tuning: lane B)
+                step.tuner.fast = True
+            adaptors.append(step)
     return adaptors, windows
 
 
@@ -453,7 +467,9 @@ def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record,
     if cfg.rounds is not None:
         recorders["slot_energies"] = SlotEnergyRecorder(R, P, **kw)
     every = any(getattr(a, "spread_slots", None) == "all" for a in adaptors)
-    recorders["spread"] = SlotSpread(R, P, engine.dim, slots=None if every else [P - 1], **kw)
+    cov = any(getattr(a, "spread_covariance", False) for a in adaptors)
+    recorders["spread"] = SlotSpread(R, P, engine.dim, slots=None if every else [P - 1],
+                                     covariance=cov, **kw)
     if sg:
         recorders["trace"] = Trace(every=max(1, plan.total // 1000))
     recorders["draws"] = Draws(plan.total, R, P, engine.dim, thin=cfg.thin, out_dir=out,

@@ -238,7 +238,8 @@ CENTRAL: tuple[Option, ...] = (
                  "gaussian-fixed (a broad Gaussian set from the initial states)"),
     _explorer("explorer", choice(lambda: registry.names("explorer")),
               choices=lambda: registry.names("explorer"),
-              help="local move (exact: rwmh, mala, hmc, slice; stochastic-gradient: the rest)"),
+              help="local move (exact: rwmh, mala, hmc, slice, automala, nuts; "
+                   "stochastic-gradient: the rest)"),
     _explorer("n_explore", integer(1), default=1, parse=parse_int,
               help="explorer steps per iteration"),
     _explorer("compile", boolean, default=False, parse=parse_bool,

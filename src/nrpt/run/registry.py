@@ -157,6 +157,10 @@ register("explorer", "hmc", "nrpt.explorers.metropolis:HMC", tags=("exact", "gra
          summary="Hamiltonian Monte Carlo (fixed leapfrog steps)")
 register("explorer", "slice", "nrpt.explorers.slice:SliceSampler", tags=("exact",),
          summary="coordinate-wise slice sampler (step_size = interval width)")
+register("explorer", "automala", "nrpt.explorers.automala:AutoMALA", tags=("exact", "gradient"),
+         summary="MALA with a step size chosen per step, reversibly (Biron-Lattes et al. 2024)")
+register("explorer", "nuts", "nrpt.explorers.nuts:NUTS", tags=("exact", "gradient"),
+         summary="No-U-Turn sampler, multinomial, batched trajectories (Hoffman & Gelman)")
 register("explorer", "sgld", "nrpt.explorers.sgmcmc:SGLD", tags=("sg",),
          summary="stochastic gradient Langevin dynamics")
 register("explorer", "sgd", "nrpt.explorers.sgmcmc:SGD", tags=("sg", "zero-temperature"),

@@ -1,0 +1,195 @@
+r"""Between rounds: a per-slot preconditioner from the states each slot saw during the round.
+
+:class:`MetricAdaptor` reads the ``spread`` recorder (every slot; with ``dense`` its
+co-moments, merged in float64 batched over slots) and pools each slot over the systems:
+
+    S_p = (sum_r M2_{r,p} + n sum_r (m_{r,p} - m_p)(m_{r,p} - m_p)^T) / (N - 1),  N = R n,
+
+regularised as Stan's windowed adaptation does, but in the whitened units of the slot's current
+metric ``L`` (``A = L^{-1} S_p L^{-T}``; the first time, ``L = diag(S_p)^{1/2}``: ``A`` is the
+correlation matrix, shrunk toward the diagonal), so that the ridge scales with the posterior
+and does not swamp the narrow directions of a correlated one (Stan's absolute ``1e-3 I``
+would, at sds of 1e-3):
+
+    A <- (N / (N + 5)) A + 1e-3 (5 / (N + 5)) I,   L_new = L chol(A)   (lower triangular).
+
+``diagonal``: the same on the diagonal, scales ``[R, P, dim]``; ``dense``: ``L_new``
+``[R, P, dim, dim]`` (where the Cholesky factor of ``A`` fails: the square roots of its
+diagonal).  A slot
+with fewer than :data:`MIN_ROWS` pooled rows, or a non-positive or non-finite variance, keeps
+its old metric.
+
+The step sizes were tuned for the old metric: :attr:`MetricAdaptor.changed` carries, per
+slot, the length in the new whitened units of the longest unit step of the old ones,
+``||L_new^{-1} L_old||_2`` (so the narrowest new direction keeps its old step length: the
+acceptance stays about where it was, whether or not the estimate is good), by which
+:class:`nrpt.adapt.rounds.StepSizeAdaptor` multiplies its new steps before restarting their
+bracket (:meth:`nrpt.adapt.step.StepTuner.restart`); :attr:`MetricAdaptor.z_scale` is the mean
+whitened standard deviation, from which :class:`nrpt.adapt.rounds.SliceWidthAdaptor` sets the
+widths (in ``z`` units).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nrpt.roles import AdaptorBase, SegmentView, Update
+
+__all__ = ["MetricAdaptor", "MODES", "DENSE_MAX_DIM", "resolve_mode", "MIN_ROWS"]
+
+#: ``precondition`` values
+MODES = ("none", "diagonal", "dense", "auto")
+#: ``auto``: dense up to this dimension, diagonal above
+DENSE_MAX_DIM = 200
+#: a slot's metric is estimated from at least this many pooled rows (else kept)
+MIN_ROWS = 16
+#: a slot's metric is re-estimated only where the round's explorer acceptance (mean over
+#: systems) lies inside this range (``gate``): a frozen chain's states (acceptance ~0) say
+#: nothing about the slot's covariance, a crawling one's (~1) measure the step more than the
+#: target; the step tuning brings the acceptance into the range first
+GATE = (0.1, 1.01)
+#: the step ratio applied after a change is kept inside [1 / RATIO_MAX, RATIO_MAX]
+RATIO_MAX = 1e3
+#: and taken to this power (a new metric estimated from a round whose states were still
+#: settling tends to overstate the narrow directions: half the move in log scale, the step
+#: tuner does the rest)
+RATIO_POWER = 0.5
+#: Stan's shrinkage: ``(n / (n + 5)) S + REG (5 / (n + 5)) D``
+SHRINK, REG = 5.0, 1e-3
+
+
+def resolve_mode(mode: str, dim: int) -> str:
+    """``"none"``, ``"diagonal"`` or ``"dense"`` for ``precondition = mode`` at ``dim``."""
+    if mode not in MODES:
+        raise ValueError(f"precondition must be one of {', '.join(MODES)}; got {mode!r}")
+    if mode == "auto":
+        return "dense" if int(dim) <= DENSE_MAX_DIM else "diagonal"
+    return mode
+
+
+class MetricAdaptor(AdaptorBase):
+    """Estimate each slot's preconditioner between rounds (see the module docstring).
+
+    ``mode``: ``"diagonal"`` or ``"dense"`` (``"auto"`` resolved by ``dim``); ``phase``: act
+    only at the end of segments whose name starts with it (``"warm-up"``), by default at the
+    end of every segment but the last.  ``gate``: re-estimate only the slots whose explorer
+    acceptance was inside :data:`GATE` (explorers with an acceptance rate to tune; the slice
+    sampler has none)."""
+
+    name = "metric"
+    #: the ``spread`` recorder must watch every slot
+    spread_slots = "all"
+
+    def __init__(self, mode: str = "dense", dim: int | None = None, phase: str | None = None,
+                 gate: bool = True):
+        mode = resolve_mode(mode, dim if dim is not None else 0)
+        if mode == "none":
+            raise ValueError("MetricAdaptor needs precondition 'diagonal', 'dense' or 'auto'")
+        self.mode, self.phase, self.gate = mode, phase, bool(gate)
+        #: the spread recorder keeps co-moments (dense metrics)
+        self.spread_covariance = mode == "dense"
+        #: ``(segment index, step ratio [R, P])`` of the last change
+        self.changed: tuple[int, torch.Tensor] | None = None
+        #: ``(segment index, mean whitened sd [R, P])`` of the last change
+        self.z_scale: tuple[int, torch.Tensor] | None = None
+        self.updates = 0
+
+    def end_segment(self, view: SegmentView) -> Update | None:
+        if view.last or (self.phase is not None and not view.name.startswith(self.phase)):
+            return None
+        spread = view.recorders["spread"]
+        R, P = view.step_size.shape
+        if len(spread.slots) != P:
+            raise ValueError("the metric adaptor needs the spread of every slot")
+        if self.mode == "dense":
+            n, mean, c2 = spread.moments()
+        else:
+            n, mean, m2 = spread._stats()
+            c2 = None
+        N = R * n
+        if N < MIN_ROWS or n < 2:
+            return None
+        mean = mean.double()
+        gm = mean.mean(0, keepdim=True)
+        dm = mean - gm  # [R, P, d]
+        if c2 is None:
+            S = (m2.double().sum(0) + n * (dm * dm).sum(0)) / (N - 1)  # [P, d]
+            var = S
+        else:
+            S = (c2.double().sum(0) + n * torch.einsum("rpi,rpj->pij", dm, dm)) / (N - 1)
+            var = S.diagonal(dim1=-2, dim2=-1)
+        good = torch.isfinite(var).all(-1) & (var > 0).all(-1)  # [P]
+        if self.gate:
+            acc = view.recorders["swaps"].explorer_acceptance().double().mean(0).cpu()
+            good = good & (acc > GATE[0]) & (acc < GATE[1])
+        if not bool(good.any()):
+            return None
+        w = N / (N + SHRINK)
+        old = view.metric
+        old0 = None if old is None else old[0].double()  # pooled: every system's is the same
+        d = var.shape[-1]
+        sd = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
+        if c2 is None:
+            s_old = torch.ones_like(var) if old0 is None else old0
+            frame = sd if old0 is None else old0
+            # in the frame's whitened units: w a + REG (1 - w), a = var / frame^2
+            new = (w * var + REG * (1.0 - w) * frame * frame).sqrt()
+            new = torch.where(good[:, None], new, s_old)
+            ratio = (s_old / new).max(-1).values
+            z_scale = (var.sqrt() / new).mean(-1)
+        else:
+            eye = torch.eye(d, dtype=S.dtype)
+            L_old = (eye.expand_as(S) if old0 is None else
+                     torch.diag_embed(old0) if old0.dim() == 2 else old0)
+            frame = torch.diag_embed(sd) if old0 is None else L_old
+            A = _whitened_var(S, frame)
+            A = 0.5 * (A + A.transpose(-1, -2))
+            A = torch.where(good[:, None, None], w * A + REG * (1.0 - w) * eye, eye)
+            C, info = torch.linalg.cholesky_ex(A)
+            ok = (info == 0) & torch.isfinite(C).all((-1, -2))
+            # where the Cholesky factor fails: the diagonal of A
+            C = torch.where(ok[:, None, None], C,
+                            torch.diag_embed(A.diagonal(dim1=-2, dim2=-1).clamp_min(REG).sqrt()))
+            new = frame @ C  # lower triangular: the new covariance frame A frame^T
+            new = torch.where(good[:, None, None], new, L_old)
+            ratio = _stretch(new, L_old)
+            z_scale = _whitened_var(S, new).diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt().mean(-1)
+        ratio = torch.where(good & torch.isfinite(ratio) & (ratio > 0), ratio,
+                            torch.ones_like(ratio)).clamp(1.0 / RATIO_MAX, RATIO_MAX)
+        ratio = ratio ** RATIO_POWER
+        z_scale = torch.where(good & torch.isfinite(z_scale) & (z_scale > 0), z_scale,
+                              torch.ones_like(z_scale))
+        self.changed = (view.index, ratio.expand(R, P).to(view.step_size))
+        self.z_scale = (view.index, z_scale.expand(R, P).to(view.step_size))
+        self.updates += 1
+        metric = new.to(view.step_size.dtype).expand(R, *new.shape).clone()
+        return Update(metric=metric)
+
+    def state_dict(self) -> dict:
+        return {"updates": self.updates}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.updates = int(sd.get("updates", 0))
+
+
+def _stretch(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:
+    """``||L_new^{-1} L_old||_2`` ``[P]``: the longest old proposal direction in the new
+    whitened units, so that a step ``h`` becomes ``h`` times it (``old``: ``None``, diagonal
+    ``[P, d]`` or lower triangular ``[P, d, d]``)."""
+    if old is None:
+        old = torch.eye(new.shape[-1], dtype=new.dtype).expand_as(new)
+    elif old.dim() == 2:
+        old = torch.diag_embed(old)
+    X = torch.linalg.solve_triangular(new, old, upper=False)
+    return torch.linalg.matrix_norm(X, ord=2)
+
+
+def _whitened_var(S: torch.Tensor, L: torch.Tensor | None) -> torch.Tensor:
+    """``L^{-1} S L^{-T}`` ``[P, d, d]`` (``L``: ``None``, diagonal ``[P, d]`` or lower
+    triangular ``[P, d, d]``)."""
+    if L is None:
+        return S
+    if L.dim() == 2:
+        return S / (L[..., :, None] * L[..., None, :])
+    A = torch.linalg.solve_triangular(L, S, upper=False)
+    return torch.linalg.solve_triangular(L, A.transpose(-1, -2), upper=False)
