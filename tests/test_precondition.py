@@ -348,3 +348,26 @@ def test_fast_tuning_brackets_a_cliff_without_swinging_across_it():
         seen.append(float(h[0]))
         h = tuner.update(h, np.where(h < 1e-3, 0.995, 0.0))
     assert all(abs(math.log(x / 1e-3)) < math.log(1.25) for x in seen[6:]), seen
+
+
+@pytest.mark.distributed
+def test_a_run_with_a_metric_is_identical_on_2_processes(tmp_path):
+    # the metric table is full on every rank and each takes its block of replicas
+    import json
+    import os
+    import subprocess
+    import sys
+
+    args = ["--target", "gaussian", "--option", "dim=3", "--option", "correlation=0.9",
+            "--rounds", "6", "--chains", "4", "--systems", "2", "--explorer", "mala",
+            "--precondition", "dense", "--figures", "false", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for n in (1, 2):
+        r = subprocess.run([sys.executable, "-m", "nrpt", "run", *args, "--nproc", str(n),
+                            "--out", str(tmp_path / f"p{n}")], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+    a, b = (np.load(tmp_path / f"p{n}" / "samples.npy") for n in (1, 2))
+    assert np.array_equal(a, b)
+    s1, s2 = (json.loads((tmp_path / f"p{n}" / "summary.json").read_text()) for n in (1, 2))
+    assert s1["preconditioner"] == s2["preconditioner"]
