@@ -311,3 +311,63 @@ def test_metric_adaptor_pools_systems_and_falls_back_to_the_diagonal():
     pooled = torch.cov(x.reshape(-1, P, d)[:, 0].T)
     assert torch.allclose(L[0, 0] @ L[0, 0].T, pooled, rtol=0.05)
     assert torch.equal(L, torch.tril(L))
+
+
+# ---------------------------------------------------------------- robust step sizes
+def _mala_acceptance(h_star: float, target: float = 0.574):
+    """The tuner's own model for MALA (k = 3), at target acceptance at ``h_star``."""
+    from scipy.stats import norm
+
+    c = -2 * norm.ppf(target / 2) / h_star**3
+    return lambda h: 2 * norm.cdf(-c * h**3 / 2)
+
+
+@pytest.mark.parametrize("fast, rounds", [(False, 12), (True, 4)])
+def test_fast_tuning_reaches_a_small_step_in_few_rounds(fast, rounds):
+    # The issue: from 0.35 to 0.001 the model step shrinks at most 0.60x per round for MALA (12
+    # rounds); fast tuning moves 10x at acceptance ~0 and reaches it in 4, then stays.
+    from nrpt.adapt.step import StepTuner
+
+    acc, tuner, h = _mala_acceptance(1e-3), StepTuner(0.574, 3, fast=fast), np.array([0.35])
+    seen = []
+    for _ in range(14):
+        seen.append(float(h[0]))
+        h = tuner.update(h, acc(h))
+    first = next(i for i, x in enumerate(seen) if abs(math.log(x / 1e-3)) < 0.05)
+    assert first == rounds, seen
+    assert all(abs(math.log(x / 1e-3)) < 0.05 for x in seen[first:]), seen  # no oscillation
+
+
+def test_fast_tuning_brackets_a_cliff_without_swinging_across_it():
+    # acceptance 1 below h = 1e-3 and 0 above: fast moves bisect the bracket once both ends are
+    # known, ending within 15% of the cliff instead of jumping 10x back and forth
+    from nrpt.adapt.step import StepTuner
+
+    tuner, h, seen = StepTuner(0.574, 3, fast=True), np.array([0.35]), []
+    for _ in range(14):
+        seen.append(float(h[0]))
+        h = tuner.update(h, np.where(h < 1e-3, 0.995, 0.0))
+    assert all(abs(math.log(x / 1e-3)) < math.log(1.25) for x in seen[6:]), seen
+
+
+@pytest.mark.distributed
+def test_a_run_with_a_metric_is_identical_on_2_processes(tmp_path):
+    # the metric table is full on every rank and each takes its block of replicas
+    import json
+    import os
+    import subprocess
+    import sys
+
+    args = ["--target", "gaussian", "--option", "dim=3", "--option", "correlation=0.9",
+            "--rounds", "6", "--chains", "4", "--systems", "2", "--explorer", "mala",
+            "--precondition", "dense", "--figures", "false", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for n in (1, 2):
+        r = subprocess.run([sys.executable, "-m", "nrpt", "run", *args, "--nproc", str(n),
+                            "--out", str(tmp_path / f"p{n}")], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+    a, b = (np.load(tmp_path / f"p{n}" / "samples.npy") for n in (1, 2))
+    assert np.array_equal(a, b)
+    s1, s2 = (json.loads((tmp_path / f"p{n}" / "summary.json").read_text()) for n in (1, 2))
+    assert s1["preconditioner"] == s2["preconditioner"]

@@ -15,16 +15,18 @@ would, at sds of 1e-3):
 
 ``diagonal``: the same on the diagonal, scales ``[R, P, dim]``; ``dense``: ``L_new``
 ``[R, P, dim, dim]`` (where the Cholesky factor of ``A`` fails: the square roots of its
-diagonal).  A slot
-with fewer than :data:`MIN_ROWS` pooled rows, or a non-positive or non-finite variance, keeps
-its old metric.
+diagonal).  A slot with fewer than :data:`MIN_ROWS` (or :data:`ROWS_PER_DIM` per dimension)
+pooled rows, a non-positive or non-finite variance, or (``gate``) an explorer acceptance in the
+round outside :data:`GATE`, keeps its old metric.
 
 The step sizes were tuned for the old metric: :attr:`MetricAdaptor.changed` carries, per
 slot, the length in the new whitened units of the longest unit step of the old ones,
 ``||L_new^{-1} L_old||_2`` (so the narrowest new direction keeps its old step length: the
-acceptance stays about where it was, whether or not the estimate is good), by which
-:class:`nrpt.adapt.rounds.StepSizeAdaptor` multiplies its new steps before restarting their
-bracket (:meth:`nrpt.adapt.step.StepTuner.restart`); :attr:`MetricAdaptor.z_scale` is the mean
+acceptance stays about where it was, whether or not the estimate is good), clipped to
+``[1e-3, 1e3]`` and taken to the power :data:`RATIO_POWER` (1/2: a round's estimate tends to
+overstate the narrow directions), by which :class:`nrpt.adapt.rounds.StepSizeAdaptor`
+multiplies the plain model step (no fast move, no bracket) before restarting the bracket
+(:meth:`nrpt.adapt.step.StepTuner.restart`); :attr:`MetricAdaptor.z_scale` is the mean
 whitened standard deviation, from which :class:`nrpt.adapt.rounds.SliceWidthAdaptor` sets the
 widths (in ``z`` units).
 """
@@ -43,6 +45,8 @@ MODES = ("none", "diagonal", "dense", "auto")
 DENSE_MAX_DIM = 200
 #: a slot's metric is estimated from at least this many pooled rows (else kept)
 MIN_ROWS = 16
+#: ... and at least this many per dimension
+ROWS_PER_DIM = 10
 #: a slot's metric is re-estimated only where the round's explorer acceptance (mean over
 #: systems) lies inside this range (``gate``): a frozen chain's states (acceptance ~0) say
 #: nothing about the slot's covariance, a crawling one's (~1) measure the step more than the
@@ -107,7 +111,7 @@ class MetricAdaptor(AdaptorBase):
             n, mean, m2 = spread._stats()
             c2 = None
         N = R * n
-        if N < MIN_ROWS or n < 2:
+        if N < max(MIN_ROWS, ROWS_PER_DIM * mean.shape[-1]) or n < 2:
             return None
         mean = mean.double()
         gm = mean.mean(0, keepdim=True)

@@ -30,7 +30,8 @@ from nrpt.roles import Iteration, PhaseDecision, Update
 from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
-__all__ = ["PTEngine", "explore", "slot_metric", "check_metric", "slot_stats", "sweep_exchange", "slot_order", "refresh_top"]
+__all__ = ["PTEngine", "explore", "slot_metric", "check_metric", "slot_stats", "sweep_exchange",
+           "slot_order", "refresh_top"]
 
 
 def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
@@ -294,7 +295,8 @@ class PTEngine:
         k = self.k
         b = self._local(self.slot_params(self.schedule))
         h = self._local(self.slot_params(self.step_size))
-        m = None if self.metric is None else self._local(slot_metric(self.metric, self.slot_of))
+        per_replica = slot_metric(self.metric, self.slot_of)
+        m = None if per_replica is None else self._local(per_replica)
         # 1. explore: every replica at its slot's parameters, in one batched call per step
         self.state, accept, nonfinite = explore(self.explorer, self.state, b, h, self.density,
                                                 self._noise(k), self.n_explore, m)
