@@ -623,6 +623,10 @@ MODEL_ADAPTERS: dict[str, tuple[str, str]] = {
 }
 
 
+#: the factory of a ``path/to/model.stan`` target
+STAN_ADAPTER = "nrpt.targets.stan:from_stan"
+
+
 def _import_attr(ref: str) -> Any:
     module, attr = ref.split(":")
     return getattr(importlib.import_module(module), attr)
@@ -663,8 +667,8 @@ def load_target(spec: str, **kwargs: Any) -> Any:
     """Resolve ``spec`` to a target object (not validated: :func:`validate_target`).
 
     ``"path/to/model.stan"``: :func:`nrpt.targets.from_stan` ``(path, **kwargs)`` (``data=``
-    a JSON file or a dict).  ``"path/to/file.py:NAME"``: the file imported as a fresh module; a ``pymc.Model`` goes
-    through :func:`nrpt.targets.from_pymc` ``(model, **kwargs)``, a class or a function without
+    a JSON file or a dict).  ``"path/to/file.py:NAME"``: the file imported as a fresh module;
+    a ``pymc.Model`` goes through :func:`nrpt.targets.from_pymc` ``(model, **kwargs)``, a class or a function without
     ``dim`` is called with ``kwargs``, anything else is returned (``kwargs`` then empty).  A
     built-in name (:data:`BUILTIN_TARGETS`; ``_`` and ``-`` alike): its factory with ``kwargs``.
     Raises :class:`TargetError` for an unknown name, a missing file or attribute."""
@@ -680,8 +684,7 @@ def _load_target(spec: str, kwargs: dict[str, Any], modules: dict[str, str]) -> 
     if spec.endswith(".py"):
         raise TargetError(f"target spec {spec!r} names no attribute; use {spec}:NAME")
     if is_stan_spec(spec):
-        from nrpt.targets.stan import from_stan
-
+        from_stan = _import_attr(STAN_ADAPTER)  # by name: the Stan package imports this one
         try:
             return from_stan(Path(spec).expanduser(), **kwargs)
         except TypeError as e:
