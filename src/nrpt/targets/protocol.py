@@ -670,7 +670,8 @@ def load_target(spec: str, **kwargs: Any) -> Any:
     a JSON file or a dict).  ``"path/to/file.py:NAME"``: the file imported as a fresh module;
     a ``pymc.Model`` goes through :func:`nrpt.targets.from_pymc` ``(model, **kwargs)``, a class
     or a function without ``dim`` is called with ``kwargs``, anything else is returned
-    (``kwargs`` then empty).  A built-in name (:data:`BUILTIN_TARGETS`; ``_`` and ``-`` alike): its factory with ``kwargs``.
+    (``kwargs`` then empty).  A built-in name (:data:`BUILTIN_TARGETS`; ``_`` and ``-``
+    alike): its factory with ``kwargs``.
     Raises :class:`TargetError` for an unknown name, a missing file or attribute."""
     return _load_target(spec, kwargs, {})
 
