@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,31 @@ def test_cache_hit_in_a_fresh_process_is_fast(target, tmp_path):
     t2 = nrpt.targets.from_stan(PROGRAM, tmp_path / "d.json")
     x = np.array([[0.2, 0.3]])
     np.testing.assert_allclose(t2.log_density(x), target.log_density(x), rtol=1e-14)
+
+
+def test_two_processes_compiling_one_program_build_it_once(tmp_path):
+    """Two processes asking at once for a program not in the cache: the lock makes one
+    compile and the other load its entry (no half-written entry is ever loaded)."""
+    program = "parameters { real z; }\nmodel { z ~ normal(1, 2); }\n// %s\n" % time.time()
+    (tmp_path / "p.stan").write_text(program)
+    code = ("import nrpt.targets as T; x=T.from_stan(open('p.stan').read()); "
+            "import numpy as np; print(x.build_info['cached'], "
+            "float(x.log_density(np.array([[1.0]]))[0]), x.build_info['key'])")
+    env = {**os.environ, "PYTHONPATH": str(Path(nrpt.__file__).parents[1])}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    cached = sorted(o[0].split()[0] for o in outs)
+    assert cached == ["False", "True"], outs
+    for o in outs:
+        assert float(o[0].split()[1]) == pytest.approx(-0.5 * math.log(2 * math.pi)
+                                                       - math.log(2.0), rel=1e-12)
+    key = outs[0][0].split()[2]
+    leftovers = [p.name for p in Path(os.environ["NRPT_STAN_CACHE"]).iterdir()
+                 if p.name.startswith(f"{key}-")]
+    assert leftovers == [], "temporary build directories left in the cache"
 
 
 # ------------------------------------------------------------------------------- sampling
