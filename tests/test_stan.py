@@ -156,6 +156,7 @@ def test_write_array_names_shapes_and_stan_order(target):
     # Stan's flat order is column-major: M.1.1, M.2.1, M.1.2, ...
     assert names[2:5] == ["M.1.1", "M.2.1", "M.1.2"] and len(names) == 8
     assert target.variables == {"mu": (), "tau": (), "M": (2, 3)}
+    assert target.constrained_names(brackets=True)[2:4] == ["M[1,1]", "M[2,1]"]
     x = np.array([[0.5, 0.1], [-1.0, -2.0]])
     flat = target.write_array(x)
     np.testing.assert_allclose(flat[:, 1], np.exp(x[:, 1]))

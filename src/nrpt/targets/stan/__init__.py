@@ -28,7 +28,8 @@ from nrpt.targets._util import check_generator
 from nrpt.targets.protocol import TargetError
 from nrpt.targets.stan.build import StanCompileError, compile_model, load_module
 
-__all__ = ["StanCompileError", "StanTarget", "from_stan", "program_text", "data_json"]
+__all__ = ["StanCompileError", "StanTarget", "bracket_name", "data_json", "from_stan",
+           "program_text"]
 
 
 def program_text(program: str | os.PathLike) -> tuple[str, str | None]:
@@ -92,6 +93,12 @@ def data_json(data: Any) -> tuple[str, str | None]:
         return text, str(path)
     raise TargetError(f"from_stan: data must be None, a dict or a path to a JSON file; got "
                       f"{type(data).__name__}")
+
+
+def bracket_name(name: str) -> str:
+    """Stan's flat name ``"theta.1.2"`` as ``"theta[1,2]"`` (a scalar's name unchanged)."""
+    head, *idx = name.split(".")
+    return f"{head}[{','.join(idx)}]" if idx else head
 
 
 def from_stan(program: str | os.PathLike, data: Any = None, *, seed: int = 0,
@@ -221,9 +228,12 @@ class StanTarget:
                                        generated_quantities, int(seed))
 
     def constrained_names(self, *, transformed_parameters: bool = True,
-                          generated_quantities: bool = False) -> list[str]:
-        """Stan's flat names of :meth:`write_array`'s columns."""
-        return list(self._model.param_names(transformed_parameters, generated_quantities))
+                          generated_quantities: bool = False,
+                          brackets: bool = False) -> list[str]:
+        """Stan's flat names of :meth:`write_array`'s columns: ``"theta.1.2"`` (Stan's own
+        form), or with ``brackets=True`` ``"theta[1,2]"`` (posteriordb's and CmdStan-py's)."""
+        names = self._model.param_names(transformed_parameters, generated_quantities)
+        return [bracket_name(n) for n in names] if brackets else list(names)
 
     def model_variables(self, x) -> dict[str, np.ndarray]:
         """``{Stan variable: constrained values [n, *shape]}`` at ``x``: parameters, transformed
