@@ -265,6 +265,37 @@ def test_two_processes_compiling_one_program_build_it_once(tmp_path):
     assert leftovers == [], "temporary build directories left in the cache"
 
 
+def test_command_line_run_records_the_files_and_resume_refuses_changed_ones(target, tmp_path,
+                                                                           monkeypatch, capsys):
+    """`nrpt run --target model.stan --data data.json`; run.json records both files' sha256,
+    and resume refuses a changed data file or program (before compiling anything)."""
+    import json
+
+    from nrpt.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    # the file's stem names the model: "stan.stan" is the program text's model, so cached
+    Path("stan.stan").write_text(PROGRAM)
+    data = {"N": len(Y), "y": Y.tolist(), "s0": 3.0}
+    Path("d.json").write_text(json.dumps(data))
+    argv = ["run", "--target", "stan.stan", "--data", "d.json", "--rounds", "3", "--chains", "3",
+            "--explorer", "mala", "--out", "run", "--no-progress", "--figures", "false"]
+    assert main(argv) == 0
+    record = json.loads(Path("run/run.json").read_text())["target"]
+    assert record["spec"] == "stan.stan" and record["stan"]["data"] == "d.json"
+    assert record["stan"]["program_sha256"] and record["stan"]["data_sha256"]
+    assert record["fingerprint"]["name"] == target.name
+    assert main(["resume", "run", "--no-progress"]) == 0  # unchanged: resumes
+    capsys.readouterr()
+    Path("d.json").write_text(json.dumps({**data, "s0": 2.0}))
+    assert main(["resume", "run", "--no-progress"]) == 2
+    assert "data 'd.json' changed since the run started" in capsys.readouterr().err
+    Path("d.json").write_text(json.dumps(data))
+    Path("stan.stan").write_text(PROGRAM.replace("normal(0, s0)", "normal(1, s0)"))
+    assert main(["resume", "run", "--no-progress"]) == 2
+    assert "Stan program 'stan.stan' changed" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------- sampling
 def test_nrpt_recovers_the_conjugate_posterior_and_a_missing_jacobian_fails(target):
     """MALA on the temperature ladder: mu's posterior mean and sd and tau's mean within
