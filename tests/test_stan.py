@@ -356,6 +356,12 @@ def test_stan_nuts_baseline_returns_draws_with_the_right_moments(target):
     # negative control: the same check rejects the prior mean
     assert abs(mu.mean() - 0.0) > N_SE * s / math.sqrt(ess)
     assert any("Adaptation terminated" in msg for msg in r["messages"][0])
+    assert r["stopped"] == [False, False]
+    # a wall-time budget stops the chains where they are
+    t0 = time.perf_counter()
+    cut = target.nuts(chains=2, warmup=100, draws=10**8, seed=5, max_seconds=1.0)
+    assert time.perf_counter() - t0 < 10 and cut["stopped"] == [True, True]
+    assert 0 < cut["draws"]["mu"].shape[1] < 10**8
     # reproducible from the seed
     r2 = target.nuts(chains=1, warmup=100, draws=50, seed=5)
     r3 = target.nuts(chains=1, warmup=100, draws=50, seed=5)

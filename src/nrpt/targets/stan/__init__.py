@@ -283,25 +283,40 @@ class StanTarget:
 
     # ---------------------------------------------------------------------- Stan's NUTS
     def nuts(self, *, chains: int = 4, warmup: int = 1000, draws: int = 1000, seed: int = 1,
-             max_depth: int = 10, delta: float = 0.8, thin: int = 1) -> dict[str, Any]:
-        """Stan's NUTS (``hmc_nuts_diag_e_adapt``, Stan's defaults) on this model; chains run
-        one after another.  Returns ``{"draws": {column: [chains, draws]}, "names",
-        "seconds": [per chain], "messages": [per chain]}``: the columns are the sampler's
-        (``lp__``, ``accept_stat__``, ``stepsize__``, ``treedepth__``, ``n_leapfrog__``,
-        ``divergent__``, ``energy__``) then Stan's constrained names (``theta.1``, ...)."""
-        for k, v in (("chains", chains), ("draws", draws)):
+             max_depth: int = 10, delta: float = 0.8, thin: int = 1,
+             max_seconds: float | None = None) -> dict[str, Any]:
+        """Stan's NUTS (``hmc_nuts_diag_e_adapt``, Stan's defaults: random inits uniform(-2, 2)
+        unconstrained, diagonal metric adapted in windows 75/25/50) on this model; chains run
+        one after another, chain ``c`` with Stan's chain id ``c + 1`` and ``seed``.
+
+        ``max_seconds``: a wall-time budget for the whole call, ``max_seconds / chains`` per
+        chain; a chain out of time stops where it is (``"stopped"``), and every chain's draws
+        are cut to the shortest chain's (none if one was still warming up).
+
+        Returns ``{"draws": {column: [chains, draws]}, "names", "seconds": [per chain],
+        "stopped": [per chain], "messages": [per chain]}``: the columns are the sampler's
+        (``lp__`` (constants dropped), ``accept_stat__``, ``stepsize__``, ``treedepth__``,
+        ``n_leapfrog__`` (gradient evaluations), ``divergent__``, ``energy__``) then Stan's
+        constrained names (``theta.1``; :func:`bracket_name` gives ``theta[1]``)."""
+        for k, v in (("chains", chains), ("draws", draws), ("thin", thin),
+                     ("max_depth", max_depth)):
             if int(v) < 1:
                 raise ValueError(f"nuts: {k} must be >= 1; got {v}")
         if int(warmup) < 0:
             raise ValueError(f"nuts: warmup must be >= 0; got {warmup}")
         if not 0.0 < float(delta) < 1.0:
             raise ValueError(f"nuts: delta (target acceptance) must be in (0, 1); got {delta}")
+        if max_seconds is not None and not float(max_seconds) > 0:
+            raise ValueError(f"nuts: max_seconds must be > 0 or None; got {max_seconds}")
+        per_chain = 0.0 if max_seconds is None else float(max_seconds) / int(chains)
         r = self._model.nuts(int(chains), int(warmup), int(draws), int(seed), int(max_depth),
-                             float(delta), int(thin))
-        arr = np.stack(r["draws"])  # [chains, draws, columns]
+                             float(delta), int(thin), per_chain)
+        n = min(a.shape[0] for a in r["draws"])
+        arr = np.stack([a[:n] for a in r["draws"]])  # [chains, draws, columns]
         names = list(r["names"])
         return {"names": names, "draws": {nm: arr[:, :, j] for j, nm in enumerate(names)},
-                "seconds": list(r["seconds"]), "messages": [list(m) for m in r["messages"]]}
+                "seconds": list(r["seconds"]), "stopped": [bool(b) for b in r["stopped"]],
+                "messages": [list(m) for m in r["messages"]]}
 
     def __repr__(self) -> str:
         return f"StanTarget({self.model_name!r}, dim={self.dim})"

@@ -73,6 +73,31 @@ class memory_logger : public stan::callbacks::logger {
   }
 };
 
+// stops a chain once its wall-time budget is spent (Stan calls it once per iteration)
+struct budget_spent : std::exception {
+  const char* what() const noexcept override { return "wall-time budget spent"; }
+};
+
+class budget_interrupt : public stan::callbacks::interrupt {
+ public:
+  explicit budget_interrupt(double seconds)
+      : limited_(seconds > 0), deadline_(std::chrono::steady_clock::now()
+                                         + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(limited_ ? seconds : 0.0))) {}
+  void operator()() override {
+    if (limited_ && std::chrono::steady_clock::now() > deadline_) {
+      spent_ = true;  // (Stan's services catch the exception and return an error code)
+      throw budget_spent();
+    }
+  }
+  bool spent() const { return spent_; }
+
+ private:
+  bool limited_;
+  bool spent_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
 class StanModel {
  public:
   StanModel(const std::string& data_json, unsigned int seed) {
@@ -198,24 +223,36 @@ class StanModel {
 
   // Stan's own NUTS (diagonal metric, adapted): chains run one after another from Stan's
   // default random inits (uniform(-2, 2) unconstrained) with chain ids 1..chains.
+  // A chain whose budget (seconds_per_chain > 0) is spent stops where it is: its draws so far
+  // are kept (none if it was still warming up) and it is reported in "stopped".
   py::dict nuts(int chains, int warmup, int draws, unsigned int seed, int max_depth,
-                double delta, int thin) const {
-    py::list out_draws, out_messages, out_times;
+                double delta, int thin, double seconds_per_chain) const {
+    py::list out_draws, out_messages, out_times, out_stopped;
     std::vector<std::string> names;
     for (int c = 0; c < chains; ++c) {
       memory_writer init_w, sample_w, diag_w;
       memory_logger logger;
-      stan::callbacks::interrupt interrupt;
+      budget_interrupt interrupt(seconds_per_chain);
       stan::io::empty_var_context init;
-      int rc;
+      int rc = 0;
+      bool stopped = false;
       double seconds;
       {
         py::gil_scoped_release nogil;
         auto t0 = std::chrono::steady_clock::now();
-        rc = stan::services::sample::hmc_nuts_diag_e_adapt(
-            *model_, init, seed, static_cast<unsigned int>(c + 1), 2.0, warmup, draws, thin,
-            false, 0, 1.0, 0.0, max_depth, delta, 0.05, 0.75, 10.0, 75, 50, 25, interrupt,
-            logger, init_w, sample_w, diag_w);
+        try {
+          rc = stan::services::sample::hmc_nuts_diag_e_adapt(
+              *model_, init, seed, static_cast<unsigned int>(c + 1), 2.0, warmup, draws, thin,
+              false, 0, 1.0, 0.0, max_depth, delta, 0.05, 0.75, 10.0, 75, 50, 25, interrupt,
+              logger, init_w, sample_w, diag_w);
+        } catch (const budget_spent&) {
+          stopped = true;
+        }
+        if (interrupt.spent()) {
+          stopped = true;
+          rc = 0;
+        }
+        stan::math::recover_memory();
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
       if (rc != 0) {
@@ -224,7 +261,7 @@ class StanModel {
         throw std::runtime_error("Stan's NUTS failed (chain " + std::to_string(c + 1)
                                  + ", return code " + std::to_string(rc) + "):\n" + msg);
       }
-      names = sample_w.names;
+      if (!sample_w.names.empty()) names = sample_w.names;
       const size_t rows_n = sample_w.rows.size(), cols = names.size();
       py::array_t<double> a({rows_n, cols});
       double* pa = a.mutable_data();
@@ -238,8 +275,11 @@ class StanModel {
       for (auto& m : logger.messages) msgs.append(m);
       out_messages.append(msgs);
       out_times.append(seconds);
+      out_stopped.append(stopped);
     }
+    if (names.empty()) model_->constrained_param_names(names, true, true);  // (no draws)
     py::dict d;
+    d["stopped"] = out_stopped;
     d["names"] = names;
     d["draws"] = out_draws;
     d["messages"] = out_messages;
@@ -327,5 +367,5 @@ PYBIND11_MODULE(_nrpt_stan_bridge, m) {
       .def("unconstrain", &StanModel::unconstrain, py::arg("c"))
       .def("nuts", &StanModel::nuts, py::arg("chains") = 4, py::arg("warmup") = 1000,
            py::arg("draws") = 1000, py::arg("seed") = 1, py::arg("max_depth") = 10,
-           py::arg("delta") = 0.8, py::arg("thin") = 1);
+           py::arg("delta") = 0.8, py::arg("thin") = 1, py::arg("seconds_per_chain") = 0.0);
 }

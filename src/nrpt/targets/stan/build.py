@@ -7,9 +7,9 @@ its ``lib/`` libtbb; the system C++ compiler (``g++``, or ``$CXX``) builds two o
 * ``bridge-<key>.o``: :file:`bridge.cpp` (the batched log density, gradient, constrained
   values and Stan's NUTS through ``stan::model::model_base``), independent of the program,
   compiled once per (bridge source, httpstan version, compiler, flags);
-* the program's own object (the stanc output), linked with the bridge into
-  ``<cache>/<key>/_nrpt_stan_bridge<ext>``, keyed by (program text, model name, httpstan
-  version, compiler, flags, bridge key).
+* the program's own object (the stanc output) ``<cache>/<key>/model.o``, keyed by (program
+  text, model name, httpstan version, compiler, flags), linked with the bridge into
+  ``<cache>/<key>/_nrpt_stan_bridge-<bridge key><ext>``.
 
 The cache is ``$NRPT_STAN_CACHE`` or ``~/.cache/nrpt/stan``.  Each entry is built in a
 temporary directory beside it and renamed into place, under a lock file, so two processes
@@ -188,18 +188,23 @@ def _bridge_object(tc: dict[str, str], cache: Path) -> tuple[Path, str, float]:
 
 def compile_model(program: str, name: str | None = None) -> tuple[Path, dict]:
     """The cached extension for ``program`` (compiled on a miss) and a record:
-    ``{"key", "name", "cached", "seconds", "stanc_warnings", ...}``."""
+    ``{"key", "name", "cached", "seconds", "stanc_warnings", "compile_seconds", ...}``.
+
+    An entry ``<cache>/<key>/`` (key: program, name, httpstan version, compiler, flags) holds
+    the program's object ``model.o`` and one linked extension per bridge build
+    (``_nrpt_stan_bridge-<bridge key><ext>``): a new bridge relinks (a fraction of a second)
+    instead of recompiling every program."""
     t0 = time.perf_counter()
     tc = toolchain()
     name = model_name(name)
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    bridge, bridge_key, bridge_secs = _bridge_object(tc, cache)
-    key = _hash("model", program, name, tc["httpstan_version"], tc["cxx_version"], tc["flags"],
-                bridge_key)[:24]
+    key = _hash("model", program, name, tc["httpstan_version"], tc["cxx_version"],
+                tc["flags"])[:24]
     entry = cache / key
-    so = entry / (MODULE + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     info = {"key": key, "name": name, "dir": str(entry), **tc}
+    bridge, bridge_key, bridge_secs = _bridge_object(tc, cache)
+    so = entry / f"{MODULE}-{bridge_key}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     if so.is_file():
         return so, {**_read_info(entry), **info, "cached": True,
                     "seconds": time.perf_counter() - t0}
@@ -207,27 +212,39 @@ def compile_model(program: str, name: str | None = None) -> tuple[Path, dict]:
         if so.is_file():  # another process built it while this one waited
             return so, {**_read_info(entry), **info, "cached": True,
                         "seconds": time.perf_counter() - t0}
-        cpp, warnings = stanc(program, name)  # before the compiler: Stan's own message first
-        tmp = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache))
+        compiled = not (entry / "model.o").is_file()
+        if compiled:
+            _build_entry(program, name, tc, cache, entry)
+        lib = Path(tc["httpstan"]) / "lib"
+        tmp_so = entry / f".{so.name}.{os.getpid()}.tmp"
         try:
-            (tmp / "model.stan").write_text(program)
-            (tmp / "model.hpp").write_text(cpp)
-            secs_model = _run([tc["cxx"], *tc["flags"].split(), "-x", "c++", "-c", "model.hpp",
-                               "-o", "model.o"], "the stanc output of the program", tmp)
-            lib = Path(tc["httpstan"]) / "lib"
-            _run([tc["cxx"], "-shared", "-o", so.name, "model.o", str(bridge), f"-L{lib}",
-                  *(f"-l{x}" for x in _LIBS), f"-Wl,-rpath,{lib}"], "linking the model", tmp)
-            (tmp / "model.o").unlink()
-            record = {"stanc_warnings": warnings, "compile_seconds": secs_model,
-                      "bridge_seconds": bridge_secs, "created": time.time()}
-            (tmp / "info.json").write_text(json.dumps(record))
-            if entry.exists():  # a damaged entry (no extension): replaced
-                shutil.rmtree(entry)
-            os.replace(tmp, entry)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return so, {**record, **info, "cached": False, "seconds": time.perf_counter() - t0}
+            _run([tc["cxx"], "-shared", "-o", str(tmp_so), "model.o", str(bridge), f"-L{lib}",
+                  *(f"-l{x}" for x in _LIBS), f"-Wl,-rpath,{lib}"], "linking the model", entry)
+            os.replace(tmp_so, so)
+        finally:
+            tmp_so.unlink(missing_ok=True)
+    return so, {**_read_info(entry), **info, "cached": False, "compiled": compiled,
+                "bridge_seconds": bridge_secs, "seconds": time.perf_counter() - t0}
+
+
+def _build_entry(program: str, name: str, tc: dict[str, str], cache: Path, entry: Path) -> None:
+    """stanc and compile ``program`` into a temporary directory renamed to ``entry``."""
+    cpp, warnings = stanc(program, name)  # before the compiler: Stan's own message first
+    tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=cache))
+    try:
+        (tmp / "model.stan").write_text(program)
+        (tmp / "model.hpp").write_text(cpp)
+        secs = _run([tc["cxx"], *tc["flags"].split(), "-x", "c++", "-c", "model.hpp", "-o",
+                     "model.o"], "the stanc output of the program", tmp)
+        (tmp / "info.json").write_text(json.dumps({"stanc_warnings": warnings,
+                                                   "compile_seconds": secs,
+                                                   "created": time.time()}))
+        if entry.exists():  # a damaged entry (no object): replaced
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _read_info(entry: Path) -> dict:
