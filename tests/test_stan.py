@@ -294,6 +294,9 @@ def test_command_line_run_records_the_files_and_resume_refuses_changed_ones(targ
     Path("stan.stan").write_text(PROGRAM.replace("normal(0, s0)", "normal(1, s0)"))
     assert main(["resume", "run", "--no-progress"]) == 2
     assert "Stan program 'stan.stan' changed" in capsys.readouterr().err
+    Path("stan.stan").write_text(PROGRAM)
+    assert main(["resume", "run", "--no-progress", "--target", "stan.stan"]) == 2
+    assert "the run's target is the Stan program" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- sampling

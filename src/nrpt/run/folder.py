@@ -292,13 +292,19 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
     local modules) against the sha256s in ``record`` (``run.json``); None for other targets.
     The file is ``spec``'s (relative to the current directory) or ``given`` (a path, or
     ``path:NAME`` with the run's NAME)."""
-    from nrpt.targets.protocol import file_spec
+    from nrpt.targets.protocol import file_spec, is_stan_spec
 
     tgt = record.get("target") or {}
     if not isinstance(tgt, dict):
         raise _tampered(out, "run.json's target is not a table")
     parsed = file_spec(spec)
     if parsed is None:  # a built-in target: no file given, and run.json records none
+        if given is not None and is_stan_spec(spec):
+            raise ValueError(f"target={str(given)!r}: the run's target is the Stan program "
+                             f"{spec!r} that config.toml names (its path and its data's are "
+                             f"relative to the directory the run started in, checked against "
+                             f"run.json's sha256); resume from that directory without a "
+                             f"target path")
         if given is not None:
             raise ValueError(f"target={str(given)!r}: the run's target is {spec!r} "
                              f"(config.toml), not a file; resume it without a target path")
