@@ -202,8 +202,9 @@ def test_a_program_stanc_rejects_is_an_error_with_stans_message():
 
 
 def test_data_that_do_not_fit_the_program_are_an_error_with_stans_message():
-    with pytest.raises(TargetError, match="(?i)variable does not exist.*y|y"):
+    with pytest.raises(TargetError, match="(?i)variable does not exist.*y|y") as err:
         nrpt.targets.from_stan(PROGRAM, {"N": 2, "s0": 1.0})
+    assert "'model.stan', line 2" in str(err.value)  # not the temporary file stanc read
     with pytest.raises(TargetError, match="not a file"):
         nrpt.targets.from_stan(PROGRAM, "/nonexistent/data.json")
     with pytest.raises(TargetError, match="not a file"):

@@ -124,17 +124,18 @@ def model_name(name: str | None) -> str:
     return base if base.endswith("_model") else base + "_model"
 
 
-def stanc(program: str, name: str) -> tuple[str, str]:
+def stanc(program: str, name: str, filename: str | None = None) -> tuple[str, str]:
     """``(C++ code, stanc's warnings)`` of ``program``; :class:`StanCompileError` with stanc's
-    message where it refuses the program."""
+    message where it refuses the program.  ``filename`` (default ``name.stan``) is the name
+    Stan's messages give the program, at compile time and in the model's runtime errors."""
     root, _ = _httpstan()
+    filename = filename or f"{name}.stan"
     with tempfile.TemporaryDirectory(prefix="nrpt-stanc-") as tmp:
-        src = Path(tmp) / f"{name}.stan"
-        src.write_text(program)
+        (Path(tmp) / filename).write_text(program)
         proc = subprocess.run([str(root / "stanc"), "--name", name, "--warn-pedantic",
-                               "--print-cpp", str(src)], capture_output=True, text=True,
-                              timeout=120, check=False)
-    err = proc.stderr.strip().replace(str(src), f"{name}.stan")
+                               "--print-cpp", filename], capture_output=True, text=True,
+                              timeout=120, check=False, cwd=tmp)
+    err = proc.stderr.strip()
     if proc.returncode != 0:
         raise StanCompileError(f"stanc rejected the Stan program:\n{err}")
     return proc.stdout, err
@@ -196,10 +197,11 @@ def compile_model(program: str, name: str | None = None) -> tuple[Path, dict]:
     instead of recompiling every program."""
     t0 = time.perf_counter()
     tc = toolchain()
+    filename = re.sub(r"[^\w.-]", "_", name) + ".stan" if name else "model.stan"
     name = model_name(name)
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    key = _hash("model", program, name, tc["httpstan_version"], tc["cxx_version"],
+    key = _hash("model", program, name, filename, tc["httpstan_version"], tc["cxx_version"],
                 tc["flags"])[:24]
     entry = cache / key
     info = {"key": key, "name": name, "dir": str(entry), **tc}
@@ -214,7 +216,7 @@ def compile_model(program: str, name: str | None = None) -> tuple[Path, dict]:
                         "seconds": time.perf_counter() - t0}
         compiled = not (entry / "model.o").is_file()
         if compiled:
-            _build_entry(program, name, tc, cache, entry)
+            _build_entry(program, name, filename, tc, cache, entry)
         lib = Path(tc["httpstan"]) / "lib"
         tmp_so = entry / f".{so.name}.{os.getpid()}.tmp"
         try:
@@ -227,9 +229,10 @@ def compile_model(program: str, name: str | None = None) -> tuple[Path, dict]:
                 "bridge_seconds": bridge_secs, "seconds": time.perf_counter() - t0}
 
 
-def _build_entry(program: str, name: str, tc: dict[str, str], cache: Path, entry: Path) -> None:
+def _build_entry(program: str, name: str, filename: str, tc: dict[str, str], cache: Path,
+                 entry: Path) -> None:
     """stanc and compile ``program`` into a temporary directory renamed to ``entry``."""
-    cpp, warnings = stanc(program, name)  # before the compiler: Stan's own message first
+    cpp, warnings = stanc(program, name, filename)  # before the compiler: Stan's own message first
     tmp = Path(tempfile.mkdtemp(prefix=f"{entry.name}-", dir=cache))
     try:
         (tmp / "model.stan").write_text(program)
