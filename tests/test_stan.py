@@ -138,6 +138,23 @@ def test_energy_follows_the_target_protocol(target):
     assert float(a.min()) >= -2.0 and float(a.max()) <= 2.0 and float(a.abs().max()) > 1.9
 
 
+def test_gradients_from_another_thread(target):
+    """Stan's autodiff stack is per thread: a Python thread gets its own (it crashed before)."""
+    import threading
+
+    x = np.array([[0.3, -0.4], [1.0, 0.5]])
+    want = target.log_density_grad(x)
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=target.log_density_grad(x),
+                                                    n=target.nuts(chains=1, warmup=50,
+                                                                  draws=20, seed=1)))
+    th.start()
+    th.join()
+    np.testing.assert_array_equal(out["r"][0], want[0])
+    np.testing.assert_array_equal(out["r"][1], want[1])
+    assert out["n"]["draws"]["mu"].shape == (1, 20)
+
+
 def test_a_state_where_stan_throws_is_minus_infinity_not_a_crash(target):
     x = np.array([[np.nan, 0.0], [0.0, np.inf], [0.5, 0.1]])
     lp, grad = target.log_density_grad(x)

@@ -41,6 +41,13 @@ namespace {
 
 const double NEG_INF = -std::numeric_limits<double>::infinity();
 
+// Stan's autodiff stack is per thread (STAN_THREADS): a thread other than the one that loaded
+// the module (a Python thread calling the target) needs its own, or reverse mode crashes
+void ensure_ad_stack() {
+  static thread_local stan::math::ChainableStack thread_stack;
+  (void)thread_stack;
+}
+
 // collects what a Stan service writes: column names, rows, messages
 class memory_writer : public stan::callbacks::writer {
  public:
@@ -227,6 +234,7 @@ class StanModel {
   // are kept (none if it was still warming up) and it is reported in "stopped".
   py::dict nuts(int chains, int warmup, int draws, unsigned int seed, int max_depth,
                 double delta, int thin, double seconds_per_chain) const {
+    ensure_ad_stack();
     py::list out_draws, out_messages, out_times, out_stopped;
     std::vector<std::string> names;
     for (int c = 0; c < chains; ++c) {
@@ -311,6 +319,7 @@ class StanModel {
   // log density and (when g is given) its gradient, by reverse mode
   double lp_grad(const Eigen::VectorXd& v, bool jacobian, bool propto, double* g) const {
     using stan::math::var;
+    ensure_ad_stack();
     double lp;
     bool ok = true;
     try {
