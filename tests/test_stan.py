@@ -292,7 +292,8 @@ def test_command_line_run_records_the_files_and_resume_refuses_changed_ones(targ
     from nrpt.run.cli import main
 
     monkeypatch.chdir(tmp_path)
-    # the file's stem names the model: "stan.stan" is the program text's model, so cached
+    # the file's stem names the model: "stan.stan" gives the program text's model name (one
+    # compile more: Stan's messages name the file, so the file name is part of the cache key)
     Path("stan.stan").write_text(PROGRAM)
     data = {"N": len(Y), "y": Y.tolist(), "s0": 3.0}
     Path("d.json").write_text(json.dumps(data))
