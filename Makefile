@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # benchmarks run one torch / BLAS thread (their figures say so)
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
-.PHONY: install run test test-slow test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
+.PHONY: install run test test-slow test-stan test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
         bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean \
         golden-record golden-compare
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev,arviz,deep,pymc]"
+	$(PY) -m pip install -q -e ".[dev,arviz,deep,pymc,stan]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,8 +35,14 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow
 
-# everything: the default selection, the slow checks, the torch.compile tests (marked compile)
-# and the multi-process ones (marked distributed); `make test` leaves the last three out
+# Stan programs as targets (marked stan): compiles C++ with g++ (about a minute on a cold
+# cache, $NRPT_STAN_CACHE or ~/.cache/nrpt/stan; seconds once cached)
+test-stan: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m stan
+
+# everything: the default selection, the slow checks, the torch.compile tests (marked compile),
+# the multi-process ones (marked distributed) and the Stan ones (marked stan); `make test`
+# leaves the last four out
 test-all: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m ""
 

@@ -165,9 +165,9 @@ def test_every_block_is_run_by_a_test():
     """A new block must get a test here (the first line of each names its block)."""
     firsts = [text.splitlines()[0] for _, _, text in blocks()]
     known = ("make run", "import nrpt", "import arviz", "nrpt run ", "import nrpt.deep",
-             "nrpt deep ")
+             "nrpt deep ", "from nrpt.targets import from_stan")
     assert [f for f in firsts if not f.startswith(known)] == [], "give the new block a test"
-    assert len(firsts) == 6, firsts
+    assert len(firsts) == 7, firsts
 
 
 def test_the_budget_substitution():
@@ -212,6 +212,16 @@ def test_command_line_block_compiled_lines(home):
 @pytest.mark.distributed
 def test_command_line_block_multi_process_lines(home):
     _run_marked_lines(home, "--nproc", 2)
+
+
+@pytest.mark.stan
+def test_stan_block(home):
+    """Compiles a Stan program (cached in $NRPT_STAN_CACHE / ~/.cache/nrpt/stan)."""
+    pytest.importorskip("httpstan")
+    if shutil.which(os.environ.get("CXX") or "g++") is None:
+        pytest.skip("no C++ compiler (g++ or $CXX) to build Stan models")
+    _, start, text = _block("from nrpt.targets import from_stan")
+    run_python(start, text, home)
 
 
 @pytest.mark.slow

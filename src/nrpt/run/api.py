@@ -304,6 +304,10 @@ def _resume_target(cfg: RunConfig, record: dict, target, out: Path):
     spec = None
     if target is None:
         opts = cfg.target_options or {}
+        from nrpt.targets.protocol import is_stan_spec
+
+        if is_stan_spec(cfg.target):  # before compiling: a changed program or data is refused
+            rf.check_stan_files(record, cfg.target, opts, out)
         spec = rf.check_target_file(record, cfg.target, out, given)
         if spec is not None:
             target, modules = import_file_target(spec, **opts)

@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_settings(run)
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for the target factory (repeatable)")
+    run.add_argument("--data", default=None, metavar="PATH",
+                     help="the data of a Stan program target (--target model.stan): a JSON "
+                          "file (the same as --option data=PATH)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     threads_help = ("torch threads while sampling: an integer, or auto (default; also the "
                     "NRPT_THREADS environment variable): one thread for small states, where "
@@ -212,6 +215,8 @@ def _config(args) -> RunConfig:
             raise ValueError(f"--option must be KEY=VALUE; got {item!r}")
         key, value = item.split("=", 1)
         opts[key] = _literal(key, value)
+    if args.data is not None:
+        opts["data"] = args.data  # a path: never parsed as a number
     if opts:
         data["target_options"] = opts
     if not args.config:

@@ -137,7 +137,7 @@ def _device(name: str, value: Any, cfg=None) -> str:
 def _target(name: str, value: Any, cfg=None) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"target must be a built-in name ({', '.join(registry.names('target'))}"
-                         f") or path/to/file.py:NAME; got {value!r}")
+                         f"), path/to/file.py:NAME or path/to/model.stan; got {value!r}")
     return value
 
 
@@ -203,7 +203,8 @@ _run, _ladder, _explorer, _swap, _adapt, _output = (
 #: the settings that span components (declared here, not on one component's class)
 CENTRAL: tuple[Option, ...] = (
     _run("target", _target, default="twenty-five-modes",
-         help="built-in target name or path/to/file.py:NAME (see `nrpt list targets`)"),
+         help="built-in target name, path/to/file.py:NAME (see `nrpt list targets`) or "
+              "path/to/model.stan (a Stan program; its data: --data FILE.json)"),
     _run("iterations", integer(1), default=10_000, parse=parse_int,
          help="number of PT iterations (explore + swap)"),
     _run("burn_in", _burn_in, default=DEFAULT_BURN_IN, parse=_parse_burn_in,

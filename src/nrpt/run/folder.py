@@ -55,6 +55,7 @@ __all__ = ["CHECKPOINT", "PREV_CHECKPOINT", "SIDECAR", "PREV_SIDECAR", "RUN_JSON
            "open_fd", "check_folder_name", "os_error_message",
            "atomic_write", "atomic_path",
            "RunLock", "run_files", "clear_run", "config_hash", "target_record",
+           "stan_files", "check_stan_files",
            "check_target_file", "check_target_modules", "check_fingerprint",
            "new_run_record", "write_run_record", "read_run_record",
            "write_checkpoint", "read_checkpoint", "check_checkpoint", "checkpoint_exists",
@@ -214,14 +215,17 @@ def _settings_diff(then: dict, now: dict) -> list[str]:
             if then.get(k) != now.get(k)]
 
 
-def target_record(spec: str) -> dict[str, Any]:
+def target_record(spec: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``run.json`` keeps about the target (a record to check a resumption against, never
-    a source of code to import): ``spec`` as ``config.toml`` names it, and for ``file.py:NAME``
+    a source of code to import): ``spec`` as ``config.toml`` names it; for a Stan program
+    (``model.stan``, its data file in ``options["data"]``) :func:`stan_files`; for ``file.py:NAME``
     the file's absolute path, sha256 and size; the caller adds ``modules`` (the files it
     imported from its own directory tree, :func:`nrpt.targets.protocol.local_modules`) and
     ``fingerprint`` (:func:`nrpt.targets.protocol.fingerprint`) once the target is loaded."""
-    from nrpt.targets.protocol import file_spec
+    from nrpt.targets.protocol import file_spec, is_stan_spec
 
+    if is_stan_spec(spec):
+        return {"spec": spec, "stan": stan_files(spec, options)}
     parsed = file_spec(spec)
     if parsed is None:
         return {"spec": spec}
@@ -232,6 +236,47 @@ def target_record(spec: str) -> dict[str, Any]:
     sha, size = sha256_file(path)
     return {"spec": f"{path}:{attr}", "given": spec, "path": str(path), "attribute": attr,
             "sha256": sha, "size": size}
+
+
+def stan_files(spec: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The files of a Stan target: the program's path and sha256, and the data's (a JSON file
+    named by ``options["data"]``: its path and sha256; data given as a table in the config:
+    the sha256 of its JSON)."""
+    out: dict[str, Any] = {"program": spec, "program_sha256": None, "data": None,
+                           "data_sha256": None}
+    path = Path(spec).expanduser()
+    if path.is_file():
+        out["program_sha256"] = sha256_file(path)[0]
+    data = (options or {}).get("data")
+    if isinstance(data, str | os.PathLike):
+        out["data"] = os.fspath(data)
+        dpath = Path(data).expanduser()
+        if dpath.is_file():
+            out["data_sha256"] = sha256_file(dpath)[0]
+    elif data is not None:
+        out["data"] = "<table>"
+        out["data_sha256"] = hashlib.sha256(json.dumps(data, sort_keys=True, default=str)
+                                            .encode()).hexdigest()
+    return out
+
+
+def check_stan_files(record: dict[str, Any], spec: str, options: dict[str, Any] | None,
+                     out: Path) -> None:
+    """A resumed Stan run's program and data files are the ones it started with (sha256 in
+    ``run.json``), checked before the program is compiled."""
+    tgt = record.get("target") or {}
+    then = tgt.get("stan") if isinstance(tgt, dict) else None
+    if not isinstance(then, dict):
+        return  # a run.json without the record: the target's fingerprint still checks it
+    now = stan_files(spec, options)
+    for what, key in (("Stan program", "program"), ("data", "data")):
+        if then.get(f"{key}_sha256") != now.get(f"{key}_sha256"):
+            raise ValueError(
+                f"the run's {what} {now.get(key) or then.get(key)!r} changed since the run "
+                f"started (sha256 {str(then.get(f'{key}_sha256'))[:16]}... then, "
+                f"{str(now.get(f'{key}_sha256'))[:16]}... now): resuming would continue the "
+                f"chain on another posterior; restore the file, or start a new run "
+                f"(overwrite=True / --overwrite)")
 
 
 def _tampered(out: Path, what: str) -> ValueError:
@@ -247,13 +292,19 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
     local modules) against the sha256s in ``record`` (``run.json``); None for other targets.
     The file is ``spec``'s (relative to the current directory) or ``given`` (a path, or
     ``path:NAME`` with the run's NAME)."""
-    from nrpt.targets.protocol import file_spec
+    from nrpt.targets.protocol import file_spec, is_stan_spec
 
     tgt = record.get("target") or {}
     if not isinstance(tgt, dict):
         raise _tampered(out, "run.json's target is not a table")
     parsed = file_spec(spec)
     if parsed is None:  # a built-in target: no file given, and run.json records none
+        if given is not None and is_stan_spec(spec):
+            raise ValueError(f"target={str(given)!r}: the run's target is the Stan program "
+                             f"{spec!r} that config.toml names (its path and its data's are "
+                             f"relative to the directory the run started in, checked against "
+                             f"run.json's sha256); resume from that directory without a "
+                             f"target path")
         if given is not None:
             raise ValueError(f"target={str(given)!r}: the run's target is {spec!r} "
                              f"(config.toml), not a file; resume it without a target path")
@@ -395,7 +446,8 @@ def new_run_record(cfg, chash: str) -> dict[str, Any]:
     return {"format": 1, "run_id": uuid.uuid4().hex, "seed": cfg.seed, "config_hash": chash,
             "iterations": cfg.iterations, "rounds": cfg.rounds,
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "nrpt_version": __version__, "target": target_record(cfg.target)}
+            "nrpt_version": __version__,
+            "target": target_record(cfg.target, cfg.target_options)}
 
 
 def write_run_record(out: Path, record: dict[str, Any]) -> None:

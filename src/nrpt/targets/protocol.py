@@ -40,6 +40,7 @@ __all__ = [
     "load_target",
     "import_file_target",
     "file_spec",
+    "is_stan_spec",
     "fingerprint",
     "fingerprint_differences",
     "local_modules",
@@ -627,6 +628,10 @@ MODEL_ADAPTERS: dict[str, tuple[str, str]] = {
 }
 
 
+#: the factory of a ``path/to/model.stan`` target
+STAN_ADAPTER = "nrpt.targets.stan:from_stan"
+
+
 def _import_attr(ref: str) -> Any:
     module, attr = ref.split(":")
     return getattr(importlib.import_module(module), attr)
@@ -666,10 +671,12 @@ def import_file_target(spec: str, **kwargs: Any) -> tuple[Any, dict[str, str]]:
 def load_target(spec: str, **kwargs: Any) -> Any:
     """Resolve ``spec`` to a target object (not validated: :func:`validate_target`).
 
-    ``"path/to/file.py:NAME"``: the file imported as a fresh module; a ``pymc.Model`` goes
-    through :func:`nrpt.targets.from_pymc` ``(model, **kwargs)``, a class or a function without
-    ``dim`` is called with ``kwargs``, anything else is returned (``kwargs`` then empty).  A
-    built-in name (:data:`BUILTIN_TARGETS`; ``_`` and ``-`` alike): its factory with ``kwargs``.
+    ``"path/to/model.stan"``: :func:`nrpt.targets.from_stan` ``(path, **kwargs)`` (``data=``
+    a JSON file or a dict).  ``"path/to/file.py:NAME"``: the file imported as a fresh module;
+    a ``pymc.Model`` goes through :func:`nrpt.targets.from_pymc` ``(model, **kwargs)``, a class
+    or a function without ``dim`` is called with ``kwargs``, anything else is returned
+    (``kwargs`` then empty).  A built-in name (:data:`BUILTIN_TARGETS`; ``_`` and ``-``
+    alike): its factory with ``kwargs``.
     Raises :class:`TargetError` for an unknown name, a missing file or attribute."""
     return _load_target(spec, kwargs, {})
 
@@ -682,7 +689,19 @@ def _load_target(spec: str, kwargs: dict[str, Any], modules: dict[str, str]) -> 
         return _load_file_target(Path(head).expanduser(), attr, kwargs, modules)
     if spec.endswith(".py"):
         raise TargetError(f"target spec {spec!r} names no attribute; use {spec}:NAME")
+    if is_stan_spec(spec):
+        from_stan = _import_attr(STAN_ADAPTER)  # by name: the Stan package imports this one
+        try:
+            return from_stan(Path(spec).expanduser(), **kwargs)
+        except TypeError as e:
+            raise TargetError(f"building the Stan target {spec!r} failed: {e} (options: data, "
+                              f"seed, generated_quantities)") from e
     return _load_builtin(spec, kwargs)
+
+
+def is_stan_spec(spec: Any) -> bool:
+    """A target spec naming a Stan program file (``path/to/model.stan``)."""
+    return isinstance(spec, str) and spec.strip().endswith(".stan")
 
 
 def _load_file_target(path: Path, attr: str, kwargs: dict[str, Any],
