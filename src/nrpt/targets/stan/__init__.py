@@ -125,6 +125,11 @@ class StanTarget:
     """A compiled Stan program with its data; build it with :func:`from_stan`."""
 
     analytic_gradients = True
+    #: a Stan program is one density (prior and likelihood mixed, flat priors allowed), so a
+    #: run that names no reference anneals it from a Gaussian fitted between rounds
+    #: (:mod:`nrpt.paths.gaussian_reference`): exact at the hot end, proper where a tempered
+    #: flat-prior density is not, and log Z absolute
+    default_reference = "gaussian"
 
     def __init__(self, program, data=None, *, seed: int = 0,
                  generated_quantities: bool = False) -> None:
