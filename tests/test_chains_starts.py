@@ -46,3 +46,45 @@ def test_a_large_barrier_with_8_chains_says_how_many_chains_to_use():
     # negative control: enough chains for the barrier, no such advice
     res, found = run_and_collect(target, chains=28, rounds=7, seed=1)
     assert not any(w.startswith("Too few chains") for w in found), found
+
+
+# ---------------------------------------------------------------- PyMC priors that cannot be drawn
+
+def _ordered_model(ordered: bool):
+    pm = pytest.importorskip("pymc")
+    y = np.random.default_rng(0).normal(size=20)
+    with pm.Model() as model:
+        kw = {"transform": pm.distributions.transforms.ordered} if ordered else {}
+        mu = pm.Normal("mu", 0.0, 3.0, shape=2, initval=[-1.0, 1.0], **kw)
+        pm.Normal("y", mu.sum(), 1.0, observed=y)
+    return model
+
+
+def test_an_ordered_prior_is_refused_on_the_prior_path_naming_the_temperature_path():
+    from nrpt.targets import from_pymc
+    from nrpt.targets.protocol import TargetError
+
+    # before: a NaN forward draw made a misleading "does not draw from its generator" error
+    with pytest.raises(TargetError, match=r"'mu' has the ordered transform.*cannot draw.*"
+                                          r"path='temperature'"):
+        from_pymc(_ordered_model(True))
+    # the temperature path takes it
+    t = from_pymc(_ordered_model(True), path="temperature")
+    res = nrpt.sample(t, chains=4, rounds=3, seed=0, figures=False, progress=False)
+    assert np.isfinite(res.samples).all()
+    # negative control: without the transform the prior path is fine
+    from_pymc(_ordered_model(False))
+
+
+def test_non_finite_forward_draws_are_refused_by_the_per_draw_sampler(monkeypatch):
+    # the generic guard behind the transform check: forward draws that land outside the
+    # transform's domain (NaN) say so instead of failing later as non-finite initial states
+    from nrpt.targets import from_pymc
+    from nrpt.targets.adapters import pymc as adapter
+    from nrpt.targets.protocol import TargetError
+
+    monkeypatch.setattr(adapter, "CONSTRAINING_TRANSFORMS", ())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the vectorized sampler's fallback)
+        with pytest.raises(TargetError, match=r"non-finite.*cannot draw.*path='temperature'"):
+            from_pymc(_ordered_model(True))
