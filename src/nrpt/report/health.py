@@ -9,7 +9,7 @@ predicted, Syed et al. 2021, Theorem 1), ``explorer-acceptance`` (outside
 :data:`HOT_MEAN_DISAGREEMENT`), ``r-hat`` (> :data:`R_HAT_MAX`), ``low-ess``
 (< :data:`ESS_MIN_PER_SYSTEM` per system; Vehtari et al. 2021), ``ladder-collapse``
 (:data:`RUNG_GAP_MIN`), ``swap-rate-off-target`` (:data:`SWAP_RATE_TOLERANCE`),
-``too-few-chains`` (``ceil(2 Lambda-hat) > P``, Syed et al. 2021)."""
+``too-few-chains`` (``2 Lambda-hat > 1.25 P``, Syed et al. 2021)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+
+from nrpt.adapt.chains import ladder_too_short, recommended_chains
 
 __all__ = [
     "SamplingWarning",
@@ -256,8 +258,9 @@ def _check_pairs(acc: np.ndarray, floor: float) -> list[Finding]:
 
 def _check_chains(acc: np.ndarray, n_chains: int | None, grown: str | None) -> list[Finding]:
     """``too-few-chains``: the barrier estimate ``Lambda-hat = sum_p (1 - a_p)`` (per system; a
-    never-attempted pair counts at the mean of the others) asks for more than the ladder's
-    ``P`` chains, ``ceil(2 Lambda-hat) > P`` (Syed et al. 2021: about ``2 Lambda`` chains).
+    never-attempted pair counts at the mean of the others) asks for clearly more than the
+    ladder's ``P`` chains, ``2 Lambda-hat > 1.25 P`` (:func:`ladder_too_short`; Syed et al.
+    2021: about ``2 Lambda`` chains, :func:`recommended_chains`).
     With pairs rejecting near 1 the estimate saturates at ``P - 1`` and is only a lower bound,
     so the advice is "at least".  ``grown``: what ``chains = "auto"`` did (it hit its cap)."""
     P = int(n_chains) if n_chains else acc.shape[1] + 1
@@ -271,18 +274,22 @@ def _check_chains(acc: np.ndarray, n_chains: int | None, grown: str | None) -> l
     if not lam:
         return []
     worst = max(lam)
-    need = max(2, math.ceil(2.0 * worst))
-    if need <= P:
+    need = recommended_chains(worst)
+    if not ladder_too_short(worst, P):
         return []
     saturated = worst >= 0.8 * (P - 1)
     at_least = "at least " if saturated else ""
     why = (f"the barrier estimate Λ̂ = {_fmt(worst)} is close to its maximum P - 1 = {P - 1}, "
            f"so it is only a lower bound: " if saturated else f"Λ̂ = {_fmt(worst)}: ")
     what = f" ({grown})" if grown else ""
+    if grown and "cap" in grown:
+        fix = f"raise max_chains to {need} or more"
+    elif grown:
+        fix = f"run more rounds (the ladder grows between them) or chains = {need} or more"
+    else:
+        fix = f"run with chains = {need} or more, or chains = \"auto\" with rounds"
     msg = (f"Too few chains: {P} chains{what}, but {why}the ladder needs {at_least}about "
-           f"2Λ̂ = {need} chains for replicas to cross it (Syed et al. 2021); run with "
-           f"chains = {need} or more" + ("" if grown else ", or chains = \"auto\" with rounds")
-           + ".")
+           f"2Λ̂ = {need} chains for replicas to cross it (Syed et al. 2021); {fix}.")
     return [Finding("too-few-chains", msg, KNOB_CHAINS)]
 
 
@@ -500,7 +507,7 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         pair_rate, swap_rate_target: ``[R, P-1]`` and ``S``: ``swap-rate-off-target`` with
             ``swap_rate_tolerance``.
         chains_grown: what ``chains = "auto"`` did, for the ``too-few-chains`` finding (from
-            ``swap_acceptance``: ``ceil(2 Lambda-hat) > P``)."""
+            ``swap_acceptance``: ``2 Lambda-hat > 1.25 P``)."""
     findings: list[Finding] = []
     acc = None
     if swap_acceptance is not None:

@@ -138,7 +138,7 @@ def _window(cfg, P: int) -> tuple[int, str]:
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
           resume: bool = False, record: str = "target", comm=None,
           allow_gate_bias: bool = False, burn_in: int | None = None,
-          explorer=None, scheme=None, adaptors=(), recorders=()) -> Run:
+          explorer=None, scheme=None, adaptors=(), recorders=(), chains: int | None = None) -> Run:
     """Assemble the run ``cfg`` describes.
 
     ``target`` / ``rule`` / ``explorer`` / ``scheme`` objects override ``cfg``'s names;
@@ -149,7 +149,13 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     window > 1 and Metropolis swaps on exact energies; names approximations in
     ``facts["approximations"]``) unless ``allow_gate_bias=True`` (tests comparing
     implementations only).  ``adapt_step_size`` with an explorer that cannot tune itself is
-    refused."""
+    refused.  ``chains``: the ladder's size now, where a ``chains = "auto"`` run being resumed
+    grew it (:func:`grown_chains`; the tables are then the checkpoint's)."""
+    if chains is not None and int(chains) != cfg.chains:
+        start = cfg.chains
+        cfg = cfg.replace(chains=int(chains))
+    else:
+        start = cfg.chains
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
     entry = registry.entry("explorer", cfg.explorer, what="explorer")
@@ -176,6 +182,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     burn = 0 if cfg.rounds is not None else burn_in_count(cfg) if burn_in is None else \
         int(burn_in)
     own, windows = _adaptors(cfg, tuned, path, rule, source, engine, burn, refit, facts)
+    grow = _chains_adaptor(cfg, comm, record, facts, start)
     plan = _plan(cfg, source, burn, windows)
     kept = _recorders(cfg, engine, plan, [*own, *adaptors], facts, out=out, resume=resume,
                       record=record, comm=comm, dtype=dtype, device=device)
@@ -188,10 +195,60 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         facts.setdefault("own_summary", []).append(name)  # (its summary() under its name)
     for r in kept.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
-    run = Run(engine=engine, adaptors=[*own, *adaptors], recorders=kept, plan=plan,
+    run = Run(engine=engine, adaptors=[*own, *adaptors, *grow], recorders=kept, plan=plan,
               facts=facts)
+    if grow:
+        _check_followers(run)
     _fuse(run, cfg)
     return run
+
+
+def grown_chains(checkpoint: dict | None) -> int | None:
+    """The ladder's size in a checkpoint (``None`` without one): a ``chains = "auto"`` run
+    resumes at the size it grew to."""
+    if not checkpoint:
+        return None
+    x = (checkpoint.get("engine") or {}).get("x")
+    return None if x is None else int(x.shape[1])
+
+
+def _chains_adaptor(cfg, comm, record: str, facts, start: int) -> list:
+    """``[ChainsAdaptor]`` where ``max_chains`` is set (``chains = "auto"``), after refusing
+    what cannot grow; else ``[]``."""
+    cap = getattr(cfg, "max_chains", None)
+    facts["max_chains"] = cap
+    if cap is None:
+        return []
+    why = None
+    if comm is not None:
+        why = "a run spread over processes (its replica blocks are fixed)"
+    elif facts.get("row_map") is not None or getattr(cfg, "reference", None) is not None:
+        why = f"reference {cfg.reference!r} (its two legs keep a ladder each)"
+    elif record == "all":
+        why = "record='all' (draws of every slot, a fixed width)"
+    elif cfg.temperatures is not None or cfg.betas is not None:
+        why = "an explicit ladder (temperatures / betas): give max_temperature instead"
+    elif isinstance(cfg.step_size, list):
+        why = "one step size per slot: give one number"
+    if why is not None:
+        raise ValueError(f"chains = 'auto' (max_chains) grows the ladder between rounds, which "
+                         f"{why} cannot follow; give a fixed number of chains")
+    from nrpt.adapt.rounds import ChainsAdaptor
+
+    facts["chains_start"] = int(start)
+    return [ChainsAdaptor(cap)]
+
+
+def _check_followers(run: Run) -> None:
+    """Every adaptor and recorder of a growing ladder must carry its per-slot tables to the new
+    slots (``follow_ladder``); name those that cannot."""
+    stuck = [f"{kind} {getattr(o, 'name', type(o).__name__)!r}"
+             for kind, objs in (("adaptor", run.adaptors), ("recorder", run.recorders.values()))
+             for o in objs if not callable(getattr(o, "follow_ladder", None))]
+    if stuck:
+        raise ValueError(f"chains = 'auto' (max_chains) grows the ladder between rounds, but "
+                         f"{', '.join(stuck)} cannot follow it (no follow_ladder(slot_map)); give "
+                         f"a fixed number of chains")
 
 
 def _target_facts(cfg, target, entry) -> dict[str, Any]:
