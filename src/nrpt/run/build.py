@@ -348,6 +348,9 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
         E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
+    if path.kind == "temperature" and not facts["sg"] and \
+            getattr(explorer, "domain", None) is None:
+        _refuse_improper_hot_end(target, path, x0[0, 0])
     facts["reference_normalized"] = (path.has_reference
                                      and capabilities(target).reference_is_normalized)
     if getattr(explorer, "domain", None) is not None:
@@ -362,6 +365,25 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     engine = row_map.engine(target, path, explorer, scheme, rule, **common)
     facts.update(row_map.facts(target))
     return engine, [row_map.adaptor()]
+
+
+def _refuse_improper_hot_end(target, path, x0: torch.Tensor) -> None:
+    """A temperature ladder whose hottest density ``exp(-U / max_temperature)`` is improper
+    (:func:`nrpt.paths.proper.hot_end_check`, e.g. flat priors) is refused before sampling,
+    with the ``max_temperature`` that fixes it."""
+    from nrpt.paths.proper import hot_end_check
+
+    beta = float(path.schedule.min())
+    hot = hot_end_check(target, path, x0.detach().cpu().double(), beta)
+    if hot is None:
+        return
+    names = getattr(target, "coordinate_names", None)
+    try:
+        names = list(names() if callable(names) else names) if names is not None else None
+    except TypeError:
+        names = None
+    name = names[hot.coordinate] if names and len(names) == int(target.dim) else None
+    raise TargetError(f"temperature ladder: {hot.message(name)}")
 
 
 def _own_tuning(cfg, explorer, phase: str | None, follow=None):
