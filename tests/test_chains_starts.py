@@ -183,6 +183,78 @@ def test_non_finite_forward_draws_are_refused_by_the_per_draw_sampler(monkeypatc
             from_pymc(_ordered_model(True))
 
 
+# ---------------------------------------------------------------- overdispersed starts
+
+class Compartments:
+    """``u ~ N(0, 100^2)`` cut into compartments 60 wide by walls of height 50 (width 4) that
+    a random-walk step cannot cross, ``v ~ N(0, 1)``.  ``starts = "point"``: its own initial
+    states are one point (``u = 180``) jittered by ``U(-1, 1)``, as PyMC's."""
+
+    name, dim = "compartments", 2
+
+    def __init__(self, point: bool = True):
+        import torch
+
+        self.walls = torch.arange(-8, 8, dtype=torch.float64) * 60 + 30
+        if point:
+            self.starts = "point"
+
+    def energy(self, x):
+        import torch
+
+        u, v = x[:, 0], x[:, 1]
+        walls = torch.exp(-0.5 * ((u[:, None] - self.walls) / 4.0) ** 2).sum(1)
+        return 0.5 * (u / 100.0) ** 2 + 0.5 * v * v + 50.0 * walls
+
+    def initial_point(self):
+        import torch
+
+        return torch.tensor([180.0, 0.0], dtype=torch.float64)
+
+    def initial_states(self, n, generator):
+        import torch
+
+        u = torch.rand(n, 2, generator=generator, dtype=torch.float64)
+        return self.initial_point() + 2 * u - 1
+
+
+def test_overdispersed_starts_let_r_hat_see_what_point_starts_hide():
+    opts = dict(chains=2, max_temperature=1.5, iterations=4000, systems=4, seed=0,
+                explorer="rwmh")
+    # before (the target's own starts, as a target without starts = "point" keeps): every
+    # system in the compartment of u = 180, each well mixed there: R-hat near 1, mean u ~ 178
+    # where the truth is 0 (sd 100)
+    old, _ = run_and_collect(Compartments(point=False), **opts)
+    x = np.asarray(old.samples)
+    assert max(old.summary["slot0"]["r_hat"]) < 1.05
+    assert abs(x[..., 0].mean() - 180.0) < 10.0
+    # now: independent draws around the mode at twice the Laplace sd (100 along u): the
+    # systems start in different compartments and R-hat says so
+    new, found = run_and_collect(Compartments(), **opts)
+    means = np.asarray(new.samples)[..., 0].mean(1)
+    assert means.max() - means.min() > 100.0
+    assert max(new.summary["slot0"]["r_hat"]) > 1.2
+    assert any("R-hat" in w for w in found), found
+
+
+def test_overdispersed_states_follow_the_laplace_scale():
+    import torch
+
+    from nrpt.paths.ladders import make_path
+    from nrpt.paths.starts import overdispersed_states
+    from nrpt.targets.gaussian import Gaussian
+
+    cov = torch.tensor([[100.0**2, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    t = Gaussian(torch.tensor([5.0, -3.0], dtype=torch.float64), cov)
+    path = make_path(t, 4, temperatures=None, betas=None, max_temperature=4.0)
+    x = overdispersed_states(t, path, 4000, torch.Generator().manual_seed(1),
+                             torch.tensor([300.0, 10.0]))
+    # N(mode, (2 sd)^2): the mode found from a far point, the sds twice the target's
+    se = torch.tensor([200.0, 2.0], dtype=torch.float64) / 4000**0.5
+    assert ((x.mean(0) - torch.tensor([5.0, -3.0], dtype=torch.float64)).abs() < 4 * se).all()
+    assert torch.allclose(x.std(0), torch.tensor([200.0, 2.0], dtype=torch.float64), rtol=0.05)
+
+
 # ---------------------------------------------------------------- improper hot ends
 
 class FlatRegression:

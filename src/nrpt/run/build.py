@@ -31,6 +31,7 @@ from nrpt.energy.estimators import make_estimator
 from nrpt.explorers import Density
 from nrpt.explorers.domains import parse_domain
 from nrpt.paths.ladders import NoiseLadder, geometric_ladder, make_path
+from nrpt.paths.starts import is_point_start
 from nrpt.recorders.draws import Draws
 from nrpt.recorders.log_z import SteppingStone
 from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
@@ -63,8 +64,10 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
     """The one recipe for initial states ``[R, P, dim]`` and the share of reference draws
     where the target vanishes (0 unless the path has a reference).
 
-    ``target.initial_states(n, generator)`` if defined; else, on a geometric path, reference
-    draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
+    ``target.initial_states(n, generator)`` if defined (where the target declares ``starts =
+    "point"`` -- one point jittered -- on a temperature path: independent overdispersed draws
+    around the mode found from that point, :mod:`nrpt.paths.starts`); else, on a geometric path,
+    reference draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
     the share of such draws among 512 probes is reported; all bad is an error); else N(0, I)."""
     d = int(target.dim)
     own = capabilities(target).has("initial_states")
@@ -83,7 +86,9 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
                 "the target's log-likelihood is -inf (or NaN) at all 512 reference draws tried: "
                 "the target must be positive on a part of the reference's support that has "
                 "noticeable reference mass (choose a reference that covers the target)")
-    if own:
+    if own and path.kind == "temperature" and is_point_start(target):
+        x = _overdispersed(target, path, R * P, g)
+    elif own:
         x = target.initial_states(R * P, g)
     elif drawn:
         x = torch.as_tensor(target.reference_sample(R * P, g)).to(device, dtype)
@@ -95,6 +100,19 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device
     else:
         x = torch.randn(R * P, d, generator=g, dtype=dtype)
     return torch.as_tensor(x).to(device, dtype).reshape(R, P, d).clone(), share
+
+
+def _overdispersed(target, path, n: int, g: torch.Generator) -> torch.Tensor:
+    """Independent overdispersed starts for a target whose own are one point jittered
+    (``starts = "point"``, e.g. PyMC's initial point): :func:`nrpt.paths.starts.
+    overdispersed_states` from that point, else (no Laplace approximation) its own starts."""
+    from nrpt.paths.starts import overdispersed_states
+
+    point = getattr(target, "initial_point", None)
+    x0 = (torch.as_tensor(point()) if callable(point) else
+          torch.as_tensor(target.initial_states(1, generator_for(0, Stream.INIT, 0x0D1)))[0])
+    x = overdispersed_states(target, path, n, g, x0.double().cpu())
+    return target.initial_states(n, g) if x is None else x
 
 
 def _rule(cfg, finite: bool) -> Rule:

@@ -635,9 +635,19 @@ class PyMCTemperatureTarget(PyMCTarget):
         return _to_torch(-self._evaluate(x, "grad_energy")[1], x)
 
 
+    #: its initial states are one point jittered: nrpt replaces them by independent
+    #: overdispersed draws around the mode found from it (:mod:`nrpt.paths.starts`)
+    starts = "point"
+
+    def initial_point(self) -> torch.Tensor:
+        """PyMC's initial point (the model's ``initval`` s) on the unconstrained space,
+        ``[dim]``."""
+        return torch.from_numpy(self._x0.copy())
+
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """PyMC's initial point jittered by ``U(-1, 1)`` per coordinate (as PyMC's
-        ``jitter+adapt_diag`` start)."""
+        ``jitter+adapt_diag`` start; nrpt's runs start overdispersed instead, see
+        ``starts``)."""
         g = check_generator(generator)
         base = torch.from_numpy(self._x0.copy()).to(g.device)
         u = torch.rand(int(n), self.dim, generator=g, dtype=torch.float64, device=g.device)
