@@ -98,6 +98,11 @@ BAD = [
     (dict(chains=1), "chains must be an integer >= 2"),
     (dict(chains=2.5), "chains must be an integer"),
     (dict(chains=True), "chains must be an integer"),
+    (dict(chains="auto"), "chains = 'auto' grows the ladder between adaptive rounds: give "
+                          "rounds"),
+    (dict(chains=10, max_chains=5, rounds=3), "max_chains must be >= chains"),
+    (dict(max_chains=2, rounds=3), "max_chains must be an integer >= 3"),
+    (dict(max_chains=20), "max_chains does not apply"),
     (dict(iterations=0), "iterations must be an integer >= 1"),
     (dict(burn_in=1.0), "burn_in must be a fraction of iterations in [0, 1)"),
     (dict(burn_in=-0.1), "burn_in must be a fraction"),

@@ -45,7 +45,7 @@ from nrpt.options import Option
 __all__ = ["Explorer", "Scheme", "Rule", "Path", "SwapContext", "ReplicaState", "ExploreInfo",
            "Density", "Noise", "PhaseDecision", "Iteration", "IterationBlock", "Update",
            "SegmentView", "Adaptor", "Recorder", "RowMap", "Phase", "adjacent_pairs", "is_sweep",
-           "slot_grad", "swap_log_ratio", "BlockAdaptor", "BLOCK"]
+           "slot_grad", "swap_log_ratio", "BlockAdaptor", "BLOCK", "SlotMap"]
 
 #: iterations per block: the fused loop's chunk (:mod:`nrpt.core.fused`), and the groups in
 #: which :class:`nrpt.recorders.stats.SlotSpread` merges its rows
@@ -612,6 +612,43 @@ class IterationBlock:
 
 
 @dataclass(frozen=True)
+class SlotMap:
+    """How a ladder of ``old`` slots grew to ``new`` (``chains = "auto"``, between rounds).
+
+    ``source[j]`` (``[new]``, non-decreasing, onto ``0 .. old - 1``): the old slot whose
+    replica new slot ``j`` copies; ``primary[s]`` (``[old]``): the new slot that old slot ``s``'s
+    replica moves to (``0 -> 0``, ``old - 1 -> new - 1``), keeping its identity; the other new
+    slots get new replicas ``old .. new - 1`` in slot order (copies of their source's state).
+    Whatever keeps a per-slot table follows the ladder through ``follow_ladder(slot_map)``
+    (adaptors, recorders); a run with one that cannot is refused ``chains = "auto"``."""
+
+    old: int
+    new: int
+    source: tuple[int, ...]
+    primary: tuple[int, ...]
+
+    @staticmethod
+    def grow(old: int, new: int) -> SlotMap:
+        """The map of ``old`` slots onto ``new >= old`` by rank: ``source[j] = round(j (old - 1)
+        / (new - 1))``, every old slot kept (its first new slot its primary one, the top's
+        the new top)."""
+        old, new = int(old), int(new)
+        if old < 2 or new < old:
+            raise ValueError(f"a ladder grows from >= 2 slots to at least as many; got {old} -> "
+                             f"{new}")
+        source = tuple(int(math.floor(j * (old - 1) / (new - 1) + 0.5)) for j in range(new))
+        primary = [source.index(s) for s in range(old)]
+        primary[-1] = new - 1
+        return SlotMap(old, new, source, tuple(primary))
+
+    @property
+    def added(self) -> tuple[int, ...]:
+        """The new slots holding new replicas (``old .. new - 1``, in this order)."""
+        keep = set(self.primary)
+        return tuple(j for j in range(self.new) if j not in keep)
+
+
+@dataclass(frozen=True)
 class Update:
     """Changes an adaptor asks the engine to make (``None`` fields: no change).
 
@@ -633,6 +670,9 @@ class Update:
     #: lower-triangular factors (the engine's ``metric``, for explorers that declare
     #: ``preconditionable``)
     metric: torch.Tensor | None = None
+    #: a longer ladder ``(schedule [R, P'], slot map)`` (``chains = "auto"``): the engine
+    #: grows to it, then everything keeping per-slot tables follows (:class:`SlotMap`)
+    grow: tuple[torch.Tensor, SlotMap] | None = None
 
 
 @runtime_checkable

@@ -13,7 +13,14 @@ import math
 
 import numpy as np
 
-__all__ = ["restart_rate_curve", "recommended_chains", "recommended_chains_noisy"]
+__all__ = ["restart_rate_curve", "recommended_chains", "recommended_chains_noisy",
+           "ladder_too_short", "SHORT_LADDER"]
+
+#: a ladder of ``P`` chains is too short for a barrier estimate ``Lambda-hat`` when
+#: ``2 Lambda-hat > SHORT_LADDER * P``: the margin keeps a ladder near ``2 Lambda`` (where the
+#: restart rate is already within a factor ~2 of its limit, and more chains gain little) from
+#: growing or being warned about by a chain or two of estimation noise
+SHORT_LADDER = 1.25
 
 
 def restart_rate_curve(barrier: float, chains) -> np.ndarray:
@@ -44,6 +51,12 @@ def recommended_chains(barrier: float) -> int:
     if not (math.isfinite(lam) and lam >= 0.0):
         raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
     return max(2, math.ceil(2.0 * lam))
+
+
+def ladder_too_short(barrier: float, chains: int) -> bool:
+    """Whether ``chains`` are clearly fewer than the barrier asks for: ``2 Lambda-hat >``
+    :data:`SHORT_LADDER` ``* P`` (then :func:`recommended_chains` says how many to use)."""
+    return 2.0 * float(barrier) > SHORT_LADDER * int(chains)
 
 
 def recommended_chains_noisy(sigma, temperatures) -> tuple[float, float]:

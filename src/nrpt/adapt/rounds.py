@@ -8,7 +8,10 @@ round but the last, each adaptor reads the round's statistics from the recorders
   Lambda(b)  -->  new schedule equally spaced in Lambda (:mod:`nrpt.adapt.schedule`);
 * :class:`StepSizeAdaptor` -- explorer acceptance of the round  -->  step sizes toward a target
   acceptance (rwmh, mala, hmc; :mod:`nrpt.adapt.step`);
-* :class:`SliceWidthAdaptor` -- the spread of each slot's states  -->  slice interval widths.
+* :class:`SliceWidthAdaptor` -- the spread of each slot's states  -->  slice interval widths;
+* :class:`ChainsAdaptor` (``chains = "auto"``, run last) -- the round's barrier estimate asks
+  for more chains than the ladder has  -->  a longer ladder equally spaced in the fitted
+  Lambda (:class:`~nrpt.roles.SlotMap`; up to ``max_chains``).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nrpt.adapt.schedule import update_schedule
+from nrpt.adapt.chains import ladder_too_short, recommended_chains
+from nrpt.adapt.schedule import clean_rejections, update_schedule
 from nrpt.adapt.step import StepTuner, step_size_factor
-from nrpt.roles import AdaptorBase, SegmentView, Update
+from nrpt.roles import AdaptorBase, SegmentView, SlotMap, Update
 
-__all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "SLICE_WIDTH", "own_tuning"]
+__all__ = ["ScheduleAdaptor", "StepSizeAdaptor", "SliceWidthAdaptor", "ChainsAdaptor",
+           "SLICE_WIDTH", "GROW_FROM_ITERATIONS", "own_tuning"]
 #: slice width per unit of a slot's standard deviation: the mean width of a Gaussian slice,
 #: 2 E[sqrt(2 Exp(1))] sd = 2.5 sd
 SLICE_WIDTH = 2.5
@@ -45,6 +50,10 @@ class ScheduleAdaptor(AdaptorBase):
         new = np.stack([update_schedule(b[s], rej[s]) for s in range(b.shape[0])])
         self.moved = (view.index, b, new)
         return Update(schedule=torch.as_tensor(new))
+
+    def follow_ladder(self, m: SlotMap) -> None:
+        """(no per-slot memory beyond the last re-fit, which the grown ladder replaces)"""
+        self.moved = None
 
 
 class StepSizeAdaptor(AdaptorBase):
@@ -102,6 +111,11 @@ class StepSizeAdaptor(AdaptorBase):
             self.tuner.restart(changed)
         return Update(step_size=torch.as_tensor(new).to(view.step_size))
 
+    def follow_ladder(self, m: SlotMap) -> None:
+        """The ladder grew: the tuner's per-slot memory (brackets, last step and acceptance)
+        starts afresh from the engine's carried step sizes."""
+        self.tuner.lo = self.tuner.hi = self.tuner.prev_h = self.tuner.prev_a = None
+
     def state_dict(self) -> dict:
         return self.tuner.state_dict()
 
@@ -130,6 +144,79 @@ class SliceWidthAdaptor(AdaptorBase):
             scale = view.recorders["spread"].scale().to(view.step_size)
         ok = torch.isfinite(scale) & (scale > 0)
         return Update(step_size=torch.where(ok, SLICE_WIDTH * scale, view.step_size))
+
+    def follow_ladder(self, m: SlotMap) -> None:
+        """(no per-slot memory: the widths are the engine's, carried by its growth)"""
+
+
+#: the ladder grows only from rounds of at least this many iterations (round 4 on): the
+#: rejection rates of the first rounds rest on a handful of swap attempts per pair
+GROW_FROM_ITERATIONS = 16
+
+
+class ChainsAdaptor(AdaptorBase):
+    """``chains = "auto"``: between rounds, where the round's barrier estimate ``Lambda-hat``
+    (any system's) asks for clearly more chains than the ladder has, ``2 Lambda-hat > 1.25 P``
+    (:func:`~nrpt.adapt.chains.ladder_too_short`; Syed et al. 2021: about ``2 Lambda``
+    chains, :func:`recommended_chains`), grow the ladder
+    to ``min(max_chains, ceil(2 Lambda-hat))`` slots placed equally in the fitted cumulative
+    barrier (the re-fit of :class:`ScheduleAdaptor` with more slots; on a saturated estimate,
+    near ``P - 1``, this about doubles the ladder and the next round looks again).  Only
+    rounds of at least :data:`GROW_FROM_ITERATIONS` iterations decide.  Runs after every
+    other adaptor: its :class:`~nrpt.roles.Update` ``grow`` replaces the round's schedule, and
+    the engine and every adaptor and recorder follow the :class:`~nrpt.roles.SlotMap`.
+
+    ``history``: one entry per growth ``{"round", "from", "to", "barrier"}``; ``capped``: the
+    last round whose estimate asked for more than ``max_chains`` allows (``{"round",
+    "chains", "barrier", "needed"}``), else None."""
+
+    name = "chains"
+
+    def __init__(self, max_chains: int, min_iterations: int = GROW_FROM_ITERATIONS):
+        if isinstance(max_chains, bool) or int(max_chains) != max_chains or max_chains < 3:
+            raise ValueError(f"max_chains must be an integer >= 3; got {max_chains!r}")
+        self.max_chains = int(max_chains)
+        self.min_iterations = int(min_iterations)
+        self.history: list[dict] = []
+        self.capped: dict | None = None
+
+    def end_segment(self, view: SegmentView) -> Update | None:
+        if view.last or view.iterations < self.min_iterations:
+            return None
+        rej = view.recorders["swaps"].rejection().detach().cpu().double().numpy()
+        b = view.schedule.detach().cpu().double().numpy()
+        R, P = b.shape
+        lam = [float(clean_rejections(rej[s], P - 1).sum()) for s in range(R)]
+        worst = max(lam)
+        need = recommended_chains(worst)
+        if not ladder_too_short(worst, P):
+            return None
+        new_p = min(self.max_chains, need)
+        if new_p <= P:
+            self.capped = {"round": view.index + 1, "chains": P, "barrier": worst,
+                           "needed": need}
+            return Update(note={"chains_capped": dict(self.capped)})
+        self.capped = None if new_p == need else {"round": view.index + 1, "chains": new_p,
+                                                  "barrier": worst, "needed": need}
+        new = np.stack([update_schedule(b[s], rej[s], n_slots=new_p) for s in range(R)])
+        self.history.append({"round": view.index + 1, "from": P, "to": new_p,
+                             "barrier": worst})
+        note = {"chains_grown": [dict(h) for h in self.history]}
+        if self.capped is not None:
+            note["chains_capped"] = dict(self.capped)
+        return Update(grow=(torch.as_tensor(new).to(view.schedule), SlotMap.grow(P, new_p)),
+                      note=note)
+
+    def follow_ladder(self, m: SlotMap) -> None:
+        """(its own growth: nothing per slot to carry)"""
+
+    def state_dict(self) -> dict:
+        return {"history": [dict(h) for h in self.history],
+                "capped": None if self.capped is None else dict(self.capped)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.history = [dict(h) for h in sd.get("history", [])]
+        self.capped = None if sd.get("capped") is None else dict(sd["capped"])
 
 
 def own_tuning(explorer, target: float | None = None, phase: str | None = None,

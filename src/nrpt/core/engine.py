@@ -26,7 +26,7 @@ from nrpt import rng
 from nrpt.explorers import Density, Explorer, Noise, ReplicaState
 from nrpt.paths.ladders import Path
 from nrpt.rng import Stream, generator_for
-from nrpt.roles import Iteration, PhaseDecision, Update
+from nrpt.roles import Iteration, PhaseDecision, SlotMap, Update
 from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
@@ -263,6 +263,8 @@ class PTEngine:
             self.params[name] = value.to(self.device, self.dtype)
         if update.window is not None:
             self.set_scheme(DEOW(update.window))
+        if update.grow is not None:
+            self.grow(*update.grow)
         if update.reference is not None:  # an engine whose path has one installs it itself
             raise ValueError("this run's reference is fixed (reference 'prior'): an "
                              "Update.reference needs a run whose `reference` setting fits one")
@@ -278,6 +280,57 @@ class PTEngine:
                              f"= 'none' or a preconditionable explorer (rwmh, mala, hmc, slice, "
                              f"automala, nuts)")
         self.metric = check_metric(metric, self.R, self.P, self.dim, self.dtype, self.device)
+
+    def grow(self, schedule: torch.Tensor, m: SlotMap) -> None:
+        """Grow the ladder from ``m.old`` to ``m.new`` slots (``chains = "auto"``, between
+        rounds) at the new ``schedule`` ``[R, P']``.  The replicas keep their states and
+        identities, each moving to its old slot's primary new slot; the added slots get new
+        replicas ``P .. P' - 1`` whose states (and explorer buffers) copy the replica at their
+        source slot.  Per-slot tables follow: a slot's step size is its source slot's (on a
+        temperature ladder scaled by ``sqrt(b_source / b_new)``, as the schedule adaptor scales
+        moved slots), a rule parameter ``[R, P]`` its source's; the scheme restarts on the
+        new ladder.  What else keeps per-slot tables follows through ``follow_ladder(m)``
+        (the loop calls it)."""
+        if m.old != self.P:
+            raise ValueError(f"grow: the slot map is for a ladder of {m.old} slots; this one has "
+                             f"{self.P}")
+        R, P, Pn, dev = self.R, self.P, m.new, self.device
+        new_b = torch.as_tensor(schedule, dtype=self.dtype, device=dev)
+        if new_b.shape != (R, Pn):
+            raise ValueError(f"grow: schedule must be [{R}, {Pn}]; got {list(new_b.shape)}")
+        src = torch.tensor(m.source, device=dev)
+        primary = torch.tensor(m.primary, device=dev)
+        added = torch.tensor(m.added, dtype=torch.long, device=dev)
+        # the replicas copied into the added slots: those at their source slots, per system
+        copied = self.replica_at[:, src[added]]  # [R, P' - P]
+        st = self._full_state()
+
+        def extend(t: torch.Tensor) -> torch.Tensor:
+            idx = copied.reshape(R, -1, *([1] * (t.dim() - 2))).expand(R, -1, *t.shape[2:])
+            return torch.cat([t, t.gather(1, idx)], 1)
+
+        self.state = ReplicaState(extend(st.x), extend(st.v), extend(st.base),
+                                  {k: extend(v) for k, v in st.extras.items()})
+        self.slot_of = torch.cat([primary[self.slot_of], added.expand(R, -1)], 1)
+        self.replica_ids = torch.arange(Pn, device=dev).reshape(1, Pn)
+        self.replica_at = slot_order(self.slot_of, self.replica_ids.expand(R, Pn))
+        h = self.step_size[:, src]
+        if self.path.kind == "temperature":
+            with np.errstate(all="ignore"):
+                scale = torch.sqrt(self.schedule[:, src] / new_b)
+            h = h * torch.where(torch.isfinite(scale) & (scale > 0), scale,
+                                torch.ones_like(scale))
+        self.step_size = h.contiguous()
+        if self.metric is not None:  # a new slot's preconditioner is its source slot's
+            self.metric = self.metric[:, src].contiguous()
+        self.schedule = new_b.clone()
+        for name, value in list(self.params.items()):
+            if value.dim() >= 2 and value.shape[1] == P and P > 1:
+                self.params[name] = value[:, src].contiguous()
+        self.P = Pn
+        self.watched = sorted({m.primary[s] for s in self.watched})
+        self.scheme_state = self.scheme.init_state(R, Pn, dev)
+        self._ref_rows = None
 
     def _table(self, value) -> torch.Tensor:
         """A per-slot table ``[R, P]`` of the engine's dtype and device: an ``[R, P]`` tensor

@@ -134,6 +134,12 @@ class Fused:
         self.chunks = 0
         self._inference = False
 
+    def follow_ladder(self, m) -> None:
+        """The ladder grew (``chains = "auto"``): the noted draws and any compiled chunk were
+        for the old number of slots; they are made again at the next chunk."""
+        self.plan = None
+        self._fns = {}
+
     def describe(self) -> dict:
         """For the summary: the chunk length, chunks run (this process), compiled or not."""
         return {"chunk": self.unroll, "chunks": self.chunks,

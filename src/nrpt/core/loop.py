@@ -257,6 +257,24 @@ class Interrupt:
         self._old.clear()
 
 
+def follow_ladder(run: Run, m) -> None:
+    """After the engine grew its ladder (:meth:`PTEngine.grow`, a
+    :class:`~nrpt.roles.SlotMap` ``m``): every adaptor and recorder, and the fused runner,
+    carries its per-slot tables to the new slots (``follow_ladder(m)``; the builder refuses
+    ``chains = "auto"`` for a run with one that cannot)."""
+    for obj in [*run.adaptors, *run.recorders.values(), run.fused]:
+        if obj is None:
+            continue
+        follow = getattr(obj, "follow_ladder", None)
+        if follow is None:
+            raise RunError(f"{type(obj).__name__} {getattr(obj, 'name', '')!r} cannot follow "
+                           f"a growing ladder (no follow_ladder)")
+        follow(m)
+    run.engine.watched = []  # the positions the recorders read, on the new ladder
+    for r in run.recorders.values():
+        run.engine.watch(getattr(r, "reads_slots", ()))
+
+
 class RunError(RuntimeError):
     """An iteration failed (usually the target raised); the message says which and how to go
     on from the last checkpoint."""
@@ -470,6 +488,8 @@ class _Loop:
             if update is not None:
                 self.notes.update(update.note)
                 engine.apply(update)
+                if update.grow is not None:  # the ladder grew (chains = "auto")
+                    follow_ladder(self.run, update.grow[1])
         self.seg_i, self.started = seg_i + 1, False
         if self.callback is not None:
             self.callback(engine)

@@ -71,6 +71,11 @@ class SlotEnergyRecorder(RecorderBase):
         if reset:
             self.start(max(int(length), 1))
 
+    def follow_ladder(self, m) -> None:
+        """The ladder grew: an empty buffer of the new width (a new round starts anyway)."""
+        self.P = int(m.new)
+        self.start(self.max_rows)
+
     def record(self, it) -> None:
         if self._count % self.stride == 0 and self.rows < self.buffer.shape[0]:
             self.buffer[self.rows] = it.slot_energies

@@ -174,6 +174,32 @@ class RoundTripTracker:
          self._hit0, self._hit_top, self._origin) = state
         self._n_updates += int(n_updates_added)
 
+    def grow(self, primary, added) -> None:
+        """The ladder grew (``chains = "auto"``) from ``P`` to ``P + len(added)`` slots: the
+        replicas keep their counters and phases (old slot ``s`` is now ``primary[s]``: an
+        origin moves with it), new replicas ``P ..`` start at the slots ``added`` with no
+        visit yet (phase NONE, zero counters, their slot as origin)."""
+        primary = torch.as_tensor(list(primary), dtype=torch.long, device=self.device)
+        added = torch.as_tensor(list(added), dtype=torch.long, device=self.device)
+        R, n_new = self._shape[0], int(added.numel())
+        if primary.numel() != self.n_slots:
+            raise ValueError(f"primary must map the {self.n_slots} old slots; got "
+                             f"{primary.numel()}")
+
+        def more(t, fill):
+            return torch.cat([t, torch.full((R, n_new), fill, dtype=t.dtype, device=t.device)], 1)
+
+        self._phase = more(self._phase, NONE)
+        self._restarts = more(self._restarts, 0)
+        self._round_trips = more(self._round_trips, 0)
+        self._round_trips_a5 = more(self._round_trips_a5, 0)
+        self._hit0 = more(self._hit0, False)
+        self._hit_top = more(self._hit_top, False)
+        self._origin = torch.cat([primary[self._origin], added.expand(R, n_new)], 1)
+        self.n_slots += n_new
+        self._shape = (R, self.n_slots)
+        self._top = self.n_slots - 1
+
     # ----------------------------------------------------------------- results
     @property
     def restarts(self) -> torch.Tensor:

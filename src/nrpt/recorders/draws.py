@@ -384,6 +384,40 @@ class Draws(RecorderBase):
         self._buf_i.append(rows)
         self._buf_rows += rows.shape[0]
 
+    def follow_ladder(self, m) -> None:
+        """The ladder grew (``chains = "auto"``; only with ``slots = "target"``): the index
+        process gets a column per new replica.  Its rows so far are relabelled to the new
+        slots (old slot ``s`` -> ``m.primary[s]``, so that slot ``0`` and the top stay the
+        ends), and a replica that did not exist yet has slot ``-1`` there.  (In a run folder
+        ``index.npy`` is written again at the new width.)"""
+        if self.slots != "target":
+            raise ValueError("the draws of every slot (record='all') cannot follow a growing "
+                             "ladder")
+        self.flush()
+        old_p, new_p = self.P, int(m.new)
+        dt = index_dtype(new_p)
+        self.P = new_p
+        if not self.store:
+            return
+        rows = self._next_row
+        relabel = np.asarray(m.primary, dtype=np.int64)
+        head = np.full((rows, self.R, new_p), -1, dtype=dt)
+        if rows:
+            old = np.asarray(self.index[:rows], dtype=np.int64)
+            head[:, :, :old_p] = np.where(old >= 0, relabel[np.maximum(old, 0)], -1)
+        shape = (self.K + 1, self.R, new_p)
+        if self._paths is None:
+            self.index = np.zeros(shape, dtype=dt)
+        else:
+            path = self._paths["index"][0]
+            self.index = None  # (no map of the file may outlive its rewrite)
+            self.index = _create(path, shape, dt)
+            self._paths["index"] = (path, shape, dt, 0)
+            self._block["index"] = max(1, BLOCK_BYTES // max(1, self.R * new_p * dt.itemsize))
+            self._digests["index"] = []
+            self._dirty["index"] = 0
+        self.index[:rows] = head
+
     def state_dict(self) -> dict:
         self.flush()
         sd = {"next_row": self._next_row, "next_draw": self._next_draw}

@@ -232,6 +232,11 @@ class SteppingStone(RecorderBase):
         if reset:
             self.reset()
 
+    def follow_ladder(self, m) -> None:
+        """The ladder grew: fresh estimates on the new ladder (a new round starts anyway)."""
+        self.P = int(m.new)
+        self.reset()
+
     def record(self, it) -> None:
         b = it.schedule  # [R, P]
         v = it.slot_energies  # V of the replica at each slot

@@ -162,6 +162,14 @@ class SwapStats(RecorderBase):
                 "mean_swap_acceptance": float(np.mean(mean)),
                 "barrier": float(self.barrier().mean())}
 
+    def follow_ladder(self, m) -> None:
+        """The ladder grew: fresh per-pair statistics for the new ladder (a new round starts
+        anyway); the run's non-finite counts stay at their slots' new places."""
+        total = torch.zeros(self.R, m.new, dtype=torch.int64, device=self.device)
+        total[:, list(m.primary)] = self.nonfinite_total
+        self.P, self.nonfinite_total = m.new, total
+        self.start_segment(True)
+
     def state_dict(self) -> dict:
         return {"attempts": self.attempts, "swaps": self.swaps, "accept_sum": self.accept_sum,
                 "explore_sum": self.explore_sum, "nonfinite": self.nonfinite,
@@ -222,6 +230,10 @@ class RoundTrips(RecorderBase):
         c = self.counts()
         return {"restarts": float(c["restarts"].double().mean()),
                 "round_trips": float(c["round_trips"].double().mean())}
+
+    def follow_ladder(self, m) -> None:
+        """The ladder grew: the tracker follows (its counts per system are kept)."""
+        self.tracker.grow(m.primary, m.added)
 
     def state_dict(self) -> dict:
         return {"tracker": self.tracker.state_dict(), "base": self.base, "n": self.n}
@@ -336,6 +348,15 @@ class SlotSpread(RecorderBase):
     def scale(self) -> torch.Tensor:
         """Mean over coordinates of the standard deviation, ``[R, S]``."""
         return self.sd().mean(-1)
+
+    def follow_ladder(self, m) -> None:
+        """The ladder grew: the watched slots move to their new places (the hottest stays the
+        hottest; ``slots = None`` at build: every slot of the new ladder), fresh statistics."""
+        every = self.slots == list(range(m.old))
+        self.slots = list(range(m.new)) if every else [m.primary[s] for s in self.slots]
+        self.shape = (self.shape[0], len(self.slots), self.shape[2])
+        self.reads_slots = tuple(self.slots)
+        self.start_segment(True)
 
     def state_dict(self) -> dict:
         rows = (torch.stack(self._rows) if self._rows

@@ -395,7 +395,7 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
 
     Args:
         index: ``[K + 1, R, P]`` (or ``[K + 1, P]``): slot of replica ``i`` of system ``r``
-            before iteration ``k``.
+            before iteration ``k`` (``-1``: the replica did not exist yet; not drawn).
         system: which PT system.
         highlight: replica number(s) drawn in colour (the first 4 are used).
         max_points: the most iterations drawn in the whole-run panels.
@@ -417,6 +417,7 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
     if rows[-1] != n_rows - 1:
         rows = np.append(rows, n_rows - 1)
     sub = np.asarray(idx[rows], dtype=float)  # [n_shown, P]
+    sub[sub < 0] = np.nan  # a replica not there yet (a ladder that grew: chains = "auto")
     ip = _IndexPanels(P, K, _highlighted(highlight, P), [float(b) for b in (boundaries or ())])
     zoom = _zoom_length(zoom, n_rows, P)
     thin_txt = (f"every {_ordinal(stride)} iteration shown" if stride > 1
@@ -439,7 +440,9 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
         ip.heatmap(fig, axes.pop(0), rows, sub, thin_txt)
     if zoom is not None:
         lo = n_rows - 1 - zoom
-        ip.zoom(axes.pop(0), np.arange(lo, n_rows), np.asarray(idx[lo:], dtype=float))
+        last = np.asarray(idx[lo:], dtype=float)
+        last[last < 0] = np.nan
+        ip.zoom(axes.pop(0), np.arange(lo, n_rows), last)
     return fig
 
 

@@ -8,7 +8,8 @@ predicted, Syed et al. 2021, Theorem 1), ``explorer-acceptance`` (outside
 :data:`EXPLORER_BAND` of the target), ``hot-slot-stuck`` (:data:`HOT_SPREAD_MIN`,
 :data:`HOT_MEAN_DISAGREEMENT`), ``r-hat`` (> :data:`R_HAT_MAX`), ``low-ess``
 (< :data:`ESS_MIN_PER_SYSTEM` per system; Vehtari et al. 2021), ``ladder-collapse``
-(:data:`RUNG_GAP_MIN`), ``swap-rate-off-target`` (:data:`SWAP_RATE_TOLERANCE`)."""
+(:data:`RUNG_GAP_MIN`), ``swap-rate-off-target`` (:data:`SWAP_RATE_TOLERANCE`),
+``too-few-chains`` (``2 Lambda-hat > 1.25 P``, Syed et al. 2021)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+
+from nrpt.adapt.chains import ladder_too_short, recommended_chains
 
 __all__ = [
     "SamplingWarning",
@@ -86,6 +89,7 @@ SWAP_RATE_TOLERANCE = 0.1
 KNOB_SG_LADDER = ("ladder_update = log-gaps (or the initial ladder: lr_min / lr_max / "
                   "learning_rates / chains)")
 KNOB_LADDER = "chains / max_temperature (or --rounds to adapt the schedule)"
+KNOB_CHAINS = "chains (or chains = 'auto' / max_chains with rounds)"
 KNOB_RESTARTS = "iterations / chains / schedule (max_temperature, or --rounds to adapt it)"
 KNOB_STEP = "step_size"
 KNOB_HOT = "max_temperature / step_size at the hot end"
@@ -250,6 +254,43 @@ def _check_pairs(acc: np.ndarray, floor: float) -> list[Finding]:
                f"between slots {p} and {p + 1}), so replicas hardly cross them and the ladder "
                f"is too coarse there.")
     return [Finding("pair-acceptance", msg, KNOB_LADDER)]
+
+
+def _check_chains(acc: np.ndarray, n_chains: int | None, grown: str | None) -> list[Finding]:
+    """``too-few-chains``: the barrier estimate ``Lambda-hat = sum_p (1 - a_p)`` (per system; a
+    never-attempted pair counts at the mean of the others) asks for clearly more than the
+    ladder's ``P`` chains, ``2 Lambda-hat > 1.25 P`` (:func:`ladder_too_short`; Syed et al.
+    2021: about ``2 Lambda`` chains, :func:`recommended_chains`).
+    With pairs rejecting near 1 the estimate saturates at ``P - 1`` and is only a lower bound,
+    so the advice is "at least".  ``grown``: what ``chains = "auto"`` did (it hit its cap)."""
+    P = int(n_chains) if n_chains else acc.shape[1] + 1
+    lam = []
+    for row in acc:
+        a = row[np.isfinite(row)]
+        if a.size == 0:
+            continue
+        r = np.clip(1.0 - a, 0.0, 1.0)
+        lam.append(float(r.mean()) * row.size)
+    if not lam:
+        return []
+    worst = max(lam)
+    need = recommended_chains(worst)
+    if not ladder_too_short(worst, P):
+        return []
+    saturated = worst >= 0.8 * (P - 1)
+    at_least = "at least " if saturated else ""
+    why = (f"the barrier estimate Λ̂ = {_fmt(worst)} is close to its maximum P - 1 = {P - 1}, "
+           f"so it is only a lower bound: " if saturated else f"Λ̂ = {_fmt(worst)}: ")
+    what = f" ({grown})" if grown else ""
+    if grown and "cap" in grown:
+        fix = f"raise max_chains to {need} or more"
+    elif grown:
+        fix = f"run more rounds (the ladder grows between them) or chains = {need} or more"
+    else:
+        fix = f"run with chains = {need} or more, or chains = \"auto\" with rounds"
+    msg = (f"Too few chains: {P} chains{what}, but {why}the ladder needs {at_least}about "
+           f"2Λ̂ = {need} chains for replicas to cross it (Syed et al. 2021); {fix}.")
+    return [Finding("too-few-chains", msg, KNOB_CHAINS)]
 
 
 def _expected_restarts(acc_row: np.ndarray | None, n_chains: int | None,
@@ -441,7 +482,8 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
               ess_min_per_system: float = ESS_MIN_PER_SYSTEM, learning_rates=None,
               pair_rate=None, swap_rate_target: float | None = None,
               rung_gap_min: float = RUNG_GAP_MIN,
-              swap_rate_tolerance: float = SWAP_RATE_TOLERANCE) -> list[Finding]:
+              swap_rate_tolerance: float = SWAP_RATE_TOLERANCE,
+              chains_grown: str | None = None) -> list[Finding]:
     """Health checks of one run; the findings (empty when nothing is wrong).  Every argument is
     optional; its check is skipped when it is ``None``.
 
@@ -463,12 +505,15 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         learning_rates: SG ladder ``[R, P]`` (or ``[P]``): ``ladder-collapse`` with
             ``rung_gap_min``.
         pair_rate, swap_rate_target: ``[R, P-1]`` and ``S``: ``swap-rate-off-target`` with
-            ``swap_rate_tolerance``."""
+            ``swap_rate_tolerance``.
+        chains_grown: what ``chains = "auto"`` did, for the ``too-few-chains`` finding (from
+            ``swap_acceptance``: ``2 Lambda-hat > 1.25 P``)."""
     findings: list[Finding] = []
     acc = None
     if swap_acceptance is not None:
         acc = _as_2d(swap_acceptance, "swap_acceptance")
         findings += _check_pairs(acc, float(pair_floor))
+        findings += _check_chains(acc, n_chains, chains_grown)
     if restarts is not None and n_iterations is not None:
         findings += _check_restarts(restarts, acc, n_iterations, n_chains)
     if (exact and explorer_acceptance is not None and explorer_target is not None):

@@ -197,6 +197,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         _ladder_fields(s, run, path_kind)
     if getattr(cfg, "rounds", None) is not None:
         _rounds_fields(s, run, outcome, rej, path_kind)
+    if facts.get("max_chains") is not None:
+        _grown_fields(s, facts, outcome)
     if facts.get("zero_likelihood_share"):
         s["reference_zero_likelihood_share"] = facts["zero_likelihood_share"]
     _log_normalizer_note(s, run, path_kind)
@@ -408,6 +410,31 @@ def _rounds_fields(s: dict, run: Run, outcome: Outcome, rej: np.ndarray, kind: s
     s["adapted_schedule"] = adapted[0]  # system 0's (kept for readers of older summaries)
 
 
+def _grown_fields(s: dict, facts: dict, outcome: Outcome) -> None:
+    """``chains = "auto"``: where the ladder started, its cap, each growth (``{"round",
+    "from", "to", "barrier"}``) and the last round that asked for more than the cap allows."""
+    s["chains_start"] = facts.get("chains_start")
+    s["max_chains"] = facts["max_chains"]
+    s["chains_grown"] = list(outcome.notes.get("chains_grown", []))
+    s["chains_capped"] = outcome.notes.get("chains_capped")
+
+
+def grown_text(s: dict) -> str | None:
+    """One line on what ``chains = "auto"`` did ("grew 8 -> 14 chains at round 4: Λ̂ = 6.6"),
+    or None for a fixed ladder."""
+    if s.get("max_chains") is None:
+        return None
+    steps = [f"{g['from']} -> {g['to']} chains at round {g['round']} (Λ̂ = {g['barrier']:.3g})"
+             for g in s.get("chains_grown") or []]
+    text = ("grew " + ", ".join(steps)) if steps else \
+        f"kept {s.get('chains_start')} chains (the barrier estimate never asked for more)"
+    cap = s.get("chains_capped")
+    if cap:
+        text += (f"; capped at max_chains = {s['max_chains']} at round {cap['round']}, where "
+                 f"Λ̂ = {cap['barrier']:.3g} asked for {cap['needed']}")
+    return text
+
+
 def _local_barrier_fields(s: dict, b: np.ndarray, rej: np.ndarray, kind: str, R: int) -> None:
     """The fitted local barrier per system (last round's ``b`` and ``rej`` ``[R, P]``) on 51
     points, and the Method I points placed at ``b``."""
@@ -458,7 +485,20 @@ def _check_inputs(run: Run, cfg, exact: bool) -> dict:
             "n_iterations": int(swaps.n), "n_chains": eng.P,
             "explorer_acceptance": swaps.explorer_acceptance().cpu().double().numpy()
             if target_acc is not None else None,
-            "explorer_target": target_acc, "explorer_name": cfg.explorer}
+            "explorer_target": target_acc, "explorer_name": cfg.explorer,
+            "chains_grown": _grown_note(run)}
+
+
+def _grown_note(run: Run) -> str | None:
+    """For the ``too-few-chains`` finding of a ``chains = "auto"`` run: how it got to its
+    ``P`` (the cap), so that the advice names ``max_chains``."""
+    cap = run.facts.get("max_chains")
+    if cap is None:
+        return None
+    start = run.facts.get("chains_start")
+    if run.engine.P >= cap:
+        return f"chains = 'auto' grew from {start} to its cap max_chains = {cap}"
+    return f"chains = 'auto' from {start}; growth is decided between rounds"
 
 
 def _hot_inputs(eng, spread, row_map: RowMap | None) -> dict:
@@ -612,6 +652,9 @@ def format_summary(s: dict[str, Any], row_map: RowMap | None = None) -> str:
         lines.append(f"  reference       {s.get('reference')}: {s['gaussian_note']}")
     if s.get("default_reference_note"):
         lines.append(f"  reference       {s['default_reference_note']}")
+    grown = grown_text(s)
+    if grown:
+        lines.append(f"  chains auto     {grown}")
     if "rounds" in s:
         lines.append(f"  adaptive        {s['rounds']} of {s['rounds_planned']} rounds; "
                      f"Λ̂ = {_scalar(s.get('barrier'), R)}: about 2Λ̂ = "

@@ -95,7 +95,7 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
                               window=summary.get("window")), "adaptation.png")
     if "local_barrier" in summary:
         save(_local_barrier_figure(plots, target, has, summary, rows), "local_barrier.png")
-        sched = np.asarray([r["b"][0] for r in rows], dtype=float)
+        sched = [np.asarray(r["b"][0], dtype=float) for r in rows]  # (ragged: auto chains)
         save(plots.schedules(sched, summary["local_barrier"]["coordinate"]), "schedules.png")
     return written
 

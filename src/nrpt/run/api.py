@@ -25,7 +25,7 @@ from nrpt.core.loop import Interrupt, Outcome, Run, execute
 from nrpt.report import text as report
 from nrpt.report.summary import build_summary, format_summary
 from nrpt.run import folder as rf
-from nrpt.run.build import build
+from nrpt.run.build import build, grown_chains
 from nrpt.run.config import RunConfig
 from nrpt.swap import Rule
 from nrpt.targets.protocol import capabilities
@@ -349,7 +349,7 @@ def _run(cfg: RunConfig, stop: Interrupt, *, target, parts, progress, callback,
         cfg = cfg.replace(target=spec)
     objects = _given_objects(parts, ck, out)
     run = build(cfg, target=target, out=out, resume=ck is not None, comm=comm,
-                burn_in=_pinned_burn_in(ck), **(parts or {}))
+                burn_in=_pinned_burn_in(ck), chains=grown_chains(ck), **(parts or {}))
     record, chash = _records(cfg, run, out, ck, record, chash, resume_from)
     outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, progress=progress,
                       callback=callback, resume=ck,

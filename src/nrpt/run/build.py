@@ -33,6 +33,7 @@ from nrpt.explorers import Density
 from nrpt.explorers.domains import parse_domain
 from nrpt.paths.gaussian_reference import GAUSSIAN
 from nrpt.paths.ladders import GeometricPath, NoiseLadder, geometric_ladder, make_path
+from nrpt.paths.starts import is_point_start
 from nrpt.recorders.draws import Draws
 from nrpt.recorders.log_z import SteppingStone
 from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
@@ -65,8 +66,10 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
     """The one recipe for initial states ``[R, P, dim]`` and the share of reference draws
     where the target vanishes (0 unless the path has a reference).
 
-    ``target.initial_states(n, generator)`` if defined; else, on a geometric path, reference
-    draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
+    ``target.initial_states(n, generator)`` if defined (where the target declares ``starts =
+    "point"`` -- one point jittered -- on a temperature path: independent overdispersed draws
+    around the mode found from that point, :mod:`nrpt.paths.starts`); else, on a geometric path,
+    reference draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
     the share of such draws among 512 probes is reported; all bad is an error); else N(0, I)."""
     d = int(target.dim)
     own = capabilities(target).has("initial_states")
@@ -86,7 +89,9 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
                 "the target's log-likelihood is -inf (or NaN) at all 512 reference draws tried: "
                 "the target must be positive on a part of the reference's support that has "
                 "noticeable reference mass (choose a reference that covers the target)")
-    if own:
+    if own and path.kind == "temperature" and is_point_start(target):
+        x = _overdispersed(target, path, R * P, g)
+    elif own:
         x = target.initial_states(R * P, g)
     elif drawn:
         x = torch.as_tensor(target.reference_sample(R * P, g)).to(device, dtype)
@@ -98,6 +103,19 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
     else:
         x = torch.randn(R * P, d, generator=g, dtype=dtype)
     return torch.as_tensor(x).to(device, dtype).reshape(R, P, d).clone(), share
+
+
+def _overdispersed(target, path, n: int, g: torch.Generator) -> torch.Tensor:
+    """Independent overdispersed starts for a target whose own are one point jittered
+    (``starts = "point"``, e.g. PyMC's initial point): :func:`nrpt.paths.starts.
+    overdispersed_states` from that point, else (no Laplace approximation) its own starts."""
+    from nrpt.paths.starts import overdispersed_states
+
+    point = getattr(target, "initial_point", None)
+    x0 = (torch.as_tensor(point()) if callable(point) else
+          torch.as_tensor(target.initial_states(1, generator_for(0, Stream.INIT, 0x0D1)))[0])
+    x = overdispersed_states(target, path, n, g, x0.double().cpu())
+    return target.initial_states(n, g) if x is None else x
 
 
 def _rule(cfg, finite: bool) -> Rule:
@@ -141,7 +159,7 @@ def _window(cfg, P: int) -> tuple[int, str]:
 def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None,
           resume: bool = False, record: str = "target", comm=None,
           allow_gate_bias: bool = False, burn_in: int | None = None,
-          explorer=None, scheme=None, adaptors=(), recorders=()) -> Run:
+          explorer=None, scheme=None, adaptors=(), recorders=(), chains: int | None = None) -> Run:
     """Assemble the run ``cfg`` describes.
 
     ``target`` / ``rule`` / ``explorer`` / ``scheme`` objects override ``cfg``'s names;
@@ -152,7 +170,13 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     window > 1 and Metropolis swaps on exact energies; names approximations in
     ``facts["approximations"]``) unless ``allow_gate_bias=True`` (tests comparing
     implementations only).  ``adapt_step_size`` with an explorer that cannot tune itself is
-    refused."""
+    refused.  ``chains``: the ladder's size now, where a ``chains = "auto"`` run being resumed
+    grew it (:func:`grown_chains`; the tables are then the checkpoint's)."""
+    if chains is not None and int(chains) != cfg.chains:
+        start = cfg.chains
+        cfg = cfg.replace(chains=int(chains))
+    else:
+        start = cfg.chains
     if target is None:
         target = load_target(cfg.target, **(cfg.target_options or {}))
     entry = registry.entry("explorer", cfg.explorer, what="explorer")
@@ -180,6 +204,7 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     burn = 0 if cfg.rounds is not None else burn_in_count(cfg) if burn_in is None else \
         int(burn_in)
     own, windows = _adaptors(cfg, tuned, path, rule, source, engine, burn, refit, facts)
+    grow = _chains_adaptor(cfg, comm, record, facts, start)
     plan = _plan(cfg, source, burn, windows)
     kept = _recorders(cfg, engine, plan, [*own, *adaptors], facts, out=out, resume=resume,
                       record=record, comm=comm, dtype=dtype, device=device)
@@ -192,10 +217,60 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
         facts.setdefault("own_summary", []).append(name)  # (its summary() under its name)
     for r in kept.values():  # positions the recorders read every iteration
         engine.watch(getattr(r, "reads_slots", ()))
-    run = Run(engine=engine, adaptors=[*own, *adaptors], recorders=kept, plan=plan,
+    run = Run(engine=engine, adaptors=[*own, *adaptors, *grow], recorders=kept, plan=plan,
               facts=facts)
+    if grow:
+        _check_followers(run)
     _fuse(run, cfg)
     return run
+
+
+def grown_chains(checkpoint: dict | None) -> int | None:
+    """The ladder's size in a checkpoint (``None`` without one): a ``chains = "auto"`` run
+    resumes at the size it grew to."""
+    if not checkpoint:
+        return None
+    x = (checkpoint.get("engine") or {}).get("x")
+    return None if x is None else int(x.shape[1])
+
+
+def _chains_adaptor(cfg, comm, record: str, facts, start: int) -> list:
+    """``[ChainsAdaptor]`` where ``max_chains`` is set (``chains = "auto"``), after refusing
+    what cannot grow; else ``[]``."""
+    cap = getattr(cfg, "max_chains", None)
+    facts["max_chains"] = cap
+    if cap is None:
+        return []
+    why = None
+    if comm is not None:
+        why = "a run spread over processes (its replica blocks are fixed)"
+    elif facts.get("row_map") is not None or getattr(cfg, "reference", None) is not None:
+        why = f"reference {cfg.reference!r} (its two legs keep a ladder each)"
+    elif record == "all":
+        why = "record='all' (draws of every slot, a fixed width)"
+    elif cfg.temperatures is not None or cfg.betas is not None:
+        why = "an explicit ladder (temperatures / betas): give max_temperature instead"
+    elif isinstance(cfg.step_size, list):
+        why = "one step size per slot: give one number"
+    if why is not None:
+        raise ValueError(f"chains = 'auto' (max_chains) grows the ladder between rounds, which "
+                         f"{why} cannot follow; give a fixed number of chains")
+    from nrpt.adapt.rounds import ChainsAdaptor
+
+    facts["chains_start"] = int(start)
+    return [ChainsAdaptor(cap)]
+
+
+def _check_followers(run: Run) -> None:
+    """Every adaptor and recorder of a growing ladder must carry its per-slot tables to the new
+    slots (``follow_ladder``); name those that cannot."""
+    stuck = [f"{kind} {getattr(o, 'name', type(o).__name__)!r}"
+             for kind, objs in (("adaptor", run.adaptors), ("recorder", run.recorders.values()))
+             for o in objs if not callable(getattr(o, "follow_ladder", None))]
+    if stuck:
+        raise ValueError(f"chains = 'auto' (max_chains) grows the ladder between rounds, but "
+                         f"{', '.join(stuck)} cannot follow it (no follow_ladder(slot_map)); give "
+                         f"a fixed number of chains")
 
 
 def _target_facts(cfg, target, entry) -> dict[str, Any]:
@@ -331,6 +406,9 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
         E = row_map.E  # engine systems
     x0, share = initial_states(target, path, E, P, cfg.seed, dtype, device)
     facts["zero_likelihood_share"] = share
+    if path.kind == "temperature" and not facts["sg"] and \
+            getattr(explorer, "domain", None) is None:
+        _refuse_improper_hot_end(target, path, x0[0, 0])
     facts["reference_normalized"] = (path.has_reference
                                      and capabilities(target).reference_is_normalized)
     if getattr(explorer, "domain", None) is not None:
@@ -347,25 +425,9 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     return engine, [row_map.adaptor()]
 
 
-def _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device,
-                     facts):
-    """``(engine, [its refit adaptor])`` of a density-only target annealed from a Gaussian
-    (:mod:`nrpt.paths.gaussian_reference`): initial states as a temperature ladder's (the
-    target's own or N(0, I)), the initial Gaussian set from them."""
-    from nrpt.paths.gaussian_reference import GaussianRef
-
-    ref = GaussianRef(facts["reference"], int(cfg.systems), kind=facts["target_kind"], path=path,
-                      comm=comm, cfg=cfg)
-    x0, _ = initial_states(target, path, int(cfg.systems), int(cfg.chains), cfg.seed, dtype,
-                           device, drawn=False)
-    facts["zero_likelihood_share"] = 0.0
-    if getattr(explorer, "domain", None) is not None:
-        explorer.domain.check_inside(x0)
-    engine = ref.engine(target, path, explorer, scheme, rule, step_size=step, seed=cfg.seed,
-                        n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
-                        initial_states=x0)
-    facts.update(ref.facts())
-    return engine, ref.adaptors()
+from nrpt.paths.gaussian_reference import GAUSSIAN
+from nrpt.paths.ladders import GeometricPath, NoiseLadder, geometric_ladder, make_path
+from nrpt.paths.starts import is_point_start
 
 
 def _own_tuning(cfg, explorer, phase: str | None, follow=None):

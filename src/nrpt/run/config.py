@@ -22,6 +22,7 @@ from nrpt.options import (
     Option,
     boolean,
     check_numbers,
+    check_int,
     choice,
     increasing,
     integer,
@@ -75,6 +76,34 @@ def burn_in_count(cfg) -> int:
         return 0
     n = int(b) if isinstance(b, int) else int(math.floor(float(b) * cfg.iterations))
     return max(0, min(n, int(cfg.iterations) - 1))
+
+
+#: ``chains = "auto"``: the ladder it starts from, and the default cap of its growth
+AUTO_CHAINS = 8
+AUTO_MAX_CHAINS = 64
+
+
+def _chains(name: str, value: Any, cfg=None) -> int:
+    """An integer >= 2 (``"auto"`` is resolved before: :func:`_explorer_settings`)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        raise ValueError(f"{name} = 'auto' grows the ladder between adaptive rounds: give "
+                         f"rounds too (or an integer number of chains >= 2)")
+    return check_int(name, value, 2, None)
+
+
+def _parse_chains(text: str) -> int | str:
+    t = text.strip().lower()
+    return "auto" if t == "auto" else _parse_int_or_fail(text)
+
+
+def _parse_int_or_fail(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(text) from None
+
+
+_parse_chains.what = "an integer >= 2 or auto"  # type: ignore[attr-defined]
 
 
 def _chunk(name: str, value: Any, cfg=None) -> bool | int | str:
@@ -222,8 +251,14 @@ CENTRAL: tuple[Option, ...] = (
     _run("dtype", choice(DTYPES), default="float64", choices=DTYPES,
          help="floating-point precision"),
     _run("device", _device, default="cpu", help="torch device: cpu, cuda, cuda:N"),
-    _ladder("chains", integer(2), default=10, parse=parse_int,
-            help="number of slots P on the ladder (>= 2)"),
+    _ladder("chains", _chains, default=10, parse=_parse_chains,
+            help="number of slots P on the ladder (>= 2), or auto (with --rounds): start from "
+                 f"{AUTO_CHAINS} and grow the ladder between rounds while the estimated barrier "
+                 "asks for more (about 2 Λ̂ chains), up to --max-chains"),
+    _ladder("max_chains", integer(3), parse=parse_int,
+            help=f"with --rounds: grow the ladder between rounds up to this many chains while "
+                 f"the barrier estimate asks for more than it has (chains = auto sets it to "
+                 f"{AUTO_MAX_CHAINS}); unset: the ladder keeps its chains"),
     _ladder("temperatures", _temperatures, parse=parse_floats,
             help="explicit temperature ladder, comma-separated, starting at 1"),
     _ladder("betas", _betas, parse=parse_floats,
@@ -358,6 +393,9 @@ class RunConfig:
     dtype: str
     device: str
     chains: int
+    #: grow the ladder between rounds up to this many chains (``chains = "auto"``); ``None``:
+    #: the ladder keeps its ``chains``
+    max_chains: int | None
     temperatures: list[float] | None
     betas: list[float] | None
     max_temperature: float | None
@@ -637,7 +675,7 @@ def _explorer_settings(r: _Resolution) -> None:
         raise ValueError(f"rounds (adaptive NRPT with exact swaps) needs an exact explorer "
                          f"({', '.join(registry.names('explorer', 'exact'))}); got explorer "
                          f"{cfg.explorer!r}")
-    r.take("chains")
+    _chain_count(r)
     r.take("n_explore")
     r.component("explorer", cfg.explorer)
     if registry.entry("explorer", cfg.explorer).load().compilable:  # (its declaration)
@@ -648,6 +686,26 @@ def _explorer_settings(r: _Resolution) -> None:
     r.drop("compile", f"compile {why}")
     if cfg.fuse not in ("auto", False):  # (auto and false mean the plain loop here)
         r.drop("fuse", f"fuse {why}")
+
+
+def _chain_count(r: _Resolution) -> None:
+    """``chains`` and ``max_chains``: ``chains = "auto"`` is ``chains =`` :data:`AUTO_CHAINS`
+    with ``max_chains`` (default :data:`AUTO_MAX_CHAINS`), which needs rounds; a resolved config
+    grows its ladder exactly where ``max_chains`` is set."""
+    cfg = r.cfg
+    auto = isinstance(cfg.chains, str) and cfg.chains.strip().lower() == "auto"
+    if auto and cfg.rounds is not None:
+        r.set("chains", AUTO_CHAINS)
+        if cfg.max_chains is None:
+            r.set("max_chains", AUTO_MAX_CHAINS)
+    r.take("chains")
+    if cfg.rounds is None or cfg.is_sg:
+        r.drop("max_chains", "the ladder grows between adaptive rounds only (give rounds, and "
+                             "an exact explorer)")
+        return
+    r.take("max_chains")
+    if cfg.max_chains is not None and cfg.max_chains < cfg.chains:
+        raise ValueError(f"max_chains must be >= chains ({cfg.chains}); got {cfg.max_chains}")
 
 
 def _ladder_settings(r: _Resolution) -> None:

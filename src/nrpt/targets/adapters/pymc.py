@@ -297,6 +297,34 @@ def _batched_dirichlet(pt, rng, size, alpha) -> list:
     return [u.owner.outputs[0], w]
 
 
+#: transforms that restrict a variable to part of its distribution's support (a forward draw of
+#: the distribution is not a draw of the restricted prior, and maps to NaN where it breaks the
+#: constraint)
+CONSTRAINING_TRANSFORMS = ("Ordered", "SumTo1")
+
+
+def _constraining_transform(model, rv) -> str | None:
+    """The name of a constraining transform of ``rv`` (:data:`CONSTRAINING_TRANSFORMS`, alone
+    or in a chain) that is not the distribution's own default, else None."""
+    tr = model.rvs_to_transforms.get(rv)
+    if tr is None:
+        return None
+    parts = list(getattr(tr, "transform_list", None) or [tr])
+    try:
+        from pymc.distributions.transforms import _default_transform
+
+        default = _default_transform(rv.owner.op, rv)
+    except Exception:  # noqa: BLE001 (an older PyMC: judge by the transform alone)
+        default = None
+    default_names = {type(t).__name__
+                     for t in (getattr(default, "transform_list", None) or [default])}
+    for t in parts:
+        name = type(t).__name__
+        if name in CONSTRAINING_TRANSFORMS and name not in default_names:
+            return name.lower() if name == "Ordered" else name
+    return None
+
+
 def _check_arguments(pm, model, path: str) -> None:
     if not isinstance(model, pm.Model):
         raise TargetError(f"from_pymc expects a pymc.Model; got {type(model).__name__}")
@@ -396,6 +424,14 @@ class PyMCTarget:
                 f"cannot reproduce, so the prior cannot be sampled exactly for path='prior'; "
                 f"use path='temperature'")
         for rv in model.free_RVs:
+            constraint = _constraining_transform(model, rv)
+            if constraint is not None:
+                raise TargetError(
+                    f"from_pymc: free variable {rv.name!r} has the {constraint} transform, which "
+                    f"restricts its prior to part of the distribution's support (the prior "
+                    f"density is renormalized there), so PyMC cannot draw that prior exactly by "
+                    f"forward sampling and path='prior' cannot start or refresh its reference; "
+                    f"use path='temperature' (a temperature ladder on the joint density)")
             up = set(ancestors([rv]))
             hit = [o.name for o in model.observed_RVs if o in up]
             if hit:
@@ -478,6 +514,13 @@ class PyMCTarget:
         if draw.shape != (self.dim,):
             raise TargetError(f"from_pymc: a forward draw has shape {list(draw.shape)}, not "
                               f"[{self.dim}]; use path='temperature'")
+        draws = [draw] + [np.asarray(fn()) for _ in range(15)]
+        if not all(np.isfinite(d).all() for d in draws):
+            raise TargetError(
+                "from_pymc: forward draws of the prior map to non-finite values of the "
+                "unconstrained space (a transform or a constraint that forward sampling does not "
+                "respect), so PyMC cannot draw this prior exactly for path='prior'; use "
+                "path='temperature' (a temperature ladder on the joint density)")
         return fn, False, rngs
 
     def _batched_sampler(self) -> tuple:
@@ -592,9 +635,19 @@ class PyMCTemperatureTarget(PyMCTarget):
         return _to_torch(-self._evaluate(x, "grad_energy")[1], x)
 
 
+    #: its initial states are one point jittered: nrpt replaces them by independent
+    #: overdispersed draws around the mode found from it (:mod:`nrpt.paths.starts`)
+    starts = "point"
+
+    def initial_point(self) -> torch.Tensor:
+        """PyMC's initial point (the model's ``initval`` s) on the unconstrained space,
+        ``[dim]``."""
+        return torch.from_numpy(self._x0.copy())
+
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """PyMC's initial point jittered by ``U(-1, 1)`` per coordinate (as PyMC's
-        ``jitter+adapt_diag`` start)."""
+        ``jitter+adapt_diag`` start; nrpt's runs start overdispersed instead, see
+        ``starts``)."""
         g = check_generator(generator)
         base = torch.from_numpy(self._x0.copy()).to(g.device)
         u = torch.rand(int(n), self.dim, generator=g, dtype=torch.float64, device=g.device)
