@@ -425,9 +425,44 @@ def _engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device
     return engine, [row_map.adaptor()]
 
 
-from nrpt.paths.gaussian_reference import GAUSSIAN
-from nrpt.paths.ladders import GeometricPath, NoiseLadder, geometric_ladder, make_path
-from nrpt.paths.starts import is_point_start
+def _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtype, device,
+                     facts):
+    """``(engine, [its refit adaptor])`` of a density-only target annealed from a Gaussian
+    (:mod:`nrpt.paths.gaussian_reference`): initial states as a temperature ladder's (the
+    target's own or N(0, I)), the initial Gaussian set from them."""
+    from nrpt.paths.gaussian_reference import GaussianRef
+
+    ref = GaussianRef(facts["reference"], int(cfg.systems), kind=facts["target_kind"], path=path,
+                      comm=comm, cfg=cfg)
+    x0, _ = initial_states(target, path, int(cfg.systems), int(cfg.chains), cfg.seed, dtype,
+                           device, drawn=False)
+    facts["zero_likelihood_share"] = 0.0
+    if getattr(explorer, "domain", None) is not None:
+        explorer.domain.check_inside(x0)
+    engine = ref.engine(target, path, explorer, scheme, rule, step_size=step, seed=cfg.seed,
+                        n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
+                        initial_states=x0)
+    facts.update(ref.facts())
+    return engine, ref.adaptors()
+
+
+def _refuse_improper_hot_end(target, path, x0: torch.Tensor) -> None:
+    """A temperature ladder whose hottest density ``exp(-U / max_temperature)`` is improper
+    (:func:`nrpt.paths.proper.hot_end_check`, e.g. flat priors) is refused before sampling,
+    with the ``max_temperature`` that fixes it."""
+    from nrpt.paths.proper import hot_end_check
+
+    beta = float(path.schedule.min())
+    hot = hot_end_check(target, path, x0.detach().cpu().double(), beta)
+    if hot is None:
+        return
+    names = getattr(target, "coordinate_names", None)
+    try:
+        names = list(names() if callable(names) else names) if names is not None else None
+    except TypeError:
+        names = None
+    name = names[hot.coordinate] if names and len(names) == int(target.dim) else None
+    raise TargetError(f"temperature ladder: {hot.message(name)}")
 
 
 def _own_tuning(cfg, explorer, phase: str | None, follow=None):
