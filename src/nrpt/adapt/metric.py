@@ -169,6 +169,11 @@ class MetricAdaptor(AdaptorBase):
         metric = new.to(view.step_size.dtype).expand(R, *new.shape).clone()
         return Update(metric=metric)
 
+    def follow_ladder(self, m) -> None:
+        """The ladder grew (after this round's adaptors): the engine copies each new slot's
+        metric from its source slot; the step ratios of this round, already used, are dropped."""
+        self.changed = self.z_scale = None
+
     def state_dict(self) -> dict:
         return {"updates": self.updates}
 
