@@ -23,6 +23,13 @@ def run_and_collect(target, **options):
 
 # ---------------------------------------------------------------- too few chains
 
+def test_the_warning_and_the_growth_use_one_margin():
+    from nrpt.adapt import chains
+    from nrpt.report import health
+
+    assert health.SHORT_LADDER == chains.SHORT_LADDER
+
+
 def test_too_few_chains_from_synthetic_acceptance():
     # 7 pairs accepting 0.05 each: Lambda-hat = 6.65, saturated near P - 1 = 7
     found = check_run(swap_acceptance=np.full((1, 7), 0.05), n_chains=8)

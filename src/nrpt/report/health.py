@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nrpt.adapt.chains import ladder_too_short, recommended_chains
-
 __all__ = [
     "SamplingWarning",
     "Finding",
@@ -79,6 +77,10 @@ HOT_MEAN_DISAGREEMENT = 1.0
 R_HAT_MAX = 1.01
 #: minimum bulk and tail ESS per system (Vehtari et al. 2021: 100 per chain)
 ESS_MIN_PER_SYSTEM = 100.0
+#: ``too-few-chains`` where ``2 Lambda-hat > SHORT_LADDER * P`` (the same margin as
+#: ``nrpt.adapt.chains.SHORT_LADDER``, which grows a ``chains = "auto"`` ladder; this module
+#: imports only numpy)
+SHORT_LADDER = 1.25
 #: adjacent SG learning rates closer than this fraction of the larger have collapsed
 #: (ladders measured: docs/benchmarks.md)
 RUNG_GAP_MIN = 0.01
@@ -259,8 +261,8 @@ def _check_pairs(acc: np.ndarray, floor: float) -> list[Finding]:
 def _check_chains(acc: np.ndarray, n_chains: int | None, grown: str | None) -> list[Finding]:
     """``too-few-chains``: the barrier estimate ``Lambda-hat = sum_p (1 - a_p)`` (per system; a
     never-attempted pair counts at the mean of the others) asks for clearly more than the
-    ladder's ``P`` chains, ``2 Lambda-hat > 1.25 P`` (:func:`ladder_too_short`; Syed et al.
-    2021: about ``2 Lambda`` chains, :func:`recommended_chains`).
+    ladder's ``P`` chains, ``2 Lambda-hat >`` :data:`SHORT_LADDER` ``P`` (Syed et al. 2021:
+    about ``2 Lambda`` chains, ``ceil(2 Lambda-hat)`` recommended).
     With pairs rejecting near 1 the estimate saturates at ``P - 1`` and is only a lower bound,
     so the advice is "at least".  ``grown``: what ``chains = "auto"`` did (it hit its cap)."""
     P = int(n_chains) if n_chains else acc.shape[1] + 1
@@ -274,8 +276,8 @@ def _check_chains(acc: np.ndarray, n_chains: int | None, grown: str | None) -> l
     if not lam:
         return []
     worst = max(lam)
-    need = recommended_chains(worst)
-    if not ladder_too_short(worst, P):
+    need = max(2, math.ceil(2.0 * worst))  # (nrpt.adapt.chains.recommended_chains)
+    if not 2.0 * worst > SHORT_LADDER * P:  # (nrpt.adapt.chains.ladder_too_short)
         return []
     saturated = worst >= 0.8 * (P - 1)
     at_least = "at least " if saturated else ""
