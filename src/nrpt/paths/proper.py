@@ -94,8 +94,9 @@ class HotEnd:
         else:
             fix = ("the target's energy does not grow that way at any temperature: give the "
                    "model proper priors")
-        return (f"{head}; {fix}, or use a path with a proper reference (for a PyMC model "
-                f"with proper priors, path='prior')")
+        return (f"{head}; {fix}, or anneal from a Gaussian instead (reference='gaussian', "
+                f"with rounds: exact at the hot end whatever the priors), or use a path with a "
+                f"proper reference (for a PyMC model with proper priors, path='prior')")
 
 
 def _fmt_t(t: float) -> float:
