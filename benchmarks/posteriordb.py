@@ -50,6 +50,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 import warnings
@@ -388,28 +389,44 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict)
             "warnings": list(s.get("warnings") or []) + caught}
 
 
-def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tuple[dict, float]:
-    """Stan's NUTS on the target's compiled model: ({Stan name: [chains, draws]}, wall s)."""
+def _bracket(name: str) -> str:
+    """Stan's CSV column name -> its bracket name: ``theta.1`` -> ``theta[1]``,
+    ``a.1.2`` -> ``a[1,2]`` (other names unchanged)."""
+    m = re.fullmatch(r"([A-Za-z][A-Za-z0-9_]*)((?:\.\d+)+)", name)
+    return f"{m.group(1)}[{m.group(2)[1:].replace('.', ',')}]" if m else name
+
+
+def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tuple[dict, float,
+                                                                                   dict]:
+    """Stan's NUTS on the target's compiled model (``target.nuts``, lane A's bridge):
+    ({Stan name: [chains, draws]}, wall s, sampler diagnostics)."""
     nuts = getattr(target, "nuts", None)
     if nuts is None:
-        raise RuntimeError("the Stan target has no nuts() (lane A's bridge exposes Stan's NUTS)")
+        raise RuntimeError(f"{type(target).__name__} has no nuts() (Stan's NUTS comes with "
+                           f"nrpt.targets.from_stan's bridge)")
     t0 = time.perf_counter()
     out = nuts(chains=chains, warmup=warmup, draws=draws, seed=seed)
     wall = time.perf_counter() - t0
-    got = out.get("draws", out) if isinstance(out, dict) else out
-    if not isinstance(got, dict):
-        raise RuntimeError(f"target.nuts returned {type(out).__name__}; expected a dict of draws")
-    res = {}
+    got = out["draws"] if isinstance(out, dict) and "draws" in out else out
+    res, diag = {}, {}
     for name, v in got.items():
         a = np.asarray(v, dtype=np.float64)
-        if a.ndim >= 2 and a.shape[:2] == (chains, draws):
-            if a.ndim == 2:
-                res[name] = a
-            else:
-                for idx in np.ndindex(*a.shape[2:]):
-                    res[f"{name}[{','.join(str(i + 1) for i in idx)}]"] = a[(slice(None),
-                                                                             slice(None), *idx)]
-    return res, wall
+        if name.endswith("__"):
+            diag[name] = a
+        elif a.ndim == 2:
+            res[_bracket(name)] = a
+        else:  # {variable: [chains, draws, *shape]}
+            for idx in np.ndindex(*a.shape[2:]):
+                res[f"{name}[{','.join(str(i + 1) for i in idx)}]"] = a[(slice(None),
+                                                                         slice(None), *idx)]
+    info = {}
+    if "divergent__" in diag:
+        info["divergences"] = int(diag["divergent__"].sum())
+    if "stepsize__" in diag:
+        info["step_size"] = [float(c[-1]) for c in diag["stepsize__"]]
+    if "n_leapfrog__" in diag:
+        info["mean_leapfrog"] = float(diag["n_leapfrog__"].mean())
+    return res, wall, info
 
 
 def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[int, int] = (150, 50),
@@ -417,16 +434,16 @@ def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[in
     """NUTS with ``chains`` chains for about ``budget_s`` seconds: a pilot (``pilot`` warm-up and
     draws) gives the seconds per iteration; warm-up = draws = half of what the budget allows
     (at least 150 warm-up, ``min_draws`` draws)."""
-    _, pilot_wall = stan_nuts(target, chains=chains, warmup=pilot[0], draws=pilot[1],
-                              seed=seed + 10_000)
+    _, pilot_wall, _ = stan_nuts(target, chains=chains, warmup=pilot[0], draws=pilot[1],
+                                 seed=seed + 10_000)
     per_iter = pilot_wall / (chains * sum(pilot))
     total = int(budget_s / max(per_iter, 1e-9) / chains)
     total = max(150 + min_draws, min(total, max_iter))
     warmup = max(150, total // 2)
     draws = max(min_draws, total - warmup)
-    got, wall = stan_nuts(target, chains=chains, warmup=warmup, draws=draws, seed=seed)
+    got, wall, info = stan_nuts(target, chains=chains, warmup=warmup, draws=draws, seed=seed)
     return {"draws": got, "wall_s": wall, "pilot_s": pilot_wall, "warmup": warmup,
-            "iterations": draws, "chains": chains}
+            "iterations": draws, "chains": chains, **info}
 
 
 # --------------------------------------------------------------------------------------------

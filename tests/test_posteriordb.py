@@ -194,3 +194,16 @@ def test_pipeline_on_a_synthetic_posterior(tmp_path):
                             nuts=False, log=lambda *a: None,
                             target_factory=lambda p: (_Gauss(shifted["m"], sd), 0.0))
     assert not rec["nrpt"][0]["pass"] and rec["nrpt"][0]["max_abs_z"] > 4
+
+
+def test_nuts_columns_become_stan_names():
+    class FakeNuts:
+        def nuts(self, *, chains, warmup, draws, seed):
+            a = np.ones((chains, draws))
+            return {"draws": {"lp__": -a, "divergent__": 0 * a, "stepsize__": 0.5 * a,
+                              "theta.1": a, "theta.2": 2 * a, "L.2.1": 3 * a, "mu": 4 * a}}
+
+    got, wall, info = pdb.stan_nuts(FakeNuts(), chains=2, warmup=1, draws=3, seed=0)
+    assert sorted(got) == ["L[2,1]", "mu", "theta[1]", "theta[2]"]
+    assert got["L[2,1]"].shape == (2, 3) and info["divergences"] == 0
+    assert info["step_size"] == [0.5, 0.5] and wall >= 0
