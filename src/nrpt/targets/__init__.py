@@ -4,8 +4,9 @@ See :mod:`nrpt.targets.protocol` for the target protocol and
 :data:`nrpt.targets.protocol.BUILTIN_TARGETS` for the
 names under which :func:`nrpt.targets.protocol.load_target` finds the factories below.
 
-:func:`from_pymc` (a PyMC model as a target, :mod:`nrpt.targets.adapters.pymc`) is exported lazily:
-importing :mod:`nrpt` or this package does not import PyMC.
+:func:`from_pymc` (a PyMC model as a target, :mod:`nrpt.targets.adapters.pymc`) and
+:func:`from_stan` (a Stan program, :mod:`nrpt.targets.stan`) are exported lazily: importing
+:mod:`nrpt` or this package imports neither PyMC nor the Stan toolchain.
 """
 
 from nrpt.targets._util import logsumexp, sum_last
@@ -28,6 +29,7 @@ __all__ = [
     "TwentyFiveModes",
     "bimodal_1d",
     "from_pymc",
+    "from_stan",
     "gaussian",
     "geometric_bimodal",
     "logsumexp",
@@ -42,4 +44,8 @@ def __getattr__(name: str):
         from nrpt.targets.adapters.pymc import from_pymc
 
         return from_pymc
+    if name == "from_stan":
+        from nrpt.targets.stan import from_stan
+
+        return from_stan
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
