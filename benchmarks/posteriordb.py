@@ -351,17 +351,23 @@ def _iterations(rounds: int) -> int:
     return 2 ** (rounds + 1) - 2
 
 
-def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: int = 5,
-                     max_rounds: int = 14, min_rounds: int = 6) -> tuple[int, float]:
-    """The largest number of rounds whose predicted wall time (a pilot's seconds per
-    iteration x 2 + 4 + ... + 2^N iterations) is within ``budget_s``; (rounds, pilot seconds)."""
+def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: int = 6,
+                     max_rounds: int = 16, min_rounds: int = 6) -> tuple[int, float]:
+    """The largest number of rounds whose predicted wall time fits ``budget_s``: a pilot of
+    ``pilot_rounds`` rounds, then each further iteration at the pilot's last-round seconds per
+    iteration (earlier rounds carry the per-round adaptation's fixed cost); (rounds, pilot s)."""
     opts = {k: v for k, v in options.items() if k != "rounds"}
     t0 = time.perf_counter()
-    _quiet_sample(target, rounds=pilot_rounds, **opts)
+    res, _ = _quiet_sample(target, rounds=pilot_rounds, **opts)
     pilot = time.perf_counter() - t0
-    per_iter = pilot / _iterations(pilot_rounds)
+    last = (res.summary.get("round_rows") or [{}])[-1]
+    if last.get("wall_s") and last.get("iterations"):
+        per_iter = float(last["wall_s"]) / float(last["iterations"])
+    else:
+        per_iter = pilot / _iterations(pilot_rounds)
     rounds = min_rounds
-    while rounds < max_rounds and _iterations(rounds + 1) * per_iter <= budget_s:
+    while rounds < max_rounds and (pilot + per_iter * (_iterations(rounds + 1)
+                                                       - _iterations(pilot_rounds))) <= budget_s:
         rounds += 1
     return rounds, pilot
 
@@ -429,14 +435,15 @@ def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tup
     return res, wall, info
 
 
-def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[int, int] = (150, 50),
-             min_draws: int = 100, max_iter: int = 20_000) -> dict:
-    """NUTS with ``chains`` chains for about ``budget_s`` seconds: a pilot (``pilot`` warm-up and
-    draws) gives the seconds per iteration; warm-up = draws = half of what the budget allows
-    (at least 150 warm-up, ``min_draws`` draws)."""
-    _, pilot_wall, _ = stan_nuts(target, chains=chains, warmup=pilot[0], draws=pilot[1],
+def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[int, int] = (100, 50),
+             min_draws: int = 100, max_iter: int = 100_000) -> dict:
+    """NUTS with ``chains`` chains (run one after another) for about ``budget_s`` seconds: a
+    one-chain pilot (``pilot`` warm-up and draws) gives the seconds per iteration; warm-up =
+    draws = half of what the budget allows (at least 150 warm-up and ``min_draws`` draws, at
+    most ``max_iter`` iterations per chain)."""
+    _, pilot_wall, _ = stan_nuts(target, chains=1, warmup=pilot[0], draws=pilot[1],
                                  seed=seed + 10_000)
-    per_iter = pilot_wall / (chains * sum(pilot))
+    per_iter = pilot_wall / sum(pilot)
     total = int(budget_s / max(per_iter, 1e-9) / chains)
     total = max(150 + min_draws, min(total, max_iter))
     warmup = max(150, total // 2)

@@ -207,3 +207,35 @@ def test_nuts_columns_become_stan_names():
     assert sorted(got) == ["L[2,1]", "mu", "theta[1]", "theta[2]"]
     assert got["L[2,1]"].shape == (2, 3) and info["divergences"] == 0
     assert info["step_size"] == [0.5, 0.5] and wall >= 0
+
+
+def _stan_or_skip():
+    import shutil
+
+    pytest.importorskip("httpstan", reason="Stan targets need httpstan (pip install nrpt[stan])")
+    if shutil.which("g++") is None:
+        pytest.skip("Stan targets need a C++ compiler (g++)")
+
+
+@pytest.mark.slow  # compiles a Stan program on a cold cache (~30 s), then ~20 s of sampling
+@needs_db
+def test_eight_schools_end_to_end_with_stan():
+    """One small posterior through from_stan: nrpt (default settings, fixed rounds) and Stan's
+    NUTS against the reference draws; negative control: the same draws against a reference
+    whose mu is shifted by half its sd fail."""
+    _stan_or_skip()
+    post = pdb.load_posterior(SHARED, "eight_schools-eight_schools_noncentered")
+    ref, ref_ess = post.reference(), post.reference_ess()
+    target, _ = pdb.make_target(post)
+    assert target.dim == 10
+    r = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": 10})
+    assert r["rounds"] == 10 and len(r["log_z"]) == 4 and np.isfinite(r["log_z"]).all()
+    n = pdb.run_nuts(target, seed=0, chains=4, budget_s=2.0)
+    shifted = dict(ref, mu=ref["mu"] + 0.5 * ref["mu"].std())
+    for draws, ok in ((r["draws"], "nrpt"), (n["draws"], "nuts")):
+        assert set(ref) <= set(draws) and draws["tau"].shape[0] == 4 and (draws["tau"] > 0).all()
+        good = pdb.compare(draws, ref, ref_ess)
+        assert good["max_abs_z"] < 4, (ok, good["worst"], good["max_abs_z"])
+        assert 0.8 < good["sd_ratio_min"] and good["sd_ratio_max"] < 1.25, ok
+        bad = pdb.compare(draws, shifted, ref_ess)
+        assert not bad["pass"] and bad["worst"] == "mu" and bad["max_abs_z"] > 4, ok
