@@ -720,6 +720,8 @@ def parser() -> argparse.ArgumentParser:
                    help="re-run posteriors already in the JSON")
     p.add_argument("--list", action="store_true", help="list the posteriors and exit")
     p.add_argument("--notes", default=None, help="a paragraph for the table's Notes section")
+    p.add_argument("--render", action="store_true",
+                   help="only rewrite the table from the JSON (with --notes: set its notes)")
     return p
 
 
@@ -737,6 +739,13 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     json_path = out.with_suffix(".json")
     results = load_results(json_path)
+    if args.render:
+        if args.notes is not None:
+            results.setdefault("meta", {})["notes"] = args.notes
+            save_results(results, json_path)
+        write_markdown(results, out)
+        print(table(results))
+        return results
     import torch
 
     results["meta"] = {
@@ -764,6 +773,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"  {name}: {type(err).__name__}: {err}")
             rec = {"name": name, "error": f"{type(err).__name__}: {err}", "nrpt": [], "nuts": []}
         rec["total_s"] = time.perf_counter() - t0
+        rec["settings"] = {"seeds": args.seeds, "systems": args.systems,
+                           "budget_s": args.budget_s, "nrpt_options": args.nrpt_options,
+                           "date": results["meta"]["date"]}
         results["posteriors"][name] = rec
         save_results(results, json_path)
         write_markdown(results, out)

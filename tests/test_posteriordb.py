@@ -152,6 +152,9 @@ def test_table_json_and_resume(tmp_path, capsys):
     pdb.main(["--db", str(db), "--only", "gauss", "--out", str(out), "--no-nuts"])
     assert "in pdb.json already" in capsys.readouterr().out
     assert "gauss-gauss" in pdb.load_results(out.with_suffix(".json"))["posteriors"]
+    # --render rewrites the table from the JSON only, with the notes
+    pdb.main(["--db", str(db), "--out", str(out), "--render", "--notes", "Measured under load."])
+    assert "## Notes\n\nMeasured under load." in out.read_text()
 
 
 class _Gauss:
