@@ -641,7 +641,8 @@ def write_markdown(results: dict, path: Path) -> None:
              "barrier.", "",
              f"- command: `{meta.get('command', '')}`",
              f"- machine: {meta.get('machine', '')}; torch threads {meta.get('threads', '')}; "
-             f"date {meta.get('date', '')}",
+             f"date {meta.get('date', '')}; load average at the start "
+             f"{meta.get('loadavg_start', '–')}",
              f"- nrpt options: `{json.dumps(meta.get('nrpt_options', {}))}`, systems "
              f"{meta.get('systems', '')}, seeds {meta.get('seeds', '')}, budget "
              f"{meta.get('budget_s', '')} s per method per seed", "",
@@ -755,6 +756,7 @@ def main(argv: list[str] | None = None) -> dict:
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nrpt_options": args.nrpt_options, "systems": args.systems, "seeds": args.seeds,
         "budget_s": args.budget_s, "db": str(database_root(args.db)),
+        "loadavg_start": os.getloadavg()[0],
         "notes": args.notes or results.get("meta", {}).get("notes")}
     for name in chosen:
         if name in results["posteriors"] and not args.force:
@@ -775,7 +777,7 @@ def main(argv: list[str] | None = None) -> dict:
         rec["total_s"] = time.perf_counter() - t0
         rec["settings"] = {"seeds": args.seeds, "systems": args.systems,
                            "budget_s": args.budget_s, "nrpt_options": args.nrpt_options,
-                           "date": results["meta"]["date"]}
+                           "date": results["meta"]["date"], "loadavg_end": os.getloadavg()[0]}
         results["posteriors"][name] = rec
         save_results(results, json_path)
         write_markdown(results, out)
