@@ -352,13 +352,15 @@ def _iterations(rounds: int) -> int:
 
 
 def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: int = 6,
-                     max_rounds: int = 16, min_rounds: int = 6) -> tuple[int, float]:
+                     max_rounds: int = 16, min_rounds: int = 6) -> tuple[int, float, Any]:
     """The largest number of rounds whose predicted wall time fits ``budget_s``: a pilot of
     ``pilot_rounds`` rounds, then each further iteration at the pilot's last-round seconds per
-    iteration (earlier rounds carry the per-round adaptation's fixed cost); (rounds, pilot s)."""
+    iteration (earlier rounds carry the per-round adaptation's fixed cost); (rounds, pilot s,
+    the pilot's (result, warnings): the run itself when rounds = ``pilot_rounds``)."""
     opts = {k: v for k, v in options.items() if k != "rounds"}
     t0 = time.perf_counter()
-    res, _ = _quiet_sample(target, rounds=pilot_rounds, **opts)
+    got = _quiet_sample(target, rounds=pilot_rounds, **opts)
+    res = got[0]
     pilot = time.perf_counter() - t0
     last = (res.summary.get("round_rows") or [{}])[-1]
     if last.get("wall_s") and last.get("iterations"):
@@ -369,17 +371,23 @@ def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: in
     while rounds < max_rounds and (pilot + per_iter * (_iterations(rounds + 1)
                                                        - _iterations(pilot_rounds))) <= budget_s:
         rounds += 1
-    return rounds, pilot
+    return rounds, pilot, got
 
 
-def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict) -> dict:
+def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
+             min_rounds: int = 6) -> dict:
     opts = {"systems": systems, **options, "seed": seed}
-    pilot = None
+    pilot, got = None, None
     if "rounds" not in opts:
-        opts["rounds"], pilot = calibrate_rounds(target, budget_s, opts)
-    t0 = time.perf_counter()
-    res, caught = _quiet_sample(target, **opts)
-    wall = time.perf_counter() - t0
+        opts["rounds"], pilot, got = calibrate_rounds(target, budget_s, opts,
+                                                      pilot_rounds=min_rounds,
+                                                      min_rounds=min_rounds)
+    if got is not None and opts["rounds"] == min_rounds:  # the pilot was this very run
+        (res, caught), wall = got, pilot
+    else:
+        t0 = time.perf_counter()
+        res, caught = _quiet_sample(target, **opts)
+        wall = time.perf_counter() - t0
     s = res.summary
     log_z = np.atleast_1d(np.asarray(s.get("log_normalizer", np.nan), dtype=np.float64))
     log_z_se = np.atleast_1d(np.asarray(s.get("log_normalizer_se", np.nan), dtype=np.float64))

@@ -242,3 +242,16 @@ def test_eight_schools_end_to_end_with_stan():
         assert 0.8 < good["sd_ratio_min"] and good["sd_ratio_max"] < 1.25, ok
         bad = pdb.compare(draws, shifted, ref_ess)
         assert not bad["pass"] and bad["worst"] == "mu" and bad["max_abs_z"] > 4, ok
+
+
+@pytest.mark.slow  # three short runs, ~3 s
+def test_rounds_calibrated_to_the_budget():
+    """No rounds given: a pilot of 6 rounds; with no time left it is the run itself (same seed,
+    the same numbers), with time left more rounds follow."""
+    target = _Gauss([0.0, 1.0], [1.0, 2.0])
+    r = pdb.run_nrpt(target, seed=1, systems=2, budget_s=0.0, options={})
+    assert r["rounds"] == 6 and r["wall_s"] == r["pilot_s"]
+    again = pdb.run_nrpt(target, seed=1, systems=2, budget_s=0.0, options={"rounds": 6})
+    np.testing.assert_array_equal(again["draws"]["x[1]"], r["draws"]["x[1]"])
+    more = pdb.run_nrpt(target, seed=1, systems=2, budget_s=3 * r["pilot_s"], options={})
+    assert more["rounds"] > 6 and more["pilot_s"] is not None
