@@ -655,6 +655,13 @@ def write_markdown(results: dict, path: Path) -> None:
              f"{meta.get('systems', '')}, seeds {meta.get('seeds', '')}, budget "
              f"{meta.get('budget_s', '')} s per method per seed", "",
              table(results), ""]
+    kinds = sorted({str(r.get("log_z_kind")) for rec in results.get("posteriors", {}).values()
+                    for r in rec.get("nrpt", [])})
+    if "ratio" in kinds:
+        lines += ["log Z of a `ratio` kind (a temperature path: nrpt estimates only "
+                  "log(Z(tau=1) / Z(tau_max)), not log Z itself) is comparable between seeds "
+                  "and settings with the same ladder end, not with other methods; its spread "
+                  f"over seeds is the point.  Kinds in this table: {', '.join(kinds)}.", ""]
     g = goals(results)
     if g:
         lines += ["## Goals (issue 25) over these posteriors", "", *g, ""]
