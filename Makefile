@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow test-stan test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean \
+        bench-memory bench-deep bench-peers bench-posteriordb bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean \
         golden-record golden-compare
 
 $(STAMP): pyproject.toml
@@ -130,6 +130,12 @@ clean:
 bench-pymc: $(STAMP)
 	$(BENCH) benchmarks/pymc_smc.py --smc-draws 1000 --json benchmarks/pymc_smc_1000.json
 	$(BENCH) benchmarks/pymc_smc.py --smc-draws 5000 --json benchmarks/pymc_smc_5000.json
+
+# posteriordb's reference posteriors: nrpt (default settings, from_stan) against Stan's NUTS at
+# the same wall time (docs/posteriordb.md); resumable: PDB_ARGS="--only garch11", "--quick", "--force"
+PDB_ARGS ?=
+bench-posteriordb: $(STAMP)
+	$(BENCH) benchmarks/posteriordb.py $(PDB_ARGS)
 
 # conjugate PyMC models: posterior means, variances and log Z against closed forms (docs/pymc.md)
 bench-pymc-conjugate: $(STAMP)

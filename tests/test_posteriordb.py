@@ -1,0 +1,257 @@
+"""The posteriordb benchmark (benchmarks/posteriordb.py): its loader on the shared posteriordb
+subset, its reference comparison (with negative controls: a shifted mean and a wrong sd fail),
+the table / JSON writer and resumability, and (slow) the whole pipeline on a synthetic
+posterior with a known answer."""
+
+import importlib.util
+import io
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_posteriordb", BENCH / "posteriordb.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+pdb = _load()
+SHARED = pdb.DEFAULT_DB
+needs_db = pytest.mark.skipif(not (SHARED / "posterior_database").is_dir(),
+                              reason=f"no posteriordb checkout at {SHARED}")
+
+
+@needs_db
+def test_loader_on_the_shared_db():
+    names = pdb.list_posteriors(SHARED)
+    assert len(names) == 37 and names[0] == "eight_schools-eight_schools_noncentered"
+    post = pdb.load_posterior(SHARED, names[0])
+    assert post.model_name == "eight_schools_noncentered" and post.data_name == "eight_schools"
+    assert "parameters" in post.program() and post.program_path.suffix == ".stan"
+    data = post.data()
+    assert data["J"] == 8 and isinstance(data["J"], int) and len(data["y"]) == 8
+    ref = post.reference()
+    assert sorted(ref) == sorted(["mu", "tau"] + [f"theta[{i}]" for i in range(1, 9)])
+    assert all(v.shape == (10, 1000) for v in ref.values())
+    assert post.dim == len(ref) == 10
+    ess = post.reference_ess()
+    assert set(ess) == set(ref) and min(ess.values()) > 5000
+    assert (ref["tau"] > 0).all()
+    # names: posterior, model or data name; an unknown word names the choices
+    assert pdb.select(names, ["garch11", "arK"]) == ["garch-garch11", "arK-arK"]
+    with pytest.raises(SystemExit, match="matches no posterior"):
+        pdb.select(names, ["nope"])
+    with pytest.raises(FileNotFoundError, match="not a posteriordb checkout"):
+        pdb.database_root(SHARED / "posterior_database" / "models")
+
+
+def test_stan_names_flatten_one_based():
+    n = 3
+    v = {"mu": np.zeros(n), "beta": np.arange(n * 2 * 3, dtype=float).reshape(n, 2, 3)}
+    out = pdb.stan_names(v, n)
+    assert list(out)[:3] == ["mu", "beta[1,1]", "beta[1,2]"]
+    np.testing.assert_array_equal(out["beta[2,3]"], v["beta"][:, 1, 2])
+    with pytest.raises(ValueError, match="model variable 'mu'"):
+        pdb.stan_names({"mu": np.zeros(2)}, n)
+
+
+def _gauss_reference(rng, mean, sd, chains=10, n=1000):
+    return {f"x[{i + 1}]": rng.normal(m, s, size=(chains, n)) for i, (m, s) in
+            enumerate(zip(mean, sd, strict=True))}
+
+
+def test_compare_passes_exact_draws_and_fails_shifted_or_wrong_sd():
+    pytest.importorskip("arviz")
+    rng = np.random.default_rng(1)
+    mean, sd = [0.0, 5.0, -3.0], [1.0, 0.01, 30.0]
+    ref = _gauss_reference(rng, mean, sd)
+    good = _gauss_reference(rng, mean, sd, chains=4, n=500)
+    cmp = pdb.compare(good, ref)
+    assert cmp["pass"] and cmp["max_abs_z"] < 4 and cmp["n_chains"] == 4
+    assert 0.9 < cmp["sd_ratio_min"] <= cmp["sd_ratio_max"] < 1.1
+    assert 1000 < cmp["ess_bulk_min"] < 3000
+    # negative controls: half an sd off on one coordinate; 20% too wide on another
+    shifted = dict(good, **{"x[2]": good["x[2]"] + 0.5 * sd[1]})
+    bad = pdb.compare(shifted, ref)
+    assert not bad["pass"] and bad["worst"] == "x[2]" and bad["max_abs_z"] > 8
+    wide = dict(good, **{"x[3]": mean[2] + 1.2 * (good["x[3]"] - mean[2])})
+    bad = pdb.compare(wide, ref)
+    assert not bad["pass"] and bad["max_abs_z"] < 4 and bad["sd_ratio_max"] > 1.1
+    # a correlated (sticky) chain gets a larger MCSE, so the same offset is a smaller z
+    sticky = {k: np.repeat(v[:, ::20], 20, axis=1) for k, v in good.items()}
+    assert pdb.compare(sticky, ref)["params"]["x[1]"]["mcse_mean"] > \
+        3 * cmp["params"]["x[1]"]["mcse_mean"]
+    with pytest.raises(ValueError, match="lack reference parameters"):
+        pdb.compare({"x[1]": good["x[1]"]}, ref)
+
+
+def _zip_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(path.name[:-len(".zip")], json.dumps(obj))
+    path.write_bytes(buf.getvalue())
+
+
+def _fake_db(tmp_path: Path, mean, sd) -> Path:
+    """A one-posterior database in posteriordb's layout: a Gaussian with reference draws."""
+    root = tmp_path / "pdb" / "posterior_database"
+    name = "gauss-gauss"
+    (root / "posteriors").mkdir(parents=True)
+    (root / "posteriors" / f"{name}.json").write_text(json.dumps(
+        {"name": name, "model_name": "gauss", "data_name": "gauss",
+         "reference_posterior_name": name, "dimensions": {"x": len(mean)}, "keywords": []}))
+    (root / "models" / "stan").mkdir(parents=True)
+    (root / "models" / "stan" / "gauss.stan").write_text(
+        "data { int N; vector[N] m; vector[N] s; } parameters { vector[N] x; }\n"
+        "model { x ~ normal(m, s); }\n")
+    _zip_json(root / "data" / "data" / "gauss.json.zip",
+              {"N": len(mean), "m": list(mean), "s": list(sd)})
+    rng = np.random.default_rng(7)
+    ref = _gauss_reference(rng, mean, sd)
+    chains = [{k: v[c].tolist() for k, v in ref.items()} for c in range(10)]
+    _zip_json(root / "reference_posteriors" / "draws" / "draws" / f"{name}.json.zip", chains)
+    return tmp_path / "pdb"
+
+
+def test_table_json_and_resume(tmp_path, capsys):
+    db = _fake_db(tmp_path, [0.0, 1.0], [1.0, 2.0])
+    run = {"max_abs_z": 1.5, "sd_ratio_min": 0.95, "sd_ratio_max": 1.04, "pass": True,
+           "ess_per_s": 12.0, "wall_s": 3.0, "log_z": [-1.0, -1.2], "barrier": [2.0, 2.2],
+           "chains": 10, "rounds": 8, "warnings": ["Slot-0 bulk ESS is low"]}
+    fail = dict(run, max_abs_z=float("inf"), log_z=[-0.8, -1.0])
+    fail["pass"] = False
+    nuts = {k: run[k] for k in ("max_abs_z", "sd_ratio_min", "sd_ratio_max", "pass",
+                                "ess_per_s", "wall_s")}
+    results = {"meta": {"command": "x", "systems": 2},
+               "posteriors": {"gauss-gauss": {"name": "gauss-gauss", "dim": 2,
+                                              "nrpt": [run, fail], "nuts": [nuts]},
+                              "broken-broken": {"name": "broken-broken", "error": "E: x|y",
+                                                "nrpt": [], "nuts": []}}}
+    out = tmp_path / "docs" / "pdb.md"
+    pdb.save_results(results, out.with_suffix(".json"))
+    back = pdb.load_results(out.with_suffix(".json"))
+    assert back["posteriors"]["gauss-gauss"]["nrpt"][1]["max_abs_z"] == "inf"
+    pdb.write_markdown(back, out)
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| gauss-gauss"))
+    assert "**fail** (1/2)" in row and "| inf |" in row and "| 0.950–1.040 |" in row
+    assert "-1.00 (0.14)" in row  # log Z: mean over seeds of the system means, sd over seeds
+    assert "error: E: x/y" in text and "Slot-0 bulk ESS is low" in text
+    assert "nrpt passes 0 of the 1 posteriors NUTS passes" in text
+    # resumable: a posterior in the JSON is not run again (no Stan needed to get here)
+    pdb.main(["--db", str(db), "--only", "gauss", "--out", str(out), "--no-nuts"])
+    assert "in pdb.json already" in capsys.readouterr().out
+    assert "gauss-gauss" in pdb.load_results(out.with_suffix(".json"))["posteriors"]
+    # --render rewrites the table from the JSON only, with the notes
+    pdb.main(["--db", str(db), "--out", str(out), "--render", "--notes", "Measured under load."])
+    assert "## Notes\n\nMeasured under load." in out.read_text()
+
+
+class _Gauss:
+    """A Python stand-in for ``from_stan`` on the fake database's Gaussian."""
+
+    def __init__(self, mean, sd):
+        import torch
+
+        self.dim = len(mean)
+        self._m = torch.tensor(mean, dtype=torch.float64)
+        self._s = torch.tensor(sd, dtype=torch.float64)
+
+    def energy(self, x):
+        return 0.5 * (((x - self._m.to(x)) / self._s.to(x)) ** 2).sum(-1)
+
+    def model_variables(self, x):
+        return {"x": np.asarray(x, dtype=np.float64)}
+
+
+@pytest.mark.slow
+def test_pipeline_on_a_synthetic_posterior(tmp_path):
+    """The benchmark's nrpt half end to end (no Stan): nrpt's draws pass against reference
+    draws of the same Gaussian; negative control: the same run against a reference whose mean
+    is shifted by 0.3 sd fails."""
+    mean, sd = [1.0, -2.0, 0.5], [1.0, 0.5, 3.0]
+    db = _fake_db(tmp_path, mean, sd)
+    post = pdb.load_posterior(db, "gauss-gauss")
+
+    def factory(p):
+        d = p.data()
+        return _Gauss(d["m"], d["s"]), 0.0
+
+    rec = pdb.run_posterior(post, seeds=[3], systems=4, budget_s=1.0, options={"rounds": 9},
+                            nuts=False, target_factory=factory, log=lambda *a: None)
+    r = rec["nrpt"][0]
+    assert r["pass"], r
+    assert r["rounds"] == 9 and r["chains"] == 10 and len(r["log_z"]) == 4
+    shifted = {"m": [m + 0.3 * s for m, s in zip(mean, sd, strict=True)], "s": sd}
+    rec = pdb.run_posterior(post, seeds=[3], systems=4, budget_s=1.0, options={"rounds": 9},
+                            nuts=False, log=lambda *a: None,
+                            target_factory=lambda p: (_Gauss(shifted["m"], sd), 0.0))
+    assert not rec["nrpt"][0]["pass"] and rec["nrpt"][0]["max_abs_z"] > 4
+
+
+def test_nuts_columns_become_stan_names():
+    class FakeNuts:
+        def nuts(self, *, chains, warmup, draws, seed):
+            a = np.ones((chains, draws))
+            return {"draws": {"lp__": -a, "divergent__": 0 * a, "stepsize__": 0.5 * a,
+                              "theta.1": a, "theta.2": 2 * a, "L.2.1": 3 * a, "mu": 4 * a}}
+
+    got, wall, info = pdb.stan_nuts(FakeNuts(), chains=2, warmup=1, draws=3, seed=0)
+    assert sorted(got) == ["L[2,1]", "mu", "theta[1]", "theta[2]"]
+    assert got["L[2,1]"].shape == (2, 3) and info["divergences"] == 0
+    assert info["step_size"] == [0.5, 0.5] and wall >= 0
+
+
+def _stan_or_skip():
+    import shutil
+
+    pytest.importorskip("httpstan", reason="Stan targets need httpstan (pip install nrpt[stan])")
+    if shutil.which("g++") is None:
+        pytest.skip("Stan targets need a C++ compiler (g++)")
+
+
+@pytest.mark.stan  # compiles a Stan program on a cold cache (~30 s), then ~20 s of sampling
+@needs_db
+def test_eight_schools_end_to_end_with_stan():
+    """One small posterior through from_stan: nrpt (default settings, fixed rounds) and Stan's
+    NUTS against the reference draws; negative control: the same draws against a reference
+    whose mu is shifted by half its sd fail."""
+    _stan_or_skip()
+    post = pdb.load_posterior(SHARED, "eight_schools-eight_schools_noncentered")
+    ref, ref_ess = post.reference(), post.reference_ess()
+    target, _ = pdb.make_target(post)
+    assert target.dim == 10
+    r = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": 10})
+    assert r["rounds"] == 10 and len(r["log_z"]) == 4 and np.isfinite(r["log_z"]).all()
+    n = pdb.run_nuts(target, seed=0, chains=4, budget_s=2.0)
+    shifted = dict(ref, mu=ref["mu"] + 0.5 * ref["mu"].std())
+    for draws, ok in ((r["draws"], "nrpt"), (n["draws"], "nuts")):
+        assert set(ref) <= set(draws) and draws["tau"].shape[0] == 4 and (draws["tau"] > 0).all()
+        good = pdb.compare(draws, ref, ref_ess)
+        assert good["max_abs_z"] < 4, (ok, good["worst"], good["max_abs_z"])
+        assert 0.8 < good["sd_ratio_min"] and good["sd_ratio_max"] < 1.25, ok
+        bad = pdb.compare(draws, shifted, ref_ess)
+        assert not bad["pass"] and bad["worst"] == "mu" and bad["max_abs_z"] > 4, ok
+
+
+@pytest.mark.slow  # three short runs, ~3 s
+def test_rounds_calibrated_to_the_budget():
+    """No rounds given: a pilot of 6 rounds; with no time left it is the run itself (same seed,
+    the same numbers), with time left more rounds follow."""
+    target = _Gauss([0.0, 1.0], [1.0, 2.0])
+    r = pdb.run_nrpt(target, seed=1, systems=2, budget_s=0.0, options={})
+    assert r["rounds"] == 6 and r["wall_s"] == r["pilot_s"]
+    again = pdb.run_nrpt(target, seed=1, systems=2, budget_s=0.0, options={"rounds": 6})
+    np.testing.assert_array_equal(again["draws"]["x[1]"], r["draws"]["x[1]"])
+    more = pdb.run_nrpt(target, seed=1, systems=2, budget_s=3 * r["pilot_s"], options={})
+    assert more["rounds"] > 6 and more["pilot_s"] is not None
