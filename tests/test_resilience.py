@@ -100,12 +100,19 @@ def assert_same_files(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def at():
     """``at(it, r)``: the energy call that is the ``r``-th (1..3) of iteration ``it`` (1-based;
-    the calls made while the run is built come first)."""
+    the calls made while the run is built come first; ``over``: settings of that run that
+    differ from OPTS, since the build's calls depend on the initial states, e.g. the hot-end
+    check's search from one of them)."""
     from nrpt.run.build import build
 
-    probe = Kicker()
-    build(RunConfig(target="kicker", **{k: v for k, v in OPTS.items()}), target=probe)
-    return lambda it, r=1: probe.calls + CALLS_PER_IT * (it - 1) + r
+    def build_calls(over) -> int:
+        probe = Kicker()
+        build(RunConfig(target="kicker", **{**OPTS, **over}), target=probe)
+        return probe.calls
+
+    base = build_calls({})
+    return lambda it, r=1, **over: ((build_calls(over) if over else base)
+                                    + CALLS_PER_IT * (it - 1) + r)
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +414,8 @@ def test_an_interrupted_run_folder_holds_only_valid_rows(at, tmp_path, systems, 
     opts = {**OPTS, "systems": systems, "thin": thin}
     fullrun = nrpt.sample(Kicker(), out=str(tmp_path / "full"), **opts)
     out = tmp_path / "cut"
-    part = interrupted(out, [at(124, 3)], **{"systems": systems, "thin": thin})
+    part = interrupted(out, [at(124, 3, systems=systems, thin=thin)],
+                       **{"systems": systems, "thin": thin})
     k = part.summary["n_iterations"]
     assert k == 124
     n = k // thin

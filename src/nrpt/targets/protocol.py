@@ -125,6 +125,11 @@ OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
                                    "'gaussian-fixed' without rounds) or 'gaussian-fixed' "
                                    "(e.g. a Stan program, whose flat priors can make the "
                                    "tempered density improper)"),
+    "starts": ("value", "'point': the target's initial_states are one point jittered, so a "
+                        "temperature run starts from overdispersed draws around its mode "
+                        "(nrpt.paths.starts) instead"),
+    "initial_point": ("method", "() -> [dim] the point a 'point'-start target's initial "
+                                "states jitter"),
     "cdf": ("method", "(t) -> the exact cdf of a 1-d target (checks)"),
     "marginal_cdf": ("method", "(t, i) -> the exact cdf of coordinate i (checks)"),
 }
