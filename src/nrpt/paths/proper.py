@@ -79,8 +79,8 @@ class HotEnd:
                  + f" ({'+' if self.direction > 0 else '-'} direction)")
         head = (f"the hottest slot's density exp(-U / {1 / self.beta:g}) is improper (or "
                 f"practically so): {where} its profile log density still rises by "
-                f"{self.rise:.3g} nats between {OFFSETS[0]:g} and {OFFSETS[-1]:g} standard deviations "
-                f"from the mode, so the hot "
+                f"{self.rise:.3g} nats between {OFFSETS[0]:g} and {OFFSETS[-1]:g} standard "
+                f"deviations from the mode, so the hot "
                 f"chains would drift off without bound (typically a flat prior, e.g. on a "
                 f"scale, whose likelihood tempering flattens)")
         if self.max_temperature is not None:

@@ -68,9 +68,10 @@ def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
 
     ``target.initial_states(n, generator)`` if defined (where the target declares ``starts =
     "point"`` -- one point jittered -- on a temperature path: independent overdispersed draws
-    around the mode found from that point, :mod:`nrpt.paths.starts`); else, on a geometric path,
-    reference draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a finite one, and
-    the share of such draws among 512 probes is reported; all bad is an error); else N(0, I)."""
+    around the mode found from that point, :mod:`nrpt.paths.starts`); else, on a geometric
+    path, reference draws (a draw where the log-likelihood is ``-inf`` or NaN is replaced by a
+    finite one, and the share of such draws among 512 probes is reported; all bad is an
+    error); else N(0, I)."""
     d = int(target.dim)
     own = capabilities(target).has("initial_states")
     g = generator_for(seed, Stream.INIT)
