@@ -28,7 +28,7 @@ from nrpt.run import folder as rf
 from nrpt.run.build import build, grown_chains
 from nrpt.run.config import RunConfig
 from nrpt.swap import Rule
-from nrpt.targets.protocol import capabilities
+from nrpt.targets.protocol import capabilities, optional_value
 
 __all__ = ["sample", "resume", "run_config", "Result"]
 
@@ -545,10 +545,22 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
     else:
         obj = target
         options["target"] = capabilities(target).name  # a str name, else the class name
+        _target_defaults(obj, options)
     cfg = RunConfig(**options)
     return run_config(cfg, target=obj, rule=rule, progress=progress, callback=callback,
                       overwrite=overwrite, threads=threads, adaptors=adaptors,
                       recorders=recorders, **parts)
+
+
+def _target_defaults(target, options: dict) -> None:
+    """A target's ``default_settings`` (e.g. a Stan program's: MALA with a per-slot
+    preconditioner) for an adaptive run (``rounds``) that chose no explorer: the settings
+    join ``options`` where they are not given (and are written to config.toml as chosen)."""
+    own = optional_value(target, "default_settings")
+    if not own or options.get("rounds") is None or options.get("explorer") is not None:
+        return
+    for name, value in dict(own).items():
+        options.setdefault(name, value)
 
 
 def _objects(options: dict) -> dict:

@@ -125,6 +125,9 @@ OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
                                    "'gaussian-fixed' without rounds) or 'gaussian-fixed' "
                                    "(e.g. a Stan program, whose flat priors can make the "
                                    "tempered density improper)"),
+    "default_settings": ("value", "dict: run settings an adaptive run (rounds) of nrpt.sample "
+                                  "takes when it chose no explorer (e.g. a Stan program's: "
+                                  "explorer 'mala', precondition 'auto')"),
     "starts": ("value", "'point': the target's initial_states are one point jittered, so a "
                         "temperature run starts from overdispersed draws around its mode "
                         "(nrpt.paths.starts) instead"),

@@ -130,6 +130,10 @@ class StanTarget:
     #: (:mod:`nrpt.paths.gaussian_reference`): exact at the hot end, proper where a tempered
     #: flat-prior density is not, and log Z absolute
     default_reference = "gaussian"
+    #: what ``nrpt.sample(from_stan(...), rounds=N)`` uses when no explorer is chosen:
+    #: gradient moves (Stan's reverse mode) with a per-slot dense/diagonal preconditioner, the
+    #: combination that passed the badly scaled posteriordb models (docs/posteriordb.md)
+    default_settings = {"explorer": "mala", "precondition": "auto"}
 
     def __init__(self, program, data=None, *, seed: int = 0,
                  generated_quantities: bool = False) -> None:
