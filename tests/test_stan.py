@@ -298,8 +298,11 @@ def test_command_line_run_records_the_files_and_resume_refuses_changed_ones(targ
     data = {"N": len(Y), "y": Y.tolist(), "s0": 3.0}
     Path("d.json").write_text(json.dumps(data))
     argv = ["run", "--target", "stan.stan", "--data", "d.json", "--rounds", "3", "--chains", "3",
-            "--explorer", "mala", "--out", "run", "--no-progress", "--figures", "false"]
+            "--out", "run", "--no-progress", "--figures", "false"]
     assert main(argv) == 0
+    # no explorer named: the Stan target's defaults (MALA, per-slot preconditioner)
+    toml = Path("run/config.toml").read_text()
+    assert 'explorer = "mala"' in toml and 'precondition = "auto"' in toml
     record = json.loads(Path("run/run.json").read_text())["target"]
     assert record["spec"] == "stan.stan" and record["stan"]["data"] == "d.json"
     assert record["stan"]["program_sha256"] and record["stan"]["data_sha256"]

@@ -220,11 +220,24 @@ def _config(args) -> RunConfig:
     if opts:
         data["target_options"] = opts
     if not args.config:
+        _stan_defaults(data)
         return RunConfig.from_dict(data, defaults=_preset(args, data))
     cfg = RunConfig.from_toml(args.config)
     if opts:
         data["target_options"] = {**cfg.target_options, **opts}
     return cfg.replace(**data)
+
+
+def _stan_defaults(data: dict) -> None:
+    """A ``.stan`` target's ``default_settings`` (as ``nrpt.sample`` takes them from the
+    target object) for an adaptive run that names no explorer."""
+    target = str(data.get("target") or "")
+    if not target.endswith(".stan") or data.get("rounds") is None or "explorer" in data:
+        return
+    from nrpt.targets.stan import StanTarget  # (no compiling: the class only)
+
+    for name, value in StanTarget.default_settings.items():
+        data.setdefault(name, value)
 
 
 def _main(args, argv: list[str]) -> int:
