@@ -477,6 +477,22 @@ def make_target(post: Posterior):
     return target, time.perf_counter() - t0
 
 
+def _scored(r: dict, seed: int, reference, ref_ess) -> dict:
+    """One method's run record with its comparison to the reference draws (the draws dropped)
+    and ESS per second."""
+    cmp = compare(r.pop("draws"), reference, ref_ess)
+    r.update(_strip(cmp))
+    r["seed"] = seed
+    r["ess_per_s"] = cmp["ess_bulk_min"] / r["wall_s"]
+    return r
+
+
+def _verdict(r: dict) -> str:
+    return (f"{'pass' if r['pass'] else 'FAIL'} max|z| {r['max_abs_z']:.2f} ({r['worst']}), "
+            f"sd ratio [{r['sd_ratio_min']:.3f}, {r['sd_ratio_max']:.3f}], ESS/s "
+            f"{r['ess_per_s']:.2f}, {r['wall_s']:.1f} s")
+
+
 def _strip(cmp: dict) -> dict:
     """``compare``'s result without the bulky per-parameter table (kept for the worst one)."""
     out = {k: v for k, v in cmp.items() if k != "params"}
@@ -496,28 +512,17 @@ def run_posterior(post: Posterior, *, seeds: list[int], systems: int, budget_s: 
                               "n_reference_params": len(reference), "load_s": load_s,
                               "keywords": post.keywords, "nrpt": [], "nuts": []}
     for seed in seeds:
-        r = run_nrpt(target, seed=seed, systems=systems, budget_s=budget_s, options=options)
-        cmp = compare(r.pop("draws"), reference, ref_ess)
-        r.update(_strip(cmp))
-        r["seed"] = seed
-        r["ess_per_s"] = cmp["ess_bulk_min"] / r["wall_s"]
+        r = _scored(run_nrpt(target, seed=seed, systems=systems, budget_s=budget_s,
+                             options=options), seed, reference, ref_ess)
         record["nrpt"].append(r)
-        log(f"    nrpt seed {seed}: {'pass' if cmp['pass'] else 'FAIL'} max|z| "
-            f"{cmp['max_abs_z']:.2f} ({cmp['worst']}), sd ratio [{cmp['sd_ratio_min']:.3f}, "
-            f"{cmp['sd_ratio_max']:.3f}], ESS/s {r['ess_per_s']:.2f}, {r['wall_s']:.1f} s, "
-            f"rounds {r['rounds']}, chains {r['chains']}, barrier "
-            f"{np.nanmean(r['barrier']):.2f}")
+        log(f"    nrpt seed {seed}: {_verdict(r)}, rounds {r['rounds']}, chains {r['chains']}, "
+            f"barrier {np.nanmean(r['barrier']):.2f}")
         if nuts:
-            n = run_nuts(target, seed=seed, chains=systems, budget_s=r["wall_s"])
-            cmp = compare(n.pop("draws"), reference, ref_ess)
-            n.update(_strip(cmp))
-            n["seed"] = seed
-            n["ess_per_s"] = cmp["ess_bulk_min"] / n["wall_s"]
+            n = _scored(run_nuts(target, seed=seed, chains=systems, budget_s=r["wall_s"]), seed,
+                        reference, ref_ess)
             record["nuts"].append(n)
-            log(f"    NUTS seed {seed}: {'pass' if cmp['pass'] else 'FAIL'} max|z| "
-                f"{cmp['max_abs_z']:.2f}, sd ratio [{cmp['sd_ratio_min']:.3f}, "
-                f"{cmp['sd_ratio_max']:.3f}], ESS/s {n['ess_per_s']:.2f}, {n['wall_s']:.1f} s, "
-                f"{n['warmup']}+{n['iterations']} iterations")
+            log(f"    NUTS seed {seed}: {_verdict(n)}, {n['warmup']}+{n['iterations']} "
+                f"iterations")
     return record
 
 

@@ -42,16 +42,15 @@ region where the chains start; the first fit (see the guards) replaces it.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
 from nrpt import rng
-from nrpt.core.engine import PTEngine
-from nrpt.explorers.base import GRAD_KEYS, Density, ReplicaState
+from nrpt.explorers.base import Density
 from nrpt.paths.ladders import GeometricPath, flat_call
 from nrpt.paths.variational import (
     VARIATIONAL_STREAM,
+    FittedReferenceEngine,
     GaussianReference,
     TargetMoments,
     VariationalRefit,
@@ -142,43 +141,14 @@ class GaussianDensity(Density):
         return u + lq, lq, gu + gq, gq
 
 
-class GaussianEngine(PTEngine):
+class GaussianEngine(FittedReferenceEngine):
     """:class:`~nrpt.core.engine.PTEngine` whose hot end is ``q`` (draws from
     :data:`~nrpt.paths.variational.VARIATIONAL_STREAM`), which installs a refitted ``q``
-    (``Update.reference``) and keeps it in its checkpoints."""
+    (``Update.reference``, :class:`~nrpt.paths.variational.FittedReferenceEngine`) and keeps
+    it in its checkpoints."""
 
     density_class = GaussianDensity
     path: GaussianPath
-
-    def __init__(self, target, path: GaussianPath, *args, **kwargs):
-        super().__init__(target, path, *args, **kwargs)
-        self.refits = torch.zeros(self.R, dtype=torch.int64)
-        self.fallbacks = torch.zeros(self.R, dtype=torch.int64)
-
-    @property
-    def q(self) -> GaussianReference:
-        return self.path.q
-
-    def apply(self, update: Update | None) -> None:
-        if update is None or update.reference is None:
-            return super().apply(update)
-        super().apply(replace(update, reference=None))
-        q, ok = update.reference
-        ok = torch.as_tensor(ok, dtype=torch.bool).cpu()
-        self.refits += ok.long()
-        self.fallbacks += (~ok).long()
-        self.set_reference(GaussianReference.from_state(q.state_dict(), self.dtype,
-                                                        self.device))
-
-    def set_reference(self, q: GaussianReference) -> None:
-        """Install a new ``q``: every replica's cached components (and gradient caches) are
-        recomputed and the block of reference draws is dropped."""
-        self.path.set_reference(q)
-        st = self.state
-        v, base = self.density(st.x)
-        plain = {k: t for k, t in st.extras.items() if k not in GRAD_KEYS}
-        self.state = self.explorer.prepare(ReplicaState(st.x, v, base, plain), self.density)
-        self._ref_rows = None
 
     def _reference_block(self, k: int, B: int) -> torch.Tensor:
         g = rng.block_generator(self.seed, VARIATIONAL_STREAM, k, B)

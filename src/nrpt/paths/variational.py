@@ -206,27 +206,26 @@ class TwoLegDensity(Density):
         return v, base, g_v, g_base
 
 
-class TwoLegEngine(PTEngine):
-    """:class:`~nrpt.core.engine.PTEngine` over ``2R`` rows, two per user system (prior leg,
-    variational leg), with leg-aware reference draws, the bridge after the swaps and the
-    reference ``q`` in its checkpoints.  Plain runs never construct it."""
+class FittedReferenceEngine(PTEngine):
+    """A :class:`~nrpt.core.engine.PTEngine` whose path's hot end is a Gaussian ``q`` refitted
+    between rounds (``Update.reference = (q, refitted[R])``, :class:`VariationalRefit`): the
+    two-leg engine here and the one-leg :class:`nrpt.paths.gaussian_reference.GaussianEngine`.
+    It counts refits and fallbacks per user system (:attr:`rows_per_system` engine rows each)
+    and, on a new ``q``, recomputes the cached components of the replicas :meth:`_on_q`
+    names."""
 
-    density_class = TwoLegDensity
-    path: TwoLegPath
+    rows_per_system = 1
 
-    def __init__(self, target, path: TwoLegPath, *args, **kwargs):
+    def __init__(self, target, path, *args, **kwargs):
         super().__init__(target, path, *args, **kwargs)
-        self.user_R = self.R // 2
+        self.user_R = self.R // self.rows_per_system
         self.refits = torch.zeros(self.user_R, dtype=torch.int64)
         self.fallbacks = torch.zeros(self.user_R, dtype=torch.int64)
-        self.bridges = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._partner = torch.arange(self.R, device=self.device) ^ 1  # engine rows 2r <-> 2r+1
 
     @property
     def q(self) -> GaussianReference:
         return self.path.q
 
-    # ------------------------------------------------------------------ the reference
     def apply(self, update: Update | None) -> None:
         """:meth:`PTEngine.apply`, then ``update.reference`` (a newly fitted ``q``) installed."""
         if update is None or update.reference is None:
@@ -243,17 +242,41 @@ class TwoLegEngine(PTEngine):
         self.set_reference(GaussianReference.from_state(q.state_dict(), self.dtype,
                                                         self.device))
 
+    def _on_q(self) -> torch.Tensor | None:
+        """``[R, P]`` mask of the replicas whose density involves ``q`` (``None``: all)."""
+        return None
+
     def set_reference(self, q: GaussianReference) -> None:
-        """Install a new ``q``: the variational rows' cached components (and gradient caches)
-        are recomputed and the block of reference draws is dropped."""
+        """Install a new ``q``: the cached components (and gradient caches) of the replicas
+        on ``q`` are recomputed and the block of reference draws is dropped."""
         self.path.set_reference(q)
         st = self.state
         v, base = self.density(st.x)
-        leg = self.path.leg
         plain = {k: t for k, t in st.extras.items() if k not in GRAD_KEYS}
         fresh = self.explorer.prepare(ReplicaState(st.x, v, base, plain), self.density)
-        self.state = st.where(leg.expand(self.R, self.P), fresh)
+        mask = self._on_q()
+        self.state = fresh if mask is None else st.where(mask, fresh)
         self._ref_rows = None
+
+
+class TwoLegEngine(FittedReferenceEngine):
+    """:class:`~nrpt.core.engine.PTEngine` over ``2R`` rows, two per user system (prior leg,
+    variational leg), with leg-aware reference draws, the bridge after the swaps and the
+    reference ``q`` in its checkpoints.  Plain runs never construct it."""
+
+    density_class = TwoLegDensity
+    path: TwoLegPath
+    rows_per_system = 2
+
+    def __init__(self, target, path: TwoLegPath, *args, **kwargs):
+        super().__init__(target, path, *args, **kwargs)
+        self.bridges = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._partner = torch.arange(self.R, device=self.device) ^ 1  # engine rows 2r <-> 2r+1
+
+    # ------------------------------------------------------------------ the reference
+    def _on_q(self) -> torch.Tensor:
+        """The variational rows (the prior leg's components do not involve ``q``)."""
+        return self.path.leg.expand(self.R, self.P)
 
     def _reference_block(self, k: int, B: int) -> torch.Tensor:
         """Prior draws for the even rows (the plain run's stream, blocks sized for the ``2R``
