@@ -342,7 +342,7 @@ def test_cli_deep_runs_writes_the_folder_and_resumes(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "accuracy" in text and "round_trips" in text
     for name in ("cli.json", "config.json", "summary.json", "metrics.csv", "index.npy",
-                 "models.pt", "reliability.png", "slot_accuracy.png", "index_process.png"):
+                 "models/index.json", "reliability.png", "slot_accuracy.png", "index_process.png"):
         assert (out / name).exists(), name
     assert main(args) == 2  # the folder holds a run
     assert "already holds a run" in capsys.readouterr().err

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 
 import numpy as np
 import pytest
@@ -162,10 +161,10 @@ def test_nrpt_resume_continues_a_deep_run_bit_for_bit(tmp_path, capsys, monkeypa
                 "swap_rates", "correction", "iterations", "models_collected"):
         assert done[key] == whole[key], key
     assert np.array_equal(np.load(out / "index.npy"), np.load(tmp_path / "whole" / "index.npy"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        a = torch.load(out / "models.pt", weights_only=True)["models"]
-        b = torch.load(tmp_path / "whole" / "models.pt", weights_only=True)["models"]
+    from nrpt.deep.store import ModelStore
+
+    a = ModelStore.open(out / "models").all()[0]
+    b = ModelStore.open(tmp_path / "whole" / "models").all()[0]
     assert torch.equal(a, b)
 
 

@@ -31,6 +31,7 @@ from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.methods import BUILDERS, METHODS, Context, Method, Setup, make_engine
 from nrpt.deep.recorders import BMARecorder, EpochMetrics, IndexRecorder, SWAGRecorder
 from nrpt.deep.replicas import FunctionalNet, choose_strategy
+from nrpt.deep.store import MODELS_DIR, ModelStore
 from nrpt.explorers.sgmcmc import Cyclical, MomentumSGD
 from nrpt.recorders.stats import RoundTrips, SwapStats, Trace, json_ready
 from nrpt.run import folder as rf
@@ -91,8 +92,7 @@ class DeepResult:
     index: np.ndarray | None = None
     trace: dict[str, Any] = field(default_factory=dict)
     net: FunctionalNet | None = field(default=None, repr=False)
-    models: torch.Tensor | None = field(default=None, repr=False)
-    buffers: torch.Tensor | None = field(default=None, repr=False)
+    store: ModelStore | None = field(default=None, repr=False)
     out: Path | None = None
 
     def __getattr__(self, name):
@@ -101,22 +101,40 @@ class DeepResult:
             return summary[name]
         raise AttributeError(name)
 
+    @property
+    def models(self) -> torch.Tensor | None:
+        """Every collected model ``[S, dim]`` at once (float32, CPU; memory grows with their
+        number: :meth:`predict_proba` streams them from the store instead)."""
+        return None if self.store is None else self.store.all()[0]
+
+    @property
+    def buffers(self) -> torch.Tensor | None:
+        """The BatchNorm statistics ``[S, buffer_dim]`` of :attr:`models`."""
+        return None if self.store is None else self.store.all()[1]
+
     @torch.no_grad()
-    def predict_proba(self, X, average: str | None = None) -> torch.Tensor:
-        """The Bayesian model average's class probabilities ``[n, classes]`` on ``X``."""
+    def predict_proba(self, X, average: str | None = None, chunk: int = 16) -> torch.Tensor:
+        """The Bayesian model average's class probabilities ``[n, classes]`` on ``X``; the
+        models are read from the store ``chunk`` at a time (float64 sums)."""
         average = average or self.config.average
         if average not in AVERAGES:
             raise ValueError(f"average must be one of {AVERAGES}; got {average!r}")
-        if self.models is None or len(self.models) == 0:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"chunk must be an integer >= 1 (models per batch); got {chunk!r}")
+        if self.store is None or len(self.store) == 0:
             raise ValueError("no models were collected (raise epochs or lower burn_in)")
         net = self.net
         X = torch.as_tensor(X).to(net.device)
-        theta = self.models.to(net.device, net.dtype)
-        buf = self.buffers.to(net.device, net.dtype)
-        logits = net.logits(theta, buf, X.to(net.dtype), self.summary.get("strategy", "vmap"))
-        if average == "logits":
-            return torch.softmax(logits.double().mean(0), -1)
-        return torch.softmax(logits.double(), -1).mean(0)
+        strategy = self.summary.get("strategy", "vmap")
+        total, n = None, 0
+        for theta, buf in self.store.chunks(chunk):
+            logits = net.logits(theta.to(net.device, net.dtype), buf.to(net.device, net.dtype),
+                                X.to(net.dtype), strategy).double()
+            part = (logits if average == "logits" else torch.softmax(logits, -1)).sum(0)
+            total = part if total is None else total + part
+            n += logits.shape[0]
+        total = total / n
+        return torch.softmax(total, -1) if average == "logits" else total
 
 
 # ---------------------------------------------------------------------------------- building
@@ -451,19 +469,16 @@ def _main(job: _Job, theta0, buf0, t0: float) -> DeepResult:
                           checkpoint)
     Xte, yte = job.data[2], job.data[3]
     if method.swag:
-        average, models, buffers = _swag_average(recorders["swag"].swag, job.net, bn0[0],
-                                                 job.target, Xte, cfg, job.strategy, job.dev)
+        average, store = _swag_average(recorders["swag"].swag, job.net, bn0[0], job.target,
+                                       Xte, cfg, job.strategy, job.dev, _store(out))
     else:
-        bma = recorders["bma"]
-        average, models, buffers = bma.bma, bma.models, bma.buffers
+        average, store = recorders["bma"].bma, recorders["bma"].store
     summary = _summary(job, method, average, recorders, eng, facts, outcome,
                        time.perf_counter() - t0)
     res = DeepResult(summary=summary, config=cfg, metrics=recorders["epochs"].rows,
                      index=recorders["index"].array() if "index" in recorders else None,
                      trace=recorders["trace"].arrays() if "trace" in recorders else {},
-                     net=job.net, out=out,
-                     models=torch.cat(models) if models else None,
-                     buffers=torch.cat(buffers) if buffers else None)
+                     net=job.net, out=out, store=store)
     if out is not None:
         from nrpt.deep.report import write_folder
 
@@ -479,7 +494,8 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
     start = int(cfg.burn_in * iters)
     Xte, yte = job.data[2], job.data[3]
     bma = BMARecorder(job.net, Xte, yte, every=every, start=start, slots=setup.slots,
-                      strategy=job.strategy, stage=setup.stage)
+                      strategy=job.strategy, stage=setup.stage,
+                      store=None if method.swag else _store(job.out))
     recorders: dict[str, Any] = {"bma": bma}
     if method.swag:
         recorders = {"swag": SWAGRecorder(job.net.dim, cfg.swag_rank, every=every,
@@ -499,23 +515,28 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
     return recorders
 
 
-def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev):
+def _store(out: Path | None) -> ModelStore:
+    """The run's model store: ``out/models`` (streamed to disk), in memory without a folder."""
+    return ModelStore(None if out is None else out / MODELS_DIR)
+
+
+def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev, store: ModelStore):
     """``swag_samples`` SWAG draws, each with its BatchNorm statistics refreshed on the
-    training data: ``(BMA, models, buffers)``."""
+    training data: ``(BMA, store)`` (the store emptied first: each session draws them anew)."""
     from nrpt.deep.metrics import BMA
 
-    average, models, buffers = BMA(), [], []
+    average = BMA()
+    store.clear()
     if swag.n_collected < 2:
-        return average, models, buffers
+        return average, store
     g = rng.generator_for(cfg.seed, 0x5A6, device="cpu")
     for _ in range(cfg.swag_samples):
         theta = swag.sample(g).to(dev, net.dtype)
         buf = net.refreshed_buffers(theta, buf0.to(net.dtype), (
             x for x in target.x.split(cfg.batch_size) if x.shape[0] > 1))
         average.add(net.logits(theta[None], buf[None], Xte, strategy)[0])
-        models.append(theta[None].to("cpu", torch.float32))
-        buffers.append(buf[None].to("cpu", torch.float32))
-    return average, models, buffers
+        store.append(theta[None], buf[None], 0)
+    return average, store
 
 
 

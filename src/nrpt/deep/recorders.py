@@ -21,23 +21,24 @@ __all__ = ["BMARecorder", "SWAGRecorder", "EpochMetrics", "IndexRecorder"]
 class BMARecorder(RecorderBase):
     """Collects the models at ``slots`` every ``every`` iterations from iteration ``start`` on
     (and, if ``stage(k)`` is given, only when it is true) and accumulates their test-set
-    probabilities and logits; keeps the collected models (float32, CPU) for
-    :meth:`DeepResult.predict_proba`; tracks each slot's current test accuracy."""
+    probabilities and logits; appends the collected models to ``store``
+    (:class:`nrpt.deep.store.ModelStore`: streamed to the run folder, or in memory without one)
+    for :meth:`DeepResult.predict_proba`.  Its checkpoint state is the running sums and the
+    store's fixed-size head, whatever the number of models collected."""
 
     name = "bma"
 
     def __init__(self, net: FunctionalNet, x_test, y_test, *, every: int, start: int,
-                 slots: list[int], strategy: str, stage=None):
+                 slots: list[int], strategy: str, stage=None, store=None):
         from nrpt.deep.metrics import BMA
+        from nrpt.deep.store import ModelStore
 
         self.net, self.x, self.y = net, x_test, y_test
         self.every, self.start, self.slots = int(every), int(start), list(slots)
         self.reads_slots = tuple(self.slots)
         self.strategy, self.stage = strategy, stage
         self.bma = BMA()
-        self.models: list[torch.Tensor] = []
-        self.buffers: list[torch.Tensor] = []
-        self.collected_at: list[int] = []
+        self.store = ModelStore() if store is None else store
 
     def due(self, k: int) -> bool:
         return ((k + 1) % self.every == 0 and k + 1 > self.start
@@ -53,21 +54,24 @@ class BMARecorder(RecorderBase):
                                  self.strategy)
         for row in logits:
             self.bma.add(row)
-        self.collected_at.append(it.k + 1)
-        self.models.append(theta.detach().to("cpu", torch.float32).clone())
-        self.buffers.append(buf.detach().to("cpu", torch.float32).clone())
+        self.store.append(theta, buf, it.k + 1)
 
     def summary(self) -> dict[str, Any]:
         return {"models_collected": int(self.bma.count)}
 
     def state_dict(self) -> dict:
-        return {"bma": self.bma.state_dict(), "models": list(self.models),
-                "buffers": list(self.buffers), "collected_at": list(self.collected_at)}
+        return {"bma": self.bma.state_dict(), "store": self.store.state_dict()}
 
     def load_state_dict(self, sd: dict) -> None:
+        if "store" not in sd:
+            raise ValueError("this checkpoint keeps its collected models inline (written by an "
+                             "nrpt before the model store); finish it with that version or "
+                             "start a new run")
+        self.store.load_state_dict(sd["store"])
+        if self.store.n_models != int(sd["bma"]["count"]):
+            raise ValueError(f"the checkpoint's model average counts {int(sd['bma']['count'])} "
+                             f"models but its store {self.store.n_models}: it is damaged")
         self.bma.load_state_dict(sd["bma"])
-        self.models, self.buffers = list(sd["models"]), list(sd["buffers"])
-        self.collected_at = list(sd["collected_at"])
 
 
 class SWAGRecorder(RecorderBase):

@@ -1,6 +1,7 @@
 """The run folder of a deep run: ``config.json``, ``summary.json``, ``metrics.csv`` (one row per
-evaluation epoch), ``index.npy`` (PT methods), ``models.pt`` (the collected models and their
-BatchNorm statistics, for :meth:`DeepResult.predict_proba` after the fact) and the figures
+evaluation epoch), ``index.npy`` (PT methods), ``models/index.json`` (the listing of the collected
+models, streamed to ``models/`` during the run: :class:`nrpt.deep.store.ModelStore`, for
+:meth:`DeepResult.predict_proba` after the fact) and the figures
 ``index_process.png``, ``slot_accuracy.png``, ``reliability.png``; every file written
 atomically (:func:`nrpt.run.folder.atomic_write` / :func:`~nrpt.run.folder.atomic_path`).
 ``run.json``, ``strategy.json``, ``pretrained.pt`` (and its sidecar) and the checkpoints are
@@ -13,7 +14,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from nrpt.recorders.stats import json_ready
 from nrpt.run import folder as rf
@@ -38,9 +38,8 @@ def write_folder(res, out: Path, x_test, y_test, figures: bool = True) -> None:
     if res.index is not None:
         with rf.atomic_path(out / "index.npy") as tmp:
             np.save(tmp, res.index)
-    if res.models is not None:
-        with rf.atomic_path(out / "models.pt") as tmp:
-            torch.save({"models": res.models, "buffers": res.buffers}, tmp)
+    if res.store is not None:
+        res.store.write_index()
     if figures:
         _figures(res, out, x_test, y_test)
 
@@ -104,7 +103,7 @@ def _reliability_figure(res, x_test, y_test):
 
     from nrpt.deep.metrics import reliability
 
-    if res.models is None:
+    if res.store is None or not len(res.store):
         return None
     probs = res.predict_proba(x_test)
     rel = reliability(probs, y_test.to(probs.device))
