@@ -3,7 +3,8 @@
 The settings every method reads are :data:`CENTRAL`; a method declares the ones only it reads
 (``@method(NAME, options=(...))`` in :mod:`nrpt.deep.methods`).  A setting given to a run
 whose method does not read it is an error naming it; one left unset is ``None``.  One
-cross-field rule (``lr_min < lr_max``) follows the checks."""
+cross-field rules (``lr_min < lr_max``; ``channels_last`` only with the ``loop`` or ``auto``
+strategy) follow the checks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nrpt.deep.methods import BUILDERS, real
-from nrpt.deep.replicas import STRATEGIES
+from nrpt.deep.replicas import MEMORY_FORMATS, PRECISIONS, STRATEGIES
 from nrpt.options import Option, check_int, choice, integer, parse_float, parse_int
 
 __all__ = ["DeepConfig", "CENTRAL", "AVERAGES", "declarations", "known_options"]
@@ -69,6 +70,13 @@ CENTRAL: tuple[Option, ...] = (
     Option("device", _any, help="torch device (default: where the model's parameters are)"),
     Option("strategy", choice(STRATEGIES), "auto", choices=STRATEGIES,
            help="how the replicas are evaluated: auto (measured), loop, vmap or compile"),
+    Option("precision", choice(PRECISIONS), "float32", choices=PRECISIONS,
+           help="float32, or bf16: forward and backward under bfloat16 autocast (parameters, "
+                "gradients and the sampler's state stay float32); a float32 model on cpu or a "
+                "cuda device with bfloat16"),
+    Option("memory_format", choice(MEMORY_FORMATS), "contiguous", choices=MEMORY_FORMATS,
+           help="contiguous, or channels_last: image inputs and convolution weights in NHWC "
+                "order (4-D image inputs only; runs the loop strategy)"),
     Option("eval_every", _POS, 1.0, parse=parse_float,
            help="epochs between the per-epoch metric rows (metrics.csv)"),
     Option("checkpoint_every", integer(1), 2000, parse=parse_int,
@@ -121,6 +129,10 @@ class DeepConfig:
                                      f"{o.reason('method', names)}; remove it")
         if not self.lr_min < self.lr_max:
             raise ValueError(f"lr_min must be < lr_max; got {self.lr_min} and {self.lr_max}")
+        if self.memory_format == "channels_last" and self.strategy in ("vmap", "compile"):
+            raise ValueError(f"memory_format='channels_last' runs the loop strategy (vmap has no "
+                             f"batching rule for that format); got strategy={self.strategy!r}: "
+                             f"use strategy='loop' or 'auto', or memory_format='contiguous'")
 
     def __repr__(self) -> str:
         return f"DeepConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"

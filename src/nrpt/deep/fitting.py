@@ -277,6 +277,7 @@ def _prepare(cfg, model, train, test, classes, augment) -> _Job:
     if Xte.shape[1:] != Xtr.shape[1:]:
         raise ValueError(f"test: X rows have shape {list(Xte.shape[1:])}, train rows "
                          f"{list(Xtr.shape[1:])}")
+    net.set_execution(cfg.precision, cfg.memory_format, Xtr[:2])
     N, B = int(ytr.shape[0]), cfg.batch_size
     if B > N:
         raise ValueError(f"batch_size ({B}) is larger than the training data (N = {N})")

@@ -13,6 +13,7 @@ from a generator seeded from the iteration's key inside ``torch.random.fork_rng`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import warnings
@@ -22,9 +23,15 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-__all__ = ["FunctionalNet", "STRATEGIES", "StrategyWarning", "choose_strategy"]
+__all__ = ["FunctionalNet", "STRATEGIES", "PRECISIONS", "MEMORY_FORMATS", "StrategyWarning",
+           "choose_strategy"]
 
 STRATEGIES = ("auto", "loop", "vmap", "compile")
+#: ``bf16``: forward and backward under ``torch.autocast(dtype=torch.bfloat16)``; parameters,
+#: gradients, losses and the sampler's state stay float32
+PRECISIONS = ("float32", "bf16")
+#: ``channels_last``: image inputs ``[B, C, H, W]`` and 4-D (convolution) weights in NHWC order
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 #: ``auto`` tries ``compile`` only for runs whose eager time would exceed this (seconds)
 COMPILE_WORTH_S = 120.0
@@ -91,6 +98,55 @@ class FunctionalNet:
         # only models with random layers pay it
         self.random = any(isinstance(m, _RANDOM) for m in self.module.modules())
         self._fns: dict[str, Callable] = {}
+        self.precision, self.memory_format = "float32", "contiguous"
+
+    def set_execution(self, precision: str = "float32", memory_format: str = "contiguous",
+                      example: torch.Tensor | None = None) -> None:
+        """How forward and backward run (:data:`PRECISIONS`, :data:`MEMORY_FORMATS`); both
+        change only rounding, never what is computed.  ``bf16`` needs float32 parameters (and
+        on CUDA a device with bfloat16); ``channels_last`` needs 4-D image inputs (``example``:
+        a batch of them), else a ``ValueError`` says why.  ``channels_last`` runs the ``loop``
+        strategy (``vmap`` has no batching rule for that format: :func:`choose_strategy`'s
+        ``auto`` picks ``loop`` and an explicit ``vmap``/``compile`` is refused)."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+        if memory_format not in MEMORY_FORMATS:
+            raise ValueError(f"memory_format must be one of {MEMORY_FORMATS}; got "
+                             f"{memory_format!r}")
+        if precision == "bf16":
+            if self.dtype != torch.float32:
+                raise ValueError(f"precision='bf16' autocasts float32 models; this model's "
+                                 f"parameters are {self.dtype}: use precision='float32' or a "
+                                 f"float32 model")
+            if self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+                raise ValueError(f"precision='bf16': the device {self.device} has no bfloat16 "
+                                 f"support; use precision='float32'")
+            if self.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"precision='bf16' runs on cpu and cuda devices; got "
+                                 f"{self.device}: use precision='float32'")
+        if memory_format == "channels_last" and example is not None and example.dim() != 4:
+            raise ValueError(f"memory_format='channels_last' applies to image inputs [N, C, H, "
+                             f"W]; the inputs here are {list(example.shape)} (a "
+                             f"{example.dim()}-D tensor): use memory_format='contiguous'")
+        self.precision, self.memory_format = precision, memory_format
+        self._fns.clear()
+
+    def _autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _call(self, params: dict, buffers: dict, x: torch.Tensor) -> torch.Tensor:
+        """The module's output on ``x`` under this net's precision and memory format (float
+        logits of the parameters' dtype)."""
+        if self.memory_format == "channels_last":
+            params = {n: (t.contiguous(memory_format=torch.channels_last) if t.dim() == 4
+                          else t) for n, t in params.items()}
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+        with self._autocast():
+            out = functional_call(self.module, (params, buffers), (x,))
+        return out.to(self.dtype) if self.precision != "float32" else out
 
     def _hook_batchnorm(self) -> list[tuple[str, nn.Module]]:
         """BatchNorm layers: their running statistics are updated here (see the module doc)."""
@@ -102,6 +158,8 @@ class FunctionalNet:
                                      "average); give it a momentum (e.g. 0.1)")
                 found.append((name, mod))
                 mod.register_forward_pre_hook(self._hook(name))
+            elif isinstance(mod, _BN):
+                mod.register_forward_pre_hook(self._hook(None))
         return found
 
     # ------------------------------------------------------------------ packing
@@ -140,14 +198,19 @@ class FunctionalNet:
         return m
 
     # ------------------------------------------------------------------ BatchNorm statistics
-    def _hook(self, name: str):
+    def _hook(self, name: str | None):
+        """The pre-hook of a BatchNorm layer: stashes the batch statistics (training mode) and
+        gives the layer float32 input under ``bf16`` autocast (its statistics and affine
+        parameters are float32; what PyTorch's mixed precision does on CUDA)."""
         def hook(mod, args):
-            if self._stash is None or not mod.training:
-                return None
             (x,) = args[:1]
-            dims = [0, *range(2, x.dim())]
-            self._stash[name] = (x.mean(dims), x.var(dims, unbiased=True))
-            return None
+            cast = x.dtype in (torch.bfloat16, torch.float16)
+            if cast:
+                x = x.float()
+            if name is not None and self._stash is not None and mod.training:
+                dims = [0, *range(2, x.dim())]
+                self._stash[name] = (x.mean(dims), x.var(dims, unbiased=True))
+            return (x, *args[1:]) if cast else None
 
         return hook
 
@@ -201,8 +264,7 @@ class FunctionalNet:
         self._stash = {}
         try:
             # a copy: BatchNorm updates the buffers it is given in place (outside vmap)
-            logits = functional_call(self.module,
-                                     (self.params(theta), self.buffers(buf.clone())), (x,))
+            logits = self._call(self.params(theta), self.buffers(buf.clone()), x)
             losses = self.loss(logits, y)
             new = self._new_buffers(buf)
         finally:
@@ -218,7 +280,7 @@ class FunctionalNet:
         of the summed losses.  ``seed`` seeds random layers (dropout)."""
         self.module.train()
         with _seeded(seed if self.random else None, self.device):
-            if strategy == "loop":
+            if strategy == "loop" or self.memory_format == "channels_last":
                 return self._loop(theta, buf, x, y)
             fn = self._batched(strategy)
             g, (_, (losses, new)) = fn(theta, buf, x, y)
@@ -252,15 +314,13 @@ class FunctionalNet:
         try:
             outs = []
             for xs in x.split(chunk):
-                if strategy == "loop":
+                if strategy == "loop" or self.memory_format == "channels_last":
                     outs.append(torch.stack([
-                        functional_call(self.module, (self.params(theta[i]),
-                                                      self.buffers(buf[i])), (xs,))
+                        self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
                         for i in range(theta.shape[0])]))
                 else:
-                    fn = vmap(lambda t, b, xx: functional_call(
-                        self.module, (self.params(t), self.buffers(b)), (xx,)),
-                        in_dims=(0, 0, None))
+                    fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
+                              in_dims=(0, 0, None))
                     outs.append(fn(theta, buf, xs))
             return torch.cat(outs, dim=1)
         finally:
@@ -302,6 +362,12 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
     timings: dict[str, float] = {}
+    if net.memory_format == "channels_last":
+        if strategy in ("vmap", "compile"):
+            raise ValueError(f"strategy={strategy!r} cannot run memory_format='channels_last' "
+                             f"(vmap has no batching rule for that format); use strategy="
+                             f"'loop' or 'auto', or memory_format='contiguous'")
+        return "loop", timings
 
     def works(s: str) -> bool:
         try:
