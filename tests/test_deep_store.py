@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -127,6 +128,23 @@ def test_a_resume_is_exact_and_drops_entries_written_after_its_checkpoint(interr
         assert done.summary[key] == whole.summary[key], key
     assert torch.equal(done.models, whole.models)
     assert torch.equal(done.predict_proba(test[0]), whole.predict_proba(test[0]))
+    assert np.array_equal(done.index, whole.index) and done.index.shape == (300, 3)
+    assert np.array_equal(np.load(out / "index.npy"), whole.index)
+
+
+def test_the_index_process_is_stored_once_and_checked_on_resume(interrupted, tmp_path):
+    """The checkpoint keeps the number of rows and their sha256, not the rows (index.npy holds
+    them); a changed index.npy is refused on resume (negative control)."""
+    src, _, train, test = interrupted
+    ck = torch.load(src / rf.CHECKPOINT, weights_only=True)
+    assert set(ck["recorders"]["index"]) == {"n", "sha256"} and ck["recorders"]["index"]["n"] == 256
+    out = _copy(src, tmp_path)
+    idx = np.load(out / "index.npy")
+    assert idx.shape == (256, 3)
+    idx[100] = idx[100][::-1]
+    np.save(out / "index.npy", idx)
+    with pytest.raises(ValueError, match=r"index.npy fails its checksum"):
+        fit(_mlp(width=8), train, test, out=out, resume=True, **OPTS)
 
 
 def _damage(out, how):

@@ -510,7 +510,7 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
         recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype, device=eng.device)
         recorders["round_trips"] = RoundTrips(eng.slot_of, n_slots)
         recorders["trace"] = Trace(every=max(1, iters // 500))
-        recorders["index"] = IndexRecorder()
+        recorders["index"] = IndexRecorder(n_slots, iters, job.out)
     for r in recorders.values():
         eng.watch(getattr(r, "reads_slots", ()))
     return recorders

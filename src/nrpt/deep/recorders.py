@@ -4,18 +4,25 @@ index process (:class:`IndexRecorder`)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from nrpt.deep.replicas import FunctionalNet
-from nrpt.recorders.draws import index_torch_dtype
+from nrpt.recorders.draws import index_dtype
 from nrpt.recorders.stats import json_ready
 from nrpt.roles import RecorderBase
 
-__all__ = ["BMARecorder", "SWAGRecorder", "EpochMetrics", "IndexRecorder"]
+__all__ = ["BMARecorder", "SWAGRecorder", "EpochMetrics", "IndexRecorder", "INDEX_FILE"]
+
+#: the index process in a run folder
+INDEX_FILE = "index.npy"
 
 
 class BMARecorder(RecorderBase):
@@ -176,26 +183,108 @@ def _line(row: dict[str, Any]) -> str:
 
 
 class IndexRecorder(RecorderBase):
-    """The index process ``[K + 1, P]`` (slot of every replica) of a one-system run."""
+    """The index process ``[K, P]`` (slot of every replica after each iteration) of a one-system
+    run, stored once: with a run folder, rows are written in place into ``index.npy`` (a
+    ``.npy`` of the whole plan's ``rows``, memory-mapped) and the checkpoint keeps only the
+    number of rows written and their sha256 (a resume verifies them, and refuses a changed or
+    truncated ``index.npy`` naming it); without one, a preallocated tensor in memory.  (It was
+    kept as a list in memory, written whole into every checkpoint and again as ``index.npy``.)
+    """
 
     name = "index"
 
-    def __init__(self):
-        self.rows: list[torch.Tensor] = []
+    def __init__(self, P: int, rows: int, folder: Path | None = None):
+        self.P, self.capacity = int(P), int(rows)
+        self.dtype = index_dtype(self.P)
+        self.path = None if folder is None else Path(folder) / INDEX_FILE
+        self.n = 0
+        self._arr: np.ndarray | None = None
         self.reads_slots = ()
 
+    def _open(self, keep: int = 0) -> np.ndarray:
+        """The row store; ``keep`` rows of an existing ``index.npy`` carried over."""
+        if self._arr is not None:
+            return self._arr
+        if self.path is None:
+            self._arr = np.zeros((self.capacity, self.P), self.dtype)
+            return self._arr
+        old = self._existing() if keep else None
+        with contextlib.suppress(FileNotFoundError):  # (a link is removed, never written through)
+            os.unlink(self.path)
+        self._arr = np.lib.format.open_memmap(self.path, mode="w+", dtype=self.dtype,
+                                              shape=(self.capacity, self.P))
+        if keep:
+            self._arr[:keep] = old[:keep]
+        return self._arr
+
+    def _existing(self) -> np.ndarray:
+        """``index.npy`` as written (read whole: a resume only), refused if it is a link."""
+        from nrpt.files import UnsafeFile, open_fd
+
+        try:
+            fd = open_fd(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ValueError(f"{self.path} is missing (the checkpoint records {self.n} rows of "
+                             f"the index process in it); restore it or start a new run") from None
+        except UnsafeFile:
+            raise
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                arr = np.load(fh, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as err:
+                raise ValueError(f"{self.path} cannot be read ({err}); restore it or start a "
+                                 f"new run") from None
+        if arr.ndim != 2 or arr.shape[1] != self.P or arr.dtype != self.dtype:
+            raise ValueError(f"{self.path} holds a {arr.dtype} array {list(arr.shape)}, not "
+                             f"the index process [rows, {self.P}] of this run; restore it or "
+                             f"start a new run")
+        return arr
+
     def record(self, it) -> None:
-        self.rows.append(it.slot_of[0].to(index_torch_dtype(it.slot_of.shape[-1])).clone())
+        if self.n >= self.capacity:
+            raise RuntimeError(f"the index process has room for {self.capacity} rows (the "
+                               f"plan's iterations); iteration {it.k + 1} is beyond it")
+        arr = self._open()
+        arr[self.n] = it.slot_of[0].cpu().numpy()
+        self.n += 1
 
     def array(self) -> np.ndarray:
-        return torch.stack(self.rows).cpu().numpy() if self.rows else np.zeros((0, 0), np.int16)
+        if not self.n:
+            return np.zeros((0, self.P), self.dtype)
+        return np.array(self._open()[:self.n])
+
+    def _digest(self) -> str:
+        arr = self._open()
+        return hashlib.sha256(np.ascontiguousarray(arr[:self.n]).tobytes()).hexdigest()
 
     def summary(self):
         return {}
 
     def state_dict(self):
-        return {"rows": torch.stack(self.rows) if self.rows else torch.zeros(0, 0,
-                                                                             dtype=torch.int16)}
+        if self.path is None:  # (no folder: nothing is ever resumed from it)
+            return {"n": self.n, "rows": torch.from_numpy(self.array())}
+        if self._arr is not None and hasattr(self._arr, "flush"):
+            self._arr.flush()
+        return {"n": self.n, "sha256": self._digest()}
 
     def load_state_dict(self, sd):
-        self.rows = list(sd["rows"])
+        n = int(sd["n"])
+        if self.path is None:
+            self.n = 0
+            arr = self._open()
+            arr[:n] = sd["rows"].numpy()
+            self.n = n
+            return
+        self.n = n
+        existing = self._existing()
+        if existing.shape[0] < n:
+            raise ValueError(f"{self.path} holds {existing.shape[0]} rows of the index process, "
+                             f"the checkpoint records {n}: it was truncated; restore it or "
+                             f"start a new run")
+        got = hashlib.sha256(np.ascontiguousarray(existing[:n]).tobytes()).hexdigest()
+        if got != sd["sha256"]:
+            raise ValueError(f"{self.path} fails its checksum (its first {n} rows hash to "
+                             f"{got[:16]}..., the checkpoint records {str(sd['sha256'])[:16]}"
+                             f"...): it was changed; restore it or start a new run")
+        self._arr = None
+        self._open(keep=n)
