@@ -16,6 +16,17 @@ from torch import nn
 from nrpt.deep import DeepConfig, fit
 from nrpt.deep.replicas import FunctionalNet
 
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """Convolutions in full float32 on CUDA (cuDNN's default TF32 rounds to 10 bits)."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = before
+
 
 def _cnn(seed=0):
     with torch.random.fork_rng():
@@ -44,13 +55,14 @@ def _close(a, b, tol=1e-5):
     return float((a - b).norm() / b.norm().clamp_min(1e-30)) < tol
 
 
-def test_channels_last_gives_float32_losses_gradients_and_statistics():
-    X, y = _images()
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_gives_float32_losses_gradients_and_statistics(device):
+    X, y = (t.to(device) for t in _images())
     P, B = 3, 10
     x, yb = X[:P * B].reshape(P, B, 1, 8, 8), y[:P * B].reshape(P, B)
-    ref, cl = FunctionalNet(_cnn()), FunctionalNet(_cnn())
+    ref, cl = FunctionalNet(_cnn().to(device)), FunctionalNet(_cnn().to(device))
     cl.set_execution(memory_format="channels_last", example=X[:2])
-    theta, buf = _replicas(ref)
+    theta, buf = (t.to(device) for t in _replicas(ref))
     seen = {}
     for name, n in (("ref", ref), ("cl", cl)):
         n.module[3].register_forward_pre_hook(lambda m, a, name=name: [seen.setdefault(
@@ -103,6 +115,25 @@ SEEDS = range(5)
 def _runs(**kw):
     train, test = _tabular()
     return [fit(_mlp(s), train, test, seed=s, **{**LAW, **kw}).summary for s in SEEDS]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_bf16_channels_last_run_streams_its_models_and_agrees(tmp_path):
+    """On a GPU (run where one is lent): bf16 + channels_last end to end, models streamed to
+    the folder from the device, predict_proba equal to the run's own average; bf16 in law."""
+    X, y = _images(120)
+    train, test = (X[:80], y[:80]), (X[80:], y[80:])
+    opts = dict(method="deo", chains=2, epochs=2, seed=3, batch_size=20, swap_rate=0.3,
+                pretrain_epochs=1, eval_every=2, device="cuda")
+    res = fit(_cnn(), train, test, out=tmp_path / "run", precision="bf16",
+              memory_format="channels_last", **opts)
+    p = res.predict_proba(test[0])
+    assert p.device.type == "cuda" and len(res.store) == res.summary["models_collected"] > 0
+    from nrpt.deep.metrics import evaluate
+    assert evaluate(p, test[1].cuda())["nll_sum"] == pytest.approx(res.summary["nll_sum"],
+                                                                   rel=1e-9)
+    f32, bf16 = _runs(device="cuda"), _runs(device="cuda", precision="bf16")
+    assert _agree(f32, bf16, "nll_mean") and _agree(f32, bf16, "accuracy")
 
 
 def _agree(a, b, key):
