@@ -132,6 +132,34 @@ def test_a_resume_is_exact_and_drops_entries_written_after_its_checkpoint(interr
     assert np.array_equal(np.load(out / "index.npy"), whole.index)
 
 
+def test_a_resume_from_an_older_checkpoint_rewrites_the_later_entries(interrupted, tmp_path):
+    """The newest checkpoint damaged: the resume falls back to the one before (iteration 200),
+    which counts fewer collections than models/ holds; those after it are removed and
+    collected again, and the run ends as the uninterrupted one did."""
+    src, whole, train, test = interrupted
+    out = _copy(src, tmp_path)
+    before = len(list((out / "models").glob("*.pt")))
+    ck = out / rf.CHECKPOINT
+    ck.write_bytes(ck.read_bytes()[:-100])
+    older = torch.load(out / rf.PREV_CHECKPOINT, weights_only=True)
+    assert older["recorders"]["bma"]["store"]["count"] < before
+    with pytest.warns(rf.CheckpointWarning, match="resuming from the previous checkpoint"):
+        done = fit(_mlp(width=8), train, test, out=out, resume=True, **OPTS)
+    for key in KEYS:
+        assert done.summary[key] == whole.summary[key], key
+    assert torch.equal(done.models, whole.models)
+    assert np.array_equal(done.index, whole.index)
+
+
+def test_a_checkpoint_with_models_inline_is_refused_by_name():
+    from nrpt.deep.recorders import BMARecorder
+
+    rec = BMARecorder(None, None, None, every=1, start=0, slots=[0], strategy="loop")
+    old = {"bma": rec.bma.state_dict(), "models": [], "buffers": [], "collected_at": []}
+    with pytest.raises(ValueError, match="keeps its collected models inline"):
+        rec.load_state_dict(old)
+
+
 def test_the_index_process_is_stored_once_and_checked_on_resume(interrupted, tmp_path):
     """The checkpoint keeps the number of rows and their sha256, not the rows (index.npy holds
     them); a changed index.npy is refused on resume (negative control)."""
