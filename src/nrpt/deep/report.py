@@ -104,7 +104,7 @@ def _reliability_figure(res, x_test, y_test):
 
     from nrpt.deep.metrics import reliability
 
-    if res.models is None:
+    if res.models is None or res.targets is not None:  # (no classes: a regression run)
         return None
     probs = res.predict_proba(x_test)
     rel = reliability(probs, y_test.to(probs.device))
