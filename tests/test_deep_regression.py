@@ -227,7 +227,7 @@ def test_fit_learned_noise_runs_every_method_and_writes_the_folder(tmp_path):
         res = fit(_linear(d=3), (X[:30], y[:30]), (X[30:], y[30:]), method=method, chains=2,
                   epochs=4, seed=0, likelihood="gaussian", batch_size=10, lr_min=0.001,
                   lr_max=0.005, pretrain_epochs=1, strategy="loop",
-                  out=tmp_path / method)
+                  out=tmp_path / method if method == "deo-star" else None)
         s = res.summary
         assert s["noise"] == "learned" and math.isfinite(s["test_ll"])
         assert s["nll_mean"] == pytest.approx(-s["test_ll"])
@@ -236,7 +236,7 @@ def test_fit_learned_noise_runs_every_method_and_writes_the_folder(tmp_path):
         assert mean.shape == (10,) and bool((sd > 0).all())
         assert "slot_rmse" in res.metrics[-1]
         assert ("bma_rmse" in res.metrics[-1]) == (method != "swag")  # (swag: drawn after)
-        assert (tmp_path / method / "summary.json").exists()
+        assert (tmp_path / "deo-star" / "summary.json").exists() or method != "deo-star"
         with pytest.raises(ValueError, match="predict_proba is for likelihood='categorical'"):
             res.predict_proba(X[30:])
 
@@ -266,3 +266,51 @@ def test_bad_input_is_refused_by_name():
         DeepConfig(likelihood="poisson")
     with pytest.raises(ValueError, match="average='logits' has no meaning"):
         DeepConfig(likelihood="gaussian", average="logits")
+
+
+def test_regression_run_resumes_bit_for_bit(tmp_path):
+    """Interrupted at its first callback (iteration 256) and resumed, a learned-noise DEO* run
+    ends with the uninterrupted run's mixture (the GaussianMixture state in the checkpoint)."""
+    X, y = _data(n=60, d=3)
+    kw = dict(method="deo-star", chains=2, epochs=90, seed=2, likelihood="gaussian",
+              batch_size=20, lr_min=0.001, lr_max=0.005, swap_rate=0.3, pretrain_epochs=0,
+              strategy="loop", checkpoint_every=100, eval_every=25)
+    run = lambda **more: fit(_linear(d=3), (X[:45], y[:45]), (X[45:], y[45:]),  # noqa: E731
+                             **{**kw, **more})
+    whole = run()
+
+    def stop(engine):
+        raise KeyboardInterrupt
+
+    part = run(out=tmp_path / "run", callback=stop)
+    assert part.summary["interrupted"]
+    done = run(out=tmp_path / "run", resume=True)
+    for key in ("test_ll", "nll_sum", "rmse", "round_trips", "learning_rates"):
+        assert done.summary[key] == whole.summary[key], key
+    torch.testing.assert_close(done.predict(X[45:]), whole.predict(X[45:]), rtol=0, atol=0)
+
+
+def test_diabetes_dataset_and_cli(capsys):
+    from nrpt.run.cli import main
+    from nrpt.deep.data import load_dataset
+
+    ds = load_dataset("diabetes", seed=3)
+    assert (ds.x_train.shape, ds.x_test.shape, ds.classes) == ((354, 10), (88, 10), 0)
+    assert ds.y_train.dtype == torch.float32 and float(ds.y_train.min()) >= 25
+    torch.testing.assert_close(ds.x_train.mean(0), torch.zeros(10), atol=1e-5, rtol=0)
+    assert not torch.equal(load_dataset("diabetes", seed=4).y_test, ds.y_test)  # seeded split
+    rc = main(["deep", "--dataset", "diabetes", "--method", "ensemble", "--epochs", "1",
+               "--pretrain-epochs", "1", "--chains", "2", "--no-progress", "--strategy", "loop"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "test_ll" in out and "rmse" in out and "accuracy" not in out
+    assert "noise: learned" in out
+
+
+def test_a_run_recorded_before_the_likelihood_setting_still_resumes(tmp_path):
+    from nrpt.deep.fitting import _same_settings
+
+    now = DeepConfig().to_dict()
+    then = {k: v for k, v in now.items() if k not in ("likelihood", "noise")}
+    _same_settings(tmp_path, then, now)  # recorded before: categorical, no noise
+    with pytest.raises(ValueError, match="likelihood: 'gaussian' -> 'categorical'"):
+        _same_settings(tmp_path, {**now, "likelihood": "gaussian"}, now)

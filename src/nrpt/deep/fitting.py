@@ -423,8 +423,16 @@ def _check_record(out: Path, cfg: DeepConfig, fingerprint: dict[str, Any]) -> di
     return record
 
 
+#: settings added after deep runs were first recorded, with the value a run that predates
+#: them ran with (so that such a run still resumes)
+_ADDED_SETTINGS = {"likelihood": "categorical"}
+
+
 def _same_settings(out: Path, then: dict, now: dict) -> None:
-    changed = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    def get(d, k):
+        return d.get(k, _ADDED_SETTINGS.get(k))
+
+    changed = sorted(k for k in set(then) | set(now) if get(then, k) != get(now, k))
     if changed:
         diff = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise ValueError(f"cannot resume {out}: settings differ from the run's own ({diff})")
