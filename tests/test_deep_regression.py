@@ -291,8 +291,8 @@ def test_regression_run_resumes_bit_for_bit(tmp_path):
 
 
 def test_diabetes_dataset_and_cli(capsys):
-    from nrpt.run.cli import main
     from nrpt.deep.data import load_dataset
+    from nrpt.run.cli import main
 
     ds = load_dataset("diabetes", seed=3)
     assert (ds.x_train.shape, ds.x_test.shape, ds.classes) == ((354, 10), (88, 10), 0)

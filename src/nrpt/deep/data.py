@@ -53,7 +53,8 @@ class Dataset:
     """A dataset held in memory.
 
     ``x_train[n, *input_shape]`` / ``x_test`` are float32, ``y_train[n]`` / ``y_test`` int64 in
-    ``[0, classes)`` (a regression set: ``classes`` 0 and float32 targets); ``input_shape == tuple(x_train.shape[1:])`` (``(prod,)`` when loaded with
+    ``[0, classes)`` (a regression set: ``classes`` 0 and float32 targets);
+    ``input_shape == tuple(x_train.shape[1:])`` (``(prod,)`` when loaded with
     ``flatten=True``).  ``augment`` is ``None`` or ``augment(x[B, *input_shape], generator)``
     returning a new tensor of the same shape (training batches only; never the test set)."""
 
