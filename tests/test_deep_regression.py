@@ -258,6 +258,8 @@ def test_bad_input_is_refused_by_name():
         fit(_linear(k=2), (X, y), (X, y), likelihood="gaussian", **kw)
     with pytest.raises(ValueError, match="test: y has shape"):
         fit(lin, (X, y), (X, torch.stack([y, y], 1)), likelihood="gaussian", **kw)
+    with pytest.raises(ValueError, match="classes applies to likelihood='categorical' only"):
+        fit(lin, (X, y), (X, y), likelihood="gaussian", classes=3, **kw)
     with pytest.raises(ValueError, match="y is constant"):
         fit(lin, (X, torch.ones(30, dtype=torch.float64)), (X, y), likelihood="gaussian", **kw)
     for bad in (0.0, -1.0, float("nan")):

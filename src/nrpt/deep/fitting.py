@@ -281,6 +281,9 @@ def _prepare(cfg, model, train, test, classes, augment) -> _Job:
         model = copy.deepcopy(model).to(cfg.device)  # the caller's model stays where it is
         net = FunctionalNet(model)
     if cfg.likelihood == "gaussian":
+        if classes is not None:
+            raise ValueError(f"classes applies to likelihood='categorical' only; got "
+                             f"classes={classes!r} with likelihood='gaussian'")
         return _prepare_regression(cfg, model, train, test, augment)
     dev, dtype = net.device, net.dtype
     Xtr, ytr = _check_data("train", train)

@@ -82,7 +82,11 @@ class Targets:
         mu = out[..., :self.k]
         if self.learned:
             return mu, out[..., self.k:]
-        return mu, self.fixed_log_sd().to(out.device, out.dtype).expand_as(mu)
+        key = (out.device, out.dtype)
+        cache = self.__dict__.setdefault("_fixed", {})
+        if key not in cache:  # (once per device and dtype, not per step)
+            cache[key] = self.fixed_log_sd().to(*key)
+        return mu, cache[key].expand_as(mu)
 
     def state(self) -> dict[str, Any]:
         return {"k": self.k, "vector": self.vector, "y_mean": self.mean.tolist(),
