@@ -71,7 +71,12 @@ class Targets:
 
     def standardise(self, y: Tensor, dtype) -> Tensor:
         y = y.double().reshape(y.shape[0], -1)
-        return ((y - self.mean) / self.scale).to(dtype)
+        mean, scale = self.moments_on(y.device)
+        return ((y - mean) / scale).to(dtype)
+
+    def moments_on(self, device) -> tuple[Tensor, Tensor]:
+        """``(mean[k], scale[k])`` (float64) on ``device``."""
+        return self.mean.to(device), self.scale.to(device)
 
     def fixed_log_sd(self) -> Tensor:
         """The fixed noise's ``log s[k]`` on the standardised scale (float64)."""
@@ -192,18 +197,18 @@ class GaussianMixture:
         self._need()
         mean = self._mu / self.count
         var = (self._m2 / self.count - mean * mean).clamp(min=0.0)
-        t = self.targets
-        return mean * t.scale + t.mean, var.sqrt() * t.scale
+        m, scale = self.targets.moments_on(mean.device)
+        return mean * scale + m, var.sqrt() * scale
 
     def evaluate(self) -> dict[str, float]:
         """``test_ll`` (mean per example of the mixture's log density in original units),
         ``nll_mean`` / ``nll_sum`` (its negatives), ``rmse`` (of the mixture mean, original
         units, over all ``n·k`` entries) and ``test_ll_standardised``."""
-        t = self.targets
+        m, scale = self.targets.moments_on(self.y.device)
         ll_std = self.log_likelihood()
-        ll = ll_std - torch.log(t.scale).sum()
+        ll = ll_std - torch.log(scale).sum()
         mean, _ = self.moments()
-        y = self.y * t.scale + t.mean
+        y = self.y * scale + m
         rmse = ((mean - y) ** 2).mean().sqrt()
         return {"test_ll": float(ll.mean()), "nll_mean": float(-ll.mean()),
                 "nll_sum": float(-ll.sum()), "rmse": float(rmse),
@@ -248,7 +253,7 @@ class RegressionEpochMetrics(EpochMetrics):
             row.update({"bma_test_ll": m["test_ll"], "bma_nll_mean": m["nll_mean"],
                         "bma_rmse": m["rmse"]})
         mu, _ = t.split(outputs.double())
-        err = (mu - self.y.double().reshape(self.y.shape[0], -1)) * t.scale
+        err = (mu - self.y.double().reshape(self.y.shape[0], -1)) * t.moments_on(mu.device)[1]
         row["slot_rmse"] = (err ** 2).mean(dim=(1, 2)).sqrt().tolist()
 
     def _line(self, row: dict[str, Any]) -> str:
