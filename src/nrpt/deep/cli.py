@@ -38,7 +38,8 @@ DATASET_DEFAULTS = {
     "cifar10": {}, "cifar100": {},
     # 354 examples, batch 32: 12 iterations per epoch (docs/reproduction/deep.md, regression)
     "diabetes": {"likelihood": "gaussian", "batch_size": 32, "lr_min": 0.002, "lr_max": 0.01,
-                 "swap_rate": 0.05, "pretrain_epochs": 50.0, "weight_decay": 0.1},
+                 "swap_rate": 0.05, "pretrain_epochs": 50.0, "weight_decay": 0.1,
+                 "epochs": 100.0},
 }
 
 #: the settings ``cli.json`` holds beside its ``options`` (fit's own arguments)
@@ -65,9 +66,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "settings of docs/reproduction/deep.md).  A setting the "
                                    "chosen --method does not read is an error.")
     p.add_argument("--dataset", choices=DATASETS, default="mnist1d",
-                   help="digits, mnist1d and diabetes (regression: a Gaussian likelihood, "
-                        "its own defaults in DATASET_DEFAULTS) run offline; CIFAR reads "
-                        "--data-dir")
+                   help="digits, mnist1d and diabetes run offline; CIFAR reads --data-dir.  "
+                        "diabetes is a regression (defaults: likelihood gaussian, batch 32, "
+                        "lr 0.002-0.01, weight decay 0.1, 50 pretraining epochs, 100 epochs, "
+                        "swap rate 0.05)")
     p.add_argument("--model", choices=MODELS, default=None,
                    help="default: mlp for digits, mnist1d and diabetes (one hidden layer of 50), "
                         "resnet20 for CIFAR")
