@@ -1,5 +1,6 @@
 """Deep posteriors (docs/reproduction/deep.md): throughput of the execution strategies and the
-equal-budget table of the AAAI paper's methods on MNIST-1D and digits.
+equal-budget table of the AAAI paper's methods on MNIST-1D and digits, and on the diabetes
+regression set (test log-likelihood and RMSE).
 
     python benchmarks/deep.py throughput [--repeats 7] [--compile]
     python benchmarks/deep.py table --dataset mnist1d --model mlp --seeds 5 --epochs 30 \\
@@ -28,6 +29,7 @@ from nrpt.core.engine import PTEngine  # noqa: E402
 from nrpt.deep.data import load_dataset  # noqa: E402
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget  # noqa: E402
 from nrpt.deep.fitting import METHODS, fit  # noqa: E402
+from nrpt.deep.methods import BUILDERS  # noqa: E402
 from nrpt.deep.models import build_model  # noqa: E402
 from nrpt.deep.replicas import FunctionalNet  # noqa: E402
 from nrpt.explorers.sgmcmc import MomentumSGD  # noqa: E402
@@ -109,23 +111,38 @@ def table(args) -> None:
     ds = load_dataset(args.dataset, seed=args.split_seed)
     methods = args.methods.split(",")
     rows: dict[str, list[dict]] = {m: [] for m in methods}
-    keys = ("accuracy", "nll_mean", "nll_sum", "ece", "brier")
+    regression = ds.classes == 0
+    # regression: test LL and NLL per example, RMSE, all in the targets' original units
+    keys = ("test_ll", "nll_mean", "rmse") if regression else (
+        "accuracy", "nll_mean", "nll_sum", "ece", "brier")
+    extra = {"likelihood": "gaussian"} if regression else {}
+    if args.weight_decay is not None:
+        extra["weight_decay"] = args.weight_decay
     t_all = time.perf_counter()
     for seed in range(args.seeds):
         for m in methods:
             g = torch.Generator().manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9))
-            model = build_model(args.model, tuple(ds.input_shape), ds.classes, generator=g)
+            if regression:  # the MLP `nrpt deep --dataset diabetes` builds
+                from nrpt.deep.cli import REGRESSION_HIDDEN
+                from nrpt.deep.models import mlp
+
+                model = mlp(ds.x_train[0].numel(), 1, REGRESSION_HIDDEN, generator=g)
+            else:
+                model = build_model(args.model, tuple(ds.input_shape), ds.classes, generator=g)
+            # (the swap settings only to the methods that read them: DeepConfig refuses others)
+            tempered = ({"swap_rate": args.swap_rate, "sa_pairs": args.sa_pairs}
+                        if BUILDERS[m].tempered else {})
             t0 = time.perf_counter()
             res = fit(model, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test), method=m,
                       chains=args.chains, epochs=args.epochs, seed=seed,
                       batch_size=args.batch, lr_min=args.lr_min, lr_max=args.lr_max,
-                      swap_rate=args.swap_rate, pretrain_epochs=args.pretrain_epochs,
-                      augment=ds.augment, strategy="vmap", sa_pairs=args.sa_pairs)
+                      pretrain_epochs=args.pretrain_epochs, augment=ds.augment,
+                      strategy="vmap", **extra, **tempered)
             s = dict(res.summary)
             s["seconds"] = time.perf_counter() - t0
             rows[m].append(s)
-            print(f"  seed {seed} {m:<9} acc {s['accuracy']:.4f} nll {s['nll_mean']:.4f} "
-                  f"ece {s['ece']:.4f} brier {s['brier']:.4f} rt {s['round_trips']} "
+            scores = " ".join(f"{k} {s[k]:.4f}" for k in keys)
+            print(f"  seed {seed} {m:<9} {scores} rt {s['round_trips']} "
                   f"grads {s['gradient_evaluations']} ({s['seconds']:.0f} s)", flush=True)
     print(f"\n{args.dataset}, {args.model}, P = {args.chains}, {args.epochs} epochs x P budget, "
           f"{args.seeds} seeds (mean ± sd); total {time.perf_counter() - t_all:.0f} s")
@@ -138,7 +155,16 @@ def table(args) -> None:
             cells.append(f"{statistics.mean(v):>8.4f} ± {sd:<6.4f}")
         rt = statistics.mean(float(r["round_trips"]) for r in rows[m])
         print(f"{m:<10} " + " ".join(cells) + f" {rt:>12.1f}")
-    if "ensemble" in rows and "deo-star" in rows:
+    if regression and "ensemble" in rows and "deo-star" in rows:
+        d = [a["test_ll"] - b["test_ll"] for a, b in zip(rows["deo-star"], rows["ensemble"],
+                                                          strict=True)]
+        r = [a["rmse"] - b["rmse"] for a, b in zip(rows["deo-star"], rows["ensemble"],
+                                                    strict=True)]
+        sd = statistics.stdev(d) if len(d) > 1 else 0.0
+        print(f"\npaired, deo-star vs ensemble: test LL {statistics.mean(d):+.4f} nats per "
+              f"example (sd {sd:.4f}; > 0: deo-star better), RMSE {statistics.mean(r):+.3f}; "
+              f"deo-star better in {sum(x > 0 for x in d)} of {len(d)} seeds")
+    elif "ensemble" in rows and "deo-star" in rows:
         d = [(a["nll_mean"] - b["nll_mean"]) / b["nll_mean"]
              for a, b in zip(rows["deo-star"], rows["ensemble"], strict=True)]
         e = [a["ece"] - b["ece"] for a, b in zip(rows["deo-star"], rows["ensemble"],
@@ -193,7 +219,9 @@ def main(argv=None) -> None:
     t.add_argument("--json", default=None)
     for name in ("table", "windows"):
         q = sub.add_parser(name)
-        q.add_argument("--dataset", default="mnist1d", choices=["digits", "mnist1d"])
+        q.add_argument("--dataset", default="mnist1d", choices=["digits", "mnist1d", "diabetes"])
+        q.add_argument("--weight-decay", type=float, default=None,
+                       help="default: DeepConfig's (5e-4)")
         q.add_argument("--model", default="mlp")
         q.add_argument("--seeds", type=int, default=5)
         q.add_argument("--epochs", type=float, default=30)

@@ -22,17 +22,24 @@ from nrpt.options import add_flags
 
 __all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command"]
 
-DATASETS = ("digits", "mnist1d", "cifar10", "cifar100")
+DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "diabetes")
 MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
 #: a sensible model per dataset when --model is not given
 DEFAULT_MODEL = {"digits": "mlp", "mnist1d": "mlp", "cifar10": "resnet20",
-                 "cifar100": "resnet20"}
+                 "cifar100": "resnet20", "diabetes": "mlp"}
+#: regression sets: the MLP of the UCI benchmarks (one hidden layer of 50 ReLU units; Hernandez-
+#: Lobato & Adams 2015), one output (the mean), a Gaussian likelihood with learned noise
+REGRESSION_HIDDEN = (50,)
 #: settings that suit each dataset where the command line does not say (DeepConfig's own
 #: defaults are the paper's CIFAR-100 ones; on small data S = 0.005 makes W* longer than a run)
 DATASET_DEFAULTS = {
     "digits": {"lr_min": 0.01, "lr_max": 0.05, "swap_rate": 0.05, "pretrain_epochs": 5.0},
     "mnist1d": {"lr_min": 0.01, "lr_max": 0.05, "swap_rate": 0.05, "pretrain_epochs": 5.0},
     "cifar10": {}, "cifar100": {},
+    # 354 examples, batch 32: 12 iterations per epoch (docs/reproduction/deep.md, regression)
+    "diabetes": {"likelihood": "gaussian", "batch_size": 32, "lr_min": 0.002, "lr_max": 0.01,
+                 "swap_rate": 0.05, "pretrain_epochs": 50.0, "weight_decay": 0.1,
+                 "epochs": 100.0},
 }
 
 #: the settings ``cli.json`` holds beside its ``options`` (fit's own arguments)
@@ -59,9 +66,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "settings of docs/reproduction/deep.md).  A setting the "
                                    "chosen --method does not read is an error.")
     p.add_argument("--dataset", choices=DATASETS, default="mnist1d",
-                   help="digits and mnist1d run offline; CIFAR reads --data-dir")
+                   help="digits, mnist1d and diabetes run offline; CIFAR reads --data-dir.  "
+                        "diabetes is a regression (defaults: likelihood gaussian, batch 32, "
+                        "lr 0.002-0.01, weight decay 0.1, 50 pretraining epochs, 100 epochs, "
+                        "swap rate 0.05)")
     p.add_argument("--model", choices=MODELS, default=None,
-                   help="default: mlp for digits and mnist1d, resnet20 for CIFAR")
+                   help="default: mlp for digits, mnist1d and diabetes (one hidden layer of 50), "
+                        "resnet20 for CIFAR")
     p.add_argument("--out", default=None, help="run folder")
     p.add_argument("--data-dir", default=None,
                    help="CIFAR: the folder holding cifar-10-batches-py / cifar-100-python")
@@ -85,6 +96,13 @@ def _build(settings: dict):
     ds = load_dataset(settings["dataset"], root=settings.get("data_dir"),
                       seed=settings["seed"])
     g = torch.Generator().manual_seed(rng.key(settings["seed"], rng.Stream.INIT, 0xDEE9))
+    if ds.classes == 0:  # a regression set
+        if settings["model"] != "mlp":
+            raise ValueError(f"dataset {settings['dataset']} is a regression set: --model mlp "
+                             f"only (got {settings['model']!r})")
+        from nrpt.deep.models import mlp
+
+        return ds, mlp(ds.x_train[0].numel(), 1, REGRESSION_HIDDEN, generator=g)
     model = build_model(settings["model"], tuple(ds.input_shape), ds.classes, generator=g)
     return ds, model
 
@@ -195,10 +213,13 @@ def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress:
 
 
 def _print_summary(s: dict, out: Path | None) -> None:
-    keys = ("method", "accuracy", "nll_mean", "nll_sum", "ece", "brier", "round_trips",
+    keys = ("method", "accuracy", "test_ll", "rmse", "noise", "nll_mean", "nll_sum", "ece",
+            "brier", "round_trips",
             "swap_rates", "learning_rates", "correction", "gradient_evaluations",
             "models_collected", "strategy", "wall_time_s")
     for k in keys:
+        if k not in s:  # (a regression summary has no accuracy, a classifier's no rmse)
+            continue
         v = s.get(k)
         if isinstance(v, float):
             v = f"{v:.4g}"

@@ -2,9 +2,9 @@
 
 The settings every method reads are :data:`CENTRAL`; a method declares the ones only it reads
 (``@method(NAME, options=(...))`` in :mod:`nrpt.deep.methods`).  A setting given to a run
-whose method does not read it is an error naming it; one left unset is ``None``.  One
-cross-field rules (``lr_min < lr_max``; ``channels_last`` only with the ``loop`` or ``auto``
-strategy) follow the checks."""
+whose method does not read it is an error naming it; one left unset is ``None``.  Cross-field
+rules (``lr_min < lr_max``; ``channels_last`` only with the ``loop`` or ``auto`` strategy;
+``noise`` and ``average`` against ``likelihood``) follow the checks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from nrpt.options import Option, check_int, choice, integer, parse_float, parse_
 __all__ = ["DeepConfig", "CENTRAL", "AVERAGES", "declarations", "known_options"]
 
 AVERAGES = ("probabilities", "logits")
+LIKELIHOODS = ("categorical", "gaussian")
 
 
 def _seed(name: str, value: Any, cfg: Any = None) -> int:
@@ -67,6 +68,12 @@ CENTRAL: tuple[Option, ...] = (
                 "an epoch)"),
     Option("average", choice(AVERAGES), "probabilities", choices=AVERAGES,
            help="the model average: 'probabilities' or 'logits'"),
+    Option("likelihood", choice(LIKELIHOODS), "categorical", choices=LIKELIHOODS,
+           help="categorical (integer class labels, cross entropy) or gaussian (float "
+                "targets [n] or [n, k], regression; never inferred from y's dtype)"),
+    Option("noise", _POS, parse=parse_float,
+           help="gaussian: the fixed noise sd in the targets' units (default: learned, a "
+                "log-sd parameter sampled with the weights)"),
     Option("device", _any, help="torch device (default: where the model's parameters are)"),
     Option("strategy", choice(STRATEGIES), "auto", choices=STRATEGIES,
            help="how the replicas are evaluated: auto (measured), loop, vmap or compile"),
@@ -133,6 +140,13 @@ class DeepConfig:
             raise ValueError(f"memory_format='channels_last' runs the loop strategy (vmap has no "
                              f"batching rule for that format); got strategy={self.strategy!r}: "
                              f"use strategy='loop' or 'auto', or memory_format='contiguous'")
+        if self.likelihood != "gaussian" and self.noise is not None:
+            raise ValueError(f"noise applies to likelihood='gaussian' only; got noise="
+                             f"{self.noise!r} with likelihood={self.likelihood!r}")
+        if self.likelihood == "gaussian" and self.average != "probabilities":
+            raise ValueError("average='logits' has no meaning for likelihood='gaussian' (the "
+                             "model average is the mixture of the collected Gaussians); "
+                             "leave average as 'probabilities'")
 
     def __repr__(self) -> str:
         return f"DeepConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"

@@ -1,4 +1,5 @@
-"""Offline classification datasets for deep posteriors, as tensors, with batched augmentation.
+"""Offline datasets for deep posteriors (classification, and diabetes for regression), as
+tensors, with batched augmentation.
 
 :func:`load_dataset` returns a :class:`Dataset` (float32 ``x[n, *input_shape]``, int64
 ``y[n]`` in ``[0, classes)``, fixed train/test split, optional ``augment``).  Nothing is
@@ -11,7 +12,13 @@ name           source                                              train / test 
 ``mnist1d``    the ``mnist1d`` package, generated offline           4000 / 1000    (1, 40)
 ``cifar10``    CIFAR-10 "python version" batches under ``root``    50000 / 10000  (3, 32, 32)
 ``cifar100``   CIFAR-100 "python version" (fine labels)            50000 / 10000  (3, 32, 32)
+``diabetes``   scikit-learn's bundled ``load_diabetes`` (regression) 354 / 88      (10,)
 =============  ==================================================  =============  ===========
+
+``diabetes`` is a regression set (``classes`` 0, float32 targets ``y[n]``: disease progression
+after one year, 25-346): a seeded 20 % test split, the ten raw features standardised with the
+training split's mean and (population) sd; the targets stay in their original units
+(:func:`nrpt.deep.fit` standardises them itself for ``likelihood="gaussian"``).
 
 Normalisation from training statistics (digits: one mean and sd; CIFAR: per channel;
 MNIST-1D: its package's).  CIFAR augmentation (:class:`CifarAugment`, Deng et al. 2023):
@@ -36,17 +43,18 @@ from torch import Tensor
 __all__ = ["DATASETS", "CifarAugment", "Dataset", "FlatAugment", "load_dataset",
            "random_crop", "random_erasing", "random_hflip"]
 
-DATASETS = ("digits", "mnist1d", "cifar10", "cifar100")
+DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "diabetes")
 
 Augment = Callable[[Tensor, torch.Generator], Tensor]
 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A classification dataset held in memory.
+    """A dataset held in memory.
 
     ``x_train[n, *input_shape]`` / ``x_test`` are float32, ``y_train[n]`` / ``y_test`` int64 in
-    ``[0, classes)``; ``input_shape == tuple(x_train.shape[1:])`` (``(prod,)`` when loaded with
+    ``[0, classes)`` (a regression set: ``classes`` 0 and float32 targets);
+    ``input_shape == tuple(x_train.shape[1:])`` (``(prod,)`` when loaded with
     ``flatten=True``).  ``augment`` is ``None`` or ``augment(x[B, *input_shape], generator)``
     returning a new tensor of the same shape (training batches only; never the test set)."""
 
@@ -194,6 +202,25 @@ def _digits(seed: int):
     mean, sd = x[tr].mean(), x[tr].std(correction=0)
     x = ((x - mean) / sd).to(torch.float32)
     return x[tr], y[tr], x[te], y[te], 10, None
+
+
+# ------------------------------------------------------------------------------ diabetes
+def _diabetes(seed: int):
+    try:
+        from sklearn.datasets import load_diabetes
+    except ImportError as err:                      # pragma: no cover - depends on the env
+        raise ImportError("dataset 'diabetes' needs scikit-learn: pip install 'nrpt[deep]'"
+                          ) from err
+    bunch = load_diabetes(scaled=False)
+    x = torch.as_tensor(bunch.data, dtype=torch.float64)
+    y = torch.as_tensor(bunch.target, dtype=torch.float64)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    n_test = int(math.floor(len(y) / 5 + 0.5))
+    te, tr = perm[:n_test], perm[n_test:]
+    mean, sd = x[tr].mean(0), x[tr].std(0, correction=0)
+    x = ((x - mean) / sd).to(torch.float32)
+    y = y.to(torch.float32)
+    return x[tr], y[tr], x[te], y[te], 0, None
 
 
 # ------------------------------------------------------------------------------ MNIST-1D
@@ -346,9 +373,10 @@ def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0,
     """Load dataset ``name`` (one of :data:`DATASETS`) as a :class:`Dataset`.
 
     Args:
-        name: ``digits``, ``mnist1d``, ``cifar10`` or ``cifar100``.
+        name: ``digits``, ``mnist1d``, ``cifar10``, ``cifar100`` or ``diabetes``.
         root: CIFAR only: the directory holding ``cifar-10-batches-py/`` or ``cifar-100-python/``.
-        seed: the digits split (stratified 25 % test set); no effect on the fixed splits.
+        seed: the digits split (stratified 25 % test set) and the diabetes one (20 %); no
+            effect on the fixed splits.
         flatten: ``x`` as ``[n, prod(input_shape)]`` (``input_shape = (prod,)``).
 
     Raises:
@@ -362,6 +390,8 @@ def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0,
         x, y, xt, yt, classes, augment = _digits(seed)
     elif name == "mnist1d":
         x, y, xt, yt, classes, augment = _mnist1d()
+    elif name == "diabetes":
+        x, y, xt, yt, classes, augment = _diabetes(seed)
     else:
         x, y, xt, yt, classes, augment = _cifar(name, root)
     shape = tuple(x.shape[1:])

@@ -56,7 +56,8 @@ def _check_data(name: str, data, classes: int | None = None) -> tuple[torch.Tens
     if X.shape[0] < 2:
         raise ValueError(f"{name} needs at least 2 examples")
     if y.dtype.is_floating_point or y.dtype == torch.bool:
-        raise ValueError(f"{name}: y must hold integer class labels; got {y.dtype}")
+        raise ValueError(f"{name}: y must hold integer class labels; got {y.dtype} (float "
+                         f"targets of a regression take likelihood='gaussian')")
     y = y.long()
     if int(y.min()) < 0 or (classes is not None and int(y.max()) >= classes):
         raise ValueError(f"{name}: labels must be in [0, {classes}); got min {int(y.min())}, "
@@ -94,6 +95,8 @@ class DeepResult:
     net: FunctionalNet | None = field(default=None, repr=False)
     store: ModelStore | None = field(default=None, repr=False)
     out: Path | None = None
+    #: a regression run's targets (:meth:`nrpt.deep.regression.Targets.state`); None: classes
+    targets: dict[str, Any] | None = None
 
     def __getattr__(self, name):
         summary = self.__dict__.get("summary", {})
@@ -116,6 +119,9 @@ class DeepResult:
     def predict_proba(self, X, average: str | None = None, chunk: int = 16) -> torch.Tensor:
         """The Bayesian model average's class probabilities ``[n, classes]`` on ``X``; the
         models are read from the store ``chunk`` at a time (float64 sums)."""
+        if self.targets is not None:
+            raise ValueError("predict_proba is for likelihood='categorical'; a regression "
+                             "run's predictive is predict(X) -> (mean, sd)")
         average = average or self.config.average
         if average not in AVERAGES:
             raise ValueError(f"average must be one of {AVERAGES}; got {average!r}")
@@ -135,6 +141,35 @@ class DeepResult:
             n += logits.shape[0]
         total = total / n
         return torch.softmax(total, -1) if average == "logits" else total
+
+    @torch.no_grad()
+    def predict(self, X, chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+        """A regression run's predictive on ``X``: the mean and sd of the mixture of the
+        collected Gaussians, float64 in the targets' original units, ``[n]`` (targets were
+        ``[n]``) or ``[n, k]``; the models are read from the store ``chunk`` at a time."""
+        from nrpt.deep.regression import targets_from_state
+
+        if self.targets is None:
+            raise ValueError("predict is for likelihood='gaussian'; a classifier's predictive "
+                             "is predict_proba(X)")
+        if self.store is None or not len(self.store):
+            raise ValueError("no models were collected (raise epochs or lower burn_in)")
+        t, net = targets_from_state(self.targets), self.net
+        X = torch.as_tensor(X).to(net.device, net.dtype)
+        strategy = self.summary.get("strategy", "vmap")
+        s1 = s2 = 0.0
+        n = 0
+        for theta, buf in self.store.chunks(chunk):
+            out = net.logits(theta.to(net.device, net.dtype), buf.to(net.device, net.dtype), X,
+                             strategy).double().cpu()
+            mu, log_sd = t.split(out)  # [S, n, k]
+            s1 = s1 + mu.sum(0)
+            s2 = s2 + (mu * mu + torch.exp(2 * log_sd)).sum(0)
+            n += mu.shape[0]
+        mean = s1 / n
+        var = s2 / n - mean * mean
+        mean, sd = mean * t.scale + t.mean, var.clamp(min=0).sqrt() * t.scale
+        return (mean[:, 0], sd[:, 0]) if t.vector else (mean, sd)
 
 
 # ---------------------------------------------------------------------------------- building
@@ -234,6 +269,8 @@ class _Job:
     say: Any = None
     strategy: str = "loop"
     timings: dict[str, Any] = field(default_factory=dict)
+    #: a regression run's targets (:class:`nrpt.deep.regression.Targets`); None: classes
+    targets: Any = None
 
     def __post_init__(self):
         self.N, self.dev, self.dtype = int(self.data[1].shape[0]), self.net.device, self.net.dtype
@@ -267,6 +304,11 @@ def _prepare(cfg, model, train, test, classes, augment) -> _Job:
     if cfg.device is not None and torch.device(cfg.device) != net.device:
         model = copy.deepcopy(model).to(cfg.device)  # the caller's model stays where it is
         net = FunctionalNet(model)
+    if cfg.likelihood == "gaussian":
+        if classes is not None:
+            raise ValueError(f"classes applies to likelihood='categorical' only; got "
+                             f"classes={classes!r} with likelihood='gaussian'")
+        return _prepare_regression(cfg, model, train, test, augment)
     dev, dtype = net.device, net.dtype
     Xtr, ytr = _check_data("train", train)
     n_classes = _classes_of(net, Xtr.to(dev, dtype))
@@ -292,6 +334,47 @@ def _prepare(cfg, model, train, test, classes, augment) -> _Job:
                 NetworkEnergy(target, B), per_epoch,
                 main_iters=max(1, round(cfg.epochs * per_epoch)),
                 pre_iters=round(cfg.pretrain_epochs * per_epoch))
+
+
+def _prepare_regression(cfg, model, train, test, augment) -> _Job:
+    """:func:`_prepare` of ``likelihood="gaussian"`` (:mod:`nrpt.deep.regression`): targets
+    standardised on the training split, a learned ``log_sd`` appended to the model's output
+    unless ``noise`` fixes it."""
+    from nrpt.deep.regression import GaussianLoss, NoiseHead, Targets, check_regression_data
+
+    Xtr, ytr = check_regression_data("train", train)
+    Xte, yte = check_regression_data("test", test)
+    targets = Targets(ytr, cfg.noise)
+    if yte.reshape(yte.shape[0], -1).shape[1] != targets.k or yte.dim() != ytr.dim():
+        raise ValueError(f"test: y has shape {list(yte.shape)}, train y {list(ytr.shape)} "
+                         f"(the same number of target columns)")
+    if Xte.shape[1:] != Xtr.shape[1:]:
+        raise ValueError(f"test: X rows have shape {list(Xte.shape[1:])}, train rows "
+                         f"{list(Xtr.shape[1:])}")
+    plain = FunctionalNet(model)
+    width = _classes_of(plain, Xtr[:2].to(plain.device, plain.dtype))
+    if width != targets.k:
+        raise ValueError(f"the model returns {width} outputs per example but y has "
+                         f"{targets.k} target column(s): give the model {targets.k} output(s) "
+                         f"(the predicted means)")
+    if targets.learned:
+        model = NoiseHead(model, targets.k)
+    net = FunctionalNet(model, loss=GaussianLoss(targets))
+    dev, dtype = net.device, net.dtype
+    N, B = int(ytr.shape[0]), cfg.batch_size
+    if B > N:
+        raise ValueError(f"batch_size ({B}) is larger than the training data (N = {N})")
+    fingerprint = {"train": _digest(Xtr, ytr), "test": _digest(Xte, yte),
+                   "model": _digest(*net.pack())}
+    Xtr, Xte = Xtr.to(dev, dtype), Xte.to(dev, dtype)
+    ytr, yte = targets.standardise(ytr, dtype).to(dev), targets.standardise(yte, dtype).to(dev)
+    per_epoch = math.ceil(N / B)
+    target = NetworkTarget(net, Xtr, ytr, weight_decay=cfg.weight_decay, augment=augment,
+                           strategy="loop")
+    return _Job(cfg, model, net, (Xtr, ytr, Xte, yte), fingerprint, target,
+                NetworkEnergy(target, B), per_epoch,
+                main_iters=max(1, round(cfg.epochs * per_epoch)),
+                pre_iters=round(cfg.pretrain_epochs * per_epoch), targets=targets)
 
 
 def _digest(*tensors: torch.Tensor) -> dict[str, Any]:
@@ -368,8 +451,16 @@ def _check_record(out: Path, cfg: DeepConfig, fingerprint: dict[str, Any]) -> di
     return record
 
 
+#: settings added after deep runs were first recorded, with the value a run that predates
+#: them ran with (so that such a run still resumes)
+_ADDED_SETTINGS = {"likelihood": "categorical"}
+
+
 def _same_settings(out: Path, then: dict, now: dict) -> None:
-    changed = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    def get(d, k):
+        return d.get(k, _ADDED_SETTINGS.get(k))
+
+    changed = sorted(k for k in set(then) | set(now) if get(then, k) != get(now, k))
     if changed:
         diff = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in changed)
         raise ValueError(f"cannot resume {out}: settings differ from the run's own ({diff})")
@@ -471,7 +562,8 @@ def _main(job: _Job, theta0, buf0, t0: float) -> DeepResult:
     Xte, yte = job.data[2], job.data[3]
     if method.swag:
         average, store = _swag_average(recorders["swag"].swag, job.net, bn0[0], job.target,
-                                       Xte, cfg, job.strategy, job.dev, _store(out))
+                                       Xte, cfg, job.strategy, job.dev, _store(out),
+                                       _new_average(job))
     else:
         average, store = recorders["bma"].bma, recorders["bma"].store
     summary = _summary(job, method, average, recorders, eng, facts, outcome,
@@ -479,7 +571,8 @@ def _main(job: _Job, theta0, buf0, t0: float) -> DeepResult:
     res = DeepResult(summary=summary, config=cfg, metrics=recorders["epochs"].rows,
                      index=recorders["index"].array() if "index" in recorders else None,
                      trace=recorders["trace"].arrays() if "trace" in recorders else {},
-                     net=job.net, out=out, store=store)
+                     net=job.net, out=out, store=store,
+                     targets=job.targets.state() if job.targets is not None else None)
     if out is not None:
         from nrpt.deep.report import write_folder
 
@@ -494,17 +587,23 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
     every = setup.every or cfg.collect_every or job.per_epoch
     start = int(cfg.burn_in * iters)
     Xte, yte = job.data[2], job.data[3]
-    bma = BMARecorder(job.net, Xte, yte, every=every, start=start, slots=setup.slots,
-                      strategy=job.strategy, stage=setup.stage,
-                      store=None if method.swag else _store(job.out))
+    bma_class, epochs_class, more = BMARecorder, EpochMetrics, {}
+    if job.targets is not None:
+        from nrpt.deep.regression import RegressionBMARecorder, RegressionEpochMetrics
+
+        bma_class, epochs_class = RegressionBMARecorder, RegressionEpochMetrics
+        more = {"targets": job.targets}
+    bma = bma_class(job.net, Xte, yte, every=every, start=start, slots=setup.slots,
+                    strategy=job.strategy, stage=setup.stage,
+                    store=None if method.swag else _store(job.out), **more)
     recorders: dict[str, Any] = {"bma": bma}
     if method.swag:
         recorders = {"swag": SWAGRecorder(job.net.dim, cfg.swag_rank, every=every,
                                           start=start)}
-    recorders["epochs"] = EpochMetrics(bma, job.net, Xte, yte,
+    recorders["epochs"] = epochs_class(bma, job.net, Xte, yte,
                                        every=max(1, round(cfg.eval_every * job.per_epoch)),
                                        lr_unit=job.N, strategy=job.strategy,
-                                       per_epoch=job.per_epoch, say=job.say)
+                                       per_epoch=job.per_epoch, say=job.say, **more)
     if not method.single:
         n_slots = cfg.chains
         recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype, device=eng.device)
@@ -521,12 +620,23 @@ def _store(out: Path | None) -> ModelStore:
     return ModelStore(None if out is None else out / MODELS_DIR)
 
 
-def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev, store: ModelStore):
-    """``swag_samples`` SWAG draws, each with its BatchNorm statistics refreshed on the
-    training data: ``(BMA, store)`` (the store emptied first: each session draws them anew)."""
+def _new_average(job: _Job):
+    """An empty model average: :class:`nrpt.deep.metrics.BMA`, or a regression run's
+    :class:`nrpt.deep.regression.GaussianMixture`."""
+    if job.targets is not None:
+        from nrpt.deep.regression import GaussianMixture
+
+        return GaussianMixture(job.targets, job.data[3])
     from nrpt.deep.metrics import BMA
 
-    average = BMA()
+    return BMA()
+
+
+def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev, store: ModelStore,
+                  average):
+    """``swag_samples`` SWAG draws, each with its BatchNorm statistics refreshed on the
+    training data, added to ``average`` (empty): ``(average, store)`` (the store emptied
+    first: each session draws them anew)."""
     store.clear()
     if swag.n_collected < 2:
         return average, store
@@ -540,7 +650,6 @@ def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev, store: Model
     return average, store
 
 
-
 def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
              wall) -> dict[str, Any]:
     from nrpt.deep.metrics import evaluate
@@ -550,7 +659,14 @@ def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
     s: dict[str, Any] = {"method": cfg.method, "chains": cfg.chains, "epochs": cfg.epochs,
                          "n_train": N, "batch_size": B, "iterations": int(eng.k),
                          "iterations_per_epoch": per_epoch}
-    if average.count:
+    if job.targets is not None:
+        from nrpt.deep.regression import describe
+
+        s.update(describe(job.targets))
+        s.update(average.evaluate() if average.count else
+                 {k: None for k in ("test_ll", "nll_mean", "nll_sum", "rmse",
+                                    "test_ll_standardised")})
+    elif average.count:
         s.update(evaluate(average.probs(cfg.average), y_test))
         other = "logits" if cfg.average == "probabilities" else "probabilities"
         s[f"{other}_average"] = evaluate(average.probs(other), y_test)

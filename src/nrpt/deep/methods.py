@@ -5,6 +5,7 @@ a builder takes a run's :class:`Context` and returns the :class:`Setup` of its m
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,6 +166,11 @@ def _tempered(ctx: Context, W: int) -> Setup:
     est = ctx.estimator
     noise_sd = float(est(eng.state.x, key, est.init_extras(eng.state.x, key),
                          need_grad=False).var.mean().sqrt())
+    if not math.isfinite(noise_sd):
+        raise FloatingPointError(
+            f"the minibatch energy of the replicas entering the main run is not finite (noise "
+            f"sd {noise_sd}): a replica diverged in pretraining; lower lr_max (now "
+            f"{cfg.lr_max}) or raise pretrain_epochs")
     gain = SAStepSize(cfg.sa_scale * max(noise_sd, 1e-12))
     adaptors = [CorrectionAdaptor(cfg.swap_rate, gain, pairs=cfg.sa_pairs),
                 LearningRateAdaptor(cfg.swap_rate, SAStepSize(), pairs=cfg.sa_pairs)]

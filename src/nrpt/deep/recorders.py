@@ -133,12 +133,7 @@ class EpochMetrics(RecorderBase):
         self._acc[3] += listed
         if (it.k + 1) % self.every:
             return
-        from nrpt.deep.metrics import evaluate
-
         row: dict[str, Any] = {"iteration": it.k + 1}
-        if self.bma.bma.count:
-            row.update({f"bma_{k}": v for k, v in
-                        evaluate(self.bma.bma.probs(), self.y).items()})
         a, n, v, m = self._acc.sum(dim=(1, 2)).tolist()
         row["swap_rate"] = a / n if n > 0 else None
         # verdicts of the pairs that could not swap (other parity, closed gate): under DEO_W
@@ -149,15 +144,27 @@ class EpochMetrics(RecorderBase):
         buf = it.state.extras["bn"][0, it.replica_at[0]]
         logits = self.net.logits(theta.to(self.net.dtype), buf.to(self.net.dtype), self.x,
                                  self.strategy)
-        row["slot_accuracy"] = (logits.argmax(-1) == self.y).double().mean(-1).tolist()
+        self._model_rows(row, logits)
         row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
         if "C" in it.params:
             row["C"] = float(it.params["C"][0, 0])
         self.rows.append(row)
         if self.say is not None:
-            self.say(_line(row))
+            self.say(self._line(row))
         self._acc.zero_()
+
+    def _model_rows(self, row: dict[str, Any], logits: torch.Tensor) -> None:
+        """The row's model metrics: the running BMA's and each slot's (``logits[P, n, C]``)."""
+        from nrpt.deep.metrics import evaluate
+
+        if self.bma.bma.count:
+            row.update({f"bma_{k}": v for k, v in
+                        evaluate(self.bma.bma.probs(), self.y).items()})
+        row["slot_accuracy"] = (logits.argmax(-1) == self.y).double().mean(-1).tolist()
+
+    def _line(self, row: dict[str, Any]) -> str:
+        return _line(row)
 
     def summary(self):
         return {}

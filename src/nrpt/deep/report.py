@@ -103,7 +103,7 @@ def _reliability_figure(res, x_test, y_test):
 
     from nrpt.deep.metrics import reliability
 
-    if res.store is None or not len(res.store):
+    if res.store is None or not len(res.store) or res.targets is not None:  # regression: no classes
         return None
     probs = res.predict_proba(x_test)
     rel = reliability(probs, y_test.to(probs.device))
