@@ -27,10 +27,14 @@ class BMARecorder(RecorderBase):
     name = "bma"
 
     def __init__(self, net: FunctionalNet, x_test, y_test, *, every: int, start: int,
-                 slots: list[int], strategy: str, stage=None):
+                 slots: list[int], strategy: str, stage=None, placement=None,
+                 classes: int | None = None):
         from nrpt.deep.metrics import BMA
 
         self.net, self.x, self.y = net, x_test, y_test
+        # where the replicas live (nrpt.deep.placement.Placement; set by nrpt.deep.fit): the
+        # logits are computed there, each replica alone, and gathered in slot order
+        self.placement, self.classes = placement, classes
         self.every, self.start, self.slots = int(every), int(start), list(slots)
         self.reads_slots = tuple(self.slots)
         self.strategy, self.stage = strategy, stage
@@ -46,12 +50,10 @@ class BMARecorder(RecorderBase):
     def record(self, it) -> None:
         if not self.due(it.k):
             return
-        theta = it.slot_x(self.slots)[0]  # [S, dim] (one system)
-        reps = it.replica_at[0, self.slots]
-        buf = it.state.extras["bn"][0, reps]
-        logits = self.net.logits(theta.to(self.net.dtype), buf.to(self.net.dtype), self.x,
-                                 self.strategy)
-        for row in logits:
+        theta, buf = self.placement.models(it.replica_at, self.slots)  # [S, dim] (one system)
+        logits = self.placement.logits(it.replica_at, self.slots, self.net, self.x,
+                                       self.strategy, self.classes)
+        for row in logits:  # in slot order, whatever the number of processes
             self.bma.add(row)
         self.collected_at.append(it.k + 1)
         self.models.append(theta.detach().to("cpu", torch.float32).clone())
@@ -134,11 +136,16 @@ class EpochMetrics(RecorderBase):
         # they hold their configuration for a window (docs/deep.md, "Which verdicts adapt C")
         row["verdict_rate_others"] = (v - a) / (m - n) if m > n else None
         P = it.slot_of.shape[1]
-        theta = it.slot_x(list(range(P)))[0]
-        buf = it.state.extras["bn"][0, it.replica_at[0]]
-        logits = self.net.logits(theta.to(self.net.dtype), buf.to(self.net.dtype), self.x,
-                                 self.strategy)
-        row["slot_accuracy"] = (logits.argmax(-1) == self.y).double().mean(-1).tolist()
+        net, x, y = self.net, self.x, self.y
+
+        def accuracy(theta, bn):  # where the replica lives; only the number is gathered
+            out = net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype), x,
+                             self.strategy)[0]
+            return (out.argmax(-1) == y).double().mean()[None]
+
+        acc = self.bma.placement.per_slot(it.replica_at, range(P), accuracy, (1,),
+                                          torch.float64)
+        row["slot_accuracy"] = acc[:, 0].tolist()
         row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
         if "C" in it.params:
