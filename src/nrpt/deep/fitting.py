@@ -14,8 +14,10 @@ import datetime
 import hashlib
 import json
 import math
+import os
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,7 +199,9 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     comm = _join(cfg)
     lead = comm is None or comm.rank == 0
-    with folder_lock(out if lead else None):
+    with folder_lock(out if lead else None), warnings.catch_warnings():
+        if not lead:  # (rank 0 warns for the run)
+            warnings.simplefilter("ignore")
         return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
                     classes=classes, resume=resume, callback=callback, say=say, comm=comm)
 
@@ -208,7 +212,11 @@ def _join(cfg: DeepConfig):
     several chains."""
     from nrpt.core import sharding
 
-    comm = sharding.from_env(str(cfg.device or "cpu"))
+    device = str(cfg.device or "cpu")
+    if device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # one GPU per process (NCCL's collectives and broadcast_object_list use the current one)
+        torch.cuda.set_device(torch.device(sharding.local_device(device)))
+    comm = sharding.from_env(device)
     if comm is None:
         return None
     if BUILDERS[cfg.method].single:
