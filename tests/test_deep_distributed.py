@@ -1,5 +1,6 @@
 """Network replicas across processes (``nrpt deep --nproc N``): for a fixed seed 1, 2 and 4 gloo
-processes give bit-for-bit the same model average, index process, per-epoch rows and summary;
+processes give bit-for-bit the same model average, index process, per-epoch rows and summary
+(and 3 processes over 4 chains, one of them holding no replica);
 a checkpoint written by 2 processes resumes on 1 to the uninterrupted run's result; a changed
 seed *is* detected (negative control).
 
@@ -203,7 +204,8 @@ def _same(a: dict, b: dict) -> list[str]:
 def test_deep_run_is_identical_on_1_2_and_4_processes(tmp_path, method):
     runs = {}
     extra = ["--window", "2"] if method == "deo-star" else []  # (swaps: windows of 2)
-    for n in (None, 2, 4) if method == "deo-star" else (None, 2):
+    # (ensemble on 3 processes: blocks of 2, 2 and 0 replicas, a rank holding none)
+    for n in (None, 2, 4) if method == "deo-star" else (None, 3):
         out = tmp_path / f"p{n}"
         r = _deep([*RUN, "--method", method, *extra, "--seed", "3", "--out", str(out)],
                   nproc=n)

@@ -124,6 +124,8 @@ class NetworkTarget:
     def energy(self, theta: torch.Tensor) -> torch.Tensor:
         theta = theta.reshape(-1, self.dim).to(self.net.dtype)
         n = theta.shape[0]
+        if n == 0:  # (a process holding no replicas)
+            return theta.new_zeros(0)
         buf = self.initial_buffers.to(theta.device).expand(n, -1)
         total = torch.zeros(n, dtype=torch.float64, device=theta.device)
         for xs, ys in zip(self.x.split(self.eval_chunk), self.y.split(self.eval_chunk),
@@ -159,12 +161,16 @@ class NetworkEnergy(EnergyEstimator):
         lead = x.shape[:-1]
         if buf.dim() == 1:
             return {"bn": buf.expand(*lead, -1).clone()}
-        return {"bn": buf.reshape(*lead, -1).clone()}
+        return {"bn": buf.reshape(*lead, buf.shape[-1]).clone()}
 
     def __call__(self, x, key, extras, need_grad=True):
         t, net = self.target, self.target.net
         lead, d = x.shape[:-1], x.shape[-1]
         n = math.prod(lead)
+        if n == 0:  # a process holding no replicas (more processes than blocks of chains)
+            z = x.new_zeros(lead)
+            return Estimate(z, x.new_zeros(x.shape) if need_grad else None, z,
+                            {"bn": extras["bn"].clone()})
         ids = replica_ids(tuple(lead), key)
         idx = self.batches(key, tuple(lead), x.device)
         xb = t.x[idx.reshape(n, -1)]  # [n, B, ...]
