@@ -173,9 +173,14 @@ RUN = ["--dataset", "digits", "--model", "mlp", "--chains", "4", "--epochs", "2"
 TIMING = {"wall_time_s", "loop_time_s", "strategy_timings_s"}
 
 
-def _deep(args: list[str], nproc: int | None = None) -> subprocess.CompletedProcess:
+def _deep(args: list[str], nproc: int | str | None = None) -> subprocess.CompletedProcess:
+    """``nrpt deep ARGS`` in one process, ``--nproc N``, or (``nproc="torchrun2"``) under
+    ``torchrun --nproc-per-node 2``."""
     cmd = [sys.executable, "-m", "nrpt", "deep", *args, "--no-progress"]
-    if nproc is not None:
+    if nproc == "torchrun2":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", *cmd[1:]]
+    elif nproc is not None:
         cmd += ["--nproc", str(nproc)]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
 
@@ -204,8 +209,9 @@ def _same(a: dict, b: dict) -> list[str]:
 def test_deep_run_is_identical_on_1_2_and_4_processes(tmp_path, method):
     runs = {}
     extra = ["--window", "2"] if method == "deo-star" else []  # (swaps: windows of 2)
-    # (ensemble on 3 processes: blocks of 2, 2 and 0 replicas, a rank holding none)
-    for n in (None, 2, 4) if method == "deo-star" else (None, 3):
+    # (ensemble on 3 processes: blocks of 2, 2 and 0 replicas, a rank holding none; and
+    # launched by torchrun)
+    for n in (None, 2, 4) if method == "deo-star" else (None, 3, "torchrun2"):
         out = tmp_path / f"p{n}"
         r = _deep([*RUN, "--method", method, *extra, "--seed", "3", "--out", str(out)],
                   nproc=n)
