@@ -71,6 +71,7 @@ def test_epoch_batches_are_uniform_subsets_without_duplicates():
     a = EpochBatches(N, B)(Key((7, 3, 0, 1)), (1, 2), "cpu")
     assert torch.equal(a, sampler(Key((7, 3, 0, 1)), (1, 2), "cpu"))
     assert not torch.equal(a[0, 0], a[0, 1])
+    assert torch.equal(a, sampler((7, 3, 0, 1), (1, 2), "cpu"))  # a plain tuple key too
 
 
 def test_epoch_batches_law_test_detects_a_biased_sampler():

@@ -82,7 +82,8 @@ class EpochBatches:
     def __call__(self, key, lead: tuple[int, ...], device) -> torch.Tensor:
         """Indices ``[*lead, B]`` of the replicas of a ``[R, w]`` block (``key``: an
         :class:`nrpt.rng.Key` carrying the block, or a plain ``(seed, iteration, ...)``)."""
-        if getattr(key, "count", 0):
+        key = rng.as_key(key)  # (a plain tuple's .count is tuple.count: never read it)
+        if key.count:
             raise ValueError("network replicas take one iteration's batches at a time "
                              "(no fused chunks of iterations)")
         seed, k, *rest = (int(p) for p in key)
