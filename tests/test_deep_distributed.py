@@ -260,3 +260,16 @@ def test_a_single_chain_method_refuses_several_processes(tmp_path):
     r = _deep([*RUN[:6], "--method", "swag", "--out", str(tmp_path / "s")], nproc=2)
     assert r.returncode != 0
     assert "runs one chain, in one process" in r.stderr
+
+
+def test_a_deep_run_that_cannot_be_spread_is_refused_before_any_launch(tmp_path, capsys):
+    from nrpt.run.cli import main
+
+    out = tmp_path / "r"
+    assert main(["deep", "--dataset", "digits", "--chains", "2", "--out", str(out),
+                 "--nproc", "3"]) == 2
+    assert "3 processes for 2 chains" in capsys.readouterr().err
+    assert main(["deep", "--dataset", "digits", "--method", "swag", "--out", str(out),
+                 "--nproc", "2"]) == 2
+    assert "runs one chain, in one process" in capsys.readouterr().err
+    assert not out.exists()  # nothing was started

@@ -24,7 +24,7 @@ from nrpt.deep.config import DeepConfig, declarations, known_options
 from nrpt.deep.fitting import folder_lock
 from nrpt.options import add_flags
 
-__all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command"]
+__all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command", "check_launch"]
 
 DATASETS = ("digits", "mnist1d", "cifar10", "cifar100")
 MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
@@ -96,6 +96,31 @@ def _build(settings: dict):
     g = torch.Generator().manual_seed(rng.key(settings["seed"], rng.Stream.INIT, 0xDEE9))
     model = build_model(settings["model"], tuple(ds.input_shape), ds.classes, generator=g)
     return ds, model
+
+
+def check_launch(args, nproc: int) -> None:
+    """Before ``--nproc N`` starts any process: a deep run (new, or resumed from its
+    ``cli.json``) can be spread over ``nproc`` processes (at most one per chain; a method of
+    several chains), else the ``ValueError`` naming why."""
+    from nrpt.core.sharding import check_world
+    from nrpt.deep.methods import BUILDERS
+
+    if args.command == "deep" and not args.resume:
+        known = known_options()
+        method = args.method or known["method"].default
+        chains = args.chains or known["chains"].default
+    else:
+        folder = Path(args.resume if args.command == "deep" else args.out)
+        try:
+            settings = json.loads((folder / "cli.json").read_text())
+        except (OSError, ValueError):
+            return  # (the resumption's own checks name what is wrong)
+        method, chains = settings.get("method"), settings.get("chains")
+    if method in BUILDERS and BUILDERS[method].single:
+        raise ValueError(f"method {method!r} runs one chain, in one process: run it without "
+                         f"--nproc")
+    if isinstance(chains, int):
+        check_world(nproc, chains)
 
 
 def _lead() -> bool:
