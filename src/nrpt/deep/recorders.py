@@ -50,6 +50,9 @@ class BMARecorder(RecorderBase):
     def record(self, it) -> None:
         if not self.due(it.k):
             return
+        if self.placement is None:
+            raise ValueError("BMARecorder needs placement=nrpt.deep.placement.Placement(engine) "
+                             "and classes= to evaluate the collected models")
         theta, buf = self.placement.models(it.replica_at, self.slots)  # [S, dim] (one system)
         logits = self.placement.logits(it.replica_at, self.slots, self.net, self.x,
                                        self.strategy, self.classes)
