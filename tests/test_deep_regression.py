@@ -18,7 +18,6 @@ from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.fitting import fit
 from nrpt.deep.regression import GaussianLoss, GaussianMixture, NoiseHead, Targets
 from nrpt.deep.replicas import FunctionalNet
-from nrpt.energy.estimators import batch_indices
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -73,7 +72,7 @@ def test_energy_is_the_gaussian_nll_plus_prior(learned):
     x = theta.reshape(1, 4, -1)
     key = rng.Key((5, 1))
     e = est(x, key, est.init_extras(x, key))
-    idx = batch_indices((1, 4), N, B, False, key, x.device).reshape(4, B)
+    idx = est.batches(key, (1, 4), x.device).reshape(4, B)
     for i in range(4):
         log_sd = float(theta[i, 0]) if learned else math.log(0.7 / float(t.scale[0]))
         want, per = _hand_energy(theta[i], X, ys[:, 0], log_sd, wd, N, idx[i])

@@ -3,10 +3,14 @@
     nrpt deep --dataset mnist1d --model mlp --method deo-star --chains 4 --epochs 40 \\
               --seed 0 --out runs/deep
     nrpt resume runs/deep            (or: nrpt deep --resume runs/deep)
+    nrpt deep ... --nproc 4          (replicas over 4 local processes; or
+                                      torchrun --nproc-per-node 4 -m nrpt deep ...)
 
 The run folder gets ``cli.json`` (the command's settings, written first so that a resumption
 can rebuild the data and the model), then what :func:`nrpt.deep.fit` writes (``run.json`` with
-``kind = "deep"``: what ``nrpt resume`` recognises)."""
+``kind = "deep"``: what ``nrpt resume`` recognises).  With several processes rank 0 owns the
+folder and prints; the others read ``cli.json`` from it when resuming (one machine, or a
+shared file system)."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from nrpt.deep.config import DeepConfig, declarations, known_options
 from nrpt.deep.fitting import folder_lock
 from nrpt.options import add_flags
 
-__all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command"]
+__all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command", "check_launch"]
 
 DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "diabetes")
 MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
@@ -80,6 +84,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="continue the interrupted run in DIR (other flags are ignored; the same as "
                         "`nrpt resume DIR`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="spread the replicas over N local processes (torch.distributed: gloo, "
+                        "one GPU each with --device cuda); a checkpoint resumes on any number; "
+                        "for a fixed seed the results do not depend on N (bit for bit on CPU "
+                        "with --strategy loop, what auto takes with N > 1)")
     add_flags(p, ((o, "settings (nrpt.deep.DeepConfig)" if names is None else
                    f"settings of method{'s' if len(names) > 1 else ''} {', '.join(names)}")
                   for o, names in declarations()), describe=_help)
@@ -107,13 +116,43 @@ def _build(settings: dict):
     return ds, model
 
 
+def check_launch(args, nproc: int) -> None:
+    """Before ``--nproc N`` starts any process: a deep run (new, or resumed from its
+    ``cli.json``) can be spread over ``nproc`` processes (at most one per chain; a method of
+    several chains), else the ``ValueError`` naming why."""
+    from nrpt.core.sharding import check_world
+    from nrpt.deep.methods import BUILDERS
+
+    if args.command == "deep" and not args.resume:
+        known = known_options()
+        method = args.method or known["method"].default
+        chains = args.chains or known["chains"].default
+    else:
+        folder = Path(args.resume if args.command == "deep" else args.out)
+        try:
+            settings = json.loads((folder / "cli.json").read_text())
+        except (OSError, ValueError):
+            return  # (the resumption's own checks name what is wrong)
+        method, chains = settings.get("method"), settings.get("chains")
+    if method in BUILDERS and BUILDERS[method].single:
+        raise ValueError(f"method {method!r} runs one chain, in one process: run it without "
+                         f"--nproc")
+    if isinstance(chains, int):
+        check_world(nproc, chains)
+
+
+def _lead() -> bool:
+    """Whether this process owns the run folder (rank 0 of a multi-process launch)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def run(args) -> int:
     """``nrpt deep``: a new run, or with ``--resume DIR`` the resumption of one."""
     if args.resume:
         return resume(args.resume, progress=not args.no_progress)
     # the folder's lock from before cli.json is written to the end of the run: a second run
     # or resume of the same folder is refused (RunFolderBusy: nrpt: error ...)
-    with folder_lock(args.out):
+    with folder_lock(args.out if _lead() else None):
         return _start(args)
 
 
@@ -128,13 +167,12 @@ def is_deep_run(folder) -> bool:
 def resume_command(args) -> int:
     """``nrpt resume DIR`` of a deep run (the options of sampler runs do not apply)."""
     given = [flag for flag, value in (("--iterations", args.iterations),
-                                      ("--target", args.target), ("--threads", args.threads),
-                                      ("--nproc", getattr(args, "nproc", None)))
+                                      ("--target", args.target), ("--threads", args.threads))
              if value is not None]
-    if given or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        print(f"nrpt: error: {args.out} holds a deep run: {', '.join(given) or '--nproc'} "
-              f"does not apply to it (its budget is its epochs; it runs on one process); "
-              f"resume it with `nrpt resume {args.out}`", file=sys.stderr)
+    if given:
+        print(f"nrpt: error: {args.out} holds a deep run: {', '.join(given)} does not apply "
+              f"to it (its budget is its epochs); resume it with `nrpt resume {args.out}` "
+              f"(--nproc N: on N processes)", file=sys.stderr)
         return 2
     return resume(args.out, progress=not args.no_progress)
 
@@ -146,7 +184,7 @@ def resume(folder, progress: bool = True) -> int:
     if not out.is_dir():
         print(f"nrpt: error: {out} holds no `nrpt deep` run (no such folder)", file=sys.stderr)
         return 2
-    with folder_lock(out):
+    with folder_lock(out if _lead() else None):
         if not (out / "cli.json").exists():
             why = ("it was started from Python (nrpt.deep.fit), which keeps no model or data "
                    "in the folder: resume it with nrpt.deep.fit(..., out=DIR, resume=True)"
@@ -179,7 +217,7 @@ def _start(args) -> int:
     # bad values fail here, before any data is loaded
     DeepConfig(**settings["options"], **{n: settings[n] for n in _FIT})
     out = Path(args.out) if args.out else None
-    if out is not None:
+    if out is not None and _lead():
         rf.check_folder_name(out)  # before anything is created (or loaded)
         if any((out / name).exists() for name in (rf.RUN_JSON, rf.CHECKPOINT)):
             print(f"nrpt: error: {out} already holds a run; `nrpt resume {out}` or choose "
@@ -193,7 +231,7 @@ def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress:
     from nrpt.run import folder as rf
 
     ds, model = _build(settings)
-    if out is not None and not resume:
+    if out is not None and not resume and _lead():
         out.mkdir(parents=True, exist_ok=True)
         rf.atomic_write(out / "cli.json", json.dumps(settings, indent=2), sync=False)
     say = None
@@ -205,6 +243,8 @@ def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress:
               method=settings["method"], chains=settings["chains"], epochs=settings["epochs"],
               seed=settings["seed"], out=out, progress=progress, augment=ds.augment,
               resume=resume, say=say, **settings["options"])
+    if not _lead():
+        return 130 if res.summary.get("interrupted") else 0
     _print_summary(res.summary, out)
     if res.summary.get("interrupted"):
         print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")

@@ -8,7 +8,15 @@ Energy of parameters ``theta`` on ``N`` examples with weight decay ``wd``::
 so ``theta - eta ∇Ũ`` with ``eta = lr / N`` is PyTorch's SGD step of rate ``lr`` on the mean
 batch loss.  ``Ũ_B`` (training mode: BatchNorm batch statistics, augmentation) is the swap
 energy (Deng et al. 2023, Sec. 4.2).  Each replica draws its own keyed batch per iteration
-(one epoch = ``N / B`` iterations); its BatchNorm statistics are ``extras["bn"]``."""
+(one epoch = ``ceil(N / B)`` iterations, :class:`EpochBatches`); its BatchNorm statistics are
+``extras["bn"]``.
+
+Shard invariance: a replica's batch, its augmentation and its dropout are keyed by the
+iteration's key and the replica's GLOBAL index ``(system, replica)`` (never drawn for a
+process's block as a whole).  With the ``loop`` strategy (each replica evaluated alone) the
+rows of a replica are then bit for bit the same whichever process holds it and however many
+replicas that process holds; ``vmap`` batches the replicas of a block, and its rows can
+depend on the block's size (on CPU: not for MLPs, by a few ulps for CNNs)."""
 
 from __future__ import annotations
 
@@ -18,14 +26,72 @@ import torch
 
 from nrpt import rng
 from nrpt.deep.replicas import FunctionalNet
-from nrpt.energy.estimators import EnergyEstimator, Estimate, batch_indices
+from nrpt.energy.estimators import EnergyEstimator, Estimate
 
-__all__ = ["NetworkTarget", "NetworkEnergy", "DEEP_STREAMS"]
+__all__ = ["NetworkTarget", "NetworkEnergy", "DEEP_STREAMS", "EpochBatches", "replica_ids"]
 
 
 class DEEP_STREAMS:  # noqa: N801 - a namespace of constants
     AUGMENT = rng.Stream.USER + 501
     DROPOUT = rng.Stream.USER + 502
+    BATCH = rng.Stream.USER + 503
+
+
+def replica_ids(lead: tuple[int, ...], key) -> list[tuple[int, int]]:
+    """The global ``(system, replica)`` of every row of a ``[R, w]`` block of replicas, in row
+    order (``key.block``: the replicas this process holds; ``None``: all, from 0)."""
+    if len(lead) != 2:
+        raise ValueError(f"network replicas come as [systems, replicas, dim]; got leading "
+                         f"shape {list(lead)}")
+    block = getattr(key, "block", None)
+    lo = 0 if block is None else block.lo
+    R, w = lead
+    return [(s, lo + r) for s in range(R) for r in range(w)]
+
+
+class EpochBatches:
+    """Keyed minibatches in epochs, O(batch) per replica and iteration (amortised).
+
+    Law: replica ``(s, r)`` at iteration ``k`` of the key ``(seed, k, *rest)`` reads positions
+    ``[j B, j B + B)`` (``j = k mod E``, ``E = ceil(N / B)`` iterations per epoch; the last
+    batch of an epoch takes the last ``B`` positions when ``B`` does not divide ``N``) of a
+    uniformly random permutation of the ``N`` examples drawn once per epoch ``k div E`` from a
+    generator keyed by ``(seed, BATCH, epoch, *rest, s, r)``.  So every batch is a uniformly
+    random ``B``-subset (no duplicates; each example is in it with probability ``B / N``), and
+    within an epoch a replica sees every example (exactly once when ``B`` divides ``N``).
+    The permutation of the current epoch is cached per replica (``P * N`` integers)."""
+
+    def __init__(self, n_data: int, batch: int, per_epoch: int | None = None):
+        self.n_data, self.batch = int(n_data), int(batch)
+        if not 1 <= self.batch <= self.n_data:
+            raise ValueError(f"batch must be in [1, {self.n_data}]; got {batch!r}")
+        self.per_epoch = int(per_epoch) if per_epoch else math.ceil(self.n_data / self.batch)
+        self._perms: dict[tuple, tuple[int, torch.Tensor]] = {}
+
+    def perm(self, seed: int, epoch: int, rest: tuple, s: int, r: int, device) -> torch.Tensor:
+        ck = (seed, rest, s, r, str(device))
+        hit = self._perms.get(ck)
+        if hit is None or hit[0] != epoch:
+            g = rng.generator_for(seed, DEEP_STREAMS.BATCH, epoch, *rest, s, r, device=device)
+            hit = (epoch, torch.randperm(self.n_data, generator=g, device=device))
+            if len(self._perms) > 4096:  # keys of one-off evaluations: keep the cache bounded
+                self._perms.clear()
+            self._perms[ck] = hit
+        return hit[1]
+
+    def __call__(self, key, lead: tuple[int, ...], device) -> torch.Tensor:
+        """Indices ``[*lead, B]`` of the replicas of a ``[R, w]`` block (``key``: an
+        :class:`nrpt.rng.Key` carrying the block, or a plain ``(seed, iteration, ...)``)."""
+        key = rng.as_key(key)  # (a plain tuple's .count is tuple.count: never read it)
+        if key.count:
+            raise ValueError("network replicas take one iteration's batches at a time "
+                             "(no fused chunks of iterations)")
+        seed, k, *rest = (int(p) for p in key)
+        epoch, j = divmod(k, self.per_epoch)
+        start = min(j * self.batch, self.n_data - self.batch)
+        rows = [self.perm(seed, epoch, tuple(rest), s, r, device)[start:start + self.batch]
+                for s, r in replica_ids(tuple(lead), key)]
+        return torch.stack(rows).reshape(*lead, self.batch)
 
 
 class NetworkTarget:
@@ -59,6 +125,8 @@ class NetworkTarget:
     def energy(self, theta: torch.Tensor) -> torch.Tensor:
         theta = theta.reshape(-1, self.dim).to(self.net.dtype)
         n = theta.shape[0]
+        if n == 0:  # (a process holding no replicas)
+            return theta.new_zeros(0)
         buf = self.initial_buffers.to(theta.device).expand(n, -1)
         total = torch.zeros(n, dtype=torch.float64, device=theta.device)
         for xs, ys in zip(self.x.split(self.eval_chunk), self.y.split(self.eval_chunk),
@@ -84,6 +152,7 @@ class NetworkEnergy(EnergyEstimator):
                              f"(N = {target.n_data})")
         self.target, self.batch_size = target, int(batch_size)
         self.n_data = target.n_data
+        self.batches = EpochBatches(self.n_data, self.batch_size)
 
     def full(self, x):
         return self.target.energy(x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
@@ -93,20 +162,29 @@ class NetworkEnergy(EnergyEstimator):
         lead = x.shape[:-1]
         if buf.dim() == 1:
             return {"bn": buf.expand(*lead, -1).clone()}
-        return {"bn": buf.reshape(*lead, -1).clone()}
+        return {"bn": buf.reshape(*lead, buf.shape[-1]).clone()}
 
     def __call__(self, x, key, extras, need_grad=True):
         t, net = self.target, self.target.net
         lead, d = x.shape[:-1], x.shape[-1]
         n = math.prod(lead)
-        idx = batch_indices(lead, self.n_data, self.batch_size, False, key, x.device)
+        if n == 0:  # a process holding no replicas (more processes than blocks of chains)
+            z = x.new_zeros(lead)
+            return Estimate(z, x.new_zeros(x.shape) if need_grad else None, z,
+                            {"bn": extras["bn"].clone()})
+        ids = replica_ids(tuple(lead), key)
+        idx = self.batches(key, tuple(lead), x.device)
         xb = t.x[idx.reshape(n, -1)]  # [n, B, ...]
         yb = t.y[idx.reshape(n, -1)]
         seed, *parts = key
-        if t.augment is not None:
-            g = rng.generator_for(seed, DEEP_STREAMS.AUGMENT, *parts, device=x.device)
-            xb = t.augment(xb.reshape(n * self.batch_size, *xb.shape[2:]), g).reshape(xb.shape)
-        dropout_seed = rng.key(seed, DEEP_STREAMS.DROPOUT, *parts)
+        if t.augment is not None:  # each replica's own keyed draws
+            xb = torch.stack([
+                t.augment(xb[i], rng.generator_for(seed, DEEP_STREAMS.AUGMENT, *parts, s, r,
+                                                   device=x.device))
+                for i, (s, r) in enumerate(ids)])
+        # per replica: dropout keyed by (system, replica), rows evaluated one by one when the
+        # network draws random numbers (replicas.FunctionalNet.loss_and_grad)
+        dropout_seed = [rng.key(seed, DEEP_STREAMS.DROPOUT, *parts, s, r) for s, r in ids]
         theta = x.reshape(n, d).to(net.dtype)
         buf = extras["bn"].reshape(n, -1).to(net.dtype)
         losses, g, new = net.loss_and_grad(theta, buf, xb, yb, t.strategy, dropout_seed)

@@ -14,8 +14,10 @@ import datetime
 import hashlib
 import json
 import math
+import os
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,10 @@ from nrpt.core.loop import Plan, Run, execute
 from nrpt.deep.config import AVERAGES, DeepConfig
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.methods import BUILDERS, METHODS, Context, Method, Setup, make_engine
+from nrpt.deep.placement import Placement
 from nrpt.deep.recorders import BMARecorder, EpochMetrics, IndexRecorder, SWAGRecorder
 from nrpt.deep.replicas import FunctionalNet, choose_strategy
-from nrpt.deep.store import MODELS_DIR, ModelStore
+from nrpt.deep.store import MODELS_DIR, ModelStore, ModelTally
 from nrpt.explorers.sgmcmc import Cyclical, MomentumSGD
 from nrpt.recorders.stats import RoundTrips, SwapStats, Trace, json_ready
 from nrpt.run import folder as rf
@@ -237,11 +240,63 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     the call, :class:`nrpt.run.folder.RunFolderBusy` otherwise); ``resume=True`` continues it
     (same model and data).  ``callback(engine)``: every 256 iterations; raising
     ``KeyboardInterrupt`` stops cleanly with a checkpoint.  ``say(line)``: one line per
-    evaluation epoch."""
+    evaluation epoch.
+
+    Under ``torchrun`` (or ``nrpt deep --nproc N``: ``WORLD_SIZE`` > 1) the replicas are
+    spread over the processes (:mod:`nrpt.core.sharding`; gloo on CPU, NCCL and one GPU per
+    process with ``device="cuda"``): every process calls ``fit`` with the same model, data
+    and settings; rank 0 owns the run folder and returns the result, the other ranks return a
+    :class:`DeepResult` whose ``summary`` holds only ``rank`` and ``interrupted``.  For a fixed
+    seed the results do not depend on the number of processes (bit for bit on CPU with the
+    ``loop`` strategy, which ``auto`` resolves to there)."""
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
-    with folder_lock(out):
+    comm = _join(cfg)
+    lead = comm is None or comm.rank == 0
+    with folder_lock(out if lead else None), warnings.catch_warnings():
+        if not lead:  # (rank 0 warns for the run)
+            warnings.simplefilter("ignore")
         return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
-                    classes=classes, resume=resume, callback=callback, say=say)
+                    classes=classes, resume=resume, callback=callback, say=say, comm=comm)
+
+
+def _join(cfg: DeepConfig):
+    """The :class:`nrpt.core.sharding.Comm` of a multi-process launch (``None``: one
+    process), once the run can be spread: at most one process per chain, a method of
+    several chains."""
+    from nrpt.core import sharding
+
+    device = str(cfg.device or "cpu")
+    if device.startswith("cuda") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # one GPU per process (NCCL's collectives and broadcast_object_list use the current one)
+        torch.cuda.set_device(torch.device(sharding.local_device(device)))
+    comm = sharding.from_env(device)
+    if comm is None:
+        return None
+    if BUILDERS[cfg.method].single:
+        raise ValueError(f"method {cfg.method!r} runs one chain, in one process; got "
+                         f"{comm.world} processes (run it without --nproc / torchrun, or use "
+                         f"{', '.join(m for m, b in BUILDERS.items() if not b.single)})")
+    sharding.check_world(comm.world, int(cfg.chains))
+    comm.check_same(json.dumps(cfg.to_dict(), sort_keys=True, default=str), "setting")
+    return comm
+
+
+def _agree(comm, lead_part):
+    """``lead_part()`` run by rank 0 and its value given to every rank (``comm`` None: just
+    run it); an error on rank 0 stops every rank (no rank waits in a collective for it)."""
+    if comm is None:
+        return lead_part()
+    if comm.rank == 0:
+        try:
+            value = lead_part()
+        except BaseException as err:
+            comm.share({"error": f"{type(err).__name__}: {err}"})
+            raise
+        return comm.share({"error": None, "value": value})["value"]
+    told = comm.share(None)
+    if told["error"] is not None:
+        raise ValueError(f"rank 0 stopped the run: {told['error']}")
+    return told["value"]
 
 
 
@@ -271,25 +326,45 @@ class _Job:
     timings: dict[str, Any] = field(default_factory=dict)
     #: a regression run's targets (:class:`nrpt.deep.regression.Targets`); None: classes
     targets: Any = None
+    #: outputs per example (classes, or a regression's means and log-sds)
+    classes: int = 0
+    comm: Any = None  # nrpt.core.sharding.Comm of a multi-process run
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process owns the run folder (rank 0, or the only process)."""
+        return self.comm is None or self.comm.rank == 0
 
     def __post_init__(self):
         self.N, self.dev, self.dtype = int(self.data[1].shape[0]), self.net.device, self.net.dtype
 
     def execute(self, run: Run, out: Path | None, resume: dict | None):
-        return execute(run, out=out, checkpoint_every=self.cfg.checkpoint_every,
-                       progress=self.progress, resume=resume, header=self.header,
-                       callback=self.callback)
+        return execute(run, out=out if self.lead else None,
+                       checkpoint_every=self.cfg.checkpoint_every,
+                       progress=self.progress and self.lead, resume=resume,
+                       header=self.header, callback=self.callback)
 
 
 def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, callback,
-         say) -> DeepResult:
-    job = _prepare(cfg, model, train, test, classes, augment)
+         say, comm=None) -> DeepResult:
+    job = _prepare(cfg, model, train, test, classes, augment, comm)
     job.resume, job.progress, job.callback, job.say = resume, progress, callback, say
-    _open_folder(job, Path(out) if out is not None else None)
+    if comm is not None:
+        comm.check_same(json.dumps(job.fingerprint, sort_keys=True), "model and data")
+        if not job.lead:
+            job.say = None
+    out = Path(out) if out is not None else None
+
+    def open_folder():
+        _open_folder(job, out)
+        return job.header
+
+    job.header = _agree(comm, open_folder)
+    job.out = out if job.lead else None  # (rank 0 owns the folder: the others write nothing)
     t_start = time.perf_counter()
     # the wall time of the sessions before this one (an interrupted run's summary.json holds
     # it), so that a resumption adds to the run's time instead of replacing it
-    earlier = _earlier_wall_time(job.out) if resume else 0.0
+    earlier = _earlier_wall_time(job.out) if resume and job.lead else 0.0
     theta0, buf0 = _initial_replicas(job.net, job.model, cfg.chains, cfg.seed)
     _choose_strategy(job, theta0, buf0)
     started = _pretrain(job, theta0, buf0)
@@ -298,17 +373,22 @@ def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, ca
     return _main(job, *started, t_start - earlier)
 
 
-def _prepare(cfg, model, train, test, classes, augment) -> _Job:
+def _prepare(cfg, model, train, test, classes, augment, comm=None) -> _Job:
     """The model on the run's device, the data checked (and fingerprinted), the target."""
+    from nrpt.core.sharding import local_device
+
     net = FunctionalNet(model)
-    if cfg.device is not None and torch.device(cfg.device) != net.device:
-        model = copy.deepcopy(model).to(cfg.device)  # the caller's model stays where it is
+    # (several processes: cuda is each process's own GPU, cuda:LOCAL_RANK)
+    device = None if cfg.device is None else (
+        local_device(str(cfg.device)) if comm is not None else cfg.device)
+    if device is not None and torch.device(device) != net.device:
+        model = copy.deepcopy(model).to(device)  # the caller's model stays where it is
         net = FunctionalNet(model)
     if cfg.likelihood == "gaussian":
         if classes is not None:
             raise ValueError(f"classes applies to likelihood='categorical' only; got "
                              f"classes={classes!r} with likelihood='gaussian'")
-        return _prepare_regression(cfg, model, train, test, augment)
+        return _prepare_regression(cfg, model, train, test, augment, comm)
     dev, dtype = net.device, net.dtype
     Xtr, ytr = _check_data("train", train)
     n_classes = _classes_of(net, Xtr.to(dev, dtype))
@@ -333,10 +413,11 @@ def _prepare(cfg, model, train, test, classes, augment) -> _Job:
     return _Job(cfg, model, net, (Xtr, ytr, Xte, yte), fingerprint, target,
                 NetworkEnergy(target, B), per_epoch,
                 main_iters=max(1, round(cfg.epochs * per_epoch)),
-                pre_iters=round(cfg.pretrain_epochs * per_epoch))
+                pre_iters=round(cfg.pretrain_epochs * per_epoch), classes=n_classes,
+                comm=comm)
 
 
-def _prepare_regression(cfg, model, train, test, augment) -> _Job:
+def _prepare_regression(cfg, model, train, test, augment, comm=None) -> _Job:
     """:func:`_prepare` of ``likelihood="gaussian"`` (:mod:`nrpt.deep.regression`): targets
     standardised on the training split, a learned ``log_sd`` appended to the model's output
     unless ``noise`` fixes it."""
@@ -374,7 +455,8 @@ def _prepare_regression(cfg, model, train, test, augment) -> _Job:
     return _Job(cfg, model, net, (Xtr, ytr, Xte, yte), fingerprint, target,
                 NetworkEnergy(target, B), per_epoch,
                 main_iters=max(1, round(cfg.epochs * per_epoch)),
-                pre_iters=round(cfg.pretrain_epochs * per_epoch), targets=targets)
+                pre_iters=round(cfg.pretrain_epochs * per_epoch), targets=targets,
+                classes=_classes_of(net, Xtr[:2]), comm=comm)
 
 
 def _digest(*tensors: torch.Tensor) -> dict[str, Any]:
@@ -492,9 +574,25 @@ def _earlier_wall_time(folder: Path) -> float:
 def _choose_strategy(job: _Job, theta0, buf0) -> None:
     """The execution strategy, measured on one step of the real batch (a resumption reuses the
     run's own: strategies agree only to rounding)."""
+    job.strategy, job.timings = _agree(job.comm, lambda: _strategy(job, theta0, buf0))
+    job.target.strategy = job.strategy
+
+
+def _strategy(job: _Job, theta0, buf0) -> tuple[str, dict]:
+    """(rank 0's part of :func:`_choose_strategy`)"""
     cfg, out = job.cfg, job.out
     if job.resume and (out / STRATEGY_FILE).exists():
         job.strategy = json.loads((out / STRATEGY_FILE).read_text())["strategy"]
+    elif job.comm is not None and cfg.strategy == "auto":
+        # several processes: each replica evaluated alone, whatever the block a process
+        # holds (vmap's batched rows can depend on the block's size: then the results would
+        # depend on the number of processes)
+        job.strategy, job.timings = "loop", {}
+        if out is not None:
+            rf.atomic_write(out / STRATEGY_FILE, json.dumps({
+                "strategy": "loop", "timings_s": {},
+                "why": f"auto with {job.comm.world} processes: per-replica evaluation, "
+                       f"independent of the number of processes"}))
     else:
         P, B, (Xtr, ytr, _, _) = cfg.chains, cfg.batch_size, job.data
         probe_idx = torch.arange(P * B, device=job.dev).reshape(P, B) % job.N
@@ -506,7 +604,7 @@ def _choose_strategy(job: _Job, theta0, buf0) -> None:
         if out is not None:
             rf.atomic_write(out / STRATEGY_FILE, json.dumps({"strategy": job.strategy,
                                                              "timings_s": job.timings}))
-    job.target.strategy = job.strategy
+    return job.strategy, job.timings
 
 
 def _pretrain(job: _Job, theta0, buf0):
@@ -515,27 +613,34 @@ def _pretrain(job: _Job, theta0, buf0):
     :class:`DeepResult` of an interrupted pretraining."""
     cfg, out, dev = job.cfg, job.out, job.dev
     pre_path = out / PRETRAINED if out is not None else None
-    if job.resume and pre_path.exists():
-        saved = rf.load_verified(pre_path)
-        return saved["theta"].to(dev), saved["buffers"].to(dev)
+    pre_dir = out / "pretrain" if out is not None else None
+
+    def saved():  # (rank 0 reads the folder; several processes: it hands the others what it read)
+        if job.resume and pre_path.exists():
+            return "pretrained", rf.load_verified(pre_path)
+        if job.pre_iters > 0 and pre_dir is not None:
+            pre_dir.mkdir(exist_ok=True)
+            if job.resume and rf.checkpoint_exists(pre_dir):
+                return "checkpoint", _resumable(pre_dir, job.header)
+        return None, None
+
+    what, content = _agree(job.comm, saved)
+    if what == "pretrained":
+        return content["theta"].to(dev), content["buffers"].to(dev)
     if job.pre_iters > 0:
         P = cfg.chains
         explorer = Cyclical(MomentumSGD(job.estimator, momentum=cfg.momentum), 1, job.pre_iters)
         eng = make_engine(job.target, explorer, [0.0] * P, cfg.lr_max / job.N, NoSwap(),
                           Deterministic(0.0), rng.key(cfg.seed, 0x9E7), theta0, buf0,
-                          job.dtype, dev)
-        pre_dir = out / "pretrain" if out is not None else None
-        ck = None
-        if pre_dir is not None:
-            pre_dir.mkdir(exist_ok=True)
-            if job.resume and rf.checkpoint_exists(pre_dir):
-                ck = _resumable(pre_dir, job.header)
-        pre = job.execute(Run(eng, [], {}, Plan.fixed(job.pre_iters)), pre_dir, ck)
+                          job.dtype, dev, comm=job.comm)
+        pre = job.execute(Run(eng, [], {}, Plan.fixed(job.pre_iters)), pre_dir, content)
         if pre.interrupted:
             return DeepResult(summary={"method": cfg.method, "interrupted": True,
-                                       "phase": "pretraining", "iterations": int(eng.k)},
+                                       "phase": "pretraining", "iterations": int(eng.k),
+                                       **({} if job.lead else {"rank": job.comm.rank})},
                               config=cfg, out=out)
-        theta0, buf0 = eng.state.x[0].detach().clone(), eng.state.extras["bn"][0].clone()
+        full = eng._full_state()  # (sharded: gathered from every process, a collective)
+        theta0, buf0 = full.x[0].detach().clone(), full.extras["bn"][0].clone()
     if pre_path is not None:
         rf.save_verified({"theta": theta0.cpu(), "buffers": buf0.cpu()}, pre_path)
     return theta0, buf0
@@ -549,16 +654,18 @@ def _main(job: _Job, theta0, buf0, t0: float) -> DeepResult:
     iters = job.main_iters * (cfg.chains if method.single else 1)
     x0, bn0 = (theta0[:1], buf0[:1]) if method.single else (theta0, buf0)
     setup = method.build(Context(cfg, job.target, job.estimator, job.N, job.per_epoch, iters,
-                                 x0, bn0, job.dtype, job.dev))
+                                 x0, bn0, job.dtype, job.dev, job.comm))
     facts: dict[str, Any] = {"strategy": job.strategy, "strategy_timings_s": job.timings,
                              **setup.facts}
     recorders = _recorders(job, method, setup, iters)
     eng = setup.engine
-    checkpoint = None
-    if job.resume and rf.checkpoint_exists(out):
-        checkpoint = _resumable(out, job.header)
+    checkpoint = _agree(job.comm, lambda: _resumable(out, job.header) if (
+        job.resume and rf.checkpoint_exists(out)) else None)
     outcome = job.execute(Run(eng, setup.adaptors, recorders, Plan.fixed(iters), facts), out,
                           checkpoint)
+    if not job.lead:  # rank 0 owns the folder and the result
+        return DeepResult(summary={"rank": job.comm.rank,
+                                   "interrupted": bool(outcome.interrupted)}, config=cfg)
     Xte, yte = job.data[2], job.data[3]
     if method.swag:
         average, store = _swag_average(recorders["swag"].swag, job.net, bn0[0], job.target,
@@ -595,7 +702,9 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
         more = {"targets": job.targets}
     bma = bma_class(job.net, Xte, yte, every=every, start=start, slots=setup.slots,
                     strategy=job.strategy, stage=setup.stage,
-                    store=None if method.swag else _store(job.out), **more)
+                    store=None if method.swag else _store(job.out if job.lead else None,
+                                                          job.lead),
+                    placement=Placement(eng), classes=job.classes, **more)
     recorders: dict[str, Any] = {"bma": bma}
     if method.swag:
         recorders = {"swag": SWAGRecorder(job.net.dim, cfg.swag_rank, every=every,
@@ -609,14 +718,17 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
         recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype, device=eng.device)
         recorders["round_trips"] = RoundTrips(eng.slot_of, n_slots)
         recorders["trace"] = Trace(every=max(1, iters // 500))
-        recorders["index"] = IndexRecorder(n_slots, iters, job.out)
+        recorders["index"] = IndexRecorder(n_slots, iters, job.out if job.lead else None)
     for r in recorders.values():
         eng.watch(getattr(r, "reads_slots", ()))
     return recorders
 
 
-def _store(out: Path | None) -> ModelStore:
-    """The run's model store: ``out/models`` (streamed to disk), in memory without a folder."""
+def _store(out: Path | None, lead: bool = True) -> ModelStore:
+    """The run's model store: ``out/models`` (streamed to disk), in memory without a folder;
+    on a process that does not own the run folder, a tally that keeps no model."""
+    if not lead:
+        return ModelTally()
     return ModelStore(None if out is None else out / MODELS_DIR)
 
 

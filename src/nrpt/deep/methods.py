@@ -33,7 +33,9 @@ class Context:
     """What a builder is given: ``cfg`` (a :class:`nrpt.deep.config.DeepConfig`), the network
     target and its minibatch ``estimator``, ``N`` training examples, ``per_epoch`` iterations,
     ``iters`` iterations of the main run, the starting replicas ``x0`` and BatchNorm buffers
-    ``bn0`` (one row for a single-chain method), ``dtype`` and ``device``."""
+    ``bn0`` (one row for a single-chain method), ``dtype`` and ``device``; ``comm`` (a
+    :class:`nrpt.core.sharding.Comm`, ``None`` for one process): the processes the replicas
+    are spread over."""
 
     cfg: Any
     target: Any
@@ -45,11 +47,13 @@ class Context:
     bn0: Any
     dtype: Any
     device: Any
+    comm: Any = None
 
     def engine(self, explorer, temps, step, scheme, rule) -> PTEngine:
         P = len(temps)
         return make_engine(self.target, explorer, temps, step, scheme, rule, self.cfg.seed,
-                           self.x0, self.bn0.reshape(P, -1), self.dtype, self.device)
+                           self.x0, self.bn0.reshape(P, -1), self.dtype, self.device,
+                           comm=self.comm)
 
 
 @dataclass
@@ -93,13 +97,23 @@ def method(name: str, **flags) -> Callable:
 
 
 def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtype,
-                device) -> PTEngine:
-    """One system of ``len(temps)`` network replicas starting at ``x0`` (buffers ``bn0``)."""
+                device, comm=None) -> PTEngine:
+    """One system of ``len(temps)`` network replicas starting at ``x0`` (buffers ``bn0``);
+    with ``comm`` (more than one process) a :class:`nrpt.core.sharding.ShardedEngine` whose
+    process holds its block of the replicas (their BatchNorm and momentum extras too)."""
     P = len(temps)
-    target.initial_buffers = bn0.reshape(P, -1)
-    return PTEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
-                    step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
-                    initial_states=x0.reshape(1, P, -1))
+    bn0 = bn0.reshape(P, -1)
+    if comm is None:
+        target.initial_buffers = bn0
+        return PTEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
+                        step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
+                        initial_states=x0.reshape(1, P, -1))
+    from nrpt.core.sharding import ShardedEngine
+
+    target.initial_buffers = comm.block(P).take(bn0[None])[0]  # this block's replicas
+    return ShardedEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
+                         step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
+                         initial_states=x0.reshape(1, P, -1), comm=comm)
 
 
 # ------------------------------------------------------------------------------ their options
@@ -162,10 +176,13 @@ def _tempered(ctx: Context, W: int) -> Setup:
     eng = ctx.engine(MomentumSGD(ctx.estimator, momentum=cfg.momentum), [0.0] * P, step,
                      DEOW(W), Deterministic(cfg.correction))
     # C's gain scales with the energy noise (the paper's simulation: sd 2, a = 50)
-    key = rng.Key((cfg.seed, 0x5CA1E))
+    # (sharded: each process its block, the variances gathered: the same number everywhere)
+    key = rng.Key((cfg.seed, 0x5CA1E), getattr(eng, "block", None))
     est = ctx.estimator
-    noise_sd = float(est(eng.state.x, key, est.init_extras(eng.state.x, key),
-                         need_grad=False).var.mean().sqrt())
+    var = est(eng.state.x, key, est.init_extras(eng.state.x, key), need_grad=False).var
+    if ctx.comm is not None:
+        var = ctx.comm.gather_replicas(var, P)
+    noise_sd = float(var.mean().sqrt())
     if not math.isfinite(noise_sd):
         raise FloatingPointError(
             f"the minibatch energy of the replicas entering the main run is not finite (noise "

@@ -36,11 +36,15 @@ class BMARecorder(RecorderBase):
     name = "bma"
 
     def __init__(self, net: FunctionalNet, x_test, y_test, *, every: int, start: int,
-                 slots: list[int], strategy: str, stage=None, store=None):
+                 slots: list[int], strategy: str, stage=None, store=None, placement=None,
+                 classes: int | None = None):
         from nrpt.deep.metrics import BMA
         from nrpt.deep.store import ModelStore
 
         self.net, self.x, self.y = net, x_test, y_test
+        # where the replicas live (nrpt.deep.placement.Placement; set by nrpt.deep.fit): the
+        # logits are computed there, each replica alone, and gathered in slot order
+        self.placement, self.classes = placement, classes
         self.every, self.start, self.slots = int(every), int(start), list(slots)
         self.reads_slots = tuple(self.slots)
         self.strategy, self.stage = strategy, stage
@@ -54,12 +58,13 @@ class BMARecorder(RecorderBase):
     def record(self, it) -> None:
         if not self.due(it.k):
             return
-        theta = it.slot_x(self.slots)[0]  # [S, dim] (one system)
-        reps = it.replica_at[0, self.slots]
-        buf = it.state.extras["bn"][0, reps]
-        logits = self.net.logits(theta.to(self.net.dtype), buf.to(self.net.dtype), self.x,
-                                 self.strategy)
-        for row in logits:
+        if self.placement is None:
+            raise ValueError("BMARecorder needs placement=nrpt.deep.placement.Placement(engine) "
+                             "and classes= to evaluate the collected models")
+        theta, buf = self.placement.models(it.replica_at, self.slots)  # [S, dim] (one system)
+        logits = self.placement.logits(it.replica_at, self.slots, self.net, self.x,
+                                       self.strategy, self.classes)
+        for row in logits:  # in slot order, whatever the number of processes
             self.bma.add(row)
         self.store.append(theta, buf, it.k + 1)
 
@@ -140,11 +145,16 @@ class EpochMetrics(RecorderBase):
         # they hold their configuration for a window (docs/deep.md, "Which verdicts adapt C")
         row["verdict_rate_others"] = (v - a) / (m - n) if m > n else None
         P = it.slot_of.shape[1]
-        theta = it.slot_x(list(range(P)))[0]
-        buf = it.state.extras["bn"][0, it.replica_at[0]]
-        logits = self.net.logits(theta.to(self.net.dtype), buf.to(self.net.dtype), self.x,
-                                 self.strategy)
-        self._model_rows(row, logits)
+        net, x = self.net, self.x
+
+        def metric(theta, bn):  # where the replica lives; only the number is gathered
+            out = net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype), x,
+                             self.strategy)[0]
+            return self._slot_metric(out).reshape(1)
+
+        per_slot = self.bma.placement.per_slot(it.replica_at, range(P), metric, (1,),
+                                               torch.float64)
+        self._model_rows(row, per_slot[:, 0])
         row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
         if "C" in it.params:
@@ -154,14 +164,18 @@ class EpochMetrics(RecorderBase):
             self.say(self._line(row))
         self._acc.zero_()
 
-    def _model_rows(self, row: dict[str, Any], logits: torch.Tensor) -> None:
-        """The row's model metrics: the running BMA's and each slot's (``logits[P, n, C]``)."""
+    def _slot_metric(self, out: torch.Tensor) -> torch.Tensor:
+        """One slot's current model on the test set (``out[n, C]``): its accuracy."""
+        return (out.argmax(-1) == self.y).double().mean()
+
+    def _model_rows(self, row: dict[str, Any], per_slot: torch.Tensor) -> None:
+        """The row's model metrics: the running BMA's and each slot's (:meth:`_slot_metric`)."""
         from nrpt.deep.metrics import evaluate
 
         if self.bma.bma.count:
             row.update({f"bma_{k}": v for k, v in
                         evaluate(self.bma.bma.probs(), self.y).items()})
-        row["slot_accuracy"] = (logits.argmax(-1) == self.y).double().mean(-1).tolist()
+        row["slot_accuracy"] = per_slot.tolist()
 
     def _line(self, row: dict[str, Any]) -> str:
         return _line(row)
@@ -279,7 +293,8 @@ class IndexRecorder(RecorderBase):
         if self.path is None:
             self.n = 0
             arr = self._open()
-            arr[:n] = sd["rows"].numpy()
+            if "rows" in sd:  # (absent: a rank > 0 reading rank 0's folder checkpoint; the
+                arr[:n] = sd["rows"].numpy()  # rows there are rank 0's to keep)
             self.n = n
             return
         self.n = n

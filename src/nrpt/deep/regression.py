@@ -246,15 +246,20 @@ class RegressionEpochMetrics(EpochMetrics):
         super().__init__(bma, net, x_test, y_test, **kw)
         self.targets = targets
 
-    def _model_rows(self, row: dict[str, Any], outputs: Tensor) -> None:
+    def _slot_metric(self, out: Tensor) -> Tensor:
+        """One slot's current model on the test set (``out[n, outputs]``): its RMSE in the
+        targets' original units."""
         t = self.targets
+        mu, _ = t.split(out[None].double())
+        err = (mu[0] - self.y.double().reshape(self.y.shape[0], -1)) * t.moments_on(mu.device)[1]
+        return (err ** 2).mean().sqrt()
+
+    def _model_rows(self, row: dict[str, Any], per_slot: Tensor) -> None:
         if self.bma.bma.count:
             m = self.bma.bma.evaluate()
             row.update({"bma_test_ll": m["test_ll"], "bma_nll_mean": m["nll_mean"],
                         "bma_rmse": m["rmse"]})
-        mu, _ = t.split(outputs.double())
-        err = (mu - self.y.double().reshape(self.y.shape[0], -1)) * t.moments_on(mu.device)[1]
-        row["slot_rmse"] = (err ** 2).mean(dim=(1, 2)).sqrt().tolist()
+        row["slot_rmse"] = per_slot.tolist()
 
     def _line(self, row: dict[str, Any]) -> str:
         def f(v, fmt):

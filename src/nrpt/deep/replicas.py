@@ -277,8 +277,22 @@ class FunctionalNet:
 
         ``theta[n, dim]``, ``buf[n, buffer_dim]``, ``x[n, B, ...]``, ``y[n, B]`` ->
         ``(losses[n, B], grad[n, dim], new_buf[n, buffer_dim])`` where ``grad`` is the gradient
-        of the summed losses.  ``seed`` seeds random layers (dropout)."""
+        of the summed losses.  ``seed`` seeds random layers (dropout): one seed for the call,
+        or a list of one per replica (then a network with random layers is evaluated replica
+        by replica, each under its own seed: a replica's draws do not depend on the others)."""
         self.module.train()
+        if isinstance(seed, list | tuple):
+            if len(seed) != theta.shape[0]:
+                raise ValueError(f"seed: {len(seed)} seeds for {theta.shape[0]} replicas")
+            if not self.random:
+                seed = None
+            elif theta.shape[0] > 1:
+                rows = [self.loss_and_grad(theta[i:i + 1], buf[i:i + 1], x[i:i + 1],
+                                           y[i:i + 1], strategy, seed[i])
+                        for i in range(theta.shape[0])]
+                return tuple(torch.cat(parts) for parts in zip(*rows, strict=True))
+            else:
+                seed = seed[0]
         with _seeded(seed if self.random else None, self.device):
             if strategy == "loop" or self.memory_format == "channels_last":
                 return self._loop(theta, buf, x, y)

@@ -34,7 +34,7 @@ import torch
 
 from nrpt.files import UnsafeFile, atomic_write, open_fd
 
-__all__ = ["ModelStore", "MODELS_DIR", "INDEX"]
+__all__ = ["ModelStore", "ModelTally", "MODELS_DIR", "INDEX"]
 
 #: the store's folder inside a run folder
 MODELS_DIR = "models"
@@ -272,3 +272,21 @@ class ModelStore:
     def __repr__(self) -> str:
         where = "memory" if self.folder is None else str(self.folder)
         return f"ModelStore({where}, collections={self.count}, models={self.n_models})"
+
+
+class ModelTally(ModelStore):
+    """The collections' count on a process that does not own the run folder (a rank > 0 of a
+    multi-process run): the models are kept by rank 0's store, so this keeps none; its state
+    is the same fixed-size head, read from rank 0's checkpoint."""
+
+    def append(self, theta: torch.Tensor, buffers: torch.Tensor, iteration: int) -> None:
+        self.count += 1
+        self.n_models += int(theta.shape[0])
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "models": self.n_models, "chain": self.chain}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.count, self.n_models = int(sd["count"]), int(sd["models"])
+        self.chain = str(sd["chain"])
+        self._entries, self._memory = [], []

@@ -157,6 +157,10 @@ def _launch(args, argv: list[str]) -> int | None:
         return None
     if n == 1:
         return None
+    from nrpt.deep.cli import check_launch, is_deep_run
+
+    if args.command == "deep" or (args.command == "resume" and is_deep_run(args.out)):
+        check_launch(args, n)  # (a deep run that cannot be spread: said before any launch)
     from nrpt.core import sharding as distributed
 
     rest, skip = [], False
