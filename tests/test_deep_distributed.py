@@ -30,6 +30,7 @@ from torch import nn
 import nrpt.deep.energy as deep_energy
 from nrpt.deep.energy import EpochBatches, NetworkEnergy, NetworkTarget
 from nrpt.deep.replicas import FunctionalNet
+from nrpt.deep.store import INDEX, MODELS_DIR, ModelStore
 from nrpt.rng import Block, Key
 
 
@@ -188,12 +189,12 @@ def _deep(args: list[str], nproc: int | str | None = None) -> subprocess.Complet
 
 def _records(out: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())
-    models = torch.load(out / "models.pt")
+    models, buffers = ModelStore.open(out / MODELS_DIR).all()
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     return {"summary": {k: v for k, v in summary.items() if k not in TIMING},
-            "index": np.load(out / "index.npy"), "models": models["models"],
-            "buffers": models["buffers"], "rows": rows,
+            "index": np.load(out / "index.npy"), "models": models,
+            "buffers": buffers, "rows": rows,
             "files": sorted(p.name for p in out.iterdir() if p.name != ".nrpt.lock")}
 
 
@@ -242,8 +243,8 @@ def test_a_2_process_checkpoint_resumes_on_1(tmp_path):
     assert r.returncode == 0, r.stderr
     cut = tmp_path / "cut"
     shutil.copytree(full, cut)
-    for name in ("checkpoint.pt", "checkpoint.json", "summary.json", "models.pt", "index.npy",
-                 "metrics.csv"):
+    for name in ("checkpoint.pt", "checkpoint.json", "summary.json", "metrics.csv",
+                 f"{MODELS_DIR}/{INDEX}"):
         (cut / name).unlink()
     ck = torch.load(cut / "checkpoint.prev.pt", weights_only=False)
     assert 0 < ck["engine"]["k"] < 22
