@@ -22,17 +22,17 @@ from nrpt.options import add_flags
 
 __all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command"]
 
-DATASETS = ("digits", "mnist1d", "cifar10", "cifar100")
+DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "synthetic-cifar")
 MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
 #: a sensible model per dataset when --model is not given
 DEFAULT_MODEL = {"digits": "mlp", "mnist1d": "mlp", "cifar10": "resnet20",
-                 "cifar100": "resnet20"}
+                 "cifar100": "resnet20", "synthetic-cifar": "resnet20"}
 #: settings that suit each dataset where the command line does not say (DeepConfig's own
 #: defaults are the paper's CIFAR-100 ones; on small data S = 0.005 makes W* longer than a run)
 DATASET_DEFAULTS = {
     "digits": {"lr_min": 0.01, "lr_max": 0.05, "swap_rate": 0.05, "pretrain_epochs": 5.0},
     "mnist1d": {"lr_min": 0.01, "lr_max": 0.05, "swap_rate": 0.05, "pretrain_epochs": 5.0},
-    "cifar10": {}, "cifar100": {},
+    "cifar10": {}, "cifar100": {}, "synthetic-cifar": {},
 }
 
 #: the settings ``cli.json`` holds beside its ``options`` (fit's own arguments)

@@ -7,13 +7,15 @@ Strategies: ``loop`` (one ``functional_call`` per replica; the reference), ``vma
 function; falls back to ``vmap`` with a warning).  ``"auto"`` times ``loop`` and ``vmap`` on
 the batch and also ``compile`` when the run would exceed :data:`COMPILE_WORTH_S`.
 
-BatchNorm running statistics are updated functionally by a pre-hook with PyTorch's rule
-(``vmap`` drops in-place updates of views); ``momentum=None`` is refused.  Dropout draws
+BatchNorm layers update their running statistics themselves, with PyTorch's rule, in copies of
+the buffers handed to each call (one tensor per buffer: ``vmap`` drops in-place updates of
+views); ``momentum=None`` is refused.  Dropout draws
 from a generator seeded from the iteration's key inside ``torch.random.fork_rng``."""
 
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -28,6 +30,8 @@ STRATEGIES = ("auto", "loop", "vmap", "compile")
 
 #: ``auto`` tries ``compile`` only for runs whose eager time would exceed this (seconds)
 COMPILE_WORTH_S = 120.0
+#: ``auto`` leaves ``vmap`` only for a strategy faster by more than this fraction
+SWITCH_MARGIN = 0.2
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: layers that draw random numbers in training mode (then each call is seeded from its key)
@@ -101,7 +105,6 @@ class FunctionalNet:
                     raise ValueError(f"BatchNorm layer {name!r} has momentum=None (a cumulative "
                                      "average); give it a momentum (e.g. 0.1)")
                 found.append((name, mod))
-                mod.register_forward_pre_hook(self._hook(name))
         return found
 
     # ------------------------------------------------------------------ packing
@@ -151,14 +154,13 @@ class FunctionalNet:
 
         return hook
 
-    def _new_buffers(self, buf: torch.Tensor, stats=None, weight: float | None = None
+    def _new_buffers(self, buf: torch.Tensor, stats, weight: float | None = None
                      ) -> torch.Tensor:
-        """``buf`` with each BatchNorm layer's statistics moved toward ``stats`` (default: the
-        stash of the last training-mode forward): ``(1 - w) * old + w * batch`` with ``w`` the
-        layer's momentum (PyTorch's rule), or ``weight`` when given."""
+        """``buf`` with each BatchNorm layer's statistics moved toward ``stats`` (layer ->
+        ``(mean, var)``): ``(1 - w) * old + w * batch`` with ``w`` the layer's momentum
+        (PyTorch's rule), or ``weight`` when given."""
         if not self.buffer_names:
             return buf
-        stats = self._stash if stats is None else stats
         old = self.buffers(buf)
         new = dict(old)
         for name, mod in self._bn:
@@ -179,6 +181,19 @@ class FunctionalNet:
         total: dict[str, list[torch.Tensor]] = {}
         n = 0
         self.module.train()
+        # the batch statistics are read by hooks, present only for this
+        handles = [mod.register_forward_pre_hook(self._hook(name)) for name, mod in self._bn]
+        try:
+            n = self._accumulate(theta, buf, batches, total)
+        finally:
+            for h in handles:
+                h.remove()
+        if n == 0:
+            return buf
+        return self._new_buffers(buf, {k: (m / n, v / n) for k, (m, v) in total.items()}, 1.0)
+
+    def _accumulate(self, theta, buf, batches, total) -> int:
+        n = 0
         for x in batches:
             self._stash = {}
             try:
@@ -191,33 +206,51 @@ class FunctionalNet:
             finally:
                 self._stash = None
             n += 1
-        if n == 0:
-            return buf
-        return self._new_buffers(buf, {k: (m / n, v / n) for k, (m, v) in total.items()}, 1.0)
+        return n
 
     # ------------------------------------------------------------------ one replica
     def _one(self, theta, buf, x, y):
-        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode."""
-        self._stash = {}
-        try:
-            # a copy: BatchNorm updates the buffers it is given in place (outside vmap)
-            logits = functional_call(self.module,
-                                     (self.params(theta), self.buffers(buf.clone())), (x,))
-            losses = self.loss(logits, y)
-            new = self._new_buffers(buf)
-        finally:
-            self._stash = None
+        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode.
+
+        BatchNorm updates its running statistics itself, in place, with PyTorch's rule (the
+        batch statistics it computes anyway): each buffer is handed over as its own copy (not a
+        view of one flat tensor, whose in-place updates ``vmap`` would drop) and the copies are
+        read back afterwards."""
+        own = self._own_buffers(buf)
+        logits = functional_call(self.module, (self.params(theta), own), (x,))
+        losses = self.loss(logits, y)
+        new = (torch.cat([own[n].reshape(-1) for n in self.buffer_names])
+               if self.buffer_names else buf)
         return losses.sum(), (losses.detach(), new)
 
+    def _own_buffers(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The buffers of ``buf`` as fresh tensors (BatchNorm writes into them)."""
+        out = {n: c.view(s).clone() for n, c, s in zip(self.buffer_names,
+                                                        buf.split(self.buffer_numels),
+                                                        self.buffer_shapes, strict=True)}
+        out.update({n: torch.zeros_like(b) for n, b in self.int_buffers.items()})
+        return out
+
     # ------------------------------------------------------------------ batched evaluation
-    def loss_and_grad(self, theta, buf, x, y, strategy: str = "vmap", seed: int | None = None):
+    def loss_and_grad(self, theta, buf, x, y, strategy: str = "vmap", seed: int | None = None,
+                      need_grad: bool = True):
         """Training-mode losses and gradients of ``n`` replicas on their own batches.
 
         ``theta[n, dim]``, ``buf[n, buffer_dim]``, ``x[n, B, ...]``, ``y[n, B]`` ->
         ``(losses[n, B], grad[n, dim], new_buf[n, buffer_dim])`` where ``grad`` is the gradient
-        of the summed losses.  ``seed`` seeds random layers (dropout)."""
+        of the summed losses (``None`` with ``need_grad=False``: the forward pass alone, the
+        same losses and buffers).  ``seed`` seeds random layers (dropout)."""
         self.module.train()
         with _seeded(seed if self.random else None, self.device):
+            if not need_grad:
+                with torch.no_grad():
+                    if strategy == "loop":
+                        outs = [self._one(theta[i], buf[i], x[i], y[i])[1]
+                                for i in range(theta.shape[0])]
+                        return (torch.stack([o[0] for o in outs]), None,
+                                torch.stack([o[1] for o in outs]))
+                    _, (losses, new) = self._forward(strategy)(theta, buf, x, y)
+                    return losses, None, new
             if strategy == "loop":
                 return self._loop(theta, buf, x, y)
             fn = self._batched(strategy)
@@ -243,6 +276,14 @@ class FunctionalNet:
                 fn = torch.compile(fn, dynamic=False)
             self._fns[strategy] = fn
         return self._fns[strategy]
+
+    def _forward(self, strategy: str):
+        """The batched forward pass alone (``need_grad=False``; ``compile`` runs it as
+        ``vmap``: a second compilation for a once-a-run call does not pay)."""
+        key = "forward"
+        if key not in self._fns:
+            self._fns[key] = vmap(self._one, randomness="different")
+        return self._fns[key]
 
     @torch.no_grad()
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
@@ -293,10 +334,14 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
                     repeats: int = 3, iterations: int = 0) -> tuple[str, dict[str, float]]:
     """The execution strategy to use and the measured seconds per step of each tried.
 
-    ``auto``: ``loop`` and ``vmap`` are each timed for ``repeats`` steps after one warm-up on
-    the given batch; if ``iterations`` steps of the faster would take more than
-    :data:`COMPILE_WORTH_S`, ``compile`` is timed too (its compilation time is reported as
-    ``compile_s``); the fastest is kept.  An explicit ``vmap`` / ``compile`` that fails on this
+    ``auto``: ``loop`` and ``vmap`` are timed on the given batch after one warm-up each,
+    ``repeats`` steps each, interleaved (loop, vmap, loop, ...: a change of the machine's load
+    falls on both), and their medians compared; ``loop`` is kept only when it is faster than
+    ``vmap`` by more than :data:`SWITCH_MARGIN` (near-ties, where the measurement decides by
+    noise, always pick ``vmap``: the choice is the same from run to run).  If ``iterations``
+    steps of the one kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed
+    too (its compilation time is reported as ``compile_s``) and kept if faster than that by
+    the same margin.  A run records its choice and a resumption reuses it.  An explicit ``vmap`` / ``compile`` that fails on this
     model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
     """
     if strategy not in STRATEGIES:
@@ -325,14 +370,20 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     # auto
     if not works("vmap"):
         return "loop", timings
-    for s in ("loop", "vmap"):
-        timings[s] = _time(net, s, theta, buf, x, y, repeats)
-    if iterations * min(timings.values()) > COMPILE_WORTH_S:
+    _time(net, "loop", theta, buf, x, y, 0)
+    runs: dict[str, list[float]] = {"loop": [], "vmap": []}
+    for _ in range(max(1, repeats)):
+        for s in runs:
+            runs[s].append(_time(net, s, theta, buf, x, y, 1))
+    timings.update({s: statistics.median(v) for s, v in runs.items()})
+    best = "loop" if timings["loop"] < (1 - SWITCH_MARGIN) * timings["vmap"] else "vmap"
+    if iterations * timings[best] > COMPILE_WORTH_S:
         t0 = time.perf_counter()
         if works("compile"):
             timings["compile_s"] = time.perf_counter() - t0
             timings["compile"] = _time(net, "compile", theta, buf, x, y, repeats)
-    best = min((s for s in ("loop", "vmap", "compile") if s in timings), key=timings.get)
+            if timings["compile"] < (1 - SWITCH_MARGIN) * timings[best]:
+                best = "compile"
     return best, timings
 
 
