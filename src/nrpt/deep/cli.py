@@ -69,6 +69,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="continue the interrupted run in DIR (other flags are ignored; the same as "
                         "`nrpt resume DIR`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--max-seconds", type=_seconds, default=None, metavar="S",
+                   help="wall-clock budget of this session, pretraining included: when it is "
+                        "spent the run stops at the next iteration with a checkpoint and its "
+                        "outputs, resumable (`nrpt resume DIR` gives each session the same "
+                        "budget; `nrpt deep --resume DIR --max-seconds S` another)")
     add_flags(p, ((o, "settings (nrpt.deep.DeepConfig)" if names is None else
                    f"settings of method{'s' if len(names) > 1 else ''} {', '.join(names)}")
                   for o, names in declarations()), describe=_help)
@@ -89,10 +94,22 @@ def _build(settings: dict):
     return ds, model
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"--max-seconds must be a number of seconds > 0; "
+                                         f"got {text!r}")
+    return value
+
+
 def run(args) -> int:
     """``nrpt deep``: a new run, or with ``--resume DIR`` the resumption of one."""
     if args.resume:
-        return resume(args.resume, progress=not args.no_progress)
+        return resume(args.resume, progress=not args.no_progress,
+                      max_seconds=getattr(args, "max_seconds", None))
     # the folder's lock from before cli.json is written to the end of the run: a second run
     # or resume of the same folder is refused (RunFolderBusy: nrpt: error ...)
     with folder_lock(args.out):
@@ -121,9 +138,10 @@ def resume_command(args) -> int:
     return resume(args.out, progress=not args.no_progress)
 
 
-def resume(folder, progress: bool = True) -> int:
+def resume(folder, progress: bool = True, max_seconds: float | None = None) -> int:
     """Continue the deep run in ``folder`` (started by ``nrpt deep``: its ``cli.json`` rebuilds
-    the data and the model); its exit status."""
+    the data and the model; ``max_seconds``: this session's budget, default the one the run
+    was started with); its exit status."""
     out = Path(folder)
     if not out.is_dir():
         print(f"nrpt: error: {out} holds no `nrpt deep` run (no such folder)", file=sys.stderr)
@@ -137,6 +155,8 @@ def resume(folder, progress: bool = True) -> int:
                   file=sys.stderr)
             return 2
         settings = json.loads((out / "cli.json").read_text())
+        if max_seconds is not None:
+            settings["max_seconds"] = max_seconds
         return _fit_and_report(settings, out, resume=True, progress=progress)
 
 
@@ -151,7 +171,8 @@ def _settings(args) -> dict:
                 **DATASET_DEFAULTS[args.dataset]}
     options = {**{n: v for n, v in defaults.items() if n in reads}, **given}
     return {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
-            "data_dir": args.data_dir, **{n: options.pop(n) for n in _FIT}, "options": options}
+            "data_dir": args.data_dir, "max_seconds": getattr(args, "max_seconds", None),
+            **{n: options.pop(n) for n in _FIT}, "options": options}
 
 
 def _start(args) -> int:
@@ -186,8 +207,14 @@ def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress:
     res = fit(model, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test),
               method=settings["method"], chains=settings["chains"], epochs=settings["epochs"],
               seed=settings["seed"], out=out, progress=progress, augment=ds.augment,
-              resume=resume, say=say, **settings["options"])
+              resume=resume, say=say, max_seconds=settings.get("max_seconds"),
+              **settings["options"])
     _print_summary(res.summary, out)
+    if res.summary.get("stopped_by") == "max_seconds":
+        print(f"stopped by --max-seconds ({settings['max_seconds']:g} s); continue with: "
+              f"nrpt resume {out}" if out else "stopped by --max-seconds (no --out: not "
+              f"resumable)")
+        return 0
     if res.summary.get("interrupted"):
         print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")
         return 130

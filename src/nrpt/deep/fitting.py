@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from nrpt import rng
-from nrpt.core.loop import Plan, Run, execute
+from nrpt.core.loop import Interrupt, Plan, Run, execute
 from nrpt.deep.config import AVERAGES, DeepConfig
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.methods import BUILDERS, METHODS, Context, Method, Setup, make_engine
@@ -36,7 +36,7 @@ from nrpt.recorders.stats import RoundTrips, SwapStats, Trace, json_ready
 from nrpt.run import folder as rf
 from nrpt.swap import Deterministic, NoSwap
 
-__all__ = ["fit", "DeepConfig", "DeepResult", "METHODS", "BMARecorder", "folder_lock"]
+__all__ = ["fit", "DeepConfig", "DeepResult", "METHODS", "BMARecorder", "Deadline", "folder_lock"]
 
 STRATEGY_FILE = "strategy.json"
 PRETRAINED = "pretrained.pt"
@@ -176,7 +176,8 @@ def folder_lock(out: str | Path | None):
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
-        callback=None, say=None, **options) -> DeepResult:
+        callback=None, say=None, max_seconds: float | None = None,
+        **options) -> DeepResult:
     """Tempered replicas of ``model`` on ``train = (X, y)``, evaluated on ``test = (X, y)``.
 
     ``method``: one of :data:`METHODS`; other settings are :class:`DeepConfig` fields.
@@ -184,11 +185,50 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     the call, :class:`nrpt.run.folder.RunFolderBusy` otherwise); ``resume=True`` continues it
     (same model and data).  ``callback(engine)``: every 256 iterations; raising
     ``KeyboardInterrupt`` stops cleanly with a checkpoint.  ``say(line)``: one line per
-    evaluation epoch."""
+    evaluation epoch.  ``max_seconds``: this call's wall-clock budget, pretraining included
+    (not a setting of the run: each resumption may give its own); when it is spent the run
+    stops at the next iteration as an interrupted one does (a checkpoint, and after
+    pretraining the outputs of the models collected so far; ``summary["stopped_by"] ==
+    "max_seconds"``), and ``resume=True`` continues it."""
+    if max_seconds is not None and not (isinstance(max_seconds, int | float)
+                                        and not isinstance(max_seconds, bool)
+                                        and max_seconds > 0 and math.isfinite(max_seconds)):
+        raise ValueError(f"max_seconds must be a number of seconds > 0 (or None: no budget); "
+                         f"got {max_seconds!r}")
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
-    with folder_lock(out):
+    with folder_lock(out), Deadline(max_seconds) as stop:
         return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
-                    classes=classes, resume=resume, callback=callback, say=say)
+                    classes=classes, resume=resume, callback=callback, say=say, stop=stop)
+
+
+class Deadline(Interrupt):
+    """:class:`nrpt.core.loop.Interrupt` (SIGINT / SIGTERM stop the loop between iterations)
+    whose flag also rises once ``seconds`` have passed since it was made (``None``: never);
+    ``expired`` says whether the time did it."""
+
+    #: the clock (seconds; tests replace it)
+    clock = time.perf_counter
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else type(self).clock() + float(seconds)
+        self.expired = False
+        super().__init__()
+
+    @property
+    def flag(self) -> bool:
+        if self._flag:
+            return True
+        if self.deadline is not None and type(self).clock() >= self.deadline:
+            self.expired = True
+        return self.expired
+
+    @flag.setter
+    def flag(self, value: bool) -> None:
+        self._flag = bool(value)
+
+    def stopped_by(self) -> str | None:
+        """``"max_seconds"``, ``"signal"`` or ``None`` (not stopped)."""
+        return "signal" if self._flag else "max_seconds" if self.expired else None
 
 
 
@@ -214,6 +254,7 @@ class _Job:
     progress: bool = False
     callback: Any = None
     say: Any = None
+    stop: Any = None
     strategy: str = "loop"
     timings: dict[str, Any] = field(default_factory=dict)
 
@@ -223,13 +264,14 @@ class _Job:
     def execute(self, run: Run, out: Path | None, resume: dict | None):
         return execute(run, out=out, checkpoint_every=self.cfg.checkpoint_every,
                        progress=self.progress, resume=resume, header=self.header,
-                       callback=self.callback)
+                       callback=self.callback, stop=self.stop)
 
 
 def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, callback,
-         say) -> DeepResult:
+         say, stop=None) -> DeepResult:
     job = _prepare(cfg, model, train, test, classes, augment)
     job.resume, job.progress, job.callback, job.say = resume, progress, callback, say
+    job.stop = stop
     _open_folder(job, Path(out) if out is not None else None)
     t_start = time.perf_counter()
     # the wall time of the sessions before this one (an interrupted run's summary.json holds
@@ -423,7 +465,8 @@ def _pretrain(job: _Job, theta0, buf0):
         pre = job.execute(Run(eng, [], {}, Plan.fixed(job.pre_iters)), pre_dir, ck)
         if pre.interrupted:
             return DeepResult(summary={"method": cfg.method, "interrupted": True,
-                                       "phase": "pretraining", "iterations": int(eng.k)},
+                                       "phase": "pretraining", "iterations": int(eng.k),
+                                       "stopped_by": _stopped_by(job)},
                               config=cfg, out=out)
         theta0, buf0 = eng.state.x[0].detach().clone(), eng.state.extras["bn"][0].clone()
     if pre_path is not None:
@@ -519,6 +562,12 @@ def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev):
 
 
 
+def _stopped_by(job: _Job) -> str | None:
+    """Why an interrupted loop stopped: ``"max_seconds"`` (the call's budget), ``"signal"``,
+    or ``None`` (a callback raised ``KeyboardInterrupt``)."""
+    return job.stop.stopped_by() if isinstance(job.stop, Deadline) else None
+
+
 def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
              wall) -> dict[str, Any]:
     from nrpt.deep.metrics import evaluate
@@ -556,6 +605,7 @@ def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
     s["correction"] = float(eng.params["C"][0, 0]) if method.tempered else None
     s.update(json_ready(facts))
     s["interrupted"] = bool(outcome.interrupted)
+    s["stopped_by"] = _stopped_by(job) if outcome.interrupted else None
     # every session's time (a run killed before its summary: at least its loops' time)
     s["wall_time_s"] = max(wall, outcome.wall_time_s)
     s["loop_time_s"] = outcome.wall_time_s
