@@ -213,7 +213,7 @@ def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress:
     if res.summary.get("stopped_by") == "max_seconds":
         print(f"stopped by --max-seconds ({settings['max_seconds']:g} s); continue with: "
               f"nrpt resume {out}" if out else "stopped by --max-seconds (no --out: not "
-              f"resumable)")
+              "resumable)")
         return 0
     if res.summary.get("interrupted"):
         print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")

@@ -34,8 +34,9 @@ class NetworkTarget:
     ``energy(theta[n, dim]) -> [n]`` is the full-data energy, with training-mode BatchNorm
     batch statistics over fixed chunks of ``batch_size`` examples and no augmentation (what
     a caller may evaluate; the engines of :func:`nrpt.deep.fit` start from a minibatch
-    estimate instead, :class:`nrpt.deep.methods.MinibatchLadder`).  ``initial_buffers[buffer_dim]`` (or
-    ``[R * P, buffer_dim]``) are the BatchNorm statistics replicas start from."""
+    estimate instead, :class:`nrpt.deep.methods.MinibatchLadder`).
+    ``initial_buffers[buffer_dim]`` (or ``[R * P, buffer_dim]``) are the BatchNorm statistics
+    replicas start from."""
 
     name = "network"
 

@@ -31,7 +31,7 @@ STRATEGIES = ("auto", "loop", "vmap", "compile")
 #: ``auto`` tries ``compile`` only for runs whose eager time would exceed this (seconds)
 COMPILE_WORTH_S = 120.0
 #: ``auto`` leaves ``vmap`` only for a strategy faster by more than this fraction
-SWITCH_MARGIN = 0.2
+SWITCH_MARGIN = 0.1
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: layers that draw random numbers in training mode (then each call is seeded from its key)
@@ -334,14 +334,16 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
                     repeats: int = 3, iterations: int = 0) -> tuple[str, dict[str, float]]:
     """The execution strategy to use and the measured seconds per step of each tried.
 
-    ``auto``: ``loop`` and ``vmap`` are timed on the given batch after one warm-up each,
-    ``repeats`` steps each, interleaved (loop, vmap, loop, ...: a change of the machine's load
-    falls on both), and their medians compared; ``loop`` is kept only when it is faster than
-    ``vmap`` by more than :data:`SWITCH_MARGIN` (near-ties, where the measurement decides by
-    noise, always pick ``vmap``: the choice is the same from run to run).  If ``iterations``
-    steps of the one kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed
-    too (its compilation time is reported as ``compile_s``) and kept if faster than that by
-    the same margin.  A run records its choice and a resumption reuses it.  An explicit ``vmap`` / ``compile`` that fails on this
+    ``auto``: ``loop`` and ``vmap`` are timed on the given batch after one warm-up each (CPU
+    time on a CPU device, wall time on an accelerator), ``repeats`` steps each, interleaved
+    (loop, vmap, loop, ...: a change of the machine's load falls on both), and their medians
+    compared; ``loop`` is kept only when it is faster than ``vmap`` by more than
+    :data:`SWITCH_MARGIN` (near-ties, where the measurement decides by noise, always pick
+    ``vmap``: the choice is the same from run to run).  If ``iterations`` steps of the one
+    kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed too (its
+    compilation time is reported as ``compile_s``) and kept if faster than that by the same
+    margin.  A run records its choice and a resumption reuses it.  An explicit ``vmap`` /
+    ``compile`` that fails on this
     model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
     """
     if strategy not in STRATEGIES:
@@ -388,14 +390,18 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
 
 
 def _time(net, strategy, theta, buf, x, y, repeats: int) -> float:
+    """Seconds per step: the process's CPU time on a CPU device (what another process's load
+    does not change), wall time after a device sync on an accelerator."""
     net.loss_and_grad(theta, buf, x, y, strategy)  # warm-up (and the check that it runs)
     if repeats == 0:
         return 0.0
-    if theta.device.type == "cuda":
+    cuda = theta.device.type == "cuda"
+    clock = time.perf_counter if theta.device.type != "cpu" else time.process_time
+    if cuda:
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(repeats):
         net.loss_and_grad(theta, buf, x, y, strategy)
-    if theta.device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeats
+    return (clock() - t0) / repeats
