@@ -533,7 +533,7 @@ def _recorders(job: _Job, method: Method, setup: Setup, iters: int) -> dict[str,
                                        per_epoch=job.per_epoch, say=job.say)
     if not method.single:
         n_slots = cfg.chains
-        recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype)
+        recorders["swaps"] = SwapStats(1, n_slots, dtype=eng.dtype, device=eng.device)
         recorders["round_trips"] = RoundTrips(eng.slot_of, n_slots)
         recorders["trace"] = Trace(every=max(1, iters // 500))
         recorders["index"] = IndexRecorder()
