@@ -212,7 +212,7 @@ def test_a_run_stopped_by_its_time_budget_writes_outputs_and_resumes_bit_for_bit
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and summary["stopped_by"] == "max_seconds"
     done = fit(_mlp(), train, test, out=out, resume=True, **OPTS)
-    assert not done.summary["interrupted"] and done.summary["stopped_by"] is None
+    assert not done.summary["interrupted"] and "stopped_by" not in done.summary
     assert torch.equal(done.models, whole.models)
     for key in ("accuracy", "nll_sum", "learning_rates", "correction", "round_trips",
                 "swap_rates"):
@@ -243,3 +243,28 @@ def test_synthetic_cifar_has_cifars_shapes_and_is_fixed_by_its_seed():
     g = torch.Generator().manual_seed(0)
     out = a.augment(a.x_train[:4], g)
     assert out.shape == (4, 3, 32, 32) and not torch.equal(out, a.x_train[:4])
+
+
+def test_nrpt_deep_max_seconds_stops_says_how_to_go_on_and_resume_finishes(tmp_path, capsys,
+                                                                            monkeypatch):
+    from nrpt.run.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["deep", "--dataset", "digits", "--max-seconds", "0"])
+    assert "--max-seconds must be a number of seconds > 0" in capsys.readouterr().err
+    out = tmp_path / "run"
+    args = ["deep", "--dataset", "digits", "--chains", "2", "--epochs", "1", "--out", str(out),
+            "--no-progress", "--pretrain-epochs", "0", "--batch-size", "64", "--strategy",
+            "loop", "--swap-rate", "0.2", "--max-seconds", "3.5"]
+    monkeypatch.setattr(Deadline, "clock", _Clock())  # 3 iterations, then the budget is spent
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"stopped by --max-seconds (3.5 s); continue with: nrpt resume {out}" in text
+    assert json.loads((out / "cli.json").read_text())["max_seconds"] == 3.5
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 3
+    monkeypatch.setattr(Deadline, "clock", _Clock())  # `nrpt resume`: the same budget
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 6
+    assert main(["deep", "--resume", str(out), "--no-progress", "--max-seconds", "1e6"]) == 0
+    done = json.loads((out / "summary.json").read_text())
+    assert not done["interrupted"] and done["iterations"] == 22  # ceil(1346 / 64) x 1 epoch

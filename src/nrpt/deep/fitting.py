@@ -605,7 +605,8 @@ def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
     s["correction"] = float(eng.params["C"][0, 0]) if method.tempered else None
     s.update(json_ready(facts))
     s["interrupted"] = bool(outcome.interrupted)
-    s["stopped_by"] = _stopped_by(job) if outcome.interrupted else None
+    if outcome.interrupted:  # (a complete run's summary keeps its keys)
+        s["stopped_by"] = _stopped_by(job)
     # every session's time (a run killed before its summary: at least its loops' time)
     s["wall_time_s"] = max(wall, outcome.wall_time_s)
     s["loop_time_s"] = outcome.wall_time_s
