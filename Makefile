@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow test-stan test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-peers bench-posteriordb bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean \
+        bench-memory bench-deep bench-deep-speed bench-peers bench-posteriordb bench-scaling bench-headline bench-parts bench-variational fuzz-cli clean \
         golden-record golden-compare
 
 $(STAMP): pyproject.toml
@@ -102,6 +102,12 @@ bench-deep: $(STAMP)
 	$(BENCH) benchmarks/deep.py throughput
 	$(BENCH) benchmarks/deep.py table --dataset mnist1d --seeds 5
 	$(BENCH) benchmarks/deep.py windows --dataset mnist1d --seeds 3
+
+# nrpt.deep.fit against a plain PyTorch loop training the same P models (MLP and CNN on digits,
+# ResNet-20 on synthetic-cifar), paired and interleaved (docs/reproduction/deep.md); on a GPU:
+# PYTHONPATH=src python3 benchmarks/deep_speed.py --device cuda --cases resnet20-synthetic --chains 10
+bench-deep-speed: $(STAMP)
+	$(BENCH) benchmarks/deep_speed.py --pairs 5 --json benchmarks/deep_speed_cpu.json
 
 # nrpt beside TFP's ReplicaExchangeMC, ptemcee and reddemcee on mix25 (docs/benchmarks.md); the
 # peers are installed (pinned) into the throwaway venv benchmarks/peers/.venv on first use

@@ -26,11 +26,11 @@ from nrpt.options import add_flags
 
 __all__ = ["add_parser", "run", "is_deep_run", "resume", "resume_command", "check_launch"]
 
-DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "diabetes")
+DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "synthetic-cifar", "diabetes")
 MODELS = ("mlp", "cnn", "cnn1d", "resnet20", "resnet32", "resnet56")
 #: a sensible model per dataset when --model is not given
 DEFAULT_MODEL = {"digits": "mlp", "mnist1d": "mlp", "cifar10": "resnet20",
-                 "cifar100": "resnet20", "diabetes": "mlp"}
+                 "cifar100": "resnet20", "synthetic-cifar": "resnet20", "diabetes": "mlp"}
 #: regression sets: the MLP of the UCI benchmarks (one hidden layer of 50 ReLU units; Hernandez-
 #: Lobato & Adams 2015), one output (the mean), a Gaussian likelihood with learned noise
 REGRESSION_HIDDEN = (50,)
@@ -39,7 +39,7 @@ REGRESSION_HIDDEN = (50,)
 DATASET_DEFAULTS = {
     "digits": {"lr_min": 0.01, "lr_max": 0.05, "swap_rate": 0.05, "pretrain_epochs": 5.0},
     "mnist1d": {"lr_min": 0.01, "lr_max": 0.05, "swap_rate": 0.05, "pretrain_epochs": 5.0},
-    "cifar10": {}, "cifar100": {},
+    "cifar10": {}, "cifar100": {}, "synthetic-cifar": {},
     # 354 examples, batch 32: 12 iterations per epoch (docs/reproduction/deep.md, regression)
     "diabetes": {"likelihood": "gaussian", "batch_size": 32, "lr_min": 0.002, "lr_max": 0.01,
                  "swap_rate": 0.05, "pretrain_epochs": 50.0, "weight_decay": 0.1,
@@ -89,6 +89,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "one GPU each with --device cuda); a checkpoint resumes on any number; "
                         "for a fixed seed the results do not depend on N (bit for bit on CPU "
                         "with --strategy loop, what auto takes with N > 1)")
+    p.add_argument("--max-seconds", type=_seconds, default=None, metavar="S",
+                   help="wall-clock budget of this session, pretraining included: when it is "
+                        "spent the run stops at the next iteration with a checkpoint and its "
+                        "outputs, resumable (`nrpt resume DIR` gives each session the same "
+                        "budget; `nrpt deep --resume DIR --max-seconds S` another)")
     add_flags(p, ((o, "settings (nrpt.deep.DeepConfig)" if names is None else
                    f"settings of method{'s' if len(names) > 1 else ''} {', '.join(names)}")
                   for o, names in declarations()), describe=_help)
@@ -144,12 +149,22 @@ def check_launch(args, nproc: int) -> None:
 def _lead() -> bool:
     """Whether this process owns the run folder (rank 0 of a multi-process launch)."""
     return int(os.environ.get("RANK", "0")) == 0
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"--max-seconds must be a number of seconds > 0; "
+                                         f"got {text!r}")
+    return value
 
 
 def run(args) -> int:
     """``nrpt deep``: a new run, or with ``--resume DIR`` the resumption of one."""
     if args.resume:
-        return resume(args.resume, progress=not args.no_progress)
+        return resume(args.resume, progress=not args.no_progress,
+                      max_seconds=getattr(args, "max_seconds", None))
     # the folder's lock from before cli.json is written to the end of the run: a second run
     # or resume of the same folder is refused (RunFolderBusy: nrpt: error ...)
     with folder_lock(args.out if _lead() else None):
@@ -177,9 +192,10 @@ def resume_command(args) -> int:
     return resume(args.out, progress=not args.no_progress)
 
 
-def resume(folder, progress: bool = True) -> int:
+def resume(folder, progress: bool = True, max_seconds: float | None = None) -> int:
     """Continue the deep run in ``folder`` (started by ``nrpt deep``: its ``cli.json`` rebuilds
-    the data and the model); its exit status."""
+    the data and the model; ``max_seconds``: this session's budget, default the one the run
+    was started with); its exit status."""
     out = Path(folder)
     if not out.is_dir():
         print(f"nrpt: error: {out} holds no `nrpt deep` run (no such folder)", file=sys.stderr)
@@ -193,6 +209,8 @@ def resume(folder, progress: bool = True) -> int:
                   file=sys.stderr)
             return 2
         settings = json.loads((out / "cli.json").read_text())
+        if max_seconds is not None:
+            settings["max_seconds"] = max_seconds
         return _fit_and_report(settings, out, resume=True, progress=progress)
 
 
@@ -207,7 +225,8 @@ def _settings(args) -> dict:
                 **DATASET_DEFAULTS[args.dataset]}
     options = {**{n: v for n, v in defaults.items() if n in reads}, **given}
     return {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL[args.dataset],
-            "data_dir": args.data_dir, **{n: options.pop(n) for n in _FIT}, "options": options}
+            "data_dir": args.data_dir, "max_seconds": getattr(args, "max_seconds", None),
+            **{n: options.pop(n) for n in _FIT}, "options": options}
 
 
 def _start(args) -> int:
@@ -242,10 +261,16 @@ def _fit_and_report(settings: dict, out: Path | None, *, resume: bool, progress:
     res = fit(model, (ds.x_train, ds.y_train), (ds.x_test, ds.y_test),
               method=settings["method"], chains=settings["chains"], epochs=settings["epochs"],
               seed=settings["seed"], out=out, progress=progress, augment=ds.augment,
-              resume=resume, say=say, **settings["options"])
+              resume=resume, say=say, max_seconds=settings.get("max_seconds"),
+              **settings["options"])
     if not _lead():
         return 130 if res.summary.get("interrupted") else 0
     _print_summary(res.summary, out)
+    if res.summary.get("stopped_by") == "max_seconds":
+        print(f"stopped by --max-seconds ({settings['max_seconds']:g} s); continue with: "
+              f"nrpt resume {out}" if out else "stopped by --max-seconds (no --out: not "
+              "resumable)")
+        return 0
     if res.summary.get("interrupted"):
         print(f"interrupted; continue with: nrpt resume {out}" if out else "interrupted")
         return 130

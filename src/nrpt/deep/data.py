@@ -12,6 +12,8 @@ name           source                                              train / test 
 ``mnist1d``    the ``mnist1d`` package, generated offline           4000 / 1000    (1, 40)
 ``cifar10``    CIFAR-10 "python version" batches under ``root``    50000 / 10000  (3, 32, 32)
 ``cifar100``   CIFAR-100 "python version" (fine labels)            50000 / 10000  (3, 32, 32)
+``synthetic-   CIFAR-shaped random images, 100 classes, generated  5000 / 1000    (3, 32, 32)
+cifar``        from ``seed`` (throughput: benchmarks/deep_speed.py)
 ``diabetes``   scikit-learn's bundled ``load_diabetes`` (regression) 354 / 88      (10,)
 =============  ==================================================  =============  ===========
 
@@ -43,7 +45,7 @@ from torch import Tensor
 __all__ = ["DATASETS", "CifarAugment", "Dataset", "FlatAugment", "load_dataset",
            "random_crop", "random_erasing", "random_hflip"]
 
-DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "diabetes")
+DATASETS = ("digits", "mnist1d", "cifar10", "cifar100", "synthetic-cifar", "diabetes")
 
 Augment = Callable[[Tensor, torch.Generator], Tensor]
 
@@ -367,15 +369,44 @@ def _cifar(name: str, root):
             augment)
 
 
+# ------------------------------------------------------------------------------ synthetic CIFAR
+#: sizes of ``synthetic-cifar`` (a tenth of CIFAR-100's, its shapes and class count)
+SYNTHETIC_CIFAR = {"train": 5000, "test": 1000, "classes": 100, "shape": (3, 32, 32)}
+
+
+def _synthetic_cifar(seed: int):
+    """CIFAR-shaped data for throughput measurements: standard-normal images ``[3, 32, 32]``
+    smoothed by a 2x2 average (so crops and flips change them as they change photographs), and
+    labels that a network can learn: the argmax over 100 classes of a fixed random linear map
+    of the 4x4-pooled image plus Gumbel noise.  Everything is drawn from one CPU generator
+    seeded from ``seed``: the same seed gives the same tensors on every machine."""
+    from nrpt import rng
+
+    g = torch.Generator().manual_seed(rng.key(seed, rng.Stream.USER + 503))
+    n_tr, n_te, classes = (SYNTHETIC_CIFAR[k] for k in ("train", "test", "classes"))
+    c, h, w = SYNTHETIC_CIFAR["shape"]
+    raw = torch.randn(n_tr + n_te, c, h + 1, w + 1, generator=g)
+    x = 0.25 * (raw[..., 1:, 1:] + raw[..., :-1, 1:] + raw[..., 1:, :-1] + raw[..., :-1, :-1])
+    x = (x / x.std()).contiguous()
+    pooled = torch.nn.functional.avg_pool2d(x, 8).reshape(n_tr + n_te, -1)  # [n, 48]
+    weights = torch.randn(pooled.shape[1], classes, generator=g)
+    gumbel = -torch.log(-torch.log(torch.rand(n_tr + n_te, classes, generator=g)
+                                   .clamp_(1e-12, 1 - 1e-7)))
+    y = (4.0 * pooled @ weights + gumbel).argmax(-1)
+    return (x[:n_tr], y[:n_tr], x[n_tr:], y[n_tr:], classes, CifarAugment(fill=(0.0,) * c))
+
+
 # ------------------------------------------------------------------------------ entry point
 def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0,
                  flatten: bool = False) -> Dataset:
     """Load dataset ``name`` (one of :data:`DATASETS`) as a :class:`Dataset`.
 
     Args:
-        name: ``digits``, ``mnist1d``, ``cifar10``, ``cifar100`` or ``diabetes``.
+        name: ``digits``, ``mnist1d``, ``cifar10``, ``cifar100``, ``synthetic-cifar`` or
+            ``diabetes``.
         root: CIFAR only: the directory holding ``cifar-10-batches-py/`` or ``cifar-100-python/``.
-        seed: the digits split (stratified 25 % test set) and the diabetes one (20 %); no
+        seed: the digits split (stratified 25 % test set), the diabetes one (20 %), the
+            synthetic set's draws; no
             effect on the fixed splits.
         flatten: ``x`` as ``[n, prod(input_shape)]`` (``input_shape = (prod,)``).
 
@@ -392,6 +423,8 @@ def load_dataset(name: str, *, root: str | Path | None = None, seed: int = 0,
         x, y, xt, yt, classes, augment = _mnist1d()
     elif name == "diabetes":
         x, y, xt, yt, classes, augment = _diabetes(seed)
+    elif name == "synthetic-cifar":
+        x, y, xt, yt, classes, augment = _synthetic_cifar(seed)
     else:
         x, y, xt, yt, classes, augment = _cifar(name, root)
     shape = tuple(x.shape[1:])

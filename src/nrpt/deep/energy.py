@@ -98,9 +98,11 @@ class NetworkTarget:
     """A classifier's posterior on ``(x_train, y_train)`` as an energy target.
 
     ``energy(theta[n, dim]) -> [n]`` is the full-data energy, with training-mode BatchNorm
-    batch statistics over fixed chunks of ``batch_size`` examples and no augmentation (the
-    engine evaluates it once, on the initial states).  ``initial_buffers[buffer_dim]`` (or
-    ``[R * P, buffer_dim]``) are the BatchNorm statistics replicas start from."""
+    batch statistics over fixed chunks of ``batch_size`` examples and no augmentation (what
+    a caller may evaluate; the engines of :func:`nrpt.deep.fit` start from a minibatch
+    estimate instead, :class:`nrpt.deep.methods.MinibatchLadder`).
+    ``initial_buffers[buffer_dim]`` (or ``[R * P, buffer_dim]``) are the BatchNorm statistics
+    replicas start from."""
 
     name = "network"
 
@@ -187,10 +189,11 @@ class NetworkEnergy(EnergyEstimator):
         dropout_seed = [rng.key(seed, DEEP_STREAMS.DROPOUT, *parts, s, r) for s, r in ids]
         theta = x.reshape(n, d).to(net.dtype)
         buf = extras["bn"].reshape(n, -1).to(net.dtype)
-        losses, g, new = net.loss_and_grad(theta, buf, xb, yb, t.strategy, dropout_seed)
+        losses, g, new = net.loss_and_grad(theta, buf, xb, yb, t.strategy, dropout_seed,
+                                           need_grad=need_grad)
         scale = self.n_data / self.batch_size
         u = scale * losses.sum(-1) + t.prior_energy(theta)
-        grad = scale * g + t.n_data * t.weight_decay * theta
+        grad = scale * g + t.n_data * t.weight_decay * theta if need_grad else None
         fpc = 1.0 - self.batch_size / self.n_data
         var = self.n_data ** 2 * losses.var(-1) / self.batch_size * fpc
         out = Estimate(u.reshape(lead).to(x.dtype),

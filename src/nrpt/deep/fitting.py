@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from nrpt import rng
-from nrpt.core.loop import Plan, Run, execute
+from nrpt.core.loop import Interrupt, Plan, Run, execute
 from nrpt.deep.config import AVERAGES, DeepConfig
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.methods import BUILDERS, METHODS, Context, Method, Setup, make_engine
@@ -40,7 +40,7 @@ from nrpt.recorders.stats import RoundTrips, SwapStats, Trace, json_ready
 from nrpt.run import folder as rf
 from nrpt.swap import Deterministic, NoSwap
 
-__all__ = ["fit", "DeepConfig", "DeepResult", "METHODS", "BMARecorder", "folder_lock"]
+__all__ = ["fit", "DeepConfig", "DeepResult", "METHODS", "BMARecorder", "Deadline", "folder_lock"]
 
 STRATEGY_FILE = "strategy.json"
 PRETRAINED = "pretrained.pt"
@@ -232,7 +232,8 @@ def folder_lock(out: str | Path | None):
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
-        callback=None, say=None, **options) -> DeepResult:
+        callback=None, say=None, max_seconds: float | None = None,
+        **options) -> DeepResult:
     """Tempered replicas of ``model`` on ``train = (X, y)``, evaluated on ``test = (X, y)``.
 
     ``method``: one of :data:`METHODS`; other settings are :class:`DeepConfig` fields.
@@ -248,15 +249,28 @@ def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int 
     and settings; rank 0 owns the run folder and returns the result, the other ranks return a
     :class:`DeepResult` whose ``summary`` holds only ``rank`` and ``interrupted``.  For a fixed
     seed the results do not depend on the number of processes (bit for bit on CPU with the
-    ``loop`` strategy, which ``auto`` resolves to there)."""
+    ``loop`` strategy, which ``auto`` resolves to there).
+
+    ``max_seconds``: this call's wall-clock budget, pretraining included
+    (not a setting of the run: each resumption may give its own); when it is spent the run
+    stops at the next iteration as an interrupted one does (a checkpoint, and after
+    pretraining the outputs of the models collected so far; ``summary["stopped_by"] ==
+    "max_seconds"``), and ``resume=True`` continues it."""
+    if max_seconds is not None and not (isinstance(max_seconds, int | float)
+                                        and not isinstance(max_seconds, bool)
+                                        and max_seconds > 0 and math.isfinite(max_seconds)):
+        raise ValueError(f"max_seconds must be a number of seconds > 0 (or None: no budget); "
+                         f"got {max_seconds!r}")
     cfg = DeepConfig(method=method, chains=chains, epochs=epochs, seed=seed, **options)
     comm = _join(cfg)
     lead = comm is None or comm.rank == 0
-    with folder_lock(out if lead else None), warnings.catch_warnings():
+    with folder_lock(out if lead else None), warnings.catch_warnings(), \
+            Deadline(max_seconds) as stop:
         if not lead:  # (rank 0 warns for the run)
             warnings.simplefilter("ignore")
         return _fit(cfg, model, train, test, out=out, progress=progress, augment=augment,
-                    classes=classes, resume=resume, callback=callback, say=say, comm=comm)
+                    classes=classes, resume=resume, callback=callback, say=say, comm=comm,
+                    stop=stop)
 
 
 def _join(cfg: DeepConfig):
@@ -299,6 +313,36 @@ def _agree(comm, lead_part):
     return told["value"]
 
 
+class Deadline(Interrupt):
+    """:class:`nrpt.core.loop.Interrupt` (SIGINT / SIGTERM stop the loop between iterations)
+    whose flag also rises once ``seconds`` have passed since it was made (``None``: never);
+    ``expired`` says whether the time did it."""
+
+    #: the clock (seconds; tests replace it)
+    clock = time.perf_counter
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else type(self).clock() + float(seconds)
+        self.expired = False
+        super().__init__()
+
+    @property
+    def flag(self) -> bool:
+        if self._flag:
+            return True
+        if self.deadline is not None and type(self).clock() >= self.deadline:
+            self.expired = True
+        return self.expired
+
+    @flag.setter
+    def flag(self, value: bool) -> None:
+        self._flag = bool(value)
+
+    def stopped_by(self) -> str | None:
+        """``"max_seconds"``, ``"signal"`` or ``None`` (not stopped)."""
+        return "signal" if self._flag else "max_seconds" if self.expired else None
+
+
 
 
 # ---------------------------------------------------------------------------------- one run
@@ -322,6 +366,7 @@ class _Job:
     progress: bool = False
     callback: Any = None
     say: Any = None
+    stop: Any = None
     strategy: str = "loop"
     timings: dict[str, Any] = field(default_factory=dict)
     #: a regression run's targets (:class:`nrpt.deep.regression.Targets`); None: classes
@@ -342,13 +387,14 @@ class _Job:
         return execute(run, out=out if self.lead else None,
                        checkpoint_every=self.cfg.checkpoint_every,
                        progress=self.progress and self.lead, resume=resume,
-                       header=self.header, callback=self.callback)
+                       header=self.header, callback=self.callback, stop=self.stop)
 
 
 def _fit(cfg, model, train, test, *, out, progress, augment, classes, resume, callback,
-         say, comm=None) -> DeepResult:
+         say, comm=None, stop=None) -> DeepResult:
     job = _prepare(cfg, model, train, test, classes, augment, comm)
     job.resume, job.progress, job.callback, job.say = resume, progress, callback, say
+    job.stop = stop
     if comm is not None:
         comm.check_same(json.dumps(job.fingerprint, sort_keys=True), "model and data")
         if not job.lead:
@@ -637,6 +683,7 @@ def _pretrain(job: _Job, theta0, buf0):
         if pre.interrupted:
             return DeepResult(summary={"method": cfg.method, "interrupted": True,
                                        "phase": "pretraining", "iterations": int(eng.k),
+                                       "stopped_by": _stopped_by(job),
                                        **({} if job.lead else {"rank": job.comm.rank})},
                               config=cfg, out=out)
         full = eng._full_state()  # (sharded: gathered from every process, a collective)
@@ -762,6 +809,12 @@ def _swag_average(swag, net, buf0, target, Xte, cfg, strategy, dev, store: Model
     return average, store
 
 
+def _stopped_by(job: _Job) -> str | None:
+    """Why an interrupted loop stopped: ``"max_seconds"`` (the call's budget), ``"signal"``,
+    or ``None`` (a callback raised ``KeyboardInterrupt``)."""
+    return job.stop.stopped_by() if isinstance(job.stop, Deadline) else None
+
+
 def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
              wall) -> dict[str, Any]:
     from nrpt.deep.metrics import evaluate
@@ -806,6 +859,8 @@ def _summary(job: _Job, method: Method, average, recorders, eng, facts, outcome,
     s["correction"] = float(eng.params["C"][0, 0]) if method.tempered else None
     s.update(json_ready(facts))
     s["interrupted"] = bool(outcome.interrupted)
+    if outcome.interrupted:  # (a complete run's summary keeps its keys)
+        s["stopped_by"] = _stopped_by(job)
     # every session's time (a run killed before its summary: at least its loops' time)
     s["wall_time_s"] = max(wall, outcome.wall_time_s)
     s["loop_time_s"] = outcome.wall_time_s

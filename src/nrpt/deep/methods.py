@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from nrpt import rng
 from nrpt.adapt.sa import (
     CorrectionAdaptor,
@@ -96,6 +98,25 @@ def method(name: str, **flags) -> Callable:
     return register
 
 
+class MinibatchLadder(NoiseLadder):
+    """:class:`NoiseLadder` whose energies of states not yet explored (the engine's start) are
+    the minibatch estimate ``Ũ_B`` of one keyed batch (a forward pass, no gradient), not the
+    full-data energy: every later energy is such an estimate, the first explorer step replaces
+    these before anything reads them, and the full-data pass cost an epoch of forward and
+    backward passes per engine (two per run: pretraining and the main run)."""
+
+    def __init__(self, temperatures, estimator, seed: int, min_slots: int = 1):
+        super().__init__(temperatures, min_slots=min_slots)
+        self.estimator, self.seed = estimator, int(seed)
+        self.block = None  # several processes: this process's block (keys by global replica)
+
+    def components(self, target, x):
+        key = rng.Key((self.seed, 0x57A27), self.block)
+        est = self.estimator
+        v = est(x, key, est.init_extras(x, key), need_grad=False).u.to(x.dtype)
+        return v, torch.zeros_like(v)
+
+
 def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtype,
                 device, comm=None) -> PTEngine:
     """One system of ``len(temps)`` network replicas starting at ``x0`` (buffers ``bn0``);
@@ -103,15 +124,18 @@ def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtyp
     process holds its block of the replicas (their BatchNorm and momentum extras too)."""
     P = len(temps)
     bn0 = bn0.reshape(P, -1)
+    estimator = getattr(explorer, "inner", explorer).estimator
+    ladder = MinibatchLadder(temps, estimator, seed)
     if comm is None:
         target.initial_buffers = bn0
-        return PTEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
+        return PTEngine(target, ladder, explorer, scheme, rule,
                         step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
                         initial_states=x0.reshape(1, P, -1))
     from nrpt.core.sharding import ShardedEngine
 
     target.initial_buffers = comm.block(P).take(bn0[None])[0]  # this block's replicas
-    return ShardedEngine(target, NoiseLadder(temps, min_slots=1), explorer, scheme, rule,
+    ladder.block = comm.block(P)
+    return ShardedEngine(target, ladder, explorer, scheme, rule,
                          step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
                          initial_states=x0.reshape(1, P, -1), comm=comm)
 

@@ -7,14 +7,16 @@ Strategies: ``loop`` (one ``functional_call`` per replica; the reference), ``vma
 function; falls back to ``vmap`` with a warning).  ``"auto"`` times ``loop`` and ``vmap`` on
 the batch and also ``compile`` when the run would exceed :data:`COMPILE_WORTH_S`.
 
-BatchNorm running statistics are updated functionally by a pre-hook with PyTorch's rule
-(``vmap`` drops in-place updates of views); ``momentum=None`` is refused.  Dropout draws
+BatchNorm layers update their running statistics themselves, with PyTorch's rule, in copies of
+the buffers handed to each call (one tensor per buffer: ``vmap`` drops in-place updates of
+views); ``momentum=None`` is refused.  Dropout draws
 from a generator seeded from the iteration's key inside ``torch.random.fork_rng``."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +37,8 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 
 #: ``auto`` tries ``compile`` only for runs whose eager time would exceed this (seconds)
 COMPILE_WORTH_S = 120.0
+#: ``auto`` leaves ``vmap`` only for a strategy faster by more than this fraction
+SWITCH_MARGIN = 0.1
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: layers that draw random numbers in training mode (then each call is seeded from its key)
@@ -99,6 +103,7 @@ class FunctionalNet:
         self.random = any(isinstance(m, _RANDOM) for m in self.module.modules())
         self._fns: dict[str, Callable] = {}
         self.precision, self.memory_format = "float32", "contiguous"
+        self._cast_hooks: list = []
 
     def set_execution(self, precision: str = "float32", memory_format: str = "contiguous",
                       example: torch.Tensor | None = None) -> None:
@@ -129,6 +134,13 @@ class FunctionalNet:
                              f"W]; the inputs here are {list(example.shape)} (a "
                              f"{example.dim()}-D tensor): use memory_format='contiguous'")
         self.precision, self.memory_format = precision, memory_format
+        for h in self._cast_hooks:
+            h.remove()
+        # under bf16 autocast each BatchNorm layer is fed float32 (its statistics and affine
+        # parameters are float32): a pre-hook present only then
+        self._cast_hooks = [mod.register_forward_pre_hook(self._hook(None))
+                            for mod in self.module.modules()
+                            if isinstance(mod, _BN)] if precision == "bf16" else []
         self._fns.clear()
 
     def _autocast(self):
@@ -157,9 +169,6 @@ class FunctionalNet:
                     raise ValueError(f"BatchNorm layer {name!r} has momentum=None (a cumulative "
                                      "average); give it a momentum (e.g. 0.1)")
                 found.append((name, mod))
-                mod.register_forward_pre_hook(self._hook(name))
-            elif isinstance(mod, _BN):
-                mod.register_forward_pre_hook(self._hook(None))
         return found
 
     # ------------------------------------------------------------------ packing
@@ -214,14 +223,13 @@ class FunctionalNet:
 
         return hook
 
-    def _new_buffers(self, buf: torch.Tensor, stats=None, weight: float | None = None
+    def _new_buffers(self, buf: torch.Tensor, stats, weight: float | None = None
                      ) -> torch.Tensor:
-        """``buf`` with each BatchNorm layer's statistics moved toward ``stats`` (default: the
-        stash of the last training-mode forward): ``(1 - w) * old + w * batch`` with ``w`` the
-        layer's momentum (PyTorch's rule), or ``weight`` when given."""
+        """``buf`` with each BatchNorm layer's statistics moved toward ``stats`` (layer ->
+        ``(mean, var)``): ``(1 - w) * old + w * batch`` with ``w`` the layer's momentum
+        (PyTorch's rule), or ``weight`` when given."""
         if not self.buffer_names:
             return buf
-        stats = self._stash if stats is None else stats
         old = self.buffers(buf)
         new = dict(old)
         for name, mod in self._bn:
@@ -242,6 +250,19 @@ class FunctionalNet:
         total: dict[str, list[torch.Tensor]] = {}
         n = 0
         self.module.train()
+        # the batch statistics are read by hooks, present only for this
+        handles = [mod.register_forward_pre_hook(self._hook(name)) for name, mod in self._bn]
+        try:
+            n = self._accumulate(theta, buf, batches, total)
+        finally:
+            for h in handles:
+                h.remove()
+        if n == 0:
+            return buf
+        return self._new_buffers(buf, {k: (m / n, v / n) for k, (m, v) in total.items()}, 1.0)
+
+    def _accumulate(self, theta, buf, batches, total) -> int:
+        n = 0
         for x in batches:
             self._stash = {}
             try:
@@ -254,32 +275,43 @@ class FunctionalNet:
             finally:
                 self._stash = None
             n += 1
-        if n == 0:
-            return buf
-        return self._new_buffers(buf, {k: (m / n, v / n) for k, (m, v) in total.items()}, 1.0)
+        return n
 
     # ------------------------------------------------------------------ one replica
     def _one(self, theta, buf, x, y):
-        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode."""
-        self._stash = {}
-        try:
-            # a copy: BatchNorm updates the buffers it is given in place (outside vmap)
-            logits = self._call(self.params(theta), self.buffers(buf.clone()), x)
-            losses = self.loss(logits, y)
-            new = self._new_buffers(buf)
-        finally:
-            self._stash = None
+        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode.
+
+        BatchNorm updates its running statistics itself, in place, with PyTorch's rule (the
+        batch statistics it computes anyway): each buffer is handed over as its own copy (not a
+        view of one flat tensor, whose in-place updates ``vmap`` would drop) and the copies are
+        read back afterwards."""
+        own = self._own_buffers(buf)
+        logits = self._call(self.params(theta), own, x)
+        losses = self.loss(logits, y)
+        new = (torch.cat([own[n].reshape(-1) for n in self.buffer_names])
+               if self.buffer_names else buf)
         return losses.sum(), (losses.detach(), new)
 
+    def _own_buffers(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The buffers of ``buf`` as fresh tensors (BatchNorm writes into them)."""
+        out = {n: c.view(s).clone() for n, c, s in zip(self.buffer_names,
+                                                        buf.split(self.buffer_numels),
+                                                        self.buffer_shapes, strict=True)}
+        out.update({n: torch.zeros_like(b) for n, b in self.int_buffers.items()})
+        return out
+
     # ------------------------------------------------------------------ batched evaluation
-    def loss_and_grad(self, theta, buf, x, y, strategy: str = "vmap", seed: int | None = None):
+    def loss_and_grad(self, theta, buf, x, y, strategy: str = "vmap", seed: int | None = None,
+                      need_grad: bool = True):
         """Training-mode losses and gradients of ``n`` replicas on their own batches.
 
         ``theta[n, dim]``, ``buf[n, buffer_dim]``, ``x[n, B, ...]``, ``y[n, B]`` ->
         ``(losses[n, B], grad[n, dim], new_buf[n, buffer_dim])`` where ``grad`` is the gradient
-        of the summed losses.  ``seed`` seeds random layers (dropout): one seed for the call,
-        or a list of one per replica (then a network with random layers is evaluated replica
-        by replica, each under its own seed: a replica's draws do not depend on the others)."""
+        of the summed losses (``None`` with ``need_grad=False``: the forward pass alone, the
+        same losses and buffers).  ``seed`` seeds random layers (dropout): one seed for the
+        call, or a list of one per replica (then a network with random layers is evaluated
+        replica by replica, each under its own seed: a replica's draws do not depend on the
+        others)."""
         self.module.train()
         if isinstance(seed, list | tuple):
             if len(seed) != theta.shape[0]:
@@ -288,13 +320,24 @@ class FunctionalNet:
                 seed = None
             elif theta.shape[0] > 1:
                 rows = [self.loss_and_grad(theta[i:i + 1], buf[i:i + 1], x[i:i + 1],
-                                           y[i:i + 1], strategy, seed[i])
+                                           y[i:i + 1], strategy, seed[i], need_grad)
                         for i in range(theta.shape[0])]
-                return tuple(torch.cat(parts) for parts in zip(*rows, strict=True))
+                return tuple(None if parts[0] is None else torch.cat(parts)
+                             for parts in zip(*rows, strict=True))
             else:
                 seed = seed[0]
         with _seeded(seed if self.random else None, self.device):
-            if strategy == "loop" or self.memory_format == "channels_last":
+            one_by_one = strategy == "loop" or self.memory_format == "channels_last"
+            if not need_grad:
+                with torch.no_grad():
+                    if one_by_one:
+                        outs = [self._one(theta[i], buf[i], x[i], y[i])[1]
+                                for i in range(theta.shape[0])]
+                        return (torch.stack([o[0] for o in outs]), None,
+                                torch.stack([o[1] for o in outs]))
+                    _, (losses, new) = self._forward(strategy)(theta, buf, x, y)
+                    return losses, None, new
+            if one_by_one:
                 return self._loop(theta, buf, x, y)
             fn = self._batched(strategy)
             g, (_, (losses, new)) = fn(theta, buf, x, y)
@@ -319,6 +362,14 @@ class FunctionalNet:
                 fn = torch.compile(fn, dynamic=False)
             self._fns[strategy] = fn
         return self._fns[strategy]
+
+    def _forward(self, strategy: str):
+        """The batched forward pass alone (``need_grad=False``; ``compile`` runs it as
+        ``vmap``: a second compilation for a once-a-run call does not pay)."""
+        key = "forward"
+        if key not in self._fns:
+            self._fns[key] = vmap(self._one, randomness="different")
+        return self._fns[key]
 
     @torch.no_grad()
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
@@ -367,10 +418,16 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
                     repeats: int = 3, iterations: int = 0) -> tuple[str, dict[str, float]]:
     """The execution strategy to use and the measured seconds per step of each tried.
 
-    ``auto``: ``loop`` and ``vmap`` are each timed for ``repeats`` steps after one warm-up on
-    the given batch; if ``iterations`` steps of the faster would take more than
-    :data:`COMPILE_WORTH_S`, ``compile`` is timed too (its compilation time is reported as
-    ``compile_s``); the fastest is kept.  An explicit ``vmap`` / ``compile`` that fails on this
+    ``auto``: ``loop`` and ``vmap`` are timed on the given batch after one warm-up each (CPU
+    time on a CPU device, wall time on an accelerator), ``repeats`` steps each, interleaved
+    (loop, vmap, loop, ...: a change of the machine's load falls on both), and their medians
+    compared; ``loop`` is kept only when it is faster than ``vmap`` by more than
+    :data:`SWITCH_MARGIN` (near-ties, where the measurement decides by noise, always pick
+    ``vmap``: the choice is the same from run to run).  If ``iterations`` steps of the one
+    kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed too (its
+    compilation time is reported as ``compile_s``) and kept if faster than that by the same
+    margin.  A run records its choice and a resumption reuses it.  An explicit ``vmap`` /
+    ``compile`` that fails on this
     model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
     """
     if strategy not in STRATEGIES:
@@ -405,26 +462,36 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     # auto
     if not works("vmap"):
         return "loop", timings
-    for s in ("loop", "vmap"):
-        timings[s] = _time(net, s, theta, buf, x, y, repeats)
-    if iterations * min(timings.values()) > COMPILE_WORTH_S:
+    _time(net, "loop", theta, buf, x, y, 0)
+    runs: dict[str, list[float]] = {"loop": [], "vmap": []}
+    for _ in range(max(1, repeats)):
+        for s in runs:
+            runs[s].append(_time(net, s, theta, buf, x, y, 1))
+    timings.update({s: statistics.median(v) for s, v in runs.items()})
+    best = "loop" if timings["loop"] < (1 - SWITCH_MARGIN) * timings["vmap"] else "vmap"
+    if iterations * timings[best] > COMPILE_WORTH_S:
         t0 = time.perf_counter()
         if works("compile"):
             timings["compile_s"] = time.perf_counter() - t0
             timings["compile"] = _time(net, "compile", theta, buf, x, y, repeats)
-    best = min((s for s in ("loop", "vmap", "compile") if s in timings), key=timings.get)
+            if timings["compile"] < (1 - SWITCH_MARGIN) * timings[best]:
+                best = "compile"
     return best, timings
 
 
 def _time(net, strategy, theta, buf, x, y, repeats: int) -> float:
+    """Seconds per step: the process's CPU time on a CPU device (what another process's load
+    does not change), wall time after a device sync on an accelerator."""
     net.loss_and_grad(theta, buf, x, y, strategy)  # warm-up (and the check that it runs)
     if repeats == 0:
         return 0.0
-    if theta.device.type == "cuda":
+    cuda = theta.device.type == "cuda"
+    clock = time.perf_counter if theta.device.type != "cpu" else time.process_time
+    if cuda:
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(repeats):
         net.loss_and_grad(theta, buf, x, y, strategy)
-    if theta.device.type == "cuda":
+    if cuda:
         torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeats
+    return (clock() - t0) / repeats

@@ -32,7 +32,7 @@ import math
 import torch
 
 from nrpt.energy.estimators import EnergyEstimator, ExactEnergy
-from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
+from nrpt.explorers.base import ExploreInfo, Explorer, Noise, ReplicaState
 from nrpt.options import (
     Option,
     check_numbers,
@@ -158,7 +158,10 @@ class SGExplorer(Explorer):
             extras["sg_grad"] = e0.grad
         eta = step_size[..., None]
         tau = torch.reciprocal(b)[..., None]  # b = inf -> tau = 0 (no noise)
-        xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
+        # every slot cold (plain / momentum SGD): no noise to draw (the draws are keyed by
+        # iteration, so skipping them changes no other number; the move adds none)
+        xi = None if _all_cold(b, noise) else noise.normal(sub, (state.x.shape[-1],),
+                                                            state.x.dtype)
         x_new, extras = self.move(state.x, extras["sg_grad"], eta, tau, extras, xi)
         if self.domain is not None:
             x_new = self.domain.reflect(state.x, x_new)
@@ -179,13 +182,28 @@ class SGExplorer(Explorer):
         return new, ExploreInfo(ones * ok, ok, ~ok)
 
 
+def _all_cold(b: torch.Tensor, noise) -> bool:
+    """Whether every replica's noise temperature is 0 (``b = inf``): then the step draws no
+    noise.  Only for the engine's own :class:`nrpt.explorers.Noise` outside a compiled graph:
+    :mod:`nrpt.explorers.compiled` replays recorded draws by position (and a graph draws as
+    it was traced), so there the draw is always made."""
+    return (type(noise) is Noise and not torch.compiler.is_compiling()
+            and bool(torch.isinf(b).all()))
+
+
+def _plus_noise(t: torch.Tensor, scale: torch.Tensor, xi: torch.Tensor | None):
+    """``t + sqrt(scale) * xi``, or ``t`` itself when no noise was drawn (every slot cold:
+    the term is 0, and this skips its arithmetic too)."""
+    return t if xi is None else t + torch.sqrt(scale) * xi
+
+
 class SGLD(SGExplorer):
     """Stochastic gradient Langevin dynamics; ``tau = 0`` slots take plain SGD steps."""
 
     name = "sgld"
 
     def move(self, x, g, eta, tau, extras, xi):
-        return x - eta * g + torch.sqrt(2.0 * eta * tau) * xi, extras
+        return _plus_noise(x - eta * g, 2.0 * eta * tau, xi), extras
 
 
 class SGD(SGLD):
@@ -218,7 +236,7 @@ class SGHMC(SGExplorer):
         if m is None:
             m = torch.zeros_like(x)
         a = 1.0 - self.momentum
-        m = self.momentum * m - eta * g + torch.sqrt(2.0 * a * eta * tau) * xi
+        m = _plus_noise(self.momentum * m - eta * g, 2.0 * a * eta * tau, xi)
         return x + m, {**extras, "momentum": m}
 
     def after_reflection(self, x, x_new, extras):
@@ -257,7 +275,7 @@ class PSGLD(SGExplorer):
         v = extras.get("precond_sq")
         v = g * g if v is None else self.rho * v + (1.0 - self.rho) * g * g
         G = 1.0 / (self.eps + v.sqrt())
-        x_new = x - eta * G * g + torch.sqrt(2.0 * eta * tau * G) * xi
+        x_new = _plus_noise(x - eta * G * g, 2.0 * eta * tau * G, xi)
         return x_new, {**extras, "precond_sq": v}
 
     def describe(self):

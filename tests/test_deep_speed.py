@@ -1,0 +1,270 @@
+"""The fast paths of nrpt.deep (issue 24) equal the plain ones: BatchNorm's own running-statistics
+update equals a plain module's, a step that draws no noise for cold slots equals one that draws
+it and multiplies it by 0, engines that start from a minibatch energy run as those that started
+from the full-data one, the forward-only energy equals the one with gradients; the strategy
+choice is stable near ties; a run stopped by its time budget writes its outputs and resumes
+bit for bit; the synthetic CIFAR-shaped dataset is fixed by its seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from nrpt.deep import fitting, methods, replicas
+from nrpt.deep.data import SYNTHETIC_CIFAR, load_dataset
+from nrpt.deep.energy import NetworkTarget
+from nrpt.deep.fitting import Deadline, fit
+from nrpt.deep.replicas import FunctionalNet, choose_strategy
+from nrpt.explorers.base import Noise, ReplicaState
+from nrpt.explorers.sgmcmc import PSGLD, SGLD, MomentumSGD
+from nrpt.paths.ladders import NoiseLadder
+
+
+def _bn_net(dtype=torch.float32):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(4 * 4 * 4, 6), nn.BatchNorm1d(6), nn.ReLU(),
+                             nn.Linear(6, 3)).to(dtype)
+
+
+def _batch(net, P=3, B=8, dtype=torch.float32):
+    theta0, buf0 = net.pack()
+    g = torch.Generator().manual_seed(1)
+    theta = theta0 + 0.1 * torch.randn(P, net.dim, generator=g, dtype=dtype)
+    buf = buf0 + 0.1 * torch.rand(P, net.buffer_dim, generator=g, dtype=dtype)
+    x = torch.randn(P, B, 2, 6, 6, generator=g, dtype=dtype)
+    y = torch.randint(3, (P, B), generator=g)
+    return theta, buf, x, y
+
+
+# ------------------------------------------------------------------ BatchNorm's own update
+def test_batchnorm_statistics_are_pytorchs_own_bit_for_bit_and_vmap_keeps_them():
+    net = FunctionalNet(_bn_net())
+    theta, buf, x, y = _batch(net)
+    losses, grad, new = net.loss_and_grad(theta, buf, x, y, "loop")
+    for i in range(theta.shape[0]):
+        m = net.load(theta[i], buf[i]).train()
+        ref = nn.functional.cross_entropy(m(x[i]), y[i], reduction="none")
+        assert torch.equal(net.pack(m)[1], new[i])  # PyTorch's rule, PyTorch's kernels
+        assert torch.equal(ref.detach(), losses[i])
+    assert (new - buf).abs().max() > 1e-3  # negative control: the statistics moved
+    _, _, new_v = net.loss_and_grad(theta, buf, x, y, "vmap")
+    assert (new_v - buf).abs().max() > 1e-3  # vmap did not drop the in-place update
+    torch.testing.assert_close(new_v, new, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_the_forward_only_energy_equals_the_one_with_gradients(strategy):
+    net = FunctionalNet(_bn_net(torch.float64))
+    theta, buf, x, y = _batch(net, dtype=torch.float64)
+    l1, g1, b1 = net.loss_and_grad(theta, buf, x, y, strategy)
+    l2, g2, b2 = net.loss_and_grad(theta, buf, x, y, strategy, need_grad=False)
+    assert g2 is None and g1 is not None
+    torch.testing.assert_close(l2, l1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(b2, b1, rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------ no noise for cold slots
+class _DrawingNoise(Noise):
+    """The engine's noise under another type: the explorer draws as it always did."""
+
+
+def _sg_state(R=2, P=3, d=5):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(R, P, d, generator=g, dtype=torch.float64)
+    return ReplicaState(x, torch.zeros(R, P, dtype=torch.float64),
+                        torch.zeros(R, P, dtype=torch.float64))
+
+
+class _Quadratic:
+    dim = 5
+
+    def energy(self, x):
+        return 0.5 * (x * x).sum(-1) + x[..., 0] ** 3 / 10
+
+
+@pytest.mark.parametrize("make", [lambda: SGLD(), lambda: MomentumSGD(momentum=0.7),
+                                  lambda: PSGLD()])
+def test_a_cold_step_without_noise_equals_the_step_that_draws_it(make, monkeypatch):
+    from nrpt.roles import Density
+
+    density = Density(_Quadratic(), NoiseLadder([0.0, 0.0, 0.0]))
+    b = torch.full((2, 3), float("inf"), dtype=torch.float64)
+    h = torch.full((2, 3), 0.05, dtype=torch.float64)
+    results = []
+    for noise_type in (_DrawingNoise, Noise):
+        ex, st = make(), _sg_state()
+        for k in range(3):
+            st, _ = ex.step(st, b, h, density, noise_type(7, k, 2, 3, torch.device("cpu")))
+        results.append(st)
+    assert torch.equal(results[0].x, results[1].x)
+    for key in results[0].extras:
+        assert torch.equal(results[0].extras[key], results[1].extras[key]), key
+    # the cold path draws nothing; a warm slot (negative control) still draws
+    drawn = []
+    plain_normal = Noise.normal
+    monkeypatch.setattr(Noise, "normal", lambda self, *a, **k: drawn.append(1) or
+                        plain_normal(self, *a, **k))
+    ex, st = make(), _sg_state()
+    ex.step(st, b, h, density, Noise(7, 0, 2, 3, torch.device("cpu")))
+    assert not drawn
+    b[0, 1] = 2.0
+    ex.step(st, b, h, density, Noise(7, 0, 2, 3, torch.device("cpu")))
+    assert drawn
+
+
+# ------------------------------------------------------------------ the engines' start
+def _toy(n=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 6, generator=g)
+    y = (X @ torch.randn(6, 3, generator=g)).argmax(1)
+    return (X[:72], y[:72]), (X[72:], y[72:])
+
+
+def _mlp():
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+OPTS = dict(method="deo-star", chains=3, epochs=4, seed=3, batch_size=12, lr_min=0.02,
+            lr_max=0.1, swap_rate=0.3, strategy="loop", pretrain_epochs=2, eval_every=2)
+
+
+def test_no_full_data_energy_is_computed_and_the_run_is_the_one_that_computed_it(monkeypatch):
+    train, test = _toy()
+    fast = fit(_mlp(), train, test, **OPTS)
+    plain_make = methods.make_engine
+
+    def full_start(target, explorer, temps, *args, **kwargs):
+        eng = plain_make(target, explorer, temps, *args, **kwargs)
+        eng.path = NoiseLadder(temps, min_slots=1)  # the old start: the full-data energy
+        eng.density.path = eng.path
+        v, _ = eng.density(eng.state.x)
+        eng.state = ReplicaState(eng.state.x, v, eng.state.base, eng.state.extras)
+        return eng
+
+    monkeypatch.setattr(methods, "make_engine", full_start)
+    monkeypatch.setattr(fitting, "make_engine", full_start)
+    plain = fit(_mlp(), train, test, **OPTS)
+    assert torch.equal(fast.models, plain.models)
+    for key in ("accuracy", "nll_sum", "learning_rates", "correction", "round_trips"):
+        assert fast.summary[key] == plain.summary[key], key
+    # and the fast start never evaluates the full-data energy
+    monkeypatch.setattr(methods, "make_engine", plain_make)
+    monkeypatch.setattr(fitting, "make_engine", plain_make)
+
+    def refuse(self, theta):
+        raise AssertionError("the full-data energy was computed")
+
+    monkeypatch.setattr(NetworkTarget, "energy", refuse)
+    again = fit(_mlp(), train, test, **OPTS)
+    assert torch.equal(again.models, fast.models)
+
+
+# ------------------------------------------------------------------ the strategy choice
+@pytest.mark.parametrize("loop_over_vmap,expected", [(0.98, "vmap"), (0.93, "vmap"),
+                                                     (1.3, "vmap"), (0.8, "loop")])
+def test_auto_keeps_vmap_unless_loop_is_clearly_faster(monkeypatch, loop_over_vmap, expected):
+    def fake_time(net, strategy, theta, buf, x, y, repeats):
+        return {"loop": loop_over_vmap, "vmap": 1.0}.get(strategy, 1.0) * (repeats > 0)
+
+    monkeypatch.setattr(replicas, "_time", fake_time)
+    net = FunctionalNet(_bn_net())
+    theta, buf, x, y = _batch(net)
+    choice, timings = choose_strategy(net, theta, buf, x, y, "auto")
+    assert choice == expected and timings["loop"] == pytest.approx(loop_over_vmap)
+
+
+# ------------------------------------------------------------------ the time budget
+class _Clock:
+    """A clock that advances one second each time it is read."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+def test_a_run_stopped_by_its_time_budget_writes_outputs_and_resumes_bit_for_bit(tmp_path,
+                                                                                monkeypatch):
+    train, test = _toy()
+    whole = fit(_mlp(), train, test, **OPTS)
+    iters = whole.summary["iterations"]
+    # Deadline reads its clock when made and once per iteration: a budget of 10.5 "seconds"
+    # stops the pretraining (12 iterations) after its 10th iteration
+    monkeypatch.setattr(Deadline, "clock", _Clock())
+    out = tmp_path / "run"
+    part = fit(_mlp(), train, test, out=out, max_seconds=10.5, **OPTS)
+    assert part.summary["interrupted"] and part.summary["stopped_by"] == "max_seconds"
+    assert part.summary["phase"] == "pretraining"
+    # the next session stops in the main run: its outputs are written
+    monkeypatch.setattr(Deadline, "clock", _Clock())
+    part = fit(_mlp(), train, test, out=out, resume=True, max_seconds=8.5, **OPTS)
+    assert part.summary["stopped_by"] == "max_seconds"
+    assert 0 < part.summary["iterations"] < iters
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and summary["stopped_by"] == "max_seconds"
+    done = fit(_mlp(), train, test, out=out, resume=True, **OPTS)
+    assert not done.summary["interrupted"] and "stopped_by" not in done.summary
+    assert torch.equal(done.models, whole.models)
+    for key in ("accuracy", "nll_sum", "learning_rates", "correction", "round_trips",
+                "swap_rates"):
+        assert done.summary[key] == whole.summary[key], key
+
+
+def test_max_seconds_is_checked_by_name():
+    train, test = _toy()
+    for bad in (0, -1.0, float("inf"), "10", True):
+        with pytest.raises(ValueError, match="max_seconds"):
+            fit(_mlp(), train, test, max_seconds=bad, **OPTS)
+
+
+# ------------------------------------------------------------------ synthetic CIFAR
+def test_synthetic_cifar_has_cifars_shapes_and_is_fixed_by_its_seed():
+    a = load_dataset("synthetic-cifar", seed=0)
+    assert a.x_train.shape == (SYNTHETIC_CIFAR["train"], 3, 32, 32)
+    assert a.x_test.shape == (SYNTHETIC_CIFAR["test"], 3, 32, 32)
+    assert a.x_train.dtype == torch.float32 and a.y_train.dtype == torch.int64
+    assert a.classes == 100 and a.input_shape == (3, 32, 32)
+    assert int(a.y_train.min()) >= 0 and int(a.y_train.max()) < 100
+    assert len(a.y_train.unique()) > 90  # (nearly) every class present
+    b = load_dataset("synthetic-cifar", seed=0)
+    for name in ("x_train", "y_train", "x_test", "y_test"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    c = load_dataset("synthetic-cifar", seed=1)
+    assert not torch.equal(a.x_train, c.x_train)
+    g = torch.Generator().manual_seed(0)
+    out = a.augment(a.x_train[:4], g)
+    assert out.shape == (4, 3, 32, 32) and not torch.equal(out, a.x_train[:4])
+
+
+def test_nrpt_deep_max_seconds_stops_says_how_to_go_on_and_resume_finishes(tmp_path, capsys,
+                                                                            monkeypatch):
+    from nrpt.run.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["deep", "--dataset", "digits", "--max-seconds", "0"])
+    assert "--max-seconds must be a number of seconds > 0" in capsys.readouterr().err
+    out = tmp_path / "run"
+    args = ["deep", "--dataset", "digits", "--chains", "2", "--epochs", "1", "--out", str(out),
+            "--no-progress", "--pretrain-epochs", "0", "--batch-size", "64", "--strategy",
+            "loop", "--swap-rate", "0.2", "--max-seconds", "3.5"]
+    monkeypatch.setattr(Deadline, "clock", _Clock())  # 3 iterations, then the budget is spent
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"stopped by --max-seconds (3.5 s); continue with: nrpt resume {out}" in text
+    assert json.loads((out / "cli.json").read_text())["max_seconds"] == 3.5
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 3
+    monkeypatch.setattr(Deadline, "clock", _Clock())  # `nrpt resume`: the same budget
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 6
+    assert main(["deep", "--resume", str(out), "--no-progress", "--max-seconds", "1e6"]) == 0
+    done = json.loads((out / "summary.json").read_text())
+    assert not done["interrupted"] and done["iterations"] == 22  # ceil(1346 / 64) x 1 epoch
