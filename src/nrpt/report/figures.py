@@ -35,8 +35,12 @@ def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
     from nrpt.files import atomic_path
 
     path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or None
+    # PNG at zlib level 1, not Pillow's 6: the same pixels, files ~15 % larger, and the
+    # encoding (a third of an unlaid-out figure's time) several times faster
+    extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
     with atomic_path(path) as tmp:  # a reader never sees half a figure
-        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or None)
+        fig.savefig(tmp, dpi=dpi, format=fmt, **extra)
     return path
 
 
