@@ -88,13 +88,13 @@ def main(argv=None) -> None:
         whole = [r[f"{clock}_s"] for r in mine]
         parts = {k: [r["outputs"][k][clock] for r in mine] for k in mine[0]["outputs"]}
         total = [sum(r["outputs"][k][clock] for k in r["outputs"]) for r in mine]
-        share = [t / w for t, w in zip(total, whole)]
+        share = [t / w for t, w in zip(total, whole, strict=True)]
         print(f"  {clock:4s}: whole process {med(whole):6.2f} s; outputs {med(total):5.2f} s = "
               f"{100 * med(share):4.1f} % [{100 * min(share):.1f}-{100 * max(share):.1f}] ("
               + ", ".join(f"{k} {med(v):.2f}" for k, v in parts.items()) + ")")
     if base:
         for clock in ("wall", "cpu"):
-            ratio = [m[f"{clock}_s"] / b[f"{clock}_s"] for m, b in zip(mine, base)]
+            ratio = [m[f"{clock}_s"] / b[f"{clock}_s"] for m, b in zip(mine, base, strict=True)]
             print(f"  {clock:4s}: whole process this tree / {args.against}: "
                   f"{med(ratio):.3f} [{min(ratio):.3f}-{max(ratio):.3f}] "
                   f"({med(m[f'{clock}_s'] for m in mine):.2f} s vs "

@@ -510,7 +510,7 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
             warnings.simplefilter("ignore")  # matplotlib font / layout chatter
             summary["figures"] = report.write_figures(
                 out, run=run, summary=summary, samples=samples,
-                index=np.asarray(arrays["index"]), rows=outcome.rows)
+                index=np.asarray(arrays["index"]), rows=outcome.rows, which=cfg.figures)
         clock.lap("figures")
 
 
