@@ -165,23 +165,32 @@ class TwentyFiveModes:
         bins = int(round(18 * lim)) if bins is None else int(bins)
         if bins < 1:
             raise ValueError(f"bins must be >= 1; got {bins}")
-        edges = np.linspace(-lim, lim, bins + 1)
-        h = edges[1] - edges[0]
-        u, w = np.polynomial.legendre.leggauss(int(nodes))
-        pts = edges[:-1, None] + (u[None, :] + 1.0) * (h / 2.0)  # [bins, nodes]
-        wts = w * (h / 2.0)  # [nodes]
-        log_z = self.log_normalizer
-        if not self.penalty:
-            # pi factorizes: cell masses are products of one-dimensional cell masses
-            log_f = -0.2 * pts**2 + 2.0 * np.cos(2.0 * np.pi * pts) - 0.5 * log_z
-            mass = (np.exp(log_f) * wts).sum(axis=1)
-            probs = np.outer(mass, mass)
-        else:
-            x1 = pts[:, :, None, None]
-            x2 = pts[None, None, :, :]
-            dens = np.exp(_log_density_np(x1, x2, True) - log_z)
-            probs = np.einsum("injm,n,m->ij", dens, wts, wts)
-        return edges, edges.copy(), probs
+        # the summary, the density figure and its TV floor each ask for the same grid: computed
+        # once per process (0.05 s with the penalty), copies handed out
+        edges, _, probs = _density_grid(self.penalty, lim, bins, int(nodes))
+        return edges.copy(), edges.copy(), probs.copy()
 
     def __repr__(self) -> str:
         return f"TwentyFiveModes(penalty={self.penalty})"
+
+
+@lru_cache(maxsize=4)
+def _density_grid(penalty: bool, lim: float, bins: int, nodes: int):
+    """:meth:`TwentyFiveModes.density_grid`'s arrays (checked arguments), cached."""
+    log_z = TwentyFiveModes(penalty).log_normalizer
+    edges = np.linspace(-lim, lim, bins + 1)
+    h = edges[1] - edges[0]
+    u, w = np.polynomial.legendre.leggauss(int(nodes))
+    pts = edges[:-1, None] + (u[None, :] + 1.0) * (h / 2.0)  # [bins, nodes]
+    wts = w * (h / 2.0)  # [nodes]
+    if not penalty:
+        # pi factorizes: cell masses are products of one-dimensional cell masses
+        log_f = -0.2 * pts**2 + 2.0 * np.cos(2.0 * np.pi * pts) - 0.5 * log_z
+        mass = (np.exp(log_f) * wts).sum(axis=1)
+        probs = np.outer(mass, mass)
+    else:
+        x1 = pts[:, :, None, None]
+        x2 = pts[None, None, :, :]
+        dens = np.exp(_log_density_np(x1, x2, True) - log_z)
+        probs = np.einsum("injm,n,m->ij", dens, wts, wts)
+    return edges, edges, probs
