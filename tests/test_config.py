@@ -176,6 +176,7 @@ BAD = [
     (dict(rounds=3, thin=9), "thin (9) must be <= the last round's length"),
     (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
     (dict(figures="no"), "figures must be true, false or all"),
+    (dict(noise_dtype="half"), "noise_dtype must be one of float64, float32"),
     (dict(compile="yes"), "compile must be true or false"),
     (dict(compile=True, explorer="slice"), "compile is for explorers rwmh, mala, hmc"),
     (dict(fuse="yes"), "fuse must be auto, true, false or a chunk length"),
