@@ -481,7 +481,11 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
                 else "every iteration shown")
     n_panels = 1 + bool(heatmap) + (zoom is not None)
     # a fixed layout in inches: the panels aligned, the heatmap's colorbar in the right margin
-    width, height, top, bottom, gap = 11.0, 1.0 + 3.1 * n_panels, 0.85, 0.6, 0.95
+    # (the legend above the first panel: 6 entries a row)
+    entries = (P <= 8 and len(ip.highlight) < P) + len(ip.highlight) + \
+        any(0 <= b <= K for b in ip.bounds) + (zoom is not None)
+    top = 0.85 + 0.25 * (math.ceil(entries / 6) - 1)
+    width, height, bottom, gap = 11.0, 0.15 + top + 3.1 * n_panels, 0.6, 0.95
     fig = Figure(figsize=(width, height))
     side = (height - top - bottom - gap * (n_panels - 1)) / n_panels
     axes = [fig.add_axes(_rect(fig, 0.8, height - top - (i + 1) * side - i * gap,
