@@ -175,7 +175,8 @@ BAD = [
     (dict(iterations=10, thin=11), "thin (11) must be <= iterations (10)"),
     (dict(rounds=3, thin=9), "thin (9) must be <= the last round's length"),
     (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1"),
-    (dict(figures="no"), "figures must be true or false"),
+    (dict(figures="no"), "figures must be true, false or all"),
+    (dict(noise_dtype="half"), "noise_dtype must be one of float64, float32"),
     (dict(compile="yes"), "compile must be true or false"),
     (dict(compile=True, explorer="slice"), "compile is for explorers rwmh, mala, hmc"),
     (dict(fuse="yes"), "fuse must be auto, true, false or a chunk length"),
@@ -263,7 +264,7 @@ def test_built_in_target_options_take_numpy_and_torch_scalars():
 
 #: every boolean flag of `nrpt run` takes these words (any case), and refuses anything else
 #: with an argparse error naming the flag (was: a KeyError traceback)
-BOOL_FLAGS = [("--figures", []), ("--compile", []), ("--adapt", ["--explorer", "sgd"]),
+BOOL_FLAGS = [("--compile", []), ("--adapt", ["--explorer", "sgd"]),
               ("--adapt-schedule", ["--rounds", "2"]), ("--adapt-step-size", ["--rounds", "2"])]
 
 
@@ -286,3 +287,16 @@ def test_boolean_flags_take_the_documented_words_or_name_them(flag, rest, capsys
     assert "argument --fuse: expected auto" in capsys.readouterr().err
     assert _parser().parse_args(["run", "--fuse", "On"]).fuse is True
     assert _parser().parse_args(["run", "--fuse", "16"]).fuse == 16
+
+
+def test_figures_takes_the_boolean_words_or_all_and_names_itself(capsys):
+    # figures = true writes the main figures, all adds the trace and rank plots
+    from nrpt.run.cli import _parser
+
+    for word, want in [("true", True), ("Off", False), ("1", True), ("ALL", "all")]:
+        assert _parser().parse_args(["run", "--figures", word]).figures == want
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "--figures", "some"])
+    assert "argument --figures: expected true/false (yes/no, on/off, 1/0) or all" in \
+        capsys.readouterr().err
+    assert RunConfig(figures="all").figures == "all"

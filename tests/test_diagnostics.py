@@ -120,6 +120,28 @@ def test_tracker_matches_reference_small_p(n_slots):
         np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
 
 
+@pytest.mark.parametrize("n_slots, block", [(2, 8), (3, 5), (5, 8), (6, 16), (4, 1), (5, 64)])
+def test_block_update_is_the_per_iteration_update(n_slots, block):
+    # update_block (the recorders' path: a few tensor ops per block of iterations) leaves the
+    # same state and counts as one update per iteration, from a mid-run state on, including
+    # replicas that start mid-ladder (their A.5 trips clear both flags)
+    index = _random_index_process(20 + n_slots, n_iter=400, n_systems=3, n_slots=n_slots)
+    one, blocks = _track(index[:37]), _track(index[:37])  # (a state with counts already)
+    rest = torch.as_tensor(index[37:])
+    for row in rest:
+        one.update(row)
+    for a in range(0, rest.shape[0], block):
+        blocks.update_block(rest[a:a + block])
+    want, got = one.state_dict(), blocks.state_dict()
+    for key in want:
+        assert torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype, key
+    assert int(want["round_trips_a5"].sum()) > 0 and int(want["round_trips"].sum()) > 0
+    # the comparison has power: a block one iteration short is told apart
+    short = _track(index[:37])
+    short.update_block(rest[:-1])
+    assert not all(torch.equal(short.state_dict()[k], want[k]) for k in want)
+
+
 def test_per_replica_sums_and_state_dict_roundtrip():
     index = _random_index_process(7, n_iter=400, n_systems=2, n_slots=6)
     full = _track(index)

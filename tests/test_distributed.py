@@ -24,7 +24,7 @@ from nrpt.core.sharding import block_of, check_world, spawn
 from nrpt.rng import Block, Key, normal
 
 DATA = Path(__file__).parent / "data"
-TIMING = {"wall_time_s", "iterations_per_s", "out", "figures", "round_rows"}
+TIMING = {"wall_time_s", "iterations_per_s", "out", "figures", "round_rows", "outputs_s"}
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 

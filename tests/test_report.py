@@ -176,7 +176,18 @@ def test_trace_and_rank_plots_are_written_with_the_other_figures(sgd_run, tmp_pa
                                  samples=res.samples, index=res.index, rows=res.rows)
     for name in ("trace.png", "rank.png"):
         assert name in names and (tmp_path / name).stat().st_size > 10_000
-        assert (res.out / name).is_file()  # the run itself wrote them too
+
+
+def test_a_runs_default_figures_leave_out_the_trace_and_rank_plots(sgd_run, tmp_path):
+    # figures = true (the default) writes the main figures; "all" adds trace.png and rank.png
+    res = sgd_run
+    names = report.write_figures(tmp_path, run=_Run(res), summary=dict(res.summary),
+                                 samples=res.samples, index=res.index, rows=res.rows,
+                                 which=True)
+    assert {"density.png", "index_process.png", "swap_acceptance.png",
+            "adaptation.png"} <= set(names)
+    assert "trace.png" not in names and "rank.png" not in names
+    assert not (tmp_path / "trace.png").exists()
 
 
 def test_trace_and_rank_show_every_system_and_the_first_coordinates():

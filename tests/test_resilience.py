@@ -68,7 +68,7 @@ def foreground_sigint():
 #: summary keys that depend on the clock, the folder, the outputs written or the interruption
 #: ("fused" counts the chunks this process ran)
 VOLATILE = {"wall_time_s", "iterations_per_s", "wall_s", "interrupted", "out", "figures",
-            "inference_data", "inference_data_error", "fused"}
+            "outputs_s", "inference_data", "inference_data_error", "fused"}
 
 
 def numbers(summary: dict) -> dict:

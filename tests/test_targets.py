@@ -304,6 +304,17 @@ def test_twenty_five_modes_normalizer_and_moments():
 
 
 @pytest.mark.parametrize("penalty", [False, True])
+def test_twenty_five_modes_stored_moments_are_the_quadratures(penalty):
+    from nrpt.targets.twenty_five_modes import _polar_moments
+
+    _polar_moments.cache_clear()
+    log_z, second = _polar_moments(penalty)  # (libm may differ in the last bits: no equality)
+    target = TwentyFiveModes(penalty)
+    assert target.log_normalizer == pytest.approx(log_z, rel=1e-12, abs=0)
+    assert float(target.cov[0, 0]) == pytest.approx(0.5 * second, rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize("penalty", [False, True])
 def test_density_grid(penalty):
     target = TwentyFiveModes(penalty)
     xs, ys, probs = target.density_grid()

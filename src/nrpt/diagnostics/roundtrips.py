@@ -36,6 +36,10 @@ AT_TOP_SIDE = 1
 DOWN_DONE = 2
 """The replica visited slot ``0`` after slot ``P-1`` (a restart happened)."""
 
+#: the most elements of the per-block transition tables of
+#: :meth:`RoundTripTracker.update_block` (``12 R P`` per iteration)
+_BLOCK_ELEMENTS = 1 << 16
+
 _STATE_KEYS = (
     "phase",
     "restarts",
@@ -129,6 +133,63 @@ class RoundTripTracker:
         if s.dtype != torch.long:
             s = s.to(torch.long)
         self.set_carry(self.advance(self.carry(), s, self._top), 1)
+
+    def update_block(self, slots: torch.Tensor) -> None:
+        """Advance all counters by ``U`` iterations given their indices ``slots`` ``[U, R, P]``:
+        the same counts and state as ``U`` calls of :meth:`update`, in a fixed number of
+        tensor ops per block rather than per iteration (docs/benchmarks.md, "Outputs and the
+        fixed cost").
+
+        Each replica's state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration
+        maps each of the 12 states to the next (a table ``[U, R, P, 12]``, with the counts
+        it adds), the tables are composed by a prefix scan (``log2 U`` gathers), and the
+        states before each iteration read off them."""
+        S = torch.as_tensor(slots, device=self.device)
+        if S.dim() != 3 or tuple(S.shape[1:]) != self._shape:
+            raise ValueError(f"slots must have shape [U, *{self._shape}], got "
+                             f"{tuple(S.shape)}")
+        R, P = self._shape
+        step = max(1, min(64, _BLOCK_ELEMENTS // (12 * R * P)))
+        if step < 4:  # (large states: the per-iteration update is as cheap per element)
+            for u in range(S.shape[0]):
+                self.update(S[u])
+            return
+        if S.dtype != torch.long:
+            S = S.to(torch.long)
+        for a in range(0, S.shape[0], step):
+            self._advance_block(S[a:a + step])
+
+    def _advance_block(self, S: torch.Tensor) -> None:
+        U = S.shape[0]
+        top, origin = self._top, self._origin
+        code = torch.arange(12, device=S.device)
+        ph, h0, ht = code // 4, (code // 2) % 2 == 1, code % 2 == 1  # [12]
+        at0, att, ato = (S == 0)[..., None], (S == top)[..., None], (S == origin)[..., None]
+        new_ph = torch.where(att, AT_TOP_SIDE, torch.where(at0 & (ph != NONE), DOWN_DONE, ph))
+        h0n, htn = h0 | at0, ht | att
+        done = h0n & htn & ato
+        h0n = h0n & ~(done & (origin != 0)[..., None])
+        htn = htn & ~(done & (origin != top)[..., None])
+        table = new_ph * 4 + h0n * 2 + htn  # [U, R, P, 12]: the state after, from each
+        # what each iteration adds, from each state: restarts (1), round trips (2), A.5 (4)
+        adds = (at0 & (ph == AT_TOP_SIDE)) + 2 * (att & (ph == DOWN_DONE)) + 4 * done
+        comp, d = table, 1  # comp[t]: the composition of iterations 0..t
+        while d < U:
+            comp = torch.cat([comp[:d], comp[d:].gather(-1, comp[:-d])])
+            d *= 2
+        s0 = (self._phase.long() * 4 + self._hit0 * 2 + self._hit_top)[None]  # [1, R, P]
+        after = comp.gather(-1, s0.expand(U, -1, -1)[..., None])[..., 0]  # [U, R, P]
+        before = torch.cat([s0, after[:-1]])
+        a = adds.gather(-1, before[..., None])  # [U, R, P, 1]: what each iteration added
+        add = ((a >> torch.arange(3, device=S.device)) & 1).sum(0)  # [R, P, 3]
+        last = after[-1]
+        self._restarts = self._restarts + add[..., 0]
+        self._round_trips = self._round_trips + add[..., 1]
+        self._round_trips_a5 = self._round_trips_a5 + add[..., 2]
+        self._phase = (last // 4).to(torch.int8)
+        self._hit0 = (last // 2) % 2 == 1
+        self._hit_top = last % 2 == 1
+        self._n_updates += U
 
     @staticmethod
     def advance(state: tuple[torch.Tensor, ...], s: torch.Tensor, top: int

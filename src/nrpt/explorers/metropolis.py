@@ -14,6 +14,7 @@ import torch
 
 from nrpt.explorers.base import (
     GRAD_KEYS,
+    NOISE_DTYPE,
     PRECONDITION,
     STEP_SIZE,
     Density,
@@ -23,6 +24,8 @@ from nrpt.explorers.base import (
     ReplicaState,
     metric_mul,
     metric_tmul,
+    noise_dtype,
+    proposal_normal,
     slot_grad,
 )
 from nrpt.options import Option, integer, parse_int
@@ -55,18 +58,39 @@ def _finite_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(x.sum(dim=-1))
 
 
-class RWMH(Explorer):
+class _NoiseDtype:
+    """``noise_dtype`` (:data:`nrpt.explorers.base.NOISE_DTYPE`): ``"float64"`` (the state's
+    dtype) or ``"float32"`` proposal noise."""
+
+    _noise: torch.dtype | None = None
+
+    def _set_noise_dtype(self, name: str) -> None:
+        self._noise = noise_dtype(name)
+        self.noise_dtype = name
+
+    def describe(self) -> dict:
+        out = super().describe()  # type: ignore[misc]
+        if self._noise is not None:  # (the default leaves the description as it was)
+            out["noise_dtype"] = self.noise_dtype
+        return out
+
+
+class RWMH(_NoiseDtype, Explorer):
     """Gaussian random-walk Metropolis: x' = x + h * L xi, xi ~ N(0, I) (``L``: the slot's
-    preconditioner ``metric``, identity by default; the proposal stays symmetric)."""
+    preconditioner ``metric``, identity by default; the proposal stays symmetric).
+    ``noise_dtype="float32"``: xi drawn in float32 (still symmetric: exact)."""
 
     name = "rwmh"
     target_acceptance, acceptance_order, compilable = 0.3, 1, True
     preconditionable = True
-    options = (STEP_SIZE, PRECONDITION)
+    options = (STEP_SIZE, PRECONDITION, NOISE_DTYPE)
+
+    def __init__(self, noise_dtype: str = "float64"):
+        self._set_noise_dtype(noise_dtype)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
              metric=None):
-        xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
+        xi = proposal_normal(noise, sub, state.x, self._noise)
         x_new = state.x + step_size[..., None] * metric_mul(metric, xi)
         v, base = density(x_new)
         prop = ReplicaState(x_new, v, base)
@@ -99,7 +123,7 @@ finite_rows = _finite_rows
 GradientCached = _GradientCached
 
 
-class MALA(_GradientCached):
+class MALA(_NoiseDtype, _GradientCached):
     """Metropolis-adjusted Langevin: x' = x + (h^2 / 2) grad log pi_p(x) + h xi, xi ~ N(0, I),
     accepted with the Metropolis-Hastings ratio including the proposal asymmetry
     ``q(x | x') / q(x' | x)``.  One gradient evaluation per step (at ``x'``; the one at ``x``
@@ -112,14 +136,17 @@ class MALA(_GradientCached):
     name = "mala"
     target_acceptance, acceptance_order, compilable = 0.574, 3, True
     preconditionable = True
-    options = (STEP_SIZE, PRECONDITION)
+    options = (STEP_SIZE, PRECONDITION, NOISE_DTYPE)
+
+    def __init__(self, noise_dtype: str = "float64"):
+        self._set_noise_dtype(noise_dtype)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
              metric=None):
         state = self._cached(state, density)
         h = step_size[..., None]
         g = slot_grad(state.extras["grad_v"], state.extras["grad_base"], b)
-        xi = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
+        xi = proposal_normal(noise, sub, state.x, self._noise)
         if metric is None:
             x_new = state.x + 0.5 * h * h * g + h * xi
         else:
@@ -143,7 +170,7 @@ class MALA(_GradientCached):
                                  sub)
 
 
-class HMC(_GradientCached):
+class HMC(_NoiseDtype, _GradientCached):
     """Hamiltonian Monte Carlo with a fixed number of leapfrog steps and identity mass
     (momentum ``p0 ~ N(0, I)``, kinetic energy ``|p|^2 / 2``).  ``leapfrog_steps`` gradient
     evaluations per step (the first half step uses the cached gradient at ``x``).
@@ -160,11 +187,14 @@ class HMC(_GradientCached):
     target_acceptance, acceptance_order, compilable = 0.65, 2, True
     preconditionable = True
     options = (STEP_SIZE, Option("leapfrog_steps", integer(1), default=10, section="explorer",
-                                 parse=parse_int, help="leapfrog steps of hmc"), PRECONDITION)
+                                 parse=parse_int, help="leapfrog steps of hmc"), PRECONDITION,
+               NOISE_DTYPE)
     #: the default relative half-width of the step's jitter
     JITTER = 0.2
 
-    def __init__(self, leapfrog_steps: int = 10, jitter: float = JITTER):
+    def __init__(self, leapfrog_steps: int = 10, jitter: float = JITTER,
+                 noise_dtype: str = "float64"):
+        self._set_noise_dtype(noise_dtype)
         if int(leapfrog_steps) != leapfrog_steps or leapfrog_steps < 1:
             raise ValueError(f"leapfrog_steps must be an integer >= 1; got {leapfrog_steps!r}")
         if not 0.0 <= float(jitter) < 1.0:
@@ -173,13 +203,14 @@ class HMC(_GradientCached):
         self.jitter = float(jitter)
 
     def describe(self) -> dict:
-        return {"name": self.name, "leapfrog_steps": self.leapfrog_steps, "jitter": self.jitter}
+        return {**super().describe(), "leapfrog_steps": self.leapfrog_steps,
+                "jitter": self.jitter}
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
              metric=None):
         state = self._cached(state, density)
         h = step_size[..., None]
-        p0 = noise.normal(sub, (state.x.shape[-1],), state.x.dtype)
+        p0 = proposal_normal(noise, sub, state.x, self._noise)
         if self.jitter > 0.0:  # (a draw of its own: the EXPLORE stream's (iteration, sub, 1))
             u = noise.uniform(sub, state.x.dtype, parts=(1,))
             h = h * (1.0 + self.jitter * (2.0 * u[..., None] - 1.0))

@@ -35,13 +35,35 @@ def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
     from nrpt.files import atomic_path
 
     path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or None
+    # PNG at zlib level 1, not Pillow's 6: the same pixels, files ~15 % larger, and the
+    # encoding (a third of an unlaid-out figure's time) several times faster
+    extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
     with atomic_path(path) as tmp:  # a reader never sees half a figure
-        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or None)
+        fig.savefig(tmp, dpi=dpi, format=fmt, **extra)
     return path
 
 
 def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
+
+
+def _fixed(width: float, height: float, *, cols: int = 1, rows: int = 1, left: float = 0.9,
+           right: float = 0.25, bottom: float = 0.7, top: float = 0.5, wgap: float = 0.0,
+           hgap: float = 0.0) -> Figure:
+    """A figure with a fixed layout: margins and gaps between a ``rows`` x ``cols`` grid of
+    panels in inches (colorbars then take their room from their panel).  The figures every run
+    writes use it: constrained layout measured every text twice and cost a third of their
+    drawing (docs/benchmarks.md, "Outputs")."""
+    aw = (width - left - right - (cols - 1) * wgap) / cols
+    ah = (height - bottom - top - (rows - 1) * hgap) / rows
+    if aw <= 0 or ah <= 0:
+        raise ValueError(f"a {width} x {height} in figure has no room for {rows} x {cols} "
+                         f"panels with these margins")
+    fig = Figure(figsize=(width, height))  # (Figure(subplotpars=...) is ignored in 3.11)
+    fig.subplots_adjust(left=left / width, right=1.0 - right / width, bottom=bottom / height,
+                        top=1.0 - top / height, wspace=wgap / aw, hspace=hgap / ah)
+    return fig
 
 
 def _style(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
@@ -50,6 +72,12 @@ def _style(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
     if title:
         ax.set_title(title, fontsize=_FS_TITLE)
     ax.tick_params(labelsize=_FS_TICK)
+
+
+def _rect(fig: Figure, left: float, bottom: float, width: float, height: float) -> list:
+    """``fig.add_axes``' rectangle of a box given in inches from the lower left corner."""
+    w, h = fig.get_size_inches()
+    return [left / w, bottom / h, width / w, height / h]
 
 
 def _colorbar(fig: Figure, mappable, ax, label: str, **kwargs):
@@ -65,10 +93,25 @@ def _legend(ax, **kwargs):
     return ax.legend(**kwargs)
 
 
+def _wrapped(text: str, width_chars: int) -> str:
+    return "\n".join(textwrap.fill(par, width_chars) for par in text.split("\n"))
+
+
+#: inches per line of caption text (_FS_CAPTION points, matplotlib's 1.2 line spacing)
+_CAPTION_LINE = _FS_CAPTION * 1.2 / 72
+
+
 def _caption(fig: Figure, text: str, width_chars: int) -> None:
-    """A caption under the panels (``supxlabel``, so constrained layout makes room for it)."""
-    wrapped = "\n".join(textwrap.fill(par, width_chars) for par in text.split("\n"))
-    fig.supxlabel(wrapped, fontsize=_FS_CAPTION, x=0.01, ha="left", multialignment="left")
+    """A caption under the panels (``supxlabel``: constrained layout makes room for it; a fixed
+    layout leaves ``_CAPTION_LINE`` inches per line of ``_wrapped(text, width_chars)``)."""
+    fig.supxlabel(_wrapped(text, width_chars), fontsize=_FS_CAPTION, x=0.01, y=0.1 /
+                  fig.get_figheight(), ha="left", va="bottom", multialignment="left")
+
+
+def _caption_room(text: str | None, width_chars: int) -> float:
+    """Inches under the panels that :func:`_caption` of ``text`` needs (0 without one)."""
+    return 0.0 if not text else 0.2 + _CAPTION_LINE * (_wrapped(text, width_chars).count(
+        "\n") + 1)
 
 
 def _ordinal(n: int) -> str:
@@ -210,7 +253,7 @@ def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = 
 
 def _histogram_2d(x, bins, view, labels, title) -> Figure:
     n = x.shape[0]
-    fig = _figure(6.4, 5.2)
+    fig = _fixed(6.4, 5.2, left=0.8, right=0.95, bottom=0.65, top=0.45)
     ax = fig.add_subplot()
     h, ex, ey = np.histogram2d(x[:, 0], x[:, 1], bins=bins)
     im = ax.imshow((h / n).T, origin="lower", extent=(ex[0], ex[-1], ey[0], ey[-1]),
@@ -244,8 +287,17 @@ def _density_2d(x, exact, tv_floor, view, labels, title, caption) -> Figure:
     box = view if view is not None else _view_box(xs, ys, probs, q, rel=5e-3)
     vmax = float(max(probs.max(), q.max()))
     emax, clipped = _error_scale(err, probs, h)
-    fig = _figure(16.5, 6.0 if caption else 5.2)
-    axes = fig.subplots(1, 3, sharex=True, sharey=True)
+    text = _floor_caption(tv, tv_floor, n) if caption else None
+    room = _caption_room(text, 200)
+    # a fixed layout in inches: three square panels, a colorbar right of the second (for the
+    # first two) and of the third
+    side, bottom, width = 3.85, 0.6 + room, 16.5
+    fig = Figure(figsize=(width, bottom + side + 0.75))
+    x0 = [0.75, 0.75 + side + 0.75, 0.75 + 2 * side + 0.75 + 1.9]
+    axes = [fig.add_axes(_rect(fig, x0[0], bottom, side, side))]
+    axes += [fig.add_axes(_rect(fig, x, bottom, side, side), sharex=axes[0], sharey=axes[0])
+             for x in x0[1:]]
+    caxes = [fig.add_axes(_rect(fig, x + side + 0.15, bottom, 0.22, side)) for x in x0[1:]]
     cell = f"{xs[1] - xs[0]:.2g} × {ys[1] - ys[0]:.2g}"
     common = dict(origin="lower", extent=(xs[0], xs[-1], ys[0], ys[-1]), aspect="equal",
                   interpolation="nearest")
@@ -256,21 +308,21 @@ def _density_2d(x, exact, tv_floor, view, labels, title, caption) -> Figure:
     _style(axes[1], labels[0], labels[1], "exact density")
     floor = f" (iid floor ≈ {tv_floor:.3g})" if tv_floor is not None else ""
     _style(axes[2], labels[0], labels[1], f"histogram − exact\nTV = {tv:.3g}{floor}")
-    _colorbar(fig, im0, list(axes[:2]), f"probability per cell ({cell})", shrink=0.9)
-    _colorbar(fig, im2, axes[2], "difference in probability per cell"
-              + (" (scale clipped)" if clipped else ""), shrink=0.9,
+    _colorbar(fig, im0, None, f"probability per cell ({cell})", cax=caxes[0])
+    _colorbar(fig, im2, None, "difference in probability per cell"
+              + (" (scale clipped)" if clipped else ""), cax=caxes[1],
               extend="both" if clipped else "neither")
     for a in axes[1:]:
         a.tick_params(labelleft=True)
     axes[0].set_xlim(box[0], box[1])
     axes[0].set_ylim(box[2], box[3])
-    if caption:
-        _caption(fig, _floor_caption(tv, tv_floor, n), 200)
+    if text:
+        _caption(fig, text, 200)
     return fig
 
 
 def _histogram_1d(x, bins, label, title) -> Figure:
-    fig = _figure(7.5, 4.6)
+    fig = _fixed(7.5, 4.6, left=0.85, right=0.3, bottom=0.65, top=0.45)
     ax = fig.add_subplot()
     ax.hist(x, bins=bins, density=True, color="C0", alpha=0.75)
     _style(ax, label, "probability density", f"{title} (n = {x.size:,})")
@@ -284,7 +336,11 @@ def _density_1d(x, exact, tv_floor, label, title, caption) -> Figure:
     counts, _ = np.histogram(x, bins=edges)
     q = counts / n
     tv = _tv(counts, n, probs)
-    fig = _figure(9.0, 7.0 if caption else 6.2)
+    text = _floor_caption(tv, tv_floor, n, "Positive: too many samples; negative: too few.") \
+        if caption else None
+    room = _caption_room(text, 110)
+    fig = _fixed(9.0, 6.2 + room, rows=2, left=0.95, right=0.3, bottom=0.65 + room, top=0.45,
+                 hgap=0.55)
     ax, ax_e = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     ax.stairs(q / width, edges, fill=True, color="C0", alpha=0.55, label="samples (histogram)")
     ax.stairs(probs / width, edges, color="k", lw=1.2, label="exact")
@@ -296,9 +352,8 @@ def _density_1d(x, exact, tv_floor, label, title, caption) -> Figure:
     _style(ax_e, label, "density difference", f"histogram − exact: TV = {tv:.3g}{floor}")
     lo, hi = _view_box(edges, np.array([0.0, 1.0]), np.stack([probs, q], 1), rel=1e-4)[:2]
     ax.set_xlim(lo, hi)
-    if caption:
-        _caption(fig, _floor_caption(tv, tv_floor, n,
-                                     "Positive: too many samples; negative: too few."), 110)
+    if text:
+        _caption(fig, text, 110)
     return fig
 
 
@@ -327,12 +382,14 @@ def adaptation(k, C=None, learning_rates=None, pair_rate=None, swap_rate: float 
                                               (_pair_rate_panel, pair_rate)) if data is not None]
     if not panels:
         raise ValueError("adaptation: give at least one of C, learning_rates, pair_rate")
-    fig = _figure(5.6 * len(panels) + 0.8, 4.8)
+    fig = _fixed(5.6 * len(panels) + 0.8, 4.8, cols=len(panels), left=1.0, right=0.85,
+                 bottom=0.65, top=1.0, wgap=1.75)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     fig.suptitle(f"Stochastic-approximation adaptation of system {system}", fontsize=_FS_TITLE)
     for ax, (draw, data) in zip(axes, panels, strict=True):
         draw(fig, ax, k, data, system=system, swap_rate=swap_rate, window=window,
              ladder_label=ladder_label)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))  # (iterations: 5 digits fit)
     return fig
 
 
@@ -423,8 +480,16 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
     thin_txt = (f"every {_ordinal(stride)} iteration shown" if stride > 1
                 else "every iteration shown")
     n_panels = 1 + bool(heatmap) + (zoom is not None)
-    fig = _figure(11.0, 1.0 + 3.1 * n_panels)
-    axes = list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
+    # a fixed layout in inches: the panels aligned, the heatmap's colorbar in the right margin
+    # (the legend above the first panel: 6 entries a row)
+    entries = (P <= 8 and len(ip.highlight) < P) + len(ip.highlight) + \
+        any(0 <= b <= K for b in ip.bounds) + (zoom is not None)
+    top = 0.85 + 0.25 * (math.ceil(entries / 6) - 1)
+    width, height, bottom, gap = 11.0, 0.15 + top + 3.1 * n_panels, 0.6, 0.95
+    fig = Figure(figsize=(width, height))
+    side = (height - top - bottom - gap * (n_panels - 1)) / n_panels
+    axes = [fig.add_axes(_rect(fig, 0.8, height - top - (i + 1) * side - i * gap,
+                               width - 0.8 - 1.35, side)) for i in range(n_panels)]
     ax = axes.pop(0)
     ip.lines(ax, rows, sub, True)
     ip.vlines(ax, 0, K, "0.3", boundary_label)
@@ -522,7 +587,10 @@ class _IndexPanels:
             if t in highlight:
                 lab.set_color(self.palette[highlight.index(t)])
                 lab.set_fontweight("bold")
-        cb = _colorbar(fig, mappable, ax, "slot (0 = target)")
+        box = ax.get_position()  # (figure fractions): the colorbar 0.15 in to its right
+        w = fig.get_figwidth()
+        cax = fig.add_axes([box.x1 + 0.15 / w, box.y0, 0.2 / w, box.height])
+        cb = _colorbar(fig, mappable, None, "slot (0 = target)", cax=cax)
         _integer_ticks(cb, P)
 
     def zoom(self, ax, x, y) -> None:
@@ -555,7 +623,7 @@ def swap_acceptance(acceptance, *, at=None, coordinate: str | None = None,
     if x.size != M:
         raise ValueError(f"at has {x.size} entries for {M} pairs")
     mean = np.nanmean(a, axis=0) if np.isfinite(a).any() else np.full(M, np.nan)
-    fig = _figure(8.0, 4.8)
+    fig = _fixed(8.0, 4.8, left=0.85, right=0.3, bottom=0.65, top=0.75)
     ax = fig.add_subplot()
     if R > 1:
         lo, hi = np.nanmin(a, axis=0), np.nanmax(a, axis=0)

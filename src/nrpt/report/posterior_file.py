@@ -1,5 +1,7 @@
 """``posterior.nc``: a run's draws and diagnostics in ArviZ's InferenceData netCDF layout,
-written with xarray and h5netcdf alone.  ``chain`` = PT system, ``draw`` = slot-0 draw.
+written with h5netcdf alone, in the layout xarray writes (``xarray.open_dataset(..., group=)``
+and ``arviz.from_netcdf`` read it; importing xarray and pandas to write it cost more than the
+writing).  ``chain`` = PT system, ``draw`` = slot-0 draw.
 
 Groups: ``posterior`` (one variable per model variable ``[chain, draw, *var_shape]`` with the
 model-variable hook of :mod:`nrpt.targets.protocol`, written block by block; unnamed dims
@@ -117,9 +119,54 @@ def _group_attrs(extra: dict | None = None) -> dict[str, str]:
     return attrs
 
 
-def _encoding(ds) -> dict:
-    return {name: {"zlib": True} for name, v in ds.variables.items()
-            if v.dtype.kind in "biufc"}
+class _Dataset:
+    """One group of the file as xarray would write it: ``data`` ``{name: (dims, values,
+    attrs)}``, ``coords`` ``{dim: values}`` (a coordinate variable per dimension), ``attrs``."""
+
+    def __init__(self, data: dict | None = None, coords: dict | None = None,
+                 attrs: dict | None = None) -> None:
+        self.data = dict(data or {})
+        self.coords = {k: np.asarray(v) for k, v in (coords or {}).items()}
+        self.attrs = dict(attrs or {})
+
+    def write(self, group) -> None:
+        """Into the h5netcdf group ``group``: dimensions, coordinate variables, variables
+        (numbers gzip-compressed, floats with a NaN ``_FillValue`` and bools as int8 with
+        ``dtype = "bool"``, as xarray encodes them)."""
+        sizes = {d: len(c) for d, c in self.coords.items()}
+        for dims, v, _ in self.data.values():
+            sizes.update({d: n for d, n in zip(dims, np.shape(v), strict=True)
+                          if d not in sizes})
+        for k, v in self.attrs.items():
+            group.attrs[k] = v
+        group.dimensions = sizes
+        for name, c in self.coords.items():
+            _variable(group, name, (name,), c, {})
+        for name, (dims, v, attrs) in self.data.items():
+            _variable(group, name, tuple(dims), np.asarray(v), attrs or {})
+
+
+def _variable(group, name: str, dims: tuple, v: np.ndarray, attrs: dict) -> None:
+    import h5py
+
+    if v.dtype.kind in "USO":  # text coordinates: variable-length strings
+        var = group.create_variable(name, dims, dtype=h5py.string_dtype(),
+                                    data=v.astype(str).astype(object))
+    else:
+        extra: dict[str, Any] = {"compression": "gzip"} if v.size else {}
+        if v.dtype.kind == "b":
+            v, attrs = v.astype(np.int8), {**attrs, "dtype": "bool"}
+        if v.dtype.kind in "fc":
+            extra["fillvalue"] = np.array(np.nan, dtype=v.dtype)
+        var = group.create_variable(name, dims, dtype=v.dtype, data=v, **extra)
+    for k, a in attrs.items():
+        var.attrs[k] = a
+
+
+class _NetCDF:
+    """What :func:`_posterior_groups` and the others build groups with (xarray's name)."""
+
+    Dataset = _Dataset
 
 
 def _model_values(target, x: np.ndarray) -> dict:
@@ -250,10 +297,10 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
     per-system summary values (``posterior_parts``) and notes the index process
     (``index_note``)."""
     try:
-        import h5netcdf  # noqa: F401  (the engine)
-        import xarray as xr
+        import h5netcdf
     except ImportError:
         return None
+    xr = _NetCDF
     from nrpt.files import atomic_path
 
     target = engine.target if target is None else target
@@ -271,9 +318,11 @@ def write_inference_data(path: str | Path, *, samples: np.ndarray, energies: np.
                                            n, row_map)
     groups["constant_data"] = _constant_data(xr, recorders, engine, nrpt_attrs)
     with atomic_path(path) as tmp:
-        xr.Dataset(attrs=nrpt_attrs).to_netcdf(tmp, mode="w", engine="h5netcdf")
-        for name, ds in groups.items():
-            ds.to_netcdf(tmp, mode="a", group=name, engine="h5netcdf", encoding=_encoding(ds))
+        with h5netcdf.File(tmp, "w") as f:
+            for k, v in nrpt_attrs.items():
+                f.attrs[k] = v
+            for name, ds in groups.items():
+                ds.write(f.create_group(name))
         _write_draws(tmp, target, x, layout)
     return Path(path).name
 

@@ -57,11 +57,13 @@ def write_round_table(rows: list[dict[str, Any]], path: str | Path) -> None:
 
 # ------------------------------------------------------------------------------ figures
 def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: np.ndarray,
-                  rows: list[dict]) -> list[str]:
+                  rows: list[dict], which: bool | str = "all") -> list[str]:
     """Write the figures of :mod:`nrpt.report.figures` that apply to the run into ``out``; returns
     their file names (``density.png``, ``index_process.png``, ``swap_acceptance.png``,
-    ``adaptation.png``, ``trace.png``, ``rank.png``, and for adaptive runs
-    ``local_barrier.png``, ``schedules.png``)."""
+    ``adaptation.png``, and for adaptive runs ``local_barrier.png``, ``schedules.png``; with
+    ``which="all"`` also ``trace.png`` and ``rank.png``, which ``which=True`` -- a run's
+    default, ``figures = true`` -- leaves out: a third of the figures' cost for what the
+    summary's ESS and R-hat already say)."""
     from nrpt.report import figures as plots
 
     out = Path(out)
@@ -77,7 +79,7 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     if x.shape[0] and x.shape[1] in (1, 2):
         save(plots.density(x, target if has("density_grid") else None,
                            tv_floor=_tv_floor(target, x, summary, has)), "density.png")
-    if samples.size and samples.shape[-2] >= 4:  # slot 0: one chain per system
+    if which == "all" and samples.size and samples.shape[-2] >= 4:  # slot 0: one chain per system
         names = _coordinate_names(target, samples.shape[-1])
         save(plots.trace(samples, names=names), "trace.png")
         save(plots.rank(samples, names=names), "rank.png")

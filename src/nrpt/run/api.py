@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -445,9 +446,14 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     if row_map is not None:  # (samples.npy keeps every engine row)
         arrays = row_map.chains(arrays)
     samples = np.asarray(arrays["samples"])
+    clock = _Clock()
     summary = build_summary(run, cfg, outcome, samples)
+    clock.lap("summary")
     if out is not None:
-        _write_outputs(out, run, cfg, outcome, summary, arrays)
+        _write_outputs(out, run, cfg, outcome, summary, arrays, clock)
+        # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc, the
+        # figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
+        summary["outputs_s"] = clock.laps
         _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
     return Result(samples=samples, energies=np.asarray(arrays["energies"]),
                   index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
@@ -456,7 +462,23 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
                           "row_map": row_map})
 
 
-def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays) -> None:
+class _Clock:
+    """Wall and CPU (process) seconds between laps: ``laps[name] = {"wall": .., "cpu": ..}``."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, dict[str, float]] = {}
+        self._t = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        t = (time.perf_counter(), time.process_time())
+        self.laps[name] = {"wall": round(t[0] - self._t[0], 4),
+                           "cpu": round(t[1] - self._t[1], 4)}
+        self._t = t
+
+
+def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays,
+                   clock: _Clock | None = None) -> None:
+    clock = clock or _Clock()
     if len(run.plan.segments) > 1:
         with rf.atomic_path(out / "rounds.csv") as tmp:
             report.write_round_table(outcome.rows, tmp)
@@ -482,12 +504,14 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
                     from err
             summary["inference_data"] = None
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"
+    clock.lap("posterior")  # (with the rounds' tables and adaptation.npz)
     if cfg.figures and run.engine.k > 0:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # matplotlib font / layout chatter
             summary["figures"] = report.write_figures(
                 out, run=run, summary=summary, samples=samples,
-                index=np.asarray(arrays["index"]), rows=outcome.rows)
+                index=np.asarray(arrays["index"]), rows=outcome.rows, which=cfg.figures)
+        clock.lap("figures")
 
 
 def _disk_full(err: BaseException) -> bool:

@@ -357,7 +357,8 @@ def _exact_parts(cfg, target, entry, explorer, facts):
                          betas=cfg.betas, max_temperature=cfg.max_temperature or 25.0)
     if explorer is None:
         fields = {"leapfrog_steps": "leapfrog_steps", "slice_method": "method",
-                  "max_doublings": "max_doublings", "max_tree_depth": "max_tree_depth"}
+                  "max_doublings": "max_doublings", "max_tree_depth": "max_tree_depth",
+                  "noise_dtype": "noise_dtype"}
         explorer = entry.load()(**{arg: getattr(cfg, f) for f, arg in fields.items()
                                    if f in entry.options})
     step = cfg.step_size

@@ -118,6 +118,14 @@ def _chunk(name: str, value: Any, cfg=None) -> bool | int | str:
                      f"got {value!r}")
 
 
+def _figures(name: str, value: Any, cfg=None) -> bool | str:
+    """``true`` (the run's main figures), ``false`` (none) or ``"all"`` (with the trace and
+    rank plots too)."""
+    if isinstance(value, bool) or value == "all":
+        return value
+    raise ValueError(f"{name} must be true, false or all; got {value!r}")
+
+
 def _temperatures(name: str, value: Any, cfg) -> list[float]:
     return increasing(name, check_numbers(name, value, cfg.chains), 1.0)
 
@@ -207,6 +215,11 @@ def _parse_burn_in(text: str):
         return float(text)
 
 
+def _parse_figures(text: str) -> bool | str:
+    low = text.strip().lower()
+    return "all" if low == "all" else parse_bool(text)
+
+
 def _parse_fuse(text: str) -> bool | int | str:
     low = text.strip().lower()
     if low == "auto":
@@ -217,6 +230,7 @@ def _parse_fuse(text: str) -> bool | int | str:
 
 
 _parse_burn_in.what = "a fraction in [0, 1) or an integer count"  # type: ignore[attr-defined]
+_parse_figures.what = "true/false (yes/no, on/off, 1/0) or all"  # type: ignore[attr-defined]
 _parse_fuse.what = ("auto, true/false (yes/no, on/off) or a chunk "  # type: ignore[attr-defined]
                     "length >= 1")
 
@@ -318,8 +332,10 @@ CENTRAL: tuple[Option, ...] = (
             help="record every thin-th target-slot draw"),
     _output("checkpoint_every", integer(1), default=5000, parse=parse_int,
             help="write a checkpoint every this many iterations"),
-    _output("figures", boolean, default=True, parse=parse_bool,
-            help="with --out: write the figures (true/false)"),
+    _output("figures", _figures, default=True, parse=_parse_figures,
+            help="with --out: write the figures: true (the main ones: index process, swap "
+                 "acceptance, density of 1-/2-D targets, adaptation, local barrier), all (with "
+                 "the trace and rank plots too) or false"),
 )
 
 
@@ -416,7 +432,7 @@ class RunConfig:
     out: str | None
     thin: int
     checkpoint_every: int
-    figures: bool
+    figures: bool | str
     #: the settings the user set (default: every setting given a value)
     explicit: frozenset[str]
 

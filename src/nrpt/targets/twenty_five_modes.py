@@ -27,6 +27,14 @@ def _log_density_np(x1: np.ndarray, x2: np.ndarray, penalty: bool) -> np.ndarray
     return out
 
 
+#: :func:`_polar_moments` of each penalty setting, as it returned them on the project machine
+#: (repr round-trips a float): the quadrature costs 0.5 s of CPU, a third of a headline run's
+#: outputs, for two constants; stored, they are also the same on every machine
+#: (tests/test_targets.py recomputes them to 1e-12 relative)
+_MOMENTS = {False: (4.402154881249433, 4.999999999999904),
+            True: (4.388337499698277, 4.700512899628569)}
+
+
 @lru_cache(maxsize=2)
 def _polar_moments(penalty: bool) -> tuple[float, float]:
     """``(log Z, E|x|^2)`` by quadrature in polar coordinates.
@@ -113,7 +121,7 @@ class TwentyFiveModes:
 
     @property
     def _moments(self) -> tuple[float, float]:
-        return _polar_moments(self.penalty)  # cached per penalty setting
+        return _MOMENTS[self.penalty]  # (_polar_moments' values, stored)
 
     @property
     def log_normalizer(self) -> float:
@@ -157,23 +165,32 @@ class TwentyFiveModes:
         bins = int(round(18 * lim)) if bins is None else int(bins)
         if bins < 1:
             raise ValueError(f"bins must be >= 1; got {bins}")
-        edges = np.linspace(-lim, lim, bins + 1)
-        h = edges[1] - edges[0]
-        u, w = np.polynomial.legendre.leggauss(int(nodes))
-        pts = edges[:-1, None] + (u[None, :] + 1.0) * (h / 2.0)  # [bins, nodes]
-        wts = w * (h / 2.0)  # [nodes]
-        log_z = self.log_normalizer
-        if not self.penalty:
-            # pi factorizes: cell masses are products of one-dimensional cell masses
-            log_f = -0.2 * pts**2 + 2.0 * np.cos(2.0 * np.pi * pts) - 0.5 * log_z
-            mass = (np.exp(log_f) * wts).sum(axis=1)
-            probs = np.outer(mass, mass)
-        else:
-            x1 = pts[:, :, None, None]
-            x2 = pts[None, None, :, :]
-            dens = np.exp(_log_density_np(x1, x2, True) - log_z)
-            probs = np.einsum("injm,n,m->ij", dens, wts, wts)
-        return edges, edges.copy(), probs
+        # the summary, the density figure and its TV floor each ask for the same grid: computed
+        # once per process (0.05 s with the penalty), copies handed out
+        edges, _, probs = _density_grid(self.penalty, lim, bins, int(nodes))
+        return edges.copy(), edges.copy(), probs.copy()
 
     def __repr__(self) -> str:
         return f"TwentyFiveModes(penalty={self.penalty})"
+
+
+@lru_cache(maxsize=4)
+def _density_grid(penalty: bool, lim: float, bins: int, nodes: int):
+    """:meth:`TwentyFiveModes.density_grid`'s arrays (checked arguments), cached."""
+    log_z = TwentyFiveModes(penalty).log_normalizer
+    edges = np.linspace(-lim, lim, bins + 1)
+    h = edges[1] - edges[0]
+    u, w = np.polynomial.legendre.leggauss(int(nodes))
+    pts = edges[:-1, None] + (u[None, :] + 1.0) * (h / 2.0)  # [bins, nodes]
+    wts = w * (h / 2.0)  # [nodes]
+    if not penalty:
+        # pi factorizes: cell masses are products of one-dimensional cell masses
+        log_f = -0.2 * pts**2 + 2.0 * np.cos(2.0 * np.pi * pts) - 0.5 * log_z
+        mass = (np.exp(log_f) * wts).sum(axis=1)
+        probs = np.outer(mass, mass)
+    else:
+        x1 = pts[:, :, None, None]
+        x2 = pts[None, None, :, :]
+        dens = np.exp(_log_density_np(x1, x2, True) - log_z)
+        probs = np.einsum("injm,n,m->ij", dens, wts, wts)
+    return edges, edges, probs
