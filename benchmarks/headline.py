@@ -162,7 +162,7 @@ _, status, ru = os.wait4(pid, 0)
 wall = time.perf_counter() - t
 with open(sys.argv[1], "w") as fh:
     json.dump({"rc": os.waitstatus_to_exitcode(status), "maxrss_kb": ru.ru_maxrss,
-               "wall_s": wall}, fh)
+               "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime}, fh)
 """
 
 

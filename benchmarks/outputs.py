@@ -27,17 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 
-LAUNCHER = """import json, os, sys, time
-t = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    os.execvp(sys.argv[2], sys.argv[2:])
-_, status, ru = os.wait4(pid, 0)
-wall = time.perf_counter() - t
-with open(sys.argv[1], "w") as fh:
-    json.dump({"rc": os.waitstatus_to_exitcode(status), "wall_s": wall,
-               "cpu_s": ru.ru_utime + ru.ru_stime}, fh)
-"""
+sys.path.insert(0, str(HERE))
+from headline import LAUNCHER  # noqa: E402  (fork, exec, wall and rusage of the child)
 
 
 def whole_run(src: Path, tmp: Path, iterations: int, figures: str | None) -> dict:

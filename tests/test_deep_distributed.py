@@ -97,13 +97,14 @@ def test_epoch_batches_law_test_detects_a_biased_sampler():
 
 
 def test_epoch_batches_cost_no_full_width_draw():
-    # one permutation per replica and epoch, cached: the per-iteration cost is the slice
+    # one permutation per replica and epoch, stacked and cached per block: the per-iteration
+    # cost is one slice
     sampler = EpochBatches(1000, 10)
     sampler(Key((1, 0, 0, 1)), (1, 3), "cpu")
     perms = dict(sampler._perms)
     sampler(Key((1, 5, 0, 1)), (1, 3), "cpu")  # same epoch: the same cached permutations
     assert all(sampler._perms[k][1] is v[1] for k, v in perms.items())
-    assert len(sampler._perms) == 3
+    assert len(sampler._perms) == 1 and next(iter(perms.values()))[1].shape == (3, 1000)
 
 
 # ------------------------------------------------------------------ block invariance of rows

@@ -259,6 +259,12 @@ def test_bad_input_is_refused_by_name():
         fit(lin, (X, y), (X, torch.stack([y, y], 1)), likelihood="gaussian", **kw)
     with pytest.raises(ValueError, match="classes applies to likelihood='categorical' only"):
         fit(lin, (X, y), (X, y), likelihood="gaussian", classes=3, **kw)
+    # the execution settings reach a regression's net too (they were once ignored silently)
+    with pytest.raises(ValueError, match="memory_format='channels_last' applies to image"):
+        fit(lin, (X, y), (X, y), likelihood="gaussian", memory_format="channels_last", **kw)
+    if next(lin.parameters()).dtype != torch.float32:
+        with pytest.raises(ValueError, match="precision='bf16' autocasts float32 models"):
+            fit(lin, (X, y), (X, y), likelihood="gaussian", precision="bf16", **kw)
     with pytest.raises(ValueError, match="y is constant"):
         fit(lin, (X, torch.ones(30, dtype=torch.float64)), (X, y), likelihood="gaussian", **kw)
     for bad in (0.0, -1.0, float("nan")):

@@ -68,20 +68,26 @@ class EpochBatches:
         self.per_epoch = int(per_epoch) if per_epoch else math.ceil(self.n_data / self.batch)
         self._perms: dict[tuple, tuple[int, torch.Tensor]] = {}
 
-    def perm(self, seed: int, epoch: int, rest: tuple, s: int, r: int, device) -> torch.Tensor:
-        ck = (seed, rest, s, r, str(device))
+    def perms(self, seed: int, epoch: int, rest: tuple, ids: tuple, device) -> torch.Tensor:
+        """``[len(ids), N]``: the epoch's permutation of each replica ``(s, r)`` of ``ids``,
+        stacked once per epoch and block (each drawn from the replica's own keyed generator,
+        so a replica's permutation does not depend on the block it is drawn in)."""
+        ck = (seed, rest, ids, str(device))
         hit = self._perms.get(ck)
         if hit is None or hit[0] != epoch:
-            g = rng.generator_for(seed, DEEP_STREAMS.BATCH, epoch, *rest, s, r, device=device)
-            hit = (epoch, torch.randperm(self.n_data, generator=g, device=device))
-            if len(self._perms) > 4096:  # keys of one-off evaluations: keep the cache bounded
+            rows = [torch.randperm(self.n_data, device=device, generator=rng.generator_for(
+                seed, DEEP_STREAMS.BATCH, epoch, *rest, s, r, device=device)) for s, r in ids]
+            hit = (epoch, torch.stack(rows) if rows else
+                   torch.zeros(0, self.n_data, dtype=torch.int64, device=device))
+            if len(self._perms) > 256:  # keys of one-off evaluations: keep the cache bounded
                 self._perms.clear()
             self._perms[ck] = hit
         return hit[1]
 
     def __call__(self, key, lead: tuple[int, ...], device) -> torch.Tensor:
         """Indices ``[*lead, B]`` of the replicas of a ``[R, w]`` block (``key``: an
-        :class:`nrpt.rng.Key` carrying the block, or a plain ``(seed, iteration, ...)``)."""
+        :class:`nrpt.rng.Key` carrying the block, or a plain ``(seed, iteration, ...)``): one
+        slice of the block's cached permutations per iteration."""
         key = rng.as_key(key)  # (a plain tuple's .count is tuple.count: never read it)
         if key.count:
             raise ValueError("network replicas take one iteration's batches at a time "
@@ -89,9 +95,9 @@ class EpochBatches:
         seed, k, *rest = (int(p) for p in key)
         epoch, j = divmod(k, self.per_epoch)
         start = min(j * self.batch, self.n_data - self.batch)
-        rows = [self.perm(seed, epoch, tuple(rest), s, r, device)[start:start + self.batch]
-                for s, r in replica_ids(tuple(lead), key)]
-        return torch.stack(rows).reshape(*lead, self.batch)
+        ids = tuple(replica_ids(tuple(lead), key))
+        rows = self.perms(seed, epoch, tuple(rest), ids, device)
+        return rows[:, start:start + self.batch].reshape(*lead, self.batch)
 
 
 class NetworkTarget:

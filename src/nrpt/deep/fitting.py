@@ -437,30 +437,12 @@ def _prepare(cfg, model, train, test, classes, augment, comm=None) -> _Job:
         return _prepare_regression(cfg, model, train, test, augment, comm)
     dev, dtype = net.device, net.dtype
     Xtr, ytr = _check_data("train", train)
-    n_classes = _classes_of(net, Xtr.to(dev, dtype))
+    n_classes = _classes_of(net, Xtr[:2].to(dev, dtype))
     if classes is not None and classes > n_classes:
         raise ValueError(f"classes ({classes}) is larger than the model's {n_classes} outputs")
     Xtr, ytr = _check_data("train", (Xtr, ytr), n_classes)
     Xte, yte = _check_data("test", test, n_classes)
-    if Xte.shape[1:] != Xtr.shape[1:]:
-        raise ValueError(f"test: X rows have shape {list(Xte.shape[1:])}, train rows "
-                         f"{list(Xtr.shape[1:])}")
-    net.set_execution(cfg.precision, cfg.memory_format, Xtr[:2])
-    N, B = int(ytr.shape[0]), cfg.batch_size
-    if B > N:
-        raise ValueError(f"batch_size ({B}) is larger than the training data (N = {N})")
-    fingerprint = {"train": _digest(Xtr, ytr), "test": _digest(Xte, yte),
-                   "model": _digest(*net.pack())}
-    Xtr, Xte = Xtr.to(dev, dtype), Xte.to(dev, dtype)
-    ytr, yte = ytr.to(dev), yte.to(dev)
-    per_epoch = math.ceil(N / B)
-    target = NetworkTarget(net, Xtr, ytr, weight_decay=cfg.weight_decay, augment=augment,
-                           strategy="loop")
-    return _Job(cfg, model, net, (Xtr, ytr, Xte, yte), fingerprint, target,
-                NetworkEnergy(target, B), per_epoch,
-                main_iters=max(1, round(cfg.epochs * per_epoch)),
-                pre_iters=round(cfg.pretrain_epochs * per_epoch), classes=n_classes,
-                comm=comm)
+    return _assemble(cfg, model, net, (Xtr, ytr, Xte, yte), augment, comm, classes=n_classes)
 
 
 def _prepare_regression(cfg, model, train, test, augment, comm=None) -> _Job:
@@ -475,9 +457,6 @@ def _prepare_regression(cfg, model, train, test, augment, comm=None) -> _Job:
     if yte.reshape(yte.shape[0], -1).shape[1] != targets.k or yte.dim() != ytr.dim():
         raise ValueError(f"test: y has shape {list(yte.shape)}, train y {list(ytr.shape)} "
                          f"(the same number of target columns)")
-    if Xte.shape[1:] != Xtr.shape[1:]:
-        raise ValueError(f"test: X rows have shape {list(Xte.shape[1:])}, train rows "
-                         f"{list(Xtr.shape[1:])}")
     plain = FunctionalNet(model)
     width = _classes_of(plain, Xtr[:2].to(plain.device, plain.dtype))
     if width != targets.k:
@@ -487,14 +466,32 @@ def _prepare_regression(cfg, model, train, test, augment, comm=None) -> _Job:
     if targets.learned:
         model = NoiseHead(model, targets.k)
     net = FunctionalNet(model, loss=GaussianLoss(targets))
-    dev, dtype = net.device, net.dtype
+    outputs = width + (targets.k if targets.learned else 0)  # means, then the log-sds
+    return _assemble(cfg, model, net, (Xtr, ytr, Xte, yte), augment, comm, classes=outputs,
+                     targets=targets)
+
+
+def _assemble(cfg, model, net: FunctionalNet, data, augment, comm, *, classes: int,
+              targets=None) -> _Job:
+    """The part of :func:`_prepare` both likelihoods share, given checked ``data = (Xtr, ytr,
+    Xte, yte)`` on any device: the net's precision and memory format, the batch size against
+    the data, the fingerprint (of the data as given), the data on the run's device (a
+    regression's targets standardised), the target and its minibatch energy."""
+    Xtr, ytr, Xte, yte = data
+    if Xte.shape[1:] != Xtr.shape[1:]:
+        raise ValueError(f"test: X rows have shape {list(Xte.shape[1:])}, train rows "
+                         f"{list(Xtr.shape[1:])}")
+    net.set_execution(cfg.precision, cfg.memory_format, Xtr[:2])
     N, B = int(ytr.shape[0]), cfg.batch_size
     if B > N:
         raise ValueError(f"batch_size ({B}) is larger than the training data (N = {N})")
     fingerprint = {"train": _digest(Xtr, ytr), "test": _digest(Xte, yte),
                    "model": _digest(*net.pack())}
+    dev, dtype = net.device, net.dtype
     Xtr, Xte = Xtr.to(dev, dtype), Xte.to(dev, dtype)
-    ytr, yte = targets.standardise(ytr, dtype).to(dev), targets.standardise(yte, dtype).to(dev)
+    if targets is not None:
+        ytr, yte = targets.standardise(ytr, dtype), targets.standardise(yte, dtype)
+    ytr, yte = ytr.to(dev), yte.to(dev)
     per_epoch = math.ceil(N / B)
     target = NetworkTarget(net, Xtr, ytr, weight_decay=cfg.weight_decay, augment=augment,
                            strategy="loop")
@@ -502,7 +499,7 @@ def _prepare_regression(cfg, model, train, test, augment, comm=None) -> _Job:
                 NetworkEnergy(target, B), per_epoch,
                 main_iters=max(1, round(cfg.epochs * per_epoch)),
                 pre_iters=round(cfg.pretrain_epochs * per_epoch), targets=targets,
-                classes=_classes_of(net, Xtr[:2]), comm=comm)
+                classes=classes, comm=comm)
 
 
 def _digest(*tensors: torch.Tensor) -> dict[str, Any]:

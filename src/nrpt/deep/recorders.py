@@ -116,6 +116,10 @@ class EpochMetrics(RecorderBase):
     """Per-epoch rows: the running BMA's test metrics, slot 0's current model accuracy, swap
     rate, ``C`` and learning rates (what the progress bar shows)."""
 
+    #: the models' part of the per-epoch line: (label, row key, format)
+    LINE = (("slot-0 acc", "slot_accuracy", ".4f"), ("BMA acc", "bma_accuracy", ".4f"),
+            ("BMA NLL", "bma_nll_mean", ".4f"))
+
     name = "epochs"
 
     def __init__(self, bma: BMARecorder, net, x_test, y_test, *, every: int, lr_unit: float,
@@ -178,7 +182,7 @@ class EpochMetrics(RecorderBase):
         row["slot_accuracy"] = per_slot.tolist()
 
     def _line(self, row: dict[str, Any]) -> str:
-        return _line(row)
+        return _line(row, self.LINE)
 
     def summary(self):
         return {}
@@ -191,16 +195,18 @@ class EpochMetrics(RecorderBase):
         self._acc = sd["acc"]
 
 
-def _line(row: dict[str, Any]) -> str:
+def _line(row: dict[str, Any], columns) -> str:
+    """One per-epoch line: the swap rate, ``C`` and ``columns`` (``(label, row key, format)``;
+    a per-slot list shows slot 0); "-" for what the row does not hold yet."""
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    return (f"epoch {row['epoch']:7.2f}  swap rate {f(row.get('swap_rate'), '.3f')}  "
-            f"C {f(row.get('C'), '.4g')}  slot-0 acc {row['slot_accuracy'][0]:.4f}  "
-            f"BMA acc {f(row.get('bma_accuracy'), '.4f')}  "
-            f"BMA NLL {f(row.get('bma_nll_mean'), '.4f')}")
-
-
+    parts = [f"epoch {row['epoch']:7.2f}", f"swap rate {f(row.get('swap_rate'), '.3f')}",
+             f"C {f(row.get('C'), '.4g')}"]
+    for label, key, fmt in columns:
+        v = row.get(key)
+        parts.append(f"{label} {f(v[0] if isinstance(v, list) else v, fmt)}")
+    return "  ".join(parts)
 
 
 class IndexRecorder(RecorderBase):

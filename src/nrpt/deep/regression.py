@@ -242,6 +242,9 @@ class RegressionEpochMetrics(EpochMetrics):
     """Per-epoch rows of a regression run: the running mixture's ``bma_test_ll`` /
     ``bma_rmse`` (original units) and each slot's current ``slot_rmse``."""
 
+    LINE = (("slot-0 RMSE", "slot_rmse", ".4g"), ("BMA RMSE", "bma_rmse", ".4g"),
+            ("BMA test LL", "bma_test_ll", ".4f"))
+
     def __init__(self, bma, net, x_test, y_test, *, targets: Targets, **kw):
         super().__init__(bma, net, x_test, y_test, **kw)
         self.targets = targets
@@ -260,15 +263,6 @@ class RegressionEpochMetrics(EpochMetrics):
             row.update({"bma_test_ll": m["test_ll"], "bma_nll_mean": m["nll_mean"],
                         "bma_rmse": m["rmse"]})
         row["slot_rmse"] = per_slot.tolist()
-
-    def _line(self, row: dict[str, Any]) -> str:
-        def f(v, fmt):
-            return "-" if v is None else format(v, fmt)
-
-        return (f"epoch {row['epoch']:7.2f}  swap rate {f(row.get('swap_rate'), '.3f')}  "
-                f"C {f(row.get('C'), '.4g')}  slot-0 RMSE {row['slot_rmse'][0]:.4g}  "
-                f"BMA RMSE {f(row.get('bma_rmse'), '.4g')}  "
-                f"BMA test LL {f(row.get('bma_test_ll'), '.4f')}")
 
 
 def targets_from_state(state: dict[str, Any]) -> Targets:

@@ -64,6 +64,9 @@ class _NoiseDtype:
 
     _noise: torch.dtype | None = None
 
+    def __init__(self, noise_dtype: str = "float64"):
+        self._set_noise_dtype(noise_dtype)
+
     def _set_noise_dtype(self, name: str) -> None:
         self._noise = noise_dtype(name)
         self.noise_dtype = name
@@ -84,9 +87,6 @@ class RWMH(_NoiseDtype, Explorer):
     target_acceptance, acceptance_order, compilable = 0.3, 1, True
     preconditionable = True
     options = (STEP_SIZE, PRECONDITION, NOISE_DTYPE)
-
-    def __init__(self, noise_dtype: str = "float64"):
-        self._set_noise_dtype(noise_dtype)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
              metric=None):
@@ -137,9 +137,6 @@ class MALA(_NoiseDtype, _GradientCached):
     target_acceptance, acceptance_order, compilable = 0.574, 3, True
     preconditionable = True
     options = (STEP_SIZE, PRECONDITION, NOISE_DTYPE)
-
-    def __init__(self, noise_dtype: str = "float64"):
-        self._set_noise_dtype(noise_dtype)
 
     def step(self, state, b, step_size, density: Density, noise: Noise, sub: int = 0,
              metric=None):
