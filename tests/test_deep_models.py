@@ -143,3 +143,52 @@ def test_train_mode_batchnorm_under_vmap_is_per_copy():
     for i, m in enumerate(copies):
         assert torch.allclose(buffers["1.running_mean"][i], m[1].running_mean, atol=1e-12)
         assert int(buffers["1.num_batches_tracked"][i]) == 1
+
+
+class _Tied(torch.nn.Module):
+    """A decoder whose output layer shares the encoder's weight (a tied parameter)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.enc = torch.nn.Linear(5, 4, bias=False)
+        self.dec = torch.nn.Linear(4, 5, bias=True)
+        with torch.no_grad():
+            self.enc.weight.copy_(torch.randn(4, 5, generator=g))
+        self.dec.weight = self.enc.weight  # tied: dec reads it transposed in forward
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(x @ self.enc.weight.t()))
+        return h @ self.dec.weight + self.dec.bias
+
+
+def test_functional_net_binds_rows_as_functional_call_does_tied_weights_included():
+    """FunctionalNet binds a row's parameters and buffers into the module without walking the
+    tree per call; it computes what ``torch.func.functional_call`` computes (ties honoured: the
+    tied weight is one row entry, read by both layers), and leaves the module's own tensors in
+    place afterwards.  Negative control: binding only the first occurrence of the tied weight
+    (the second layer keeps the module's own) changes the output."""
+    from nrpt.deep.replicas import FunctionalNet
+
+    model = _Tied()
+    net = FunctionalNet(model)
+    assert net.names == ["enc.weight", "dec.bias", "bn.weight", "bn.bias"]
+    theta = torch.randn(net.dim, generator=torch.Generator().manual_seed(1))
+    x = _x((5,), 6, 2)
+    params, bufs = net.params(theta), net._own_buffers(net.pack()[1])
+    ours = net._call(params, bufs, x)
+    ref_bufs = net._own_buffers(net.pack()[1])
+    ref = functional_call(net.module, (params, ref_bufs), (x,))
+    assert torch.equal(ours, ref)
+    for name in net.buffer_names:  # BatchNorm updated the handed-over copies alike
+        assert torch.equal(bufs[name], ref_bufs[name])
+    own = dict(net.module.named_parameters())
+    assert own["enc.weight"] is net.module.dec.weight  # the module's tie is restored
+    assert not torch.equal(own["enc.weight"], params["enc.weight"])
+    # negative control: the tied layer left on the module's own weight
+    half = [s for s in net._slots if not (s[1] is net.module.dec and s[2] == "weight")]
+    net._slots, full = half, net._slots
+    wrong = net._call(params, net._own_buffers(net.pack()[1]), x)
+    net._slots = full
+    assert not torch.allclose(wrong, ref)

@@ -2,7 +2,7 @@
 one batched model; momentum and BatchNorm statistics (``extras["bn"]``, ``[R, P,
 buffer_dim]``) live in ``ReplicaState.extras``.
 
-Strategies: ``loop`` (one ``functional_call`` per replica; the reference), ``vmap``
+Strategies: ``loop`` (one module call per replica; the reference), ``vmap``
 (``torch.func.vmap(grad_and_value(...))``), ``compile`` (``torch.compile`` of the vmap
 function; falls back to ``vmap`` with a warning).  ``"auto"`` times ``loop`` and ``vmap`` on
 the batch and also ``compile`` when the run would exceed :data:`COMPILE_WORTH_S`.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 __all__ = ["FunctionalNet", "STRATEGIES", "PRECISIONS", "MEMORY_FORMATS", "StrategyWarning",
            "choose_strategy"]
@@ -71,6 +71,19 @@ def _checked(module) -> tuple[list, torch.device, torch.dtype]:
     return params, next(iter(devices)), next(iter(dtypes))
 
 
+def _slots(module: nn.Module) -> list[tuple[int, nn.Module, str, str]]:
+    """``(kind, submodule, attribute, name)`` for every parameter (kind 0) and buffer (kind 1)
+    attribute of ``module``, a tied one under the name ``named_parameters`` gives it."""
+    out = []
+    for kind, listing in ((0, module.named_parameters), (1, module.named_buffers)):
+        first: dict[int, str] = {}
+        for name, t in listing(remove_duplicate=False):
+            first.setdefault(id(t), name)
+            path, _, attr = name.rpartition(".")
+            out.append((kind, module.get_submodule(path), attr, first[id(t)]))
+    return out
+
+
 class FunctionalNet:
     """A module's parameters as one flat vector of ``dim`` numbers and its floating-point buffers
     (BatchNorm running statistics) as one of ``buffer_dim``; batched evaluation of many.
@@ -96,6 +109,7 @@ class FunctionalNet:
         self.buffer_numels = [b.numel() for _, b in floating]
         self.buffer_dim = sum(self.buffer_numels)
         self.int_buffers = {n: b for n, b in bufs if not b.is_floating_point()}
+        self._slots = _slots(self.module)
         self._bn = self._hook_batchnorm()
         self._stash: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # forking and seeding the RNG costs a state copy per call (a device sync on CUDA):
@@ -156,9 +170,26 @@ class FunctionalNet:
                           else t) for n, t in params.items()}
             if x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-        with self._autocast():
-            out = functional_call(self.module, (params, buffers), (x,))
+        with self._autocast(), self._bound(params, buffers):
+            out = self.module(x)
         return out.to(self.dtype) if self.precision != "float32" else out
+
+    @contextlib.contextmanager
+    def _bound(self, params: dict, buffers: dict):
+        """The module computing with ``params`` and ``buffers`` in place of its own (what
+        ``torch.func.functional_call`` does, tied names included, without walking the module
+        tree on every call: the slots are listed once)."""
+        given = (params, buffers)
+        saved = []
+        try:
+            for kind, mod, attr, name in self._slots:
+                store = mod._parameters if kind == 0 else mod._buffers
+                saved.append((store, attr, store[attr]))
+                store[attr] = given[kind][name]
+            yield
+        finally:
+            for store, attr, old in saved:
+                store[attr] = old
 
     def _hook_batchnorm(self) -> list[tuple[str, nn.Module]]:
         """BatchNorm layers: their running statistics are updated here (see the module doc)."""
@@ -266,8 +297,8 @@ class FunctionalNet:
         for x in batches:
             self._stash = {}
             try:
-                functional_call(self.module, (self.params(theta), self.buffers(buf.clone())),
-                                (x,))
+                with self._bound(self.params(theta), self.buffers(buf.clone())):
+                    self.module(x)
                 for name, (mean, var) in self._stash.items():
                     acc = total.setdefault(name, [torch.zeros_like(mean), torch.zeros_like(var)])
                     acc[0] += mean
