@@ -171,7 +171,13 @@ def test_an_interrupted_automala_run_resumes_to_the_same_draws(tmp_path, monkeyp
         record(self, it)
 
     monkeypatch.setattr(Draws, "record", stop_in_round_three)
-    part = nrpt.sample(out=str(tmp_path / "cut"), **opts)
+    # SIGINT as a foreground process has it: a suite started in the background by a shell
+    # inherits SIGINT ignored, nrpt keeps an ignored signal ignored, and the run would not stop
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        part = nrpt.sample(out=str(tmp_path / "cut"), **opts)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert part.summary["interrupted"]
     monkeypatch.setattr(Draws, "record", record)
     resumed = nrpt.resume(tmp_path / "cut")
