@@ -302,3 +302,60 @@ def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
     run.fused._record_plan = dry_run_fails
     with pytest.raises(RunError, match="iteration 1 failed: ValueError: dry"):
         execute(run)
+
+
+class _Capture:
+    """Records, per iteration, what recorders read: the per-slot explorer statistics and the
+    positions at every slot (``it.slot_x``); fed by the plain loop or, through
+    ``IterationBlock.iteration``, by the chunks."""
+
+    name = "capture"
+
+    def __init__(self, P):
+        self.slots, self.rows = list(range(P)), []
+
+    def start_segment(self, reset, length=0):
+        pass
+
+    def record(self, it):
+        self.rows.append((it.explore_accept.clone(), it.nonfinite.clone(),
+                          it.slot_x(self.slots).clone(), it.slot_of.clone()))
+
+    def segment_row(self):
+        return {}
+
+    def state_dict(self):
+        return {}
+
+
+def _captured(name, n, fuse, **changes):
+    run = build(config(name, n, fuse=fuse, **changes))
+    cap = _Capture(run.engine.P)
+    run.recorders["capture"] = cap
+    run.engine.watch(cap.slots)
+    if run.fused is not None:
+        run.fused.recorders.append(cap)
+    execute(run)
+    assert len(cap.rows) == n
+    return cap.rows
+
+
+@pytest.mark.parametrize("name", ["rwmh-deo", "headline-sgd", "hmc-seo-n2"])
+def test_chunk_gathers_per_block_equal_per_iteration(name, monkeypatch):
+    """A chunk gathers the per-slot explorer statistics once per chunk where no adaptor reads
+    the iteration (rwmh-deo, hmc-seo-n2; headline-sgd's adaptors read them every iteration),
+    and the watched positions from its stacked states on small states
+    (``fused.BLOCK_GATHER``; 0: every iteration): the plain loop's numbers bit for bit either
+    way.  Negative control: another seed's rows differ."""
+    import nrpt.core.fused as fused_mod
+
+    n = 48
+    plain = _captured(name, n, False)
+    block = _captured(name, n, True)
+    monkeypatch.setattr(fused_mod, "BLOCK_GATHER", 0)
+    per_it = _captured(name, n, True)
+    for got in (block, per_it):
+        for a, b in zip(plain, got, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    other = _captured(name, n, True, seed=3)
+    assert not all(torch.equal(a[2], b[2]) for a, b in zip(plain, other, strict=True))

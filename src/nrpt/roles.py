@@ -68,7 +68,8 @@ class ReplicaState:
         """Take ``other`` where ``mask[R, P]`` is true (extras of ``self`` kept if absent)."""
 
         def pick(a, b):
-            m = mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim()))
+            m = mask if a.dim() == mask.dim() else \
+                mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim()))
             return torch.where(m, b, a)
 
         extras = {k: pick(v, other.extras[k]) if k in other.extras else v
@@ -274,7 +275,7 @@ def swap_log_ratio(
     give ``-inf`` (the swap is rejected), never NaN.
     """
     out = (b_lo - b_hi) * (v_lo - v_hi)
-    return torch.where(torch.isnan(out), torch.full_like(out, -math.inf), out)
+    return torch.nan_to_num(out, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
 
 class Path:

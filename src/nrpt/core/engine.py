@@ -85,11 +85,12 @@ def check_metric(metric, R: int, P: int, dim: int, dtype, device) -> torch.Tenso
 def slot_stats(accept: torch.Tensor, nonfinite: torch.Tensor, explored_at: torch.Tensor,
                n_explore: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-slot explorer statistics ``(mean acceptance, non-finite count)`` ``[R, P]``, at
-    the slots where the moves were made (``explored_at``: slot -> replica during them)."""
-    by_slot = accept.gather(1, explored_at)
+    the slots where the moves were made (``explored_at``: slot -> replica during them); also
+    of a block of iterations at once (each ``[U, R, P]``)."""
+    by_slot = accept.gather(-1, explored_at)
     if n_explore > 1:
         by_slot = by_slot / n_explore
-    return by_slot, nonfinite.gather(1, explored_at)
+    return by_slot, nonfinite.gather(-1, explored_at)
 
 
 def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
@@ -106,12 +107,14 @@ def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
                       params=params)
     decision, prob = rule.decide(ctx)
     accepted = decision & active
+    if ids is None:
+        ids = torch.arange(replica_at.shape[1], device=replica_at.device).expand_as(replica_at)
     # slot p takes the replica of p + 1 if pair (p, p + 1) swapped, of p - 1 if pair (p - 1, p)
-    # did (pairs of a phase are disjoint), else keeps its own
-    no = torch.zeros_like(accepted[:, :1])
-    up, down = torch.cat([accepted, no], 1), torch.cat([no, accepted], 1)
-    replica_at = torch.where(up, replica_at.roll(-1, 1),
-                             torch.where(down, replica_at.roll(1, 1), replica_at))
+    # did (pairs of a phase are disjoint), else keeps its own: the shift a[p + 1] - a[p] of
+    # the verdicts padded with a 0 at both ends (integer ops: the same permutation as any
+    # other way of making it)
+    shift = torch.nn.functional.pad(accepted.long(), (1, 1)).diff(dim=1)
+    replica_at = replica_at.gather(1, ids + shift)
     return replica_at, slot_order(replica_at, ids), decision, accepted, prob
 
 

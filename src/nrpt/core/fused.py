@@ -61,6 +61,9 @@ _ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
                              else {})
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
+#: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
+#: watched slots' positions once, from its stacked states, rather than every iteration
+BLOCK_GATHER = 1 << 14
 
 
 def _explorer(engine: PTEngine):
@@ -235,7 +238,18 @@ class Fused:
         n_explore = eng.n_explore
         pairs = adjacent_pairs(eng.R, P, eng.device)
         lo, hi = pairs[0], pairs[1]
+        with torch.inference_mode(False):  # (a constant of the chunk: an ordinary tensor)
+            ids = torch.arange(P, device=eng.device).expand(eng.R, P)
         has_ref, watched = eng.path.has_reference, list(eng.watched)
+        # Per-block work where no adaptor reads the iteration: the per-slot explorer
+        # statistics gathered once per chunk, and on small states the watched positions too
+        # (the chunk's states stacked: at most BLOCK_GATHER numbers); the same gathers of the
+        # same numbers as per iteration.
+        late_stats = not online
+        late_x = bool(watched) and U * eng.R * P * eng.dim <= BLOCK_GATHER
+        if watched:
+            with torch.inference_mode(False):
+                watched_t = torch.tensor(watched, device=eng.device)
 
         def iteration(c: dict, inp: dict, u: int) -> tuple[dict, dict]:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs."""
@@ -258,26 +272,33 @@ class Fused:
             params = dict(c["params"])
             replica_at, slot_of, decision, accepted, prob = sweep_exchange(
                 rule, state.v, c["replica_at"], c["schedule"], params, active, uniforms, 0, lo,
-                hi)
-            by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
-            it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
-                           schedule=c["schedule"], step_size=c["step_size"], params=params,
-                           explore_accept=by_slot, nonfinite=nonfinite,
-                           decisions=[PhaseDecision(lo, hi, active, decision, accepted, prob)],
-                           has_reference=has_ref)
+                hi, ids)
             schedule, step_size = c["schedule"], c["step_size"]
-            for j, a in enumerate(online):  # (k is not read: the gain comes in)
-                upd = a.observe_block(it, inp["gains"][j, u])
-                schedule = upd.schedule if upd.schedule is not None else schedule
-                step_size = upd.step_size if upd.step_size is not None else step_size
-                params.update(upd.params)  # (the view reads the live dict, as it.params)
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
-                   "step_size": c["step_size"], "accept": by_slot, "nonfinite": nonfinite,
-                   "active": active, "decision": decision, "accepted": accepted, "prob": prob,
-                   "params": dict(params)}
-            if watched:
-                rep = replica_at[:, watched]
+                   "step_size": c["step_size"], "active": active, "decision": decision,
+                   "accepted": accepted, "prob": prob}
+            if late_stats:  # (gathered per chunk, in body)
+                out["accept"], out["nonfinite"] = accept, nonfinite
+            else:
+                by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
+                out["accept"], out["nonfinite"] = by_slot, nonfinite
+                it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
+                               schedule=c["schedule"], step_size=c["step_size"], params=params,
+                               explore_accept=by_slot, nonfinite=nonfinite,
+                               decisions=[PhaseDecision(lo, hi, active, decision, accepted,
+                                                        prob)],
+                               has_reference=has_ref)
+                for j, a in enumerate(online):  # (k is not read: the gain comes in)
+                    upd = a.observe_block(it, inp["gains"][j, u])
+                    schedule = upd.schedule if upd.schedule is not None else schedule
+                    step_size = upd.step_size if upd.step_size is not None else step_size
+                    params.update(upd.params)  # (the view reads the live dict, as it.params)
+            out["params"] = dict(params)
+            if late_x:  # (gathered per chunk, in body)
+                out["x"] = state.x
+            elif watched:
+                rep = replica_at.index_select(1, watched_t)
                 out["slot_x"] = state.x.gather(1, rep[..., None].expand(*rep.shape,
                                                                         state.x.shape[-1]))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
@@ -289,12 +310,31 @@ class Fused:
 
         def body(carry, inp):
             outs = []
+            first_at = carry["replica_at"]
             for u in range(U):
                 carry, out = iteration(carry, inp, u)
                 outs.append(out)
-            stacked = {n: torch.stack([o[n] for o in outs]) for n in outs[0] if n != "params"}
+            stacked = {}
+            for n in outs[0]:
+                if n == "params":
+                    continue
+                t0 = outs[0][n]
+                if all(o[n] is t0 for o in outs):  # (a table no adaptor changed)
+                    stacked[n] = t0.expand(U, *t0.shape)
+                else:
+                    stacked[n] = torch.stack([o[n] for o in outs])
             stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
                                  for n in outs[0]["params"]}
+            if late_stats:
+                # slot -> replica during each iteration's moves: the one before its swaps
+                at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
+                stacked["accept"], stacked["nonfinite"] = slot_stats(
+                    stacked["accept"], stacked["nonfinite"], at, n_explore)
+            if late_x:
+                xs = stacked.pop("x")  # [U, R, P, dim]
+                rep = stacked["replica_at"].index_select(2, watched_t)  # [U, R, S]
+                stacked["slot_x"] = xs.gather(2, rep[..., None].expand(*rep.shape,
+                                                                       xs.shape[-1]))
             return carry, stacked
 
         return body
