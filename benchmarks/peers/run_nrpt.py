@@ -79,16 +79,19 @@ def main(argv=None) -> None:
     ap.add_argument("--systems", type=int, default=protocol.SYSTEMS)
     ap.add_argument("--chains", type=int, default=protocol.CHAINS)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=20, help="iterations of the warm-up run")
+    ap.add_argument("--warmup", type=int, default=protocol.WARMUP,
+                    help="iterations of a warm-up run before the timed one (default 0: one run "
+                         "per process, as every peer runner)")
     ap.add_argument("--zero-end", action="store_true",
                     help="end the ladder at beta = 0 (for an nrpt without beta_min > 0)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
     t0 = time.perf_counter()
-    warm_variant = args.variant if args.variant != "adaptive" else "fixed"
-    run(argparse.Namespace(**{**vars(args), "variant": warm_variant}), args.warmup,
-        args.seed + 10**6)
+    if args.warmup > 0:
+        warm_variant = args.variant if args.variant != "adaptive" else "fixed"
+        run(argparse.Namespace(**{**vars(args), "variant": warm_variant}), args.warmup,
+            args.seed + 10**6)
     warm = time.perf_counter() - t0
 
     ticks: list = []
