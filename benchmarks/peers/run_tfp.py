@@ -15,7 +15,8 @@ ahead of time (``compile_s``), then executed once, timed (``wall_s``): one run p
 every runner of the benchmark (``protocol.WARMUP``).  ``--warmup N > 0``: before it, a program of
 ``N`` steps (its own compilation, ``sample_chain``'s length being part of the program) executed
 once with another seed (``warmup_s``), the other runners' short warm-up run; the process used to
-execute the whole timed program a second time instead, twice the work of the other processes.  The index process is rebuilt from ``is_swap_accepted_adjacent``.  TFP has no
+execute the whole timed program a second time instead, twice the work of the other processes.
+The index process is rebuilt from ``is_swap_accepted_adjacent``.  TFP has no
 normalizing-constant estimator for ReplicaExchangeMC, so log Z is n/a.
 """
 
