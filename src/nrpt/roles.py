@@ -106,6 +106,8 @@ class Density:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(v, base)``, each of shape ``x.shape[:-1]``; no gradients."""
+        if not torch.is_grad_enabled():  # (inference mode, the loop's usual state)
+            return self.path.components(self.target, x)
         with torch.no_grad():
             return self.path.components(self.target, x)
 

@@ -251,12 +251,13 @@ class Fused:
             with torch.inference_mode(False):
                 watched_t = torch.tensor(watched, device=eng.device)
 
-        def iteration(c: dict, inp: dict, u: int) -> tuple[dict, dict]:
-            """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs."""
+        def iteration(c: dict, inp: dict, u: int, draws, uniforms) -> tuple[dict, dict]:
+            """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
+            (``draws``, ``uniforms``: the chunk's inputs split by iteration)."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
             b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
             m = slot_metric(c["metric"], c["slot_of"]) if "metric" in c else None
-            noise = ReplayNoise([d[u] for d in inp["draws"]])
+            noise = ReplayNoise([d[u] for d in draws])
             state, accept, nonfinite = explore(explorer, state, b, h, density, noise, n_explore,
                                                m)
             explored_at = c["replica_at"]
@@ -266,13 +267,12 @@ class Fused:
                                      {n: t[u] for n, t in ref.extras.items()})
                 state = refresh_top(state, c["slot_of"], fresh, P - 1)
             active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
-            uniforms = inp["uniforms"][u] if "uniforms" in inp else _no_uniforms
             # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
             # iteration number would make every chunk a graph of its own)
             params = dict(c["params"])
             replica_at, slot_of, decision, accepted, prob = sweep_exchange(
-                rule, state.v, c["replica_at"], c["schedule"], params, active, uniforms, 0, lo,
-                hi, ids)
+                rule, state.v, c["replica_at"], c["schedule"], params, active,
+                _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids)
             schedule, step_size = c["schedule"], c["step_size"]
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
@@ -311,8 +311,10 @@ class Fused:
         def body(carry, inp):
             outs = []
             first_at = carry["replica_at"]
+            draws = [d.unbind(0) for d in inp["draws"]]  # (one op a draw, not one a step)
+            uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
             for u in range(U):
-                carry, out = iteration(carry, inp, u)
+                carry, out = iteration(carry, inp, u, draws, uniforms)
                 outs.append(out)
             stacked = {}
             for n in outs[0]:
