@@ -49,7 +49,7 @@ from nrpt.rng import Stream, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from nrpt.swap.schemes import Scheme, adjacent_pairs
 
-__all__ = ["Fused", "why_not", "auto", "UNROLL", "RULES"]
+__all__ = ["Fused", "why_not", "auto", "auto_unroll", "UNROLL", "RULES"]
 
 #: iterations per chunk (the contracts' block length)
 UNROLL = BLOCK
@@ -61,6 +61,10 @@ _ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
                              else {})
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
+#: ``fuse = "auto"``'s eager chunks: up to this many iterations, while the chunk's draws of one
+#: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`)
+AUTO_MAX = 64
+AUTO_ELEMENTS = 1 << 16
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
 #: watched slots' positions once, from its stacked states, rather than every iteration
 BLOCK_GATHER = 1 << 14
@@ -108,6 +112,18 @@ def auto(run, compile: bool = False) -> bool:
                for r in run.recorders.values())
 
 
+def auto_unroll(engine) -> int:
+    """The chunk length of ``fuse = "auto"``'s eager chunks: the largest power of two in
+    ``[UNROLL, AUTO_MAX]`` whose chunk draws at most :data:`AUTO_ELEMENTS` numbers of a kind
+    (64 for small states: the per-chunk work of the inputs and the recorders' block forms is
+    spread over more iterations; 8 from ``R P dim > 1024``).  Eager chunks of any length give
+    the plain loop's numbers, so this changes no draw."""
+    U, size = UNROLL, engine.R * engine.P * engine.dim
+    while U * 2 <= AUTO_MAX and U * 2 * size <= AUTO_ELEMENTS:
+        U *= 2
+    return U
+
+
 def _own_block(recorder) -> bool:
     from nrpt.roles import RecorderBase
 
@@ -117,15 +133,21 @@ def _own_block(recorder) -> bool:
 class Fused:
     """Runs chunks of ``unroll`` iterations of ``run`` (a :class:`nrpt.core.loop.Run` that
     :func:`why_not` accepts); ``compile``: as one ``torch.compile`` graph (falls back to the
-    eager chunk with a :class:`~nrpt.explorers.compiled.CompileWarning`)."""
+    eager chunk with a :class:`~nrpt.explorers.compiled.CompileWarning`).  ``ragged`` (eager
+    only; ``fuse = "auto"``): chunks of any length up to ``unroll``, ending at the next multiple
+    of ``unroll``, the segment's end or a boundary, so that no iteration runs as a plain step
+    around them (an eager chunk's numbers do not depend on where it starts)."""
 
-    def __init__(self, run, unroll: int = UNROLL, compile: bool = False):
+    def __init__(self, run, unroll: int = UNROLL, compile: bool = False, ragged: bool = False):
         reason = why_not(run)
         if reason is not None:
             raise ValueError(f"this run cannot be fused: {reason}")
         if isinstance(unroll, bool) or int(unroll) != unroll or unroll < 1:
             raise ValueError(f"unroll must be an integer >= 1; got {unroll!r}")
         self.unroll, self.compile = int(unroll), bool(compile)
+        if ragged and self.compile:
+            raise ValueError("ragged chunks are eager only (a compiled chunk has one length)")
+        self.ragged = bool(ragged)
         eng = run.engine
         self.engine, self.explorer = eng, _explorer(eng)
         self.online = [a for a in run.adaptors if _online(a)]
@@ -155,11 +177,19 @@ class Fused:
         starts at a multiple of ``unroll``, ends by ``end``, and no iteration inside it ends
         at a multiple of a ``boundaries`` entry (checkpoints, callbacks)."""
         U = self.unroll
-        if k % U or k + U > end:
-            return 0
-        for every in boundaries:
-            if every and (k // every) != ((k + U - 1) // every):
+        if self.ragged:  # up to the next multiple of U, the end, the next boundary
+            U = min(U - k % U, end - k)
+            for every in boundaries:
+                if every:
+                    U = min(U, every - k % every)
+            if U < 1:
                 return 0
+        elif k % U or k + U > end:
+            return 0
+        else:
+            for every in boundaries:
+                if every and (k // every) != ((k + U - 1) // every):
+                    return 0
         if self.plan is None:
             self._record_plan()
         return U if self.plan is not None else 0
