@@ -302,7 +302,8 @@ class Fused:
             params = dict(c["params"])
             replica_at, slot_of, decision, accepted, prob = sweep_exchange(
                 rule, state.v, c["replica_at"], c["schedule"], params, active,
-                _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids)
+                _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids,
+                c.get("b_pairs"))
             schedule, step_size = c["schedule"], c["step_size"]
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
@@ -332,6 +333,7 @@ class Fused:
                 out["slot_x"] = state.x.gather(1, rep[..., None].expand(*rep.shape,
                                                                         state.x.shape[-1]))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
+                   **({"b_pairs": c["b_pairs"]} if "b_pairs" in c else {}),
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
                    "step_size": step_size, "params": params,
                    "scheme": scheme.block_after(sch, accepted),
@@ -341,6 +343,9 @@ class Fused:
         def body(carry, inp):
             outs = []
             first_at = carry["replica_at"]
+            if late_stats:  # (no adaptor: the schedule is the chunk's own; its pairs' sides)
+                sch = carry["schedule"]
+                carry = {**carry, "b_pairs": (sch[:, :-1], sch[:, 1:])}
             draws = [d.unbind(0) for d in inp["draws"]]  # (one op a draw, not one a step)
             uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
             for u in range(U):
@@ -357,6 +362,7 @@ class Fused:
                     stacked[n] = torch.stack([o[n] for o in outs])
             stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
                                  for n in outs[0]["params"]}
+            carry.pop("b_pairs", None)
             if late_stats:
                 # slot -> replica during each iteration's moves: the one before its swaps
                 at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
