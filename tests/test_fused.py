@@ -439,3 +439,28 @@ def test_auto_chunks_resume_exactly(tmp_path):
     for key in BITWISE:
         if key in a:
             assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
+
+
+def test_large_state_chunks_take_unstacked_draws_and_equal_the_plain_loop():
+    """On a state too large for one block of draws (``rng.block_length(R P dim) < U``), an
+    eager chunk takes each iteration's draws as made, unstacked: the plain loop's numbers bit
+    for bit (MALA: normal and uniform draws, the gradient cache).  Negative control: another
+    seed differs."""
+    from nrpt import rng
+
+    base = dict(target="gaussian", target_options={"dim": 1100}, chains=8, explorer="mala",
+                scheme="deo", figures=False, iterations=40, burn_in=0)
+    assert rng.block_length(8 * 1100) < 8
+    runs = {}
+    for name, fuse in (("plain", False), ("8", True), ("16", 16)):
+        run = build(RunConfig.from_dict({}, defaults={**base, "fuse": fuse}))
+        execute(run)
+        runs[name] = run
+    assert runs["8"].fused.chunks == 5 and runs["16"].fused.chunks == 2
+    for name in ("8", "16"):
+        assert torch.equal(runs[name].engine.state.x, runs["plain"].engine.state.x)
+        assert torch.equal(runs[name].recorders["swaps"].explore_sum,
+                           runs["plain"].recorders["swaps"].explore_sum)
+    other = build(RunConfig.from_dict({}, defaults={**base, "fuse": True, "seed": 4}))
+    execute(other)
+    assert not torch.equal(other.engine.state.x, runs["plain"].engine.state.x)

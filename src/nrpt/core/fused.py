@@ -45,7 +45,7 @@ from nrpt.explorers.compiled import (
     compilable,
     make_draw,
 )
-from nrpt.rng import Stream, iteration_uniform
+from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from nrpt.swap.schemes import Scheme, adjacent_pairs
 
@@ -213,9 +213,15 @@ class Fused:
         adaptors' block inputs, the reference rows."""
         eng = self.engine
         R, P, dev, dt = eng.R, eng.P, eng.device, eng.dtype
-        noise = Noise(eng.seed, k0, R, P, dev, count=U)  # every draw [U, ...]
-        inp = {"draws": [make_draw(noise, call) for call in self.plan or ()],
-               "scheme": eng.scheme.block_inputs(k0, U, R, eng.seed, dev)}
+        if not self.compile and block_length(R * P * eng.dim) < U:
+            # eager, a large state: each iteration's draws as they are made (stacking them
+            # would copy every state-sized draw once more: the draws are not in one block)
+            its = [Noise(eng.seed, k0 + u, R, P, dev) for u in range(U)]
+            draws = [[make_draw(n, call) for n in its] for call in self.plan or ()]
+        else:
+            noise = Noise(eng.seed, k0, R, P, dev, count=U)  # every draw [U, ...]
+            draws = [make_draw(noise, call) for call in self.plan or ()]
+        inp = {"draws": draws, "scheme": eng.scheme.block_inputs(k0, U, R, eng.seed, dev)}
         if self._reads_uniforms is None:
             self._reads_uniforms = _reads_uniforms(eng)
         if self._reads_uniforms:
@@ -346,7 +352,8 @@ class Fused:
             if late_stats:  # (no adaptor: the schedule is the chunk's own; its pairs' sides)
                 sch = carry["schedule"]
                 carry = {**carry, "b_pairs": (sch[:, :-1], sch[:, 1:])}
-            draws = [d.unbind(0) for d in inp["draws"]]  # (one op a draw, not one a step)
+            # (one op a draw, not one a step; a list: already one tensor an iteration)
+            draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
             uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
             for u in range(U):
                 carry, out = iteration(carry, inp, u, draws, uniforms)
