@@ -2,8 +2,8 @@
 
     python benchmarks/fixed_cost.py [--trees A/src B/src] [--pairs 5] [--explorers rwmh,mala]
 
-For each explorer, on the diagonal Gaussian of ``benchmarks/scaling.py`` at d = 2, P = 16, one
-system (its :class:`scaling.Point`: a run built by ``nrpt.run.build`` and run by
+For each explorer, on the diagonal Gaussian of ``benchmarks/scaling.py`` at d = 2 (``--dim``),
+P = 16, one system (its :class:`scaling.Point`: a run built by ``nrpt.run.build`` and run by
 ``nrpt.core.loop.execute``, the default eager chunks, against ``engine.explorer.step`` alone),
 each tree in a fresh process, the trees interleaved (A, B, B, A, ...) for ``--pairs`` pairs.
 A process warms up, then times ``full`` and ``bare`` interleaved 3 times each (``--n``
@@ -33,8 +33,8 @@ sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 import scaling
-explorer, n = sys.argv[2], int(sys.argv[3])
-p = scaling.Point(explorer, 16, 2, 1, 10)
+explorer, n, d = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+p = scaling.Point(explorer, 16, d, 1, 10)
 p.run(n); p.bare(n)  # warm
 res = {"full_wall": [], "full_cpu": [], "bare_wall": [], "bare_cpu": []}
 for _ in range(3):
@@ -47,10 +47,10 @@ print(json.dumps({k: statistics.median(v) for k, v in res.items()}))
 """
 
 
-def child(src: str, explorer: str, n: int) -> dict:
+def child(src: str, explorer: str, n: int, d: int = 2) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=src)
-    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), explorer, str(n)], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), explorer, str(n), str(d)],
+                         env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -101,6 +101,7 @@ def main(argv=None) -> None:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--n", type=int, default=2000, help="iterations per timing")
     ap.add_argument("--explorers", default="rwmh,mala")
+    ap.add_argument("--dim", type=int, default=2, help="the Gaussian's dimension d")
     ap.add_argument("--noise-d", type=int, default=0,
                     help="instead: the bare step at this d with float64 / float32 noise")
     args = ap.parse_args(argv)
@@ -111,9 +112,10 @@ def main(argv=None) -> None:
         got: dict[str, list[dict]] = {t: [] for t in args.trees}
         for rep in range(args.pairs):
             for t in (args.trees if rep % 2 == 0 else args.trees[::-1]):
-                got[t].append(child(t, explorer, args.n))
-        print(f"{explorer}, d = 2, P = 16, R = 1: medians of {args.pairs} processes (each the "
-              f"median of 3 interleaved timings of {args.n} iterations), us per iteration")
+                got[t].append(child(t, explorer, args.n, args.dim))
+        print(f"{explorer}, d = {args.dim}, P = 16, R = 1: medians of {args.pairs} processes "
+              f"(each the median of 3 interleaved timings of {args.n} iterations), us per "
+              f"iteration")
         for t, rs in got.items():
             for clock in ("wall", "cpu"):
                 full = med(r[f"full_{clock}"] for r in rs)

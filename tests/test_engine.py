@@ -516,3 +516,32 @@ def test_releasing_inference_tensors_leaves_modules_alone():
         holder.x = torch.ones(3)
     release_inference_tensors([holder])
     assert not holder.x.is_inference() and holder.dist is dist
+
+
+@pytest.mark.parametrize("P", [2, 3, 16, 64, 65, 200])
+def test_swap_source_both_ways_and_a_plain_loop(P, monkeypatch):
+    """The slot each slot takes its replica from after a phase of disjoint adjacent swaps: the
+    integer matrix product (CPU, up to SHIFT_MATRIX_MAX slots) and the padded difference give
+    what a Python loop over the pairs gives, on random phases of both parities.  Negative
+    control: a phase with one verdict flipped gives another source."""
+    import nrpt.core.engine as engine_mod
+
+    g = torch.Generator().manual_seed(P)
+    R = 5
+    ids = torch.arange(P).expand(R, P)
+    for parity in (0, 1):
+        acc = (torch.rand(R, P - 1, generator=g) < 0.5) & (torch.arange(P - 1) % 2 == parity)
+        want = ids.clone()
+        for r in range(R):
+            for p in range(P - 1):
+                if acc[r, p]:
+                    want[r, p], want[r, p + 1] = p + 1, p
+        got = engine_mod.swap_source(acc, ids)
+        monkeypatch.setattr(engine_mod, "SHIFT_MATRIX_MAX", 0)
+        other = engine_mod.swap_source(acc, ids)
+        monkeypatch.undo()
+        assert torch.equal(got, want) and torch.equal(other, want)
+        if parity < P - 1:
+            flipped = acc.clone()
+            flipped[0, parity] = ~flipped[0, parity]
+            assert not torch.equal(engine_mod.swap_source(flipped, ids), want)

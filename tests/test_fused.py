@@ -158,13 +158,14 @@ def test_a_chunk_length_from_the_config_and_the_cli():
 
 
 def test_auto_is_the_default_and_runs_eager_chunks_where_they_run():
-    """fuse = "auto" (the default): eager chunks of 8 where why_not allows; the plain loop for
+    """fuse = "auto" (the default): eager chunks where why_not allows; the plain loop for
     compile = true (its compiled explorer step), schemes the chunk does not run, explorers
     that do not declare compilable, and user recorders without their own record_block."""
     from nrpt.roles import RecorderBase
 
     run = build(config("rwmh-deo", 32))
-    assert run.fused is not None and run.fused.unroll == 8 and not run.fused.compile
+    assert run.fused is not None and not run.fused.compile and run.fused.ragged
+    assert run.fused.unroll == 64  # (a small state: R P dim = 36)
     assert run.engine.__class__.__name__ == "PTEngine"
     assert build(config("rwmh-deo", 32, compile=True)).fused is None
     adj = build(RunConfig(target="twenty-five-modes", chains=4, explorer="rwmh", scheme="adj",
@@ -302,3 +303,164 @@ def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
     run.fused._record_plan = dry_run_fails
     with pytest.raises(RunError, match="iteration 1 failed: ValueError: dry"):
         execute(run)
+
+
+class _Capture:
+    """Records, per iteration, what recorders read: the per-slot explorer statistics and the
+    positions at every slot (``it.slot_x``); fed by the plain loop or, through
+    ``IterationBlock.iteration``, by the chunks."""
+
+    name = "capture"
+
+    def __init__(self, P):
+        self.slots, self.rows = list(range(P)), []
+
+    def start_segment(self, reset, length=0):
+        pass
+
+    def record(self, it):
+        self.rows.append((it.explore_accept.clone(), it.nonfinite.clone(),
+                          it.slot_x(self.slots).clone(), it.slot_of.clone()))
+
+    def segment_row(self):
+        return {}
+
+    def state_dict(self):
+        return {}
+
+
+def _captured(name, n, fuse, **changes):
+    run = build(config(name, n, fuse=fuse, **changes))
+    cap = _Capture(run.engine.P)
+    run.recorders["capture"] = cap
+    run.engine.watch(cap.slots)
+    if run.fused is not None:
+        run.fused.recorders.append(cap)
+    execute(run)
+    assert len(cap.rows) == n
+    return cap.rows
+
+
+@pytest.mark.parametrize("name", ["rwmh-deo", "headline-sgd", "hmc-seo-n2"])
+def test_chunk_gathers_per_block_equal_per_iteration(name, monkeypatch):
+    """A chunk gathers the per-slot explorer statistics once per chunk where no adaptor reads
+    the iteration (rwmh-deo, hmc-seo-n2; headline-sgd's adaptors read them every iteration),
+    and the watched positions from its stacked states on small states
+    (``fused.BLOCK_GATHER``; 0: every iteration): the plain loop's numbers bit for bit either
+    way.  Negative control: another seed's rows differ."""
+    import nrpt.core.fused as fused_mod
+
+    n = 48
+    plain = _captured(name, n, False)
+    block = _captured(name, n, True)
+    monkeypatch.setattr(fused_mod, "BLOCK_GATHER", 0)
+    per_it = _captured(name, n, True)
+    for got in (block, per_it):
+        for a, b in zip(plain, got, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    other = _captured(name, n, True, seed=3)
+    assert not all(torch.equal(a[2], b[2]) for a, b in zip(plain, other, strict=True))
+
+
+def test_auto_chunk_length_follows_the_state_size():
+    """``fuse = "auto"``: 64-iteration eager chunks for small states, down to 8 (the draws of a
+    chunk, ``U R P dim`` numbers of a kind, stay within AUTO_ELEMENTS)."""
+    from nrpt.core.fused import AUTO_ELEMENTS, auto_unroll
+
+    class E:
+        def __init__(self, R, P, dim):
+            self.R, self.P, self.dim = R, P, dim
+
+    assert auto_unroll(E(1, 16, 2)) == 64
+    assert auto_unroll(E(32, 8, 2)) == 64  # mix25: 512 numbers a step
+    assert auto_unroll(E(1, 16, 128)) == 32
+    assert auto_unroll(E(1, 16, 10_000)) == 8
+    for size in (1, 100, 1000, 1024, 1025, 5000, 10**6):
+        U = auto_unroll(E(1, 1, size))
+        assert 8 <= U <= 64 and (U == 8 or U * size <= AUTO_ELEMENTS)
+
+
+def test_ragged_chunks_end_at_multiples_the_end_and_boundaries():
+    run = build(config("rwmh-deo", 100))  # auto: ragged chunks of up to 64
+    f = run.fused
+    assert f.chunk_at(0, 1000, (5000, 256)) == 64
+    assert f.chunk_at(4, 1000, (5000, 256)) == 60  # to the next multiple of 64
+    assert f.chunk_at(96, 100, (5000, 256)) == 4  # to the segment's end
+    assert f.chunk_at(250, 1000, (5000, 256)) == 6  # the callback at 256 sees its iteration
+    assert f.chunk_at(8, 100, (12, 0)) == 4  # a checkpoint at 12
+    assert f.chunk_at(99, 100, (12, 0)) == 1
+    with pytest.raises(ValueError, match="eager only"):
+        Fused(run, unroll=8, compile=True, ragged=True)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_auto_chunks_equal_the_plain_loop(name):
+    """The default (ragged eager chunks of up to 64): the plain loop's numbers bit for bit,
+    with a warm-up segment (burn-in 10 %) whose end falls inside a chunk's span, checkpoints
+    every 24 iterations and a callback.  Negative control: another seed differs."""
+    n = 150
+    plain = build(config(name, n, fuse=False))
+    execute(plain)
+    auto = build(config(name, n))
+    assert auto.fused is not None and auto.fused.ragged and auto.fused.unroll == 64
+    ticks = []
+    execute(auto, checkpoint_every=24, callback=lambda eng: ticks.append(eng.k))
+    assert auto.fused.chunks >= 7 and ticks
+    a, b = outcome(plain), outcome(auto)
+    for key in a:
+        if key in BITWISE:
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
+        else:
+            torch.testing.assert_close(b[key], a[key], rtol=1e-12, atol=1e-12, msg=key)
+    other = build(config(name, n, seed=1))
+    execute(other)
+    assert not torch.equal(outcome(other)["x"], a["x"])
+
+
+def test_auto_chunks_resume_exactly(tmp_path):
+    from nrpt.run.folder import read_checkpoint
+
+    whole = build(config("headline-sgd", 600))
+    execute(whole)
+    part = build(config("headline-sgd", 600), out=tmp_path)
+
+    def stop(engine):
+        if engine.k >= 96:  # (at the callback of iteration 256)
+            raise KeyboardInterrupt
+
+    first = execute(part, out=tmp_path, checkpoint_every=40, callback=stop)
+    assert first.interrupted and part.engine.k == 256
+    again = build(config("headline-sgd", 600), out=tmp_path, resume=True)
+    ck = read_checkpoint(tmp_path)[0]
+    assert ck["engine"]["k"] == 256  # (the checkpoint written at the interrupt)
+    execute(again, out=tmp_path, resume=ck)
+    assert again.engine.k == 600
+    a, b = outcome(whole), outcome(again)
+    for key in BITWISE:
+        if key in a:
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
+
+
+def test_large_state_chunks_take_unstacked_draws_and_equal_the_plain_loop():
+    """On a state too large for one block of draws (``rng.block_length(R P dim) < U``), an
+    eager chunk takes each iteration's draws as made, unstacked: the plain loop's numbers bit
+    for bit (MALA: normal and uniform draws, the gradient cache).  Negative control: another
+    seed differs."""
+    from nrpt import rng
+
+    base = dict(target="gaussian", target_options={"dim": 1100}, chains=8, explorer="mala",
+                scheme="deo", figures=False, iterations=40, burn_in=0)
+    assert rng.block_length(8 * 1100) < 8
+    runs = {}
+    for name, fuse in (("plain", False), ("8", True), ("16", 16)):
+        run = build(RunConfig.from_dict({}, defaults={**base, "fuse": fuse}))
+        execute(run)
+        runs[name] = run
+    assert runs["8"].fused.chunks == 5 and runs["16"].fused.chunks == 2
+    for name in ("8", "16"):
+        assert torch.equal(runs[name].engine.state.x, runs["plain"].engine.state.x)
+        assert torch.equal(runs[name].recorders["swaps"].explore_sum,
+                           runs["plain"].recorders["swaps"].explore_sum)
+    other = build(RunConfig.from_dict({}, defaults={**base, "fuse": True, "seed": 4}))
+    execute(other)
+    assert not torch.equal(other.engine.state.x, runs["plain"].engine.state.x)

@@ -151,3 +151,37 @@ def test_index_rebuilt_from_adjacent_swaps():
     idx = protocol.index_from_adjacent_swaps(acc)
     assert idx[:, 0, 0].tolist() == [0, 1, 2, 1, 0]
     assert protocol.round_trips(idx[:, 0, :], 2).tolist() == [1, 0, 0]
+
+
+def test_one_run_per_process_by_default(monkeypatch, capsys):
+    """Every runner times one run per process unless asked for a warm-up (the TFP runner used
+    to execute its whole program twice): the ensemble runners' frame and nrpt's runner call
+    their run once; ``--warmup 20`` (the negative control) adds the short run before it."""
+    calls = []
+
+    def fake(args, n, seed):
+        calls.append((n, seed))
+
+    res = protocol.warm_then_time(fake, protocol.ensemble_args("x", []))
+    assert calls == [(protocol.ITERATIONS, 1)] and protocol.WARMUP == 0
+    calls.clear()
+    protocol.warm_then_time(fake, protocol.ensemble_args("x", ["--warmup", "20"]))
+    assert calls == [(20, 1 + 10**6), (protocol.ITERATIONS, 1)]
+    assert res[1] < 0.01  # no warm-up time
+
+    import run_nrpt
+
+    real = run_nrpt.run
+
+    def counted(args, iterations, seed, ticks=None):
+        calls.append((iterations, seed))
+        return real(args, iterations, seed, ticks)
+
+    monkeypatch.setattr(run_nrpt, "run", counted)
+    for argv, want in (([], [(40, 1)]), (["--warmup", "8"], [(8, 1 + 10**6), (40, 1)])):
+        calls.clear()
+        run_nrpt.main(["--iterations", "40", "--systems", "2", *argv])
+        assert calls == want
+        assert '"warmup_s"' in capsys.readouterr().out
+    tfp = (PEERS / "run_tfp.py").read_text()
+    assert "default=protocol.WARMUP" in tfp and "if args.warmup > 0:" in tfp

@@ -306,3 +306,34 @@ def test_draws_buffers_are_copies(runs):
         for t in (b.slot_x, b.v, b.slot_energies, b.slot_of):
             t.fill_(7)
     assert same_arrays(draws_state(ref), draws_state(rec))
+
+
+def test_round_trips_pending_rows_copies_and_checkpoint_between(runs):
+    """RoundTrips keeps a chunked run's index rows until :attr:`RoundTrips.PENDING` iterations
+    have come (one scan for them): the rows are copies (the caller may overwrite its block),
+    and a checkpoint taken while rows wait, loaded into a fresh recorder, goes on as the
+    uninterrupted one.  Negative control: a block overwritten before it is recorded changes
+    the counts, so the comparison sees the rows."""
+    d = runs["headline"]
+    blocks = d.blocks([8])
+    assert 8 * 3 < RoundTrips.PENDING  # (the checkpoint below falls while rows wait)
+    ref = feed(RoundTrips(d.slot_of0, d.P), d)
+    rec = RoundTrips(d.slot_of0, d.P)
+    for b in blocks[:3]:
+        rec.record_block(b)
+        b.slot_of.fill_(0)  # the caller reuses its buffer
+    assert rec._n_pending == 24
+    resumed = RoundTrips(d.slot_of0, d.P)
+    resumed.load_state_dict(rec.state_dict())
+    for b in d.blocks([8])[3:]:
+        rec.record_block(b)
+        resumed.record_block(b)
+    assert int(ref.counts()["round_trips"].sum()) + int(ref.counts()["restarts"].sum()) > 0
+    assert same(ref.state_dict(), rec.state_dict())
+    assert same(ref.state_dict(), resumed.state_dict())
+    bad = RoundTrips(d.slot_of0, d.P)
+    for i, b in enumerate(d.blocks([8])):
+        if i == 2:
+            b.slot_of.fill_(0)
+        bad.record_block(b)
+    assert not same(ref.state_dict(), bad.state_dict())

@@ -183,15 +183,16 @@ def test_signal_inside_the_explorer_stops_between_iterations_and_resumes_exactly
 
 def test_a_signal_inside_a_fused_chunk_stops_at_its_end_and_resumes_exactly(full, at,
                                                                              tmp_path):
-    """The default eager chunks (fuse = "auto"): a signal inside the explorer lets the chunk of
-    8 iterations finish; the run stops at its end (or between the plain steps around a
-    checkpoint), and the resumed run -- chunks again -- equals the plain uninterrupted run
-    bit for bit."""
+    """The default eager chunks (fuse = "auto": up to 64 iterations on this small state): a
+    signal inside the explorer lets its chunk finish; the run stops at its end (or between the
+    plain steps around a checkpoint), and the resumed run -- chunks again -- equals the plain
+    uninterrupted run bit for bit."""
     opts = {**OPTS, "fuse": "auto"}
     part = nrpt.sample(Kicker([at(101, 2)]), out=str(tmp_path / "cut"), **opts)
     k = part.summary["n_iterations"]
     assert part.summary["interrupted"] and part.summary["fused"]["chunks"] > 0
-    assert 95 <= k <= 112 and k % 8 == 0, k  # the end of the chunk the signal landed in
+    U = part.summary["fused"]["chunk"]
+    assert U == 64 and 95 <= k <= 101 + U and k % 8 == 0, k  # the end of the signal's chunk
     resumed = nrpt.resume(tmp_path / "cut", target=Kicker())
     assert resumed.summary["fused"]["chunks"] > 0
     assert_same_run(resumed, full)
@@ -610,7 +611,8 @@ def test_a_crash_before_the_first_periodic_checkpoint_can_resume(full, tmp_path)
 def test_adaptive_runs_checkpoint_inside_rounds_and_resume_from_round_one(tmp_path,
                                                                           monkeypatch):
     opts = dict(target="geometric-gaussian-path", target_options={"dim": 2}, rounds=8,
-                chains=5, seed=5, explorer="rwmh", figures=False, checkpoint_every=50)
+                chains=5, seed=5, explorer="rwmh", figures=False, checkpoint_every=50,
+                fuse=False)  # (the plain loop calls Draws.record every iteration)
     fullrun = nrpt.sample(out=str(tmp_path / "full"), **opts)
     written = []
     write = loop.write_checkpoint

@@ -41,6 +41,10 @@ LOG_PRIOR = LOG_Z  # the uniform prior's log density inside the box
 CHAINS = 8
 SYSTEMS = 32
 ITERATIONS = 2000
+#: iterations of a warm-up run before the timed run, every tool alike: 0 (the default): one
+#: run per process, so that whole processes compare the same work (TFP's process used to run
+#: its whole 2000-step program twice, a warm-up execution and the timed one, nrpt's 20 + 2000)
+WARMUP = 0
 BETA_MIN = 1e-3
 SCALE_AT_ONE = 0.35
 SCALE_CAP = 12.0
@@ -193,15 +197,18 @@ def ensemble_args(description: str, argv=None) -> argparse.Namespace:
                     help="walkers per temperature (32: 256 replicas, like 32 systems x 8)")
     ap.add_argument("--chains", type=int, default=CHAINS)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=WARMUP,
+                    help="iterations of a warm-up run before the timed one (0: none)")
     return ap.parse_args(argv)
 
 
 def warm_then_time(run, args):
-    """``run(args, iterations, seed)`` once short (warm-up, another seed), then timed:
-    ``(result, warm-up s, wall s, cpu s)``."""
+    """``run(args, iterations, seed)`` timed, after a warm-up run of ``args.warmup``
+    iterations with another seed when that is > 0 (default :data:`WARMUP` = 0: one run per
+    process): ``(result, warm-up s, wall s, cpu s)``."""
     t0 = time.perf_counter()
-    run(args, args.warmup, args.seed + 10**6)
+    if args.warmup > 0:
+        run(args, args.warmup, args.seed + 10**6)
     warm = time.perf_counter() - t0
     t0, c0 = time.perf_counter(), time.process_time()
     result = run(args, args.iterations, args.seed)

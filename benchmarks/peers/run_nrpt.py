@@ -3,7 +3,8 @@
 Variants, through the public API ``nrpt.sample``:
 
 * ``fixed``: the protocol's ladder (8 geometric betas from 1 to 1e-3), RWMH with the protocol's
-  per-slot scales, DEO swaps, ``iterations`` iterations;
+  per-slot scales, DEO swaps, ``iterations`` iterations, nrpt's defaults otherwise (so eager
+  chunks, ``fuse = "auto"``; the runner forced the plain loop until issue 24);
 * ``compiled``: ``fixed`` with the RWMH step compiled (``compile = true``);
 * ``fused``: ``fixed`` with chunks of 8 whole iterations as one compiled graph
   (``fuse = true``, ``compile = true``; :mod:`nrpt.core.fused`); ``fused-eager``: the same chunks
@@ -58,8 +59,9 @@ def run(args, iterations: int, seed: int, ticks: list | None = None):
     (every 256 iterations), from which the steady per-iteration cost is read."""
     opts = dict(chains=args.chains, systems=args.systems, explorer="rwmh", scheme="deo",
                 betas=betas_for(args), step_size=protocol.scales(args.chains), seed=seed,
-                figures=False, compile=args.variant in ("compiled", "fused"),
-                fuse=args.variant in ("fused", "fused-eager"))
+                figures=False, compile=args.variant in ("compiled", "fused"))
+    if args.variant in ("fused", "fused-eager"):  # (else nrpt's default, fuse = "auto")
+        opts["fuse"] = True
     if ticks is not None:
         opts["callback"] = lambda eng: ticks.append((eng.k, time.perf_counter()))
     if args.variant == "adaptive":
@@ -79,16 +81,19 @@ def main(argv=None) -> None:
     ap.add_argument("--systems", type=int, default=protocol.SYSTEMS)
     ap.add_argument("--chains", type=int, default=protocol.CHAINS)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=20, help="iterations of the warm-up run")
+    ap.add_argument("--warmup", type=int, default=protocol.WARMUP,
+                    help="iterations of a warm-up run before the timed one (default 0: one run "
+                         "per process, as every peer runner)")
     ap.add_argument("--zero-end", action="store_true",
                     help="end the ladder at beta = 0 (for an nrpt without beta_min > 0)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
 
     t0 = time.perf_counter()
-    warm_variant = args.variant if args.variant != "adaptive" else "fixed"
-    run(argparse.Namespace(**{**vars(args), "variant": warm_variant}), args.warmup,
-        args.seed + 10**6)
+    if args.warmup > 0:
+        warm_variant = args.variant if args.variant != "adaptive" else "fixed"
+        run(argparse.Namespace(**{**vars(args), "variant": warm_variant}), args.warmup,
+            args.seed + 10**6)
     warm = time.perf_counter() - t0
 
     ticks: list = []

@@ -68,7 +68,8 @@ class ReplicaState:
         """Take ``other`` where ``mask[R, P]`` is true (extras of ``self`` kept if absent)."""
 
         def pick(a, b):
-            m = mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim()))
+            m = mask if a.dim() == mask.dim() else \
+                mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim()))
             return torch.where(m, b, a)
 
         extras = {k: pick(v, other.extras[k]) if k in other.extras else v
@@ -105,6 +106,8 @@ class Density:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(v, base)``, each of shape ``x.shape[:-1]``; no gradients."""
+        if not torch.is_grad_enabled():  # (inference mode, the loop's usual state)
+            return self.path.components(self.target, x)
         with torch.no_grad():
             return self.path.components(self.target, x)
 
@@ -274,7 +277,7 @@ def swap_log_ratio(
     give ``-inf`` (the swap is rejected), never NaN.
     """
     out = (b_lo - b_hi) * (v_lo - v_hi)
-    return torch.where(torch.isnan(out), torch.full_like(out, -math.inf), out)
+    return torch.nan_to_num(out, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
 
 class Path:

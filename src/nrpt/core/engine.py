@@ -31,7 +31,7 @@ from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
 __all__ = ["PTEngine", "explore", "slot_metric", "check_metric", "slot_stats", "sweep_exchange",
-           "slot_order", "refresh_top"]
+           "swap_source", "slot_order", "refresh_top"]
 
 
 def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
@@ -85,33 +85,67 @@ def check_metric(metric, R: int, P: int, dim: int, dtype, device) -> torch.Tenso
 def slot_stats(accept: torch.Tensor, nonfinite: torch.Tensor, explored_at: torch.Tensor,
                n_explore: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-slot explorer statistics ``(mean acceptance, non-finite count)`` ``[R, P]``, at
-    the slots where the moves were made (``explored_at``: slot -> replica during them)."""
-    by_slot = accept.gather(1, explored_at)
+    the slots where the moves were made (``explored_at``: slot -> replica during them); also
+    of a block of iterations at once (each ``[U, R, P]``)."""
+    by_slot = accept.gather(-1, explored_at)
     if n_explore > 1:
         by_slot = by_slot / n_explore
-    return by_slot, nonfinite.gather(1, explored_at)
+    return by_slot, nonfinite.gather(-1, explored_at)
+
+
+#: up to this many slots on the CPU, :func:`swap_source` makes the permutation with one integer
+#: matrix product (one op instead of four)
+SHIFT_MATRIX_MAX = 64
+_SHIFT: dict[tuple, torch.Tensor] = {}
+
+
+def _shift_matrix(P: int, device) -> torch.Tensor:
+    """``D[P-1, P]`` with ``D[p, p] = 1``, ``D[p, p+1] = -1`` (long; made once per shape)."""
+    key = (P, str(device))
+    got = _SHIFT.get(key)
+    if got is None:
+        with torch.inference_mode(False):  # a cache outlives the run: never inference tensors
+            p = torch.arange(P - 1, device=device)
+            got = torch.zeros(P - 1, P, dtype=torch.long, device=device)
+            got[p, p], got[p, p + 1] = 1, -1
+            _SHIFT[key] = got
+    return got
+
+
+def swap_source(accepted: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``src[R, P]``: the slot whose replica slot ``p`` takes after the swaps ``accepted[R,
+    P-1]`` of disjoint adjacent pairs: ``p + 1`` if pair ``(p, p + 1)`` swapped, ``p - 1`` if
+    pair ``(p - 1, p)`` did, else ``p`` (``ids``: ``arange(P)`` as ``[R, P]``).  Integer ops, so
+    both ways of making it (a product with :func:`_shift_matrix` on the CPU up to
+    :data:`SHIFT_MATRIX_MAX` slots, else the difference of the padded verdicts) give the same
+    numbers."""
+    P = ids.shape[-1]
+    if accepted.device.type == "cpu" and P <= SHIFT_MATRIX_MAX and \
+            not torch.compiler.is_compiling():  # (eager: a compiled chunk fuses the other)
+        return torch.addmm(ids, accepted.long(), _shift_matrix(P, accepted.device))
+    return ids + torch.nn.functional.pad(accepted.long(), (1, 1)).diff(dim=1)
 
 
 def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
                    schedule: torch.Tensor, params: dict, active: torch.Tensor, uniforms, k: int,
-                   lo: torch.Tensor, hi: torch.Tensor, ids: torch.Tensor | None = None):
+                   lo: torch.Tensor, hi: torch.Tensor, ids: torch.Tensor | None = None,
+                   b_pairs: tuple[torch.Tensor, torch.Tensor] | None = None):
     """One phase over all ``P - 1`` adjacent pairs in slot order (DEO, DEO_W, SEO): the rule's
     verdicts from the energies ``v[R, P]`` (replica order) put in slot order, the swaps of the
     ``active`` pairs made on the permutation.  Returns ``(replica_at, slot_of, decision,
     accepted, prob)``; pure (the engine and the fused loop, :mod:`nrpt.core.fused`, both call it).
-    ``uniforms``: the pairs' uniforms ``[R, P-1]`` or a function drawing them."""
+    ``uniforms``: the pairs' uniforms ``[R, P-1]`` or a function drawing them; ``ids``:
+    ``arange(P)`` as ``[R, P]``, ``b_pairs``: ``(schedule[:, :-1], schedule[:, 1:])``, if the
+    caller keeps them."""
     v_at = v.gather(1, replica_at)
-    ctx = SwapContext(b_lo=schedule[:, :-1], b_hi=schedule[:, 1:], v_lo=v_at[:, :-1],
-                      v_hi=v_at[:, 1:], uniform_or_draw=uniforms, iteration=k, lo=lo, hi=hi,
-                      params=params)
+    b_lo, b_hi = (schedule[:, :-1], schedule[:, 1:]) if b_pairs is None else b_pairs
+    ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_at[:, :-1], v_hi=v_at[:, 1:],
+                      uniform_or_draw=uniforms, iteration=k, lo=lo, hi=hi, params=params)
     decision, prob = rule.decide(ctx)
     accepted = decision & active
-    # slot p takes the replica of p + 1 if pair (p, p + 1) swapped, of p - 1 if pair (p - 1, p)
-    # did (pairs of a phase are disjoint), else keeps its own
-    no = torch.zeros_like(accepted[:, :1])
-    up, down = torch.cat([accepted, no], 1), torch.cat([no, accepted], 1)
-    replica_at = torch.where(up, replica_at.roll(-1, 1),
-                             torch.where(down, replica_at.roll(1, 1), replica_at))
+    if ids is None:
+        ids = torch.arange(replica_at.shape[1], device=replica_at.device).expand_as(replica_at)
+    replica_at = replica_at.gather(1, swap_source(accepted, ids))
     return replica_at, slot_order(replica_at, ids), decision, accepted, prob
 
 

@@ -45,11 +45,11 @@ from nrpt.explorers.compiled import (
     compilable,
     make_draw,
 )
-from nrpt.rng import Stream, iteration_uniform
+from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from nrpt.swap.schemes import Scheme, adjacent_pairs
 
-__all__ = ["Fused", "why_not", "auto", "UNROLL", "RULES"]
+__all__ = ["Fused", "why_not", "auto", "auto_unroll", "UNROLL", "RULES"]
 
 #: iterations per chunk (the contracts' block length)
 UNROLL = BLOCK
@@ -61,6 +61,13 @@ _ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
                              else {})
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
+#: ``fuse = "auto"``'s eager chunks: up to this many iterations, while the chunk's draws of one
+#: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`)
+AUTO_MAX = 64
+AUTO_ELEMENTS = 1 << 16
+#: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
+#: watched slots' positions once, from its stacked states, rather than every iteration
+BLOCK_GATHER = 1 << 14
 
 
 def _explorer(engine: PTEngine):
@@ -105,6 +112,18 @@ def auto(run, compile: bool = False) -> bool:
                for r in run.recorders.values())
 
 
+def auto_unroll(engine) -> int:
+    """The chunk length of ``fuse = "auto"``'s eager chunks: the largest power of two in
+    ``[UNROLL, AUTO_MAX]`` whose chunk draws at most :data:`AUTO_ELEMENTS` numbers of a kind
+    (64 for small states: the per-chunk work of the inputs and the recorders' block forms is
+    spread over more iterations; 8 from ``R P dim > 1024``).  Eager chunks of any length give
+    the plain loop's numbers, so this changes no draw."""
+    U, size = UNROLL, engine.R * engine.P * engine.dim
+    while U * 2 <= AUTO_MAX and U * 2 * size <= AUTO_ELEMENTS:
+        U *= 2
+    return U
+
+
 def _own_block(recorder) -> bool:
     from nrpt.roles import RecorderBase
 
@@ -114,15 +133,21 @@ def _own_block(recorder) -> bool:
 class Fused:
     """Runs chunks of ``unroll`` iterations of ``run`` (a :class:`nrpt.core.loop.Run` that
     :func:`why_not` accepts); ``compile``: as one ``torch.compile`` graph (falls back to the
-    eager chunk with a :class:`~nrpt.explorers.compiled.CompileWarning`)."""
+    eager chunk with a :class:`~nrpt.explorers.compiled.CompileWarning`).  ``ragged`` (eager
+    only; ``fuse = "auto"``): chunks of any length up to ``unroll``, ending at the next multiple
+    of ``unroll``, the segment's end or a boundary, so that no iteration runs as a plain step
+    around them (an eager chunk's numbers do not depend on where it starts)."""
 
-    def __init__(self, run, unroll: int = UNROLL, compile: bool = False):
+    def __init__(self, run, unroll: int = UNROLL, compile: bool = False, ragged: bool = False):
         reason = why_not(run)
         if reason is not None:
             raise ValueError(f"this run cannot be fused: {reason}")
         if isinstance(unroll, bool) or int(unroll) != unroll or unroll < 1:
             raise ValueError(f"unroll must be an integer >= 1; got {unroll!r}")
         self.unroll, self.compile = int(unroll), bool(compile)
+        if ragged and self.compile:
+            raise ValueError("ragged chunks are eager only (a compiled chunk has one length)")
+        self.ragged = bool(ragged)
         eng = run.engine
         self.engine, self.explorer = eng, _explorer(eng)
         self.online = [a for a in run.adaptors if _online(a)]
@@ -152,11 +177,19 @@ class Fused:
         starts at a multiple of ``unroll``, ends by ``end``, and no iteration inside it ends
         at a multiple of a ``boundaries`` entry (checkpoints, callbacks)."""
         U = self.unroll
-        if k % U or k + U > end:
-            return 0
-        for every in boundaries:
-            if every and (k // every) != ((k + U - 1) // every):
+        if self.ragged:  # up to the next multiple of U, the end, the next boundary
+            U = min(U - k % U, end - k)
+            for every in boundaries:
+                if every:
+                    U = min(U, every - k % every)
+            if U < 1:
                 return 0
+        elif k % U or k + U > end:
+            return 0
+        else:
+            for every in boundaries:
+                if every and (k // every) != ((k + U - 1) // every):
+                    return 0
         if self.plan is None:
             self._record_plan()
         return U if self.plan is not None else 0
@@ -180,9 +213,15 @@ class Fused:
         adaptors' block inputs, the reference rows."""
         eng = self.engine
         R, P, dev, dt = eng.R, eng.P, eng.device, eng.dtype
-        noise = Noise(eng.seed, k0, R, P, dev, count=U)  # every draw [U, ...]
-        inp = {"draws": [make_draw(noise, call) for call in self.plan or ()],
-               "scheme": eng.scheme.block_inputs(k0, U, R, eng.seed, dev)}
+        if not self.compile and block_length(R * P * eng.dim) < U:
+            # eager, a large state: each iteration's draws as they are made (stacking them
+            # would copy every state-sized draw once more: the draws are not in one block)
+            its = [Noise(eng.seed, k0 + u, R, P, dev) for u in range(U)]
+            draws = [[make_draw(n, call) for n in its] for call in self.plan or ()]
+        else:
+            noise = Noise(eng.seed, k0, R, P, dev, count=U)  # every draw [U, ...]
+            draws = [make_draw(noise, call) for call in self.plan or ()]
+        inp = {"draws": draws, "scheme": eng.scheme.block_inputs(k0, U, R, eng.seed, dev)}
         if self._reads_uniforms is None:
             self._reads_uniforms = _reads_uniforms(eng)
         if self._reads_uniforms:
@@ -235,14 +274,26 @@ class Fused:
         n_explore = eng.n_explore
         pairs = adjacent_pairs(eng.R, P, eng.device)
         lo, hi = pairs[0], pairs[1]
+        with torch.inference_mode(False):  # (a constant of the chunk: an ordinary tensor)
+            ids = torch.arange(P, device=eng.device).expand(eng.R, P)
         has_ref, watched = eng.path.has_reference, list(eng.watched)
+        # Per-block work where no adaptor reads the iteration: the per-slot explorer
+        # statistics gathered once per chunk, and on small states the watched positions too
+        # (the chunk's states stacked: at most BLOCK_GATHER numbers); the same gathers of the
+        # same numbers as per iteration.
+        late_stats = not online
+        late_x = bool(watched) and U * eng.R * P * eng.dim <= BLOCK_GATHER
+        if watched:
+            with torch.inference_mode(False):
+                watched_t = torch.tensor(watched, device=eng.device)
 
-        def iteration(c: dict, inp: dict, u: int) -> tuple[dict, dict]:
-            """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs."""
+        def iteration(c: dict, inp: dict, u: int, draws, uniforms) -> tuple[dict, dict]:
+            """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
+            (``draws``, ``uniforms``: the chunk's inputs split by iteration)."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
             b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
             m = slot_metric(c["metric"], c["slot_of"]) if "metric" in c else None
-            noise = ReplayNoise([d[u] for d in inp["draws"]])
+            noise = ReplayNoise([d[u] for d in draws])
             state, accept, nonfinite = explore(explorer, state, b, h, density, noise, n_explore,
                                                m)
             explored_at = c["replica_at"]
@@ -252,35 +303,43 @@ class Fused:
                                      {n: t[u] for n, t in ref.extras.items()})
                 state = refresh_top(state, c["slot_of"], fresh, P - 1)
             active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
-            uniforms = inp["uniforms"][u] if "uniforms" in inp else _no_uniforms
             # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
             # iteration number would make every chunk a graph of its own)
             params = dict(c["params"])
             replica_at, slot_of, decision, accepted, prob = sweep_exchange(
-                rule, state.v, c["replica_at"], c["schedule"], params, active, uniforms, 0, lo,
-                hi)
-            by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
-            it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
-                           schedule=c["schedule"], step_size=c["step_size"], params=params,
-                           explore_accept=by_slot, nonfinite=nonfinite,
-                           decisions=[PhaseDecision(lo, hi, active, decision, accepted, prob)],
-                           has_reference=has_ref)
+                rule, state.v, c["replica_at"], c["schedule"], params, active,
+                _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids,
+                c.get("b_pairs"))
             schedule, step_size = c["schedule"], c["step_size"]
-            for j, a in enumerate(online):  # (k is not read: the gain comes in)
-                upd = a.observe_block(it, inp["gains"][j, u])
-                schedule = upd.schedule if upd.schedule is not None else schedule
-                step_size = upd.step_size if upd.step_size is not None else step_size
-                params.update(upd.params)  # (the view reads the live dict, as it.params)
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
-                   "step_size": c["step_size"], "accept": by_slot, "nonfinite": nonfinite,
-                   "active": active, "decision": decision, "accepted": accepted, "prob": prob,
-                   "params": dict(params)}
-            if watched:
-                rep = replica_at[:, watched]
+                   "step_size": c["step_size"], "active": active, "decision": decision,
+                   "accepted": accepted, "prob": prob}
+            if late_stats:  # (gathered per chunk, in body)
+                out["accept"], out["nonfinite"] = accept, nonfinite
+            else:
+                by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
+                out["accept"], out["nonfinite"] = by_slot, nonfinite
+                it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
+                               schedule=c["schedule"], step_size=c["step_size"], params=params,
+                               explore_accept=by_slot, nonfinite=nonfinite,
+                               decisions=[PhaseDecision(lo, hi, active, decision, accepted,
+                                                        prob)],
+                               has_reference=has_ref)
+                for j, a in enumerate(online):  # (k is not read: the gain comes in)
+                    upd = a.observe_block(it, inp["gains"][j, u])
+                    schedule = upd.schedule if upd.schedule is not None else schedule
+                    step_size = upd.step_size if upd.step_size is not None else step_size
+                    params.update(upd.params)  # (the view reads the live dict, as it.params)
+            out["params"] = dict(params)
+            if late_x:  # (gathered per chunk, in body)
+                out["x"] = state.x
+            elif watched:
+                rep = replica_at.index_select(1, watched_t)
                 out["slot_x"] = state.x.gather(1, rep[..., None].expand(*rep.shape,
                                                                         state.x.shape[-1]))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
+                   **({"b_pairs": c["b_pairs"]} if "b_pairs" in c else {}),
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
                    "step_size": step_size, "params": params,
                    "scheme": scheme.block_after(sch, accepted),
@@ -289,12 +348,38 @@ class Fused:
 
         def body(carry, inp):
             outs = []
+            first_at = carry["replica_at"]
+            if late_stats:  # (no adaptor: the schedule is the chunk's own; its pairs' sides)
+                sch = carry["schedule"]
+                carry = {**carry, "b_pairs": (sch[:, :-1], sch[:, 1:])}
+            # (one op a draw, not one a step; a list: already one tensor an iteration)
+            draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
             for u in range(U):
-                carry, out = iteration(carry, inp, u)
+                carry, out = iteration(carry, inp, u, draws, uniforms)
                 outs.append(out)
-            stacked = {n: torch.stack([o[n] for o in outs]) for n in outs[0] if n != "params"}
+            stacked = {}
+            for n in outs[0]:
+                if n == "params":
+                    continue
+                t0 = outs[0][n]
+                if all(o[n] is t0 for o in outs):  # (a table no adaptor changed)
+                    stacked[n] = t0.expand(U, *t0.shape)
+                else:
+                    stacked[n] = torch.stack([o[n] for o in outs])
             stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
                                  for n in outs[0]["params"]}
+            carry.pop("b_pairs", None)
+            if late_stats:
+                # slot -> replica during each iteration's moves: the one before its swaps
+                at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
+                stacked["accept"], stacked["nonfinite"] = slot_stats(
+                    stacked["accept"], stacked["nonfinite"], at, n_explore)
+            if late_x:
+                xs = stacked.pop("x")  # [U, R, P, dim]
+                rep = stacked["replica_at"].index_select(2, watched_t)  # [U, R, S]
+                stacked["slot_x"] = xs.gather(2, rep[..., None].expand(*rep.shape,
+                                                                       xs.shape[-1]))
             return carry, stacked
 
         return body

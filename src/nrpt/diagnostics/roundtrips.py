@@ -39,6 +39,12 @@ DOWN_DONE = 2
 #: the most elements of the per-block transition tables of
 #: :meth:`RoundTripTracker.update_block` (``12 R P`` per iteration)
 _BLOCK_ELEMENTS = 1 << 16
+#: above this many replicas ``R P``, :meth:`RoundTripTracker.update_block` updates iteration by
+#: iteration: the tables' work (12 states, a prefix scan) grows with ``R P`` while the
+#: per-iteration update's ~20 small ops cost about the same whatever it is (CPU, one thread,
+#: us per iteration, table / per iteration: R P = 16: 8 / 53, 64: 35 / 53, 128: 80 / 55,
+#: 256: 119 / 58, 1024: 434 / 69)
+TABLE_MAX_REPLICAS = 96
 
 _STATE_KEYS = (
     "phase",
@@ -150,7 +156,7 @@ class RoundTripTracker:
                              f"{tuple(S.shape)}")
         R, P = self._shape
         step = max(1, min(64, _BLOCK_ELEMENTS // (12 * R * P)))
-        if step < 4:  # (large states: the per-iteration update is as cheap per element)
+        if step < 4 or R * P > TABLE_MAX_REPLICAS:  # (the per-iteration update is cheaper)
             for u in range(S.shape[0]):
                 self.update(S[u])
             return

@@ -54,6 +54,12 @@ class Estimate:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype`` (converted only when it differs: a no-op ``.to`` costs as much as a
+    small op, and this runs every step)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _analytic(target):
     """A closed-form ``(U, ∇U)`` for ``x[..., dim]``: from the target's
     ``energy_and_grad(x[n, dim]) -> ([n], [n, dim])`` if it has one, else from ``energy`` and
@@ -65,7 +71,7 @@ def _analytic(target):
 
         def fn_fused(x):
             u, g = fused(x.reshape(-1, x.shape[-1]))
-            return u.to(x.dtype).reshape(x.shape[:-1]), g.to(x.dtype).reshape(x.shape)
+            return _as(u, x.dtype).reshape(x.shape[:-1]), _as(g, x.dtype).reshape(x.shape)
         return fn_fused
     if caps.has("grad_energy"):
         grad = target.grad_energy
@@ -167,10 +173,16 @@ class NoisyOracle(EnergyEstimator):
             g = g + g_sd[..., None] * z[..., 1:]
         return Estimate(u, g, (e_sd * e_sd).expand_as(u).clone())
 
-    @staticmethod
-    def _per_system(sd, u):
-        if isinstance(sd, float):
+    def _per_system(self, sd, u):
+        if isinstance(sd, float) and torch.compiler.is_compiling():
             return torch.full((1,) * u.dim(), sd, dtype=u.dtype, device=u.device)
+        if isinstance(sd, float):  # (one 1-element tensor per kind of u, made once, eager)
+            key = (sd, u.dim(), u.dtype, u.device, torch.is_inference_mode_enabled())
+            cache = self.__dict__.setdefault("_sd_cache", {})
+            t = cache.get(key)
+            if t is None:
+                t = cache[key] = torch.full((1,) * u.dim(), sd, dtype=u.dtype, device=u.device)
+            return t
         if u.dim() < 1 or sd.numel() != u.shape[0]:
             raise ValueError(f"{sd.numel()} per-system noise sds for {u.shape[0]} systems")
         return sd.to(u.dtype).to(u.device).reshape(-1, *([1] * (u.dim() - 1)))

@@ -44,8 +44,10 @@ def metropolis_select(
     """Accept ``proposal`` where log u < log alpha.  A proposal that is not ``proposal_ok``
     (non-finite density or gradient) is rejected and flagged; a current state with density 0
     (log density -inf) accepts any finite proposal."""
-    log_alpha = torch.where(proposal_ok & ~torch.isnan(log_alpha), log_alpha,
-                            torch.full_like(log_alpha, -math.inf))
+    # (-inf where not ok or NaN: nan_to_num leaves the infinities as they are)
+    log_alpha = torch.where(proposal_ok, torch.nan_to_num(log_alpha, nan=-math.inf,
+                                                          posinf=math.inf, neginf=-math.inf),
+                            -math.inf)
     u = noise.uniform(sub, log_alpha.dtype)
     accepted = torch.log(u) < log_alpha
     prob = torch.exp(torch.clamp(log_alpha, max=0.0))

@@ -51,7 +51,9 @@ def flat_call(fn, x: torch.Tensor, what: str) -> torch.Tensor:
             f"target.{what}(x) must return shape [n] = [{flat.shape[0]}] for x of shape "
             f"{list(flat.shape)}; got {shape}"
         )
-    return out.to(x.dtype).reshape(lead)
+    if out.dtype != x.dtype:  # (a no-op .to costs as much as a small op)
+        out = out.to(x.dtype)
+    return out.reshape(lead)
 
 
 class TemperatureLadder(Path):

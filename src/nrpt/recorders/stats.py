@@ -187,12 +187,28 @@ class RoundTrips(RecorderBase):
 
     name = "round_trips"
 
+    #: iterations of index rows a chunked run hands over before the tracker advances (one
+    #: prefix scan per :data:`PENDING` iterations instead of one per chunk)
+    PENDING = 64
+
     def __init__(self, slot_of: torch.Tensor, P: int):
         self.tracker = RoundTripTracker(slot_of, P)
         self.R = slot_of.shape[0]
+        #: the index rows ``[U, R, P]`` of chunks not yet given to the tracker, and their count
+        self._pending: list[torch.Tensor] = []
+        self._n_pending = 0
         self.start_segment(True)
 
+    def _flush(self) -> None:
+        """Advance the tracker over the pending rows (the same counts and state as advancing it
+        chunk by chunk, or iteration by iteration: :meth:`RoundTripTracker.update_block`)."""
+        if self._pending:
+            rows = self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
+            self._pending, self._n_pending = [], 0
+            self.tracker.update_block(rows)
+
     def _counts(self) -> dict[str, torch.Tensor]:
+        self._flush()
         t = self.tracker
         return {"restarts": t.restarts.clone(), "round_trips": t.round_trips.clone(),
                 "round_trips_a5": t.round_trips_a5.clone()}
@@ -203,12 +219,18 @@ class RoundTrips(RecorderBase):
             self.n = 0
 
     def record(self, it: Iteration) -> None:
+        self._flush()
         self.tracker.update(it.slot_of)
         self.n += 1
 
     def record_block(self, block: IterationBlock) -> None:
-        self.tracker.update_block(block.slot_of)  # (= U updates, in a few ops per block)
+        # (= U updates, in a few ops per PENDING iterations; a copy: the block's tensors are
+        # the caller's, which may reuse them)
+        self._pending.append(block.slot_of.clone())
+        self._n_pending += block.U
         self.n += block.U
+        if self._n_pending >= self.PENDING:
+            self._flush()
 
     def counts(self) -> dict[str, torch.Tensor]:
         """Counts per system since the last reset."""
@@ -232,12 +254,15 @@ class RoundTrips(RecorderBase):
 
     def follow_ladder(self, m) -> None:
         """The ladder grew: the tracker follows (its counts per system are kept)."""
+        self._flush()
         self.tracker.grow(m.primary, m.added)
 
     def state_dict(self) -> dict:
+        self._flush()
         return {"tracker": self.tracker.state_dict(), "base": self.base, "n": self.n}
 
     def load_state_dict(self, sd: dict) -> None:
+        self._pending, self._n_pending = [], 0
         self.tracker.load_state_dict(sd["tracker"])
         self.base, self.n = sd["base"], int(sd["n"])
 

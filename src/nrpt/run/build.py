@@ -587,10 +587,10 @@ def _fuse(run: Run, cfg) -> None:
     """Chunks of iterations at once (:mod:`nrpt.core.fused`): ``auto`` where they run eagerly
     with the plain loop's numbers; ``true`` (compiled with ``compile = true``) or refused."""
     if cfg.fuse == "auto":
-        from nrpt.core.fused import UNROLL, Fused, auto
+        from nrpt.core.fused import Fused, auto, auto_unroll
 
         if auto(run, compile=bool(cfg.compile)):
-            run.fused = Fused(run, unroll=UNROLL, compile=False)
+            run.fused = Fused(run, unroll=auto_unroll(run.engine), compile=False, ragged=True)
     elif cfg.fuse:
         from nrpt.core.fused import UNROLL, Fused, why_not
 
