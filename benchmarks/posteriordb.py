@@ -83,6 +83,15 @@ PRIORITY = (
     "gp_pois_regr-gp_pois_regr",
     "diamonds-diamonds",
 )
+#: issue 25's multimodal posteriors, where nrpt should be ahead of NUTS (with every posterior
+#: whose posteriordb keywords say "multimodal")
+MULTIMODAL = (
+    "bball_drive_event_0-hmm_drive_0",
+    "bball_drive_event_1-hmm_drive_1",
+    "low_dim_gauss_mix-low_dim_gauss_mix",
+)
+#: the second normalised reference of ``--log-z-check`` (the default run uses "gaussian")
+LOG_Z_CHECK_REFERENCE = "gaussian-fixed"
 #: ``--quick``: small, fast posteriors (d <= 10, small data)
 QUICK = (
     "eight_schools-eight_schools_noncentered",
@@ -526,6 +535,111 @@ def run_posterior(post: Posterior, *, seeds: list[int], systems: int, budget_s: 
     return record
 
 
+def run_log_z_check(post: Posterior, *, seeds: list[int], systems: int, budget_s: float,
+                    options: dict, reference: str = LOG_Z_CHECK_REFERENCE,
+                    target_factory=make_target, log=print) -> dict:
+    """nrpt with a second normalised reference (``reference``, by default the fixed broad
+    Gaussian) for each seed: an independent estimate of the same log Z as the default run's
+    (both references are normalised, so both estimate log Z of Stan's density on the
+    unconstrained space); each run scored against the reference draws like the default one."""
+    reference_draws, ref_ess = post.reference(), post.reference_ess()
+    target, _ = target_factory(post)
+    runs = []
+    for seed in seeds:
+        r = _scored(run_nrpt(target, seed=seed, systems=systems, budget_s=budget_s,
+                             options={**options, "reference": reference}),
+                    seed, reference_draws, ref_ess)
+        runs.append(r)
+        log(f"    nrpt reference={reference} seed {seed}: {_verdict(r)}, log Z "
+            f"{_log_z_of(r)[0]:.3f} +- {_log_z_of(r)[1]:.3f}")
+    return {"reference": reference, "runs": runs}
+
+
+def _log_z_of(run: dict) -> tuple[float, float, float]:
+    """(mean of the systems' log Z, its reported error sqrt(sum se_i^2) / R, the sd of the
+    systems' estimates over the rms of their reported errors: about 1 when the reported errors
+    are honest)."""
+    lz = np.asarray([_num(v) for v in run.get("log_z", [])], dtype=np.float64)
+    se = np.asarray([_num(v) for v in run.get("log_z_se", [])], dtype=np.float64)
+    if lz.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(np.mean(lz))
+    err = float(np.sqrt(np.sum(se ** 2)) / lz.size) if se.size == lz.size else math.nan
+    spread = (float(np.std(lz, ddof=1) / np.sqrt(np.mean(se ** 2)))
+              if lz.size > 1 and se.size == lz.size and np.all(se > 0) else math.nan)
+    return mean, err, spread
+
+
+def _z(a: tuple, b: tuple) -> float:
+    """z of the difference of two (estimate, error) pairs."""
+    den = math.hypot(a[1], b[1])
+    return (a[0] - b[0]) / den if den > 0 else (0.0 if a[0] == b[0] else math.inf)
+
+
+def log_z_agreement(rec: dict) -> dict[str, Any] | None:
+    """Does log Z agree between the two references and between seeds within the reported
+    error?  From the default run (``rec["nrpt"]``, reference "gaussian") and the
+    ``--log-z-check`` run (``rec["log_z_check"]``): per reference, per seed (estimate, error);
+    max |z| between seeds for each reference, max |z| between the references over the seeds
+    they share, the largest systems-spread / reported-error ratio; ``agree`` when every |z|
+    <= :data:`MAX_ABS_Z`.  None when the posterior has no check run."""
+    check = rec.get("log_z_check")
+    if not check or not check.get("runs"):
+        return None
+    if any(r.get("log_z_kind") not in (None, "log Z")
+           for r in rec.get("nrpt", []) + check["runs"]):
+        return {"note": "a log Z ratio (not a normalised reference): not comparable"}
+    sides = {"gaussian": {r["seed"]: _log_z_of(r) for r in rec.get("nrpt", [])},
+             check["reference"]: {r["seed"]: _log_z_of(r) for r in check["runs"]}}
+    out: dict[str, Any] = {"references": list(sides), "estimates": sides}
+
+    def max_abs(zs):
+        zs = [abs(z) for z in zs if not math.isnan(z)]
+        return max(zs) if zs else math.nan
+
+    for ref, per in sides.items():
+        seeds = sorted(per)
+        out[f"z_seeds[{ref}]"] = max_abs(_z(per[a], per[b]) for i, a in enumerate(seeds)
+                                         for b in seeds[i + 1:])
+    a, b = sides.values()
+    out["z_references"] = max_abs(_z(a[s], b[s]) for s in a if s in b)
+    out["spread_ratio"] = max_abs(v[2] for per in sides.values() for v in per.values())
+    zs = [v for k, v in out.items() if k.startswith("z_")]
+    out["agree"] = bool(all(not math.isnan(z) and z <= MAX_ABS_Z for z in zs))
+    return out
+
+
+def log_z_table(results: dict) -> str:
+    """The log Z agreement table over the posteriors that have a ``--log-z-check`` run."""
+    rows = []
+    for name, rec in results.get("posteriors", {}).items():
+        agr = log_z_agreement(rec)
+        if agr is None:
+            continue
+        if "note" in agr:
+            rows.append(f"| {name} | {agr['note']} |" + " |" * 6)
+            continue
+        ref_a, ref_b = agr["references"]
+
+        def cell(ref, agr=agr):
+            per = agr["estimates"][ref]
+            return "; ".join(f"{per[s][0]:.2f} ± {per[s][1]:.2f}" for s in sorted(per))
+
+        rows.append(f"| {name} | {cell(ref_a)} | {cell(ref_b)} | "
+                    f"{_f(agr[f'z_seeds[{ref_a}]'])} | {_f(agr[f'z_seeds[{ref_b}]'])} | "
+                    f"{_f(agr['z_references'])} | {_f(agr['spread_ratio'])} | "
+                    f"{'yes' if agr['agree'] else '**no**'} |")
+    if not rows:
+        return ""
+    check = next(r["log_z_check"]["reference"] for r in results["posteriors"].values()
+                 if r.get("log_z_check"))
+    head = (f"| posterior | log Z, gaussian (seeds) | log Z, {check} (seeds) | "
+            f"max \\|z\\| seeds, gaussian | max \\|z\\| seeds, {check} | "
+            "max \\|z\\| references | systems sd / reported se | agree |\n"
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    return "\n".join([head, *rows])
+
+
 # --------------------------------------------------------------------------------------------
 # the JSON and the table
 # --------------------------------------------------------------------------------------------
@@ -630,19 +744,60 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def _multimodal(name: str, rec: dict) -> bool:
+    return name in MULTIMODAL or "multimodal" in (rec.get("keywords") or [])
+
+
 def goals(results: dict) -> list[str]:
-    """The issue's two headline goals, measured over the posteriors in ``results``."""
-    both = [(summarize(r["nrpt"]), summarize(r["nuts"]))
-            for r in results.get("posteriors", {}).values() if r.get("nrpt") and r.get("nuts")]
-    if not both:
-        return []
-    nuts_pass = [(a, b) for a, b in both if b["pass"]]
-    ratio = [a["ess_per_s"] / b["ess_per_s"] for a, b in both if b["ess_per_s"] > 0]
-    lines = [f"- nrpt passes {sum(a['pass'] for a, _ in nuts_pass)} of the {len(nuts_pass)} "
-             f"posteriors NUTS passes ({len(both)} run with both)."]
-    if ratio:
-        lines.append(f"- ESS/s of nrpt's slot 0 over NUTS's: median {np.median(ratio):.3f} "
-                     f"(range {min(ratio):.3f}–{max(ratio):.3f}; the goal is >= 0.5).")
+    """Issue 25's goals, measured over the posteriors in ``results``: nrpt passes what NUTS
+    passes (the exceptions named, and whether nrpt warned on each), median ESS/s ratio, the
+    multimodal posteriors, log Z agreement (where ``--log-z-check`` ran)."""
+    posts = results.get("posteriors", {})
+    both = {n: (summarize(r["nrpt"]), summarize(r["nuts"]))
+            for n, r in posts.items() if r.get("nrpt") and r.get("nuts")}
+    lines = []
+    if both:
+        nuts_pass = {n: ab for n, ab in both.items() if ab[1]["pass"]}
+        missed = [n for n, (a, _) in nuts_pass.items() if not a["pass"]]
+        lines.append(f"- nrpt passes {len(nuts_pass) - len(missed)} of the {len(nuts_pass)} "
+                     f"posteriors NUTS passes ({len(both)} run with both)"
+                     + (f"; not: {', '.join(missed)}." if missed else "."))
+        extra = [n for n, (a, b) in both.items() if a["pass"] and not b["pass"]]
+        if extra:
+            lines.append(f"- nrpt passes where NUTS does not: {', '.join(extra)}.")
+        ratio = {n: a["ess_per_s"] / b["ess_per_s"] for n, (a, b) in both.items()
+                 if b["ess_per_s"] > 0}
+        if ratio:
+            v = list(ratio.values())
+            lines.append(f"- ESS/s of nrpt's slot 0 over NUTS's: median {np.median(v):.3f} "
+                         f"(range {min(v):.3f}–{max(v):.3f}; nrpt ahead on {sum(x > 1 for x in v)}"
+                         f" of {len(v)}; the goal is >= 0.5).")
+        multi = [(n, a, b) for n, (a, b) in both.items() if _multimodal(n, posts[n])]
+        if multi:
+            parts = [f"{n}: nrpt {'pass' if a['pass'] else 'fail'} {a['ess_per_s']:.2f} vs NUTS "
+                     f"{'pass' if b['pass'] else 'fail'} {b['ess_per_s']:.2f} ESS/s"
+                     for n, a, b in multi]
+            ahead = sum(a["ess_per_s"] > b["ess_per_s"] for _, a, b in multi)
+            lines.append(f"- multimodal ({ahead} of {len(multi)} ahead of NUTS): "
+                         + "; ".join(parts) + ".")
+    fails = {n: summarize(r["nrpt"]) for n, r in posts.items() if r.get("nrpt")}
+    fails = {n: a for n, a in fails.items() if not a["pass"]}
+    if fails:
+        silent = [n for n, a in fails.items() if not a.get("warnings")]
+        lines.append(f"- nrpt's failures: {len(fails)}; "
+                     + (f"**without a warning**: {', '.join(silent)}." if silent
+                        else "every one warned (below)."))
+    errors = [n for n, r in posts.items() if r.get("error")]
+    if errors:
+        lines.append(f"- errors (no result): {', '.join(errors)}.")
+    checked = {n: log_z_agreement(r) for n, r in posts.items()}
+    checked = {n: a for n, a in checked.items() if a and "agree" in a}
+    if checked:
+        bad = [n for n, a in checked.items() if not a["agree"]]
+        lines.append(f"- log Z agrees between the two references and between seeds within "
+                     f"{MAX_ABS_Z:g} reported errors on {len(checked) - len(bad)} of "
+                     f"{len(checked)} posteriors checked" + (f"; not on: {', '.join(bad)}."
+                                                             if bad else "."))
     return lines
 
 
@@ -678,6 +833,19 @@ def write_markdown(results: dict, path: Path) -> None:
                   "log(Z(tau=1) / Z(tau_max)), not log Z itself) is comparable between seeds "
                   "and settings with the same ladder end, not with other methods; its spread "
                   f"over seeds is the point.  Kinds in this table: {', '.join(kinds)}.", ""]
+    lz = log_z_table(results)
+    if lz:
+        lines += ["## log Z: two normalised references and two seeds", "",
+                  "Both references are normalised Gaussians, so both runs estimate log Z of "
+                  "Stan's density (constants kept, with the Jacobian) on the unconstrained "
+                  "space: the default run (`reference=\"gaussian\"`, refitted between rounds) "
+                  "and `--log-z-check`'s (`reference=\"" + LOG_Z_CHECK_REFERENCE + "\"`, the "
+                  "broad initial Gaussian kept).  Per seed: the mean over systems ± its "
+                  "reported error (sqrt(sum se_i^2) / systems, nrpt's batch-means errors).  "
+                  "z of a difference = difference / the two errors in quadrature; agree = every "
+                  f"|z| <= {MAX_ABS_Z:g}.  \"systems sd / reported se\": the spread of the "
+                  "systems' estimates over their reported error (about 1 when the errors are "
+                  "honest; largest over references and seeds).", "", lz, ""]
     g = goals(results)
     if g:
         lines += ["## Goals (issue 25) over these posteriors", "", *g, ""]
@@ -746,6 +914,19 @@ def parser() -> argparse.ArgumentParser:
                    help="JSON object of nrpt.sample settings over the defaults, e.g. "
                         "'{\"explorer\": \"mala\", \"rounds\": 10}'")
     p.add_argument("--no-nuts", action="store_true", help="skip Stan's NUTS")
+    p.add_argument("--keep-nuts", action="store_true",
+                   help="re-run nrpt on the chosen posteriors (as --force) but keep the NUTS "
+                        "runs stored in the JSON (e.g. after nrpt's defaults changed); a "
+                        "posterior without stored NUTS runs it unless --no-nuts")
+    p.add_argument("--nuts-from", metavar="JSON",
+                   help="take the NUTS runs from this results JSON (another --out's) instead "
+                        "of running NUTS for the posteriors it holds")
+    p.add_argument("--log-z-check", nargs="?", const=LOG_Z_CHECK_REFERENCE, default=None,
+                   metavar="REFERENCE",
+                   help="also run nrpt with a second normalised reference (default "
+                        f"{LOG_Z_CHECK_REFERENCE!r}) and tabulate log Z agreement between "
+                        "references and seeds; on a posterior already in the JSON only the "
+                        "check runs")
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help="the markdown table (the JSON goes next to it, .json)")
     p.add_argument("--force", action="store_true",
@@ -789,16 +970,57 @@ def main(argv: list[str] | None = None) -> dict:
         "budget_s": args.budget_s, "db": str(database_root(args.db)),
         "loadavg_start": os.getloadavg()[0],
         "notes": args.notes or results.get("meta", {}).get("notes")}
+    kept: dict = {}
+    if args.nuts_from:
+        src = Path(args.nuts_from)
+        if not src.is_file():
+            raise SystemExit(f"--nuts-from: {src} is not a file (a results JSON of an --out)")
+        kept = load_results(src).get("posteriors", {})
+    if args.keep_nuts:
+        kept = {**kept, **{n: r for n, r in results["posteriors"].items()}}
+    kept = {n: {"nuts": r["nuts"], "settings": r.get("settings", {}),
+                "from": args.nuts_from if args.nuts_from and not args.keep_nuts else
+                str(json_path)}
+            for n, r in kept.items() if r.get("nuts")}
+    force = args.force or args.keep_nuts
     for name in chosen:
-        if name in results["posteriors"] and not args.force:
-            print(f"  {name}: in {json_path.name} already (--force re-runs it)")
+        stored = results["posteriors"].get(name)
+        if stored and not force:
+            if args.log_z_check and not stored.get("log_z_check") and stored.get("nrpt"):
+                post = load_posterior(args.db, name)
+                try:
+                    stored["log_z_check"] = run_log_z_check(
+                        post, seeds=args.seeds, systems=args.systems, budget_s=args.budget_s,
+                        options=args.nrpt_options, reference=args.log_z_check,
+                    target_factory=make_target)
+                except KeyboardInterrupt:
+                    print("  interrupted; the posteriors done so far are saved")
+                    break
+                save_results(results, json_path)
+                write_markdown(results, out)
+            else:
+                print(f"  {name}: in {json_path.name} already (--force re-runs it)")
             continue
         post = load_posterior(args.db, name)
         t0 = time.perf_counter()
         try:
             rec = run_posterior(post, seeds=args.seeds, systems=args.systems,
                                 budget_s=args.budget_s, options=args.nrpt_options,
-                                nuts=not args.no_nuts)
+                                nuts=not args.no_nuts and name not in kept,
+                                target_factory=make_target)
+            if name in kept:
+                rec["nuts"] = kept[name]["nuts"]
+                rec["nuts_kept"] = {"from": kept[name]["from"],
+                                    "settings": kept[name]["settings"]}
+                old_seeds = sorted(r.get("seed") for r in rec["nuts"])
+                if old_seeds != sorted(args.seeds):
+                    print(f"  {name}: the kept NUTS runs have seeds {old_seeds}, nrpt's "
+                          f"{sorted(args.seeds)}")
+            if args.log_z_check:
+                rec["log_z_check"] = run_log_z_check(
+                    post, seeds=args.seeds, systems=args.systems, budget_s=args.budget_s,
+                    options=args.nrpt_options, reference=args.log_z_check,
+                    target_factory=make_target)
         except KeyboardInterrupt:
             print("  interrupted; the posteriors done so far are saved")
             break

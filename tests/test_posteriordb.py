@@ -255,3 +255,67 @@ def test_rounds_calibrated_to_the_budget():
     np.testing.assert_array_equal(again["draws"]["x[1]"], r["draws"]["x[1]"])
     more = pdb.run_nrpt(target, seed=1, systems=2, budget_s=3 * r["pilot_s"], options={})
     assert more["rounds"] > 6 and more["pilot_s"] is not None
+
+
+@pytest.mark.slow  # four short runs, ~20 s
+def test_keep_nuts_and_the_log_z_check_on_a_synthetic_posterior(tmp_path, monkeypatch):
+    """--keep-nuts re-runs nrpt and keeps the stored NUTS runs; --log-z-check runs the second
+    normalised reference.  Known answer: the Gaussian's log Z = sum log(sqrt(2 pi) sd); every
+    seed's estimate with either reference within 4 reported errors of it, and the agreement
+    table says yes.  Negative control: one reference's estimates moved by 10 reported errors
+    are flagged (agree no, |z| > 4, named in the goals)."""
+    mean, sd = [1.0, -2.0], [1.0, 0.5]
+    db = _fake_db(tmp_path, mean, sd)
+    monkeypatch.setattr(pdb, "make_target", lambda p: (_Gauss(mean, sd), 0.0))
+    out = tmp_path / "pdb.md"
+    nuts = [{"seed": s, "max_abs_z": 1.0, "sd_ratio_min": 0.99, "sd_ratio_max": 1.01,
+             "pass": True, "ess_per_s": 50.0, "wall_s": 2.0} for s in (0, 1)]
+    old = {"name": "gauss-gauss", "dim": 2, "nrpt": [dict(nuts[0], rounds=3, log_z=[0.0])],
+           "nuts": nuts, "settings": {"date": "then"}}
+    pdb.save_results({"meta": {}, "posteriors": {"gauss-gauss": old}}, out.with_suffix(".json"))
+    pdb.main(["--db", str(db), "--out", str(out), "--keep-nuts", "--seeds", "0", "1",
+              "--systems", "4", "--nrpt-options", '{"rounds": 7, "reference": "gaussian"}',
+              "--log-z-check"])
+    rec = pdb.load_results(out.with_suffix(".json"))["posteriors"]["gauss-gauss"]
+    assert rec["nuts"] == nuts and rec["nuts_kept"]["settings"]["date"] == "then"
+    assert [r["rounds"] for r in rec["nrpt"]] == [7, 7]
+    assert rec["log_z_check"]["reference"] == "gaussian-fixed"
+    truth = float(np.sum(np.log(np.sqrt(2 * np.pi) * np.asarray(sd))))
+    agr = pdb.log_z_agreement(rec)
+    for per in agr["estimates"].values():
+        for est, err, _ in per.values():
+            assert abs(est - truth) <= 4 * err, (est, err, truth)
+    assert agr["agree"], agr
+    text = out.read_text()
+    assert "## log Z: two normalised references" in text and "| yes |" in text
+    assert "nrpt passes 1 of the 1 posteriors NUTS passes" in text
+    # negative control: a reference 10 reported errors off
+    for r in rec["log_z_check"]["runs"]:
+        r["log_z"] = [v + 10 * pdb._log_z_of(r)[1] for v in r["log_z"]]
+    bad = pdb.log_z_agreement(rec)
+    assert not bad["agree"] and bad["z_references"] > 4
+    assert any("not on: gauss-gauss" in line for line in pdb.goals({"posteriors": {
+        "gauss-gauss": rec}}))
+
+
+def test_log_z_agreement_from_stored_runs():
+    """The agreement arithmetic on hand-made runs: z of seed and reference differences over
+    the reported errors in quadrature; the systems' spread over their reported errors."""
+    def run(seed, lz, se=0.1, kind="log Z"):
+        return {"seed": seed, "log_z": lz, "log_z_se": [se] * len(lz), "log_z_kind": kind}
+
+    rec = {"nrpt": [run(0, [1.0, 1.1]), run(1, [1.1, 1.2])],
+           "log_z_check": {"reference": "gaussian-fixed",
+                           "runs": [run(0, [1.0, 1.0]), run(1, [1.3, 1.3])]}}
+    agr = pdb.log_z_agreement(rec)
+    err = np.sqrt(2 * 0.1 ** 2) / 2  # one seed's mean of two systems
+    assert np.isclose(agr["z_seeds[gaussian]"], 0.1 / np.hypot(err, err))
+    assert np.isclose(agr["z_seeds[gaussian-fixed]"], 0.3 / np.hypot(err, err))
+    assert np.isclose(agr["z_references"], 0.15 / np.hypot(err, err))  # seed 1
+    assert np.isclose(agr["spread_ratio"], np.std([1.0, 1.1], ddof=1) / 0.1)
+    assert agr["agree"]
+    rec["log_z_check"]["runs"][1]["log_z"] = [2.0, 2.0]  # negative control: 0.85 off
+    assert not pdb.log_z_agreement(rec)["agree"]
+    rec["nrpt"][0]["log_z_kind"] = "ratio"  # a temperature path's ratio: not comparable
+    assert "not comparable" in pdb.log_z_agreement(rec)["note"]
+    assert pdb.log_z_agreement({"nrpt": rec["nrpt"]}) is None
