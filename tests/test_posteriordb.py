@@ -319,3 +319,57 @@ def test_log_z_agreement_from_stored_runs():
     rec["nrpt"][0]["log_z_kind"] = "ratio"  # a temperature path's ratio: not comparable
     assert "not comparable" in pdb.log_z_agreement(rec)["note"]
     assert pdb.log_z_agreement({"nrpt": rec["nrpt"]}) is None
+
+
+#: the quick subset of the suite in the test run: small posteriors nrpt's defaults pass (the
+#: full-suite table: docs/posteriordb.md), seconds each once compiled
+QUICK_TEST = ("garch-garch11", "sblrc-blr", "kidiq-kidscore_momiq")
+#: rounds of the quick runs (sblrc-blr's step sizes and metric have not settled at 9 rounds:
+#: sd ratios ~2, bulk ESS 14-29, warned by R-hat)
+QUICK_ROUNDS = 11
+
+
+def _mc_verdict(cmp: dict) -> list[str]:
+    """What is wrong with ``compare``'s result under Monte-Carlo tolerances: |z| of a mean
+    over 4 (z already divides by the MCSE of both sides), an sd ratio further from 1 than 4
+    times its own Monte-Carlo error (sqrt(1/(2 ESS) + 1/(2 ESS_ref)), Gaussian approximation),
+    or too few effective draws (bulk ESS < 100) for either check to mean anything."""
+    bad = []
+    for name, p in cmp["params"].items():
+        tol = 4 * np.sqrt(1 / (2 * p["ess_bulk"]) + 1 / (2 * p["ref_ess_bulk"]))
+        if not abs(p["z"]) <= 4:
+            bad.append(f"{name}: z {p['z']:.2f}")
+        if not abs(p["sd_ratio"] - 1) <= tol:
+            bad.append(f"{name}: sd ratio {p['sd_ratio']:.3f} (tolerance {tol:.3f})")
+        if not p["ess_bulk"] >= 100:
+            bad.append(f"{name}: bulk ESS {p['ess_bulk']:.0f}")
+    return bad
+
+
+@pytest.mark.stan  # the programs compile on a cold cache (~30-70 s each), then seconds
+@pytest.mark.slow
+@needs_db
+@pytest.mark.parametrize("name", QUICK_TEST)
+def test_quick_subset_passes_with_defaults_and_the_check_can_fail(name):
+    """nrpt with its defaults (nothing chosen but a fixed number of rounds and the seed) on a
+    posteriordb posterior: means and sds agree with the reference draws within Monte-Carlo
+    tolerances (:func:`_mc_verdict`).  Negative controls: the same draws against a reference
+    with one parameter shifted by half its sd, or scaled by 1.3, are flagged; a too-short run
+    (3 rounds: 6 iterations in its last round) is flagged for its few effective draws."""
+    _stan_or_skip()
+    post = pdb.load_posterior(SHARED, name)
+    ref, ref_ess = post.reference(), post.reference_ess()
+    target, _ = pdb.make_target(post)
+    r = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": QUICK_ROUNDS})
+    cmp = pdb.compare(r["draws"], ref, ref_ess)
+    assert not _mc_verdict(cmp), (name, _mc_verdict(cmp), r["warnings"][:3])
+    worst = max(ref, key=lambda n: cmp["params"][n]["ess_bulk"])  # the best-measured one
+    shifted = dict(ref, **{worst: ref[worst] + 0.5 * ref[worst].std()})
+    assert any(b.startswith(f"{worst}: z") for b in _mc_verdict(
+        pdb.compare(r["draws"], shifted, ref_ess)))
+    m = ref[worst].mean()
+    scaled = dict(ref, **{worst: m + 1.3 * (ref[worst] - m)})
+    assert any(b.startswith(f"{worst}: sd ratio") for b in _mc_verdict(
+        pdb.compare(r["draws"], scaled, ref_ess)))
+    short = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": 3})
+    assert any("bulk ESS" in b for b in _mc_verdict(pdb.compare(short["draws"], ref, ref_ess)))
