@@ -37,6 +37,13 @@ Usage::
     python benchmarks/posteriordb.py --only garch11 arK --seeds 0 1 --budget-s 60
     python benchmarks/posteriordb.py --nrpt-options '{"explorer": "mala"}' --force
     python benchmarks/posteriordb.py --list                       # what the database holds
+    python benchmarks/posteriordb.py --keep-nuts --only arK       # new nrpt, stored NUTS kept
+    python benchmarks/posteriordb.py --out /tmp/new/pdb.md --nuts-from docs/posteriordb.json
+    python benchmarks/posteriordb.py --only garch11 --log-z-check # + a second reference's log Z
+
+A kept NUTS run (``--keep-nuts``, ``--nuts-from``) had the wall time of the nrpt run it was
+first paired with; its ESS/s is a rate and stays comparable, its record says where it came from
+(``nuts_kept``).
 
 One torch thread (``OMP_NUM_THREADS=1``); run one benchmark process at a time on a shared
 machine.
