@@ -418,7 +418,7 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
             "log_z": log_z.tolist(), "log_z_se": log_z_se.tolist(),
             "log_z_kind": s.get("log_normalizer_kind"),
             "recommended_chains": s.get("recommended_chains"),
-            "warnings": list(s.get("warnings") or []) + caught}
+            "warnings": list(dict.fromkeys(list(s.get("warnings") or []) + caught))}
 
 
 def _bracket(name: str) -> str:
@@ -859,15 +859,42 @@ def write_markdown(results: dict, path: Path) -> None:
     warn = []
     for name, rec in results.get("posteriors", {}).items():
         a = summarize(rec.get("nrpt", []))
-        for w in a.get("warnings", [])[:3]:
-            warn.append(f"- {name}: {w[:300]}")
+        if a and not a["pass"]:
+            for w in warning_kinds(a.get("warnings", []))[:WARNINGS_SHOWN]:
+                warn.append(f"- {name}: {w[:300]}")
     if warn:
-        lines += ["## nrpt's warnings (first three per posterior)", "", *warn, ""]
+        lines += [f"## nrpt's warnings on its failures (one per kind, causes first, at most "
+                  f"{WARNINGS_SHOWN} per posterior)", "", *warn, ""]
     notes = meta.get("notes")
     if notes:
         lines += ["## Notes", "", notes, ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
+
+
+#: warnings shown per failing posterior in the table's warnings section
+WARNINGS_SHOWN = 5
+#: the order warnings are shown in: causes (step size, chains, ladder) before symptoms
+_WARNING_ORDER = ("turn: step_size", "Too few chains", "Swap acceptance", "no restart",
+                  "R-hat", "ESS", "log Z")
+
+
+def warning_kinds(warnings_: list[str]) -> list[str]:
+    """One warning per kind (its text up to the first number, and for step-size warnings
+    their direction: "... is 0 at 9 slots ... too large" and "... is 0.99 at 2 slots ... too
+    small" are two kinds), causes first (:data:`_WARNING_ORDER`)."""
+    seen, out = set(), []
+    for w in warnings_:
+        key = re.split(r"\s[-+]?\d", w, maxsplit=1)[0]
+        key = ("small" if "too small" in w else "large" if "too large" in w else "") + key
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+
+    def rank(w):
+        return next((i for i, k in enumerate(_WARNING_ORDER) if k in w), len(_WARNING_ORDER))
+
+    return sorted(out, key=rank)
 
 
 def _machine() -> str:
