@@ -428,16 +428,18 @@ def _bracket(name: str) -> str:
     return f"{m.group(1)}[{m.group(2)[1:].replace('.', ',')}]" if m else name
 
 
-def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tuple[dict, float,
-                                                                                   dict]:
+def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int,
+              max_seconds: float | None = None) -> tuple[dict, float, dict]:
     """Stan's NUTS on the target's compiled model (``target.nuts``, lane A's bridge):
-    ({Stan name: [chains, draws]}, wall s, sampler diagnostics)."""
+    ({Stan name: [chains, draws]}, wall s, sampler diagnostics); ``max_seconds``: the bridge's
+    time cap for the whole call (``max_seconds / chains`` per chain)."""
     nuts = getattr(target, "nuts", None)
     if nuts is None:
         raise RuntimeError(f"{type(target).__name__} has no nuts() (Stan's NUTS comes with "
                            f"nrpt.targets.from_stan's bridge)")
+    cap = {} if max_seconds is None else {"max_seconds": float(max_seconds)}
     t0 = time.perf_counter()
-    out = nuts(chains=chains, warmup=warmup, draws=draws, seed=seed)
+    out = nuts(chains=chains, warmup=warmup, draws=draws, seed=seed, **cap)
     wall = time.perf_counter() - t0
     got = out["draws"] if isinstance(out, dict) and "draws" in out else out
     res, diag = {}, {}
@@ -458,15 +460,26 @@ def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tup
         info["step_size"] = [float(c[-1]) for c in diag["stepsize__"]]
     if "n_leapfrog__" in diag:
         info["mean_leapfrog"] = float(diag["n_leapfrog__"].mean())
+    if isinstance(out, dict) and "stopped" in out:
+        info["stopped"] = [bool(b) for b in out["stopped"]]
     return res, wall, info
 
 
+#: NUTS's run is stopped at this many times its budget (nrpt's wall time; a one-chain pilot
+#: can misjudge the adapted chains' cost by 7x, e.g. earnings), or at twice the pilot's
+#: estimate of the smallest run if that is longer; a chain stopped in warm-up leaves no draws,
+#: and the run is scored as a failure at this budget
+NUTS_TIME_CAP = 3.0
+
+
 def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[int, int] = (100, 50),
-             min_draws: int = 100, max_iter: int = 100_000) -> dict:
+             min_draws: int = 100, max_iter: int = 100_000,
+             time_cap: float | None = NUTS_TIME_CAP) -> dict:
     """NUTS with ``chains`` chains (run one after another) for about ``budget_s`` seconds: a
     one-chain pilot (``pilot`` warm-up and draws) gives the seconds per iteration; warm-up =
     draws = half of what the budget allows (at least 150 warm-up and ``min_draws`` draws, at
-    most ``max_iter`` iterations per chain)."""
+    most ``max_iter`` iterations per chain); the run is stopped at ``time_cap`` times the
+    budget (None: never)."""
     _, pilot_wall, _ = stan_nuts(target, chains=1, warmup=pilot[0], draws=pilot[1],
                                  seed=seed + 10_000)
     per_iter = pilot_wall / sum(pilot)
@@ -474,9 +487,14 @@ def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[in
     total = max(150 + min_draws, min(total, max_iter))
     warmup = max(150, total // 2)
     draws = max(min_draws, total - warmup)
-    got, wall, info = stan_nuts(target, chains=chains, warmup=warmup, draws=draws, seed=seed)
+    # the cap: time_cap x the budget, but never below twice the pilot's estimate of the
+    # smallest run allowed (150 warm-up + min_draws per chain)
+    cap = None if time_cap is None else max(time_cap * budget_s,
+                                            2.0 * per_iter * chains * (150 + min_draws))
+    got, wall, info = stan_nuts(target, chains=chains, warmup=warmup, draws=draws, seed=seed,
+                                max_seconds=cap)
     return {"draws": got, "wall_s": wall, "pilot_s": pilot_wall, "warmup": warmup,
-            "iterations": draws, "chains": chains, **info}
+            "iterations": draws, "chains": chains, "time_cap_s": cap, **info}
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,7 +514,15 @@ def make_target(post: Posterior):
 def _scored(r: dict, seed: int, reference, ref_ess) -> dict:
     """One method's run record with its comparison to the reference draws (the draws dropped)
     and ESS per second."""
-    cmp = compare(r.pop("draws"), reference, ref_ess)
+    draws = r.pop("draws")
+    n = min((np.atleast_2d(v).shape[-1] for v in draws.values()), default=0)
+    if n < 4:  # NUTS stopped by its time cap in warm-up: no draws to compare
+        r.update({"max_abs_z": math.inf, "worst": "", "sd_ratio_min": math.nan,
+                  "sd_ratio_max": math.nan, "ess_bulk_min": 0.0, "pass": False,
+                  "n_draws": n, "note": f"{n} draws (stopped by the time cap in warm-up)"})
+        r["seed"], r["ess_per_s"] = seed, 0.0
+        return r
+    cmp = compare(draws, reference, ref_ess)
     r.update(_strip(cmp))
     r["seed"] = seed
     r["ess_per_s"] = cmp["ess_bulk_min"] / r["wall_s"]
