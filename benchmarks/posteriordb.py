@@ -878,7 +878,13 @@ def write_markdown(results: dict, path: Path) -> None:
                   "z of a difference = difference / the two errors in quadrature; agree = every "
                   f"|z| <= {MAX_ABS_Z:g}.  \"systems sd / reported se\": the spread of the "
                   "systems' estimates over their reported error (about 1 when the errors are "
-                  "honest; largest over references and seeds).", "", lz, ""]
+                  "honest; largest over references and seeds).", ""]
+        check_meta = meta.get("log_z_check")
+        if check_meta:
+            lines += [f"- command: `{check_meta.get('command', '')}`; date "
+                      f"{check_meta.get('date', '')}; load average at the start "
+                      f"{check_meta.get('loadavg_start', '–')}", ""]
+        lines += [lz, ""]
     g = goals(results)
     if g:
         lines += ["## Goals (issue 25) over these posteriors", "", *g, ""]
@@ -1021,15 +1027,22 @@ def main(argv: list[str] | None = None) -> dict:
         return results
     import torch
 
-    results["meta"] = {
+    meta = {
         "command": "python benchmarks/posteriordb.py " + " ".join(
             sys.argv[1:] if argv is None else argv),
         "machine": _machine(), "threads": torch.get_num_threads(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nrpt_options": args.nrpt_options, "systems": args.systems, "seeds": args.seeds,
         "budget_s": args.budget_s, "db": str(database_root(args.db)),
-        "loadavg_start": os.getloadavg()[0],
-        "notes": args.notes or results.get("meta", {}).get("notes")}
+        "loadavg_start": os.getloadavg()[0]}
+    check_only = (args.log_z_check and not (args.force or args.keep_nuts)
+                  and all(n in results["posteriors"] for n in chosen))
+    if check_only:  # the table's run stays described as it was; the check's own line beside
+        results.setdefault("meta", {})["log_z_check"] = meta
+    else:
+        results["meta"] = {**meta, "notes": args.notes or results.get("meta", {}).get("notes"),
+                           **({"log_z_check": results["meta"]["log_z_check"]}
+                              if "log_z_check" in results.get("meta", {}) else {})}
     kept: dict = {}
     if args.nuts_from:
         src = Path(args.nuts_from)
