@@ -457,9 +457,11 @@ def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int,
     if "divergent__" in diag:
         info["divergences"] = int(diag["divergent__"].sum())
     if "stepsize__" in diag:
-        info["step_size"] = [float(c[-1]) for c in diag["stepsize__"]]
+        info["step_size"] = [float(c[-1]) if c.size else math.nan
+                             for c in diag["stepsize__"]]
     if "n_leapfrog__" in diag:
-        info["mean_leapfrog"] = float(diag["n_leapfrog__"].mean())
+        info["mean_leapfrog"] = (float(diag["n_leapfrog__"].mean())
+                                 if diag["n_leapfrog__"].size else math.nan)
     if isinstance(out, dict) and "stopped" in out:
         info["stopped"] = [bool(b) for b in out["stopped"]]
     return res, wall, info
@@ -798,8 +800,9 @@ def goals(results: dict) -> list[str]:
         extra = [n for n, (a, b) in both.items() if a["pass"] and not b["pass"]]
         if extra:
             lines.append(f"- nrpt passes where NUTS does not: {', '.join(extra)}.")
-        ratio = {n: a["ess_per_s"] / b["ess_per_s"] for n, (a, b) in both.items()
-                 if b["ess_per_s"] > 0}
+        # (NUTS with no draws in its time cap: ratio inf, kept so the median is not biased)
+        ratio = {n: a["ess_per_s"] / b["ess_per_s"] if b["ess_per_s"] > 0 else math.inf
+                 for n, (a, b) in both.items() if b["ess_per_s"] > 0 or a["ess_per_s"] > 0}
         if ratio:
             v = list(ratio.values())
             lines.append(f"- ESS/s of nrpt's slot 0 over NUTS's: median {np.median(v):.3f} "
