@@ -27,8 +27,8 @@ works too: the loader reads posteriordb's own layout, :class:`Posterior`):
    nrpt's own warnings.
 
 The raw numbers go to a JSON file next to the table (``--out docs/posteriordb.md`` ->
-``docs/posteriordb.json``); a posterior already in the JSON is skipped unless ``--force``, so a
-long run can be done in pieces (each finished posterior is saved at once).  The table is
+``docs/posteriordb.json``); a posterior already in the JSON is skipped unless ``--force`` (one
+stored as an error is run again), so a long run can be done in pieces (each finished posterior is saved at once).  The table is
 rewritten from the whole JSON after each posterior.
 
 Usage::
@@ -1061,6 +1061,8 @@ def main(argv: list[str] | None = None) -> dict:
     force = args.force or args.keep_nuts
     for name in chosen:
         stored = results["posteriors"].get(name)
+        if stored and stored.get("error"):  # an error is no result: run it again
+            stored = None
         if stored and not force:
             if args.log_z_check and not stored.get("log_z_check") and stored.get("nrpt"):
                 post = load_posterior(args.db, name)
