@@ -28,8 +28,8 @@ works too: the loader reads posteriordb's own layout, :class:`Posterior`):
 
 The raw numbers go to a JSON file next to the table (``--out docs/posteriordb.md`` ->
 ``docs/posteriordb.json``); a posterior already in the JSON is skipped unless ``--force`` (one
-stored as an error is run again), so a long run can be done in pieces (each finished posterior is saved at once).  The table is
-rewritten from the whole JSON after each posterior.
+stored as an error is run again), so a long run can be done in pieces (each finished posterior
+is saved at once).  The table is rewritten from the whole JSON after each posterior.
 
 Usage::
 
