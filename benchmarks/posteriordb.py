@@ -747,6 +747,13 @@ def _f(x, fmt="{:.2f}") -> str:
     return "–" if math.isnan(x) else ("inf" if math.isinf(x) else fmt.format(x))
 
 
+def _range(lo, hi) -> str:
+    """``lo–hi`` of sd ratios; "–" where neither is a number (NUTS without draws)."""
+    if math.isnan(_num(lo)) and math.isnan(_num(hi)):
+        return "–"
+    return f"{_f(lo, '{:.3f}')}–{_f(hi, '{:.3f}')}"
+
+
 def table(results: dict) -> str:
     """The markdown table of every posterior in ``results``."""
     head = ("| posterior | d | nrpt | max \\|z\\| | sd ratio | log Z (sd seeds) | Λ | chains | "
@@ -770,11 +777,11 @@ def table(results: dict) -> str:
 
         rows.append(
             f"| {name} | {rec.get('dim', '')} | {verdict(a)} | {_f(a['max_abs_z'])} | "
-            f"{_f(a['sd_ratio_min'], '{:.3f}')}–{_f(a['sd_ratio_max'], '{:.3f}')} | "
+            f"{_range(a['sd_ratio_min'], a['sd_ratio_max'])} | "
             f"{_f(a['log_z'])} ({_f(a['log_z_sd_seeds'])}) | {_f(a['barrier'])} | "
             f"{a['chains']} | {_f(a['wall_s'], '{:.0f}')} | {_f(a['ess_per_s'])} | "
             f"{verdict(b)} | {_f(b.get('max_abs_z'))} | "
-            f"{_f(b.get('sd_ratio_min'), '{:.3f}')}–{_f(b.get('sd_ratio_max'), '{:.3f}')} | "
+            f"{_range(b.get('sd_ratio_min'), b.get('sd_ratio_max'))} | "
             f"{_f(b.get('wall_s'), '{:.0f}')} | {_f(b.get('ess_per_s'))} |")
     return "\n".join(rows)
 
