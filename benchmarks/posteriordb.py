@@ -820,8 +820,10 @@ def goals(results: dict) -> list[str]:
             parts = [f"{n}: nrpt {'pass' if a['pass'] else 'fail'} {a['ess_per_s']:.2f} vs NUTS "
                      f"{'pass' if b['pass'] else 'fail'} {b['ess_per_s']:.2f} ESS/s"
                      for n, a, b in multi]
-            ahead = sum(a["ess_per_s"] > b["ess_per_s"] for _, a, b in multi)
-            lines.append(f"- multimodal ({ahead} of {len(multi)} ahead of NUTS): "
+            # ahead counts only where nrpt passes (a faster wrong answer is not ahead)
+            ahead = sum(a["pass"] and a["ess_per_s"] > b["ess_per_s"] for _, a, b in multi)
+            lines.append(f"- multimodal (nrpt passes and is ahead of NUTS on {ahead} of "
+                         f"{len(multi)}): "
                          + "; ".join(parts) + ".")
     fails = {n: summarize(r["nrpt"]) for n, r in posts.items() if r.get("nrpt")}
     fails = {n: a for n, a in fails.items() if not a["pass"]}
@@ -864,7 +866,7 @@ def write_markdown(results: dict, path: Path) -> None:
              f"- command: `{meta.get('command', '')}`",
              f"- machine: {meta.get('machine', '')}; torch threads {meta.get('threads', '')}; "
              f"date {meta.get('date', '')}; load average at the start "
-             f"{meta.get('loadavg_start', '–')}",
+             f"{_f(meta.get('loadavg_start'))}",
              f"- nrpt options: `{json.dumps(meta.get('nrpt_options', {}))}`, systems "
              f"{meta.get('systems', '')}, seeds {meta.get('seeds', '')}, budget "
              f"{meta.get('budget_s', '')} s per method per seed", "",
@@ -893,7 +895,7 @@ def write_markdown(results: dict, path: Path) -> None:
         if check_meta:
             lines += [f"- command: `{check_meta.get('command', '')}`; date "
                       f"{check_meta.get('date', '')}; load average at the start "
-                      f"{check_meta.get('loadavg_start', '–')}", ""]
+                      f"{_f(check_meta.get('loadavg_start'))}", ""]
         lines += [lz, ""]
     g = goals(results)
     if g:
