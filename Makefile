@@ -148,7 +148,8 @@ bench-pymc: $(STAMP)
 	$(BENCH) benchmarks/pymc_smc.py --smc-draws 5000 --json benchmarks/pymc_smc_5000.json
 
 # posteriordb's reference posteriors: nrpt (default settings, from_stan) against Stan's NUTS at
-# the same wall time (docs/posteriordb.md); resumable: PDB_ARGS="--only garch11", "--quick", "--force"
+# the same wall time (docs/posteriordb.md); resumable: PDB_ARGS="--only garch11", "--quick", "--force";
+# "--keep-nuts" re-runs nrpt keeping the stored NUTS runs; "--log-z-check" adds a second reference's log Z
 PDB_ARGS ?=
 bench-posteriordb: $(STAMP)
 	$(BENCH) benchmarks/posteriordb.py $(PDB_ARGS)

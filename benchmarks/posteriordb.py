@@ -27,9 +27,9 @@ works too: the loader reads posteriordb's own layout, :class:`Posterior`):
    nrpt's own warnings.
 
 The raw numbers go to a JSON file next to the table (``--out docs/posteriordb.md`` ->
-``docs/posteriordb.json``); a posterior already in the JSON is skipped unless ``--force``, so a
-long run can be done in pieces (each finished posterior is saved at once).  The table is
-rewritten from the whole JSON after each posterior.
+``docs/posteriordb.json``); a posterior already in the JSON is skipped unless ``--force`` (one
+stored as an error is run again), so a long run can be done in pieces (each finished posterior
+is saved at once).  The table is rewritten from the whole JSON after each posterior.
 
 Usage::
 
@@ -37,6 +37,13 @@ Usage::
     python benchmarks/posteriordb.py --only garch11 arK --seeds 0 1 --budget-s 60
     python benchmarks/posteriordb.py --nrpt-options '{"explorer": "mala"}' --force
     python benchmarks/posteriordb.py --list                       # what the database holds
+    python benchmarks/posteriordb.py --keep-nuts --only arK       # new nrpt, stored NUTS kept
+    python benchmarks/posteriordb.py --out /tmp/new/pdb.md --nuts-from docs/posteriordb.json
+    python benchmarks/posteriordb.py --only garch11 --log-z-check # + a second reference's log Z
+
+A kept NUTS run (``--keep-nuts``, ``--nuts-from``) had the wall time of the nrpt run it was
+first paired with; its ESS/s is a rate and stays comparable, its record says where it came from
+(``nuts_kept``).
 
 One torch thread (``OMP_NUM_THREADS=1``); run one benchmark process at a time on a shared
 machine.
@@ -83,6 +90,15 @@ PRIORITY = (
     "gp_pois_regr-gp_pois_regr",
     "diamonds-diamonds",
 )
+#: issue 25's multimodal posteriors, where nrpt should be ahead of NUTS (with every posterior
+#: whose posteriordb keywords say "multimodal")
+MULTIMODAL = (
+    "bball_drive_event_0-hmm_drive_0",
+    "bball_drive_event_1-hmm_drive_1",
+    "low_dim_gauss_mix-low_dim_gauss_mix",
+)
+#: the second normalised reference of ``--log-z-check`` (the default run uses "gaussian")
+LOG_Z_CHECK_REFERENCE = "gaussian-fixed"
 #: ``--quick``: small, fast posteriors (d <= 10, small data)
 QUICK = (
     "eight_schools-eight_schools_noncentered",
@@ -402,7 +418,7 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
             "log_z": log_z.tolist(), "log_z_se": log_z_se.tolist(),
             "log_z_kind": s.get("log_normalizer_kind"),
             "recommended_chains": s.get("recommended_chains"),
-            "warnings": list(s.get("warnings") or []) + caught}
+            "warnings": list(dict.fromkeys(list(s.get("warnings") or []) + caught))}
 
 
 def _bracket(name: str) -> str:
@@ -412,16 +428,18 @@ def _bracket(name: str) -> str:
     return f"{m.group(1)}[{m.group(2)[1:].replace('.', ',')}]" if m else name
 
 
-def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tuple[dict, float,
-                                                                                   dict]:
+def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int,
+              max_seconds: float | None = None) -> tuple[dict, float, dict]:
     """Stan's NUTS on the target's compiled model (``target.nuts``, lane A's bridge):
-    ({Stan name: [chains, draws]}, wall s, sampler diagnostics)."""
+    ({Stan name: [chains, draws]}, wall s, sampler diagnostics); ``max_seconds``: the bridge's
+    time cap for the whole call (``max_seconds / chains`` per chain)."""
     nuts = getattr(target, "nuts", None)
     if nuts is None:
         raise RuntimeError(f"{type(target).__name__} has no nuts() (Stan's NUTS comes with "
                            f"nrpt.targets.from_stan's bridge)")
+    cap = {} if max_seconds is None else {"max_seconds": float(max_seconds)}
     t0 = time.perf_counter()
-    out = nuts(chains=chains, warmup=warmup, draws=draws, seed=seed)
+    out = nuts(chains=chains, warmup=warmup, draws=draws, seed=seed, **cap)
     wall = time.perf_counter() - t0
     got = out["draws"] if isinstance(out, dict) and "draws" in out else out
     res, diag = {}, {}
@@ -439,18 +457,31 @@ def stan_nuts(target, *, chains: int, warmup: int, draws: int, seed: int) -> tup
     if "divergent__" in diag:
         info["divergences"] = int(diag["divergent__"].sum())
     if "stepsize__" in diag:
-        info["step_size"] = [float(c[-1]) for c in diag["stepsize__"]]
+        info["step_size"] = [float(c[-1]) if c.size else math.nan
+                             for c in diag["stepsize__"]]
     if "n_leapfrog__" in diag:
-        info["mean_leapfrog"] = float(diag["n_leapfrog__"].mean())
+        info["mean_leapfrog"] = (float(diag["n_leapfrog__"].mean())
+                                 if diag["n_leapfrog__"].size else math.nan)
+    if isinstance(out, dict) and "stopped" in out:
+        info["stopped"] = [bool(b) for b in out["stopped"]]
     return res, wall, info
 
 
+#: NUTS's run is stopped at this many times its budget (nrpt's wall time; a one-chain pilot
+#: can misjudge the adapted chains' cost by 7x, e.g. earnings), or at twice the pilot's
+#: estimate of the smallest run if that is longer; a chain stopped in warm-up leaves no draws,
+#: and the run is scored as a failure at this budget
+NUTS_TIME_CAP = 3.0
+
+
 def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[int, int] = (100, 50),
-             min_draws: int = 100, max_iter: int = 100_000) -> dict:
+             min_draws: int = 100, max_iter: int = 100_000,
+             time_cap: float | None = NUTS_TIME_CAP) -> dict:
     """NUTS with ``chains`` chains (run one after another) for about ``budget_s`` seconds: a
     one-chain pilot (``pilot`` warm-up and draws) gives the seconds per iteration; warm-up =
     draws = half of what the budget allows (at least 150 warm-up and ``min_draws`` draws, at
-    most ``max_iter`` iterations per chain)."""
+    most ``max_iter`` iterations per chain); the run is stopped at ``time_cap`` times the
+    budget (None: never)."""
     _, pilot_wall, _ = stan_nuts(target, chains=1, warmup=pilot[0], draws=pilot[1],
                                  seed=seed + 10_000)
     per_iter = pilot_wall / sum(pilot)
@@ -458,9 +489,14 @@ def run_nuts(target, *, seed: int, chains: int, budget_s: float, pilot: tuple[in
     total = max(150 + min_draws, min(total, max_iter))
     warmup = max(150, total // 2)
     draws = max(min_draws, total - warmup)
-    got, wall, info = stan_nuts(target, chains=chains, warmup=warmup, draws=draws, seed=seed)
+    # the cap: time_cap x the budget, but never below twice the pilot's estimate of the
+    # smallest run allowed (150 warm-up + min_draws per chain)
+    cap = None if time_cap is None else max(time_cap * budget_s,
+                                            2.0 * per_iter * chains * (150 + min_draws))
+    got, wall, info = stan_nuts(target, chains=chains, warmup=warmup, draws=draws, seed=seed,
+                                max_seconds=cap)
     return {"draws": got, "wall_s": wall, "pilot_s": pilot_wall, "warmup": warmup,
-            "iterations": draws, "chains": chains, **info}
+            "iterations": draws, "chains": chains, "time_cap_s": cap, **info}
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,7 +516,15 @@ def make_target(post: Posterior):
 def _scored(r: dict, seed: int, reference, ref_ess) -> dict:
     """One method's run record with its comparison to the reference draws (the draws dropped)
     and ESS per second."""
-    cmp = compare(r.pop("draws"), reference, ref_ess)
+    draws = r.pop("draws")
+    n = min((np.atleast_2d(v).shape[-1] for v in draws.values()), default=0)
+    if n < 4:  # NUTS stopped by its time cap in warm-up: no draws to compare
+        r.update({"max_abs_z": math.inf, "worst": "", "sd_ratio_min": math.nan,
+                  "sd_ratio_max": math.nan, "ess_bulk_min": 0.0, "pass": False,
+                  "n_draws": n, "note": f"{n} draws (stopped by the time cap in warm-up)"})
+        r["seed"], r["ess_per_s"] = seed, 0.0
+        return r
+    cmp = compare(draws, reference, ref_ess)
     r.update(_strip(cmp))
     r["seed"] = seed
     r["ess_per_s"] = cmp["ess_bulk_min"] / r["wall_s"]
@@ -524,6 +568,111 @@ def run_posterior(post: Posterior, *, seeds: list[int], systems: int, budget_s: 
             log(f"    NUTS seed {seed}: {_verdict(n)}, {n['warmup']}+{n['iterations']} "
                 f"iterations")
     return record
+
+
+def run_log_z_check(post: Posterior, *, seeds: list[int], systems: int, budget_s: float,
+                    options: dict, reference: str = LOG_Z_CHECK_REFERENCE,
+                    target_factory=make_target, log=print) -> dict:
+    """nrpt with a second normalised reference (``reference``, by default the fixed broad
+    Gaussian) for each seed: an independent estimate of the same log Z as the default run's
+    (both references are normalised, so both estimate log Z of Stan's density on the
+    unconstrained space); each run scored against the reference draws like the default one."""
+    reference_draws, ref_ess = post.reference(), post.reference_ess()
+    target, _ = target_factory(post)
+    runs = []
+    for seed in seeds:
+        r = _scored(run_nrpt(target, seed=seed, systems=systems, budget_s=budget_s,
+                             options={**options, "reference": reference}),
+                    seed, reference_draws, ref_ess)
+        runs.append(r)
+        log(f"    nrpt reference={reference} seed {seed}: {_verdict(r)}, log Z "
+            f"{_log_z_of(r)[0]:.3f} +- {_log_z_of(r)[1]:.3f}")
+    return {"reference": reference, "runs": runs}
+
+
+def _log_z_of(run: dict) -> tuple[float, float, float]:
+    """(mean of the systems' log Z, its reported error sqrt(sum se_i^2) / R, the sd of the
+    systems' estimates over the rms of their reported errors: about 1 when the reported errors
+    are honest)."""
+    lz = np.asarray([_num(v) for v in run.get("log_z", [])], dtype=np.float64)
+    se = np.asarray([_num(v) for v in run.get("log_z_se", [])], dtype=np.float64)
+    if lz.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(np.mean(lz))
+    err = float(np.sqrt(np.sum(se ** 2)) / lz.size) if se.size == lz.size else math.nan
+    spread = (float(np.std(lz, ddof=1) / np.sqrt(np.mean(se ** 2)))
+              if lz.size > 1 and se.size == lz.size and np.all(se > 0) else math.nan)
+    return mean, err, spread
+
+
+def _z(a: tuple, b: tuple) -> float:
+    """z of the difference of two (estimate, error) pairs."""
+    den = math.hypot(a[1], b[1])
+    return (a[0] - b[0]) / den if den > 0 else (0.0 if a[0] == b[0] else math.inf)
+
+
+def log_z_agreement(rec: dict) -> dict[str, Any] | None:
+    """Does log Z agree between the two references and between seeds within the reported
+    error?  From the default run (``rec["nrpt"]``, reference "gaussian") and the
+    ``--log-z-check`` run (``rec["log_z_check"]``): per reference, per seed (estimate, error);
+    max |z| between seeds for each reference, max |z| between the references over the seeds
+    they share, the largest systems-spread / reported-error ratio; ``agree`` when every |z|
+    <= :data:`MAX_ABS_Z`.  None when the posterior has no check run."""
+    check = rec.get("log_z_check")
+    if not check or not check.get("runs"):
+        return None
+    if any(r.get("log_z_kind") not in (None, "log Z")
+           for r in rec.get("nrpt", []) + check["runs"]):
+        return {"note": "a log Z ratio (not a normalised reference): not comparable"}
+    sides = {"gaussian": {r["seed"]: _log_z_of(r) for r in rec.get("nrpt", [])},
+             check["reference"]: {r["seed"]: _log_z_of(r) for r in check["runs"]}}
+    out: dict[str, Any] = {"references": list(sides), "estimates": sides}
+
+    def max_abs(zs):
+        zs = [abs(z) for z in zs if not math.isnan(z)]
+        return max(zs) if zs else math.nan
+
+    for ref, per in sides.items():
+        seeds = sorted(per)
+        out[f"z_seeds[{ref}]"] = max_abs(_z(per[a], per[b]) for i, a in enumerate(seeds)
+                                         for b in seeds[i + 1:])
+    a, b = sides.values()
+    out["z_references"] = max_abs(_z(a[s], b[s]) for s in a if s in b)
+    out["spread_ratio"] = max_abs(v[2] for per in sides.values() for v in per.values())
+    zs = [v for k, v in out.items() if k.startswith("z_")]
+    out["agree"] = bool(all(not math.isnan(z) and z <= MAX_ABS_Z for z in zs))
+    return out
+
+
+def log_z_table(results: dict) -> str:
+    """The log Z agreement table over the posteriors that have a ``--log-z-check`` run."""
+    rows = []
+    for name, rec in results.get("posteriors", {}).items():
+        agr = log_z_agreement(rec)
+        if agr is None:
+            continue
+        if "note" in agr:
+            rows.append(f"| {name} | {agr['note']} |" + " |" * 6)
+            continue
+        ref_a, ref_b = agr["references"]
+
+        def cell(ref, agr=agr):
+            per = agr["estimates"][ref]
+            return "; ".join(f"{per[s][0]:.2f} ± {per[s][1]:.2f}" for s in sorted(per))
+
+        rows.append(f"| {name} | {cell(ref_a)} | {cell(ref_b)} | "
+                    f"{_f(agr[f'z_seeds[{ref_a}]'])} | {_f(agr[f'z_seeds[{ref_b}]'])} | "
+                    f"{_f(agr['z_references'])} | {_f(agr['spread_ratio'])} | "
+                    f"{'yes' if agr['agree'] else '**no**'} |")
+    if not rows:
+        return ""
+    check = next(r["log_z_check"]["reference"] for r in results["posteriors"].values()
+                 if r.get("log_z_check"))
+    head = (f"| posterior | log Z, gaussian (seeds) | log Z, {check} (seeds) | "
+            f"max \\|z\\| seeds, gaussian | max \\|z\\| seeds, {check} | "
+            "max \\|z\\| references | systems sd / reported se | agree |\n"
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    return "\n".join([head, *rows])
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,6 +747,13 @@ def _f(x, fmt="{:.2f}") -> str:
     return "–" if math.isnan(x) else ("inf" if math.isinf(x) else fmt.format(x))
 
 
+def _range(lo, hi) -> str:
+    """``lo–hi`` of sd ratios; "–" where neither is a number (NUTS without draws)."""
+    if math.isnan(_num(lo)) and math.isnan(_num(hi)):
+        return "–"
+    return f"{_f(lo, '{:.3f}')}–{_f(hi, '{:.3f}')}"
+
+
 def table(results: dict) -> str:
     """The markdown table of every posterior in ``results``."""
     head = ("| posterior | d | nrpt | max \\|z\\| | sd ratio | log Z (sd seeds) | Λ | chains | "
@@ -621,28 +777,72 @@ def table(results: dict) -> str:
 
         rows.append(
             f"| {name} | {rec.get('dim', '')} | {verdict(a)} | {_f(a['max_abs_z'])} | "
-            f"{_f(a['sd_ratio_min'], '{:.3f}')}–{_f(a['sd_ratio_max'], '{:.3f}')} | "
+            f"{_range(a['sd_ratio_min'], a['sd_ratio_max'])} | "
             f"{_f(a['log_z'])} ({_f(a['log_z_sd_seeds'])}) | {_f(a['barrier'])} | "
             f"{a['chains']} | {_f(a['wall_s'], '{:.0f}')} | {_f(a['ess_per_s'])} | "
             f"{verdict(b)} | {_f(b.get('max_abs_z'))} | "
-            f"{_f(b.get('sd_ratio_min'), '{:.3f}')}–{_f(b.get('sd_ratio_max'), '{:.3f}')} | "
+            f"{_range(b.get('sd_ratio_min'), b.get('sd_ratio_max'))} | "
             f"{_f(b.get('wall_s'), '{:.0f}')} | {_f(b.get('ess_per_s'))} |")
     return "\n".join(rows)
 
 
+def _multimodal(name: str, rec: dict) -> bool:
+    return name in MULTIMODAL or "multimodal" in (rec.get("keywords") or [])
+
+
 def goals(results: dict) -> list[str]:
-    """The issue's two headline goals, measured over the posteriors in ``results``."""
-    both = [(summarize(r["nrpt"]), summarize(r["nuts"]))
-            for r in results.get("posteriors", {}).values() if r.get("nrpt") and r.get("nuts")]
-    if not both:
-        return []
-    nuts_pass = [(a, b) for a, b in both if b["pass"]]
-    ratio = [a["ess_per_s"] / b["ess_per_s"] for a, b in both if b["ess_per_s"] > 0]
-    lines = [f"- nrpt passes {sum(a['pass'] for a, _ in nuts_pass)} of the {len(nuts_pass)} "
-             f"posteriors NUTS passes ({len(both)} run with both)."]
-    if ratio:
-        lines.append(f"- ESS/s of nrpt's slot 0 over NUTS's: median {np.median(ratio):.3f} "
-                     f"(range {min(ratio):.3f}–{max(ratio):.3f}; the goal is >= 0.5).")
+    """Issue 25's goals, measured over the posteriors in ``results``: nrpt passes what NUTS
+    passes (the exceptions named, and whether nrpt warned on each), median ESS/s ratio, the
+    multimodal posteriors, log Z agreement (where ``--log-z-check`` ran)."""
+    posts = results.get("posteriors", {})
+    both = {n: (summarize(r["nrpt"]), summarize(r["nuts"]))
+            for n, r in posts.items() if r.get("nrpt") and r.get("nuts")}
+    lines = []
+    if both:
+        nuts_pass = {n: ab for n, ab in both.items() if ab[1]["pass"]}
+        missed = [n for n, (a, _) in nuts_pass.items() if not a["pass"]]
+        lines.append(f"- nrpt passes {len(nuts_pass) - len(missed)} of the {len(nuts_pass)} "
+                     f"posteriors NUTS passes ({len(both)} run with both)"
+                     + (f"; not: {', '.join(missed)}." if missed else "."))
+        extra = [n for n, (a, b) in both.items() if a["pass"] and not b["pass"]]
+        if extra:
+            lines.append(f"- nrpt passes where NUTS does not: {', '.join(extra)}.")
+        # (NUTS with no draws in its time cap: ratio inf, kept so the median is not biased)
+        ratio = {n: a["ess_per_s"] / b["ess_per_s"] if b["ess_per_s"] > 0 else math.inf
+                 for n, (a, b) in both.items() if b["ess_per_s"] > 0 or a["ess_per_s"] > 0}
+        if ratio:
+            v = list(ratio.values())
+            lines.append(f"- ESS/s of nrpt's slot 0 over NUTS's: median {np.median(v):.3f} "
+                         f"(range {min(v):.3f}–{max(v):.3f}; nrpt ahead on {sum(x > 1 for x in v)}"
+                         f" of {len(v)}; the goal is >= 0.5).")
+        multi = [(n, a, b) for n, (a, b) in both.items() if _multimodal(n, posts[n])]
+        if multi:
+            parts = [f"{n}: nrpt {'pass' if a['pass'] else 'fail'} {a['ess_per_s']:.2f} vs NUTS "
+                     f"{'pass' if b['pass'] else 'fail'} {b['ess_per_s']:.2f} ESS/s"
+                     for n, a, b in multi]
+            # ahead counts only where nrpt passes (a faster wrong answer is not ahead)
+            ahead = sum(a["pass"] and a["ess_per_s"] > b["ess_per_s"] for _, a, b in multi)
+            lines.append(f"- multimodal (nrpt passes and is ahead of NUTS on {ahead} of "
+                         f"{len(multi)}): "
+                         + "; ".join(parts) + ".")
+    fails = {n: summarize(r["nrpt"]) for n, r in posts.items() if r.get("nrpt")}
+    fails = {n: a for n, a in fails.items() if not a["pass"]}
+    if fails:
+        silent = [n for n, a in fails.items() if not a.get("warnings")]
+        lines.append(f"- nrpt's failures: {len(fails)}; "
+                     + (f"**without a warning**: {', '.join(silent)}." if silent
+                        else "every one warned (below)."))
+    errors = [n for n, r in posts.items() if r.get("error")]
+    if errors:
+        lines.append(f"- errors (no result): {', '.join(errors)}.")
+    checked = {n: log_z_agreement(r) for n, r in posts.items()}
+    checked = {n: a for n, a in checked.items() if a and "agree" in a}
+    if checked:
+        bad = [n for n, a in checked.items() if not a["agree"]]
+        lines.append(f"- log Z agrees between the two references and between seeds within "
+                     f"{MAX_ABS_Z:g} reported errors on {len(checked) - len(bad)} of "
+                     f"{len(checked)} posteriors checked" + (f"; not on: {', '.join(bad)}."
+                                                             if bad else "."))
     return lines
 
 
@@ -666,7 +866,7 @@ def write_markdown(results: dict, path: Path) -> None:
              f"- command: `{meta.get('command', '')}`",
              f"- machine: {meta.get('machine', '')}; torch threads {meta.get('threads', '')}; "
              f"date {meta.get('date', '')}; load average at the start "
-             f"{meta.get('loadavg_start', '–')}",
+             f"{_f(meta.get('loadavg_start'))}",
              f"- nrpt options: `{json.dumps(meta.get('nrpt_options', {}))}`, systems "
              f"{meta.get('systems', '')}, seeds {meta.get('seeds', '')}, budget "
              f"{meta.get('budget_s', '')} s per method per seed", "",
@@ -678,21 +878,67 @@ def write_markdown(results: dict, path: Path) -> None:
                   "log(Z(tau=1) / Z(tau_max)), not log Z itself) is comparable between seeds "
                   "and settings with the same ladder end, not with other methods; its spread "
                   f"over seeds is the point.  Kinds in this table: {', '.join(kinds)}.", ""]
+    lz = log_z_table(results)
+    if lz:
+        lines += ["## log Z: two normalised references and two seeds", "",
+                  "Both references are normalised Gaussians, so both runs estimate log Z of "
+                  "Stan's density (constants kept, with the Jacobian) on the unconstrained "
+                  "space: the default run (`reference=\"gaussian\"`, refitted between rounds) "
+                  "and `--log-z-check`'s (`reference=\"" + LOG_Z_CHECK_REFERENCE + "\"`, the "
+                  "broad initial Gaussian kept).  Per seed: the mean over systems ± its "
+                  "reported error (sqrt(sum se_i^2) / systems, nrpt's batch-means errors).  "
+                  "z of a difference = difference / the two errors in quadrature; agree = every "
+                  f"|z| <= {MAX_ABS_Z:g}.  \"systems sd / reported se\": the spread of the "
+                  "systems' estimates over their reported error (about 1 when the errors are "
+                  "honest; largest over references and seeds).", ""]
+        check_meta = meta.get("log_z_check")
+        if check_meta:
+            lines += [f"- command: `{check_meta.get('command', '')}`; date "
+                      f"{check_meta.get('date', '')}; load average at the start "
+                      f"{_f(check_meta.get('loadavg_start'))}", ""]
+        lines += [lz, ""]
     g = goals(results)
     if g:
         lines += ["## Goals (issue 25) over these posteriors", "", *g, ""]
     warn = []
     for name, rec in results.get("posteriors", {}).items():
         a = summarize(rec.get("nrpt", []))
-        for w in a.get("warnings", [])[:3]:
-            warn.append(f"- {name}: {w[:300]}")
+        if a and not a["pass"]:
+            for w in warning_kinds(a.get("warnings", []))[:WARNINGS_SHOWN]:
+                warn.append(f"- {name}: {w[:300]}")
     if warn:
-        lines += ["## nrpt's warnings (first three per posterior)", "", *warn, ""]
+        lines += [f"## nrpt's warnings on its failures (one per kind, causes first, at most "
+                  f"{WARNINGS_SHOWN} per posterior)", "", *warn, ""]
     notes = meta.get("notes")
     if notes:
         lines += ["## Notes", "", notes, ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
+
+
+#: warnings shown per failing posterior in the table's warnings section
+WARNINGS_SHOWN = 5
+#: the order warnings are shown in: causes (step size, chains, ladder) before symptoms
+_WARNING_ORDER = ("turn: step_size", "Too few chains", "Swap acceptance", "no restart",
+                  "R-hat", "ESS", "log Z")
+
+
+def warning_kinds(warnings_: list[str]) -> list[str]:
+    """One warning per kind (its text up to the first number, and for step-size warnings
+    their direction: "... is 0 at 9 slots ... too large" and "... is 0.99 at 2 slots ... too
+    small" are two kinds), causes first (:data:`_WARNING_ORDER`)."""
+    seen, out = set(), []
+    for w in warnings_:
+        key = re.split(r"\s[-+]?\d", w, maxsplit=1)[0]
+        key = ("small" if "too small" in w else "large" if "too large" in w else "") + key
+        if key not in seen:
+            seen.add(key)
+            out.append(w)
+
+    def rank(w):
+        return next((i for i, k in enumerate(_WARNING_ORDER) if k in w), len(_WARNING_ORDER))
+
+    return sorted(out, key=rank)
 
 
 def _machine() -> str:
@@ -746,6 +992,19 @@ def parser() -> argparse.ArgumentParser:
                    help="JSON object of nrpt.sample settings over the defaults, e.g. "
                         "'{\"explorer\": \"mala\", \"rounds\": 10}'")
     p.add_argument("--no-nuts", action="store_true", help="skip Stan's NUTS")
+    p.add_argument("--keep-nuts", action="store_true",
+                   help="re-run nrpt on the chosen posteriors (as --force) but keep the NUTS "
+                        "runs stored in the JSON (e.g. after nrpt's defaults changed); a "
+                        "posterior without stored NUTS runs it unless --no-nuts")
+    p.add_argument("--nuts-from", metavar="JSON",
+                   help="take the NUTS runs from this results JSON (another --out's) instead "
+                        "of running NUTS for the posteriors it holds")
+    p.add_argument("--log-z-check", nargs="?", const=LOG_Z_CHECK_REFERENCE, default=None,
+                   metavar="REFERENCE",
+                   help="also run nrpt with a second normalised reference (default "
+                        f"{LOG_Z_CHECK_REFERENCE!r}) and tabulate log Z agreement between "
+                        "references and seeds; on a posterior already in the JSON only the "
+                        "check runs")
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help="the markdown table (the JSON goes next to it, .json)")
     p.add_argument("--force", action="store_true",
@@ -780,25 +1039,75 @@ def main(argv: list[str] | None = None) -> dict:
         return results
     import torch
 
-    results["meta"] = {
+    meta = {
         "command": "python benchmarks/posteriordb.py " + " ".join(
             sys.argv[1:] if argv is None else argv),
         "machine": _machine(), "threads": torch.get_num_threads(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nrpt_options": args.nrpt_options, "systems": args.systems, "seeds": args.seeds,
         "budget_s": args.budget_s, "db": str(database_root(args.db)),
-        "loadavg_start": os.getloadavg()[0],
-        "notes": args.notes or results.get("meta", {}).get("notes")}
+        "loadavg_start": os.getloadavg()[0]}
+    check_only = (args.log_z_check and not (args.force or args.keep_nuts)
+                  and all(n in results["posteriors"] for n in chosen))
+    if check_only:  # the table's run stays described as it was; the check's own line beside
+        results.setdefault("meta", {})["log_z_check"] = meta
+    else:
+        results["meta"] = {**meta, "notes": args.notes or results.get("meta", {}).get("notes"),
+                           **({"log_z_check": results["meta"]["log_z_check"]}
+                              if "log_z_check" in results.get("meta", {}) else {})}
+    kept: dict = {}
+    if args.nuts_from:
+        src = Path(args.nuts_from)
+        if not src.is_file():
+            raise SystemExit(f"--nuts-from: {src} is not a file (a results JSON of an --out)")
+        kept = load_results(src).get("posteriors", {})
+    if args.keep_nuts:
+        kept = {**kept, **{n: r for n, r in results["posteriors"].items()}}
+    kept = {n: {"nuts": r["nuts"], "settings": r.get("settings", {}),
+                "from": args.nuts_from if args.nuts_from and not args.keep_nuts else
+                str(json_path)}
+            for n, r in kept.items() if r.get("nuts")}
+    force = args.force or args.keep_nuts
     for name in chosen:
-        if name in results["posteriors"] and not args.force:
-            print(f"  {name}: in {json_path.name} already (--force re-runs it)")
+        stored = results["posteriors"].get(name)
+        if stored and stored.get("error"):  # an error is no result: run it again
+            stored = None
+        if stored and not force:
+            if args.log_z_check and not stored.get("log_z_check") and stored.get("nrpt"):
+                post = load_posterior(args.db, name)
+                try:
+                    stored["log_z_check"] = run_log_z_check(
+                        post, seeds=args.seeds, systems=args.systems, budget_s=args.budget_s,
+                        options=args.nrpt_options, reference=args.log_z_check,
+                    target_factory=make_target)
+                except KeyboardInterrupt:
+                    print("  interrupted; the posteriors done so far are saved")
+                    break
+                save_results(results, json_path)
+                write_markdown(results, out)
+            else:
+                print(f"  {name}: in {json_path.name} already (--force re-runs it)")
             continue
         post = load_posterior(args.db, name)
         t0 = time.perf_counter()
         try:
             rec = run_posterior(post, seeds=args.seeds, systems=args.systems,
                                 budget_s=args.budget_s, options=args.nrpt_options,
-                                nuts=not args.no_nuts)
+                                nuts=not args.no_nuts and name not in kept,
+                                target_factory=make_target)
+            if name in kept:
+                rec["nuts"] = kept[name]["nuts"]
+                rec["nuts_kept"] = {"from": kept[name]["from"],
+                                    "settings": kept[name]["settings"]}
+                old_seeds = sorted(r.get("seed") for r in rec["nuts"])
+                if old_seeds != sorted(args.seeds):
+                    print(f"  {name}: the kept NUTS runs have seeds {old_seeds}, nrpt's "
+                          f"{sorted(args.seeds)}")
+            if args.log_z_check:
+                rec["log_z_check"] = run_log_z_check(
+                    post, seeds=args.seeds, systems=args.systems, budget_s=args.budget_s,
+                    options=args.nrpt_options, reference=args.log_z_check,
+                    target_factory=make_target)
         except KeyboardInterrupt:
             print("  interrupted; the posteriors done so far are saved")
             break

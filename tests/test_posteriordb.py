@@ -255,3 +255,121 @@ def test_rounds_calibrated_to_the_budget():
     np.testing.assert_array_equal(again["draws"]["x[1]"], r["draws"]["x[1]"])
     more = pdb.run_nrpt(target, seed=1, systems=2, budget_s=3 * r["pilot_s"], options={})
     assert more["rounds"] > 6 and more["pilot_s"] is not None
+
+
+@pytest.mark.slow  # four short runs, ~20 s
+def test_keep_nuts_and_the_log_z_check_on_a_synthetic_posterior(tmp_path, monkeypatch):
+    """--keep-nuts re-runs nrpt and keeps the stored NUTS runs; --log-z-check runs the second
+    normalised reference.  Known answer: the Gaussian's log Z = sum log(sqrt(2 pi) sd); every
+    seed's estimate with either reference within 4 reported errors of it, and the agreement
+    table says yes.  Negative control: one reference's estimates moved by 10 reported errors
+    are flagged (agree no, |z| > 4, named in the goals)."""
+    mean, sd = [1.0, -2.0], [1.0, 0.5]
+    db = _fake_db(tmp_path, mean, sd)
+    monkeypatch.setattr(pdb, "make_target", lambda p: (_Gauss(mean, sd), 0.0))
+    out = tmp_path / "pdb.md"
+    nuts = [{"seed": s, "max_abs_z": 1.0, "sd_ratio_min": 0.99, "sd_ratio_max": 1.01,
+             "pass": True, "ess_per_s": 50.0, "wall_s": 2.0} for s in (0, 1)]
+    old = {"name": "gauss-gauss", "dim": 2, "nrpt": [dict(nuts[0], rounds=3, log_z=[0.0])],
+           "nuts": nuts, "settings": {"date": "then"}}
+    pdb.save_results({"meta": {}, "posteriors": {"gauss-gauss": old}}, out.with_suffix(".json"))
+    pdb.main(["--db", str(db), "--out", str(out), "--keep-nuts", "--seeds", "0", "1",
+              "--systems", "4", "--nrpt-options", '{"rounds": 7, "reference": "gaussian"}',
+              "--log-z-check"])
+    rec = pdb.load_results(out.with_suffix(".json"))["posteriors"]["gauss-gauss"]
+    assert rec["nuts"] == nuts and rec["nuts_kept"]["settings"]["date"] == "then"
+    assert [r["rounds"] for r in rec["nrpt"]] == [7, 7]
+    assert rec["log_z_check"]["reference"] == "gaussian-fixed"
+    truth = float(np.sum(np.log(np.sqrt(2 * np.pi) * np.asarray(sd))))
+    agr = pdb.log_z_agreement(rec)
+    for per in agr["estimates"].values():
+        for est, err, _ in per.values():
+            assert abs(est - truth) <= 4 * err, (est, err, truth)
+    assert agr["agree"], agr
+    text = out.read_text()
+    assert "## log Z: two normalised references" in text and "| yes |" in text
+    assert "nrpt passes 1 of the 1 posteriors NUTS passes" in text
+    # negative control: a reference 10 reported errors off
+    for r in rec["log_z_check"]["runs"]:
+        r["log_z"] = [v + 10 * pdb._log_z_of(r)[1] for v in r["log_z"]]
+    bad = pdb.log_z_agreement(rec)
+    assert not bad["agree"] and bad["z_references"] > 4
+    assert any("not on: gauss-gauss" in line for line in pdb.goals({"posteriors": {
+        "gauss-gauss": rec}}))
+
+
+def test_log_z_agreement_from_stored_runs():
+    """The agreement arithmetic on hand-made runs: z of seed and reference differences over
+    the reported errors in quadrature; the systems' spread over their reported errors."""
+    def run(seed, lz, se=0.1, kind="log Z"):
+        return {"seed": seed, "log_z": lz, "log_z_se": [se] * len(lz), "log_z_kind": kind}
+
+    rec = {"nrpt": [run(0, [1.0, 1.1]), run(1, [1.1, 1.2])],
+           "log_z_check": {"reference": "gaussian-fixed",
+                           "runs": [run(0, [1.0, 1.0]), run(1, [1.3, 1.3])]}}
+    agr = pdb.log_z_agreement(rec)
+    err = np.sqrt(2 * 0.1 ** 2) / 2  # one seed's mean of two systems
+    assert np.isclose(agr["z_seeds[gaussian]"], 0.1 / np.hypot(err, err))
+    assert np.isclose(agr["z_seeds[gaussian-fixed]"], 0.3 / np.hypot(err, err))
+    assert np.isclose(agr["z_references"], 0.15 / np.hypot(err, err))  # seed 1
+    assert np.isclose(agr["spread_ratio"], np.std([1.0, 1.1], ddof=1) / 0.1)
+    assert agr["agree"]
+    rec["log_z_check"]["runs"][1]["log_z"] = [2.0, 2.0]  # negative control: 0.85 off
+    assert not pdb.log_z_agreement(rec)["agree"]
+    rec["nrpt"][0]["log_z_kind"] = "ratio"  # a temperature path's ratio: not comparable
+    assert "not comparable" in pdb.log_z_agreement(rec)["note"]
+    assert pdb.log_z_agreement({"nrpt": rec["nrpt"]}) is None
+
+
+#: the quick subset of the suite in the test run: small posteriors nrpt's defaults pass (the
+#: full-suite table: docs/posteriordb.md), seconds each once compiled
+QUICK_TEST = ("garch-garch11", "sblrc-blr", "kidiq-kidscore_momiq")
+#: rounds of the quick runs (sblrc-blr's step sizes and metric have not settled at 9 rounds:
+#: sd ratios ~2, bulk ESS 14-29, warned by R-hat)
+QUICK_ROUNDS = 11
+
+
+def _mc_verdict(cmp: dict) -> list[str]:
+    """What is wrong with ``compare``'s result under Monte-Carlo tolerances: |z| of a mean
+    over 4 (z already divides by the MCSE of both sides), an sd ratio further from 1 than 4
+    times its own Monte-Carlo error (sqrt(1/(2 ESS) + 1/(2 ESS_ref)), Gaussian approximation),
+    or too few effective draws (bulk ESS < 100) for either check to mean anything."""
+    bad = []
+    for name, p in cmp["params"].items():
+        tol = 4 * np.sqrt(1 / (2 * p["ess_bulk"]) + 1 / (2 * p["ref_ess_bulk"]))
+        if not abs(p["z"]) <= 4:
+            bad.append(f"{name}: z {p['z']:.2f}")
+        if not abs(p["sd_ratio"] - 1) <= tol:
+            bad.append(f"{name}: sd ratio {p['sd_ratio']:.3f} (tolerance {tol:.3f})")
+        if not p["ess_bulk"] >= 100:
+            bad.append(f"{name}: bulk ESS {p['ess_bulk']:.0f}")
+    return bad
+
+
+@pytest.mark.stan  # the programs compile on a cold cache (~30-70 s each), then seconds
+@pytest.mark.slow
+@needs_db
+@pytest.mark.parametrize("name", QUICK_TEST)
+def test_quick_subset_passes_with_defaults_and_the_check_can_fail(name):
+    """nrpt with its defaults (nothing chosen but a fixed number of rounds and the seed) on a
+    posteriordb posterior: means and sds agree with the reference draws within Monte-Carlo
+    tolerances (:func:`_mc_verdict`).  Negative controls: the same draws against a reference
+    with one parameter shifted by half its sd, or scaled by 1.3, are flagged; a too-short run
+    (3 rounds: 6 iterations in its last round) is flagged for its few effective draws."""
+    _stan_or_skip()
+    post = pdb.load_posterior(SHARED, name)
+    ref, ref_ess = post.reference(), post.reference_ess()
+    target, _ = pdb.make_target(post)
+    r = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": QUICK_ROUNDS})
+    cmp = pdb.compare(r["draws"], ref, ref_ess)
+    assert not _mc_verdict(cmp), (name, _mc_verdict(cmp), r["warnings"][:3])
+    worst = max(ref, key=lambda n: cmp["params"][n]["ess_bulk"])  # the best-measured one
+    shifted = dict(ref, **{worst: ref[worst] + 0.5 * ref[worst].std()})
+    assert any(b.startswith(f"{worst}: z") for b in _mc_verdict(
+        pdb.compare(r["draws"], shifted, ref_ess)))
+    m = ref[worst].mean()
+    scaled = dict(ref, **{worst: m + 1.3 * (ref[worst] - m)})
+    assert any(b.startswith(f"{worst}: sd ratio") for b in _mc_verdict(
+        pdb.compare(r["draws"], scaled, ref_ess)))
+    short = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": 3})
+    assert any("bulk ESS" in b for b in _mc_verdict(pdb.compare(short["draws"], ref, ref_ess)))

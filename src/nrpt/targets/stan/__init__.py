@@ -222,11 +222,50 @@ class StanTarget:
         """Gradient of :meth:`energy`, ``[n, dim]``."""
         return self.energy_and_grad(x)[1]
 
+    #: Stan's own number of tries for a random initial state (``stan::services::util::
+    #: initialize``): each state is redrawn until its log density and gradient are finite
+    INIT_TRIES = 100
+    #: Stan's default init radius: ``uniform(-INIT_RADIUS, INIT_RADIUS)`` unconstrained
+    INIT_RADIUS = 2.0
+
     def initial_states(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """Stan's default inits: iid ``uniform(-2, 2)`` on the unconstrained space."""
+        """Stan's default inits: iid ``uniform(-2, 2)`` on the unconstrained space, each state
+        redrawn (from ``generator``, up to :attr:`INIT_TRIES` draws in all, as Stan does) until
+        its log density and gradient are finite; a state still bad after that is a
+        :class:`TargetError` naming the model.  States finite at the first draw are the first
+        draw (a redraw touches only the bad rows)."""
         g = check_generator(generator)
-        u = torch.rand(int(n), self.dim, generator=g, dtype=torch.float64, device=g.device)
-        return 4.0 * u - 2.0
+        n, r = int(n), self.INIT_RADIUS
+
+        def draw(k: int) -> torch.Tensor:
+            u = torch.rand(k, self.dim, generator=g, dtype=torch.float64, device=g.device)
+            return 2.0 * r * u - r
+
+        x = draw(n)
+        bad = ~self._finite_at(x)
+        for _ in range(self.INIT_TRIES - 1):
+            if not bad.any():
+                return x
+            x[bad] = draw(int(bad.sum()))
+            bad[bad.clone()] = ~self._finite_at(x[bad])
+        if bad.any():
+            lp, _ = self.log_density_grad(x[bad][:1])
+            raise TargetError(
+                f"from_stan: model {self.model_name!r}: {int(bad.sum())} of {n} initial "
+                f"state(s) had no finite log density and gradient after {self.INIT_TRIES} "
+                f"draws from uniform(-{r:g}, {r:g}) on the unconstrained space (Stan's own "
+                f"init and number of tries; last log density {float(lp[0])}): the program's "
+                f"density is -inf or NaN on most of that box; pass initial_states to the "
+                f"engine or reparameterise the program")
+        return x
+
+    def _finite_at(self, x: torch.Tensor) -> torch.Tensor:
+        """``[n]`` bool: the log density (plain evaluation, as :meth:`energy` computes it) and
+        the log density and gradient of reverse mode are finite at ``x`` (Stan's test for an
+        acceptable initial state: the two can differ, e.g. an ODE solver's step control)."""
+        lp, g = self.log_density_grad(x)
+        ok = np.isfinite(self.log_density(x)) & np.isfinite(lp) & np.isfinite(g).all(axis=1)
+        return torch.from_numpy(ok).to(x.device)
 
     # ------------------------------------------------------------------ constrained values
     def write_array(self, x, *, transformed_parameters: bool = True,
