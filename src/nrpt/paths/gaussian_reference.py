@@ -114,6 +114,10 @@ LAPLACE_MAX_DIM = 200
 MODE_EVALS = 2000
 #: about this many starts (over all systems) are carried to modes
 LAPLACE_STARTS = 8
+#: a mode whose Laplace log mass is more than this below the best one's is left out of ``q0``
+#: (it holds less than ``e^-10`` of the best one's mass: e.g. low_dim_gauss_mix's degenerate
+#: solution, one component taking every point, 452 nats below)
+MASS_GAP = 10.0
 #: two modes closer than this many Laplace sds (of the later one) are one
 SAME_MODE = 0.1
 #: the start of a redrawn non-finite start is redrawn at most this many times
@@ -164,9 +168,10 @@ def find_mode(target, x0: torch.Tensor, max_evals: int = MODE_EVALS):
     return m[0], count[0]
 
 
-def laplace_fit(target, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(mode, L)``: :func:`find_mode` from ``x0`` and the Cholesky factor ``L`` of the
-    inverse Hessian of ``U`` there; None where the Hessian is not positive definite."""
+def laplace_fit(target, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """``(mode, L, log mass)``: :func:`find_mode` from ``x0``, the Cholesky factor ``L`` of
+    the inverse Hessian of ``U`` there and the Laplace log mass of the mode, ``-U(mode) +
+    log det L`` (up to a constant); None where the Hessian is not positive definite."""
     found = find_mode(target, x0)
     if found is None:
         return None
@@ -181,7 +186,11 @@ def laplace_fit(target, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
     low, info = torch.linalg.cholesky_ex(0.5 * (up @ up.T + (up @ up.T).T))
     if int(info) != 0 or not bool(torch.isfinite(low).all()):
         return None
-    return mode, low
+    u, _ = density(mode[None])
+    mass = -float(u[0]) + float(torch.diagonal(low).log().sum())
+    if not math.isfinite(mass):
+        return None
+    return mode, low, mass
 
 
 class LaplaceStart:
@@ -225,14 +234,16 @@ def laplace_start(target, x0: torch.Tensor, generator: torch.Generator) -> Lapla
     found = [f for row in fits for f in row if f is not None]
     if not found:
         return None
-    distinct: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for mode, low in found:  # (a mode within SAME_MODE Laplace sds of one kept is that one)
+    best = max(f[2] for f in found)
+    kept = [f for f in found if f[2] >= best - MASS_GAP]  # (the others hold < e^-10 of it)
+    distinct: list[tuple] = []
+    for f in sorted(kept, key=lambda f: -f[2]):  # (within SAME_MODE Laplace sds: one mode)
         if not any(float(torch.linalg.solve_triangular(
-                low, (mode - m)[:, None], upper=False).norm()) < SAME_MODE
-                for m, _ in distinct):
-            distinct.append((mode, low))
-    modes = torch.stack([m for m, _ in distinct])
-    covs = torch.stack([low @ low.T for _, low in distinct])
+                f[1], (f[0] - g[0])[:, None], upper=False).norm()) < SAME_MODE
+                for g in distinct):
+            distinct.append(f)
+    modes = torch.stack([f[0] for f in distinct])
+    covs = torch.stack([f[1] @ f[1].T for f in distinct])
     mean = modes.mean(0)
     dm = modes - mean
     sigma = covs.mean(0) + dm.T @ dm / len(distinct)
@@ -242,10 +253,8 @@ def laplace_start(target, x0: torch.Tensor, generator: torch.Generator) -> Lapla
     density = Density(target, TemperatureLadder([1.0, 2.0]))
     x = xs.clone()
     for r, row in enumerate(fits):
-        own = [f for f in row if f is not None]
-        if not own:  # (this system keeps the target's own starts)
-            continue
-        mode, low = own[0]
+        own = [f for f in row if f is not None and f[2] >= best - MASS_GAP]
+        mode, low, _ = max(own, key=lambda f: f[2]) if own else distinct[0]
         z = torch.randn(P, d, generator=generator, dtype=torch.float64)
         xr = mode + LAPLACE_WIDTH * z @ low.T
         for _ in range(_REDRAWS):  # a start where U is not finite is drawn again

@@ -442,6 +442,7 @@ def _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtyp
     start, metric = _laplace_start(cfg, target, explorer, path, x0, ref)
     if start is not None:
         x0 = start.x.to(x0)
+        facts["laplace_start"] = start.note()
         given = "step_size" in getattr(cfg, "explicit", frozenset())
         first = None if given else whitened_step(explorer, int(target.dim))
         if first is not None:
@@ -550,7 +551,9 @@ def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]
             if metric is not None and hasattr(step, "metric_from"):
                 step.metric_from = metric
             if metric is not None and hasattr(step, "tuner"):  # (robust tuning: lane B)
-                step.tuner.fast = True
+                # (after a Laplace start the step begins near its optimum in whitened units:
+                # the 10x moves only chase the noise of the first, 2-iteration rounds)
+                step.tuner.fast = not facts.get("laplace_start")
             adaptors.append(step)
     return adaptors, windows
 
