@@ -298,10 +298,26 @@ class GaussianPath(GeometricPath):
     def set_reference(self, q: GaussianReference) -> None:
         self.q = q
         self.rows = torch.arange(q.mean.shape[0], device=q.mean.device)
+        #: every system's q is the same (always so for the pooled refit): states of any shape
+        #: (an explorer that flattens its replicas, NUTS, AutoMALA) use system 0's
+        self.shared = bool(torch.equal(q.mean, q.mean[:1].expand_as(q.mean))
+                           and torch.equal(q.chol, q.chol[:1].expand_as(q.chol)))
+
+    def log_q(self, x):
+        """``log q`` of ``x[..., R, S, d]`` (or of any shape ``[..., d]`` when :attr:`shared`)."""
+        if self.shared:
+            return self.q.log_prob(x.unsqueeze(-2).unsqueeze(-2), self.rows[:1])[..., 0, 0]
+        return self.q.log_prob(x, self.rows)
+
+    def grad_log_q(self, x):
+        """``grad log q`` (shapes as :meth:`log_q`)."""
+        if self.shared:
+            return self.q.grad_log_prob(x.unsqueeze(-2).unsqueeze(-2), self.rows[:1])[..., 0, 0, :]
+        return self.q.grad_log_prob(x, self.rows)
 
     def components(self, target, x):
         u = flat_call(target.energy, x, "energy")
-        lq = self.q.log_prob(x, self.rows)
+        lq = self.log_q(x)
         return u + lq, lq
 
     def reference_sd(self) -> torch.Tensor:
@@ -329,8 +345,8 @@ class GaussianDensity(Density):
                 u, gu = t.energy(flat), t.grad_energy(flat)
             u = u.to(x.dtype).reshape(x.shape[:-1])
             gu = gu.to(x.dtype).reshape(x.shape)
-            lq = path.q.log_prob(x, path.rows)
-            gq = path.q.grad_log_prob(x, path.rows)
+            lq = path.log_q(x)
+            gq = path.grad_log_q(x)
         return u + lq, lq, gu + gq, gq
 
 
@@ -386,7 +402,18 @@ def whitened_fit(n, mean, co, family: str, prev: GaussianReference):
     and its jitter (relative to the mean variance) then act in units of the posterior's own
     scales.  In the original frame they are absolute: on earnings-earn_height (sds 9,700 and
     0.02, correlation -0.9999) the jitter ``1e-6 x`` the mean variance made ``log sigma``'s sd
-    6.5 instead of 0.02 and broke the last pair's swaps (acceptance 0.01)."""
+    6.5 instead of 0.02 and broke the last pair's swaps (acceptance 0.01).
+
+    Where every system's moments and previous ``q`` are the same (the pooled refit), the fit
+    is made once and shared (batched factorizations may differ in the last bit per row, and
+    :attr:`GaussianPath.shared` needs them equal)."""
+    R = mean.shape[0]
+    if R > 1 and all(bool(torch.equal(t, t[:1].expand_as(t)))
+                     for t in (n, mean, co, prev.mean, prev.chol)):
+        q, ok = whitened_fit(n[:1], mean[:1], co[:1], family,
+                             GaussianReference(prev.mean[:1], prev.chol[:1]))
+        return (GaussianReference(q.mean.expand(R, -1).clone(), q.chol.expand(R, -1, -1).clone()),
+                ok.expand(R).clone())
     inv = prev.inv  # [R, d, d]: chol^-1
     co_w = inv @ co @ inv.transpose(-1, -2)
     co_w = 0.5 * (co_w + co_w.transpose(-1, -2))

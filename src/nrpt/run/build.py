@@ -59,6 +59,9 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: 200: 4 of 50)
 WARMUP_WINDOW_MIN = 50
 WARMUP_WINDOWS = 8
+#: the metric of a Laplace start counts as this many rows per dimension when the rounds'
+#: estimates are pooled with it (:attr:`nrpt.adapt.metric.MetricAdaptor.prior_rows`)
+LAPLACE_ROWS_PER_DIM = 10
 
 
 def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
@@ -544,6 +547,8 @@ def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]
                   if mode != "none" else None)
         if metric is not None:  # (the summary's preconditioner section)
             facts["precondition"] = mode
+            if facts.get("laplace_start"):  # (its metric stands for LAPLACE_ROWS rows per dim)
+                metric.seed_rows(LAPLACE_ROWS_PER_DIM * dim)
         adaptors += [metric] if metric is not None else []
         if cfg.adapt_step_size:
             step = _own_tuning(cfg, explorer, None, follow=schedule if path.kind ==
