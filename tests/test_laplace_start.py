@@ -158,3 +158,23 @@ def test_whitened_fit_keeps_the_narrow_scales():
     plain, _ = fit_gaussian(*args, prev)
     sd_plain = (plain.chol[0] ** 2).sum(-1).sqrt()
     assert float(sd_plain[2] / t.sd[2]) > 100
+
+
+@pytest.mark.parametrize("explorer", ["nuts", "automala"])
+def test_flattening_explorers_run_with_the_gaussian_reference(monkeypatch, explorer):
+    """NUTS and AutoMALA flatten the replicas ``[R, P, d] -> [R P, d]`` (and take subsets of
+    rows); the Gaussian reference evaluates its one shared ``q`` on states of any shape, so they
+    run on it (before: "output with shape [40] doesn't match the broadcast shape [4, 40]", every
+    Stan target's default reference) and sample the target: slot-0 moments within their Monte
+    Carlo error.  Negative control: with ``q`` evaluated per system row, as before, it fails."""
+    A = torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.5, 0.0], [-0.5, 0.3, 2.0]], dtype=F64)
+    t = Gaussian(torch.tensor([4.0, -3.0, 8.0], dtype=F64), A @ A.T, name="correlated")
+    res = run(t, seed=2, rounds=7, explorer=explorer)
+    sd = t.cov.diagonal().sqrt().numpy()
+    assert np.all(moment_z(res, t.mean.numpy(), sd) < Z)
+    monkeypatch.setattr(gr.GaussianPath, "log_q",
+                        lambda self, x: self.q.log_prob(x, self.rows))
+    monkeypatch.setattr(gr.GaussianPath, "grad_log_q",
+                        lambda self, x: self.q.grad_log_prob(x, self.rows))
+    with pytest.raises(Exception, match="shape|size"):
+        run(t, seed=2, rounds=7, explorer=explorer)
