@@ -38,33 +38,41 @@ The initial ``q`` (:func:`initial_gaussian`): ``N(m0, s0^2 I)`` with ``m0`` the 
 run's initial states and ``s0 = 3 max(1, largest sd of the initial states)``: it covers the
 region where the chains start; the first fit (see the guards) replaces it.
 
-**Laplace start** (``reference = "gaussian"`` on a target with a gradient, up to
-:data:`LAPLACE_MAX_DIM` dimensions; :func:`laplace_start`).  A regression's posterior can sit
+**Laplace start** (``reference = "gaussian"`` with a preconditioner, ``precondition`` not
+``"none"`` -- a Stan target's defaults --, on a target with a gradient, up to
+:data:`LAPLACE_MAX_DIM` dimensions; :func:`laplace_start`, called by the run's builder).  A regression's posterior can sit
 far from Stan's ``uniform(-2, 2)`` starts on scales that differ by orders of magnitude
 (earnings-earn_height: an intercept of -61,000 with sd 9,700 beside ``log sigma`` with sd 0.02,
 a condition number of 1e11): no explorer tuned from a few short rounds finds it, and a ``q``
 centred on the starts never overlaps it (that posterior failed with max |z| 606).  Before the
-first round each system's first start is carried to a mode of ``U`` by L-BFGS
-(:func:`find_mode`: strong-Wolfe line search, the target's own gradient, at most
-:data:`MODE_EVALS` evaluations) and the Hessian there (central differences of the gradient,
-:func:`nrpt.paths.proper.hessian`) gives the Laplace covariance ``Sigma_r``.  Where at least one
-system's Hessian is positive definite:
+first round about :data:`LAPLACE_STARTS` of the starts (spread over the systems) are carried to
+modes of ``U`` by L-BFGS (:func:`find_mode`: strong-Wolfe line search, the target's own
+gradient, at most :data:`MODE_EVALS` evaluations each) and the Hessian there (central
+differences of the gradient, :func:`nrpt.paths.proper.hessian`) gives each mode's Laplace
+covariance ``Sigma_k`` and Laplace mass.  Modes more than :data:`MASS_GAP` nats of mass below
+the best are dropped (low_dim_gauss_mix's degenerate solution, one component taking every
+point, 452 nats below, had widened ``q0`` 60-fold); the distinct rest weigh equally:
 
-* ``q0 = N(m, c Sigma)``: ``m`` the mean of the systems' modes, ``Sigma`` the mean of their
-  ``Sigma_r`` plus the spread of the modes (systems that found different modes widen ``q0`` over
-  all of them), ``c =`` :data:`LAPLACE_WIDTH` ``^2`` (twice the Laplace sd: a slightly wide
-  ``q`` costs little barrier, a narrow one misses tails);
-* the systems start from independent draws of ``N(m_r, c Sigma_r)`` (each around its own mode,
-  overdispersed by the same factor, so that R-hat can see systems stuck apart);
-* with a preconditioner (``precondition`` not ``"none"``), every slot's metric starts at the
+* ``q0 = N(m, c Sigma)``: ``m`` the mean of the modes, ``Sigma`` the mean of their ``Sigma_k``
+  plus the spread of the modes (modes far apart widen ``q0`` over all of them), ``c =``
+  :data:`LAPLACE_WIDTH` ``^2`` (twice the Laplace sd: a slightly wide ``q`` costs little
+  barrier, a narrow one misses tails);
+* each system starts from independent draws of ``N(m_r, c Sigma_r)`` around the best mode its
+  own starts found (overdispersed by the same factor, so that R-hat can see systems stuck
+  apart);
+* every slot's metric starts at the
   Cholesky factor of the covariance of the Gaussian that slot anneals between, ``Sigma /
   (beta + (1 - beta) / c)`` (diagonal: its square-rooted diagonal), and, where the step size
   was not given, the step starts at the explorer's optimal scaling for a standard Gaussian in
   those whitened units (:func:`whitened_step`).
 
-Systems whose Hessian is not positive definite (a saddle, a funnel's neck, no mode) start from
-the target's own starts; where none is, nothing changes.  The rounds then refit ``q`` and the
-metric from draws as before: the Laplace fit is a start, not an assumption.
+A system none of whose starts reached a kept mode (a Hessian not positive definite: a saddle,
+a funnel's neck, no mode) starts around the best mode; where no start did, nothing changes.
+The rounds then refit ``q`` and the metric from draws: the Laplace fit is a start, not an
+assumption -- but the metric's estimates are pooled with it (weighted by
+:data:`nrpt.run.build.LAPLACE_ROWS_PER_DIM` rows per dimension, then by the rows of every
+round behind it: :attr:`nrpt.adapt.metric.MetricAdaptor.prior_rows`), and ``q``'s refit
+regularises in the previous ``q``'s whitened frame (:func:`whitened_fit`).
 """
 
 from __future__ import annotations
