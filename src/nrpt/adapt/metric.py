@@ -97,6 +97,13 @@ class MetricAdaptor(AdaptorBase):
         #: ``(segment index, mean whitened sd [R, P])`` of the last change
         self.z_scale: tuple[int, torch.Tensor] | None = None
         self.updates = 0
+        #: per slot ``[P]``, the number of rows behind the current metric (None: the metric is
+        #: re-estimated from each round alone, with Stan's shrinkage).  Set
+        #: (:meth:`seed_rows`) where the run starts from a metric of its own (the Laplace start
+        #: of :mod:`nrpt.paths.gaussian_reference`): each round's estimate is then pooled with
+        #: the current metric weighted by these rows, ``A <- (N A + M I) / (N + M)`` in its
+        #: whitened frame, and ``M <- M + N``
+        self.prior_rows: torch.Tensor | None = None
 
     def end_segment(self, view: SegmentView) -> Update | None:
         if view.last or (self.phase is not None and not view.name.startswith(self.phase)):
@@ -131,13 +138,20 @@ class MetricAdaptor(AdaptorBase):
         w = N / (N + SHRINK)
         old = view.metric
         old0 = None if old is None else old[0].double()  # pooled: every system's is the same
+        pooled = self.prior_rows is not None and old0 is not None
+        if pooled:
+            M = self.prior_rows.to(torch.float64).expand(old0.shape[0])
+            w = N / (N + M)  # [P]: the weight of the round's estimate against the metric's
         d = var.shape[-1]
         sd = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
         if c2 is None:
             s_old = torch.ones_like(var) if old0 is None else old0
             frame = sd if old0 is None else old0
             # in the frame's whitened units: w a + REG (1 - w), a = var / frame^2
-            new = (w * var + REG * (1.0 - w) * frame * frame).sqrt()
+            if pooled:
+                new = (w[:, None] * var + (1.0 - w[:, None]) * frame * frame).sqrt()
+            else:
+                new = (w * var + REG * (1.0 - w) * frame * frame).sqrt()
             new = torch.where(good[:, None], new, s_old)
             ratio = (s_old / new).max(-1).values
             z_scale = (var.sqrt() / new).mean(-1)
@@ -148,7 +162,11 @@ class MetricAdaptor(AdaptorBase):
             frame = torch.diag_embed(sd) if old0 is None else L_old
             A = _whitened_var(S, frame)
             A = 0.5 * (A + A.transpose(-1, -2))
-            A = torch.where(good[:, None, None], w * A + REG * (1.0 - w) * eye, eye)
+            if pooled:
+                wp = w[:, None, None]
+                A = torch.where(good[:, None, None], wp * A + (1.0 - wp) * eye, eye)
+            else:
+                A = torch.where(good[:, None, None], w * A + REG * (1.0 - w) * eye, eye)
             C, info = torch.linalg.cholesky_ex(A)
             ok = (info == 0) & torch.isfinite(C).all((-1, -2))
             # where the Cholesky factor fails: the diagonal of A
@@ -166,19 +184,33 @@ class MetricAdaptor(AdaptorBase):
         self.changed = (view.index, ratio.expand(R, P).to(view.step_size))
         self.z_scale = (view.index, z_scale.expand(R, P).to(view.step_size))
         self.updates += 1
+        if pooled:
+            self.prior_rows = torch.where(good, M + N, M)
         metric = new.to(view.step_size.dtype).expand(R, *new.shape).clone()
         return Update(metric=metric)
+
+    def seed_rows(self, rows) -> None:
+        """The current metric stands for ``rows`` rows at every slot (``[P]`` or a number;
+        see :attr:`prior_rows`)."""
+        self.prior_rows = torch.as_tensor(rows, dtype=torch.float64)
 
     def follow_ladder(self, m) -> None:
         """The ladder grew (after this round's adaptors): the engine copies each new slot's
         metric from its source slot; the step ratios of this round, already used, are dropped."""
         self.changed = self.z_scale = None
+        if self.prior_rows is not None and self.prior_rows.dim() == 1:
+            self.prior_rows = self.prior_rows[torch.as_tensor(m.source)].clone()
 
     def state_dict(self) -> dict:
-        return {"updates": self.updates}
+        out = {"updates": self.updates}
+        if self.prior_rows is not None:
+            out["prior_rows"] = self.prior_rows.tolist()
+        return out
 
     def load_state_dict(self, sd: dict) -> None:
         self.updates = int(sd.get("updates", 0))
+        if sd.get("prior_rows") is not None:
+            self.prior_rows = torch.as_tensor(sd["prior_rows"], dtype=torch.float64)
 
 
 def _stretch(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:

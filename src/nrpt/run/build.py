@@ -59,6 +59,9 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 #: 200: 4 of 50)
 WARMUP_WINDOW_MIN = 50
 WARMUP_WINDOWS = 8
+#: the metric of a Laplace start counts as this many rows per dimension when the rounds'
+#: estimates are pooled with it (:attr:`nrpt.adapt.metric.MetricAdaptor.prior_rows`)
+LAPLACE_ROWS_PER_DIM = 10
 
 
 def initial_states(target, path, R: int, P: int, seed: int, dtype, device,
@@ -432,20 +435,50 @@ def _gaussian_engine(cfg, target, path, explorer, scheme, rule, step, comm, dtyp
     """``(engine, [its refit adaptor])`` of a density-only target annealed from a Gaussian
     (:mod:`nrpt.paths.gaussian_reference`): initial states as a temperature ladder's (the
     target's own or N(0, I)), the initial Gaussian set from them."""
-    from nrpt.paths.gaussian_reference import GaussianRef
+    from nrpt.paths.gaussian_reference import GaussianRef, whitened_step
 
     ref = GaussianRef(facts["reference"], int(cfg.systems), kind=facts["target_kind"], path=path,
                       comm=comm, cfg=cfg)
     x0, _ = initial_states(target, path, int(cfg.systems), int(cfg.chains), cfg.seed, dtype,
                            device, drawn=False)
     facts["zero_likelihood_share"] = 0.0
+    start, metric = _laplace_start(cfg, target, explorer, path, x0, ref)
+    if start is not None:
+        x0 = start.x.to(x0)
+        facts["laplace_start"] = start.note()
+        given = "step_size" in getattr(cfg, "explicit", frozenset())
+        first = None if given else whitened_step(explorer, int(target.dim))
+        if first is not None:
+            step = first
     if getattr(explorer, "domain", None) is not None:
         explorer.domain.check_inside(x0)
     engine = ref.engine(target, path, explorer, scheme, rule, step_size=step, seed=cfg.seed,
                         n_explore=cfg.n_explore or 1, dtype=dtype, device=device,
-                        initial_states=x0)
+                        initial_states=x0, start=start)
+    if metric is not None:
+        engine.set_metric(metric.to(dtype).expand(engine.R, *metric.shape).clone())
     facts.update(ref.facts())
     return engine, ref.adaptors()
+
+
+def _laplace_start(cfg, target, explorer, path, x0, ref):
+    """``(LaplaceStart or None, per-slot metric [P, ...] or None)``: a refitted Gaussian
+    reference with a preconditioner (``precondition`` not ``"none"``, a preconditionable
+    explorer) on a target with a gradient starts from the Laplace fit at its mode(s)
+    (:func:`nrpt.paths.gaussian_reference.laplace_start`): ``q0``, the starts, the metric."""
+    from nrpt.paths.gaussian_reference import laplace_start
+
+    mode = resolve_mode(getattr(cfg, "precondition", None) or "none", int(target.dim))
+    inner = getattr(explorer, "inner", explorer)
+    grad = capabilities(target).has("grad_energy") or hasattr(target, "energy_and_grad") \
+        or getattr(inner, "uses_gradient", False)
+    if not ref.fitted or mode == "none" or not getattr(inner, "preconditionable", False) \
+            or not grad:
+        return None, None
+    start = laplace_start(target, x0, generator_for(cfg.seed, Stream.INIT, 0x1A9))
+    if start is None:
+        return None, None
+    return start, start.metric(path.betas, mode)
 
 
 def _refuse_improper_hot_end(target, path, x0: torch.Tensor) -> None:
@@ -514,6 +547,8 @@ def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]
                   if mode != "none" else None)
         if metric is not None:  # (the summary's preconditioner section)
             facts["precondition"] = mode
+            if facts.get("laplace_start"):  # (its metric stands for LAPLACE_ROWS rows per dim)
+                metric.seed_rows(LAPLACE_ROWS_PER_DIM * dim)
         adaptors += [metric] if metric is not None else []
         if cfg.adapt_step_size:
             step = _own_tuning(cfg, explorer, None, follow=schedule if path.kind ==
@@ -521,7 +556,9 @@ def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]
             if metric is not None and hasattr(step, "metric_from"):
                 step.metric_from = metric
             if metric is not None and hasattr(step, "tuner"):  # (robust tuning: lane B)
-                step.tuner.fast = True
+                # (after a Laplace start the step begins near its optimum in whitened units:
+                # the 10x moves only chase the noise of the first, 2-iteration rounds)
+                step.tuner.fast = not facts.get("laplace_start")
             adaptors.append(step)
     return adaptors, windows
 
