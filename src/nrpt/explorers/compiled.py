@@ -19,6 +19,7 @@ to the plain step.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import torch
@@ -26,10 +27,49 @@ import torch
 from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 
 __all__ = ["Compiled", "CompileWarning", "compilable", "RecordingNoise",
-           "ReplayNoise", "make_draw"]
+           "ReplayNoise", "make_draw", "deferred_inductor", "why_failed"]
 
 class CompileWarning(UserWarning):
     """A compiled explorer step could not be built or run; the plain step is used instead."""
+
+
+_NUMPY_GUARD = re.compile(r"___from_numpy\(([^)]*)\)")
+
+
+def why_failed(err: BaseException) -> str:
+    """What a failed compilation says to the user: the error's first line, or, for a guard that
+    failed on the frame it was traced from, which value made it and how to fix it."""
+    text = str(err)
+    first = text.splitlines()[0] if text else ""
+    if "Guard failed on the same frame" not in text:
+        return f"{type(err).__name__}: {first}"
+    numpy = _NUMPY_GUARD.search(text)
+    if numpy:
+        name = numpy.group(1).rsplit("cell_contents.", 1)[-1]  # (the closure's path)
+        if "target." in name:  # (the density's or the engine's path to the user's target)
+            name = name[name.index("target."):]
+        return (f"{name} is a NumPy value, which torch.compile cannot guard in the loop's "
+                f"inference mode: make it a Python float or a torch tensor")
+    reason = text.split("Guard fail reason:", 1)[-1].strip().splitlines()[0]
+    return f"a torch.compile guard fails on the frame it was traced from ({reason})"
+
+
+def deferred_inductor(gm, example_inputs):
+    """A ``torch.compile`` backend: inductor, run at the graph's first call instead of while
+    Dynamo traces.  Dynamo checks the guards it built against the frame that it traced only
+    after the backend returns; a failure there (e.g. a NumPy scalar in the target under
+    inference mode) used to come after inductor's whole compilation (tens of seconds cold):
+    deferred, it comes after the trace alone, and the fallback is at once."""
+    from torch._inductor.compile_fx import compile_fx
+
+    compiled: list = []
+
+    def first_call(*args):
+        if not compiled:
+            compiled.append(compile_fx(gm, list(args)))
+        return compiled[0](*args)
+
+    return first_call
 
 
 def compilable(explorer: Explorer) -> bool:
@@ -124,7 +164,7 @@ class Compiled(Explorer):
     """``inner``'s step as one ``torch.compile`` graph (see the module docstring).
 
     ``options`` go to ``torch.compile`` (default ``dynamic=False``: a run's shapes are
-    fixed)."""
+    fixed; backend :func:`deferred_inductor`, inductor after Dynamo's guards passed)."""
 
     def __init__(self, inner: Explorer, **options):
         if not compilable(inner):
@@ -139,6 +179,8 @@ class Compiled(Explorer):
         self.acceptance_order = inner.acceptance_order
         self.preconditionable = inner.preconditionable
         self.options = {"dynamic": False, **options}
+        if "backend" not in options and "mode" not in options:
+            self.options["backend"] = deferred_inductor
         self._plans: dict[tuple, list] = {}  # kind of state -> the draws a step makes
         self._fn: dict[int, object] = {}  # sub-step -> its compiled function
         self.failed: str | None = None
@@ -196,7 +238,7 @@ class Compiled(Explorer):
                 out = fn(*args)
             x, v, base, extras, prob, accepted, nonfinite = out
         except Exception as err:  # no compiler, an unsupported op in the target, ...
-            self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            self.failed = why_failed(err)
             warnings.warn(f"the compiled {self.name} step failed ({self.failed}); using the "
                           f"plain step", CompileWarning, stacklevel=2)
             return self.inner.step(state, b, step_size, density, noise, sub, **kw)
