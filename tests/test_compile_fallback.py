@@ -105,3 +105,26 @@ def test_why_failed_names_other_guards_and_errors():
     assert why_failed(err) == ("a torch.compile guard fails on the frame it was traced from "
                                "(0/0: x.size() mismatch)")
     assert why_failed(RuntimeError("no compiler\ndetails")) == "RuntimeError: no compiler"
+
+
+def test_compiled_code_is_cached_in_nrpts_per_machine_folder(monkeypatch, tmp_path):
+    """torch's default (a folder under /tmp, which importing torch._dynamo writes into the
+    environment) is replaced by ``$NRPT_COMPILE_CACHE`` (else ``~/.cache/nrpt/compile``); a
+    folder the user chose is kept (the negative control)."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from nrpt.explorers.compiled import compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.setenv("NRPT_COMPILE_CACHE", str(tmp_path / "nrpt"))
+    assert compile_cache() == str(tmp_path / "nrpt")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "nrpt")
+    monkeypatch.delenv("NRPT_COMPILE_CACHE")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert compile_cache() == str(tmp_path / ".cache" / "nrpt" / "compile")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("NRPT_COMPILE_CACHE", str(tmp_path / "nrpt"))
+    assert compile_cache() == str(tmp_path / "mine")

@@ -43,6 +43,7 @@ from nrpt.explorers.compiled import (
     RecordingNoise,
     ReplayNoise,
     compilable,
+    compile_cache,
     deferred_inductor,
     make_draw,
     why_failed,
@@ -315,6 +316,7 @@ class Fused:
                 # eagerly without a word; it raises instead, and the fallback says so
                 # (inductor deferred to the first call: a guard that fails on the traced frame
                 # fails before the long compilation, and the fallback is at once)
+                compile_cache()
                 fn = torch.compile(fn, dynamic=False, fullgraph=True, backend=deferred_inductor,
                                    **_ISOLATE)
             self._fns[key] = fn

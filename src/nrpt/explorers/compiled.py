@@ -19,18 +19,38 @@ to the plain step.
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
+from pathlib import Path
 
 import torch
 
 from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 
 __all__ = ["Compiled", "CompileWarning", "compilable", "RecordingNoise",
-           "ReplayNoise", "make_draw", "deferred_inductor", "why_failed"]
+           "ReplayNoise", "make_draw", "deferred_inductor", "why_failed", "compile_cache"]
 
 class CompileWarning(UserWarning):
     """A compiled explorer step could not be built or run; the plain step is used instead."""
+
+
+def compile_cache() -> str:
+    """The folder of inductor's and AOTAutograd's on-disk caches, set before a compilation:
+    ``$TORCHINDUCTOR_CACHE_DIR`` where the user set it, else ``$NRPT_COMPILE_CACHE`` or
+    ``~/.cache/nrpt/compile`` (per machine, kept across reboots, where torch's default is a
+    folder under /tmp).  A process whose cache holds the run's graphs skips inductor's code
+    generation and C++ compilation (tens of seconds) and pays Dynamo's trace and the loading."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    now = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # (importing torch._dynamo sets the variable to torch's default: that is not the user's)
+    if now and os.path.abspath(now) != os.path.abspath(default_cache_dir()):
+        return now
+    env = os.environ.get("NRPT_COMPILE_CACHE")
+    folder = Path(env).expanduser() if env else Path.home() / ".cache" / "nrpt" / "compile"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder.absolute())
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
 _NUMPY_GUARD = re.compile(r"___from_numpy\(([^)]*)\)")
@@ -60,13 +80,18 @@ def deferred_inductor(gm, example_inputs):
     after the backend returns; a failure there (e.g. a NumPy scalar in the target under
     inference mode) used to come after inductor's whole compilation (tens of seconds cold):
     deferred, it comes after the trace alone, and the fallback is at once."""
+    from torch._guards import CompileContext, TracingContext, compile_context, tracing
     from torch._inductor.compile_fx import compile_fx
 
+    # inductor compiles in Dynamo's contexts (its fake tensors and shape environment: the keys
+    # of inductor's and AOTAutograd's on-disk caches), entered again at the first call
+    trace, ids = TracingContext.try_get(), CompileContext.try_get()
     compiled: list = []
 
     def first_call(*args):
         if not compiled:
-            compiled.append(compile_fx(gm, list(args)))
+            with compile_context(ids), tracing(trace):
+                compiled.append(compile_fx(gm, example_inputs))
         return compiled[0](*args)
 
     return first_call
@@ -209,6 +234,7 @@ class Compiled(Explorer):
             return (new.x, new.v, new.base, new.extras, info.accept_prob, info.accepted,
                     info.nonfinite)
 
+        compile_cache()
         return torch.compile(step, **self.options)
 
     def step(self, state, b, step_size, density, noise, sub=0, metric=None):
