@@ -146,7 +146,8 @@ def main(argv=None) -> None:
                       f"{r['overhead_cpu']:7.2f} s CPU | process {r['process_s']:6.2f} s wall "
                       f"{r['process_cpu']:6.2f} s CPU | before first compiled chunk "
                       f"{r['before_s']:7.2f} s wall | import {r['import_s']:.2f} s | steady "
-                      f"chunk {1e3 * r['steady_s']:.2f} ms | failed {r['failed']} | {hits(r)}", flush=True)
+                      f"chunk {1e3 * r['steady_s']:.2f} ms | failed {r['failed']} | {hits(r)}",
+                      flush=True)
     keys = ("overhead_s", "overhead_cpu", "process_s", "process_cpu", "import_s", "import_cpu",
             "steady_s")
     med = {arm: {k: statistics.median(r[k] for r in rs) for k in keys}

@@ -13,8 +13,12 @@ resumed run equals the uninterrupted one bit for bit.
 
 Only explorers whose draws do not depend on the state are compilable (:func:`compilable`):
 RWMH, MALA, HMC, and the stochastic-gradient explorers with the exact, noisy-oracle or
-minibatch energy.  A failed compilation or call emits a :class:`CompileWarning` and falls back
-to the plain step.
+minibatch energy.  A failed compilation or call emits a :class:`CompileWarning` that says why
+(:func:`why_failed`) and falls back to the plain step; inductor runs at the graph's first call
+(:func:`deferred_inductor`), so a graph break or a guard that fails on the traced frame falls
+back after Dynamo's trace alone.  Inductor's caches live in a per-machine folder
+(:func:`compile_cache`): a later process pays Dynamo's trace and the loading, not the
+compilation (``make bench-compile``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -79,7 +83,8 @@ def deferred_inductor(gm, example_inputs):
     Dynamo traces.  Dynamo checks the guards it built against the frame that it traced only
     after the backend returns; a failure there (e.g. a NumPy scalar in the target under
     inference mode) used to come after inductor's whole compilation (tens of seconds cold):
-    deferred, it comes after the trace alone, and the fallback is at once."""
+    deferred, it comes after the trace alone, and the fallback is at once.  For static shapes
+    (``dynamic=False``, as nrpt compiles): inductor then adds no guards of its own."""
     from torch._guards import CompileContext, TracingContext, compile_context, tracing
     from torch._inductor.compile_fx import compile_fx
 
