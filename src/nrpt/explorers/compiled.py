@@ -86,17 +86,21 @@ def deferred_inductor(gm, example_inputs):
     deferred, it comes after the trace alone, and the fallback is at once.  For static shapes
     (``dynamic=False``, as nrpt compiles): inductor then adds no guards of its own."""
     from torch._guards import CompileContext, TracingContext, compile_context, tracing
-    from torch._inductor.compile_fx import compile_fx
 
     # inductor compiles in Dynamo's contexts (its fake tensors and shape environment: the keys
     # of inductor's and AOTAutograd's on-disk caches), entered again at the first call
-    trace, ids = TracingContext.try_get(), CompileContext.try_get()
+    pending = [gm, example_inputs, TracingContext.try_get(), CompileContext.try_get()]
     compiled: list = []
 
     def first_call(*args):
         if not compiled:
+            # (imported here: a fallback before the first call does not even import inductor)
+            from torch._inductor.compile_fx import compile_fx
+
+            graph, inputs, trace, ids = pending
             with compile_context(ids), tracing(trace):
-                compiled.append(compile_fx(gm, example_inputs))
+                compiled.append(compile_fx(graph, inputs))
+            pending.clear()  # (the fake tensors and contexts are not needed any more)
         return compiled[0](*args)
 
     return first_call
