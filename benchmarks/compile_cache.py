@@ -20,6 +20,8 @@ Arms, interleaved in a rotating order within each repetition:
 
 * ``cold``  an empty ``NRPT_COMPILE_CACHE`` (every cache of inductor and AOTAutograd empty);
 * ``warm``  the per-machine cache, filled by one priming process before the repetitions;
+* ``baseline`` (``--baseline DIR``) warm, with another checkout's ``src`` (an older nrpt keeps
+  torch's cache folder: the child gets ``TORCHINDUCTOR_CACHE_DIR`` = its own primed folder);
 * ``precompile`` (``--precompile``) torch 2.13's experimental caching precompile
   (``TORCH_CACHING_PRECOMPILE=1``: Dynamo's trace saved and loaded too, with the plain
   ``inductor`` backend; its own primed cache).  nrpt does not use it: it drops the guards on
@@ -87,9 +89,10 @@ print(json.dumps({"counters": {k: dict(v) for k, v in counters.items()
 
 def child(env_extra: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = env.pop("BENCH_SRC", None) or str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if "TORCHINDUCTOR_CACHE_DIR" not in env_extra:
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
@@ -123,14 +126,20 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--arms", default="cold,warm")
     ap.add_argument("--precompile", action="store_true", help="add torch's caching precompile")
+    ap.add_argument("--baseline", default=None,
+                    help="another checkout: adds the arm 'baseline', warm, with its src/")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    arms = a.arms.split(",") + (["precompile"] if a.precompile else [])
+    arms = a.arms.split(",") + (["precompile"] if a.precompile else []) + \
+        (["baseline"] if a.baseline else [])
     with tempfile.TemporaryDirectory(prefix="nrpt-compile-bench-") as tmp:
         warm = os.path.join(tmp, "warm")
         pre = os.path.join(tmp, "precompile")
         envs = {"warm": {"NRPT_COMPILE_CACHE": warm},
                 "precompile": {"NRPT_COMPILE_CACHE": pre, "BENCH_PRECOMPILE": "1"}}
+        if a.baseline:
+            envs["baseline"] = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "baseline"),
+                                "BENCH_SRC": str(Path(a.baseline).resolve() / "src")}
         for arm in arms:  # priming processes (not timed)
             if arm in envs:
                 print(f"priming {arm} ...", flush=True)
