@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow test-stan test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-deep-speed bench-peers bench-posteriordb bench-scaling bench-headline bench-headline-loop bench-outputs bench-parts bench-variational fuzz-cli clean \
+        bench-memory bench-deep bench-deep-speed bench-peers bench-posteriordb bench-scaling bench-headline bench-headline-loop bench-compile bench-outputs bench-parts bench-variational fuzz-cli clean \
         golden-record golden-compare
 
 $(STAMP): pyproject.toml
@@ -95,6 +95,10 @@ bench-headline: $(STAMP)
 # (issue 24's "<= 2x without compilation"; docs/benchmarks.md)
 bench-headline-loop: $(STAMP)
 	$(BENCH) benchmarks/headline_loop.py
+
+# what a process pays before its first compiled iteration, cold and warm inductor cache
+bench-compile: $(STAMP)
+	$(BENCH) benchmarks/compile_cache.py --precompile
 
 # what the headline run's outputs (summary, posterior.nc, figures) cost in its whole process,
 # 5 repeats (docs/benchmarks.md, "Outputs"); `--against OTHER/src` times another tree beside it

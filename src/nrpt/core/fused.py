@@ -43,7 +43,10 @@ from nrpt.explorers.compiled import (
     RecordingNoise,
     ReplayNoise,
     compilable,
+    compile_cache,
+    deferred_inductor,
     make_draw,
+    why_failed,
 )
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
@@ -396,7 +399,11 @@ class Fused:
             if compiled:
                 # fullgraph: a graph break would make torch.compile run the whole chunk
                 # eagerly without a word; it raises instead, and the fallback says so
-                fn = torch.compile(fn, dynamic=False, fullgraph=True, **_ISOLATE)
+                # (inductor deferred to the first call: a guard that fails on the traced frame
+                # fails before the long compilation, and the fallback is at once)
+                compile_cache()
+                fn = torch.compile(fn, dynamic=False, fullgraph=True, backend=deferred_inductor,
+                                   **_ISOLATE)
             self._fns[key] = fn
         return fn
 
@@ -415,8 +422,7 @@ class Fused:
             except Exception as err:  # no compiler, an op the compiler cannot take, ...
                 # the eager chunk: a target's own error raises there, and compiling goes on
                 new, out = self._function(U, compiled=False)(carry, inp)
-                first = str(err).splitlines()[0] if str(err) else ""
-                self.failed = f"{type(err).__name__}: {first}"
+                self.failed = why_failed(err)
                 warnings.warn(f"the compiled chunk failed ({self.failed}); running the chunks "
                               f"eagerly", CompileWarning, stacklevel=2)
         else:

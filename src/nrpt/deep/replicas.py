@@ -390,6 +390,9 @@ class FunctionalNet:
         if strategy not in self._fns:
             fn = vmap(grad_and_value(self._one, has_aux=True), randomness="different")
             if strategy == "compile":
+                from nrpt.explorers.compiled import compile_cache
+
+                compile_cache()  # (inductor's caches in nrpt's per-machine folder)
                 fn = torch.compile(fn, dynamic=False)
             self._fns[strategy] = fn
         return self._fns[strategy]

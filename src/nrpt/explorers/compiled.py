@@ -13,23 +13,97 @@ resumed run equals the uninterrupted one bit for bit.
 
 Only explorers whose draws do not depend on the state are compilable (:func:`compilable`):
 RWMH, MALA, HMC, and the stochastic-gradient explorers with the exact, noisy-oracle or
-minibatch energy.  A failed compilation or call emits a :class:`CompileWarning` and falls back
-to the plain step.
+minibatch energy.  A failed compilation or call emits a :class:`CompileWarning` that says why
+(:func:`why_failed`) and falls back to the plain step; inductor runs at the graph's first call
+(:func:`deferred_inductor`), so a graph break or a guard that fails on the traced frame falls
+back after Dynamo's trace alone.  Inductor's caches live in a per-machine folder
+(:func:`compile_cache`): a later process pays Dynamo's trace and the loading, not the
+compilation (``make bench-compile``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
+from pathlib import Path
 
 import torch
 
 from nrpt.explorers.base import ExploreInfo, Explorer, ReplicaState
 
 __all__ = ["Compiled", "CompileWarning", "compilable", "RecordingNoise",
-           "ReplayNoise", "make_draw"]
+           "ReplayNoise", "make_draw", "deferred_inductor", "why_failed", "compile_cache"]
 
 class CompileWarning(UserWarning):
     """A compiled explorer step could not be built or run; the plain step is used instead."""
+
+
+def compile_cache() -> str:
+    """The folder of inductor's and AOTAutograd's on-disk caches, set before a compilation:
+    ``$TORCHINDUCTOR_CACHE_DIR`` where the user set it, else ``$NRPT_COMPILE_CACHE`` or
+    ``~/.cache/nrpt/compile`` (per machine, kept across reboots, where torch's default is a
+    folder under /tmp).  A process whose cache holds the run's graphs skips inductor's code
+    generation and C++ compilation (tens of seconds) and pays Dynamo's trace and the loading."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    now = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # (importing torch._dynamo sets the variable to torch's default: that is not the user's)
+    if now and os.path.abspath(now) != os.path.abspath(default_cache_dir()):
+        return now
+    env = os.environ.get("NRPT_COMPILE_CACHE")
+    folder = Path(env).expanduser() if env else Path.home() / ".cache" / "nrpt" / "compile"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder.absolute())
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+_NUMPY_GUARD = re.compile(r"___from_numpy\(([^)]*)\)")
+
+
+def why_failed(err: BaseException) -> str:
+    """What a failed compilation says to the user: the error's first line, or, for a guard that
+    failed on the frame it was traced from, which value made it and how to fix it."""
+    text = str(err)
+    first = text.splitlines()[0] if text else ""
+    if "Guard failed on the same frame" not in text:
+        return f"{type(err).__name__}: {first}"
+    numpy = _NUMPY_GUARD.search(text)
+    if numpy:
+        name = numpy.group(1).rsplit("cell_contents.", 1)[-1]  # (the closure's path)
+        if "target." in name:  # (the density's or the engine's path to the user's target)
+            name = name[name.index("target."):]
+        return (f"{name} is a NumPy value, which torch.compile cannot guard in the loop's "
+                f"inference mode: make it a Python float or a torch tensor")
+    reason = text.split("Guard fail reason:", 1)[-1].strip().splitlines()[0]
+    return f"a torch.compile guard fails on the frame it was traced from ({reason})"
+
+
+def deferred_inductor(gm, example_inputs):
+    """A ``torch.compile`` backend: inductor, run at the graph's first call instead of while
+    Dynamo traces.  Dynamo checks the guards it built against the frame that it traced only
+    after the backend returns; a failure there (e.g. a NumPy scalar in the target under
+    inference mode) used to come after inductor's whole compilation (tens of seconds cold):
+    deferred, it comes after the trace alone, and the fallback is at once.  For static shapes
+    (``dynamic=False``, as nrpt compiles): inductor then adds no guards of its own."""
+    from torch._guards import CompileContext, TracingContext, compile_context, tracing
+
+    # inductor compiles in Dynamo's contexts (its fake tensors and shape environment: the keys
+    # of inductor's and AOTAutograd's on-disk caches), entered again at the first call
+    pending = [gm, example_inputs, TracingContext.try_get(), CompileContext.try_get()]
+    compiled: list = []
+
+    def first_call(*args):
+        if not compiled:
+            # (imported here: a fallback before the first call does not even import inductor)
+            from torch._inductor.compile_fx import compile_fx
+
+            graph, inputs, trace, ids = pending
+            with compile_context(ids), tracing(trace):
+                compiled.append(compile_fx(graph, inputs))
+            pending.clear()  # (the fake tensors and contexts are not needed any more)
+        return compiled[0](*args)
+
+    return first_call
 
 
 def compilable(explorer: Explorer) -> bool:
@@ -124,7 +198,7 @@ class Compiled(Explorer):
     """``inner``'s step as one ``torch.compile`` graph (see the module docstring).
 
     ``options`` go to ``torch.compile`` (default ``dynamic=False``: a run's shapes are
-    fixed)."""
+    fixed; backend :func:`deferred_inductor`, inductor after Dynamo's guards passed)."""
 
     def __init__(self, inner: Explorer, **options):
         if not compilable(inner):
@@ -139,6 +213,8 @@ class Compiled(Explorer):
         self.acceptance_order = inner.acceptance_order
         self.preconditionable = inner.preconditionable
         self.options = {"dynamic": False, **options}
+        if "backend" not in options and "mode" not in options:
+            self.options["backend"] = deferred_inductor
         self._plans: dict[tuple, list] = {}  # kind of state -> the draws a step makes
         self._fn: dict[int, object] = {}  # sub-step -> its compiled function
         self.failed: str | None = None
@@ -167,6 +243,7 @@ class Compiled(Explorer):
             return (new.x, new.v, new.base, new.extras, info.accept_prob, info.accepted,
                     info.nonfinite)
 
+        compile_cache()
         return torch.compile(step, **self.options)
 
     def step(self, state, b, step_size, density, noise, sub=0, metric=None):
@@ -196,7 +273,7 @@ class Compiled(Explorer):
                 out = fn(*args)
             x, v, base, extras, prob, accepted, nonfinite = out
         except Exception as err:  # no compiler, an unsupported op in the target, ...
-            self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            self.failed = why_failed(err)
             warnings.warn(f"the compiled {self.name} step failed ({self.failed}); using the "
                           f"plain step", CompileWarning, stacklevel=2)
             return self.inner.step(state, b, step_size, density, noise, sub, **kw)

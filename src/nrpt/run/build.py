@@ -637,4 +637,12 @@ def _fuse(run: Run, cfg) -> None:
                              f"fuse = false")
         unroll = UNROLL if cfg.fuse is True else int(cfg.fuse)
         run.fused = Fused(run, unroll=unroll, compile=bool(cfg.compile))
+        if cfg.compile:
+            # the iterations outside chunks (up to the first multiple of the chunk length,
+            # around checkpoints and callbacks, the tail) take the plain step: compiling it
+            # too cost every process a second compilation for those few iterations
+            from nrpt.explorers.compiled import Compiled
+
+            if isinstance(run.engine.explorer, Compiled):
+                run.engine.explorer = run.engine.explorer.inner
     run.facts["fused"] = run.fused is not None
