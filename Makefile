@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 BENCH  := OMP_NUM_THREADS=1 $(PY)
 
 .PHONY: install run test test-slow test-stan test-all lint bench-pymc bench-pymc-conjugate bench-schemes bench-sgpt bench-adaptive bench-distributed \
-        bench-memory bench-deep bench-deep-speed bench-peers bench-posteriordb bench-scaling bench-headline bench-headline-loop bench-compile bench-outputs bench-parts bench-variational fuzz-cli clean \
+        bench-memory bench-deep bench-deep-speed bench-peers bench-posteriordb bench-multimodal-stan bench-scaling bench-headline bench-headline-loop bench-compile bench-outputs bench-parts bench-variational fuzz-cli clean \
         golden-record golden-compare
 
 $(STAMP): pyproject.toml
@@ -157,6 +157,12 @@ bench-pymc: $(STAMP)
 PDB_ARGS ?=
 bench-posteriordb: $(STAMP)
 	$(BENCH) benchmarks/posteriordb.py $(PDB_ARGS)
+
+# a two-mode Stan model of our own (exact answers): nrpt against NUTS at the same wall time,
+# positive-mode mass, means, sds, R-hat, ESS/s, whether NUTS's chains disagree (docs/posteriordb.md)
+MM_ARGS ?=
+bench-multimodal-stan: $(STAMP)
+	$(BENCH) benchmarks/multimodal_stan.py $(MM_ARGS)
 
 # conjugate PyMC models: posterior means, variances and log Z against closed forms (docs/pymc.md)
 bench-pymc-conjugate: $(STAMP)
