@@ -332,3 +332,53 @@ def test_consistent_halves_give_no_finding():
     est = stone.estimate()
     assert stone.findings() == []
     assert bool(torch.isfinite(est["halves_z"]).all()) and float(est["halves_z"].abs().max()) < 3
+
+
+# ------------------------------------------------------------------ systems disagreeing on log Z
+def test_systems_spread_flags_errors_too_small_and_is_quiet_when_they_are_honest():
+    """``log-z-systems``: R independent estimates with reported errors ``se`` are flagged when
+    they spread more than the errors allow (chi-square at p = 1e-3).  Honest errors: about 1
+    false alarm in 1000 (measured over 4000 sets of 4 systems, seeded; the Wilson-Hilferty
+    quantile is within ~1 %); errors reported 3x too small: nearly always flagged (the test's
+    negative control: the same draws, only the reported error changed)."""
+    from nrpt.recorders.log_z import SPREAD_P, systems_spread
+
+    g = torch.Generator().manual_seed(7)
+    n, R = 4000, 4
+    se = 0.05 + 0.1 * torch.rand(n, R, generator=g, dtype=torch.float64)
+    draws = -12.3 + se * torch.randn(n, R, generator=g, dtype=torch.float64)
+    honest = sum(systems_spread(draws[i], se[i]) is not None for i in range(n))
+    # binomial(4000, 1e-3): mean 4, P(X > 16) < 1e-6
+    assert honest <= 16, honest
+    small = sum(systems_spread(draws[i], se[i] / 3.0) is not None for i in range(n))
+    assert small > 0.6 * n, small
+    f = systems_spread(draws[0], se[0] / 10.0)
+    assert f is not None and f.code == "log-z-systems" and "too" in f.message
+    assert f"p = {SPREAD_P:g}" in f.message
+    # one system, or errors missing: nothing to compare
+    assert systems_spread(draws[0, :1], se[0, :1]) is None
+    assert systems_spread(draws[0], torch.full((R,), math.nan)) is None
+
+
+def test_a_run_whose_systems_disagree_on_log_z_says_so(monkeypatch):
+    """End to end: a run's summary carries ``log-z-systems`` when its systems' bridge
+    estimates spread beyond their errors (here the batch-means errors are shrunk 50-fold
+    before the check reads them); the same run with its own errors does not (control)."""
+    from nrpt.recorders.log_z import SteppingStone, systems_spread
+
+    opts = dict(target="gaussian", iterations=400, chains=6, systems=4, seed=3, figures=False)
+    res = nrpt.sample(**opts)
+    assert not any("systems' log Z estimates" in w for w in res.summary["warnings"])
+    lz = np.asarray(res.summary["log_normalizer"], dtype=float)
+    se = np.asarray(res.summary["log_normalizer_se"], dtype=float)
+    assert systems_spread(lz, se) is None
+    plain = SteppingStone._batch_ses
+
+    def shrunk(self):
+        out = plain(self)
+        return {k: (v / 50.0 if k == "se" else v) for k, v in out.items()}
+
+    monkeypatch.setattr(SteppingStone, "_batch_ses", shrunk)
+    res = nrpt.sample(**opts)
+    found = [w for w in res.summary["warnings"] if "4 systems' log Z estimates" in w]
+    assert len(found) == 1 and "times too small" in found[0], res.summary["warnings"]

@@ -32,7 +32,8 @@ import torch
 from nrpt.recorders.stats import per_system
 from nrpt.roles import IterationBlock, RecorderBase
 
-__all__ = ["SteppingStone", "StreamingLogSumExp", "BATCHES", "HALVES_Z"]
+__all__ = ["SteppingStone", "StreamingLogSumExp", "BATCHES", "HALVES_Z", "SPREAD_P",
+           "systems_spread"]
 
 
 class StreamingLogSumExp:
@@ -195,6 +196,50 @@ BATCHES = 32
 #: batches the z of a consistent pair of halves is close to a t with 31+ degrees of freedom:
 #: ``P(|t_31| > 4) ~ 4e-4`` per system.
 HALVES_Z = 4.0
+#: the systems' log Z estimates are flagged when their spread around the error-weighted mean
+#: has a chi-square tail probability below this under their reported errors
+SPREAD_P = 1e-3
+
+
+def _chi2_quantile(k: int, z: float) -> float:
+    """The chi-square quantile with ``k`` degrees of freedom at standard-normal quantile ``z``
+    (Wilson-Hilferty; within ~1 % at ``k >= 1`` in the upper tail used here)."""
+    h = 2.0 / (9.0 * k)
+    return k * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+def systems_spread(log_z, se, what: str = "log Z"):
+    """A :class:`nrpt.report.health.Finding` (code ``log-z-systems``) when independent systems'
+    estimates ``log_z[R]`` disagree beyond their reported errors ``se[R]``: ``Q = sum ((log_z_i
+    - m) / se_i)^2`` around the error-weighted mean ``m`` exceeds the chi-square quantile with
+    ``R - 1`` degrees of freedom at :data:`SPREAD_P` (honest errors: a false alarm in 1 run of
+    1000).  The message gives the factor ``sqrt(Q / (R - 1))`` by which the errors look too
+    small and the error the systems' own spread implies.  None otherwise (fewer than 2 systems
+    with finite estimates and positive errors)."""
+    from nrpt.report.health import Finding
+
+    lz = torch.as_tensor(log_z, dtype=torch.float64).reshape(-1)
+    e = torch.as_tensor(se, dtype=torch.float64).reshape(-1)
+    ok = torch.isfinite(lz) & torch.isfinite(e) & (e > 0)
+    if int(ok.sum()) < 2:
+        return None
+    lz, e = lz[ok], e[ok]
+    R = int(lz.numel())
+    w = e.pow(-2)
+    m = float((w * lz).sum() / w.sum())
+    q = float((((lz - m) / e) ** 2).sum())
+    limit = _chi2_quantile(R - 1, 3.0902)  # the standard normal's 1 - SPREAD_P quantile
+    if q <= limit:
+        return None
+    factor = math.sqrt(q / (R - 1))
+    spread_se = float(lz.std()) / math.sqrt(R)
+    return Finding("log-z-systems", (
+        f"the {R} systems' {what} estimates ({float(lz.min()):.5g} to {float(lz.max()):.5g}) "
+        f"disagree beyond their batch-means errors ({float(e.min()):.2g} to "
+        f"{float(e.max()):.2g}): chi-square {q:.1f} on {R - 1} degrees of freedom (limit "
+        f"{limit:.1f} at p = {SPREAD_P:g}), so the errors look about {factor:.1f} times too "
+        f"small; the systems' own spread puts the error of their mean at {spread_se:.2g}"),
+        "iterations (more draws per round) / systems (more independent estimates) / chains")
 
 
 class SteppingStone(RecorderBase):
@@ -355,10 +400,12 @@ class SteppingStone(RecorderBase):
                 "reverse_se": ses["reverse_se"], "halves_z": z, "per_slot": per_slot,
                 "reverse_valid": valid}
 
-    def findings(self, label=None) -> list:
+    def findings(self, label=None, across: bool = False) -> list:
         """:class:`nrpt.report.health.Finding` s (code ``log-z-halves``) where the stepping-stone
         halves disagree beyond their error: in some system, ``|halves_z| > HALVES_Z``, or in
-        the systems together, ``|sum z| / sqrt(R) > HALVES_Z``.  ``label(i)`` names engine
+        the systems together, ``|sum z| / sqrt(R) > HALVES_Z``; with ``across`` (the engine's
+        systems estimate one quantity), ``log-z-systems`` where the systems' bridge estimates
+        disagree beyond their errors (:func:`systems_spread`).  ``label(i)`` names engine
         system ``i`` in the message (default ``"system i"``)."""
         from nrpt.report.health import Finding
 
@@ -393,7 +440,8 @@ class SteppingStone(RecorderBase):
                     f"combined z = {comb:.1f} (threshold {HALVES_Z:g}); the reverse "
                     f"half is biased upward where its weights have infinite variance (the "
                     f"likelihood vanishing faster than the reference); {what}"), knob))
-        return out
+        spread = systems_spread(est["log_normalizer"], est["se"]) if across else None
+        return out + ([spread] if spread is not None else [])
 
     def state_dict(self) -> dict:
         return {"forward": self.forward.state_dict(), "reverse": self.reverse.state_dict(),

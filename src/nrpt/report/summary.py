@@ -466,7 +466,8 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
                                "report this as a bug")]
     lz = run.recorders.get("log_z")
     if lz is not None:  # log Z halves self-check, per engine row
-        findings += lz.findings(None if row_map is None else row_map.row_label)
+        findings += lz.findings(None if row_map is None else row_map.row_label,
+                                across=row_map is None)
         if row_map is not None:
             findings += row_map.findings(run)
     return findings
