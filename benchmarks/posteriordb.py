@@ -1068,6 +1068,11 @@ def main(argv: list[str] | None = None) -> dict:
                 str(json_path)}
             for n, r in kept.items() if r.get("nuts")}
     force = args.force or args.keep_nuts
+    def log_z_check(post):  # the second reference's runs (--log-z-check), per seed
+        return run_log_z_check(post, seeds=args.seeds, systems=args.systems,
+                               budget_s=args.budget_s, options=args.nrpt_options,
+                               reference=args.log_z_check, target_factory=make_target)
+
     for name in chosen:
         stored = results["posteriors"].get(name)
         if stored and stored.get("error"):  # an error is no result: run it again
@@ -1076,10 +1081,7 @@ def main(argv: list[str] | None = None) -> dict:
             if args.log_z_check and not stored.get("log_z_check") and stored.get("nrpt"):
                 post = load_posterior(args.db, name)
                 try:
-                    stored["log_z_check"] = run_log_z_check(
-                        post, seeds=args.seeds, systems=args.systems, budget_s=args.budget_s,
-                        options=args.nrpt_options, reference=args.log_z_check,
-                    target_factory=make_target)
+                    stored["log_z_check"] = log_z_check(post)
                 except KeyboardInterrupt:
                     print("  interrupted; the posteriors done so far are saved")
                     break
@@ -1104,10 +1106,7 @@ def main(argv: list[str] | None = None) -> dict:
                     print(f"  {name}: the kept NUTS runs have seeds {old_seeds}, nrpt's "
                           f"{sorted(args.seeds)}")
             if args.log_z_check:
-                rec["log_z_check"] = run_log_z_check(
-                    post, seeds=args.seeds, systems=args.systems, budget_s=args.budget_s,
-                    options=args.nrpt_options, reference=args.log_z_check,
-                    target_factory=make_target)
+                rec["log_z_check"] = log_z_check(post)
         except KeyboardInterrupt:
             print("  interrupted; the posteriors done so far are saved")
             break

@@ -61,6 +61,21 @@ def outcome(run) -> dict:
     return out
 
 
+def _same_as_plain(plain, other_run, name, n) -> None:
+    """``other_run``'s outcome equals ``plain``'s (bit for bit where :data:`BITWISE`, else to
+    1e-12); negative control: another seed differs in the same comparison."""
+    a, b = outcome(plain), outcome(other_run)
+    assert a.keys() == b.keys()
+    for key in a:
+        if key in BITWISE:
+            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
+        else:
+            torch.testing.assert_close(b[key], a[key], rtol=1e-12, atol=1e-12, msg=key)
+    other = build(config(name, n, seed=1))
+    execute(other)
+    assert not torch.equal(outcome(other)["x"], a["x"])
+
+
 def plain_and_fused(name: str, iterations: int, **changes):
     plain = build(config(name, iterations, fuse=False, **changes))
     assert plain.fused is None
@@ -79,17 +94,7 @@ def test_eager_chunks_equal_the_plain_loop(name):
     n = 120 if name != "headline-sgd" else 200
     plain, fused = plain_and_fused(name, n)
     assert fused.fused is not None and fused.fused.chunks >= n // 8 - 2
-    a, b = outcome(plain), outcome(fused)
-    assert a.keys() == b.keys()
-    for key in a:
-        if key in BITWISE:
-            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
-        else:
-            torch.testing.assert_close(b[key], a[key], rtol=1e-12, atol=1e-12, msg=key)
-    # negative control: another seed differs in the same comparison
-    other = build(config(name, n, seed=1))
-    execute(other)
-    assert not torch.equal(outcome(other)["x"], a["x"])
+    _same_as_plain(plain, fused, name, n)
 
 
 def test_chunk_fed_other_draws_differs():
@@ -406,15 +411,7 @@ def test_auto_chunks_equal_the_plain_loop(name):
     ticks = []
     execute(auto, checkpoint_every=24, callback=lambda eng: ticks.append(eng.k))
     assert auto.fused.chunks >= 7 and ticks
-    a, b = outcome(plain), outcome(auto)
-    for key in a:
-        if key in BITWISE:
-            assert torch.equal(torch.as_tensor(a[key]), torch.as_tensor(b[key])), key
-        else:
-            torch.testing.assert_close(b[key], a[key], rtol=1e-12, atol=1e-12, msg=key)
-    other = build(config(name, n, seed=1))
-    execute(other)
-    assert not torch.equal(outcome(other)["x"], a["x"])
+    _same_as_plain(plain, auto, name, n)
 
 
 def test_auto_chunks_resume_exactly(tmp_path):
