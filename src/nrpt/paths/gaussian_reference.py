@@ -40,8 +40,9 @@ region where the chains start; the first fit (see the guards) replaces it.
 
 **Laplace start** (``reference = "gaussian"`` with a preconditioner, ``precondition`` not
 ``"none"`` -- a Stan target's defaults --, on a target with a gradient, up to
-:data:`LAPLACE_MAX_DIM` dimensions; :func:`laplace_start`, called by the run's builder).  A regression's posterior can sit
-far from Stan's ``uniform(-2, 2)`` starts on scales that differ by orders of magnitude
+:data:`LAPLACE_MAX_DIM` dimensions; :func:`laplace_start`, called by the run's builder).
+A regression's posterior can sit far from Stan's ``uniform(-2, 2)`` starts on scales that
+differ by orders of magnitude
 (earnings-earn_height: an intercept of -61,000 with sd 9,700 beside ``log sigma`` with sd 0.02,
 a condition number of 1e11): no explorer tuned from a few short rounds finds it, and a ``q``
 centred on the starts never overlaps it (that posterior failed with max |z| 606).  Before the
