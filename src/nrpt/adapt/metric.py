@@ -135,23 +135,21 @@ class MetricAdaptor(AdaptorBase):
             good = good & (acc > GATE[0]) & (acc < GATE[1])
         if not bool(good.any()):
             return None
-        w = N / (N + SHRINK)
         old = view.metric
         old0 = None if old is None else old[0].double()  # pooled: every system's is the same
         pooled = self.prior_rows is not None and old0 is not None
-        if pooled:
-            M = self.prior_rows.to(torch.float64).expand(old0.shape[0])
-            w = N / (N + M)  # [P]: the weight of the round's estimate against the metric's
+        # the weight of the round's estimate [P]: against Stan's shrinkage toward REG, or
+        # (pooled) against the current metric's rows, toward the current metric itself
+        M = self.prior_rows.to(torch.float64).expand(P) if pooled else None
+        w = N / (N + M) if pooled else torch.full((P,), N / (N + SHRINK), dtype=torch.float64)
+        reg = 1.0 if pooled else REG
         d = var.shape[-1]
         sd = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
         if c2 is None:
             s_old = torch.ones_like(var) if old0 is None else old0
             frame = sd if old0 is None else old0
-            # in the frame's whitened units: w a + REG (1 - w), a = var / frame^2
-            if pooled:
-                new = (w[:, None] * var + (1.0 - w[:, None]) * frame * frame).sqrt()
-            else:
-                new = (w * var + REG * (1.0 - w) * frame * frame).sqrt()
+            # in the frame's whitened units: w a + reg (1 - w), a = var / frame^2
+            new = (w[:, None] * var + reg * (1.0 - w[:, None]) * frame * frame).sqrt()
             new = torch.where(good[:, None], new, s_old)
             ratio = (s_old / new).max(-1).values
             z_scale = (var.sqrt() / new).mean(-1)
@@ -162,11 +160,8 @@ class MetricAdaptor(AdaptorBase):
             frame = torch.diag_embed(sd) if old0 is None else L_old
             A = _whitened_var(S, frame)
             A = 0.5 * (A + A.transpose(-1, -2))
-            if pooled:
-                wp = w[:, None, None]
-                A = torch.where(good[:, None, None], wp * A + (1.0 - wp) * eye, eye)
-            else:
-                A = torch.where(good[:, None, None], w * A + REG * (1.0 - w) * eye, eye)
+            wp = w[:, None, None]
+            A = torch.where(good[:, None, None], wp * A + reg * (1.0 - wp) * eye, eye)
             C, info = torch.linalg.cholesky_ex(A)
             ok = (info == 0) & torch.isfinite(C).all((-1, -2))
             # where the Cholesky factor fails: the diagonal of A

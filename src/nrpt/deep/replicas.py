@@ -325,11 +325,7 @@ class FunctionalNet:
 
     def _own_buffers(self, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         """The buffers of ``buf`` as fresh tensors (BatchNorm writes into them)."""
-        out = {n: c.view(s).clone() for n, c, s in zip(self.buffer_names,
-                                                        buf.split(self.buffer_numels),
-                                                        self.buffer_shapes, strict=True)}
-        out.update({n: torch.zeros_like(b) for n, b in self.int_buffers.items()})
-        return out
+        return {n: t.clone() for n, t in self.buffers(buf).items()}
 
     # ------------------------------------------------------------------ batched evaluation
     def loss_and_grad(self, theta, buf, x, y, strategy: str = "vmap", seed: int | None = None,

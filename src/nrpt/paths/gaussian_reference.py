@@ -442,7 +442,10 @@ class GaussianRefit(VariationalRefit):
     engine (``Update.reference``)."""
 
     name = "gaussian-reference"
-    whitened = False
+
+    def __init__(self, family: str, previous, whitened: bool = False):
+        super().__init__(family, previous)
+        self.whitened = bool(whitened)
 
     def end_segment(self, view: SegmentView) -> Update | None:
         if view.last:
@@ -516,9 +519,9 @@ class GaussianRef:
     def adaptors(self) -> list:
         if not self.fitted:
             return []
-        refit = GaussianRefit(self.family, lambda: self._engine.q)
-        refit.whitened = self.start is not None  # (a Laplace start: scales far apart)
-        return [refit]
+        # (a Laplace start: the posterior's scales may lie far apart, the refit is whitened)
+        return [GaussianRefit(self.family, lambda: self._engine.q,
+                              whitened=self.start is not None)]
 
     def recorders(self, **kw) -> dict:
         if not self.fitted:
@@ -532,7 +535,7 @@ class GaussianRef:
                "gaussian_refits": eng.refits, "gaussian_fallbacks": eng.fallbacks,
                "gaussian_mean": eng.q.mean, "gaussian_var": (eng.q.chol ** 2).sum(-1)}
         res = {k: per_system(v, self.R) for k, v in out.items()}
-        start = getattr(self, "start", None)
+        start = self.start
         if start is not None:
             res["laplace_start"] = start.note()
         res["gaussian_note"] = (
