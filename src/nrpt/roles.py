@@ -616,7 +616,8 @@ class IterationBlock:
 
 @dataclass(frozen=True)
 class SlotMap:
-    """How a ladder of ``old`` slots grew to ``new`` (``chains = "auto"``, between rounds).
+    """How a ladder of ``old`` slots grew to ``new`` (``chains = "auto"``, between rounds),
+    or shrank to ``new < old`` (:meth:`shrink`, ``min_chains``).
 
     ``source[j]`` (``[new]``, non-decreasing, onto ``0 .. old - 1``): the old slot whose
     replica new slot ``j`` copies; ``primary[s]`` (``[old]``): the new slot that old slot ``s``'s
@@ -629,6 +630,15 @@ class SlotMap:
     new: int
     source: tuple[int, ...]
     primary: tuple[int, ...]
+    #: a shrink only, filled in by the engine (:meth:`~nrpt.core.engine.PTEngine.grow`):
+    #: per system, the old replica each new replica ``j`` was (the one at old slot
+    #: ``source[j]``); ``None`` for a growth (the replicas keep their numbers)
+    replicas: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def shrinks(self) -> bool:
+        """Whether this map shortens the ladder (``new < old``)."""
+        return self.new < self.old
 
     @staticmethod
     def grow(old: int, new: int) -> SlotMap:
@@ -643,6 +653,22 @@ class SlotMap:
         primary = [source.index(s) for s in range(old)]
         primary[-1] = new - 1
         return SlotMap(old, new, source, tuple(primary))
+
+    @staticmethod
+    def shrink(old: int, new: int) -> SlotMap:
+        """The map of ``old`` slots onto ``2 <= new < old`` by rank: new slot ``j`` keeps the
+        replica of old slot ``source[j] = round(j (old - 1) / (new - 1))`` (strictly increasing:
+        slot ``0`` and the top are kept); the other replicas are dropped.  ``primary[s]``: the
+        new slot that old slot ``s``'s per-slot tables fold into (a kept slot its own, a dropped
+        one the nearest kept slot by rank)."""
+        old, new = int(old), int(new)
+        if new < 2 or new >= old:
+            raise ValueError(f"a ladder shrinks from some slots to fewer, at least 2; got {old} "
+                             f"-> {new}")
+        source = tuple(int(math.floor(j * (old - 1) / (new - 1) + 0.5)) for j in range(new))
+        primary = tuple(int(min(range(new), key=lambda j: (abs(source[j] - s), j)))
+                        for s in range(old))
+        return SlotMap(old, new, source, primary)
 
     @property
     def added(self) -> tuple[int, ...]:

@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 __all__ = ["restart_rate_curve", "recommended_chains", "recommended_chains_noisy",
-           "ladder_too_short", "SHORT_LADDER"]
+           "ladder_too_short", "SHORT_LADDER", "fitted_chains", "pairs_too_hard",
+           "ladder_too_long", "HARD_PAIR"]
 
 #: a ladder of ``P`` chains is too short for a barrier estimate ``Lambda-hat`` when
 #: ``2 Lambda-hat > SHORT_LADDER * P``: the margin keeps a ladder near ``2 Lambda`` (where the
@@ -57,6 +58,39 @@ def ladder_too_short(barrier: float, chains: int) -> bool:
     """Whether ``chains`` are clearly fewer than the barrier asks for: ``2 Lambda-hat >``
     :data:`SHORT_LADDER` ``* P`` (then :func:`recommended_chains` says how many to use)."""
     return 2.0 * float(barrier) > SHORT_LADDER * int(chains)
+
+
+#: with ``min_chains`` (a ladder fitted in both directions), the ladder is too short where its
+#: pairs reject more than ``1/2`` by this margin on average, ``Lambda-hat / (P - 1) > 1.25 / 2``
+#: (the same margin as :data:`SHORT_LADDER`), and too long where ``P >= SHORT_LADDER x`` the
+#: fitted number of chains
+HARD_PAIR = 0.5 * SHORT_LADDER
+
+
+def fitted_chains(barrier: float, min_chains: int = 2) -> int:
+    """The chains a ladder fitted in both directions moves to: ``max(min_chains, 1 + ceil(2
+    Lambda))``, the fewest whose ``P - 1`` equalized pairs reject at most ``1/2`` each (the
+    ``2 Lambda`` of :func:`recommended_chains` counted in pairs, not slots: at small barriers
+    ``ceil(2 Lambda)`` slots would leave one pair rejecting ``Lambda`` near 1)."""
+    lam = float(barrier)
+    if not (math.isfinite(lam) and lam >= 0.0):
+        raise ValueError(f"barrier must be a finite number >= 0; got {barrier!r}")
+    return max(int(min_chains), 1 + math.ceil(2.0 * lam))
+
+
+def pairs_too_hard(barrier: float, chains: int) -> bool:
+    """Whether the ladder's pairs reject clearly more than ``1/2`` on average, ``Lambda-hat /
+    (P - 1) >`` :data:`HARD_PAIR`: a short ladder's shortfall, which ``2 Lambda-hat > 1.25 P``
+    (:func:`ladder_too_short`) cannot see with 2 chains (``Lambda-hat <= 1``) and hardly with 3."""
+    return float(barrier) / (int(chains) - 1) > HARD_PAIR
+
+
+def ladder_too_long(barrier: float, chains: int, min_chains: int = 2) -> bool:
+    """Whether ``chains`` are clearly more than the barrier asks for: ``P >=`` :data:`SHORT_LADDER`
+    ``x`` :func:`fitted_chains` (the margin keeps a ladder near its fit from shrinking on a
+    chain or two of estimation noise, and a shrunk ladder from growing back at once: its pairs
+    then reject ``<= 1/2 < HARD_PAIR``)."""
+    return int(chains) >= SHORT_LADDER * fitted_chains(barrier, min_chains)
 
 
 def recommended_chains_noisy(sigma, temperatures) -> tuple[float, float]:

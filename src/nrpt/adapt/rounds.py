@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nrpt.adapt.chains import ladder_too_short, recommended_chains
+from nrpt.adapt.chains import (fitted_chains, ladder_too_long, ladder_too_short, pairs_too_hard,
+                               recommended_chains)
 from nrpt.adapt.schedule import clean_rejections, update_schedule
 from nrpt.adapt.step import StepTuner, step_size_factor
 from nrpt.roles import AdaptorBase, SegmentView, SlotMap, Update
@@ -172,10 +173,16 @@ class ChainsAdaptor(AdaptorBase):
 
     name = "chains"
 
-    def __init__(self, max_chains: int, min_iterations: int = GROW_FROM_ITERATIONS):
+    def __init__(self, max_chains: int, min_iterations: int = GROW_FROM_ITERATIONS,
+                 min_chains: int | None = None):
         if isinstance(max_chains, bool) or int(max_chains) != max_chains or max_chains < 3:
             raise ValueError(f"max_chains must be an integer >= 3; got {max_chains!r}")
+        if min_chains is not None and (isinstance(min_chains, bool) or int(min_chains)
+                                       != min_chains or not 2 <= min_chains <= max_chains):
+            raise ValueError(f"min_chains must be an integer in [2, max_chains = {max_chains}] "
+                             f"or None; got {min_chains!r}")
         self.max_chains = int(max_chains)
+        self.min_chains = None if min_chains is None else int(min_chains)
         self.min_iterations = int(min_iterations)
         self.history: list[dict] = []
         self.capped: dict | None = None
@@ -189,23 +196,51 @@ class ChainsAdaptor(AdaptorBase):
         lam = [float(clean_rejections(rej[s], P - 1).sum()) for s in range(R)]
         worst = max(lam)
         need = recommended_chains(worst)
+        if self.min_chains is not None:
+            return self._both_ways(view, rej, b, worst)
         if not ladder_too_short(worst, P):
             return None
-        new_p = min(self.max_chains, need)
-        if new_p <= P:
+        return self._resize(view, rej, b, worst, min(self.max_chains, need), need)
+
+    def _both_ways(self, view: SegmentView, rej, b, worst: float) -> Update | None:
+        """``min_chains`` set: the ladder fits the barrier in both directions, to
+        :func:`~nrpt.adapt.chains.fitted_chains` ``(Lambda-hat, min_chains)`` (each equalized
+        pair rejecting at most 1/2): it grows where the old rule asks
+        (:func:`~nrpt.adapt.chains.ladder_too_short`) or where a pair rejects clearly more
+        than 1/2 on average (:func:`~nrpt.adapt.chains.pairs_too_hard`, which sees a 2- or
+        3-chain ladder's shortfall that ``2 Lambda-hat > 1.25 P`` cannot), and shrinks where
+        the ladder has clearly more, ``P >= 1.25 x`` the fit (:func:`ladder_too_long`)."""
+        P = b.shape[1]
+        fit = fitted_chains(worst, self.min_chains)
+        if ladder_too_short(worst, P) or pairs_too_hard(worst, P):
+            need = max(fit, recommended_chains(worst))
+            return self._resize(view, rej, b, worst, min(self.max_chains, need), need)
+        if ladder_too_long(worst, P, self.min_chains):
+            return self._resize(view, rej, b, worst, fit, fit)
+        return None
+
+    def _resize(self, view: SegmentView, rej, b, worst: float, new_p: int,
+                need: int) -> Update | None:
+        R, P = b.shape
+        if need > P >= new_p:  # a growth the cap stops
             self.capped = {"round": view.index + 1, "chains": P, "barrier": worst,
                            "needed": need}
             return Update(note={"chains_capped": dict(self.capped)})
+        if new_p == P:
+            return None
         self.capped = None if new_p == need else {"round": view.index + 1, "chains": new_p,
                                                   "barrier": worst, "needed": need}
         new = np.stack([update_schedule(b[s], rej[s], n_slots=new_p) for s in range(R)])
         self.history.append({"round": view.index + 1, "from": P, "to": new_p,
                              "barrier": worst})
-        note = {"chains_grown": [dict(h) for h in self.history]}
+        note = {"chains_grown": [dict(h) for h in self.history if h["to"] > h["from"]]}
+        shrunk = [dict(h) for h in self.history if h["to"] < h["from"]]
+        if shrunk:
+            note["chains_shrunk"] = shrunk
         if self.capped is not None:
             note["chains_capped"] = dict(self.capped)
-        return Update(grow=(torch.as_tensor(new).to(view.schedule), SlotMap.grow(P, new_p)),
-                      note=note)
+        m = SlotMap.grow(P, new_p) if new_p > P else SlotMap.shrink(P, new_p)
+        return Update(grow=(torch.as_tensor(new).to(view.schedule), m), note=note)
 
     def follow_ladder(self, m: SlotMap) -> None:
         """(its own growth: nothing per slot to carry)"""

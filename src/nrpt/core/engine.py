@@ -18,6 +18,7 @@ state and the tunable tables (``schedule``, ``step_size``, rule ``params``), cha
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -324,7 +325,12 @@ class PTEngine:
         temperature ladder scaled by ``sqrt(b_source / b_new)``, as the schedule adaptor scales
         moved slots), a rule parameter ``[R, P]`` its source's; the scheme restarts on the
         new ladder.  What else keeps per-slot tables follows through ``follow_ladder(m)``
-        (the loop calls it)."""
+        (the loop calls it, with :attr:`ladder_map`).
+
+        A shrink (``m.new < m.old``, :meth:`SlotMap.shrink`): the replicas at the kept slots
+        ``m.source`` keep their states and move to the new slots in order, renumbered ``0 ..
+        P' - 1`` by their new slot; the others are dropped.  :attr:`ladder_map` is then ``m``
+        with ``replicas`` (per system, each new replica's old number) for the followers."""
         if m.old != self.P:
             raise ValueError(f"grow: the slot map is for a ladder of {m.old} slots; this one has "
                              f"{self.P}")
@@ -333,19 +339,34 @@ class PTEngine:
         if new_b.shape != (R, Pn):
             raise ValueError(f"grow: schedule must be [{R}, {Pn}]; got {list(new_b.shape)}")
         src = torch.tensor(m.source, device=dev)
-        primary = torch.tensor(m.primary, device=dev)
-        added = torch.tensor(m.added, dtype=torch.long, device=dev)
-        # the replicas copied into the added slots: those at their source slots, per system
-        copied = self.replica_at[:, src[added]]  # [R, P' - P]
         st = self._full_state()
 
-        def extend(t: torch.Tensor) -> torch.Tensor:
-            idx = copied.reshape(R, -1, *([1] * (t.dim() - 2))).expand(R, -1, *t.shape[2:])
-            return torch.cat([t, t.gather(1, idx)], 1)
+        def rows(t: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            idx = ids.reshape(R, -1, *([1] * (t.dim() - 2))).expand(R, -1, *t.shape[2:])
+            return t.gather(1, idx)
 
-        self.state = ReplicaState(extend(st.x), extend(st.v), extend(st.base),
-                                  {k: extend(v) for k, v in st.extras.items()})
-        self.slot_of = torch.cat([primary[self.slot_of], added.expand(R, -1)], 1)
+        if m.shrinks:
+            # the replicas at the kept slots, renumbered by their new slot (replica j at slot
+            # j); the others are dropped
+            kept = self.replica_at[:, src]  # [R, P']: old replica ids
+            self.state = ReplicaState(rows(st.x, kept), rows(st.v, kept), rows(st.base, kept),
+                                      {k: rows(v, kept) for k, v in st.extras.items()})
+            self.slot_of = torch.arange(Pn, device=dev).expand(R, Pn).clone()
+            self.ladder_map = replace(m, replicas=tuple(tuple(int(i) for i in row)
+                                                        for row in kept.tolist()))
+        else:
+            primary = torch.tensor(m.primary, device=dev)
+            added = torch.tensor(m.added, dtype=torch.long, device=dev)
+            # the replicas copied into the added slots: those at their source slots, per system
+            copied = self.replica_at[:, src[added]]  # [R, P' - P]
+
+            def extend(t: torch.Tensor) -> torch.Tensor:
+                return torch.cat([t, rows(t, copied)], 1)
+
+            self.state = ReplicaState(extend(st.x), extend(st.v), extend(st.base),
+                                      {k: extend(v) for k, v in st.extras.items()})
+            self.slot_of = torch.cat([primary[self.slot_of], added.expand(R, -1)], 1)
+            self.ladder_map = m
         self.replica_ids = torch.arange(Pn, device=dev).reshape(1, Pn)
         self.replica_at = slot_order(self.slot_of, self.replica_ids.expand(R, Pn))
         h = self.step_size[:, src]

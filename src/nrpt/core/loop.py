@@ -488,8 +488,8 @@ class _Loop:
             if update is not None:
                 self.notes.update(update.note)
                 engine.apply(update)
-                if update.grow is not None:  # the ladder grew (chains = "auto")
-                    follow_ladder(self.run, update.grow[1])
+                if update.grow is not None:  # the ladder grew or shrank (chains = "auto")
+                    follow_ladder(self.run, getattr(engine, "ladder_map", update.grow[1]))
         self.seg_i, self.started = seg_i + 1, False
         if self.callback is not None:
             self.callback(engine)

@@ -110,6 +110,9 @@ class RoundTripTracker:
         self._hit0 = at0
         self._hit_top = at_top
         self._n_updates = 0
+        #: counts of replicas a shrinking ladder dropped, ``int64 [R, 3]`` (restarts, round
+        #: trips, A.5 round trips; kept in the per-system totals), None before any shrink
+        self._retired: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ update
     @property
@@ -267,21 +270,50 @@ class RoundTripTracker:
         self._shape = (R, self.n_slots)
         self._top = self.n_slots - 1
 
+    def shrink(self, replicas, primary) -> None:
+        """The ladder shrank (``min_chains``) to ``P'`` slots: new replica ``j`` of system ``r``
+        was old replica ``replicas[r][j]`` and keeps its counters and phase (its origin moves to
+        ``primary[origin]``, the new slot its old slot folds into); the dropped replicas' counts
+        stay in the per-system totals (:attr:`restarts`, ...), not in :meth:`per_replica`."""
+        ids = torch.as_tensor([list(r) for r in replicas], dtype=torch.long, device=self.device)
+        primary = torch.as_tensor(list(primary), dtype=torch.long, device=self.device)
+        R, Pn = ids.shape
+        if R != self._shape[0] or primary.numel() != self.n_slots or not 2 <= Pn < self.n_slots:
+            raise ValueError(f"shrink: replicas must be [{self._shape[0]}, P' < {self.n_slots}] "
+                             f"and primary map the {self.n_slots} old slots; got "
+                             f"{list(ids.shape)} and {primary.numel()}")
+        counts = torch.stack([self._restarts, self._round_trips, self._round_trips_a5], -1)
+        gone = counts.sum(1) - counts.gather(1, ids[..., None].expand(R, Pn, 3)).sum(1)
+        self._retired = gone if self._retired is None else self._retired + gone
+        self._phase, self._restarts, self._round_trips, self._round_trips_a5, \
+            self._hit0, self._hit_top, origin = (
+                t.gather(1, ids) for t in (self._phase, self._restarts, self._round_trips,
+                                           self._round_trips_a5, self._hit0, self._hit_top,
+                                           self._origin))
+        self._origin = primary[origin]
+        self.n_slots = Pn
+        self._shape = (R, Pn)
+        self._top = Pn - 1
+
+    def _total(self, counts: torch.Tensor, column: int) -> torch.Tensor:
+        total = counts.sum(dim=-1)
+        return total if self._retired is None else total + self._retired[:, column]
+
     # ----------------------------------------------------------------- results
     @property
     def restarts(self) -> torch.Tensor:
         """Restarts per system, ``int64 [R]`` (Syed et al. 2021)."""
-        return self._restarts.sum(dim=-1)
+        return self._total(self._restarts, 0)
 
     @property
     def round_trips(self) -> torch.Tensor:
         """Round trips ``P-1 -> 0 -> P-1`` per system, ``int64 [R]`` (Syed et al. 2021)."""
-        return self._round_trips.sum(dim=-1)
+        return self._total(self._round_trips, 1)
 
     @property
     def round_trips_a5(self) -> torch.Tensor:
         """Origin-to-origin round trips per system, ``int64 [R]`` (Deng et al. 2023, A.5)."""
-        return self._round_trips_a5.sum(dim=-1)
+        return self._total(self._round_trips_a5, 2)
 
     def per_replica(self) -> dict[str, torch.Tensor]:
         """Per-replica counters, each ``int64 [R, P]`` indexed by replica (not slot)."""
@@ -304,6 +336,8 @@ class RoundTripTracker:
             "hit_top": self._hit_top,
         }
         state = {k: v.clone() for k, v in state.items()}
+        if self._retired is not None:
+            state["retired"] = self._retired.clone()
         state["n_slots"] = torch.tensor(self.n_slots, dtype=torch.long)
         state["n_updates"] = torch.tensor(self._n_updates, dtype=torch.long)
         return state
@@ -333,6 +367,9 @@ class RoundTripTracker:
         self._hit0 = loaded["hit0"]
         self._hit_top = loaded["hit_top"]
         self._n_updates = int(state["n_updates"])
+        retired = state.get("retired")
+        self._retired = None if retired is None else torch.as_tensor(retired).to(
+            device=self.device, dtype=torch.long).clone()
 
     def __repr__(self) -> str:
         return (

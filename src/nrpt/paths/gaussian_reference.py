@@ -404,6 +404,9 @@ class SlotZeroMoments(TargetMoments):
         return (torch.full((R,), n * R, device=self.device), mean.expand(R, d),
                 co.expand(R, d, d))
 
+    def follow_ladder(self, m) -> None:
+        """(slot 0's moments only: slot 0 stays slot 0 when the ladder grows or shrinks)"""
+
 
 def whitened_fit(n, mean, co, family: str, prev: GaussianReference):
     """:func:`fit_gaussian` in the whitened frame of the previous ``q`` (``chol^-1 co
@@ -465,6 +468,9 @@ class GaussianRefit(VariationalRefit):
         chol = torch.where(ok[:, None, None], q.chol * math.sqrt(INFLATE), q.chol)
         return Update(reference=(GaussianReference(q.mean, chol), ok),
                       note={"gaussian_refitted": ok.tolist()})
+
+    def follow_ladder(self, m) -> None:
+        """(no per-slot tables: the fit reads slot 0's moments)"""
 
 
 class GaussianRef:

@@ -388,7 +388,10 @@ class Draws(RecorderBase):
         """The ladder grew (``chains = "auto"``; only with ``slots = "target"``): the index
         process gets a column per new replica.  Its rows so far are relabelled to the new
         slots (old slot ``s`` -> ``m.primary[s]``, so that slot ``0`` and the top stay the
-        ends), and a replica that did not exist yet has slot ``-1`` there.  (In a run folder
+        ends), and a replica that did not exist yet has slot ``-1`` there.  It shrank
+        (``min_chains``): the columns of the kept replicas (``m.replicas``, per system) in
+        their new order, a kept slot relabelled to its new number and a dropped one ``-1``
+        (the dropped replicas' columns are gone).  (In a run folder
         ``index.npy`` is written again at the new width.)"""
         if self.slots != "target":
             raise ValueError("the draws of every slot (record='all') cannot follow a growing "
@@ -402,7 +405,13 @@ class Draws(RecorderBase):
         rows = self._next_row
         relabel = np.asarray(m.primary, dtype=np.int64)
         head = np.full((rows, self.R, new_p), -1, dtype=dt)
-        if rows:
+        if rows and m.shrinks:  # the kept replicas' columns; a dropped slot reads -1
+            relabel = np.full(old_p, -1, dtype=np.int64)
+            relabel[list(m.source)] = np.arange(new_p)
+            old = np.asarray(self.index[:rows], dtype=np.int64)
+            old = np.take_along_axis(old, np.asarray(m.replicas, dtype=np.int64)[None], 2)
+            head[:] = np.where(old >= 0, relabel[np.maximum(old, 0)], -1)
+        elif rows:
             old = np.asarray(self.index[:rows], dtype=np.int64)
             head[:, :, :old_p] = np.where(old >= 0, relabel[np.maximum(old, 0)], -1)
         shape = (self.K + 1, self.R, new_p)

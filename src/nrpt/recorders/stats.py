@@ -163,10 +163,12 @@ class SwapStats(RecorderBase):
                 "barrier": float(self.barrier().mean())}
 
     def follow_ladder(self, m) -> None:
-        """The ladder grew: fresh per-pair statistics for the new ladder (a new round starts
-        anyway); the run's non-finite counts stay at their slots' new places."""
+        """The ladder grew or shrank: fresh per-pair statistics for the new ladder (a new round
+        starts anyway); the run's non-finite counts stay at their slots' new places (a dropped
+        slot's fold into the nearest kept slot, :meth:`~nrpt.roles.SlotMap.shrink`)."""
         total = torch.zeros(self.R, m.new, dtype=torch.int64, device=self.device)
-        total[:, list(m.primary)] = self.nonfinite_total
+        total.index_add_(1, torch.as_tensor(m.primary, device=self.device),
+                         self.nonfinite_total.to(torch.int64))
         self.P, self.nonfinite_total = m.new, total
         self.start_segment(True)
 
@@ -253,9 +255,12 @@ class RoundTrips(RecorderBase):
                 "round_trips": float(c["round_trips"].double().mean())}
 
     def follow_ladder(self, m) -> None:
-        """The ladder grew: the tracker follows (its counts per system are kept)."""
+        """The ladder grew or shrank: the tracker follows (its counts per system are kept)."""
         self._flush()
-        self.tracker.grow(m.primary, m.added)
+        if m.shrinks:
+            self.tracker.shrink(m.replicas, m.primary)
+        else:
+            self.tracker.grow(m.primary, m.added)
 
     def state_dict(self) -> dict:
         self._flush()
@@ -377,7 +382,8 @@ class SlotSpread(RecorderBase):
         """The ladder grew: the watched slots move to their new places (the hottest stays the
         hottest; ``slots = None`` at build: every slot of the new ladder), fresh statistics."""
         every = self.slots == list(range(m.old))
-        self.slots = list(range(m.new)) if every else [m.primary[s] for s in self.slots]
+        self.slots = list(range(m.new)) if every else \
+            list(dict.fromkeys(m.primary[s] for s in self.slots))
         self.shape = (self.shape[0], len(self.slots), self.shape[2])
         self.reads_slots = tuple(self.slots)
         self.start_segment(True)

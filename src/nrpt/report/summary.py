@@ -417,6 +417,9 @@ def _grown_fields(s: dict, facts: dict, outcome: Outcome) -> None:
     s["max_chains"] = facts["max_chains"]
     s["chains_grown"] = list(outcome.notes.get("chains_grown", []))
     s["chains_capped"] = outcome.notes.get("chains_capped")
+    if facts.get("min_chains") is not None:  # a ladder fitted both ways: its shrinks too
+        s["min_chains"] = facts["min_chains"]
+        s["chains_shrunk"] = list(outcome.notes.get("chains_shrunk", []))
 
 
 def grown_text(s: dict) -> str | None:
@@ -424,10 +427,19 @@ def grown_text(s: dict) -> str | None:
     or None for a fixed ladder."""
     if s.get("max_chains") is None:
         return None
-    steps = [f"{g['from']} -> {g['to']} chains at round {g['round']} (Λ̂ = {g['barrier']:.3g})"
-             for g in s.get("chains_grown") or []]
-    text = ("grew " + ", ".join(steps)) if steps else \
-        f"kept {s.get('chains_start')} chains (the barrier estimate never asked for more)"
+    if s.get("min_chains") is not None:
+        moves = sorted([*(s.get("chains_grown") or []), *(s.get("chains_shrunk") or [])],
+                       key=lambda g: g["round"])
+        steps = [f"{'shrank' if g['to'] < g['from'] else 'grew'} {g['from']} -> {g['to']} "
+                 f"chains at round {g['round']} (Λ̂ = {g['barrier']:.3g})" for g in moves]
+        text = ", ".join(steps) if steps else \
+            f"kept {s.get('chains_start')} chains (the barrier estimate fitted them)"
+        text += f" (fitted both ways: min_chains {s['min_chains']}, max_chains {s['max_chains']})"
+    else:
+        steps = [f"{g['from']} -> {g['to']} chains at round {g['round']} "
+                 f"(Λ̂ = {g['barrier']:.3g})" for g in s.get("chains_grown") or []]
+        text = ("grew " + ", ".join(steps)) if steps else \
+            f"kept {s.get('chains_start')} chains (the barrier estimate never asked for more)"
     cap = s.get("chains_capped")
     if cap:
         text += (f"; capped at max_chains = {s['max_chains']} at round {cap['round']}, where "

@@ -583,8 +583,10 @@ def _target_defaults(target, options: dict) -> None:
     own = optional_value(target, "default_settings")
     if not own or options.get("rounds") is None or options.get("explorer") is not None:
         return
+    chosen = options.get("chains") is not None  # (then the ladder's bounds are not defaults)
     for name, value in dict(own).items():
-        options.setdefault(name, value)
+        if not (chosen and name in ("min_chains", "max_chains")):
+            options.setdefault(name, value)
 
 
 def _objects(options: dict) -> dict:

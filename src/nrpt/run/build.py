@@ -242,13 +242,18 @@ def _chains_adaptor(cfg, comm, record: str, facts, start: int) -> list:
     """``[ChainsAdaptor]`` where ``max_chains`` is set (``chains = "auto"``), after refusing
     what cannot grow; else ``[]``."""
     cap = getattr(cfg, "max_chains", None)
+    floor = getattr(cfg, "min_chains", None)
+    if cap is None and floor is not None:  # shrinking only: never above where it started
+        cap = int(start)
     facts["max_chains"] = cap
+    facts["min_chains"] = floor
     if cap is None:
         return []
     why = None
     if comm is not None:
         why = "a run spread over processes (its replica blocks are fixed)"
-    elif facts.get("row_map") is not None or getattr(cfg, "reference", None) is not None:
+    elif facts.get("row_map") is not None or getattr(cfg, "reference", None) not in (
+            None, *GAUSSIAN):
         why = f"reference {cfg.reference!r} (its two legs keep a ladder each)"
     elif record == "all":
         why = "record='all' (draws of every slot, a fixed width)"
@@ -257,12 +262,12 @@ def _chains_adaptor(cfg, comm, record: str, facts, start: int) -> list:
     elif isinstance(cfg.step_size, list):
         why = "one step size per slot: give one number"
     if why is not None:
-        raise ValueError(f"chains = 'auto' (max_chains) grows the ladder between rounds, which "
-                         f"{why} cannot follow; give a fixed number of chains")
+        raise ValueError(f"chains = 'auto' (max_chains / min_chains) changes the ladder between "
+                         f"rounds, which {why} cannot follow; give a fixed number of chains")
     from nrpt.adapt.rounds import ChainsAdaptor
 
     facts["chains_start"] = int(start)
-    return [ChainsAdaptor(cap)]
+    return [ChainsAdaptor(max(cap, 3), min_chains=floor)]
 
 
 def _check_followers(run: Run) -> None:

@@ -240,8 +240,10 @@ def _stan_defaults(data: dict) -> None:
         return
     from nrpt.targets.stan import StanTarget  # (no compiling: the class only)
 
+    chosen = data.get("chains") is not None  # (then the ladder's bounds are not defaults)
     for name, value in StanTarget.default_settings.items():
-        data.setdefault(name, value)
+        if not (chosen and name in ("min_chains", "max_chains")):
+            data.setdefault(name, value)
 
 
 def _main(args, argv: list[str]) -> int:

@@ -273,6 +273,12 @@ CENTRAL: tuple[Option, ...] = (
             help=f"with --rounds: grow the ladder between rounds up to this many chains while "
                  f"the barrier estimate asks for more than it has (chains = auto sets it to "
                  f"{AUTO_MAX_CHAINS}); unset: the ladder keeps its chains"),
+    _ladder("min_chains", integer(2), parse=parse_int,
+            help="with --rounds: shrink the ladder between rounds down to this many chains "
+                 "(>= 2) while the barrier estimate asks for clearly fewer than it has (about "
+                 "1 + 2 Λ̂ chains: each pair rejecting at most 1/2), and grow it back where a "
+                 "pair rejects more; a Stan program's defaults set it to 2 (with chains = auto); "
+                 "unset: the ladder never shrinks"),
     _ladder("temperatures", _temperatures, parse=parse_floats,
             help="explicit temperature ladder, comma-separated, starting at 1"),
     _ladder("betas", _betas, parse=parse_floats,
@@ -412,6 +418,9 @@ class RunConfig:
     #: grow the ladder between rounds up to this many chains (``chains = "auto"``); ``None``:
     #: the ladder keeps its ``chains``
     max_chains: int | None
+    #: shrink the ladder between rounds down to this many chains where the barrier estimate
+    #: asks for clearly fewer (:class:`nrpt.adapt.rounds.ChainsAdaptor`); ``None``: never
+    min_chains: int | None
     temperatures: list[float] | None
     betas: list[float] | None
     max_temperature: float | None
@@ -718,10 +727,15 @@ def _chain_count(r: _Resolution) -> None:
     if cfg.rounds is None or cfg.is_sg:
         r.drop("max_chains", "the ladder grows between adaptive rounds only (give rounds, and "
                              "an exact explorer)")
+        r.drop("min_chains", "the ladder shrinks between adaptive rounds only (give rounds, "
+                             "and an exact explorer)")
         return
     r.take("max_chains")
+    r.take("min_chains")
     if cfg.max_chains is not None and cfg.max_chains < cfg.chains:
         raise ValueError(f"max_chains must be >= chains ({cfg.chains}); got {cfg.max_chains}")
+    if cfg.min_chains is not None and cfg.min_chains > cfg.chains:
+        raise ValueError(f"min_chains must be <= chains ({cfg.chains}); got {cfg.min_chains}")
 
 
 def _ladder_settings(r: _Resolution) -> None:

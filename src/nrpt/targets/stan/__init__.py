@@ -133,7 +133,11 @@ class StanTarget:
     #: what ``nrpt.sample(from_stan(...), rounds=N)`` uses when no explorer is chosen:
     #: gradient moves (Stan's reverse mode) with a per-slot dense/diagonal preconditioner, the
     #: combination that passed the badly scaled posteriordb models (docs/posteriordb.md)
-    default_settings = {"explorer": "mala", "precondition": "auto"}
+    #: and a ladder fitted to the barrier in both directions between rounds (chains = "auto"
+    #: from 8, min_chains 2: about 1 + 2 Λ̂ chains; a posterior with a small barrier, e.g.
+    #: low_dim_gauss_mix's Λ̂ ≈ 0.35, runs 2 chains instead of 10)
+    default_settings = {"explorer": "mala", "precondition": "auto", "chains": "auto",
+                        "min_chains": 2}
 
     def __init__(self, program, data=None, *, seed: int = 0,
                  generated_quantities: bool = False) -> None:
