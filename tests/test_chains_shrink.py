@@ -187,3 +187,33 @@ def test_an_interrupted_run_resumes_to_the_same_draws_after_a_shrink(tmp_path):
     for key in ("chains_shrunk", "chains_grown", "schedule", "step_size", "barrier",
                 "log_normalizer", "restarts_total", "round_trips"):
         assert resumed.summary[key] == full.summary[key], key
+
+
+class Counted(TwoBumps):
+    """:class:`TwoBumps` counting the states its energy is evaluated at."""
+
+    def __init__(self):
+        self.rows = 0
+
+    def energy(self, x):
+        self.rows += int(x.reshape(-1, self.dim).shape[0])
+        return super().energy(x)
+
+
+def test_reference_draws_are_evaluated_as_the_rounds_reach_them(monkeypatch):
+    """The Gaussian reference's draws come in blocks of up to 512 iterations, drawn anew after
+    every refit; they are evaluated 64 iterations at a time, as the iterations reach them: the
+    same draws as evaluating the whole block (bit for bit), at a fraction of the target
+    evaluations in short rounds.  Negative control: the whole block at once (the old way)
+    evaluates the target at several times as many states."""
+    from nrpt.paths.gaussian_reference import GaussianEngine
+
+    opts = dict(rounds=6, chains=4, min_chains=None)
+    lazy = Counted()
+    a = run(lazy, **opts)
+    monkeypatch.setattr(GaussianEngine, "REFERENCE_ROWS", 10 ** 6)
+    whole = Counted()
+    b = run(whole, **opts)
+    assert np.array_equal(a.samples, b.samples)
+    assert a.summary["log_normalizer"] == b.summary["log_normalizer"]
+    assert whole.rows > 3 * lazy.rows, (whole.rows, lazy.rows)
