@@ -572,24 +572,26 @@ def run_posterior(post: Posterior, *, seeds: list[int], systems: int, budget_s: 
 
 def run_log_z_check(post: Posterior, *, seeds: list[int], systems: int, budget_s: float,
                     options: dict, reference: str = LOG_Z_CHECK_REFERENCE,
-                    chains: int | None = None, target_factory=make_target,
+                    check_options: dict | None = None, target_factory=make_target,
                     log=print) -> dict:
     """nrpt with a second normalised reference (``reference``, by default the fixed broad
     Gaussian) for each seed: an independent estimate of the same log Z as the default run's
     (both references are normalised, so both estimate log Z of Stan's density on the
     unconstrained space); each run scored against the reference draws like the default one.
-    ``chains``: the check's ladder length (None: nrpt's default).  The fixed broad reference's
-    path has a far larger barrier than the refitted one's (kidscore_mom_work: Λ ≈ 15.5 measured
-    with 40 chains, against 0.35), and a ladder too short for it makes the bridge read low with
-    an error too small (docs/posteriordb.md, "log Z"); ``chains = "auto"`` cannot grow this
-    reference's ladder, so the check takes a fixed count."""
+    ``check_options``: nrpt settings for the check's runs only, over ``options`` (e.g.
+    ``{"chains": 32, "rounds": 11}``).  The fixed broad reference's path has a far larger
+    barrier than the refitted one's (kidscore_mom_work: Λ ≈ 15.5 measured with 40 chains,
+    against 0.35), and a ladder too short for it makes the bridge read low with an error too
+    small (docs/posteriordb.md, "log Z"); ``chains = "auto"`` cannot grow this reference's
+    ladder, so the check takes a fixed count, and a longer ladder at the same budget leaves too
+    few rounds for the explorer's adaptation unless ``rounds`` is given too."""
     reference_draws, ref_ess = post.reference(), post.reference_ess()
     target, _ = target_factory(post)
     runs = []
     for seed in seeds:
         r = _scored(run_nrpt(target, seed=seed, systems=systems, budget_s=budget_s,
                              options={**options, "reference": reference,
-                                      **({"chains": chains} if chains else {})}),
+                                      **(check_options or {})}),
                     seed, reference_draws, ref_ess)
         runs.append(r)
         log(f"    nrpt reference={reference} seed {seed}: {_verdict(r)}, log Z "
@@ -614,6 +616,18 @@ def _log_z_of(run: dict, error: str = "se") -> tuple[float, float, float]:
     spread = (float(np.std(lz, ddof=1) / np.sqrt(np.mean(se ** 2)))
               if lz.size > 1 and se.size == lz.size and np.all(se > 0) else math.nan)
     return mean, err, spread
+
+
+#: nrpt's log Z findings, by a phrase of their message (the runs keep the messages only)
+LOG_Z_WARNINGS = {"overlap": "overlap too little for the log Z bridge",
+                  "halves": "stepping-stone halves of log Z disagree",
+                  "systems": "log Z estimates"}
+
+
+def _log_z_warnings(runs: list[dict]) -> list[str]:
+    """The kinds of log Z findings nrpt raised in any of ``runs`` (:data:`LOG_Z_WARNINGS`)."""
+    return [k for k, phrase in LOG_Z_WARNINGS.items()
+            if any(phrase in w for r in runs for w in r.get("warnings", []))]
 
 
 def _z(a: tuple, b: tuple) -> float:
@@ -658,6 +672,8 @@ def log_z_agreement(rec: dict) -> dict[str, Any] | None:
     out: dict[str, Any] = {"references": list(sides), "estimates": sides, **zs}
     out["spread_ratio"] = max_abs(v[2] for per in sides.values() for v in per.values())
     out["agree"] = agree(zs)
+    out["warned"] = {"gaussian": _log_z_warnings(rec.get("nrpt", [])),
+                     check["reference"]: _log_z_warnings(check["runs"])}
     # the same check with the batch-means errors alone (the error this table used before the
     # pooled error took the systems' spread into account)
     within_sides, within_zs = z_of("within_se")
@@ -673,7 +689,7 @@ def log_z_table(results: dict) -> str:
         if agr is None:
             continue
         if "note" in agr:
-            rows.append(f"| {name} | {agr['note']} |" + " |" * 7)
+            rows.append(f"| {name} | {agr['note']} |" + " |" * 8)
             continue
         ref_a, ref_b = agr["references"]
 
@@ -687,7 +703,9 @@ def log_z_table(results: dict) -> str:
                     f"{_f(agr[f'z_seeds[{ref_a}]'])} | {_f(agr[f'z_seeds[{ref_b}]'])} | "
                     f"{_f(agr['z_references'])} | {_f(agr['spread_ratio'])} | "
                     f"{'yes' if agr['agree'] else '**no**'} | {_f(old_z)} "
-                    f"({'yes' if within['agree'] else 'no'}) |")
+                    f"({'yes' if within['agree'] else 'no'}) | "
+                    + "; ".join(f"{ref}: {', '.join(w)}" for ref, w in agr["warned"].items()
+                                if w) + " |")
     if not rows:
         return ""
     check = next(r["log_z_check"]["reference"] for r in results["posteriors"].values()
@@ -695,8 +713,8 @@ def log_z_table(results: dict) -> str:
     head = (f"| posterior | log Z, gaussian (seeds) | log Z, {check} (seeds) | "
             f"max \\|z\\| seeds, gaussian | max \\|z\\| seeds, {check} | "
             "max \\|z\\| references | systems sd / batch-means se | agree | "
-            "max \\|z\\| with batch-means errors only (agree) |\n"
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
+            "max \\|z\\| with batch-means errors only (agree) | nrpt's log Z warnings |\n"
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     return "\n".join([head, *rows])
 
 
@@ -918,9 +936,14 @@ def write_markdown(results: dict, path: Path) -> None:
                   f"|z| <= {MAX_ABS_Z:g}.  \"systems sd / batch-means se\": the spread of the "
                   "systems' estimates over their batch-means errors (about 1 when those are "
                   "honest; largest over references and seeds; the largest of four honest "
-                  "ratios is 0.86-1.90 in 90 % of cases, median 1.31, simulated).  The last "
-                  "column repeats the check with the batch-means errors alone (this table's "
-                  "error before the pooled one).", ""]
+                  "ratios is 0.86-1.90 in 90 % of cases, median 1.31, simulated).  The next "
+                  "to last column repeats the check with the batch-means errors alone (this "
+                  "table's error before the pooled one); the last names nrpt's own log Z "
+                  "warnings in either reference's runs (overlap: a pair of neighbours overlaps "
+                  "too little for the bridge, which then reads low in every system alike -- "
+                  "agreement within an error does not clear that; halves: the stepping-stone "
+                  "halves disagree; systems: the systems disagree beyond their batch-means "
+                  "errors).", ""]
         check_meta = meta.get("log_z_check")
         if check_meta:
             lines += [f"- command: `{check_meta.get('command', '')}`; date "
@@ -1035,10 +1058,11 @@ def parser() -> argparse.ArgumentParser:
                         f"{LOG_Z_CHECK_REFERENCE!r}) and tabulate log Z agreement between "
                         "references and seeds; on a posterior already in the JSON only the "
                         "check runs")
-    p.add_argument("--log-z-check-chains", type=int, default=None, metavar="N",
-                   help="chains for the --log-z-check runs (default: nrpt's); the fixed broad "
-                        "reference's barrier asks for about 2Λ̂ (up to ~31 on the cheap "
-                        "posteriors), more than the default ladder")
+    p.add_argument("--log-z-check-options", type=_options, default={}, metavar="JSON",
+                   help="nrpt settings for the --log-z-check runs only, e.g. '{\"chains\": "
+                        "32, \"rounds\": 11}': the fixed broad reference's barrier asks for "
+                        "about 2Λ̂ chains (up to ~31 on the cheap posteriors), more than the "
+                        "default ladder, and a longer ladder needs its rounds")
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help="the markdown table (the JSON goes next to it, .json)")
     p.add_argument("--force", action="store_true",
@@ -1105,7 +1129,8 @@ def main(argv: list[str] | None = None) -> dict:
     def log_z_check(post):  # the second reference's runs (--log-z-check), per seed
         return run_log_z_check(post, seeds=args.seeds, systems=args.systems,
                                budget_s=args.budget_s, options=args.nrpt_options,
-                               reference=args.log_z_check, chains=args.log_z_check_chains,
+                               reference=args.log_z_check,
+                               check_options=args.log_z_check_options,
                                target_factory=make_target)
 
     for name in chosen:

@@ -516,3 +516,35 @@ def test_a_run_with_several_systems_reports_the_pooled_log_z_and_its_honest_erro
         s["log_normalizer_pooled_within_se"] / 50.0)
     assert small["log_normalizer_pooled_se"] >= s["log_normalizer_pooled_between_se"] * 0.999
     assert small["log_normalizer_pooled_se"] > 20 * small["log_normalizer_pooled_within_se"]
+
+
+def test_neighbours_overlapping_too_little_for_the_bridge_are_a_finding():
+    """``log-z-overlap``: the Bhattacharyya overlap of each pair, read from the bridge's own
+    sums, against its exact value on ScaledGaussianPath(d=5, c=1e4) (per dimension
+    sqrt(2 s s' / (s^2 + s'^2)) for sds s, s'); with 4 chains (exact n BC^2 = 12 at 1024
+    draws: the bridge reads 0.76 low, test above) the finding names a pair; with 10 chains
+    (n BC^2 = 547, unbiased) there is none (the control)."""
+    from nrpt.recorders.log_z import OVERLAP_DRAWS
+
+    target = ScaledGaussianPath(dim=5, c=1e4)
+    for P, flagged in ((4, True), (10, False)):
+        betas = list(target.optimal_schedule(P))
+        sd = [1.0 / math.sqrt(1 + 1e4 * b) for b in betas]
+        exact = [(2 * a * b / (a * a + b * b)) ** 2.5 for a, b in zip(sd, sd[1:], strict=False)]
+        eng = nrpt.PTEngine(target, nrpt.GeometricPath(betas), nrpt.make_explorer("rwmh"),
+                            nrpt.make_scheme("deo"), nrpt.make_rule("metropolis"),
+                            step_size=[2.38 / math.sqrt(5) * s for s in sd], systems=R, seed=1)
+        stone = SteppingStone(R, P, reference_normalized=True)
+        plan = Plan((Segment("burn-in", 200, sample=False), Segment("main", 1024)))
+        execute(Run(engine=eng, adaptors=[], recorders={stone.name: stone}, plan=plan))
+        bc = stone.pair_overlap().mean(0).numpy()
+        # read from the weights themselves: close where they overlap (10 chains: 0.73), noisy
+        # but small where they do not (4 chains: 0.11)
+        assert np.allclose(bc, exact, rtol=0.05 if not flagged else 0.5), (bc, exact)
+        found = [f for f in stone.findings() if f.code == "log-z-overlap"]
+        assert bool(found) == flagged, [f.message for f in found]
+        if flagged:
+            assert f"below {OVERLAP_DRAWS:g}" in found[0].message
+            assert "reads low" in found[0].message and "chains" in found[0].knob
+        assert np.allclose(stone.summary()["log_normalizer_overlap"],
+                           stone.pair_overlap().numpy())
