@@ -462,12 +462,13 @@ def _scaled_path_sets(P: int, sets: int = 100, R: int = 4, iterations: int = 102
 def test_pooled_log_z_covers_an_exact_log_z_with_enough_chains_and_too_few_chains_read_low():
     """Known answer on a sampler, not a simulation: a Gaussian path with exact log Z and a
     barrier of 7.8.  With 10 chains (neighbours overlap: Bhattacharyya coefficient 0.73 per
-    pair, n BC^2 ~ 550 draws) 100 sets of 4 systems cover the exact value with the pooled error
-    at about the nominal rate (measured 0.97; batch means alone 0.96) and the 400 systems' mean
+    pair, bridge-weight relative variance per draw v = 0.87, v/n = 0.001) 100 sets of 4
+    systems cover the exact value with the pooled error at about the nominal rate (measured
+    0.97; batch means alone 0.96) and the 400 systems' mean
     is within 4 of its standard errors of it.  Negative control, the
     kidscore_mom_work situation in miniature: 4 chains for the same barrier (swap acceptance
     near 0, as the fixed broad reference had with 10 chains there): every system reads low
-    (bias -0.76; BC 0.11 per pair, n BC^2 ~ 12), the batch-means errors cover 59 % and the
+    (bias -0.76; BC 0.11 per pair, v/n = 0.08), the batch-means errors cover 59 % and the
     pooled ones 76 % -- a shared bias neither error can see -- and the log-z-halves finding says
     so in every set."""
     pooled, exact, halves = _scaled_path_sets(10)
@@ -521,9 +522,9 @@ def test_a_run_with_several_systems_reports_the_pooled_log_z_and_its_honest_erro
 def test_neighbours_overlapping_too_little_for_the_bridge_are_a_finding():
     """``log-z-overlap``: the Bhattacharyya overlap of each pair, read from the bridge's own
     sums, against its exact value on ScaledGaussianPath(d=5, c=1e4) (per dimension
-    sqrt(2 s s' / (s^2 + s'^2)) for sds s, s'); with 4 chains (exact n BC^2 = 12 at 1024
-    draws: the bridge reads 0.76 low, test above) the finding names a pair; with 10 chains
-    (n BC^2 = 547, unbiased) there is none (the control)."""
+    sqrt(2 s s' / (s^2 + s'^2)) for sds s, s'); with 4 chains (exact v/n = (1/BC^2 - 1) / n =
+    0.08 at 1024 draws: the bridge reads 0.76 low, test above) the finding names a pair; with
+    10 chains (v/n = 0.001, unbiased) there is none (the control)."""
     from nrpt.recorders.log_z import OVERLAP_DRAWS
 
     target = ScaledGaussianPath(dim=5, c=1e4)
@@ -544,7 +545,7 @@ def test_neighbours_overlapping_too_little_for_the_bridge_are_a_finding():
         found = [f for f in stone.findings() if f.code == "log-z-overlap"]
         assert bool(found) == flagged, [f.message for f in found]
         if flagged:
-            assert f"below {OVERLAP_DRAWS:g}" in found[0].message
+            assert f"above 1/{OVERLAP_DRAWS:g}" in found[0].message
             assert "reads low" in found[0].message and "chains" in found[0].knob
         assert np.allclose(stone.summary()["log_normalizer_overlap"],
                            stone.pair_overlap().numpy())

@@ -196,12 +196,14 @@ BATCHES = 32
 #: batches the z of a consistent pair of halves is close to a t with 31+ degrees of freedom:
 #: ``P(|t_31| > 4) ~ 4e-4`` per system.
 HALVES_Z = 4.0
-#: ``n BC^2`` (a round's draws times the squared Bhattacharyya overlap of a pair of neighbours,
-#: :meth:`SteppingStone.pair_overlap`) below which the bridge over that pair is flagged
-#: (``log-z-overlap``): measured on ScaledGaussianPath(d=5, c=1e4), 1024 iterations, 100 sets of
-#: 4 systems, n BC^2 = 12 (4 chains) read 0.76 low with errors covering 59 %, 157 (6 chains)
-#: and 547 (10 chains) were unbiased; posteriordb's kidscore_mom_work with the fixed broad
-#: reference: 0.003-1.1 with 10 chains (1-2 nats low), 660-1020 with 32 (agrees)
+#: a pair of neighbours is flagged (``log-z-overlap``) when its bridge weights' relative
+#: variance per draw, ``v = 1 / BC^2 - 1`` (:meth:`SteppingStone.pair_overlap`), exceeds the
+#: round's draws ``n`` over this: the pair's means then carry a relative variance ``v / n > 1 /
+#: 50`` (a relative error above ~0.14 before autocorrelation), where the log of a mean is skewed
+#: and biased low.  Measured on ScaledGaussianPath(d=5, c=1e4), 1024 iterations, 100 sets of 4
+#: systems: 4 chains (exact v / n = 0.08) read 0.76 low with errors covering 59 %; 6 and 10
+#: chains (0.005, 0.001) were unbiased.  posteriordb's kidscore_mom_work with the fixed broad
+#: reference: v / n up to 1e2-1e5 with 10 chains (1-2 nats low), ~0.001 with 32 (agrees).
 OVERLAP_DRAWS = 50.0
 #: the systems' log Z estimates are flagged when their spread around the error-weighted mean
 #: has a chi-square tail probability below this under their reported errors
@@ -397,11 +399,11 @@ class SteppingStone(RecorderBase):
         """``[R, P-1]``: the Bhattacharyya coefficient ``BC = int sqrt(pi_p pi_{p+1})`` of each
         pair of neighbours, from the bridge's own sums: ``E_{p+1}[exp(-Delta V / 2)] E_p[exp(
         +Delta V / 2)] = Z_{p+1/2}^2 / (Z_p Z_{p+1}) = BC^2``.  Each side's bridge weights have
-        relative variance ``1 / BC^2 - 1`` per draw, so a round of ``n`` draws has about ``n
-        BC^2`` draws' worth of weight per pair; where that is small the bridge is in the
-        rare-event regime (biased low, its error too small).  Estimated from the same weights,
-        so it is itself read low there (the finding errs towards warning).  NaN before the
-        first term."""
+        relative variance ``v = 1 / BC^2 - 1`` per draw, so a round of ``n`` draws leaves the
+        pair's means a relative variance of about ``v / n``; where that is not small the
+        bridge is in the rare-event regime (biased low, its error too small).  Estimated from
+        the same weights, so it is itself read low there (the finding errs towards warning).
+        NaN before the first term."""
         return (0.5 * (self.bridge_num.log_mean() + self.bridge_den.log_mean())).exp()
 
     def _batch_ses(self) -> dict[str, torch.Tensor]:
@@ -506,33 +508,35 @@ class SteppingStone(RecorderBase):
         return out + [f for f in (overlap, spread) if f is not None]
 
     def _overlap_finding(self, label):
-        """``log-z-overlap`` where some pair's ``n BC^2`` (:meth:`pair_overlap`) is below
-        :data:`OVERLAP_DRAWS` in some system; None otherwise."""
+        """``log-z-overlap`` where some pair's relative variance of its bridge means, ``(1 /
+        BC^2 - 1) / n`` (:meth:`pair_overlap`), exceeds ``1 /`` :data:`OVERLAP_DRAWS` in some
+        system; None otherwise."""
         from nrpt.report.health import Finding
 
         if self.legacy or self.P < 2:
             return None
         bc = self.pair_overlap().detach().cpu().double()
-        draws = self.n * bc.square()
-        draws = torch.where(torch.isnan(draws), torch.full_like(draws, math.inf), draws)
-        low = draws.min(1)
-        bad = [i for i in range(self.R) if float(low.values[i]) < OVERLAP_DRAWS]
+        ratio = (1.0 / bc.clamp_min(1e-150).square() - 1.0) / max(self.n, 1)  # v / n per pair
+        ratio = torch.where(torch.isnan(bc), torch.zeros_like(ratio), ratio)
+        high = ratio.max(1)
+        bad = [i for i in range(self.R) if float(high.values[i]) * OVERLAP_DRAWS > 1.0]
         if not bad:
             return None
-        i = min(bad, key=lambda j: float(low.values[j]))
-        p = int(low.indices[i])
+        i = max(bad, key=lambda j: float(high.values[j]))
+        p = int(high.indices[i])
         b = float(bc[i, p])
         more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
-        pairs = int((draws[i] < OVERLAP_DRAWS).sum())
+        pairs = int((ratio[i] * OVERLAP_DRAWS > 1.0).sum())
         return Finding("log-z-overlap", (
             f"neighbouring slots {p} and {p + 1} overlap too little for the log Z bridge in "
             f"{label(i)}{more}: Bhattacharyya coefficient {b:.2g}, so each draw's bridge "
-            f"weight has relative variance 1/BC^2 - 1 = {1.0 / max(b * b, 1e-300) - 1.0:.2g} "
-            f"against {self.n} draws this round (n BC^2 = {float(low.values[i]):.2g}, below "
-            f"{OVERLAP_DRAWS:g}; {pairs} of {self.P - 1} pairs): the bridge is then in the "
-            f"rare-event regime and reads low in every system alike, which neither its error "
-            f"nor the systems' spread can show (on a Gaussian path with exact log Z, n BC^2 = "
-            f"12 read 0.76 low with errors covering 59 %)"),
+            f"weight has relative variance v = 1/BC^2 - 1 = {1.0 / max(b * b, 1e-300) - 1.0:.2g}"
+            f" and this round's {self.n} draws leave the pair's means a relative variance v/n "
+            f"= {float(high.values[i]):.2g}, above 1/{OVERLAP_DRAWS:g} ({pairs} of "
+            f"{self.P - 1} pairs): the log of such a mean is skewed and reads low, in every "
+            f"system alike, which neither its error nor the systems' spread can show (on a "
+            f"Gaussian path with exact log Z, v/n = 0.08 read 0.76 low with errors covering "
+            f"59 %)"),
             "chains (closer neighbours: about 2Λ̂ where Λ̂ is not saturated) / iterations")
 
     def state_dict(self) -> dict:
