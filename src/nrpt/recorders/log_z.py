@@ -288,7 +288,8 @@ def systems_spread(log_z, se, what: str = "log Z"):
         f"disagree beyond their batch-means errors ({float(e.min()):.2g} to "
         f"{float(e.max()):.2g}): chi-square {q:.1f} on {R - 1} degrees of freedom (limit "
         f"{limit:.1f} at p = {SPREAD_P:g}), so the errors look about {factor:.1f} times too "
-        f"small; the systems' own spread puts the error of their mean at {spread_se:.2g}"),
+        f"small; the systems' own spread puts the error of their mean at {spread_se:.2g} "
+        f"(the pooled error, log_normalizer_pooled_se, takes the larger of the two)"),
         "iterations (more draws per round) / systems (more independent estimates) / chains")
 
 
