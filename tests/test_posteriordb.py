@@ -314,6 +314,17 @@ def test_log_z_agreement_from_stored_runs():
     assert np.isclose(agr["z_references"], 0.15 / np.hypot(err, err))  # seed 1
     assert np.isclose(agr["spread_ratio"], np.std([1.0, 1.1], ddof=1) / 0.1)
     assert agr["agree"]
+    assert agr["within"]["agree"]
+    # systems that disagree beyond their batch-means errors (kidscore_mom_work's fixed
+    # reference): the pooled error is the spread's, sd / sqrt(R) = 0.6, and the seeds agree
+    # within it; with the batch-means errors alone (the old table, the control) they do not
+    spread = {"nrpt": rec["nrpt"], "log_z_check": {"reference": "gaussian-fixed", "runs": [
+        run(0, [0.0, 1.2]), run(1, [1.0, 1.1])]}}
+    agr = pdb.log_z_agreement(spread)
+    assert np.isclose(agr["estimates"]["gaussian-fixed"][0][1], np.std([0, 1.2], ddof=1)
+                      / np.sqrt(2))
+    assert agr["agree"] and agr["z_references"] < 1.0, agr
+    assert not agr["within"]["agree"] and agr["within"]["z_references"] > 4, agr["within"]
     rec["log_z_check"]["runs"][1]["log_z"] = [2.0, 2.0]  # negative control: 0.85 off
     assert not pdb.log_z_agreement(rec)["agree"]
     rec["nrpt"][0]["log_z_kind"] = "ratio"  # a temperature path's ratio: not comparable

@@ -17,6 +17,7 @@ from nrpt.adapt.schedule import fit_barrier, update_schedule
 from nrpt.core.loop import Outcome, Run
 from nrpt.diagnostics import theory
 from nrpt.diagnostics.density import grid_errors, iid_floor
+from nrpt.recorders.log_z import pooled_log_z
 from nrpt.recorders.stats import json_ready, per_system
 from nrpt.report import health
 from nrpt.roles import RowMap
@@ -203,6 +204,8 @@ def build_summary(run: Run, cfg, outcome: Outcome, samples: np.ndarray) -> dict[
         s["reference_zero_likelihood_share"] = facts["zero_likelihood_share"]
     _log_normalizer_note(s, run, path_kind)
     row_map = facts.get("row_map")  # engine rows that are not the user's systems one to one
+    if row_map is None and eng.R > 1:
+        _log_normalizer_pooled(s)
     if row_map is not None:
         s.update(row_map.summary(run))
     if facts.get("hot_end") is not None:  # a Gaussian hot end (density-only target)
@@ -339,6 +342,19 @@ def _noise_fields(s: dict, eng, var: torch.Tensor) -> None:
     if plain is not None:
         ratio = float(plain.mean() / var.mean().clamp_min(1e-300))
         s["variance_reduction"] = ratio if math.isfinite(ratio) else None
+
+
+def _log_normalizer_pooled(s: dict) -> None:
+    """The systems' log Z (or ratio) pooled into one estimate, with an error that is the larger
+    of the batch-means one and the one the systems' spread implies
+    (:func:`nrpt.recorders.log_z.pooled_log_z`)."""
+    if "log_normalizer" not in s or "log_normalizer_se" not in s:
+        return
+    p = pooled_log_z(s["log_normalizer"], s["log_normalizer_se"])
+    s["log_normalizer_pooled"] = p["estimate"]
+    s["log_normalizer_pooled_se"] = p["se"]
+    s["log_normalizer_pooled_within_se"] = p["within_se"]
+    s["log_normalizer_pooled_between_se"] = p["between_se"]
 
 
 def _log_normalizer_note(s: dict, run: Run, path_kind: str) -> None:
@@ -736,9 +752,16 @@ def _log_normalizer_line(s: dict, R: int) -> str:
     se = s.get("log_normalizer_se")
     # (one system: its standard error; several: the spread over systems says it)
     se = "" if se is None or R > 1 else f" ± {_fmt(se, '.2g')}"
-    return (f"  {label:<15} {_scalar(s['log_normalizer'], R, '.4g')}{se}  (bridge; "
+    line = (f"  {label:<15} {_scalar(s['log_normalizer'], R, '.4g')}{se}  (bridge; "
             f"stepping-stone halves: forward {_scalar(s['log_normalizer_forward'], R, '.4g')}"
             f", reverse {_scalar(s['log_normalizer_reverse'], R, '.4g')})")
+    if s.get("log_normalizer_pooled") is None:
+        return line
+    return line + (f"\n  {'pooled':<15} {_fmt(s['log_normalizer_pooled'], '.6g')} ± "
+                   f"{_fmt(s['log_normalizer_pooled_se'], '.2g')}  (mean over the {R} systems; "
+                   "error: the larger of the batch-means one, "
+                   f"{_fmt(s['log_normalizer_pooled_within_se'], '.2g')}, and the systems' "
+                   f"spread's, {_fmt(s['log_normalizer_pooled_between_se'], '.2g')})")
 
 
 def _answer_lines(s: dict, R: int) -> list[str]:
