@@ -5,8 +5,9 @@ grows where it asks for more (:class:`nrpt.adapt.rounds.ChainsAdaptor`,
 
 Statistical checks at fixed seeds, tolerances from the Monte Carlo error, each with a negative
 control: (a) a small known barrier shrinks and the moments and log Z still match the exact ones
-(the same checks fail with the shrink disabled, and against an answer off by the tolerance);
-(b) a large barrier does not shrink; (c) an interrupted, resumed run equals the uninterrupted one."""
+(the same checks fail with the shrink disabled, with a wrong shrunk ladder, and against an
+answer off by the tolerance); (b) a large barrier does not shrink; (c) an interrupted, resumed
+run equals the uninterrupted one."""
 
 from __future__ import annotations
 
@@ -145,6 +146,23 @@ def test_a_small_barrier_shrinks_and_the_answer_stays_exact():
     # the shrink can fail: without min_chains the ladder keeps its 8 chains
     kept = run(t, min_chains=None)
     assert not shrank(kept) and kept.summary["chains"] == 8
+
+
+def test_a_wrong_shrunk_ladder_is_caught(monkeypatch):
+    """Negative control of the check above: a shrink to a wrong ladder -- its hot end at
+    beta = 0.5 instead of the reference's 0 -- gives a log Z that the same check rejects."""
+    from nrpt.adapt import rounds
+
+    right = rounds.update_schedule
+
+    def wrong(b, rej, n_slots=None):
+        new = right(b, rej, n_slots=n_slots)
+        return 0.5 + 0.5 * new if n_slots is not None else new  # (from 1 down to 0.5)
+
+    monkeypatch.setattr(rounds, "update_schedule", wrong)
+    bad = run()
+    assert shrank(bad) and bad.summary["schedule"][-1] >= 0.5  # (once per shrink)
+    assert any(f.startswith("log Z") for f in failures(bad, MEAN, SD, LOG_Z))
 
 
 def test_a_large_barrier_does_not_shrink():

@@ -19,8 +19,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nrpt.adapt.chains import (fitted_chains, ladder_too_long, ladder_too_short, pairs_too_hard,
-                               recommended_chains)
+from nrpt.adapt.chains import (
+    fitted_chains,
+    ladder_too_long,
+    ladder_too_short,
+    pairs_too_hard,
+    recommended_chains,
+)
 from nrpt.adapt.schedule import clean_rejections, update_schedule
 from nrpt.adapt.step import StepTuner, step_size_factor
 from nrpt.roles import AdaptorBase, SegmentView, SlotMap, Update
