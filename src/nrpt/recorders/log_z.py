@@ -203,7 +203,8 @@ HALVES_Z = 4.0
 #: and biased low.  Measured on ScaledGaussianPath(d=5, c=1e4), 1024 iterations, 100 sets of 4
 #: systems: 4 chains (exact v / n = 0.08) read 0.76 low with errors covering 59 %; 6 and 10
 #: chains (0.005, 0.001) were unbiased.  posteriordb's kidscore_mom_work with the fixed broad
-#: reference: v / n up to 1e2-1e5 with 10 chains (1-2 nats low), ~0.001 with 32 (agrees).
+#: reference, the worst pair per system: v / n 0.8 to 5e6 with 10 chains (1-2 nats low),
+#: ~0.001 with 32 (agrees).
 OVERLAP_DRAWS = 50.0
 #: the systems' log Z estimates are flagged when their spread around the error-weighted mean
 #: has a chi-square tail probability below this under their reported errors
@@ -239,10 +240,10 @@ def pooled_log_z(log_z, se) -> dict[str, float]:
     sd(log_z) / sqrt(R)``: the error the systems' own spread implies (independent systems, so
     unbiased whatever ``se`` says, but with only ``R - 1`` degrees of freedom).  ``se``: the
     larger of the two.  Simulated calibration (tests/test_lognorm.py): with honest ``se`` the
-    interval ``estimate ± 1.96 se`` covers the truth 95-97 % of the time (4 systems); with
+    interval ``estimate ± 1.96 se`` covers the truth ~97 % of the time (4 systems); with
     errors 3x too small it covers ~87 % where ``within_se`` alone covers ~49 %.  What neither
     can see is a bias every system shares (too few chains for the path's barrier: the bridge
-    then reads low): the ``log-z-halves`` finding is the sign of that.  One system: ``se`` is
+    then reads low): the ``log-z-overlap`` finding is the sign of that.  One system: ``se`` is
     its own error; NaN where nothing is finite."""
     lz, e = _floats(log_z), _floats(se)
     ok = torch.isfinite(lz)
