@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import os
 import time
@@ -446,20 +447,39 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     if row_map is not None:  # (samples.npy keeps every engine row)
         arrays = row_map.chains(arrays)
     samples = np.asarray(arrays["samples"])
-    clock = _Clock()
-    summary = build_summary(run, cfg, outcome, samples)
-    clock.lap("summary")
-    if out is not None:
-        _write_outputs(out, run, cfg, outcome, summary, arrays, clock)
-        # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc, the
-        # figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
-        summary["outputs_s"] = clock.laps
-        _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
+    with _heap_frozen():
+        clock = _Clock()
+        summary = build_summary(run, cfg, outcome, samples)
+        clock.lap("summary")
+        if out is not None:
+            _write_outputs(out, run, cfg, outcome, summary, arrays, clock)
+            # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc,
+            # the figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
+            summary["outputs_s"] = clock.laps
+            _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
     return Result(samples=samples, energies=np.asarray(arrays["energies"]),
                   index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
                   rows=outcome.rows, engine=run.engine, recorders=run.recorders,
                   export={"first": int(arrays["first"]), "thin": draws.thin,
                           "row_map": row_map})
+
+
+@contextlib.contextmanager
+def _heap_frozen():
+    """The objects alive on entry (torch's modules, the run's) left out of the garbage
+    collector's full passes until exit (``gc.freeze`` / ``gc.unfreeze``): the outputs (the
+    summary, posterior.nc, matplotlib's figures) make many short-lived objects, and each full
+    pass walked the whole heap -- about a tenth of their time (docs/benchmarks.md,
+    "Outputs").  Nothing is collected later than it would be; left alone when the collector
+    is off or the caller froze objects of its own (``unfreeze`` would release those too)."""
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class _Clock:
