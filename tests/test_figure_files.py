@@ -1,5 +1,5 @@
-"""The run folder's figure files: the PNG writer stores exactly the pixels matplotlib drew, and
-the outputs' garbage-collector setting leaves the caller's own state as it found it."""
+"""The run folder's figure files: the PNG writer stores exactly the pixels matplotlib draws (text
+unhinted), and the outputs' garbage-collector setting leaves the caller's state as it found it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
+from matplotlib import rc_context  # noqa: E402
 from PIL import Image  # noqa: E402  (matplotlib's own dependency)
 
 from nrpt.report import figures as plots  # noqa: E402
@@ -39,7 +40,8 @@ def test_png_writer_stores_the_pixels_savefig_draws(height):
     fig = _busy_figure(height)
     ours = plots.png_bytes(fig, dpi=150)
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=150, format="png")
+    with rc_context({"text.hinting": "no_hinting"}):  # (the writer draws text unhinted)
+        fig.savefig(buf, dpi=150, format="png")
     theirs = _pixels(buf.getvalue())
     got = _pixels(ours)
     assert got.shape == theirs.shape == (round(150 * height), round(150 * 4.1), 4)
@@ -53,10 +55,13 @@ def test_png_writer_stores_the_pixels_savefig_draws(height):
 
 
 def test_save_leaves_the_figure_its_canvas_and_dpi(tmp_path):
+    import matplotlib as mpl
+
     fig = _busy_figure()
-    canvas, dpi = fig.canvas, fig.dpi
+    canvas, dpi, hinting = fig.canvas, fig.dpi, mpl.rcParams["text.hinting"]
     path = plots.save(fig, tmp_path / "f.png", dpi=120)
     assert fig.canvas is canvas and fig.dpi == dpi
+    assert mpl.rcParams["text.hinting"] == hinting  # (the unhinted text: only while drawing)
     assert _pixels(path.read_bytes()).shape[:2] == (round(120 * 3.3), round(120 * 4.1))
     # other formats still go through savefig
     svg = plots.save(fig, tmp_path / "f.svg")

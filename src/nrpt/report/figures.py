@@ -45,21 +45,26 @@ def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
 
 
 def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
-    """``fig`` drawn by Agg at ``dpi``, as a PNG file's bytes: the same pixels as ``savefig``
-    (RGBA, 8 bits), each row stored as its difference from the row above (PNG's "Up"
-    filter) and deflated at zlib level 1.  Plots repeat from row to row, so the files are
-    about the size of Pillow's at level 1, written in half its time (Pillow tries five
-    filters on every row; docs/benchmarks.md, "Outputs")."""
+    """``fig`` drawn by Agg at ``dpi``, as a PNG file's bytes: the pixels ``savefig`` draws
+    (RGBA, 8 bits) with text unhinted, each row stored as its difference from the row above
+    (PNG's "Up" filter) and deflated at zlib level 1 (docs/benchmarks.md, "Outputs").
+
+    Plots repeat from row to row, so the files are about the size of Pillow's at level 1,
+    written in half its time (Pillow tries five filters on every row).  FreeType's hinting of
+    each glyph (the font's TrueType program, matplotlib's default) was a sixth of drawing the
+    run's figures; at 150 dpi (22-pixel letters) unhinted text looks the same."""
     import struct
     import zlib
 
+    from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     canvas, old_dpi = fig.canvas, fig.dpi
     try:  # (as savefig: the figure keeps its canvas and dpi)
         fig.set_dpi(dpi)
         agg = FigureCanvasAgg(fig)
-        agg.draw()
+        with rc_context({"text.hinting": "no_hinting"}):
+            agg.draw()
         rgba = np.asarray(agg.buffer_rgba())  # (a view that keeps the renderer alive)
     finally:
         fig.set_canvas(canvas)
@@ -228,8 +233,11 @@ def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
 
 
 def _integer_ticks(cb, n: int) -> None:
+    """At most about 8 integer ticks on a colorbar of ``n`` indices, no minor ticks (the
+    colour bands mark the boundaries; a tick each was a third of a figure's ticks)."""
     step = max(1, int(math.ceil(n / 8)))
     cb.set_ticks(np.arange(0, n, step))
+    cb.minorticks_off()
 
 
 # ------------------------------------------------------------------------------ density
