@@ -98,3 +98,53 @@ def test_the_outputs_heap_freeze_leaves_the_callers_gc_state():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def _labels(ax, minor=False):
+    lo, hi = ax.get_ylim()
+    return [t.get_text() for t in ax.yaxis.get_ticklabels(minor=minor)
+            if t.get_text() and lo <= t.get_position()[1] <= hi]
+
+
+@pytest.mark.parametrize("lo, hi, major, minor", [
+    (0.003, 0.6, ["0.01", "0.1"], []),  # more than a decade: powers of ten only
+    (0.15, 0.9, [], ["0.2", "0.3", "0.4", "0.6"]),  # within a decade: 2, 3, 4, 6 x 10^k
+    (0.21, 0.29, [], [f"0.{j}" for j in range(21, 30)]),  # within 10^0.4: every one
+    (1e-7, 1e-5, ["1e\N{MINUS SIGN}07", "1e\N{MINUS SIGN}06", "1e\N{MINUS SIGN}05"], []),
+])
+def test_log_axes_are_labelled_in_plain_text(lo, hi, major, minor):
+    # the ladder and local-barrier figures' log axes: no mathtext (its first use cost 0.1 s
+    # of a run's figures), the same ticks labelled as matplotlib's own log labels
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [lo, hi])
+    ax.set_yscale("log")
+    default = Figure(figsize=(4, 3)).add_subplot()
+    default.plot([0, 1], [lo, hi])
+    default.set_yscale("log")
+    plots._plain_log_labels(ax.yaxis)
+    plots.png_bytes(fig, dpi=50)
+    plots.png_bytes(default.figure, dpi=50)
+    assert _labels(ax) == major and _labels(ax, minor=True) == minor
+    # the same ticks carry a label as with matplotlib's formatter, which writes mathtext
+    # (negative control: the check of "no mathtext" sees it there)
+    assert len(_labels(default)) == len(major)
+    assert len(_labels(default, minor=True)) == len(minor)
+    assert all("$" in t for t in _labels(default) + _labels(default, minor=True))
+    assert not any("$" in t for t in _labels(ax) + _labels(ax, minor=True))
+
+
+def test_the_ladder_panel_and_the_barrier_use_plain_log_labels():
+    ladder = plots.adaptation(np.arange(50), learning_rates=np.geomspace(0.003, 0.6, 4)[None]
+                              * np.ones((50, 1)))
+    b = np.array([0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0])
+    grid = np.linspace(0.0, 1.0, 51)
+    barrier = plots.local_barrier(grid, 290.0 / (1.0 + 300.0 * grid) + 0.3, b,
+                                  290.0 / (1.0 + 300.0 * b) + 0.3)
+    for fig in (ladder, barrier):
+        plots.png_bytes(fig, dpi=50)
+    axes = [ladder.axes[0].yaxis, barrier.axes[0].xaxis, barrier.axes[0].yaxis]
+    assert all(isinstance(a.get_major_formatter(), plots._PlainLog) for a in axes)
+    assert not any("$" in t.get_text() for a in axes for t in a.get_ticklabels())
