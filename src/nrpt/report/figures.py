@@ -261,7 +261,7 @@ def _plain_log_labels(axis) -> None:
 
 def _integer_ticks(cb, n: int) -> None:
     """At most about 8 integer ticks on a colorbar of ``n`` indices, no minor ticks (the
-    colour bands mark the boundaries; a tick each was a third of a figure's ticks)."""
+    colour bands mark the boundaries; a tick at each was a fifth of a figure's ticks)."""
     step = max(1, int(math.ceil(n / 8)))
     cb.set_ticks(np.arange(0, n, step))
     cb.minorticks_off()
