@@ -336,6 +336,31 @@ def test_density_grid(penalty):
     assert 0.15 < outside < 0.25
 
 
+@pytest.mark.parametrize("bins", [5, 7, 99])
+def test_density_grid_in_row_blocks_is_the_one_shot_integral(bins):
+    # the penalty's grid is integrated four rows of cells at a time (small temporaries); it
+    # is the one-shot 4-D quadrature (to rounding: 1e-14 relative), including a last block
+    # of fewer than four rows (bins 5, 7)
+    from nrpt.targets.twenty_five_modes import _log_density_np
+
+    target = TwentyFiveModes(True)
+    _, _, probs = target.density_grid(lim=5.5, bins=bins)
+    edges = np.linspace(-5.5, 5.5, bins + 1)
+    h = edges[1] - edges[0]
+    u, w = np.polynomial.legendre.leggauss(16)
+    pts = edges[:-1, None] + (u[None, :] + 1.0) * (h / 2.0)
+
+    def one_shot(log_z):
+        dens = np.exp(_log_density_np(pts[:, :, None, None], pts[None, None], True) - log_z)
+        return np.einsum("injm,n,m->ij", dens, w * (h / 2.0), w * (h / 2.0))
+
+    np.testing.assert_allclose(probs, one_shot(target.log_normalizer), rtol=1e-14, atol=0)
+    # negative control: log Z off by 1e-12 is seen
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(probs, one_shot(target.log_normalizer + 1e-12), rtol=1e-14,
+                                   atol=0)
+
+
 def test_twenty_five_modes_initial_states_uniform_box():
     x = TwentyFiveModes().initial_states(10_000, gen(12))
     assert x.shape == (10_000, 2) and x.abs().max() <= 1.0

@@ -15,7 +15,7 @@ from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize, TwoSlopeNorm
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import Formatter, MaxNLocator
 
 __all__ = ["density", "adaptation", "index_process", "swap_acceptance", "local_barrier",
            "schedules", "trace", "rank", "save"]
@@ -36,12 +36,65 @@ def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
 
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or None
-    # PNG at zlib level 1, not Pillow's 6: the same pixels, files ~15 % larger, and the
-    # encoding (a third of an unlaid-out figure's time) several times faster
-    extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
     with atomic_path(path) as tmp:  # a reader never sees half a figure
-        fig.savefig(tmp, dpi=dpi, format=fmt, **extra)
+        if fmt == "png":
+            Path(tmp).write_bytes(png_bytes(fig, dpi))
+        else:
+            fig.savefig(tmp, dpi=dpi, format=fmt)
     return path
+
+
+def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
+    """``fig`` drawn by Agg at ``dpi``, as a PNG file's bytes: the pixels ``savefig`` draws
+    (RGBA, 8 bits) with text unhinted, each row stored as its difference from the row above
+    (PNG's "Up" filter) and deflated at zlib level 1 (docs/benchmarks.md, "Outputs").
+
+    Plots repeat from row to row, so the files are about the size of Pillow's at level 1,
+    written in half its time (Pillow tries five filters on every row).  FreeType's hinting of
+    each glyph (the font's TrueType program, matplotlib's default) was a sixth of drawing the
+    run's figures; at 150 dpi (22-pixel letters) unhinted text looks the same."""
+    import struct
+    import zlib
+
+    from matplotlib import rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas, old_dpi = fig.canvas, fig.dpi
+    try:  # (as savefig: the figure keeps its canvas and dpi)
+        fig.set_dpi(dpi)
+        agg = FigureCanvasAgg(fig)
+        with rc_context({"text.hinting": "no_hinting"}):
+            agg.draw()
+        rgba = np.asarray(agg.buffer_rgba())  # (a view that keeps the renderer alive)
+    finally:
+        fig.set_canvas(canvas)
+        fig.set_dpi(old_dpi)
+    h, w = rgba.shape[:2]
+    rows = rgba.reshape(h, 4 * w)
+    deflate = zlib.compressobj(1)
+    parts = []
+    block = np.empty((64, 1 + 4 * w), dtype=np.uint8)  # 64 rows at a time: small buffers
+    block[:, 0] = 2  # filter type "Up" (the row above the first is zeros)
+    for i in range(0, h, 64):
+        n = min(64, h - i)
+        if i == 0:
+            block[0, 1:] = rows[0]
+        else:
+            np.subtract(rows[i], rows[i - 1], out=block[0, 1:])
+        np.subtract(rows[i + 1:i + n], rows[i:i + n - 1], out=block[1:n, 1:])  # (mod 256)
+        parts.append(deflate.compress(block[:n].tobytes()))
+    parts.append(deflate.flush())
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + \
+            struct.pack(">I", zlib.crc32(kind + data))
+
+    per_metre = round(dpi / 0.0254)
+    return b"".join([b"\x89PNG\r\n\x1a\n",
+                     chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0)),
+                     chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
+                     chunk(b"IDAT", b"".join(parts)),
+                     chunk(b"IEND", b"")])
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -70,7 +123,7 @@ def _style(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
     ax.set_xlabel(xlabel, fontsize=_FS_LABEL)
     ax.set_ylabel(ylabel, fontsize=_FS_LABEL)
     if title:
-        ax.set_title(title, fontsize=_FS_TITLE)
+        ax.set_title(title, fontsize=_FS_TITLE, y=1.0)
     ax.tick_params(labelsize=_FS_TICK)
 
 
@@ -137,6 +190,19 @@ def _pick_system(a: np.ndarray, ndim_one: int, system: int, name: str) -> np.nda
     return a
 
 
+def _lines(ax, x: np.ndarray, ys: np.ndarray, colors, **kwargs) -> None:
+    """The columns of ``ys[T, n]`` over ``x[T]`` as one :class:`LineCollection` (one artist,
+    not ``n`` lines: drawn alike, a fraction of the cost), line ``j`` in ``colors[j]``; the
+    axes' data limits take them in."""
+    from matplotlib.collections import LineCollection
+
+    segs = np.empty((ys.shape[1], x.size, 2))
+    segs[:, :, 0] = x
+    segs[:, :, 1] = ys.T
+    ax.add_collection(LineCollection(segs, colors=colors, **kwargs), autolim=True)
+    ax.autoscale_view()
+
+
 def _moving_average(y: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean over ``window`` rows of ``y[T, ...]``; ``[T - window + 1, ...]``."""
     if window <= 1:
@@ -166,9 +232,39 @@ def _discrete_mappable(n: int, cmap_name: str = "viridis", dark: bool = False):
     return ScalarMappable(norm=BoundaryNorm(np.arange(-0.5, n + 0.5), n), cmap=base.resampled(n))
 
 
+class _PlainLog(Formatter):
+    """Tick labels of a log or symlog axis in plain text -- 0.003, 0.1, 1, 1000, 1e+06 --
+    instead of mathtext's powers of ten (mathtext's first use in a process cost 0.1 s of a
+    run's figures, its labels half a log panel's drawing).  Minor ticks (``minor``) are
+    labelled as matplotlib's own log labels are: only on a log axis spanning at most a decade,
+    then those at 2, 3, 4 and 6 times a power of ten, and all of them within 10^0.4."""
+
+    def __init__(self, minor: bool = False) -> None:
+        self.minor = minor
+
+    def __call__(self, x, pos=None) -> str:
+        if self.minor:
+            lo, hi = sorted(self.axis.get_view_interval())
+            if self.axis.get_scale() != "log" or not (0 < lo and hi <= 10 * lo) or x <= 0:
+                return ""
+            m = x / 10.0 ** math.floor(math.log10(x) + 1e-9)  # 1 <= m < 10
+            if hi > 10**0.4 * lo and not (abs(m - round(m)) < 1e-6 and round(m) in (2, 3, 4, 6)):
+                return ""
+        return f"{x:.6g}".replace("-", "\N{MINUS SIGN}")
+
+
+def _plain_log_labels(axis) -> None:
+    """:class:`_PlainLog` labels on a log / symlog ``axis`` (major and minor ticks)."""
+    axis.set_major_formatter(_PlainLog())
+    axis.set_minor_formatter(_PlainLog(minor=True))
+
+
 def _integer_ticks(cb, n: int) -> None:
+    """At most about 8 integer ticks on a colorbar of ``n`` indices, no minor ticks (the
+    colour bands mark the boundaries; a tick at each was a fifth of a figure's ticks)."""
     step = max(1, int(math.ceil(n / 8)))
     cb.set_ticks(np.arange(0, n, step))
+    cb.minorticks_off()
 
 
 # ------------------------------------------------------------------------------ density
@@ -406,11 +502,10 @@ def _correction_panel(fig, ax, k, C, *, system, swap_rate, **_) -> None:
 def _ladder_panel(fig, ax, k, learning_rates, *, system, ladder_label, **_) -> None:
     lr = _pick_system(learning_rates, 2, system, "learning_rates")
     P = lr.shape[1]
-    colors = _slot_colors(P)
-    for p in range(P):
-        ax.plot(k, lr[:, p], color=colors[p], lw=1.2)
     if np.all(lr[np.isfinite(lr)] > 0):
         ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
+    _lines(ax, k, lr, _slot_colors(P), lw=1.2)
     _style(ax, "iteration", f"{ladder_label} (log scale)", f"{ladder_label} per slot")
     cb = _colorbar(fig, _discrete_mappable(P, dark=True), ax, "slot (0 = target)")
     _integer_ticks(cb, P)
@@ -423,9 +518,7 @@ def _pair_rate_panel(fig, ax, k, pair_rate, *, system, swap_rate, window, **_) -
     w = min(max(1, T // 50) if window is None else max(1, int(window)), T)
     sm = _moving_average(rate, w)
     ks = k[w - 1:]
-    colors = _slot_colors(M, "plasma")
-    for p in range(M):
-        ax.plot(ks, sm[:, p], color=colors[p], lw=0.9, alpha=0.85)
+    _lines(ax, ks, sm, _slot_colors(M, "plasma"), lw=0.9, alpha=0.85)
     ax.plot(ks, sm.mean(axis=1), color="k", lw=2.0, label="mean over pairs")
     if swap_rate is not None:
         ax.axhline(swap_rate, color="C3", ls="--", lw=1.8,
@@ -570,8 +663,9 @@ class _IndexPanels:
         P, K, highlight = self.P, self.K, self.highlight
         edges = np.append(rows, rows[-1] + 1).astype(float)
         mappable = _discrete_mappable(P, "viridis")
-        ax.pcolormesh(edges, np.arange(P + 1) - 0.5, sub.T, cmap=mappable.cmap,
-                      norm=mappable.norm, shading="flat", rasterized=True)
+        # (pcolorfast: one image on the rectilinear grid, not a mesh of K / stride * P cells)
+        ax.pcolorfast(edges, np.arange(P + 1) - 0.5, sub.T, cmap=mappable.cmap,
+                      norm=mappable.norm)
         self.vlines(ax, 0, K, "w", None)
         ax.set_ylim(-0.5, P - 0.5)
         ax.set_xlim(0, max(K, 1))
@@ -689,6 +783,9 @@ def local_barrier(grid, values, at=None, method_one=None, coordinate: str = "bet
         float("nan")
     _barrier_yscale(ax, yscale, np.concatenate([vv[vv > 0], m[np.isfinite(m) & (m > 0)]]))
     _barrier_xscale(ax, xscale, np.concatenate([g, b.ravel()]), b[np.isfinite(b) & (b > 0)])
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() in ("log", "symlog"):
+            _plain_log_labels(axis)
     name = {"beta": "β (annealing parameter)"}.get(coordinate, coordinate)
     if ax.get_xscale() == "symlog":
         name += f"; linear below {ax.xaxis.get_transform().linthresh:.2g}, log above"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import os
 import time
@@ -446,20 +447,41 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     if row_map is not None:  # (samples.npy keeps every engine row)
         arrays = row_map.chains(arrays)
     samples = np.asarray(arrays["samples"])
-    clock = _Clock()
-    summary = build_summary(run, cfg, outcome, samples)
-    clock.lap("summary")
-    if out is not None:
-        _write_outputs(out, run, cfg, outcome, summary, arrays, clock)
-        # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc, the
-        # figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
-        summary["outputs_s"] = clock.laps
-        _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
+    with _heap_frozen() as freeze_more:
+        clock = _Clock()
+        summary = build_summary(run, cfg, outcome, samples)
+        clock.lap("summary")
+        if out is not None:
+            _write_outputs(out, run, cfg, outcome, summary, arrays, clock, freeze_more)
+            # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc,
+            # the figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
+            summary["outputs_s"] = clock.laps
+            _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
     return Result(samples=samples, energies=np.asarray(arrays["energies"]),
                   index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
                   rows=outcome.rows, engine=run.engine, recorders=run.recorders,
                   export={"first": int(arrays["first"]), "thin": draws.thin,
                           "row_map": row_map})
+
+
+@contextlib.contextmanager
+def _heap_frozen():
+    """The objects alive on entry (torch's modules, the run's) left out of the garbage
+    collector's passes until exit (``gc.freeze`` / ``gc.unfreeze``): the summary, posterior.nc
+    and matplotlib's figures make many objects, and every full pass walked the whole heap
+    (0.09 s of the outputs' CPU in a headline run; docs/benchmarks.md, "Outputs").  Young
+    objects are still collected as usual (a figure's arrays are freed before the next is
+    drawn); garbage among the frozen ones waits for the first full pass after exit.  Left
+    alone when the collector is off or the caller froze objects of its own (``unfreeze``
+    would release those too).  Yields a function that freezes what was made since."""
+    if not gc.isenabled() or gc.get_freeze_count():
+        yield lambda: None
+        return
+    gc.freeze()
+    try:
+        yield gc.freeze  # (to freeze what was made since: matplotlib's modules, once imported)
+    finally:
+        gc.unfreeze()
 
 
 class _Clock:
@@ -477,7 +499,7 @@ class _Clock:
 
 
 def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, arrays,
-                   clock: _Clock | None = None) -> None:
+                   clock: _Clock | None = None, freeze_more=lambda: None) -> None:
     clock = clock or _Clock()
     if len(run.plan.segments) > 1:
         with rf.atomic_path(out / "rounds.csv") as tmp:
@@ -506,6 +528,8 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"
     clock.lap("posterior")  # (with the rounds' tables and adaptation.npz)
     if cfg.figures and run.engine.k > 0:
+        from nrpt.report import figures  # noqa: F401  (matplotlib, imported first: then
+        freeze_more()  # its modules are left out of the collector's passes too)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # matplotlib font / layout chatter
             summary["figures"] = report.write_figures(

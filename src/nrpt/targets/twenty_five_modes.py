@@ -189,8 +189,12 @@ def _density_grid(penalty: bool, lim: float, bins: int, nodes: int):
         mass = (np.exp(log_f) * wts).sum(axis=1)
         probs = np.outer(mass, mass)
     else:
-        x1 = pts[:, :, None, None]
+        # four rows of cells at a time: the same arithmetic element by element (the same
+        # probabilities to the last bit) in temporaries of 0.8 MB instead of 20 MB: 0.03 s
+        # instead of 0.17-0.21 s in a fresh process on the project machine (a run's summary)
         x2 = pts[None, None, :, :]
-        dens = np.exp(_log_density_np(x1, x2, True) - log_z)
-        probs = np.einsum("injm,n,m->ij", dens, wts, wts)
+        probs = np.empty((bins, bins))
+        for i in range(0, bins, 4):
+            dens = np.exp(_log_density_np(pts[i:i + 4, :, None, None], x2, True) - log_z)
+            probs[i:i + 4] = np.einsum("injm,n,m->ij", dens, wts, wts)
     return edges, edges, probs
