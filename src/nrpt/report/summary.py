@@ -487,6 +487,9 @@ def _check_inputs(run: Run, cfg, exact: bool) -> dict:
             "explorer_acceptance": swaps.explorer_acceptance().cpu().double().numpy()
             if target_acc is not None else None,
             "explorer_target": target_acc, "explorer_name": cfg.explorer,
+            "tail_acceptance": rec["tail_acceptance"].stats()
+            if target_acc is not None and "tail_acceptance" in rec
+            and run.facts.get("row_map") is None else None,
             "chains_grown": _grown_note(run)}
 
 
