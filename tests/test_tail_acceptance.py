@@ -109,6 +109,8 @@ def test_health_rule_fires_on_a_collapsed_tail_only():
     assert [x.code for x in f] == ["tail-acceptance"]
     assert "coordinate 0 is above its mean + 2 sd" in f[0].message
     assert "0.05" in f[0].message and "40 of 2000" in f[0].message
+    named = health.check_run(tail_acceptance={**_stats(), "names": ["log_alpha", "b", "c"]})
+    assert "coordinate 0 (log_alpha) is above" in named[0].message
     assert health.check_run(tail_acceptance=_stats(n_hi=health.TAIL_MIN_DRAWS - 1)) == []
     assert health.check_run(tail_acceptance=_stats(a_hi=0.2)) == []
     assert health.check_run(tail_acceptance=_stats(), exact=False) == []

@@ -470,18 +470,20 @@ def _check_tails(stats: Mapping, ratio: float, min_draws: float) -> list[Finding
     if worst is None:
         return []
     _, c, side, a, n = worst
+    names = stats.get("names")
+    label = f"coordinate {c}" + (f" ({names[c]})" if names and c < len(names) else "")
     total = float(stats["n"])
     where = "above" if side == "hi" else "below"
     sign = "+" if side == "hi" else "-"
     k = float(stats.get("k", 2.0))
     gauss = 100.0 * 0.5 * math.erfc(k / math.sqrt(2.0))
     return [Finding("tail-acceptance", (
-        f"Slot-0 explorer acceptance falls from {a0:.3g} overall to {a:.3g} where coordinate "
-        f"{c} is {where} its mean {sign} {k:g} sd ({_fmt(n)} of {_fmt(total)} draws, "
+        f"Slot-0 explorer acceptance falls from {a0:.3g} overall to {a:.3g} where {label} "
+        f"is {where} its mean {sign} {k:g} sd ({_fmt(n)} of {_fmt(total)} draws, "
         f"{100.0 * n / total:.2g} %; a Gaussian puts {gauss:.2g} % there; {n_bad} coordinate "
         f"tail(s) so affected): the step size, tuned on the bulk, cannot enter this tail (a "
-        f"funnel or neck), so the tail is likely under-sampled and coordinate {c}'s spread "
-        f"too small, though R-hat and ESS may look fine."), KNOB_TAIL)]
+        f"funnel or neck), so the tail is likely under-sampled and {label}'s spread too "
+        f"small, though R-hat and ESS may look fine."), KNOB_TAIL)]
 
 
 def _check_slot0(slot0, r_hat_max: float, ess_min_per_system: float) -> list[Finding]:
