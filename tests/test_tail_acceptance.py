@@ -93,8 +93,25 @@ def test_recorder_state_round_trip_gives_the_same_stats():
     assert rec.stats()["n"] == other.stats()["n"] == 2 * 600  # (R = 2) every row has a start
 
 
-def _stats(a_hi=0.05, n_hi=40.0, a0=0.4, n=2000.0, d=3):
+def test_recorder_counts_entries_into_a_tail_not_iterations_there():
+    """Starts 0, 2, 2, 0, 2, 0, -2 (thresholds +-1): the upper tail is entered twice over three
+    iterations there, the lower once; the same counts when the rows come in two chunks split
+    inside a visit (the visit is not counted twice)."""
+    xs = torch.tensor([0.0, 2.0, 2.0, 0.0, 2.0, 0.0, -2.0, 0.0], dtype=F64)[:, None, None]
+    a = torch.full((8, 1), 0.5, dtype=F64)
+    for chunks in ([8], [3, 5], [1] * 8):
+        rec = TailAcceptance(R=1, dim=1)
+        rec.lo, rec.hi = torch.tensor([-1.0], dtype=F64), torch.tensor([1.0], dtype=F64)
+        _feed(rec, xs, a, chunks)
+        st = rec.stats()
+        assert (st["n_hi"][0], st["entries_hi"][0]) == (3.0, 2.0), chunks
+        assert (st["n_lo"][0], st["entries_lo"][0]) == (1.0, 1.0), chunks
+
+
+def _stats(a_hi=0.05, n_hi=40.0, a0=0.4, n=2000.0, d=3, entries=12.0):
     return {"n": n, "acceptance": a0, "k": 2.0,
+            "entries_hi": np.array([entries] + [20.0] * (d - 1)),
+            "entries_lo": np.full(d, 20.0),
             "n_hi": np.array([n_hi] + [50.0] * (d - 1)),
             "n_lo": np.full(d, 50.0),
             "acceptance_hi": np.array([a_hi] + [0.5] * (d - 1)),
@@ -102,16 +119,20 @@ def _stats(a_hi=0.05, n_hi=40.0, a0=0.4, n=2000.0, d=3):
 
 
 def test_health_rule_fires_on_a_collapsed_tail_only():
-    """Fires at 0.05 / 0.4 with 40 draws in the tail and names the coordinate and side;
-    negative controls: the same ratio with fewer than TAIL_MIN_DRAWS draws, a tail acceptance
-    at 0.5 of the overall (above TAIL_RATIO), an inexact (SG) run."""
+    """Fires at 0.05 / 0.4 with 40 draws (2 %) in 12 visits to the tail and names the
+    coordinate and side; negative controls: the same ratio with fewer than TAIL_MIN_DRAWS
+    draws, fewer than TAIL_MIN_ENTRIES visits, under TAIL_MIN_FRACTION of the draws, a tail
+    acceptance at 0.5 of the overall (above TAIL_RATIO), an inexact (SG) run."""
     f = health.check_run(tail_acceptance=_stats())
     assert [x.code for x in f] == ["tail-acceptance"]
     assert "coordinate 0 is above its mean + 2 sd" in f[0].message
-    assert "0.05" in f[0].message and "40 of 2000" in f[0].message
+    assert "0.05" in f[0].message and "40 of 2000 draws in 12 visits" in f[0].message
     named = health.check_run(tail_acceptance={**_stats(), "names": ["log_alpha", "b", "c"]})
     assert "coordinate 0 (log_alpha) is above" in named[0].message
     assert health.check_run(tail_acceptance=_stats(n_hi=health.TAIL_MIN_DRAWS - 1)) == []
+    # one replica stuck in the tail (few separate visits), or a tail holding too few draws
+    assert health.check_run(tail_acceptance=_stats(entries=health.TAIL_MIN_ENTRIES - 1)) == []
+    assert health.check_run(tail_acceptance=_stats(n=40.0 / (0.9 * health.TAIL_MIN_FRACTION))) == []
     assert health.check_run(tail_acceptance=_stats(a_hi=0.2)) == []
     assert health.check_run(tail_acceptance=_stats(), exact=False) == []
     assert health.check_run(tail_acceptance=_stats(a_hi=math.nan, n_hi=0.0)) == []

@@ -16,7 +16,9 @@ What is recorded (per system, since the last reset): the acceptance of slot 0's 
 paired with the position it started from (slot 0's replica after the previous iteration's
 swaps), summed overall and over the iterations whose start lies beyond ``mean +- K sd`` of each
 coordinate, the thresholds from the *previous* segment's slot-0 mean and sd pooled over the
-systems (so a run needs ``rounds``: the first segment sets thresholds only)."""
+systems (so a run needs ``rounds``: the first segment sets thresholds only); and the number of
+*entries* into each tail (a start there whose previous start was not), so that one replica
+stuck once in a far tail is not taken for a neck the chain keeps failing to enter."""
 
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ class TailAcceptance(RecorderBase):
         self.s1, self.s2 = z(self.R, self.dim), z(self.R, self.dim)
         self.n_hi, self.acc_hi = z(self.R, self.dim), z(self.R, self.dim)
         self.n_lo, self.acc_lo = z(self.R, self.dim), z(self.R, self.dim)
+        # entries into each tail (a start in the tail whose previous start was not)
+        self.in_hi, self.in_lo = z(self.R, self.dim), z(self.R, self.dim)
+        self._was_hi, self._was_lo = z(self.R, self.dim), z(self.R, self.dim)
 
     def start_segment(self, reset: bool, length: int = 0) -> None:
         if not reset:
@@ -82,6 +87,12 @@ class TailAcceptance(RecorderBase):
             self.n_lo += lo.sum(0)
             self.acc_hi += (hi * a[..., None]).sum(0)
             self.acc_lo += (lo * a[..., None]).sum(0)
+            # entries: the first start of the segment counts as one when it is in the tail
+            self.in_hi += (hi[0] + (hi[1:] * (1.0 - hi[:-1])).sum(0)
+                           - hi[0] * self._was_hi)
+            self.in_lo += (lo[0] + (lo[1:] * (1.0 - lo[:-1])).sum(0)
+                           - lo[0] * self._was_lo)
+            self._was_hi, self._was_lo = hi[-1].clone(), lo[-1].clone()
 
     def record(self, it: Iteration) -> None:
         self._take(it.slot_x([0])[:, 0][None], it.explore_accept[:, 0][None])
@@ -105,9 +116,12 @@ class TailAcceptance(RecorderBase):
         a_lo = torch.where(n_lo > 0, self.acc_lo.sum(0) / n_lo.clamp_min(1), nan)
         return {"n": n, "acceptance": float(self.acc.sum()) / n, "k": K,
                 "n_hi": n_hi.cpu().numpy(), "n_lo": n_lo.cpu().numpy(),
+                "entries_hi": self.in_hi.sum(0).cpu().numpy(),
+                "entries_lo": self.in_lo.sum(0).cpu().numpy(),
                 "acceptance_hi": a_hi.cpu().numpy(), "acceptance_lo": a_lo.cpu().numpy()}
 
-    _SUMS = ("n", "acc", "s1", "s2", "n_hi", "acc_hi", "n_lo", "acc_lo")
+    _SUMS = ("n", "acc", "s1", "s2", "n_hi", "acc_hi", "n_lo", "acc_lo", "in_hi", "in_lo",
+             "_was_hi", "_was_lo")
 
     def state_dict(self) -> dict:
         """Copies (the sums are updated in place)."""

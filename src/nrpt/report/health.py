@@ -41,6 +41,8 @@ __all__ = [
     "SWAP_RATE_TOLERANCE",
     "TAIL_RATIO",
     "TAIL_MIN_DRAWS",
+    "TAIL_MIN_ENTRIES",
+    "TAIL_MIN_FRACTION",
 ]
 
 
@@ -101,6 +103,14 @@ TAIL_RATIO = 0.35
 #: ... counted only where at least this many slot-0 iterations (pooled over systems) started
 #: in that tail
 TAIL_MIN_DRAWS = 10
+#: ... and entered it at least this many separate times (a replica stuck once in a far tail is
+#: not a neck the chain keeps failing to enter)
+TAIL_MIN_ENTRIES = 5
+#: ... and held at least this fraction of the draws: a neck whose mouth holds less moves the
+#: moments little (eight_schools_noncentered, rounds 13: log tau's upper tail, acceptance 0.034
+#: against 0.57 over 19 visits, but 0.15 % of the draws, and the run passes the reference;
+#: gp_pois_regr: 0.9-1.2 %, its alpha sd 12-16 % short)
+TAIL_MIN_FRACTION = 0.005
 
 KNOB_SG_LADDER = ("ladder_update = log-gaps (or the initial ladder: lr_min / lr_max / "
                   "learning_rates / chains)")
@@ -451,7 +461,8 @@ def _check_hot(hot_states, reference_spread) -> list[Finding]:
     return out
 
 
-def _check_tails(stats: Mapping, ratio: float, min_draws: float) -> list[Finding]:
+def _check_tails(stats: Mapping, ratio: float, min_draws: float, min_entries: float,
+                 min_fraction: float) -> list[Finding]:
     """``tail-acceptance`` from :meth:`nrpt.recorders.tails.TailAcceptance.stats`."""
     a0 = float(stats["acceptance"])
     if not (math.isfinite(a0) and a0 > 0):
@@ -461,15 +472,17 @@ def _check_tails(stats: Mapping, ratio: float, min_draws: float) -> list[Finding
     for side in ("hi", "lo"):
         a = np.asarray(stats[f"acceptance_{side}"], dtype=np.float64)
         n = np.asarray(stats[f"n_{side}"], dtype=np.float64)
-        bad = np.isfinite(a) & (n >= min_draws) & (a < ratio * a0)
+        e = np.asarray(stats.get(f"entries_{side}", n), dtype=np.float64)
+        bad = (np.isfinite(a) & (n >= min_draws) & (e >= min_entries)
+               & (n >= min_fraction * float(stats["n"])) & (a < ratio * a0))
         n_bad += int(bad.sum())
         if bad.any():
             c = int(np.argmin(np.where(bad, a, np.inf)))
-            cand = (float(a[c]) / a0, c, side, float(a[c]), float(n[c]))
+            cand = (float(a[c]) / a0, c, side, float(a[c]), float(n[c]), float(e[c]))
             worst = cand if worst is None or cand < worst else worst
     if worst is None:
         return []
-    _, c, side, a, n = worst
+    _, c, side, a, n, e = worst
     names = stats.get("names")
     label = f"coordinate {c}" + (f" ({names[c]})" if names and c < len(names) else "")
     total = float(stats["n"])
@@ -479,7 +492,8 @@ def _check_tails(stats: Mapping, ratio: float, min_draws: float) -> list[Finding
     gauss = 100.0 * 0.5 * math.erfc(k / math.sqrt(2.0))
     return [Finding("tail-acceptance", (
         f"Slot-0 explorer acceptance falls from {a0:.3g} overall to {a:.3g} where {label} "
-        f"is {where} its mean {sign} {k:g} sd ({_fmt(n)} of {_fmt(total)} draws, "
+        f"is {where} its mean {sign} {k:g} sd ({_fmt(n)} of {_fmt(total)} draws in "
+        f"{_fmt(e)} visits, "
         f"{100.0 * n / total:.2g} %; a Gaussian puts {gauss:.2g} % there; {n_bad} coordinate "
         f"tail(s) so affected): the step size, tuned on the bulk, cannot enter this tail (a "
         f"funnel or neck), so the tail is likely under-sampled and {label}'s spread too "
@@ -538,7 +552,9 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
               swap_rate_tolerance: float = SWAP_RATE_TOLERANCE,
               chains_grown: str | None = None, tail_acceptance=None,
               tail_ratio: float = TAIL_RATIO,
-              tail_min_draws: float = TAIL_MIN_DRAWS) -> list[Finding]:
+              tail_min_draws: float = TAIL_MIN_DRAWS,
+              tail_min_entries: float = TAIL_MIN_ENTRIES,
+              tail_min_fraction: float = TAIL_MIN_FRACTION) -> list[Finding]:
     """Health checks of one run; the findings (empty when nothing is wrong).  Every argument is
     optional; its check is skipped when it is ``None``.
 
@@ -564,7 +580,8 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         chains_grown: what ``chains = "auto"`` did, for the ``too-few-chains`` finding (from
             ``swap_acceptance``: ``2 Lambda-hat > 1.25 P``).
         tail_acceptance: :meth:`nrpt.recorders.tails.TailAcceptance.stats` (skipped with
-            ``exact = False``): ``tail-acceptance`` with ``tail_ratio``, ``tail_min_draws``."""
+            ``exact = False``): ``tail-acceptance`` with ``tail_ratio``, ``tail_min_draws``,
+            ``tail_min_entries``, ``tail_min_fraction``."""
     findings: list[Finding] = []
     acc = None
     if swap_acceptance is not None:
@@ -580,7 +597,8 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         ea = _as_2d(explorer_acceptance, "explorer_acceptance")
         findings += _check_explorer(ea, target, explorer_name, explorer_band, reference_exact)
     if exact and tail_acceptance is not None:
-        findings += _check_tails(tail_acceptance, float(tail_ratio), float(tail_min_draws))
+        findings += _check_tails(tail_acceptance, float(tail_ratio), float(tail_min_draws),
+                                 float(tail_min_entries), float(tail_min_fraction))
     if hot_states is not None:
         findings += _check_hot(hot_states, reference_spread)
     if slot0 is not None:

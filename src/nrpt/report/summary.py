@@ -500,8 +500,8 @@ def _tail_inputs(run: Run) -> dict | None:
         return None
     stats = rec.stats()
     if stats is not None:
-        from nrpt.report.text import _coordinate_names
-        stats["names"] = _coordinate_names(run.engine.target, run.engine.dim)
+        from nrpt.report.text import coordinate_names
+        stats["names"] = coordinate_names(run.engine.target, run.engine.dim)
     return stats
 
 
