@@ -120,8 +120,9 @@ KNOB_RESTARTS = "iterations / chains / schedule (max_temperature, or --rounds to
 KNOB_STEP = "step_size"
 KNOB_HOT = "max_temperature / step_size at the hot end"
 KNOB_MIXING = "iterations / systems / chains"
-KNOB_TAIL = ("iterations (rounds), or an explorer that enters narrow regions: explorer = 'hmc' "
-             "(longer trajectories) or 'slice'")
+KNOB_TAIL = ("explorer = 'slice' or 'hmc' (moves that adapt to / travel through a narrowing "
+             "region), or many more iterations (rounds); a non-centred parametrisation of the "
+             "model where it has one")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -495,9 +496,10 @@ def _check_tails(stats: Mapping, ratio: float, min_draws: float, min_entries: fl
         f"is {where} its mean {sign} {k:g} sd ({_fmt(n)} of {_fmt(total)} draws in "
         f"{_fmt(e)} visits, "
         f"{100.0 * n / total:.2g} %; a Gaussian puts {gauss:.2g} % there; {n_bad} coordinate "
-        f"tail(s) so affected): the step size, tuned on the bulk, cannot enter this tail (a "
-        f"funnel or neck), so the tail is likely under-sampled and {label}'s spread too "
-        f"small, though R-hat and ESS may look fine."), KNOB_TAIL)]
+        f"tail(s) so affected): the step size, tuned on the bulk, cannot move in this tail (a "
+        f"funnel or neck), so the chains enter it rarely and stick there, and the tail's "
+        f"weight and {label}'s spread are unreliable (too small, or too large where a chain "
+        f"stuck), even where R-hat and ESS look fine."), KNOB_TAIL)]
 
 
 def _check_slot0(slot0, r_hat_max: float, ess_min_per_system: float) -> list[Finding]:
