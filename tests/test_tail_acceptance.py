@@ -200,3 +200,32 @@ def test_funnel_neck_is_reported_and_its_non_centred_form_is_not(seed):
     sd_v = float(res.summary["slot0"]["sd"][0])  # the control samples v right (exact sd 1)
     ess = float(res.summary["slot0"]["ess_bulk"][0])
     assert abs(sd_v - 1.0) < 4.0 / math.sqrt(2 * ess)
+
+
+def test_fused_and_plain_loops_record_the_same_tail_statistics(monkeypatch):
+    """The recorder's block form (the fused loop's chunks) and its per-iteration form give the
+    same statistics on one run (funnel, rounds 7, ``fuse = true`` against ``false``).
+    Negative control: another seed differs."""
+    seen = []
+    orig = health._check_tails
+
+    def spy(stats, *args):
+        seen.append(stats)
+        return orig(stats, *args)
+
+    monkeypatch.setattr(health, "_check_tails", spy)
+    # (the temperature ladder: the Gaussian reference's engine is never fused)
+    opts = dict(rounds=7, chains=4, systems=2, explorer="mala", figures=False)
+    fused = []
+    for fuse, seed in ((True, 1), (False, 1), (True, 2)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = run_config(RunConfig(target="funnel", seed=seed, fuse=fuse, **opts),
+                             target=Funnel())
+        fused.append(res.summary.get("fused"))
+    assert fused[0] and fused[0]["chunks"] > 0 and not fused[1]
+    a, b, c = seen
+    assert a["n"] == b["n"] > 0
+    for k in ("acceptance_hi", "acceptance_lo", "n_hi", "entries_lo"):
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-12, equal_nan=True)
+    assert not np.allclose(a["n_lo"], c["n_lo"]) or a["acceptance"] != c["acceptance"]
