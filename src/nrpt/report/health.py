@@ -9,7 +9,9 @@ predicted, Syed et al. 2021, Theorem 1), ``explorer-acceptance`` (outside
 :data:`HOT_MEAN_DISAGREEMENT`), ``r-hat`` (> :data:`R_HAT_MAX`), ``low-ess``
 (< :data:`ESS_MIN_PER_SYSTEM` per system; Vehtari et al. 2021), ``ladder-collapse``
 (:data:`RUNG_GAP_MIN`), ``swap-rate-off-target`` (:data:`SWAP_RATE_TOLERANCE`),
-``too-few-chains`` (``2 Lambda-hat > 1.25 P``, Syed et al. 2021)."""
+``too-few-chains`` (``2 Lambda-hat > 1.25 P``, Syed et al. 2021), ``tail-acceptance`` (slot 0's
+explorer acceptance beyond ``mean +- 2 sd`` of a coordinate below :data:`TAIL_RATIO` of its
+overall acceptance: a funnel or neck the step cannot enter, :mod:`nrpt.recorders.tails`)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ __all__ = [
     "ESS_MIN_PER_SYSTEM",
     "RUNG_GAP_MIN",
     "SWAP_RATE_TOLERANCE",
+    "TAIL_RATIO",
+    "TAIL_MIN_DRAWS",
+    "TAIL_MIN_ENTRIES",
+    "TAIL_MIN_FRACTION",
 ]
 
 
@@ -88,6 +94,24 @@ RUNG_GAP_MIN = 0.01
 #: (rates measured: docs/benchmarks.md)
 SWAP_RATE_TOLERANCE = 0.1
 
+#: ``tail-acceptance`` where slot 0's explorer acceptance in a coordinate's tail (beyond
+#: ``mean +- 2 sd``) is below this fraction of its overall acceptance.  On a Gaussian the tail's
+#: acceptance is *above* the overall one (MALA at 0.574: ratio 1.1-1.5 for d = 1..50; 0.19 only
+#: for d = 1 with a step 1.6x too long, acceptance 0.19); gp_pois_regr's neck: about 0.1-0.25
+#: (nrpt.recorders.tails)
+TAIL_RATIO = 0.35
+#: ... counted only where at least this many slot-0 iterations (pooled over systems) started
+#: in that tail
+TAIL_MIN_DRAWS = 10
+#: ... and entered it at least this many separate times (a replica stuck once in a far tail is
+#: not a neck the chain keeps failing to enter)
+TAIL_MIN_ENTRIES = 5
+#: ... and held at least this fraction of the draws: a neck whose mouth holds less moves the
+#: moments little (eight_schools_noncentered, rounds 13: log tau's upper tail, acceptance 0.034
+#: against 0.57 over 19 visits, but 0.15 % of the draws, and the run passes the reference;
+#: gp_pois_regr: 0.9-1.2 %, its alpha sd 12-16 % short)
+TAIL_MIN_FRACTION = 0.005
+
 KNOB_SG_LADDER = ("ladder_update = log-gaps (or the initial ladder: lr_min / lr_max / "
                   "learning_rates / chains)")
 KNOB_LADDER = "chains / max_temperature (or --rounds to adapt the schedule)"
@@ -96,6 +120,9 @@ KNOB_RESTARTS = "iterations / chains / schedule (max_temperature, or --rounds to
 KNOB_STEP = "step_size"
 KNOB_HOT = "max_temperature / step_size at the hot end"
 KNOB_MIXING = "iterations / systems / chains"
+KNOB_TAIL = ("explorer = 'slice' or 'hmc' (moves that adapt to / travel through a narrowing "
+             "region), or many more iterations (rounds); a non-centred parametrisation of the "
+             "model where it has one")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -435,6 +462,46 @@ def _check_hot(hot_states, reference_spread) -> list[Finding]:
     return out
 
 
+def _check_tails(stats: Mapping, ratio: float, min_draws: float, min_entries: float,
+                 min_fraction: float) -> list[Finding]:
+    """``tail-acceptance`` from :meth:`nrpt.recorders.tails.TailAcceptance.stats`."""
+    a0 = float(stats["acceptance"])
+    if not (math.isfinite(a0) and a0 > 0):
+        return []
+    worst = None  # (tail acceptance / overall, coordinate, side, acceptance, count)
+    n_bad = 0
+    for side in ("hi", "lo"):
+        a = np.asarray(stats[f"acceptance_{side}"], dtype=np.float64)
+        n = np.asarray(stats[f"n_{side}"], dtype=np.float64)
+        e = np.asarray(stats.get(f"entries_{side}", n), dtype=np.float64)
+        bad = (np.isfinite(a) & (n >= min_draws) & (e >= min_entries)
+               & (n >= min_fraction * float(stats["n"])) & (a < ratio * a0))
+        n_bad += int(bad.sum())
+        if bad.any():
+            c = int(np.argmin(np.where(bad, a, np.inf)))
+            cand = (float(a[c]) / a0, c, side, float(a[c]), float(n[c]), float(e[c]))
+            worst = cand if worst is None or cand < worst else worst
+    if worst is None:
+        return []
+    _, c, side, a, n, e = worst
+    names = stats.get("names")
+    label = f"coordinate {c}" + (f" ({names[c]})" if names and c < len(names) else "")
+    total = float(stats["n"])
+    where = "above" if side == "hi" else "below"
+    sign = "+" if side == "hi" else "-"
+    k = float(stats.get("k", 2.0))
+    gauss = 100.0 * 0.5 * math.erfc(k / math.sqrt(2.0))
+    return [Finding("tail-acceptance", (
+        f"Slot-0 explorer acceptance falls from {a0:.3g} overall to {a:.3g} where {label} "
+        f"is {where} its mean {sign} {k:g} sd ({_fmt(n)} of {_fmt(total)} draws in "
+        f"{_fmt(e)} visits, "
+        f"{100.0 * n / total:.2g} %; a Gaussian puts {gauss:.2g} % there; {n_bad} coordinate "
+        f"tail(s) so affected): the step size, tuned on the bulk, cannot move in this tail (a "
+        f"funnel or neck), so the chains enter it rarely and stick there, and the tail's "
+        f"weight and {label}'s spread are unreliable (too small, or too large where a chain "
+        f"stuck), even where R-hat and ESS look fine."), KNOB_TAIL)]
+
+
 def _check_slot0(slot0, r_hat_max: float, ess_min_per_system: float) -> list[Finding]:
     diag = slot0 if isinstance(slot0, Mapping) else slot0_diagnostics(slot0)
     R = int(diag.get("n_systems", 1) or 1)
@@ -485,7 +552,11 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
               pair_rate=None, swap_rate_target: float | None = None,
               rung_gap_min: float = RUNG_GAP_MIN,
               swap_rate_tolerance: float = SWAP_RATE_TOLERANCE,
-              chains_grown: str | None = None) -> list[Finding]:
+              chains_grown: str | None = None, tail_acceptance=None,
+              tail_ratio: float = TAIL_RATIO,
+              tail_min_draws: float = TAIL_MIN_DRAWS,
+              tail_min_entries: float = TAIL_MIN_ENTRIES,
+              tail_min_fraction: float = TAIL_MIN_FRACTION) -> list[Finding]:
     """Health checks of one run; the findings (empty when nothing is wrong).  Every argument is
     optional; its check is skipped when it is ``None``.
 
@@ -509,7 +580,10 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         pair_rate, swap_rate_target: ``[R, P-1]`` and ``S``: ``swap-rate-off-target`` with
             ``swap_rate_tolerance``.
         chains_grown: what ``chains = "auto"`` did, for the ``too-few-chains`` finding (from
-            ``swap_acceptance``: ``2 Lambda-hat > 1.25 P``)."""
+            ``swap_acceptance``: ``2 Lambda-hat > 1.25 P``).
+        tail_acceptance: :meth:`nrpt.recorders.tails.TailAcceptance.stats` (skipped with
+            ``exact = False``): ``tail-acceptance`` with ``tail_ratio``, ``tail_min_draws``,
+            ``tail_min_entries``, ``tail_min_fraction``."""
     findings: list[Finding] = []
     acc = None
     if swap_acceptance is not None:
@@ -524,6 +598,9 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
             raise ValueError(f"explorer_target must be in (0, 1), got {explorer_target!r}")
         ea = _as_2d(explorer_acceptance, "explorer_acceptance")
         findings += _check_explorer(ea, target, explorer_name, explorer_band, reference_exact)
+    if exact and tail_acceptance is not None:
+        findings += _check_tails(tail_acceptance, float(tail_ratio), float(tail_min_draws),
+                                 float(tail_min_entries), float(tail_min_fraction))
     if hot_states is not None:
         findings += _check_hot(hot_states, reference_spread)
     if slot0 is not None:

@@ -515,7 +515,22 @@ def _check_inputs(run: Run, cfg, exact: bool) -> dict:
             "explorer_acceptance": swaps.explorer_acceptance().cpu().double().numpy()
             if target_acc is not None else None,
             "explorer_target": target_acc, "explorer_name": cfg.explorer,
+            "tail_acceptance": _tail_inputs(run) if target_acc is not None else None,
             "chains_grown": _grown_note(run)}
+
+
+def _tail_inputs(run: Run) -> dict | None:
+    """The ``tail-acceptance`` input: the recorder's statistics and the target's coordinate
+    names where it has them (a Stan target's unconstrained names); None without the recorder
+    or when engine rows are not the user's systems."""
+    rec = run.recorders.get("tail_acceptance")
+    if rec is None or run.facts.get("row_map") is not None:
+        return None
+    stats = rec.stats()
+    if stats is not None:
+        from nrpt.report.text import coordinate_names
+        stats["names"] = coordinate_names(run.engine.target, run.engine.dim)
+    return stats
 
 
 def _grown_note(run: Run) -> str | None:

@@ -154,6 +154,10 @@ def _coordinate_names(target, dim: int) -> list[str] | None:
     return names if names and len(names) == dim else None
 
 
+#: the same, public (the summary's ``tail-acceptance`` input names its coordinates with it)
+coordinate_names = _coordinate_names
+
+
 def _dense_local_barrier(rows, summary):
     """System 0's fitted local barrier (:func:`nrpt.adapt.schedule.fit_barrier` on the last
     round's schedule and swap rejections, as the summary's) on 201 evenly spaced points plus

@@ -37,6 +37,7 @@ from nrpt.paths.starts import is_point_start
 from nrpt.recorders.draws import Draws
 from nrpt.recorders.log_z import SteppingStone
 from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
+from nrpt.recorders.tails import TailAcceptance
 from nrpt.rng import Stream, generator_for
 from nrpt.run import registry
 from nrpt.run.config import burn_in_count
@@ -607,6 +608,8 @@ def _recorders(cfg, engine, plan: Plan, adaptors, facts, *, out, resume, record,
             "reference_normalized"], **kw)
     if cfg.rounds is not None:
         recorders["slot_energies"] = SlotEnergyRecorder(R, P, **kw)
+        if not sg:  # slot 0's acceptance in each coordinate's tails (health: tail-acceptance)
+            recorders["tail_acceptance"] = TailAcceptance(R, engine.dim, device=device)
     every = any(getattr(a, "spread_slots", None) == "all" for a in adaptors)
     cov = any(getattr(a, "spread_covariance", False) for a in adaptors)
     recorders["spread"] = SlotSpread(R, P, engine.dim, slots=None if every else [P - 1],
