@@ -149,3 +149,48 @@ def test_tuner_memory_of_bisections_is_checkpointed():
     assert np.allclose(u.update([1.2, 1.2], [0.0, 0.6]), t.update([1.2, 1.2], [0.0, 0.6]))
     u.load_state_dict({k: v for k, v in t.state_dict().items() if k != "pressed"})
     assert u.pressed is None  # (a checkpoint from before: no memory of bisections)
+
+
+def _old_update(self, step, acceptance):
+    """StepTuner.update before the stale-end and two-frozen-rounds rules (negative control)."""
+    from nrpt.adapt.step import bracketed_step
+
+    h, a = np.asarray(step, dtype=float), np.asarray(acceptance, dtype=float)
+    if self.lo is not None and self.lo.shape != h.shape:
+        self.lo = self.hi = self.prev_h = self.prev_a = None
+    new, self.lo, self.hi = bracketed_step(h, a, self.target, self.orders(h, a), self.lo,
+                                           self.hi, fast=self.fast)
+    self.prev_h, self.prev_a = h.copy(), a.copy()
+    return new
+
+
+def _batch_z(values, batches=16):
+    """``mean / se`` per column, the standard error from ``batches`` batch means."""
+    m = values[: len(values) // batches * batches].reshape(batches, -1, values.shape[-1]).mean(1)
+    return values.mean(0) / (m.std(0, ddof=1) / np.sqrt(batches))
+
+
+@pytest.mark.parametrize("rule", ["tuner", "old"])
+def test_hmc_far_too_large_first_step_unfreezes_within_the_rounds(rule, monkeypatch):
+    # N(0, 1e-8 I) in 4-d: the default first step 0.35 is ~2000x too large, every slot frozen.
+    # The model's step moves 0.42x per frozen round (HMC): ~9 rounds to thaw, so with 9 rounds
+    # the old rule left all 6 slots at acceptance 0 (slot 0 never moved: variance 0); now the
+    # second frozen round moves 10x and every slot ends near the target 0.65.  Known answer: slot 0's
+    # standardized mean and second moment, z from 16 batch means (512 draws), |z| < 4.5.
+    import nrpt
+    from nrpt.adapt.step import StepTuner
+    from nrpt.targets.gaussian import Gaussian
+
+    if rule == "old":
+        monkeypatch.setattr(StepTuner, "update", _old_update)
+    sd = 1e-4
+    res = nrpt.sample(Gaussian(torch.zeros(4), sd**2 * torch.eye(4)), explorer="hmc", rounds=9,
+                      chains=6, seed=2, figures=False)
+    acc = np.asarray(res.summary["explorer_acceptance"])
+    x = np.asarray(res.samples) / sd
+    if rule == "old":  # (negative control: the test can fail)
+        assert np.all(acc < 0.05) and np.all(x.var(0) < 1e-6), acc
+        return
+    assert np.all(acc > 0.05), acc  # (seeds 0-3: all in 0.62-0.73; max |z| 0.9-2.1)
+    assert np.all(np.abs(_batch_z(x)) < 4.5), _batch_z(x)
+    assert np.all(np.abs(_batch_z(x**2 - 1.0)) < 4.5), _batch_z(x**2 - 1.0)
