@@ -322,10 +322,11 @@ def _mala_acceptance(h_star: float, target: float = 0.574):
     return lambda h: 2 * norm.cdf(-c * h**3 / 2)
 
 
-@pytest.mark.parametrize("fast, rounds", [(False, 12), (True, 4)])
+@pytest.mark.parametrize("fast, rounds", [(False, 6), (True, 4)])
 def test_fast_tuning_reaches_a_small_step_in_few_rounds(fast, rounds):
     # The issue: from 0.35 to 0.001 the model step shrinks at most 0.60x per round for MALA (12
-    # rounds); fast tuning moves 10x at acceptance ~0 and reaches it in 4, then stays.
+    # rounds); fast tuning moves 10x at acceptance ~0 and reaches it in 4, then stays.  Without
+    # fast, a slot frozen two rounds running also moves 10x (lane hmc): 6 rounds, was 12.
     from nrpt.adapt.step import StepTuner
 
     acc, tuner, h = _mala_acceptance(1e-3), StepTuner(0.574, 3, fast=fast), np.array([0.35])

@@ -121,6 +121,7 @@ class StepSizeAdaptor(AdaptorBase):
         """The ladder grew: the tuner's per-slot memory (brackets, last step and acceptance)
         starts afresh from the engine's carried step sizes."""
         self.tuner.lo = self.tuner.hi = self.tuner.prev_h = self.tuner.prev_a = None
+        self.tuner.pressed = None
 
     def state_dict(self) -> dict:
         return self.tuner.state_dict()

@@ -12,14 +12,19 @@ with ``a`` clipped to ``[0.01, 0.99]`` and the factor to ``[1/4, 4]`` per round.
 target and replaces a proposal outside it by the geometric mean of the current step and the
 bracket's end (converges for any acceptance curve decreasing in the step, e.g. HMC's cliff at
 its stability limit in few dimensions).  A contradicted end is dropped and both ends relax by
-:data:`BRACKET_RELAX` per update.
+:data:`BRACKET_RELAX` per update.  :class:`StepTuner` also drops a lower end that a bisection
+already moved toward where the acceptance stayed below :data:`STALE_ACCEPTANCE` (a stale end: the
+acceptance curve moved, e.g. a funnel's chain entered the neck), and moves a slot frozen
+(acceptance < 0.01) in two rounds running down by :data:`FAST_FACTOR`.  Without these a stale
+lower end held a frozen slot to ~0.9x per round (the bisection toward an end that relaxes by
+1.1x per round; HMC on posteriordb's gp_pois_regr).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BRACKET_RELAX", "StepTuner", "bracketed_step", "step_size_factor"]
+__all__ = ["BRACKET_RELAX", "STALE_ACCEPTANCE", "StepTuner", "bracketed_step", "step_size_factor"]
 
 _CLIP_ACCEPTANCE = (0.01, 0.99)
 _CLIP_FACTOR = (0.25, 4.0)
@@ -29,6 +34,9 @@ BRACKET_RELAX = 1.1
 #: up) in one update, instead of the model's clipped factor (MALA: at most 0.60x)
 FAST_ACCEPTANCE = (0.01, 0.99)
 FAST_FACTOR = 10.0
+#: :class:`StepTuner`: an acceptance below this after a bisection toward the lower end of the
+#: bracket marks that end stale (dropped)
+STALE_ACCEPTANCE = 0.1
 
 
 def step_size_factor(acceptance, target: float, order) -> np.ndarray:
@@ -67,6 +75,9 @@ class StepTuner:
         #: acceptance ~0 / ~1 moves the step 10x (kept inside the bracket: no new oscillation)
         self.fast = bool(fast)
         self.lo = self.hi = self.prev_h = self.prev_a = None
+        #: per slot: -1 / +1 where the last step was bisected toward the lower / upper end
+        #: (clipped by the bracket), 0 elsewhere
+        self.pressed = None
 
     def orders(self, h: np.ndarray, a: np.ndarray) -> np.ndarray:
         k = np.full_like(h, float(self.order))
@@ -89,9 +100,23 @@ class StepTuner:
         a = np.asarray(acceptance, dtype=float)
         if self.lo is not None and self.lo.shape != h.shape:
             self.lo = self.hi = self.prev_h = self.prev_a = None
+        if self.pressed is not None and self.pressed.shape != h.shape:
+            self.pressed = None
         k = self.orders(h, a)
-        new, self.lo, self.hi = bracketed_step(h, a, self.target, k, self.lo, self.hi,
-                                               fast=self.fast)
+        lo, hi = self.lo, self.hi
+        if self.pressed is not None and lo is not None:
+            # a bisection toward the lower end that left the acceptance near 0: that end is
+            # stale (the curve moved since it was measured, e.g. a funnel's neck), dropped.
+            # (Only where the acceptance is that low: near a cliff bisection is the right move.
+            # Not the upper end: acceptance ~1 still moves the chain, and on gp_pois_regr the
+            # 4x step past a dropped upper end froze slots; there the end relaxes 1.1x/round.)
+            lo = np.where((self.pressed < 0) & (a < STALE_ACCEPTANCE), 0.0, lo)
+        fast = np.asarray(self.fast)
+        if self.prev_a is not None and self.prev_a.shape == h.shape:
+            # frozen two rounds running: the model step was too timid (only downwards: a 10x
+            # move up from acceptance ~1 lands past HMC's cliff, the model's 4x does not)
+            fast = fast | ((a < FAST_ACCEPTANCE[0]) & (self.prev_a < FAST_ACCEPTANCE[0]))
+        new, self.lo, self.hi, self.pressed = _bracketed(h, a, self.target, k, lo, hi, fast)
         seen = np.isfinite(a)
         if self.prev_h is None:
             self.prev_h, self.prev_a = h.copy(), a.copy()
@@ -120,13 +145,15 @@ class StepTuner:
         if self.prev_h is not None and self.prev_h.shape == w.shape:
             self.prev_h = np.where(w, np.nan, self.prev_h)
             self.prev_a = np.where(w, np.nan, self.prev_a)
+        if self.pressed is not None and self.pressed.shape == w.shape:
+            self.pressed = np.where(w, 0.0, self.pressed)
 
     def state_dict(self) -> dict:
         return {k: None if getattr(self, k) is None else getattr(self, k).tolist()
-                for k in ("lo", "hi", "prev_h", "prev_a")}
+                for k in ("lo", "hi", "prev_h", "prev_a", "pressed")}
 
     def load_state_dict(self, sd: dict) -> None:  # (checkpoints from before: no memory)
-        for k in ("lo", "hi", "prev_h", "prev_a"):
+        for k in ("lo", "hi", "prev_h", "prev_a", "pressed"):
             v = sd.get(k)
             setattr(self, k, None if v is None else np.asarray(v, dtype=float))
 
@@ -145,6 +172,13 @@ def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None,
     :data:`FAST_ACCEPTANCE` proposes a step :data:`FAST_FACTOR` times smaller / larger, or,
     where the bracket's end on that side is known, the geometric mean of the step and that end
     (bisection of a cliff in the acceptance curve, without oscillating across it)."""
+    new, lo, hi, _ = _bracketed(step, acceptance, target, order, lo, hi, fast)
+    return new, lo, hi
+
+
+def _bracketed(step, acceptance, target, order, lo, hi, fast):
+    """:func:`bracketed_step` (``fast``: a bool or a per-slot boolean array) and ``pressed``:
+    -1 / +1 where the step was bisected toward the lower / upper end, else 0."""
     h = np.asarray(step, dtype=float)
     a = np.asarray(acceptance, dtype=float)
     lo = np.zeros_like(h) if lo is None else np.asarray(lo, dtype=float).copy()
@@ -157,13 +191,22 @@ def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None,
     hi = np.where(below, np.minimum(hi, h), hi)
     lo = np.where(above, np.maximum(lo, h), lo)
     new = h * step_size_factor(a, target, order)
-    if fast:  # (toward a known end: halfway to it in log scale, i.e. bisection)
+    fast = np.asarray(fast, dtype=bool)
+    pressed = np.zeros_like(h)
+    if fast.any():  # (toward a known end: halfway to it in log scale, i.e. bisection)
         with np.errstate(all="ignore"):
             down = np.where(lo > 0, np.sqrt(h * lo), h / FAST_FACTOR)
             up = np.where(np.isfinite(hi), np.sqrt(h * hi), h * FAST_FACTOR)
-        new = np.where(seen & (a < FAST_ACCEPTANCE[0]), down, new)
-        new = np.where(seen & (a > FAST_ACCEPTANCE[1]), up, new)
-    new = np.where(new >= hi, np.sqrt(h * hi), new)
-    new = np.where((new <= lo) & (lo > 0), np.sqrt(h * lo), new)
+        go_down = fast & seen & (a < FAST_ACCEPTANCE[0])
+        go_up = fast & seen & (a > FAST_ACCEPTANCE[1])
+        new = np.where(go_down, down, new)
+        new = np.where(go_up, up, new)
+        pressed = np.where(go_down & (lo > 0), -1.0, pressed)
+        pressed = np.where(go_up & np.isfinite(hi), 1.0, pressed)
+    at_hi, at_lo = new >= hi, (new <= lo) & (lo > 0)
+    new = np.where(at_hi, np.sqrt(h * hi), new)
+    new = np.where(at_lo, np.sqrt(h * lo), new)
+    pressed = np.where(at_hi & above, 1.0, np.where(at_lo & below, -1.0, pressed))
     new = np.where(seen, new, h)
-    return new, lo / BRACKET_RELAX, hi * BRACKET_RELAX
+    pressed = np.where(seen, pressed, 0.0)
+    return new, lo / BRACKET_RELAX, hi * BRACKET_RELAX, pressed
