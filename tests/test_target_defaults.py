@@ -26,7 +26,11 @@ class Scaled:
 
 
 def _run(**kw):
-    return nrpt.sample(Scaled(), rounds=8, systems=4, seed=3, figures=False, dtype="float64",
+    # 6 rounds: the defaults (Laplace start, per-slot metric) pass by then; plain MALA has to
+    # shrink its first step ~175x by the step tuner alone.  (At 8 rounds plain MALA passes
+    # too since the tuner moves a slot frozen two rounds running 10x: the exact reference's
+    # swaps then carry slot 0.)
+    return nrpt.sample(Scaled(), rounds=6, systems=4, seed=3, figures=False, dtype="float64",
                        **kw)
 
 
@@ -46,7 +50,8 @@ def test_a_chosen_explorer_keeps_the_run_defaults():
 
 
 def test_without_the_defaults_the_same_run_fails():
-    """Negative control: the target's defaults are what make the run pass."""
+    """Negative control: the target's defaults are what make the run pass at this length
+    (plain MALA read sd ratios 0.82 / 2.17 / 1.18 here; seed 4: 0.49 / 1.85 / 1.07)."""
     res = _run(explorer="mala", precondition="none")
     x = np.asarray(res.samples).reshape(-1, 3)
     sd = np.sqrt(np.diag(Scaled().cov.numpy()))
