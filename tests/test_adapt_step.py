@@ -175,8 +175,8 @@ def test_hmc_far_too_large_first_step_unfreezes_within_the_rounds(rule, monkeypa
     # N(0, 1e-8 I) in 4-d: the default first step 0.35 is ~2000x too large, every slot frozen.
     # The model's step moves 0.42x per frozen round (HMC): ~9 rounds to thaw, so with 9 rounds
     # the old rule left all 6 slots at acceptance 0 (slot 0 never moved: variance 0); now the
-    # second frozen round moves 10x and every slot ends near the target 0.65.  Known answer: slot 0's
-    # standardized mean and second moment, z from 16 batch means (512 draws), |z| < 4.5.
+    # second frozen round moves 10x and every slot ends near the target 0.65.  Known answer:
+    # slot 0's standardized mean and second moment, z from 16 batch means (512 draws), |z| < 4.5.
     import nrpt
     from nrpt.adapt.step import StepTuner
     from nrpt.targets.gaussian import Gaussian
