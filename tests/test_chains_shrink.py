@@ -224,12 +224,12 @@ def test_reference_draws_are_evaluated_as_the_rounds_reach_them(monkeypatch):
     same draws as evaluating the whole block (bit for bit), at a fraction of the target
     evaluations in short rounds.  Negative control: the whole block at once (the old way)
     evaluates the target at several times as many states."""
-    from nrpt.paths.gaussian_reference import GaussianEngine
+    from nrpt.core.engine import PTEngine
 
     opts = dict(rounds=6, chains=4, min_chains=None)
     lazy = Counted()
     a = run(lazy, **opts)
-    monkeypatch.setattr(GaussianEngine, "REFERENCE_ROWS", 10 ** 6)
+    monkeypatch.setattr(PTEngine, "REFERENCE_ROWS", 10 ** 6)
     whole = Counted()
     b = run(whole, **opts)
     assert np.array_equal(a.samples, b.samples)

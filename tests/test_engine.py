@@ -408,10 +408,11 @@ def test_reference_refresh_prepares_the_fresh_draws(explorer, per_step):
     assert t.rows == R * P
     for _ in range(K):
         eng.step()
-    # the reference draws are made and prepared a block of iterations at a time (nrpt.rng)
-    B = nrpt.rng.block_length(R * t.dim)
-    blocks = -(-K // B)
-    assert t.rows == R * P + K * R * P * per_step + blocks * B * R
+    # the reference draws are made a block of iterations at a time (nrpt.rng) and evaluated
+    # and prepared REFERENCE_ROWS iterations at a time, as the iterations reach them
+    E = min(nrpt.rng.block_length(R * t.dim), nrpt.PTEngine.REFERENCE_ROWS)
+    parts = -(-K // E)
+    assert t.rows == R * P + K * R * P * per_step + parts * E * R
     # every cached gradient describes its replica's current state
     torch.testing.assert_close(eng.state.extras["grad_v"], 4.0 * (eng.state.x - 1.0))
     torch.testing.assert_close(eng.state.extras["grad_base"], -eng.state.x / 9.0)

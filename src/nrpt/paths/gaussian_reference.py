@@ -83,7 +83,6 @@ import math
 import torch
 
 from nrpt import rng
-from nrpt.explorers import ReplicaState
 from nrpt.explorers.base import Density
 from nrpt.paths.ladders import GeometricPath, TemperatureLadder, flat_call
 from nrpt.paths.proper import hessian
@@ -368,40 +367,6 @@ class GaussianEngine(FittedReferenceEngine):
 
     density_class = GaussianDensity
     path: GaussianPath
-    #: the reference draws of a block (up to 512 iterations) are evaluated -- the target's
-    #: energy and, for a gradient explorer, its gradient -- this many iterations at a time, as
-    #: the iterations reach them: the block is drawn anew after every refit (each round), and a
-    #: round shorter than the block paid for all of its rows (low_dim_gauss_mix, Stan: 4.5 s of a
-    #: 7.7 s six-round loop).  The draws are the block's either way.
-    REFERENCE_ROWS = 64
-
-    def _reference_rows(self, k: int, count: int = 0) -> ReplicaState:
-        """:meth:`PTEngine._reference_rows` with the block's rows evaluated
-        :attr:`REFERENCE_ROWS` iterations at a time, on demand."""
-        B = rng.block_length(self.R * self.dim)
-        E = min(B, self.REFERENCE_ROWS)
-        if self._ref_rows is None or self._ref_rows[0] != k // B:
-            self._ref_rows = (k // B, self._reference_block(k, B)[:, :, None], {})
-        _, xr, done = self._ref_rows
-        i = k % B
-        n = max(int(count), 1)
-        if i // E != (i + n - 1) // E or i + n > B:  # (across two parts: row by row)
-            parts = [self._reference_rows(j) for j in range(k, k + n)]
-            return ReplicaState(torch.stack([r.x for r in parts]),
-                                torch.stack([r.v for r in parts]),
-                                torch.stack([r.base for r in parts]),
-                                {m: torch.stack([r.extras[m] for r in parts])
-                                 for m in parts[0].extras})
-        part = i // E
-        if part not in done:
-            x = xr[part * E:(part + 1) * E]
-            v, base = self.density(x)
-            done[part] = self.explorer.prepare(ReplicaState(x, v, base), self.density)
-        rows, j = done[part], i - part * E
-        sl = slice(j, j + n) if count else j
-        return ReplicaState(rows.x[sl], rows.v[sl], rows.base[sl],
-                            {m: t[sl] for m, t in rows.extras.items()})
-
     def _reference_block(self, k: int, B: int) -> torch.Tensor:
         g = rng.block_generator(self.seed, VARIATIONAL_STREAM, k, B)
         z = torch.randn(B, self.R, self.dim, generator=g, dtype=self.dtype).to(self.device)
