@@ -35,9 +35,13 @@ def _pixels(data: bytes) -> np.ndarray:
         return np.asarray(im.convert("RGBA"))
 
 
-@pytest.mark.parametrize("height", [3.3, 2.0])  # 495 / 300 rows: blocks of 64 and a rest
-def test_png_writer_stores_the_pixels_savefig_draws(height):
+@pytest.mark.parametrize("height, transparent", [(3.3, False), (2.0, False), (2.0, True)])
+def test_png_writer_stores_the_pixels_savefig_draws(height, transparent):
+    # 495 / 300 rows: blocks of 64 and a rest; an opaque figure is stored as RGB (its alpha is
+    # 255 everywhere), one with a transparent ground as RGBA
     fig = _busy_figure(height)
+    if transparent:
+        fig.patch.set_alpha(0.0)
     ours = plots.png_bytes(fig, dpi=150)
     buf = io.BytesIO()
     with rc_context({"text.hinting": "no_hinting"}):  # (the writer draws text unhinted)
@@ -46,8 +50,9 @@ def test_png_writer_stores_the_pixels_savefig_draws(height):
     got = _pixels(ours)
     assert got.shape == theirs.shape == (round(150 * height), round(150 * 4.1), 4)
     assert np.array_equal(got, theirs)
+    assert (theirs[:, :, 3] == 255).all() != transparent
     with Image.open(io.BytesIO(ours)) as im:
-        assert im.format == "PNG" and im.mode == "RGBA"
+        assert im.format == "PNG" and im.mode == ("RGBA" if transparent else "RGB")
         assert im.info["dpi"] == pytest.approx((150, 150), abs=0.05)  # (pixels per metre)
     # negative control: one more line drawn is seen by the comparison
     fig.axes[0].plot([0, 39], [0, 29], "k-")

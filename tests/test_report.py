@@ -179,15 +179,22 @@ def test_trace_and_rank_plots_are_written_with_the_other_figures(sgd_run, tmp_pa
 
 
 def test_a_runs_default_figures_leave_out_the_trace_and_rank_plots(sgd_run, tmp_path):
-    # figures = true (the default) writes the main figures; "all" adds trace.png and rank.png
+    # figures = true (the default) writes the main figures; "all" adds trace.png and rank.png,
+    # and for a stochastic-approximation run swap_acceptance.png (adaptation.png's last panel
+    # draws every pair's swap rate; the report prints the per-pair acceptance)
     res = sgd_run
     names = report.write_figures(tmp_path, run=_Run(res), summary=dict(res.summary),
                                  samples=res.samples, index=res.index, rows=res.rows,
                                  which=True)
-    assert {"density.png", "index_process.png", "swap_acceptance.png",
-            "adaptation.png"} <= set(names)
+    assert {"density.png", "index_process.png", "adaptation.png"} <= set(names)
     assert "trace.png" not in names and "rank.png" not in names
     assert not (tmp_path / "trace.png").exists()
+    assert "swap_acceptance.png" not in names and not (tmp_path / "swap_acceptance.png").exists()
+    (tmp_path / "all").mkdir()
+    every = report.write_figures(tmp_path / "all", run=_Run(res), summary=dict(res.summary),
+                                 samples=res.samples, index=res.index, rows=res.rows,
+                                 which="all")
+    assert set(every) == set(names) | {"trace.png", "rank.png", "swap_acceptance.png"}
 
 
 def test_trace_and_rank_show_every_system_and_the_first_coordinates():

@@ -482,6 +482,20 @@ def test_a_folder_with_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     assert_same_run(again, first)
 
 
+def test_overwrite_removes_every_figure_a_run_can_write(tmp_path):
+    # trace.png and rank.png (figures = "all") were left behind by an overwrite
+    import re
+
+    from nrpt.report import text
+
+    written = set(re.findall(r'"(\w+\.png)"', Path(text.__file__).read_text()))
+    assert {"trace.png", "rank.png", "swap_acceptance.png", "density.png"} <= written
+    for name in written | {"notes.png"}:
+        (tmp_path / name).write_bytes(b"")
+    runfolder.clear_run(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.png"]  # the user's file stays
+
+
 def test_a_failed_start_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
     """A new run that fails before its first checkpoint (a target file that does not exist, a
     start at a non-finite energy, a crash while starting) removes what it wrote and the folders

@@ -46,8 +46,9 @@ def save(fig: Figure, path: str | Path, dpi: int = _DPI) -> Path:
 
 def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
     """``fig`` drawn by Agg at ``dpi``, as a PNG file's bytes: the pixels ``savefig`` draws
-    (RGBA, 8 bits) with text unhinted, each row stored as its difference from the row above
-    (PNG's "Up" filter) and deflated at zlib level 1 (docs/benchmarks.md, "Outputs").
+    (8 bits; RGB where every pixel is opaque, as on a figure's white ground, else RGBA) with
+    text unhinted, each row stored as its difference from the row above (PNG's "Up" filter)
+    and deflated at zlib level 1 (docs/benchmarks.md, "Outputs").
 
     Plots repeat from row to row, so the files are about the size of Pillow's at level 1,
     written in half its time (Pillow tries five filters on every row).  FreeType's hinting of
@@ -70,18 +71,20 @@ def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
         fig.set_canvas(canvas)
         fig.set_dpi(old_dpi)
     h, w = rgba.shape[:2]
-    rows = rgba.reshape(h, 4 * w)
+    c = 3 if int(rgba[:, :, 3].min()) == 255 else 4  # opaque (every figure's white ground): RGB
+    pixels = rgba[:, :, :c]
     deflate = zlib.compressobj(1)
     parts = []
-    block = np.empty((64, 1 + 4 * w), dtype=np.uint8)  # 64 rows at a time: small buffers
+    block = np.empty((64, 1 + c * w), dtype=np.uint8)  # 64 rows at a time: small buffers
     block[:, 0] = 2  # filter type "Up" (the row above the first is zeros)
+    up = block[:, 1:].reshape(64, w, c)
     for i in range(0, h, 64):
         n = min(64, h - i)
         if i == 0:
-            block[0, 1:] = rows[0]
+            up[0] = pixels[0]
         else:
-            np.subtract(rows[i], rows[i - 1], out=block[0, 1:])
-        np.subtract(rows[i + 1:i + n], rows[i:i + n - 1], out=block[1:n, 1:])  # (mod 256)
+            np.subtract(pixels[i], pixels[i - 1], out=up[0])
+        np.subtract(pixels[i + 1:i + n], pixels[i:i + n - 1], out=up[1:n])  # (mod 256)
         parts.append(deflate.compress(block[:n].tobytes()))
     parts.append(deflate.flush())
 
@@ -91,7 +94,8 @@ def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
 
     per_metre = round(dpi / 0.0254)
     return b"".join([b"\x89PNG\r\n\x1a\n",
-                     chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0)),
+                     chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2 if c == 3 else 6, 0,
+                                                0, 0)),
                      chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
                      chunk(b"IDAT", b"".join(parts)),
                      chunk(b"IEND", b"")])
@@ -259,6 +263,19 @@ def _plain_log_labels(axis) -> None:
     axis.set_minor_formatter(_PlainLog(minor=True))
 
 
+#: major ticks on a linear axis of the run's figures: at most this many intervals (about five
+#: labels; matplotlib's "auto" put up to nine on a wide axis, and each tick label is drawn and
+#: measured glyph by glyph: the figures' text was a third of their drawing)
+_NBINS = 5
+
+
+def _few_ticks(*axes) -> None:
+    """At most :data:`_NBINS` intervals between the major ticks of each linear ``axes``
+    (shared axes share their locator)."""
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(nbins=_NBINS))
+
+
 def _integer_ticks(cb, n: int) -> None:
     """At most about 8 integer ticks on a colorbar of ``n`` indices, no minor ticks (the
     colour bands mark the boundaries; a tick at each was a fifth of a figure's ticks)."""
@@ -404,12 +421,15 @@ def _density_2d(x, exact, tv_floor, view, labels, title, caption) -> Figure:
     _style(axes[1], labels[0], labels[1], "exact density")
     floor = f" (iid floor ≈ {tv_floor:.3g})" if tv_floor is not None else ""
     _style(axes[2], labels[0], labels[1], f"histogram − exact\nTV = {tv:.3g}{floor}")
-    _colorbar(fig, im0, None, f"probability per cell ({cell})", cax=caxes[0])
-    _colorbar(fig, im2, None, "difference in probability per cell"
-              + (" (scale clipped)" if clipped else ""), cax=caxes[1],
-              extend="both" if clipped else "neither")
+    cbs = [_colorbar(fig, im0, None, f"probability per cell ({cell})", cax=caxes[0]),
+           _colorbar(fig, im2, None, "difference in probability per cell"
+                     + (" (scale clipped)" if clipped else ""), cax=caxes[1],
+                     extend="both" if clipped else "neither")]
     for a in axes[1:]:
         a.tick_params(labelleft=True)
+    _few_ticks(axes[0].xaxis, axes[0].yaxis)  # (x and y alike: the panels are square)
+    for cb in cbs:
+        cb.locator = MaxNLocator(nbins=_NBINS)
     axes[0].set_xlim(box[0], box[1])
     axes[0].set_ylim(box[2], box[3])
     if text:
@@ -485,7 +505,7 @@ def adaptation(k, C=None, learning_rates=None, pair_rate=None, swap_rate: float 
     for ax, (draw, data) in zip(axes, panels, strict=True):
         draw(fig, ax, k, data, system=system, swap_rate=swap_rate, window=window,
              ladder_label=ladder_label)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))  # (iterations: 5 digits fit)
+        _few_ticks(ax.xaxis)  # (iterations)
     return fig
 
 
@@ -493,6 +513,7 @@ def _correction_panel(fig, ax, k, C, *, system, swap_rate, **_) -> None:
     c = _pick_system(C, 1, system, "C")
     ax.plot(k, c, color="C0", lw=1.5)
     ax.axhline(0.0, color="0.6", lw=0.8, ls=":")
+    _few_ticks(ax.yaxis)
     s_txt = f"S = {swap_rate:g}" if swap_rate is not None else "S"
     _style(ax, "iteration", "correction buffer C",
            f"correction buffer C (final {_fmt(float(c[-1]))})\n"
@@ -589,6 +610,7 @@ def index_process(index, system: int = 0, highlight: Sequence[int] | int | None 
     if zoom is not None:
         ax.axvspan(K - zoom, K, color="C1", alpha=0.12, lw=0, label="zoomed below")
     ax.set_xlim(0, max(K, 1))
+    _few_ticks(ax.xaxis)
     _style(ax, f"iteration ({thin_txt})", "slot (0 = target)")
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=6, frameon=False,
               fontsize=_FS_LEGEND, borderaxespad=0.2, handlelength=1.6)
@@ -669,6 +691,7 @@ class _IndexPanels:
         self.vlines(ax, 0, K, "w", None)
         ax.set_ylim(-0.5, P - 0.5)
         ax.set_xlim(0, max(K, 1))
+        _few_ticks(ax.xaxis)
         ticks = [int(t) for t in MaxNLocator(integer=True, nbins=8).tick_values(0, P - 1)
                  if 0 <= t <= P - 1]
         gap = max(1.0, P / 14)
@@ -692,6 +715,7 @@ class _IndexPanels:
         self.lines(ax, x, y, False)
         self.vlines(ax, x[0], self.K, "0.3", None)
         ax.set_xlim(x[0], self.K)
+        _few_ticks(ax.xaxis)
         _style(ax, "iteration (every iteration shown)", "slot (0 = target)",
                f"zoom: the last {len(x) - 1:,} iterations")
 

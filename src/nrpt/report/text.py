@@ -63,7 +63,12 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     ``adaptation.png``, and for adaptive runs ``local_barrier.png``, ``schedules.png``; with
     ``which="all"`` also ``trace.png`` and ``rank.png``, which ``which=True`` -- a run's
     default, ``figures = true`` -- leaves out: a third of the figures' cost for what the
-    summary's ESS and R-hat already say)."""
+    summary's ESS and R-hat already say).
+
+    ``which=True`` also leaves out ``swap_acceptance.png`` where ``adaptation.png`` is drawn
+    (stochastic-approximation runs): its last panel draws every pair's swap rate over the
+    run, and the printed report and ``summary.json`` give the per-pair acceptance
+    (docs/benchmarks.md, "Outputs, third pass")."""
     from nrpt.report import figures as plots
 
     out = Path(out)
@@ -86,11 +91,12 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     boundaries = [r["first_iteration"] for r in rows[1:]]
     save(plots.index_process(index, boundaries=boundaries or None,
                              boundary_label="segment boundary"), "index_process.png")
-    acc = _floats(summary.get("swap_acceptance") or [])
-    if acc.size:
-        save(plots.swap_acceptance(acc.reshape(run.engine.R, -1)), "swap_acceptance.png")
     trace = run.recorders.get("trace")
-    if trace is not None and trace.k:
+    adapted = trace is not None and bool(trace.k)
+    acc = _floats(summary.get("swap_acceptance") or [])
+    if acc.size and (which == "all" or not adapted):
+        save(plots.swap_acceptance(acc.reshape(run.engine.R, -1)), "swap_acceptance.png")
+    if adapted:
         arrays = trace.arrays()
         save(plots.adaptation(arrays["k"], arrays.get("C"), arrays.get("learning_rates"),
                               arrays.get("pair_rate"), summary.get("swap_rate_target"),

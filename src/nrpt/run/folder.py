@@ -69,7 +69,7 @@ RECORD_FILES = ("samples.npy", "energies.npy", "index.npy")
 RUN_FILES = (RUN_JSON, "config.toml", CHECKPOINT, SIDECAR, PREV_CHECKPOINT, PREV_SIDECAR,
              *RECORD_FILES, "summary.json", "posterior.nc", "adaptation.npz", "rounds.csv",
              "report.txt", "density.png", "index_process.png", "swap_acceptance.png",
-             "adaptation.png", "local_barrier.png", "schedules.png")
+             "adaptation.png", "local_barrier.png", "schedules.png", "trace.png", "rank.png")
 #: settings that may differ between a run and its resumption (the folder's path, the budget)
 _NOT_HASHED = ("out", "iterations")
 
