@@ -269,11 +269,17 @@ def _plain_log_labels(axis) -> None:
 _NBINS = 5
 
 
+def _few(nbins: int = _NBINS) -> MaxNLocator:
+    """A locator of at most ``nbins`` intervals at matplotlib's own round steps (1, 2, 2.5, 5
+    times a power of ten, as its default locator)."""
+    return MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10])
+
+
 def _few_ticks(*axes) -> None:
     """At most :data:`_NBINS` intervals between the major ticks of each linear ``axes``
     (shared axes share their locator)."""
     for axis in axes:
-        axis.set_major_locator(MaxNLocator(nbins=_NBINS))
+        axis.set_major_locator(_few())
 
 
 def _integer_ticks(cb, n: int) -> None:
@@ -429,7 +435,7 @@ def _density_2d(x, exact, tv_floor, view, labels, title, caption) -> Figure:
         a.tick_params(labelleft=True)
     _few_ticks(axes[0].xaxis, axes[0].yaxis)  # (x and y alike: the panels are square)
     for cb in cbs:
-        cb.locator = MaxNLocator(nbins=_NBINS)
+        cb.locator = _few()
     axes[0].set_xlim(box[0], box[1])
     axes[0].set_ylim(box[2], box[3])
     if text:

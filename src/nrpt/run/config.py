@@ -340,8 +340,9 @@ CENTRAL: tuple[Option, ...] = (
             help="write a checkpoint every this many iterations"),
     _output("figures", _figures, default=True, parse=_parse_figures,
             help="with --out: write the figures: true (the main ones: index process, swap "
-                 "acceptance, density of 1-/2-D targets, adaptation, local barrier), all (with "
-                 "the trace and rank plots too) or false"),
+                 "acceptance, density of 1-/2-D targets, adaptation, local barrier; swap "
+                 "acceptance not beside the adaptation, whose last panel draws the pairs' swap "
+                 "rates), all (with those and the trace and rank plots too) or false"),
 )
 
 
