@@ -153,3 +153,40 @@ def test_the_ladder_panel_and_the_barrier_use_plain_log_labels():
     axes = [ladder.axes[0].yaxis, barrier.axes[0].xaxis, barrier.axes[0].yaxis]
     assert all(isinstance(a.get_major_formatter(), plots._PlainLog) for a in axes)
     assert not any("$" in t.get_text() for a in axes for t in a.get_ticklabels())
+
+
+def _shown(axis):
+    """The non-empty major tick labels of ``axis`` inside its view."""
+    lo, hi = sorted(axis.get_view_interval())
+    return [t.label1.get_text() for t in axis.get_major_ticks()
+            if lo <= t.get_loc() <= hi and t.label1.get_text()]
+
+
+def test_the_default_figures_label_their_linear_axes_at_round_steps_sparsely():
+    # each tick label is measured and drawn glyph by glyph (text was a third of drawing the
+    # run's figures): the iteration axes carry at most six labels at 1, 2, 2.5 or 5 x 10^k,
+    # the density's square panels the same ticks on x and y (x had 5, y 9 before)
+    rng = np.random.default_rng(0)
+    index = np.argsort(rng.random((20_001, 16)), axis=1).astype(np.int16)
+    fig = plots.index_process(index)
+    xy = rng.normal(size=(2000, 2))
+    grid = (np.linspace(-4.4, 4.4, 81), np.linspace(-4.4, 4.4, 81), np.full((80, 80), 1 / 6400))
+
+    class Exact:
+        def density_grid(self):
+            return grid
+
+    dens = plots.density(xy, Exact())
+    for f in (fig, dens):
+        plots.png_bytes(f, dpi=40)
+    iterations = [_shown(ax.xaxis) for ax in fig.axes[:3]]
+    assert iterations[0] == ["0", "5000", "10000", "15000", "20000"]
+    assert all(2 <= len(labels) <= 6 for labels in iterations)
+    assert _shown(dens.axes[0].xaxis) == _shown(dens.axes[0].yaxis) == \
+        ["\N{MINUS SIGN}4", "\N{MINUS SIGN}2", "0", "2", "4"]
+    # negative control: matplotlib's default locator puts nine labels on the iteration axis
+    from matplotlib.ticker import AutoLocator
+
+    fig.axes[0].xaxis.set_major_locator(AutoLocator())
+    plots.png_bytes(fig, dpi=40)
+    assert len(_shown(fig.axes[0].xaxis)) == 9
