@@ -178,10 +178,22 @@ def test_trace_and_rank_plots_are_written_with_the_other_figures(sgd_run, tmp_pa
         assert name in names and (tmp_path / name).stat().st_size > 10_000
 
 
-def test_a_runs_default_figures_leave_out_the_trace_and_rank_plots(sgd_run, tmp_path):
+def test_a_runs_default_figures_leave_out_the_trace_and_rank_plots(sgd_run, tmp_path,
+                                                                   monkeypatch):
     # figures = true (the default) writes the main figures; "all" adds trace.png and rank.png,
-    # and for a stochastic-approximation run swap_acceptance.png (adaptation.png's last panel
-    # draws every pair's swap rate; the report prints the per-pair acceptance)
+    # for a stochastic-approximation run swap_acceptance.png (adaptation.png's last panel
+    # draws every pair's swap rate; the report prints the per-pair acceptance) and the index
+    # process's zoom on its last iterations
+    from nrpt.report import figures as plots
+
+    zooms = []
+    real = plots.index_process
+
+    def spy(index, **kw):
+        zooms.append(kw.get("zoom", "auto"))
+        return real(index, **kw)
+
+    monkeypatch.setattr(plots, "index_process", spy)
     res = sgd_run
     names = report.write_figures(tmp_path, run=_Run(res), summary=dict(res.summary),
                                  samples=res.samples, index=res.index, rows=res.rows,
@@ -195,6 +207,7 @@ def test_a_runs_default_figures_leave_out_the_trace_and_rank_plots(sgd_run, tmp_
                                  samples=res.samples, index=res.index, rows=res.rows,
                                  which="all")
     assert set(every) == set(names) | {"trace.png", "rank.png", "swap_acceptance.png"}
+    assert zooms == [None, "auto"]
 
 
 def test_trace_and_rank_show_every_system_and_the_first_coordinates():

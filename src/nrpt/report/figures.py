@@ -318,17 +318,17 @@ def _view_box(edges_x, edges_y, *arrays, rel: float = 1e-3):
 
 def _floor_caption(tv: float, tv_floor: float | None, n: int,
                    signs: str = "Red cells: too many samples; blue: too few.") -> str:
-    text = (f"TV = ½ Σ |histogram − exact| over the cells (mass outside the grid counts as one "
-            f"more cell). A finite sample has a TV floor: even {n:,} exact independent draws "
-            "give TV > 0, from counting noise alone")
+    """One line: what the TV's finite-sample floor is and how far above it the run is (the
+    definitions: README, "Where results go")."""
     if tv_floor is not None:
         ratio = tv / tv_floor if tv_floor > 0 else float("inf")
-        text += f" (floor ≈ {_fmt(tv_floor)} for this n; this run: {ratio:.2g} × the floor)."
+        floor = (f"TV above the floor ≈ {_fmt(tv_floor)} (the TV of {n:,} exact independent "
+                 f"draws; this run {ratio:.2g} ×)")
     else:
-        text += " (floor not given here; see nrpt.diagnostics.density.iid_floor)."
-    return text + (" TV above the floor is sampler error: bias (e.g. step-size discretization) "
-                   "or modes not yet in equilibrium, and correlated draws counting for fewer "
-                   "independent ones. " + signs)
+        floor = (f"TV above the floor of {n:,} exact independent draws "
+                 "(nrpt.diagnostics.density.iid_floor)")
+    return (floor + " is sampler error: bias, modes not in equilibrium, correlated draws. "
+            + signs)
 
 
 def density(samples, target=None, *, bins: int = 80, grid_kwargs: dict | None = None,

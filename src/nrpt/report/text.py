@@ -67,8 +67,10 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
 
     ``which=True`` also leaves out ``swap_acceptance.png`` where ``adaptation.png`` is drawn
     (stochastic-approximation runs): its last panel draws every pair's swap rate over the
-    run, and the printed report and ``summary.json`` give the per-pair acceptance
-    (docs/benchmarks.md, "Outputs, third pass")."""
+    run, and the printed report and ``summary.json`` give the per-pair acceptance; and the
+    index process's zoom panel (its last iterations at full resolution: a close-up of the
+    panel above it).  Each was a twentieth of the figures' cost (docs/benchmarks.md,
+    "Outputs, third pass")."""
     from nrpt.report import figures as plots
 
     out = Path(out)
@@ -90,7 +92,8 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
         save(plots.rank(samples, names=names), "rank.png")
     boundaries = [r["first_iteration"] for r in rows[1:]]
     save(plots.index_process(index, boundaries=boundaries or None,
-                             boundary_label="segment boundary"), "index_process.png")
+                             boundary_label="segment boundary",
+                             zoom="auto" if which == "all" else None), "index_process.png")
     trace = run.recorders.get("trace")
     adapted = trace is not None and bool(trace.k)
     acc = _floats(summary.get("swap_acceptance") or [])
