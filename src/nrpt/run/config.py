@@ -342,7 +342,8 @@ CENTRAL: tuple[Option, ...] = (
             help="with --out: write the figures: true (the main ones: index process, swap "
                  "acceptance, density of 1-/2-D targets, adaptation, local barrier; swap "
                  "acceptance not beside the adaptation, whose last panel draws the pairs' swap "
-                 "rates), all (with those and the trace and rank plots too) or false"),
+                 "rates), all (with those, the index process's zoom on its last iterations "
+                 "and the trace and rank plots too) or false"),
 )
 
 
