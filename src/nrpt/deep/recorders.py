@@ -149,15 +149,16 @@ class EpochMetrics(RecorderBase):
         # they hold their configuration for a window (docs/deep.md, "Which verdicts adapt C")
         row["verdict_rate_others"] = (v - a) / (m - n) if m > n else None
         P = it.slot_of.shape[1]
-        net, x = self.net, self.x
+        placement = self.bma.placement
+        # (the test logits of the replica the model average collected at this iteration, if
+        # it did, are read back, not evaluated again)
+        logits = placement.test_logits(self.net, self.x, self.strategy)
 
-        def metric(theta, bn):  # where the replica lives; only the number is gathered
-            out = net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype), x,
-                             self.strategy)[0]
-            return self._slot_metric(out).reshape(1)
+        def metric(theta, bn, row):  # where the replica lives; only the number is gathered
+            return self._slot_metric(logits(theta, bn, row)).reshape(1)
 
-        per_slot = self.bma.placement.per_slot(it.replica_at, range(P), metric, (1,),
-                                               torch.float64)
+        per_slot = placement.per_slot(it.replica_at, range(P), metric, (1,), torch.float64,
+                                      rows=True)
         self._model_rows(row, per_slot[:, 0])
         row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
