@@ -122,6 +122,15 @@ class FunctionalNet:
         self._fns: dict[str, Callable] = {}
         self.precision, self.memory_format = "float32", "contiguous"
         self._cast_hooks: list = []
+        self._training: bool | None = None  # the module's mode as _mode last set it
+
+    def _mode(self, training: bool) -> None:
+        """The held module in train (``True``) or eval mode.  Its mode is set here only (the
+        copy is this object's own), so the walk over every submodule that ``Module.train``
+        makes is skipped when it is already in that mode (once or twice per iteration)."""
+        if self._training is not training:
+            self.module.train(training)
+            self._training = training
 
     def set_execution(self, precision: str = "float32", memory_format: str = "contiguous",
                       example: torch.Tensor | None = None) -> None:
@@ -284,7 +293,7 @@ class FunctionalNet:
             return buf
         total: dict[str, list[torch.Tensor]] = {}
         n = 0
-        self.module.train()
+        self._mode(True)
         # the batch statistics are read by hooks, present only for this
         handles = [mod.register_forward_pre_hook(self._hook(name)) for name, mod in self._bn]
         try:
@@ -343,7 +352,7 @@ class FunctionalNet:
         call, or a list of one per replica (then a network with random layers is evaluated
         replica by replica, each under its own seed: a replica's draws do not depend on the
         others)."""
-        self.module.train()
+        self._mode(True)
         if isinstance(seed, list | tuple):
             if len(seed) != theta.shape[0]:
                 raise ValueError(f"seed: {len(seed)} seeds for {theta.shape[0]} replicas")
@@ -409,7 +418,7 @@ class FunctionalNet:
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
         """Eval-mode logits ``[n, B, C]`` of ``n`` replicas on one shared input ``x[B, ...]``
         (running statistics from ``buf``), in chunks of ``chunk`` examples."""
-        self.module.eval()
+        self._mode(False)
         try:
             outs = []
             for xs in x.split(chunk):
@@ -423,7 +432,7 @@ class FunctionalNet:
                     outs.append(fn(theta, buf, xs))
             return torch.cat(outs, dim=1)
         finally:
-            self.module.train()
+            self._mode(True)
 
 
 class _seeded:
