@@ -468,12 +468,11 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     :data:`SWITCH_MARGIN` (near-ties, where the measurement decides by noise, always pick
     ``vmap``: the choice is the same from run to run).  A first pair whose ratio lies outside
     :data:`DECISIVE` decides alone (the probe is a fixed cost of every fit: a CNN step of
-    four replicas on digits is 0.03 s, and the full probe was 14 steps).  If ``iterations`` steps of the one
-    kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed too (its
-    compilation time is reported as ``compile_s``) and kept if faster than that by the same
-    margin.  A run records its choice and a resumption reuses it.  An explicit ``vmap`` /
-    ``compile`` that fails on this
-    model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
+    four replicas on digits is 0.03 s, and the full probe was 14 steps).  If ``iterations``
+    steps of the one kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed
+    too (its compilation time is reported as ``compile_s``) and kept if faster than that by
+    the same margin.  A run records its choice and a resumption reuses it.  An explicit
+    ``vmap`` / ``compile`` that fails on this model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
