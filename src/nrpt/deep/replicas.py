@@ -472,7 +472,8 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     steps of the one kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed
     too (its compilation time is reported as ``compile_s``) and kept if faster than that by
     the same margin.  A run records its choice and a resumption reuses it.  An explicit
-    ``vmap`` / ``compile`` that fails on this model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
+    ``vmap`` / ``compile`` that fails on this model falls back (``compile`` -> ``vmap`` ->
+    ``loop``) with a :class:`StrategyWarning`.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
