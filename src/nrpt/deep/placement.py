@@ -78,6 +78,11 @@ class Placement:
         return self.per_slot(replica_at, slots, self.test_logits(net, x_test, strategy),
                              (x_test.shape[0], classes), net.dtype, rows=True)
 
+    def forget(self) -> None:
+        """Drop the kept test logits (the per-epoch rows call it when done with them: the
+        logits of every slot need not stay in memory until the next evaluation)."""
+        self._memo = (-1, {})
+
     def test_logits(self, net, x_test, strategy: str) -> Callable:
         """``fn(theta, bn, row) -> logits[n, classes]`` of one replica (eval mode, evaluated
         alone), for :meth:`per_slot` with ``rows=True``; kept for the rest of the engine's

@@ -159,6 +159,7 @@ class EpochMetrics(RecorderBase):
 
         per_slot = placement.per_slot(it.replica_at, range(P), metric, (1,), torch.float64,
                                       rows=True)
+        placement.forget()
         self._model_rows(row, per_slot[:, 0])
         row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
