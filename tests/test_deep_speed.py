@@ -289,6 +289,40 @@ def test_round_trips_recorded_per_iteration_are_counted_as_updated_one_by_one():
         not torch.equal(shuffled.round_trips, ref.round_trips)
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_the_index_process_is_copied_to_the_host_in_blocks_and_read_whole(tmp_path, folder):
+    """IndexRecorder keeps up to PENDING rows on the device: every reader (the array, a
+    checkpoint, index.npy after one) sees every row recorded so far, in order, at any count;
+    a checkpoint taken mid-block resumes to the same rows.  Negative control: rows reversed
+    differ."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from nrpt.deep.recorders import INDEX_FILE, IndexRecorder
+
+    P, K = 4, 150
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.randperm(P, generator=g)[None] for _ in range(K)]
+    want = torch.cat(rows).numpy()
+    rec = IndexRecorder(P, K, tmp_path if folder else None)
+    sd = None
+    for k, s in enumerate(rows):
+        rec.record(SimpleNamespace(slot_of=s, k=k))
+        if k + 1 == 70:  # mid-block: the checkpoint writes the pending rows
+            sd = rec.state_dict()
+            if folder:
+                assert np.array_equal(np.load(tmp_path / INDEX_FILE)[:70], want[:70])
+            assert np.array_equal(rec.array(), want[:70])
+    assert np.array_equal(rec.array(), want)
+    again = IndexRecorder(P, K, tmp_path if folder else None)
+    again.load_state_dict(sd)
+    for k, s in enumerate(rows[70:], start=70):
+        again.record(SimpleNamespace(slot_of=s, k=k))
+    assert np.array_equal(again.array(), want)
+    assert not np.array_equal(want[::-1], want)
+
+
 # ------------------------------------------------------------------ the time budget
 class _Clock:
     """A clock that advances one second each time it is read."""
