@@ -180,6 +180,149 @@ def test_auto_keeps_vmap_unless_loop_is_clearly_faster(monkeypatch, loop_over_vm
     assert choice == expected and timings["loop"] == pytest.approx(loop_over_vmap)
 
 
+@pytest.mark.parametrize("loop_over_vmap,pairs,expected", [(0.5, 1, "loop"), (2.0, 1, "vmap"),
+                                                           (0.95, 3, "vmap"), (0.8, 3, "loop")])
+def test_a_clear_first_pair_ends_the_probe(monkeypatch, loop_over_vmap, pairs, expected):
+    """The probe is a fixed cost of every fit: a first (loop, vmap) pair far from the switch
+    decides alone, a near one is measured ``repeats`` times (fails on the old probe, which
+    always timed three pairs, each after a warm-up of its own)."""
+    calls = []
+
+    def fake_time(net, strategy, theta, buf, x, y, repeats):
+        calls.append((strategy, repeats))
+        return {"loop": loop_over_vmap, "vmap": 1.0}.get(strategy, 1.0) * (repeats > 0)
+
+    monkeypatch.setattr(replicas, "_time", fake_time)
+    net = FunctionalNet(_bn_net())
+    choice, _ = choose_strategy(net, *_batch(net), "auto")
+    assert choice == expected
+    timed = [c for c in calls if c[1] > 0]
+    assert timed == [("loop", 1), ("vmap", 1)] * pairs
+    assert [c for c in calls if c[1] == 0] == [("vmap", 0), ("loop", 0)]  # the warm-ups
+
+
+def test_the_timed_steps_take_no_warm_up_of_their_own(monkeypatch):
+    net = FunctionalNet(_bn_net())
+    n = []
+    plain = FunctionalNet.loss_and_grad
+    monkeypatch.setattr(FunctionalNet, "loss_and_grad",
+                        lambda self, *a, **k: n.append(1) or plain(self, *a, **k))
+    theta, buf, x, y = _batch(net)
+    replicas._time(net, "loop", theta, buf, x, y, 0)
+    replicas._time(net, "loop", theta, buf, x, y, 2)
+    assert len(n) == 3  # (the old _time called it once more before the timed ones)
+
+
+# ------------------------------------------------------------------ evaluations and recorders
+def test_slot_zeros_test_logits_are_evaluated_once_per_epoch_and_read_back(monkeypatch):
+    """The model average and the per-epoch rows both want slot 0's test logits at an epoch's
+    end: one evaluation serves both, with the same numbers as evaluating it twice (fails on
+    the old recorders: P + 1 evaluations per epoch)."""
+    from nrpt.deep import placement
+
+    train, test = _toy()
+    opts = dict(OPTS, pretrain_epochs=0, eval_every=1, burn_in=0.0)
+    calls = []
+    plain_logits = FunctionalNet.logits
+
+    def counting(self, theta, buf, x, *a, **k):
+        if x.shape[0] == test[0].shape[0]:
+            calls.append(theta.shape[0])
+        return plain_logits(self, theta, buf, x, *a, **k)
+
+    monkeypatch.setattr(FunctionalNet, "logits", counting)
+    once = fit(_mlp(), train, test, **opts)
+    epochs = len(once.metrics)
+    assert epochs == 4 and len(calls) == epochs * opts["chains"]
+
+    # without the memo (each caller evaluates): the same rows, models and average
+    def no_memo(self, net, x_test, strategy):
+        def one(theta, bn, row):
+            return net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype), x_test,
+                              strategy)[0]
+        return one
+
+    monkeypatch.setattr(placement.Placement, "test_logits", no_memo)
+    calls.clear()
+    twice = fit(_mlp(), train, test, **opts)
+    assert len(calls) == epochs * (opts["chains"] + 1)
+    assert once.metrics == twice.metrics
+    assert torch.equal(once.models, twice.models)
+    assert torch.equal(once.predict_proba(test[0]), twice.predict_proba(test[0]))
+    for key in ("accuracy", "nll_sum", "ece", "round_trips"):
+        assert once.summary[key] == twice.summary[key], key
+
+
+def test_round_trips_recorded_per_iteration_are_counted_as_updated_one_by_one():
+    """RoundTrips buffers the rows of single iterations as it does a chunk's (one prefix scan
+    per PENDING iterations): the counts read at any iteration are the tracker's own, updated
+    iteration by iteration.  Negative control: the rows in another order count otherwise."""
+    from types import SimpleNamespace
+
+    from nrpt.diagnostics import RoundTripTracker
+    from nrpt.recorders.stats import RoundTrips
+
+    R, P, K = 2, 4, 150
+    g = torch.Generator().manual_seed(5)
+    slot_of = torch.arange(P).expand(R, P).clone()
+    rows = []
+    for _ in range(K):  # adjacent swaps, as DEO makes them
+        s = rows[-1].clone() if rows else slot_of.clone()
+        for r in range(R):
+            p = int(torch.randint(P - 1, (1,), generator=g))
+            a, b = (s[r] == p).nonzero()[0, 0], (s[r] == p + 1).nonzero()[0, 0]
+            s[r, a], s[r, b] = p + 1, p
+        rows.append(s)
+    rec, ref = RoundTrips(slot_of, P), RoundTripTracker(slot_of, P)
+    for k, s in enumerate(rows):
+        rec.record(SimpleNamespace(slot_of=s))
+        ref.update(s)
+        if k % 37 == 0 or k == K - 1:
+            got = rec.counts()
+            for key in ("restarts", "round_trips", "round_trips_a5"):
+                assert torch.equal(got[key], getattr(ref, key)), (k, key)
+    assert int(ref.round_trips.sum()) > 0 and rec.n == K
+    shuffled = RoundTripTracker(slot_of, P)
+    for s in rows[::-1]:
+        shuffled.update(s)
+    assert not torch.equal(shuffled.restarts, ref.restarts) or \
+        not torch.equal(shuffled.round_trips, ref.round_trips)
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_the_index_process_is_copied_to_the_host_in_blocks_and_read_whole(tmp_path, folder):
+    """IndexRecorder keeps up to PENDING rows on the device: every reader (the array, a
+    checkpoint, index.npy after one) sees every row recorded so far, in order, at any count;
+    a checkpoint taken mid-block resumes to the same rows.  Negative control: rows reversed
+    differ."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from nrpt.deep.recorders import INDEX_FILE, IndexRecorder
+
+    P, K = 4, 150
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.randperm(P, generator=g)[None] for _ in range(K)]
+    want = torch.cat(rows).numpy()
+    rec = IndexRecorder(P, K, tmp_path if folder else None)
+    sd = None
+    for k, s in enumerate(rows):
+        rec.record(SimpleNamespace(slot_of=s, k=k))
+        if k + 1 == 70:  # mid-block: the checkpoint writes the pending rows
+            sd = rec.state_dict()
+            if folder:
+                assert np.array_equal(np.load(tmp_path / INDEX_FILE)[:70], want[:70])
+            assert np.array_equal(rec.array(), want[:70])
+    assert np.array_equal(rec.array(), want)
+    again = IndexRecorder(P, K, tmp_path if folder else None)
+    again.load_state_dict(sd)
+    for k, s in enumerate(rows[70:], start=70):
+        again.record(SimpleNamespace(slot_of=s, k=k))
+    assert np.array_equal(again.array(), want)
+    assert not np.array_equal(want[::-1], want)
+
+
 # ------------------------------------------------------------------ the time budget
 class _Clock:
     """A clock that advances one second each time it is read."""

@@ -23,6 +23,10 @@ class Placement:
 
     def __init__(self, engine):
         self.engine = engine
+        #: test logits computed at the engine's current iteration, by (local row, net, input,
+        #: strategy): the model average and the per-epoch rows both evaluate slot 0 at an
+        #: epoch's end, and the second reads the first's (the same call, the same numbers)
+        self._memo: tuple[int, dict] = (-1, {})
 
     @property
     def comm(self):
@@ -39,17 +43,18 @@ class Placement:
             out.append(r - lo if lo <= r < hi else None)
         return out
 
-    def per_slot(self, replica_at: torch.Tensor, slots, fn: Callable, shape, dtype
-                 ) -> torch.Tensor:
+    def per_slot(self, replica_at: torch.Tensor, slots, fn: Callable, shape, dtype,
+                 rows: bool = False) -> torch.Tensor:
         """``fn(theta[dim], bn[buffer_dim]) -> [*shape]`` of the replica at each of ``slots``,
         stacked ``[S, *shape]`` in slot order on every process (a collective when sharded:
-        every process calls it with the same ``slots``)."""
+        every process calls it with the same ``slots``); ``rows=True``: ``fn(theta, bn,
+        row)`` is also told the replica's local row."""
         eng, slots = self.engine, [int(s) for s in slots]
         x, bn = eng.state.x[0], eng.state.extras["bn"][0]
         out = torch.zeros((len(slots), *shape), dtype=dtype, device=x.device)
         for i, row in enumerate(self._local_of(replica_at, slots)):
             if row is not None:
-                out[i] = fn(x[row], bn[row])
+                out[i] = fn(x[row], bn[row], row) if rows else fn(x[row], bn[row])
         comm = self.comm
         if comm is None:
             return out
@@ -70,8 +75,28 @@ class Placement:
                classes: int) -> torch.Tensor:
         """Eval-mode test logits ``[S, n, classes]`` of the replicas at ``slots``, each replica
         evaluated alone where it lives."""
-        def one(theta, bn):
-            return net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype), x_test,
-                              strategy)[0]
+        return self.per_slot(replica_at, slots, self.test_logits(net, x_test, strategy),
+                             (x_test.shape[0], classes), net.dtype, rows=True)
 
-        return self.per_slot(replica_at, slots, one, (x_test.shape[0], classes), net.dtype)
+    def forget(self) -> None:
+        """Drop the kept test logits (the per-epoch rows call it when done with them: the
+        logits of every slot need not stay in memory until the next evaluation)."""
+        self._memo = (-1, {})
+
+    def test_logits(self, net, x_test, strategy: str) -> Callable:
+        """``fn(theta, bn, row) -> logits[n, classes]`` of one replica (eval mode, evaluated
+        alone), for :meth:`per_slot` with ``rows=True``; kept for the rest of the engine's
+        iteration, so that another recorder asking for the same replica's logits at the same
+        iteration reads them instead of evaluating them again."""
+        def one(theta, bn, row):
+            k, done = self._memo
+            if k != self.engine.k:
+                done = {}
+                self._memo = (self.engine.k, done)
+            key = (row, id(net), id(x_test), strategy)
+            if key not in done:
+                done[key] = net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype),
+                                       x_test, strategy)[0]
+            return done[key]
+
+        return one

@@ -149,15 +149,17 @@ class EpochMetrics(RecorderBase):
         # they hold their configuration for a window (docs/deep.md, "Which verdicts adapt C")
         row["verdict_rate_others"] = (v - a) / (m - n) if m > n else None
         P = it.slot_of.shape[1]
-        net, x = self.net, self.x
+        placement = self.bma.placement
+        # (the test logits of the replica the model average collected at this iteration, if
+        # it did, are read back, not evaluated again)
+        logits = placement.test_logits(self.net, self.x, self.strategy)
 
-        def metric(theta, bn):  # where the replica lives; only the number is gathered
-            out = net.logits(theta[None].to(net.dtype), bn[None].to(net.dtype), x,
-                             self.strategy)[0]
-            return self._slot_metric(out).reshape(1)
+        def metric(theta, bn, row):  # where the replica lives; only the number is gathered
+            return self._slot_metric(logits(theta, bn, row)).reshape(1)
 
-        per_slot = self.bma.placement.per_slot(it.replica_at, range(P), metric, (1,),
-                                               torch.float64)
+        per_slot = placement.per_slot(it.replica_at, range(P), metric, (1,), torch.float64,
+                                      rows=True)
+        placement.forget()
         self._model_rows(row, per_slot[:, 0])
         row["epoch"] = (it.k + 1) / self.per_epoch
         row["learning_rates"] = (it.step_size[0] * self.lr_unit).tolist()
@@ -219,6 +221,8 @@ class IndexRecorder(RecorderBase):
     """
 
     name = "index"
+    #: iterations whose rows are copied to the store at once
+    PENDING = 64
 
     def __init__(self, P: int, rows: int, folder: Path | None = None):
         self.P, self.capacity = int(P), int(rows)
@@ -227,6 +231,9 @@ class IndexRecorder(RecorderBase):
         self.n = 0
         self._arr: np.ndarray | None = None
         self.reads_slots = ()
+        #: rows recorded but not yet in the store (``n`` counts them): copied to the host
+        #: :data:`PENDING` at a time, not one small device-to-host copy per iteration
+        self._pending: list[torch.Tensor] = []
 
     def _open(self, keep: int = 0) -> np.ndarray:
         """The row store; ``keep`` rows of an existing ``index.npy`` carried over."""
@@ -271,16 +278,27 @@ class IndexRecorder(RecorderBase):
         if self.n >= self.capacity:
             raise RuntimeError(f"the index process has room for {self.capacity} rows (the "
                                f"plan's iterations); iteration {it.k + 1} is beyond it")
-        arr = self._open()
-        arr[self.n] = it.slot_of[0].cpu().numpy()
+        self._pending.append(it.slot_of[0].clone())
         self.n += 1
+        if len(self._pending) >= self.PENDING:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the pending rows into the store (rows ``n - len(pending) .. n - 1``)."""
+        arr = self._open()
+        if self._pending:
+            rows = torch.stack(self._pending).cpu().numpy()
+            arr[self.n - rows.shape[0]:self.n] = rows
+            self._pending = []
 
     def array(self) -> np.ndarray:
         if not self.n:
             return np.zeros((0, self.P), self.dtype)
+        self._flush()
         return np.array(self._open()[:self.n])
 
     def _digest(self) -> str:
+        self._flush()
         arr = self._open()
         return hashlib.sha256(np.ascontiguousarray(arr[:self.n]).tobytes()).hexdigest()
 
@@ -290,12 +308,14 @@ class IndexRecorder(RecorderBase):
     def state_dict(self):
         if self.path is None:  # (no folder: nothing is ever resumed from it)
             return {"n": self.n, "rows": torch.from_numpy(self.array())}
+        self._flush()
         if self._arr is not None and hasattr(self._arr, "flush"):
             self._arr.flush()
         return {"n": self.n, "sha256": self._digest()}
 
     def load_state_dict(self, sd):
         n = int(sd["n"])
+        self._pending = []
         if self.path is None:
             self.n = 0
             arr = self._open()

@@ -39,6 +39,10 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 COMPILE_WORTH_S = 120.0
 #: ``auto`` leaves ``vmap`` only for a strategy faster by more than this fraction
 SWITCH_MARGIN = 0.1
+#: ``auto`` times one (loop, vmap) pair, and more only when its ratio loop / vmap lies within
+#: these bounds (around the switch at ``1 - SWITCH_MARGIN``: a ratio outside them is not
+#: noise on this machine; near it the median of ``repeats`` pairs decides)
+DECISIVE = (0.75, 1.15)
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: layers that draw random numbers in training mode (then each call is seeded from its key)
@@ -118,6 +122,15 @@ class FunctionalNet:
         self._fns: dict[str, Callable] = {}
         self.precision, self.memory_format = "float32", "contiguous"
         self._cast_hooks: list = []
+        self._training: bool | None = None  # the module's mode as _mode last set it
+
+    def _mode(self, training: bool) -> None:
+        """The held module in train (``True``) or eval mode.  Its mode is set here only (the
+        copy is this object's own), so the walk over every submodule that ``Module.train``
+        makes is skipped when it is already in that mode (once or twice per iteration)."""
+        if self._training is not training:
+            self.module.train(training)
+            self._training = training
 
     def set_execution(self, precision: str = "float32", memory_format: str = "contiguous",
                       example: torch.Tensor | None = None) -> None:
@@ -280,7 +293,7 @@ class FunctionalNet:
             return buf
         total: dict[str, list[torch.Tensor]] = {}
         n = 0
-        self.module.train()
+        self._mode(True)
         # the batch statistics are read by hooks, present only for this
         handles = [mod.register_forward_pre_hook(self._hook(name)) for name, mod in self._bn]
         try:
@@ -339,7 +352,7 @@ class FunctionalNet:
         call, or a list of one per replica (then a network with random layers is evaluated
         replica by replica, each under its own seed: a replica's draws do not depend on the
         others)."""
-        self.module.train()
+        self._mode(True)
         if isinstance(seed, list | tuple):
             if len(seed) != theta.shape[0]:
                 raise ValueError(f"seed: {len(seed)} seeds for {theta.shape[0]} replicas")
@@ -405,7 +418,7 @@ class FunctionalNet:
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
         """Eval-mode logits ``[n, B, C]`` of ``n`` replicas on one shared input ``x[B, ...]``
         (running statistics from ``buf``), in chunks of ``chunk`` examples."""
-        self.module.eval()
+        self._mode(False)
         try:
             outs = []
             for xs in x.split(chunk):
@@ -419,7 +432,7 @@ class FunctionalNet:
                     outs.append(fn(theta, buf, xs))
             return torch.cat(outs, dim=1)
         finally:
-            self.module.train()
+            self._mode(True)
 
 
 class _seeded:
@@ -449,16 +462,18 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     """The execution strategy to use and the measured seconds per step of each tried.
 
     ``auto``: ``loop`` and ``vmap`` are timed on the given batch after one warm-up each (CPU
-    time on a CPU device, wall time on an accelerator), ``repeats`` steps each, interleaved
-    (loop, vmap, loop, ...: a change of the machine's load falls on both), and their medians
-    compared; ``loop`` is kept only when it is faster than ``vmap`` by more than
+    time on a CPU device, wall time on an accelerator), up to ``repeats`` steps each,
+    interleaved (loop, vmap, loop, ...: a change of the machine's load falls on both), and
+    their medians compared; ``loop`` is kept only when it is faster than ``vmap`` by more than
     :data:`SWITCH_MARGIN` (near-ties, where the measurement decides by noise, always pick
-    ``vmap``: the choice is the same from run to run).  If ``iterations`` steps of the one
-    kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed too (its
-    compilation time is reported as ``compile_s``) and kept if faster than that by the same
-    margin.  A run records its choice and a resumption reuses it.  An explicit ``vmap`` /
-    ``compile`` that fails on this
-    model falls back (``compile`` -> ``vmap`` -> ``loop``) with a :class:`StrategyWarning`.
+    ``vmap``: the choice is the same from run to run).  A first pair whose ratio lies outside
+    :data:`DECISIVE` decides alone (the probe is a fixed cost of every fit: a CNN step of
+    four replicas on digits is 0.03 s, and the full probe was 14 steps).  If ``iterations``
+    steps of the one kept would take more than :data:`COMPILE_WORTH_S`, ``compile`` is timed
+    too (its compilation time is reported as ``compile_s``) and kept if faster than that by
+    the same margin.  A run records its choice and a resumption reuses it.  An explicit
+    ``vmap`` / ``compile`` that fails on this model falls back (``compile`` -> ``vmap`` ->
+    ``loop``) with a :class:`StrategyWarning`.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
@@ -494,9 +509,12 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
         return "loop", timings
     _time(net, "loop", theta, buf, x, y, 0)
     runs: dict[str, list[float]] = {"loop": [], "vmap": []}
-    for _ in range(max(1, repeats)):
+    lo, hi = DECISIVE
+    for i in range(max(1, repeats)):
         for s in runs:
             runs[s].append(_time(net, s, theta, buf, x, y, 1))
+        if i == 0 and not lo <= runs["loop"][0] / max(runs["vmap"][0], 1e-12) <= hi:
+            break  # one pair decides: far from the margin either way
     timings.update({s: statistics.median(v) for s, v in runs.items()})
     best = "loop" if timings["loop"] < (1 - SWITCH_MARGIN) * timings["vmap"] else "vmap"
     if iterations * timings[best] > COMPILE_WORTH_S:
@@ -511,9 +529,11 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
 
 def _time(net, strategy, theta, buf, x, y, repeats: int) -> float:
     """Seconds per step: the process's CPU time on a CPU device (what another process's load
-    does not change), wall time after a device sync on an accelerator."""
-    net.loss_and_grad(theta, buf, x, y, strategy)  # warm-up (and the check that it runs)
+    does not change), wall time after a device sync on an accelerator.  ``repeats == 0``: one
+    untimed call (the warm-up, and the check that it runs; every strategy is warmed up so
+    before it is timed: the timed calls take no warm-up of their own)."""
     if repeats == 0:
+        net.loss_and_grad(theta, buf, x, y, strategy)
         return 0.0
     cuda = theta.device.type == "cuda"
     clock = time.perf_counter if theta.device.type != "cpu" else time.process_time

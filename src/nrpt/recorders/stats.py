@@ -221,9 +221,14 @@ class RoundTrips(RecorderBase):
             self.n = 0
 
     def record(self, it: Iteration) -> None:
-        self._flush()
-        self.tracker.update(it.slot_of)
+        # (buffered as a chunk's rows are: one prefix scan per PENDING iterations instead of
+        # some twenty small ops per iteration, the same counts; a copy: the engine's slot_of
+        # may be replaced in place by a resize)
+        self._pending.append(it.slot_of[None].clone())
+        self._n_pending += 1
         self.n += 1
+        if self._n_pending >= self.PENDING:
+            self._flush()
 
     def record_block(self, block: IterationBlock) -> None:
         # (= U updates, in a few ops per PENDING iterations; a copy: the block's tensors are
