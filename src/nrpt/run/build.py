@@ -177,6 +177,8 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     implementations only).  ``adapt_step_size`` with an explorer that cannot tune itself is
     refused.  ``chains``: the ladder's size now, where a ``chains = "auto"`` run being resumed
     grew it (:func:`grown_chains`; the tables are then the checkpoint's)."""
+    # (the run's own objects only: a user's object cannot be keyed by the config)
+    from_config = all(o is None for o in (target, rule, explorer, scheme)) and not adaptors
     if chains is not None and int(chains) != cfg.chains:
         start = cfg.chains
         cfg = cfg.replace(chains=int(chains))
@@ -227,6 +229,12 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if grow:
         _check_followers(run)
     _fuse(run, cfg)
+    if run.fused is not None and run.fused.compile and comm is None and from_config:
+        # every object a compiled chunk closes over was built from the config: its compiled
+        # chunk may be saved and loaded by later processes (nrpt.core.precompile)
+        from nrpt.core.precompile import config_digest
+
+        run.fused.precompile_config = config_digest(cfg.to_dict())
     return run
 
 
