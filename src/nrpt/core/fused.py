@@ -167,7 +167,7 @@ class Fused:
         self.precompile_config: str | None = None
         self.precompiled: str | None = None  # loaded / built, or why not (describe)
         self._artifacts: dict = {}
-        self._objects: str | None = None  # the fingerprint of the chunk's objects
+        self._objects: dict = {}  # the chunk's settings -> its objects' fingerprint
         self._check_objects = True
 
     def follow_ladder(self, m) -> None:
@@ -450,23 +450,24 @@ class Fused:
         if self.precompile_config is None or not precompile.enabled() or (
                 self.precompiled is not None and self.precompiled.startswith("off")):
             return None
-        if self._check_objects:
+        static = self._static(U)
+        skey = repr(sorted((k, repr(v)) for k, v in static.items()))
+        if self._check_objects or skey not in self._objects:
             try:
                 objects = precompile.fingerprint(self._roots())
             except precompile.Unkeyable as err:
                 self.precompiled = f"off: the key cannot cover {err}"
                 return None
-            if self._objects is not None and objects != self._objects:
-                # (e.g. a reference refitted between rounds: a key per round would never be
-                # hit again; torch.compile takes the new values as inputs)
+            if self._objects.get(skey, objects) != objects:
+                # the same settings, changed objects (a value refitted between segments): a
+                # key per segment would never be hit again (torch.compile takes them)
                 self.precompiled = "off: the chunk's objects changed during the run"
                 return None
-            self._objects, self._check_objects = objects, False
-        static = self._static(U)
-        skey = repr(sorted((k, repr(v)) for k, v in static.items()))
+            self._objects[skey], self._check_objects = objects, False
         art = self._artifacts.get(skey)
         if art is None:
-            key = precompile.key(self.precompile_config, self._objects, static, (carry, inp))
+            key = precompile.key(self.precompile_config, self._objects[skey], static,
+                                 (carry, inp))
             path = precompile.folder() / f"chunk-{key}.pt2"
             try:
                 if path.exists():
