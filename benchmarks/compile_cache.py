@@ -186,7 +186,8 @@ def main(argv=None) -> None:
                   f"{med[a_]['process_cpu'] / med[b_]['process_cpu']:.3f} CPU; before the first "
                   f"compiled chunk {med[a_]['before_s'] / med[b_]['before_s']:.3f} wall, "
                   f"{med[a_]['before_cpu'] / med[b_]['before_cpu']:.3f} CPU")
-            paired = sorted(x["before_cpu"] / y["before_cpu"] for x, y in zip(rows[a_], rows[b_]))
+            paired = sorted(x["before_cpu"] / y["before_cpu"]
+                            for x, y in zip(rows[a_], rows[b_], strict=True))
             print(f"  paired {a_} / {b_} before-first-chunk CPU ratios (rep by rep): "
                   f"{', '.join(f'{r:.3f}' for r in paired)}")
     if a.json:

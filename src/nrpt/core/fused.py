@@ -439,7 +439,12 @@ class Fused:
                 "has_reference": eng.path.has_reference, "plan": self.plan,
                 "uniforms": self._reads_uniforms, "online": [type(a).__qualname__
                                                              for a in self.online],
-                "block_gather": BLOCK_GATHER}
+                "block_gather": BLOCK_GATHER,
+                # inductor bakes the thread count into its CPU kernels; a GPU's generation
+                "threads": torch.get_num_threads(),
+                "gpu": (torch.cuda.get_device_capability(eng.device),
+                        torch.cuda.get_device_name(eng.device))
+                if eng.device.type == "cuda" else None}
 
     def _artifact(self, U: int, carry: dict, inp: dict):
         """The saved compiled chunk for this run (loaded from the per-machine folder, or

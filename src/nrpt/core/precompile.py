@@ -117,12 +117,13 @@ class Unkeyable(Exception):
     """An object the chunk closes over that :func:`fingerprint` cannot account for."""
 
 
-_TRUSTED = ("nrpt.", "torch.", "builtins", "math", "numpy", "functools", "operator", "enum")
+_TRUSTED = frozenset({"nrpt", "torch", "numpy", "builtins", "math", "operator", "_operator",
+                      "functools", "_functools", "enum"})
 
 
 def _trusted(module: str | None) -> bool:
-    return bool(module) and (module == "nrpt" or module.startswith(_TRUSTED)
-                             or module in ("builtins", "math", "numpy", "torch"))
+    return module is not None and (module in _TRUSTED
+                                   or module.startswith(("nrpt.", "torch.", "numpy.")))
 
 
 def fingerprint(roots: dict, log: list | None = None) -> str:
