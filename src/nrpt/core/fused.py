@@ -478,6 +478,7 @@ class Fused:
                 if path.exists():
                     art, self.precompiled = precompile.Artifact(path), "loaded"
                 else:
+                    compile_cache()  # (inductor's caches in the per-machine folder too)
                     with warnings.catch_warnings():  # torch's own notices are not the user's
                         warnings.simplefilter("ignore")
                         art = precompile.Artifact.build(
