@@ -3,8 +3,8 @@
 The key covers the graph-relevant config, a fingerprint of every object the chunk closes over,
 the chunk's static settings, its inputs' structure, nrpt's source and the machine.  The default
 suite checks the key (no compiler): a changed target parameter changes the fingerprint and the
-config digest, the seed does not; an object from outside nrpt cannot be keyed; a user's object
-gets no saved chunk.  The compile suite saves a chunk, loads it in a second run (equal bit for
+config digest, the seed does not; an object from outside nrpt cannot be keyed; a user's
+explorer, scheme, rule or adaptor gets no saved chunk; a given target is keyed by its values.  The compile suite saves a chunk, loads it in a second run (equal bit for
 bit: the same kernel; equal to the plain loop to 1e-9), and checks that a changed target
 parameter misses the cache; negative control: a key that ignores the config and the objects
 loads the stale chunk, and the comparison with the plain loop catches it.
@@ -47,11 +47,21 @@ def test_the_key_covers_target_parameters_not_the_seed():
     assert a.fused.precompile_config != c.fused.precompile_config
 
 
-def test_a_user_object_gets_no_saved_chunk():
+def test_user_parts_get_no_saved_chunk_and_a_given_target_is_keyed_by_its_values():
+    from nrpt.swap import Metropolis
+
     run = build(config(fuse=True, compile=True))
     assert run.fused.precompile_config is not None
-    mine = build(config(fuse=True, compile=True), target=load_target("gaussian", dim=2))
+    mine = build(config(fuse=True, compile=True), rule=Metropolis())
     assert mine.fused.precompile_config is None  # (torch.compile in every process)
+    # a target object (the API passes the config's own, loaded): keyed by its fingerprint,
+    # which sees a parameter the config does not name
+    same = build(config(fuse=True, compile=True), target=load_target("gaussian", dim=2))
+    other = build(config(fuse=True, compile=True), target=load_target("gaussian", dim=2,
+                                                                       std=3.0))
+    assert same.fused.precompile_config == other.fused.precompile_config
+    assert precompile.fingerprint(roots(same)) == precompile.fingerprint(roots(run))
+    assert precompile.fingerprint(roots(other)) != precompile.fingerprint(roots(run))
 
 
 class Outside:  # (a class of this test module: not nrpt's)

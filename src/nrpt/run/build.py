@@ -177,8 +177,10 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     implementations only).  ``adapt_step_size`` with an explorer that cannot tune itself is
     refused.  ``chains``: the ladder's size now, where a ``chains = "auto"`` run being resumed
     grew it (:func:`grown_chains`; the tables are then the checkpoint's)."""
-    # (the run's own objects only: a user's object cannot be keyed by the config)
-    from_config = all(o is None for o in (target, rule, explorer, scheme)) and not adaptors
+    # (explorer, scheme, rule and adaptors built from the config: a user's cannot be keyed by
+    # it; a target object may be given -- the API loads the config's own -- and is keyed by
+    # its fingerprint, which refuses a class or function from outside nrpt)
+    own_parts = all(o is None for o in (rule, explorer, scheme)) and not adaptors
     if chains is not None and int(chains) != cfg.chains:
         start = cfg.chains
         cfg = cfg.replace(chains=int(chains))
@@ -229,9 +231,10 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if grow:
         _check_followers(run)
     _fuse(run, cfg)
-    if run.fused is not None and run.fused.compile and comm is None and from_config:
-        # every object a compiled chunk closes over was built from the config: its compiled
-        # chunk may be saved and loaded by later processes (nrpt.core.precompile)
+    if run.fused is not None and run.fused.compile and comm is None and own_parts:
+        # the objects a compiled chunk closes over were built from the config (or are a
+        # target, fingerprinted): its compiled chunk may be saved and loaded by later
+        # processes (nrpt.core.precompile)
         from nrpt.core.precompile import config_digest
 
         run.fused.precompile_config = config_digest(cfg.to_dict())
