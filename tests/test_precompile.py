@@ -4,10 +4,11 @@ The key covers the graph-relevant config, a fingerprint of every object the chun
 the chunk's static settings, its inputs' structure, nrpt's source and the machine.  The default
 suite checks the key (no compiler): a changed target parameter changes the fingerprint and the
 config digest, the seed does not; an object from outside nrpt cannot be keyed; a user's
-explorer, scheme, rule or adaptor gets no saved chunk; a given target is keyed by its values.  The compile suite saves a chunk, loads it in a second run (equal bit for
-bit: the same kernel; equal to the plain loop to 1e-9), and checks that a changed target
-parameter misses the cache; negative control: a key that ignores the config and the objects
-loads the stale chunk, and the comparison with the plain loop catches it.
+explorer, scheme, rule or adaptor gets no saved chunk; a given target is keyed by its values.
+The compile suite saves a chunk, loads it in a second run (equal bit for bit: the same kernel;
+equal to the plain loop to 1e-9), and checks that a changed target parameter misses the cache;
+negative control: a key blind to that parameter loads the stale chunk, and the comparison with
+the plain loop catches it.
 """
 
 from __future__ import annotations

@@ -161,9 +161,10 @@ class Fused:
         self.failed: str | None = None
         self.chunks = 0
         self._inference = False
-        #: the digest of the run's config where every object the chunk closes over was built
-        #: from it (set by nrpt.run.build): compiled chunks are then saved and loaded across
-        #: processes (nrpt.core.precompile); None: torch.compile in every process
+        #: the digest of the run's config where its explorer, scheme, rule and adaptors were
+        #: built from it (set by nrpt.run.build): compiled chunks are then saved and loaded
+        #: across processes under a key that also holds the objects' fingerprint
+        #: (nrpt.core.precompile); None: torch.compile in every process
         self.precompile_config: str | None = None
         self.precompiled: str | None = None  # loaded / built, or why not (describe)
         self._artifacts: dict = {}

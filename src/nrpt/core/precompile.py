@@ -11,21 +11,25 @@ no Dynamo, no inductor import).  Nothing of torch's guards is used: the artifact
 
 * the run's configuration relevant to the graph (:func:`config_digest`: the resolved config
   without the iteration counts, the seed and the output settings), set by
-  :func:`nrpt.run.build.build` only where every component was built from the config (no
-  user-supplied target, explorer, scheme, rule or adaptor object: those take ``torch.compile``
-  and its per-process trace);
+  :func:`nrpt.run.build.build` only where the explorer, scheme, rule and adaptors were built
+  from the config (a user's object of those kinds takes ``torch.compile`` and its per-process
+  trace; a target object is keyed by its fingerprint, below);
 * a fingerprint of every object the chunk closes over (:func:`fingerprint`: the density,
   explorer, rule, scheme, path and online adaptors, walked attribute by attribute: types,
   Python numbers, every tensor's bytes, functions' code and closures); an object the walk
   cannot account for (a class or function from outside nrpt and torch) means no artifact;
 * the chunk's static settings and the structure, shapes and dtypes of its inputs;
+* the thread count (inductor bakes it into its CPU kernels), a GPU's generation;
 * nrpt's source (every ``.py`` file of the installed package), torch's and Python's versions
   and the CPU's instruction sets.
 
-The fingerprint is taken again before every chunk (the walk is cheap for nrpt's objects;
-where it changed, e.g. a reference fitted between rounds, the chunk of the new key is loaded
-or built).  A process that misses exports and compiles the chunk (about as long as inductor's
-cold compile) and then runs the artifact it saved, so every process runs the same kernels.
+The fingerprint is taken at the first chunk and again at every segment's start (not every
+chunk: the walk costs about 0.3 ms on the headline); objects changed under the same chunk
+settings (a value refitted between segments) turn the saved chunk off for the run
+(``torch.compile`` takes over: such a key would never be hit again), a changed setting (a
+tuned DEO_W window) is a key of its own.  A process that misses exports and compiles the
+chunk (as long as inductor's cold compile) and then runs the artifact it saved, so every
+process runs the same kernels.
 ``NRPT_PRECOMPILE=0`` turns it off (``torch.compile`` as before).
 """
 
