@@ -98,7 +98,7 @@ bench-headline-loop: $(STAMP)
 
 # what a process pays before its first compiled iteration, cold and warm inductor cache
 bench-compile: $(STAMP)
-	$(BENCH) benchmarks/compile_cache.py --precompile
+	$(BENCH) benchmarks/compile_cache.py --arms cold,warm,aot --precompile
 
 # what the headline run's outputs (summary, posterior.nc, figures) cost in its whole process,
 # 5 repeats (docs/benchmarks.md, "Outputs"); `--against OTHER/src` times another tree beside it

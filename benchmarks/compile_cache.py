@@ -18,8 +18,14 @@ Each repetition starts fresh processes (``OMP_NUM_THREADS=1``) running the headl
 
 Arms, interleaved in a rotating order within each repetition:
 
-* ``cold``  an empty ``NRPT_COMPILE_CACHE`` (every cache of inductor and AOTAutograd empty);
-* ``warm``  the per-machine cache, filled by one priming process before the repetitions;
+* ``cold``  an empty ``NRPT_COMPILE_CACHE`` (every cache of inductor and AOTAutograd empty),
+  ``torch.compile`` (``NRPT_PRECOMPILE=0``);
+* ``warm``  the per-machine cache, filled by one priming process before the repetitions,
+  ``torch.compile`` (``NRPT_PRECOMPILE=0``: inductor's caches, Dynamo's trace in every process);
+* ``aot``   nrpt's saved chunk (the default since issue 24's third session,
+  :mod:`nrpt.core.precompile`): a ``.pt2`` exported and compiled by AOTInductor in the priming
+  process, found by nrpt's key and loaded with torch's C++ loader;
+* ``aot-cold`` an empty cache with the saved chunk on: the export and AOTInductor's compile;
 * ``baseline`` (``--baseline DIR``) warm, with another checkout's ``src`` (an older nrpt keeps
   torch's cache folder: the child gets ``TORCHINDUCTOR_CACHE_DIR`` = its own primed folder);
 * ``precompile`` (``--precompile``) torch 2.13's experimental caching precompile
@@ -28,7 +34,7 @@ Arms, interleaved in a rotating order within each repetition:
   objects' identities (torch logs each dropped guard), so a graph could be reused for a
   changed target without a word.
 
-Usage: ``python benchmarks/compile_cache.py [--reps 5] [--arms cold,warm] [--precompile]
+Usage: ``python benchmarks/compile_cache.py [--reps 5] [--arms cold,warm,aot] [--precompile]
 [--json FILE]``.  Medians and per-repetition figures are printed; a cold process takes about a
 minute on two loaded cores.
 """
@@ -77,7 +83,8 @@ execute(run)
 if os.environ.get("BENCH_PRECOMPILE") == "1":  # (writes the Dynamo packages to the cache)
     torch.compiler.save_cache_artifacts()
 from torch._dynamo.utils import counters
-print(json.dumps({"counters": {k: dict(v) for k, v in counters.items()
+print(json.dumps({"precompiled": f.describe().get("precompiled"),
+    "counters": {k: dict(v) for k, v in counters.items()
                                if k in ("dynamo_cache", "inductor", "aot_autograd")},
     "import_s": W1 - W0, "import_cpu": C1 - C0,
     "first_s": marks[0][0], "first_cpu": marks[0][1],
@@ -124,7 +131,7 @@ def hits(r: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--arms", default="cold,warm")
+    ap.add_argument("--arms", default="cold,warm,aot")
     ap.add_argument("--precompile", action="store_true", help="add torch's caching precompile")
     ap.add_argument("--baseline", default=None,
                     help="another checkout: adds the arm 'baseline', warm, with its src/")
@@ -135,8 +142,10 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="nrpt-compile-bench-") as tmp:
         warm = os.path.join(tmp, "warm")
         pre = os.path.join(tmp, "precompile")
-        envs = {"warm": {"NRPT_COMPILE_CACHE": warm},
-                "precompile": {"NRPT_COMPILE_CACHE": pre, "BENCH_PRECOMPILE": "1"}}
+        envs = {"warm": {"NRPT_COMPILE_CACHE": warm, "NRPT_PRECOMPILE": "0"},
+                "aot": {"NRPT_COMPILE_CACHE": os.path.join(tmp, "aot"), "NRPT_PRECOMPILE": "1"},
+                "precompile": {"NRPT_COMPILE_CACHE": pre, "BENCH_PRECOMPILE": "1",
+                               "NRPT_PRECOMPILE": "0"}}
         if a.baseline:
             envs["baseline"] = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "baseline"),
                                 "BENCH_SRC": str(Path(a.baseline).resolve() / "src")}
@@ -148,17 +157,19 @@ def main(argv=None) -> None:
         for rep in range(a.reps):
             order = arms[rep % len(arms):] + arms[:rep % len(arms)]
             for arm in order:
-                env = envs.get(arm) or {"NRPT_COMPILE_CACHE": os.path.join(tmp, f"cold{rep}")}
+                env = envs.get(arm) or {"NRPT_COMPILE_CACHE": os.path.join(tmp, f"{arm}{rep}"),
+                                        "NRPT_PRECOMPILE": "1" if arm == "aot-cold" else "0"}
                 r = child(env)
                 rows[arm].append(r)
                 print(f"rep {rep} {arm:10s} overhead {r['overhead_s']:7.2f} s wall "
                       f"{r['overhead_cpu']:7.2f} s CPU | process {r['process_s']:6.2f} s wall "
                       f"{r['process_cpu']:6.2f} s CPU | before first compiled chunk "
                       f"{r['before_s']:7.2f} s wall | import {r['import_s']:.2f} s | steady "
-                      f"chunk {1e3 * r['steady_s']:.2f} ms | failed {r['failed']} | {hits(r)}",
+                      f"chunk {1e3 * r['steady_s']:.2f} ms | failed {r['failed']} | {hits(r)} "
+                      f"| precompiled {r.get('precompiled')}",
                       flush=True)
-    keys = ("overhead_s", "overhead_cpu", "process_s", "process_cpu", "import_s", "import_cpu",
-            "steady_s")
+    keys = ("overhead_s", "overhead_cpu", "before_s", "before_cpu", "process_s", "process_cpu",
+            "import_s", "import_cpu", "steady_s")
     med = {arm: {k: statistics.median(r[k] for r in rs) for k in keys}
            for arm, rs in rows.items()}
     print(f"\nmedians over {a.reps} repetitions (one thread; seconds)")
@@ -166,12 +177,19 @@ def main(argv=None) -> None:
     print(f"{'arm':12s}" + "".join(f"{k:>14s}" for k in keys))
     for arm in arms:
         print(f"{arm:12s}" + "".join(f"{med[arm][k]:14.3f}" for k in keys))
-    for a_, b_ in (("warm", "cold"), ("precompile", "warm")):
+    for a_, b_ in (("warm", "cold"), ("precompile", "warm"), ("aot", "warm"),
+                   ("aot-cold", "cold")):
         if a_ in med and b_ in med:
             print(f"{a_} / {b_} overhead: {med[a_]['overhead_s'] / med[b_]['overhead_s']:.3f} "
                   f"wall, {med[a_]['overhead_cpu'] / med[b_]['overhead_cpu']:.3f} CPU; whole "
                   f"process {med[a_]['process_s'] / med[b_]['process_s']:.3f} wall, "
-                  f"{med[a_]['process_cpu'] / med[b_]['process_cpu']:.3f} CPU")
+                  f"{med[a_]['process_cpu'] / med[b_]['process_cpu']:.3f} CPU; before the first "
+                  f"compiled chunk {med[a_]['before_s'] / med[b_]['before_s']:.3f} wall, "
+                  f"{med[a_]['before_cpu'] / med[b_]['before_cpu']:.3f} CPU")
+            paired = sorted(x["before_cpu"] / y["before_cpu"]
+                            for x, y in zip(rows[a_], rows[b_], strict=True))
+            print(f"  paired {a_} / {b_} before-first-chunk CPU ratios (rep by rep): "
+                  f"{', '.join(f'{r:.3f}' for r in paired)}")
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "medians": med}, indent=1))
 

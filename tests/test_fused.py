@@ -226,11 +226,16 @@ def _compiled_matches(name: str, n: int):
     for key in ("x", "v", "log_z", "accept_sum", "step_size", "C"):
         if key in a:
             torch.testing.assert_close(b[key], a[key], rtol=1e-9, atol=1e-9, msg=key)
+    return comp
 
 
 @pytest.mark.compile
-def test_compiled_chunks_match_the_plain_loop():
-    _compiled_matches("rwmh-deo", 48)
+@pytest.mark.parametrize("saved", ["1", "0"])
+def test_compiled_chunks_match_the_plain_loop(saved, monkeypatch):
+    # "1": nrpt's saved chunk (AOTInductor, nrpt.core.precompile); "0": torch.compile
+    monkeypatch.setenv("NRPT_PRECOMPILE", saved)
+    comp = _compiled_matches("rwmh-deo", 48)
+    assert (comp.fused.precompiled in ("built", "loaded")) == (saved == "1")
 
 
 CONFIGS["mala-analytic"] = dict(target="twenty-five-modes", chains=5, systems=2,

@@ -161,17 +161,34 @@ class Fused:
         self.failed: str | None = None
         self.chunks = 0
         self._inference = False
+        #: the digest of the run's config where its explorer, scheme, rule and adaptors were
+        #: built from it (set by nrpt.run.build): compiled chunks are then saved and loaded
+        #: across processes under a key that also holds the objects' fingerprint
+        #: (nrpt.core.precompile); None: torch.compile in every process
+        self.precompile_config: str | None = None
+        self.precompiled: str | None = None  # loaded / built, or why not (describe)
+        self._artifacts: dict = {}
+        self._objects: dict = {}  # the chunk's settings -> its objects' fingerprint
+        self._check_objects = True
 
     def follow_ladder(self, m) -> None:
         """The ladder grew (``chains = "auto"``): the noted draws and any compiled chunk were
         for the old number of slots; they are made again at the next chunk."""
         self.plan = None
         self._fns = {}
+        self._artifacts = {}
+        self._check_objects = True
+
+    def new_segment(self) -> None:
+        """A segment starts (the loop): objects the chunk closes over may have been changed
+        between segments (a fitted reference); a saved chunk checks them again."""
+        self._check_objects = True
 
     def describe(self) -> dict:
         """For the summary: the chunk length, chunks run (this process), compiled or not."""
         return {"chunk": self.unroll, "chunks": self.chunks,
                 "compiled": self.compile and self.failed is None,
+                **({"precompiled": self.precompiled} if self.precompiled else {}),
                 **({"compile_failed": self.failed} if self.failed else {})}
 
     # ------------------------------------------------------------------ when to fuse
@@ -407,6 +424,74 @@ class Fused:
             self._fns[key] = fn
         return fn
 
+    def _roots(self) -> dict:
+        """The objects the chunk closes over (their fingerprint is in a saved chunk's key)."""
+        eng = self.engine
+        return {"density": eng.density, "explorer": self.explorer, "rule": eng.rule,
+                "scheme": eng.scheme, "path": eng.path, "online": self.online}
+
+    def _static(self, U: int) -> dict:
+        """The chunk's settings that its body bakes in, besides the objects and the inputs."""
+        eng = self.engine
+        return {"U": U, "scheme": type(eng.scheme).__qualname__,
+                "window": getattr(eng.scheme, "window", None), "R": eng.R, "P": eng.P,
+                "dim": eng.dim, "dtype": eng.dtype, "device": eng.device,
+                "n_explore": eng.n_explore, "watched": list(eng.watched),
+                "has_reference": eng.path.has_reference, "plan": self.plan,
+                "uniforms": self._reads_uniforms, "online": [type(a).__qualname__
+                                                             for a in self.online],
+                "block_gather": BLOCK_GATHER,
+                # inductor bakes the thread count into its CPU kernels; a GPU's generation
+                "threads": torch.get_num_threads(),
+                "gpu": (torch.cuda.get_device_capability(eng.device),
+                        torch.cuda.get_device_name(eng.device))
+                if eng.device.type == "cuda" else None}
+
+    def _artifact(self, U: int, carry: dict, inp: dict):
+        """The saved compiled chunk for this run (loaded from the per-machine folder, or
+        exported, compiled and saved now), or None where the run takes ``torch.compile``
+        (:mod:`nrpt.core.precompile`; the reason is in :meth:`describe`)."""
+        from nrpt.core import precompile
+
+        if self.precompile_config is None or not precompile.enabled() or (
+                self.precompiled is not None and self.precompiled.startswith("off")):
+            return None
+        static = self._static(U)
+        skey = repr(sorted((k, repr(v)) for k, v in static.items()))
+        if self._check_objects or skey not in self._objects:
+            try:
+                objects = precompile.fingerprint(self._roots())
+            except precompile.Unkeyable as err:
+                self.precompiled = f"off: the key cannot cover {err}"
+                return None
+            if self._objects.get(skey, objects) != objects:
+                # the same settings, changed objects (a value refitted between segments): a
+                # key per segment would never be hit again (torch.compile takes them)
+                self.precompiled = "off: the chunk's objects changed during the run"
+                return None
+            self._objects[skey], self._check_objects = objects, False
+        art = self._artifacts.get(skey)
+        if art is None:
+            key = precompile.key(self.precompile_config, self._objects[skey], static,
+                                 (carry, inp))
+            path = precompile.folder() / f"chunk-{key}.pt2"
+            try:
+                if path.exists():
+                    art, self.precompiled = precompile.Artifact(path), "loaded"
+                else:
+                    compile_cache()  # (inductor's caches in the per-machine folder too)
+                    with warnings.catch_warnings():  # torch's own notices are not the user's
+                        warnings.simplefilter("ignore")
+                        art = precompile.Artifact.build(
+                            path, self._body(U), carry, inp,
+                            {"key": key, "static": static, "torch": torch.__version__})
+                    self.precompiled = "built"
+            except Exception as err:  # export cannot take the chunk, no compiler, ...
+                self.precompiled = f"off: {why_failed(err)}"
+                return None
+            self._artifacts[skey] = art
+        return art
+
     def run_chunk(self, U: int) -> IterationBlock:
         """Run iterations ``engine.k .. engine.k + U - 1``; returns their block (already
         recorded)."""
@@ -418,7 +503,9 @@ class Fused:
                 with warnings.catch_warnings():  # torch's own notices are not the user's
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                    new, out = self._function(U, compiled=True)(carry, inp)
+                    art = self._artifact(U, carry, inp)
+                    fn = art if art is not None else self._function(U, compiled=True)
+                    new, out = fn(carry, inp)
             except Exception as err:  # no compiler, an op the compiler cannot take, ...
                 # the eager chunk: a target's own error raises there, and compiling goes on
                 new, out = self._function(U, compiled=False)(carry, inp)

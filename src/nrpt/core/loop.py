@@ -429,6 +429,8 @@ class _Loop:
             self.started = True
             self.notes["segment_b"] = engine.schedule.tolist()
         end = self.starts[self.seg_i] + seg.iterations
+        if self.run.fused is not None:  # (a saved compiled chunk checks its objects again)
+            self.run.fused.new_segment()
         seg_t0 = time.perf_counter()
         while engine.k < end:
             self.iterate(end)

@@ -18,7 +18,8 @@ minibatch energy.  A failed compilation or call emits a :class:`CompileWarning` 
 (:func:`deferred_inductor`), so a graph break or a guard that fails on the traced frame falls
 back after Dynamo's trace alone.  Inductor's caches live in a per-machine folder
 (:func:`compile_cache`): a later process pays Dynamo's trace and the loading, not the
-compilation (``make bench-compile``, docs/benchmarks.md).
+compilation (``make bench-compile``, docs/benchmarks.md).  A compiled fused chunk of a run built
+from its config is instead saved whole and loaded without a trace (:mod:`nrpt.core.precompile`).
 """
 
 from __future__ import annotations

@@ -177,6 +177,10 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     implementations only).  ``adapt_step_size`` with an explorer that cannot tune itself is
     refused.  ``chains``: the ladder's size now, where a ``chains = "auto"`` run being resumed
     grew it (:func:`grown_chains`; the tables are then the checkpoint's)."""
+    # (explorer, scheme, rule and adaptors built from the config: a user's cannot be keyed by
+    # it; a target object may be given -- the API loads the config's own -- and is keyed by
+    # its fingerprint, which refuses a class or function from outside nrpt)
+    own_parts = all(o is None for o in (rule, explorer, scheme)) and not adaptors
     if chains is not None and int(chains) != cfg.chains:
         start = cfg.chains
         cfg = cfg.replace(chains=int(chains))
@@ -227,6 +231,13 @@ def build(cfg, target=None, rule: Rule | None = None, *, out: Path | None = None
     if grow:
         _check_followers(run)
     _fuse(run, cfg)
+    if run.fused is not None and run.fused.compile and comm is None and own_parts:
+        # the objects a compiled chunk closes over were built from the config (or are a
+        # target, fingerprinted): its compiled chunk may be saved and loaded by later
+        # processes (nrpt.core.precompile)
+        from nrpt.core.precompile import config_digest
+
+        run.fused.precompile_config = config_digest(cfg.to_dict())
     return run
 
 
