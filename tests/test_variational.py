@@ -136,7 +136,9 @@ def test_a_bad_q_leaves_the_stabilized_run_correct(monkeypatch):
     # the bad q really was in use: the variational leg's hot end sits at -20
     assert np.allclose(s["variational_mean"], -20.0)
     # issue 21: its log Z is nonsense (halves of -2000 and +50000), and the run says so, twice
-    assert any("halves of log Z disagree" in w and "variational leg" in w for w in s["warnings"])
+    # (the halves of -2000 and +50000 are shown beside the overlap warning, no longer alone)
+    assert any("overlap too little for the log Z bridge" in w and "variational leg" in w
+               and "stepping-stone halves" in w for w in s["warnings"])
     assert any("two legs' log Z disagree" in w for w in s["warnings"])
 
 

@@ -12,8 +12,10 @@ Each iteration adds one term per pair to each mean (streaming log-sum-exp,
 :class:`StreamingLogSumExp`).  ``log Z_0 - log Z_{P-1}`` is reported from the bridge sum
 (``log_normalizer``): its weights have finite variance whenever the ``Z``'s are finite, unlike
 the reverse half's, which can be infinite at the hottest pair (a likelihood vanishing faster
-than the reference) and is then biased upward.  The forward and reverse halves are kept as a
-self-check (``halves_z``; a ``log-z-halves`` finding beyond ``HALVES_Z``).
+than the reference) and is then biased upward.  The forward and reverse halves are kept and
+compared (``halves_z``): apart in their expected order (forward below reverse) they are a
+note, which says nothing about the bridge that the ``log-z-overlap`` finding does not say
+better; in the wrong order they are a ``log-z-halves`` warning (:data:`HALVES_Z`).
 
 Errors are batch means (:meth:`SteppingStone.estimate`, ``BATCHES``) through the delta method;
 they assume nearly independent batches and finite-variance weights.
@@ -191,10 +193,28 @@ class StreamingLogSumExp:
 #: Batches kept for the batch-means errors (between ``BATCHES`` and ``2 * BATCHES``).
 BATCHES = 32
 
-#: The halves' gap, in units of its batch-means error, above which a run is warned about
-#: (per system, and for the systems' z values combined, ``sum z / sqrt(R)``).  With 32-64
-#: batches the z of a consistent pair of halves is close to a t with 31+ degrees of freedom:
-#: ``P(|t_31| > 4) ~ 4e-4`` per system.
+#: The halves' gap ``z`` (forward minus reverse, in units of its batch-means error; per system,
+#: or the systems' combined ``sum z / sqrt(R)``) beyond which it is reported.  Each half's own
+#: bias has a known sign (Jensen: the forward half reads low, the reverse half high, whatever
+#: the weights' tails), so the two directions mean different things:
+#:
+#: * ``z < -HALVES_Z`` (the expected order): a summary note (``log_normalizer_halves_note``),
+#:   not a warning.  The reverse half's weights have infinite variance wherever a slot is more
+#:   than ``sqrt 2`` times as spread as its colder neighbour (Gaussians) or the likelihood
+#:   vanishes faster than the reference, which short ladders make common, and its error then
+#:   understates it.  Measured (``benchmarks/log_z_warnings.py``: 100 sets of 4 systems, 1024
+#:   iterations, RWMH, known log Z), the former two-sided warning fired on 51 % of sets with 10
+#:   chains and 100 % with 6 on ScaledGaussianPath(d=5, c=1e4), 64 % with 2 chains at c = 3,
+#:   90 % with 3 at c = 30, 95 % on the Uniform/HalfNormal prior path, 41 % with 2 chains on
+#:   ShiftedGaussianPath(d=2, m=3); wherever it fired without ``log-z-overlap`` the bridge was
+#:   covered by its pooled error at the nominal rate (> 3 se off in 0-1.6 % of sets).  Where
+#:   the bridge really read low (4 chains at c = 1e4: 0.76 low; 5 chains: 0.17 low)
+#:   ``log-z-overlap`` fired on 98-100 % of the sets; its message shows the halves.
+#: * ``z > +HALVES_Z`` (the wrong order): the ``log-z-halves`` warning -- the slots' draws are
+#:   not their path distributions.  With Metropolis swaps it came in about 3e-4 of systems
+#:   (4000 systems each at c = 1.5, 3, 6 with 2 chains, c = 30 with 3, c = 1e4 with 6 and 10;
+#:   largest z 6.1); with every swap accepted (DEO_W, rule "always") it fired on 100 % of sets,
+#:   the bridge 69 nats off at c = 30 and 6 chains, where ``log-z-overlap`` is silent.
 HALVES_Z = 4.0
 #: a pair of neighbours is flagged (``log-z-overlap``) when its bridge weights' relative
 #: variance per draw, ``v = 1 / BC^2 - 1`` (:meth:`SteppingStone.pair_overlap`), exceeds the
@@ -370,6 +390,9 @@ class SteppingStone(RecorderBase):
                "log_normalizer_overlap": per_system(self.pair_overlap(), R),
                "log_normalizer_kind": "log Z" if self.reference_normalized else "ratio",
                "log_normalizer_method": "bridge" if not self.legacy else "stepping-stone average"}
+        halves = self.halves_note()
+        if halves is not None:
+            out["log_normalizer_halves_note"] = halves
         if self.legacy:
             out["log_normalizer_note"] = (
                 "resumed from a checkpoint written before the bridge estimator: until the next "
@@ -465,54 +488,96 @@ class SteppingStone(RecorderBase):
                 "reverse_valid": valid}
 
     def findings(self, label=None, across: bool = False) -> list:
-        """:class:`nrpt.report.health.Finding` s (code ``log-z-halves``) where the stepping-stone
-        halves disagree beyond their error: in some system, ``|halves_z| > HALVES_Z``, or in
-        the systems together, ``|sum z| / sqrt(R) > HALVES_Z``; with ``across`` (the engine's
-        systems estimate one quantity), ``log-z-systems`` where the systems' bridge estimates
-        disagree beyond their errors (:func:`systems_spread`); ``log-z-overlap`` where a pair
-        of neighbours overlaps too little for the bridge (:data:`OVERLAP_DRAWS`).
-        ``label(i)`` names engine system ``i`` in the message (default ``"system i"``)."""
-        from nrpt.report.health import Finding
-
+        """:class:`nrpt.report.health.Finding` s: ``log-z-halves`` where the stepping-stone
+        halves are in the wrong order (forward above reverse) beyond :data:`HALVES_Z`, in some
+        system or in the systems' z combined -- against both halves' own biases, so the slots'
+        draws are not their path distributions; ``log-z-overlap`` where a pair of neighbours
+        overlaps too little for the bridge (:data:`OVERLAP_DRAWS`; the message gives that
+        system's halves beside it); and, with ``across`` (the engine's systems estimate one
+        quantity), ``log-z-systems`` where the systems' bridge estimates disagree beyond their
+        errors (:func:`systems_spread`).  The halves apart in their expected order are a
+        summary note (:meth:`halves_note`), not a finding.  ``label(i)`` names engine system
+        ``i`` in the message (default ``"system i"``)."""
         if self.n == 0:
             return []
         label = label or (lambda i: f"system {i}")
         est = {k: v.detach().cpu().double() for k, v in self.estimate().items()}
-        z = est["halves_z"]
-        ok = torch.isfinite(z)
-        knob = ("iterations (more draws per round) / chains (closer neighbours on the ladder; "
-                "for a variational reference, a better q)")
-        what = ("log_normalizer is the bridge estimate, whose weights have finite variance, "
-                "but its error bar assumes the same overlap")
-        out = []
-        bad = [i for i in range(self.R) if bool(ok[i]) and abs(float(z[i])) > HALVES_Z]
-        if bad:
-            i = max(bad, key=lambda j: abs(float(z[j])))
-            more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
-            out.append(Finding("log-z-halves", (
-                f"the stepping-stone halves of log Z disagree in {label(i)}{more}: forward "
-                f"{float(est['forward'][i]):.4g}, reverse {float(est['reverse'][i]):.4g}, a gap "
-                f"of {abs(float(z[i])):.1f} times its batch-means error (threshold {HALVES_Z:g}; "
-                f"bridge {float(est['log_normalizer'][i]):.4g} ± {float(est['se'][i]):.2g}): "
-                f"neighbouring slots overlap too little for the halves; {what}"), knob))
-        elif int(ok.sum()) >= 2:
-            comb = float(z[ok].sum()) / math.sqrt(int(ok.sum()))
-            if abs(comb) > HALVES_Z:
-                gap = float((est["forward"] - est["reverse"])[ok].mean())
-                out.append(Finding("log-z-halves", (
-                    f"the stepping-stone halves of log Z disagree over the {int(ok.sum())} "
-                    f"systems together: forward minus reverse is {gap:.3g} on average, "
-                    f"combined z = {comb:.1f} (threshold {HALVES_Z:g}); the reverse "
-                    f"half is biased upward where its weights have infinite variance (the "
-                    f"likelihood vanishing faster than the reference); {what}"), knob))
-        overlap = self._overlap_finding(label)
+        halves = self._wrong_order_finding(label, est)
+        overlap = self._overlap_finding(label, est)
         spread = systems_spread(est["log_normalizer"], est["se"]) if across else None
-        return out + [f for f in (overlap, spread) if f is not None]
+        return [f for f in (halves, overlap, spread) if f is not None]
 
-    def _overlap_finding(self, label):
+    @staticmethod
+    def _halves_apart(z: torch.Tensor, sign: float) -> tuple[list[int], float, int]:
+        """The systems whose halves' gap ``sign * z`` exceeds :data:`HALVES_Z`, the systems'
+        combined ``sign * sum z / sqrt(k)`` over the ``k`` finite ones (NaN below 2), and ``k``."""
+        ok = torch.isfinite(z)
+        k = int(ok.sum())
+        bad = [i for i in range(z.numel()) if bool(ok[i]) and sign * float(z[i]) > HALVES_Z]
+        comb = sign * float(z[ok].sum()) / math.sqrt(k) if k >= 2 else math.nan
+        return bad, comb, k
+
+    def _wrong_order_finding(self, label, est):
+        """``log-z-halves`` where the forward half exceeds the reverse by more than
+        :data:`HALVES_Z` errors (some system, or the systems combined); None otherwise."""
+        from nrpt.report.health import Finding
+
+        bad, comb, k = self._halves_apart(est["halves_z"], +1.0)
+        if not bad and not comb > HALVES_Z:
+            return None
+        if bad:
+            i = max(bad, key=lambda j: float(est["halves_z"][j]))
+            more = f" ({len(bad)} systems in all)" if len(bad) > 1 else ""
+            where = (f"in {label(i)}{more}: forward {float(est['forward'][i]):.4g} above reverse "
+                     f"{float(est['reverse'][i]):.4g} by {float(est['halves_z'][i]):.1f} times "
+                     f"its batch-means error (threshold {HALVES_Z:g}; bridge "
+                     f"{float(est['log_normalizer'][i]):.4g} ± {float(est['se'][i]):.2g})")
+        else:
+            gap = float((est["forward"] - est["reverse"])[torch.isfinite(est["halves_z"])].mean())
+            where = (f"over the {k} systems together: forward minus reverse is {gap:.3g} on "
+                     f"average, combined z = {comb:.1f} (threshold {HALVES_Z:g})")
+        return Finding("log-z-halves", (
+            f"the stepping-stone halves of log Z are in the wrong order {where}. Each half's "
+            "own bias runs the other way (the forward half reads low and the reverse half high, "
+            "by Jensen's inequality, however heavy their weights' tails), so the slots' draws "
+            "are not from their path distributions: the run is not yet stationary, an explorer "
+            "does not mix, or the swaps do not keep each slot's distribution (a swap rule that "
+            "accepts every swap); log_normalizer, the bridge, is then wrong too (measured on a "
+            "Gaussian path with every swap accepted: 69 nats off, z up to 83; with Metropolis "
+            "swaps this order beyond 4 errors came in ~3e-4 of systems)"),
+            "burn-in / iterations / swap_rule (metropolis) / explorer")
+
+    def halves_note(self) -> str | None:
+        """The summary's ``log_normalizer_halves_note`` where the stepping-stone halves are
+        apart in their expected order (forward below reverse) beyond :data:`HALVES_Z` (in some
+        system, or the systems' z combined) and no pair overlaps too little for the bridge
+        (then the ``log-z-overlap`` warning shows the halves); None otherwise."""
+        if self.n == 0 or self.legacy:
+            return None
+        est = {k: v.detach().cpu().double() for k, v in self.estimate().items()}
+        if self._overlap_finding(lambda i: "", est) is not None:
+            return None
+        bad, comb, k = self._halves_apart(est["halves_z"], -1.0)
+        if not bad and not comb > HALVES_Z:
+            return None
+        where = (f"in {len(bad)} of {self.R} systems (z down to "
+                 f"{min(float(est['halves_z'][i]) for i in bad):.1f})" if bad else
+                 f"over the {k} systems together (combined z = {-comb:.1f})")
+        return (f"the stepping-stone halves (log_normalizer_forward / _reverse) are apart beyond "
+                f"{HALVES_Z:g} times their batch-means error {where}, forward below reverse. "
+                "That is common and says nothing against log_normalizer, the bridge: the reverse "
+                "half is biased upward and its error too small wherever its weights have "
+                "infinite variance (a slot more than sqrt(2) times as spread as its colder "
+                "neighbour, or a likelihood vanishing faster than the reference). On exact "
+                "Gaussian paths the halves were apart in 41-100 % of runs whose bridge was "
+                "unbiased and covered by its error; the bridge's own check is the log-z-overlap "
+                "warning")
+
+    def _overlap_finding(self, label, est):
         """``log-z-overlap`` where some pair's relative variance of its bridge means, ``(1 /
         BC^2 - 1) / n`` (:meth:`pair_overlap`), exceeds ``1 /`` :data:`OVERLAP_DRAWS` in some
-        system; None otherwise."""
+        system (the message gives that system's halves from ``est``, :meth:`estimate`, where
+        they are finite); None otherwise."""
         from nrpt.report.health import Finding
 
         if self.legacy or self.P < 2:
@@ -538,8 +603,19 @@ class SteppingStone(RecorderBase):
             f"{self.P - 1} pairs): the log of such a mean is skewed and reads low, in every "
             f"system alike, which neither its error nor the systems' spread can show (on a "
             f"Gaussian path with exact log Z, v/n = 0.08 read 0.76 low with errors covering "
-            f"59 %)"),
+            f"59 %){self._halves_beside(i, est)}"),
             "chains (closer neighbours: about 2Λ̂ where Λ̂ is not saturated) / iterations")
+
+    @staticmethod
+    def _halves_beside(i: int, est: dict) -> str:
+        """``; its stepping-stone halves: ...`` for system ``i`` of ``est`` (empty when its gap
+        is not finite)."""
+        z = float(est["halves_z"][i])
+        if not math.isfinite(z):
+            return ""
+        return (f"; its stepping-stone halves: forward {float(est['forward'][i]):.4g}, reverse "
+                f"{float(est['reverse'][i]):.4g}, bridge {float(est['log_normalizer'][i]):.4g} "
+                f"(halves' gap {abs(z):.1f} times its batch-means error)")
 
     def state_dict(self) -> dict:
         return {"forward": self.forward.state_dict(), "reverse": self.reverse.state_dict(),

@@ -493,7 +493,7 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
                                "report this as a bug")]
     lz = run.recorders.get("log_z")
-    if lz is not None:  # log Z halves self-check, per engine row
+    if lz is not None:  # log Z overlap (and systems) checks, per engine row
         findings += lz.findings(None if row_map is None else row_map.row_label,
                                 across=row_map is None)
         if row_map is not None:
@@ -811,7 +811,8 @@ def _note_lines(s: dict) -> list[str]:
     if s.get("nonfinite_proposals"):
         lines.append(f"  rejected non-finite proposals: {s['nonfinite_proposals']}")
     lines += [f"  note: {note}" for note in (s.get("approximation_note"),
-                                             s.get("log_normalizer_note")) if note]
+                                             s.get("log_normalizer_note"),
+                                             s.get("log_normalizer_halves_note")) if note]
     lines += [f"  WARNING: {w}" for w in s.get("warnings") or []]
     lines += [f"  WARNING: figure: {w}" for w in s.get("figure_errors") or []]
     if s.get("interrupted"):
