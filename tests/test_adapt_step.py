@@ -142,13 +142,30 @@ def test_tuner_memory_of_bisections_is_checkpointed():
     t = StepTuner(0.65, 2)
     t.update([1.0, 1.0], [0.9, 0.9])
     t.update([1.5, 1.5], [0.0, 0.5])  # slot 0 bisects toward its lower end
-    assert t.pressed.tolist() == [-1.0, 0.0]
+    assert t.pressed.tolist() == [True, False]  # "pressed down"
+    sd = t.state_dict()
     u = StepTuner(0.65, 2)
-    u.load_state_dict(t.state_dict())
-    assert u.pressed.tolist() == [-1.0, 0.0]
+    u.load_state_dict(sd)
+    assert u.pressed.tolist() == [True, False]
     assert np.allclose(u.update([1.2, 1.2], [0.0, 0.6]), t.update([1.2, 1.2], [0.0, 0.6]))
-    u.load_state_dict({k: v for k, v in t.state_dict().items() if k != "pressed"})
+    u.load_state_dict({k: v for k, v in sd.items() if k != "pressed"})
     assert u.pressed is None  # (a checkpoint from before: no memory of bisections)
+    # a checkpoint from when it was -1 / 0 / +1 (down / none / up) resumes the same: -1 is down,
+    # +1 (a bisection toward the upper end, never read) is not; its next update equals the one
+    # from the boolean state.  Negative control: the same state with no memory drops no end,
+    # and moves slot 0 elsewhere.
+    for old, want in (([-1.0, 0.0], [True, False]), ([-1.0, 1.0], [True, False]),
+                      ([0.0, 1.0], [False, False])):
+        v = StepTuner(0.65, 2)
+        v.load_state_dict({**sd, "pressed": old})
+        assert v.pressed.dtype == bool and v.pressed.tolist() == want
+    old, new, none = StepTuner(0.65, 2), StepTuner(0.65, 2), StepTuner(0.65, 2)
+    old.load_state_dict({**sd, "pressed": [-1.0, 1.0]})
+    new.load_state_dict(sd)
+    none.load_state_dict({**sd, "pressed": None})
+    step_old = old.update([1.2, 1.2], [0.0, 0.6])
+    assert np.array_equal(step_old, new.update([1.2, 1.2], [0.0, 0.6]))
+    assert not np.allclose(none.update([1.2, 1.2], [0.0, 0.6])[0], step_old[0])
 
 
 def _old_update(self, step, acceptance):

@@ -75,8 +75,9 @@ class StepTuner:
         #: acceptance ~0 / ~1 moves the step 10x (kept inside the bracket: no new oscillation)
         self.fast = bool(fast)
         self.lo = self.hi = self.prev_h = self.prev_a = None
-        #: per slot: -1 / +1 where the last step was bisected toward the lower / upper end
-        #: (clipped by the bracket), 0 elsewhere
+        #: per slot (bool): whether the last step was bisected toward the bracket's lower end
+        #: ("pressed down": that end is dropped as stale if the acceptance stays near 0).  The
+        #: upper end is kept on purpose, so a bisection toward it is not remembered.
         self.pressed = None
 
     def orders(self, h: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -110,7 +111,7 @@ class StepTuner:
             # (Only where the acceptance is that low: near a cliff bisection is the right move.
             # Not the upper end: acceptance ~1 still moves the chain, and on gp_pois_regr the
             # 4x step past a dropped upper end froze slots; there the end relaxes 1.1x/round.)
-            lo = np.where((self.pressed < 0) & (a < STALE_ACCEPTANCE), 0.0, lo)
+            lo = np.where(self.pressed & (a < STALE_ACCEPTANCE), 0.0, lo)
         fast = np.asarray(self.fast)
         if self.prev_a is not None and self.prev_a.shape == h.shape:
             # frozen two rounds running: the model step was too timid (only downwards: a 10x
@@ -146,16 +147,22 @@ class StepTuner:
             self.prev_h = np.where(w, np.nan, self.prev_h)
             self.prev_a = np.where(w, np.nan, self.prev_a)
         if self.pressed is not None and self.pressed.shape == w.shape:
-            self.pressed = np.where(w, 0.0, self.pressed)
+            self.pressed = self.pressed & ~w
 
     def state_dict(self) -> dict:
         return {k: None if getattr(self, k) is None else getattr(self, k).tolist()
                 for k in ("lo", "hi", "prev_h", "prev_a", "pressed")}
 
     def load_state_dict(self, sd: dict) -> None:  # (checkpoints from before: no memory)
-        for k in ("lo", "hi", "prev_h", "prev_a", "pressed"):
+        for k in ("lo", "hi", "prev_h", "prev_a"):
             v = sd.get(k)
             setattr(self, k, None if v is None else np.asarray(v, dtype=float))
+        v = sd.get("pressed")
+        if v is not None:
+            v = np.asarray(v)
+            # (a checkpoint written when it was -1 / 0 / +1, down / none / up: -1 is down)
+            v = v if v.dtype == bool else v < 0
+        self.pressed = v
 
 
 def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None,
@@ -177,8 +184,8 @@ def bracketed_step(step, acceptance, target: float, order, lo=None, hi=None,
 
 
 def _bracketed(step, acceptance, target, order, lo, hi, fast):
-    """:func:`bracketed_step` (``fast``: a bool or a per-slot boolean array) and ``pressed``:
-    -1 / +1 where the step was bisected toward the lower / upper end, else 0."""
+    """:func:`bracketed_step` (``fast``: a bool or a per-slot boolean array) and ``pressed``
+    (bool): where the step was bisected toward the lower end."""
     h = np.asarray(step, dtype=float)
     a = np.asarray(acceptance, dtype=float)
     lo = np.zeros_like(h) if lo is None else np.asarray(lo, dtype=float).copy()
@@ -192,7 +199,7 @@ def _bracketed(step, acceptance, target, order, lo, hi, fast):
     lo = np.where(above, np.maximum(lo, h), lo)
     new = h * step_size_factor(a, target, order)
     fast = np.asarray(fast, dtype=bool)
-    pressed = np.zeros_like(h)
+    pressed = np.zeros(h.shape, dtype=bool)
     if fast.any():  # (toward a known end: halfway to it in log scale, i.e. bisection)
         with np.errstate(all="ignore"):
             down = np.where(lo > 0, np.sqrt(h * lo), h / FAST_FACTOR)
@@ -201,12 +208,11 @@ def _bracketed(step, acceptance, target, order, lo, hi, fast):
         go_up = fast & seen & (a > FAST_ACCEPTANCE[1])
         new = np.where(go_down, down, new)
         new = np.where(go_up, up, new)
-        pressed = np.where(go_down & (lo > 0), -1.0, pressed)
-        pressed = np.where(go_up & np.isfinite(hi), 1.0, pressed)
+        pressed = go_down & (lo > 0)  # (toward the upper end: not remembered)
     at_hi, at_lo = new >= hi, (new <= lo) & (lo > 0)
     new = np.where(at_hi, np.sqrt(h * hi), new)
     new = np.where(at_lo, np.sqrt(h * lo), new)
-    pressed = np.where(at_hi & above, 1.0, np.where(at_lo & below, -1.0, pressed))
+    pressed = ~(at_hi & above) & ((at_lo & below) | pressed)
     new = np.where(seen, new, h)
-    pressed = np.where(seen, pressed, 0.0)
+    pressed = pressed & seen
     return new, lo / BRACKET_RELAX, hi * BRACKET_RELAX, pressed
