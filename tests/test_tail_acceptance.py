@@ -229,3 +229,74 @@ def test_fused_and_plain_loops_record_the_same_tail_statistics(monkeypatch):
     for k in ("acceptance_hi", "acceptance_lo", "n_hi", "entries_lo"):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-12, equal_nan=True)
     assert not np.allclose(a["n_lo"], c["n_lo"]) or a["acceptance"] != c["acceptance"]
+
+
+def test_plain_loop_rows_are_buffered_copies_taken_64_at_a_time():
+    """The per-iteration form buffers rows in :class:`nrpt.recorders.pending.PendingRows` and
+    takes them 64 iterations at a time: the same statistics as taking every iteration at once
+    (``PENDING = 1``) and as one block per segment, with rows still waiting before a read;
+    the caller's acceptance tensor is reused after each record (so the rows must be copies).
+    Negative control: a recorder that buffers the caller's tensor itself reads it as it is
+    when the rows are taken, and its statistics differ."""
+    from types import SimpleNamespace
+
+    from nrpt.recorders.pending import PendingRows
+
+    x, a = _rows(U=300)
+
+    class Every(TailAcceptance):
+        PENDING = 1
+
+    class NoCopy(TailAcceptance):
+        def record(self, it):
+            if self._pending.add(it.slot_x([0])[None, :, 0], it.explore_accept[None, :, 0]):
+                self._flush()
+
+    def run(rec):
+        accept = torch.zeros(2, 4, dtype=F64)  # the caller's [R, P] tensor, reused
+        for u in range(300):
+            if u == 150:
+                rec.start_segment(True)  # the first 150 set the tails' thresholds
+            accept[:, 0] = a[u]
+            rec.record(SimpleNamespace(slot_x=lambda slots, u=u: x[u][:, None, :].clone(),
+                                       explore_accept=accept))
+            accept.fill_(-1.0)
+        return rec
+
+    buf, one, bad = run(TailAcceptance(2, 3)), run(Every(2, 3)), run(NoCopy(2, 3))
+    assert isinstance(buf._pending, PendingRows) and len(buf._pending) == 150 % 64
+    ref = TailAcceptance(2, 3)
+    _feed(ref, x[:150], a[:150], [150])
+    ref.start_segment(True)
+    _feed(ref, x[150:], a[150:], [150])
+    s = [r.stats() for r in (buf, one, ref, bad)]
+    assert s[0]["n"] == 2 * 150 and len(buf._pending) == 0  # (2 systems; stats took the rows)
+    for k in ("acceptance", "acceptance_hi", "acceptance_lo", "n_hi", "entries_hi"):
+        for other in s[1:3]:
+            np.testing.assert_allclose(s[0][k], other[k], rtol=1e-12, equal_nan=True)
+    # (the control's rows all read the caller's tensor as it was at the take)
+    assert abs(s[3]["acceptance"] - s[0]["acceptance"]) > 0.01
+
+
+def test_pending_rows_concatenate_streams_and_count_iterations():
+    """:class:`PendingRows`: streams concatenated along the iteration axis in the order
+    added, ``add`` says when ``every`` iterations wait (blocks count their rows), a single
+    addition comes back as given, ``clear`` drops rows, and ``every`` is validated by name."""
+    from nrpt.recorders.pending import PendingRows
+
+    p = PendingRows(every=5)
+    assert p.take() is None
+    assert not p.add(torch.zeros(1, 2), torch.zeros(1), n=1)
+    assert not p.add(torch.ones(3, 2), torch.ones(3), n=3)
+    assert p.add(torch.full((1, 2), 2.0), torch.full((1,), 2.0))
+    xs, ys = p.take()
+    assert xs.tolist() == [[0, 0], [1, 1], [1, 1], [1, 1], [2, 2]] and ys.shape == (5,)
+    assert len(p) == 0 and p.take() is None
+    one = torch.arange(4.0)[None]
+    p.add(one)
+    assert p.take()[0] is one
+    p.add(one)
+    p.clear()
+    assert p.take() is None and len(p) == 0
+    with pytest.raises(ValueError, match="every must be an integer >= 1"):
+        PendingRows(every=0)

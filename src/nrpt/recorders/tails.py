@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from nrpt.recorders.pending import PendingRows
 from nrpt.roles import Iteration, IterationBlock, RecorderBase
 
 #: the tails are beyond ``mean +- K sd`` of the previous segment's slot-0 draws
@@ -41,8 +42,7 @@ class TailAcceptance(RecorderBase):
     def __init__(self, R: int, dim: int, device="cpu"):
         self.R, self.dim, self.device = int(R), int(dim), device
         self._prev: torch.Tensor | None = None  # slot 0's position after the last iteration
-        self._pend_x: list[torch.Tensor] = []   # the plain loop's rows not yet taken
-        self._pend_a: list[torch.Tensor] = []
+        self._pending = PendingRows(self.PENDING)  # the plain loop's rows not yet taken
         self.lo: torch.Tensor | None = None     # thresholds [dim] (None: no previous segment)
         self.hi: torch.Tensor | None = None
         self._zero_segment()
@@ -103,15 +103,13 @@ class TailAcceptance(RecorderBase):
     PENDING = 64
 
     def _flush(self) -> None:
-        if self._pend_x:
-            x, a = torch.stack(self._pend_x), torch.stack(self._pend_a)
-            self._pend_x, self._pend_a = [], []
-            self._take(x, a)
+        rows = self._pending.take()
+        if rows is not None:
+            self._take(*rows)
 
     def record(self, it: Iteration) -> None:
-        self._pend_x.append(it.slot_x([0])[:, 0])
-        self._pend_a.append(it.explore_accept[:, 0].clone())  # (the caller's tensor)
-        if len(self._pend_x) >= self.PENDING:
+        # (slot_x gathers: a fresh tensor; explore_accept is the caller's, so a copy)
+        if self._pending.add(it.slot_x([0])[None, :, 0], it.explore_accept[None, :, 0].clone()):
             self._flush()
 
     def record_block(self, block: IterationBlock) -> None:
