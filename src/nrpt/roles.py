@@ -630,7 +630,7 @@ class SlotMap:
     new: int
     source: tuple[int, ...]
     primary: tuple[int, ...]
-    #: a shrink only, filled in by the engine (:meth:`~nrpt.core.engine.PTEngine.grow`):
+    #: a shrink only, filled in by the engine (:meth:`~nrpt.core.engine.PTEngine.resize`):
     #: per system, the old replica each new replica ``j`` was (the one at old slot
     #: ``source[j]``); ``None`` for a growth (the replicas keep their numbers)
     replicas: tuple[tuple[int, ...], ...] | None = None
@@ -699,9 +699,10 @@ class Update:
     #: lower-triangular factors (the engine's ``metric``, for explorers that declare
     #: ``preconditionable``)
     metric: torch.Tensor | None = None
-    #: a longer ladder ``(schedule [R, P'], slot map)`` (``chains = "auto"``): the engine
-    #: grows to it, then everything keeping per-slot tables follows (:class:`SlotMap`)
-    grow: tuple[torch.Tensor, SlotMap] | None = None
+    #: a ladder of another length ``(schedule [R, P'], slot map)`` (``chains = "auto"``): the
+    #: engine grows or shrinks to it (:meth:`~nrpt.core.engine.PTEngine.apply` returns the
+    #: completed map), then everything keeping per-slot tables follows (:class:`SlotMap`)
+    resize: tuple[torch.Tensor, SlotMap] | None = None
 
 
 @runtime_checkable

@@ -201,11 +201,11 @@ class ChainsAdaptor(AdaptorBase):
         R, P = b.shape
         lam = [float(clean_rejections(rej[s], P - 1).sum()) for s in range(R)]
         worst = max(lam)
-        need = recommended_chains(worst)
         if self.min_chains is not None:
             return self._both_ways(view, rej, b, worst)
         if not ladder_too_short(worst, P):
             return None
+        need = recommended_chains(worst)
         return self._resize(view, rej, b, worst, min(self.max_chains, need), need)
 
     def _both_ways(self, view: SegmentView, rej, b, worst: float) -> Update | None:
@@ -246,7 +246,7 @@ class ChainsAdaptor(AdaptorBase):
         if self.capped is not None:
             note["chains_capped"] = dict(self.capped)
         m = SlotMap.grow(P, new_p) if new_p > P else SlotMap.shrink(P, new_p)
-        return Update(grow=(torch.as_tensor(new).to(view.schedule), m), note=note)
+        return Update(resize=(torch.as_tensor(new).to(view.schedule), m), note=note)
 
     def follow_ladder(self, m: SlotMap) -> None:
         """(its own growth: nothing per slot to carry)"""

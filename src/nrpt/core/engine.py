@@ -290,10 +290,11 @@ class PTEngine:
         self.scheme = scheme
         self.scheme_state = scheme.init_state(self.R, self.P, self.device)
 
-    def apply(self, update: Update | None) -> None:
-        """Make the changes an adaptor asked for (the only way tunable tables change)."""
+    def apply(self, update: Update | None) -> SlotMap | None:
+        """Make the changes an adaptor asked for (the only way tunable tables change); returns
+        the completed slot map of an ``update.resize`` (:meth:`resize`), else None."""
         if update is None:
-            return
+            return None
         if update.schedule is not None:
             self.schedule = self._table(update.schedule)
         if update.step_size is not None:
@@ -307,11 +308,10 @@ class PTEngine:
             self.params[name] = value.to(self.device, self.dtype)
         if update.window is not None:
             self.set_scheme(DEOW(update.window))
-        if update.grow is not None:
-            self.grow(*update.grow)
         if update.reference is not None:  # an engine whose path has one installs it itself
             raise ValueError("this run's reference is fixed (reference 'prior'): an "
                              "Update.reference needs a run whose `reference` setting fits one")
+        return self.resize(*update.resize) if update.resize is not None else None
 
     def set_metric(self, metric) -> None:
         """Install a per-slot preconditioner (:func:`check_metric`); refused for an explorer
@@ -325,28 +325,29 @@ class PTEngine:
                              f"automala, nuts)")
         self.metric = check_metric(metric, self.R, self.P, self.dim, self.dtype, self.device)
 
-    def grow(self, schedule: torch.Tensor, m: SlotMap) -> None:
+    def resize(self, schedule: torch.Tensor, m: SlotMap) -> SlotMap:
         """Grow the ladder from ``m.old`` to ``m.new`` slots (``chains = "auto"``, between
-        rounds) at the new ``schedule`` ``[R, P']``.  The replicas keep their states and
+        rounds) at the new ``schedule`` ``[R, P']``, or shrink it; returns the completed map
+        for the followers (``m`` itself for a growth).  The replicas keep their states and
         identities, each moving to its old slot's primary new slot; the added slots get new
         replicas ``P .. P' - 1`` whose states (and explorer buffers) copy the replica at their
         source slot.  Per-slot tables follow: a slot's step size is its source slot's (on a
         temperature ladder scaled by ``sqrt(b_source / b_new)``, as the schedule adaptor scales
         moved slots), a rule parameter ``[R, P]`` its source's; the scheme restarts on the
         new ladder.  What else keeps per-slot tables follows through ``follow_ladder(m)``
-        (the loop calls it, with :attr:`ladder_map`).
+        (the loop calls it, with the returned map).
 
         A shrink (``m.new < m.old``, :meth:`SlotMap.shrink`): the replicas at the kept slots
         ``m.source`` keep their states and move to the new slots in order, renumbered ``0 ..
-        P' - 1`` by their new slot; the others are dropped.  :attr:`ladder_map` is then ``m``
-        with ``replicas`` (per system, each new replica's old number) for the followers."""
+        P' - 1`` by their new slot; the others are dropped.  The returned map is ``m`` with
+        ``replicas`` (per system, each new replica's old number) for the followers."""
         if m.old != self.P:
-            raise ValueError(f"grow: the slot map is for a ladder of {m.old} slots; this one has "
-                             f"{self.P}")
+            raise ValueError(f"resize: the slot map is for a ladder of {m.old} slots; this one "
+                             f"has {self.P}")
         R, P, Pn, dev = self.R, self.P, m.new, self.device
         new_b = torch.as_tensor(schedule, dtype=self.dtype, device=dev)
         if new_b.shape != (R, Pn):
-            raise ValueError(f"grow: schedule must be [{R}, {Pn}]; got {list(new_b.shape)}")
+            raise ValueError(f"resize: schedule must be [{R}, {Pn}]; got {list(new_b.shape)}")
         src = torch.tensor(m.source, device=dev)
         st = self._full_state()
 
@@ -361,8 +362,7 @@ class PTEngine:
             self.state = ReplicaState(rows(st.x, kept), rows(st.v, kept), rows(st.base, kept),
                                       {k: rows(v, kept) for k, v in st.extras.items()})
             self.slot_of = torch.arange(Pn, device=dev).expand(R, Pn).clone()
-            self.ladder_map = replace(m, replicas=tuple(tuple(int(i) for i in row)
-                                                        for row in kept.tolist()))
+            m = replace(m, replicas=tuple(tuple(int(i) for i in row) for row in kept.tolist()))
         else:
             primary = torch.tensor(m.primary, device=dev)
             added = torch.tensor(m.added, dtype=torch.long, device=dev)
@@ -375,7 +375,6 @@ class PTEngine:
             self.state = ReplicaState(extend(st.x), extend(st.v), extend(st.base),
                                       {k: extend(v) for k, v in st.extras.items()})
             self.slot_of = torch.cat([primary[self.slot_of], added.expand(R, -1)], 1)
-            self.ladder_map = m
         self.replica_ids = torch.arange(Pn, device=dev).reshape(1, Pn)
         self.replica_at = slot_order(self.slot_of, self.replica_ids.expand(R, Pn))
         h = self.step_size[:, src]
@@ -395,6 +394,7 @@ class PTEngine:
         self.watched = sorted({m.primary[s] for s in self.watched})
         self.scheme_state = self.scheme.init_state(R, Pn, dev)
         self._ref_rows = None
+        return m
 
     def _table(self, value) -> torch.Tensor:
         """A per-slot table ``[R, P]`` of the engine's dtype and device: an ``[R, P]`` tensor

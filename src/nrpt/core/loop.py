@@ -258,7 +258,7 @@ class Interrupt:
 
 
 def follow_ladder(run: Run, m) -> None:
-    """After the engine grew its ladder (:meth:`PTEngine.grow`, a
+    """After the engine grew or shrank its ladder (:meth:`PTEngine.resize`, a
     :class:`~nrpt.roles.SlotMap` ``m``): every adaptor and recorder, and the fused runner,
     carries its per-slot tables to the new slots (``follow_ladder(m)``; the builder refuses
     ``chains = "auto"`` for a run with one that cannot)."""
@@ -489,9 +489,9 @@ class _Loop:
             update = a.end_segment(view)
             if update is not None:
                 self.notes.update(update.note)
-                engine.apply(update)
-                if update.grow is not None:  # the ladder grew or shrank (chains = "auto")
-                    follow_ladder(self.run, getattr(engine, "ladder_map", update.grow[1]))
+                resized = engine.apply(update)  # (the completed slot map, or None)
+                if update.resize is not None:  # the ladder grew or shrank (chains = "auto")
+                    follow_ladder(self.run, resized)
         self.seg_i, self.started = seg_i + 1, False
         if self.callback is not None:
             self.callback(engine)

@@ -37,7 +37,7 @@ from nrpt.core.engine import PTEngine
 from nrpt.explorers.base import GRAD_KEYS, Density, ReplicaState
 from nrpt.paths.ladders import GeometricPath, flat_call
 from nrpt.recorders.stats import per_system
-from nrpt.roles import AdaptorBase, RecorderBase, SegmentView, Update
+from nrpt.roles import AdaptorBase, RecorderBase, SegmentView, SlotMap, Update
 
 __all__ = ["REFERENCES", "VARIATIONAL", "GaussianReference", "fit_gaussian", "TwoLegPath",
            "TwoLegDensity", "TwoLegEngine", "TargetMoments", "VariationalRefit", "TwoLeg"]
@@ -226,12 +226,14 @@ class FittedReferenceEngine(PTEngine):
     def q(self) -> GaussianReference:
         return self.path.q
 
-    def apply(self, update: Update | None) -> None:
-        """:meth:`PTEngine.apply`, then ``update.reference`` (a newly fitted ``q``) installed."""
+    def apply(self, update: Update | None) -> SlotMap | None:
+        """:meth:`PTEngine.apply` (its return value), then ``update.reference`` (a newly fitted
+        ``q``) installed."""
         if update is None or update.reference is None:
             return super().apply(update)
-        super().apply(replace(update, reference=None))
+        resized = super().apply(replace(update, reference=None))
         self.set_fitted_reference(update.reference)
+        return resized
 
     def set_fitted_reference(self, reference) -> None:
         """``Update.reference = (q, refitted[R])`` from :class:`VariationalRefit`."""
