@@ -618,9 +618,11 @@ def _log_z_of(run: dict, error: str = "se") -> tuple[float, float, float]:
     return mean, err, spread
 
 
-#: nrpt's log Z findings, by a phrase of their message (the runs keep the messages only)
+#: nrpt's log Z findings, by a phrase of their message (the runs keep the messages only;
+#: "halves": stored runs' "... disagree" and, since the halves warn only in the wrong order,
+#: "... are in the wrong order")
 LOG_Z_WARNINGS = {"overlap": "overlap too little for the log Z bridge",
-                  "halves": "stepping-stone halves of log Z disagree",
+                  "halves": "the stepping-stone halves of log Z ",
                   "systems": "log Z estimates"}
 
 
