@@ -615,7 +615,7 @@ class SteppingStone(RecorderBase):
             return ""
         return (f"; its stepping-stone halves: forward {float(est['forward'][i]):.4g}, reverse "
                 f"{float(est['reverse'][i]):.4g}, bridge {float(est['log_normalizer'][i]):.4g} "
-                f"(halves' gap {abs(z):.1f} times its batch-means error)")
+                f"(forward minus reverse: {z:+.1f} times its batch-means error)")
 
     def state_dict(self) -> dict:
         return {"forward": self.forward.state_dict(), "reverse": self.reverse.state_dict(),
