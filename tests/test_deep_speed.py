@@ -57,6 +57,33 @@ def test_batchnorm_statistics_are_pytorchs_own_bit_for_bit_and_vmap_keeps_them()
     torch.testing.assert_close(new_v, new, rtol=1e-5, atol=1e-6)
 
 
+def _per_replica_backward(net, theta, buf, x, y, seed_scale=1.0):
+    """The loop as it was: one forward and one backward pass per replica."""
+    out = []
+    for i in range(theta.shape[0]):
+        th = theta[i].detach().requires_grad_(True)
+        total, (losses, new) = net._one(th, buf[i], x[i], y[i])
+        (g,) = torch.autograd.grad(seed_scale * total, th)
+        out.append((losses, g, new.detach()))
+    return tuple(torch.stack(parts) for parts in zip(*out, strict=True))
+
+
+@pytest.mark.parametrize("make", [_bn_net, lambda: nn.Sequential(
+    nn.Flatten(), nn.Linear(72, 16), nn.ReLU(), nn.Linear(16, 3))])
+def test_the_loops_one_backward_pass_equals_one_per_replica_bit_for_bit(make):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = FunctionalNet(make())
+    theta, buf, x, y = _batch(net, P=4)
+    got = net.loss_and_grad(theta, buf, x, y, "loop")
+    ref = _per_replica_backward(net, theta, buf, x, y)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+    # negative control: a gradient computed otherwise (seed 1 + 2^-20) is told apart
+    other = _per_replica_backward(net, theta, buf, x, y, 1.0 + 2.0 ** -20)
+    assert not torch.equal(got[1], other[1])
+
+
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_the_forward_only_energy_equals_the_one_with_gradients(strategy):
     net = FunctionalNet(_bn_net(torch.float64))
@@ -199,6 +226,65 @@ def test_a_clear_first_pair_ends_the_probe(monkeypatch, loop_over_vmap, pairs, e
     timed = [c for c in calls if c[1] > 0]
     assert timed == [("loop", 1), ("vmap", 1)] * pairs
     assert [c for c in calls if c[1] == 0] == [("vmap", 0), ("loop", 0)]  # the warm-ups
+
+
+def test_auto_remembers_its_timings_per_machine_and_model(monkeypatch, tmp_path):
+    """A second fit of the same model, batch and replica count on this machine takes no probe
+    and makes the same choice; its summary says the timings were remembered.  Negative
+    controls: with the cache off, or another batch size (another key), it probes again; an
+    unreadable cache file is probed over and rewritten."""
+    cache = tmp_path / "strategy.json"
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, str(cache))
+    timed = []
+    ratio = {"loop": 0.5, "vmap": 1.0}  # a clear first pair: loop
+
+    def fake_time(net, strategy, theta, buf, x, y, repeats):
+        timed.append((strategy, repeats))
+        return ratio[strategy] * 1e-3 * (repeats > 0)
+
+    monkeypatch.setattr(replicas, "_time", fake_time)
+    train, test = _toy()
+    opts = dict(OPTS, strategy="auto", pretrain_epochs=0, epochs=1)
+    first = fit(_mlp(), train, test, **opts)
+    assert timed and first.summary["strategy"] == "loop"
+    assert "remembered" not in first.summary["strategy_timings_s"]
+    assert len(json.loads(cache.read_text())) == 1
+    timed.clear()
+    ratio["loop"] = 3.0  # (a new probe would now pick vmap)
+    second = fit(_mlp(), train, test, **opts)
+    assert timed == [] and second.summary["strategy"] == "loop"
+    assert second.summary["strategy_timings_s"] == {"loop": 5e-4, "vmap": 1e-3,
+                                                    "remembered": 1.0}
+    # negative controls: another key, the cache turned off, an unreadable file
+    assert fit(_mlp(), train, test, **dict(opts, batch_size=8)).summary["strategy"] == "vmap"
+    assert timed and len(json.loads(cache.read_text())) == 2
+    timed.clear()
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, "0")
+    assert replicas.strategy_cache() is None
+    assert fit(_mlp(), train, test, **opts).summary["strategy"] == "vmap" and timed
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, str(cache))
+    cache.write_text("{not json")
+    timed.clear()
+    assert fit(_mlp(), train, test, **opts).summary["strategy"] == "vmap" and timed
+    assert len(json.loads(cache.read_text())) == 1
+
+
+def test_a_model_vmap_cannot_run_is_not_remembered(monkeypatch, tmp_path):
+    """Only timed decisions are kept: a model that vmap fails on is probed, and warned about,
+    every time."""
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, str(tmp_path / "s.json"))
+
+    def fails(net, strategy, *a):
+        if strategy == "vmap":
+            raise RuntimeError("no batching rule")
+        return 1e-3
+
+    monkeypatch.setattr(replicas, "_time", fails)
+    net = FunctionalNet(_bn_net())
+    for _ in range(2):
+        with pytest.warns(replicas.StrategyWarning, match="failed on this model"):
+            assert choose_strategy(net, *_batch(net), "auto", remember=True)[0] == "loop"
+    assert not (tmp_path / "s.json").exists()
 
 
 def test_the_timed_steps_take_no_warm_up_of_their_own(monkeypatch):

@@ -643,7 +643,7 @@ def _strategy(job: _Job, theta0, buf0) -> tuple[str, dict]:
         # which cost no less: a lower bound of their time)
         job.strategy, job.timings = choose_strategy(
             job.net, theta0.to(job.dev), buf0.to(job.dev), Xtr[probe_idx], ytr[probe_idx],
-            cfg.strategy, iterations=job.pre_iters + job.main_iters)
+            cfg.strategy, iterations=job.pre_iters + job.main_iters, remember=True)
         if out is not None:
             rf.atomic_write(out / STRATEGY_FILE, json.dumps({"strategy": job.strategy,
                                                              "timings_s": job.timings}))
