@@ -193,6 +193,72 @@ def test_no_full_data_energy_is_computed_and_the_run_is_the_one_that_computed_it
     assert torch.equal(again.models, fast.models)
 
 
+class _Scaled(nn.Module):
+    """A layer whose reset reads its current weight (so a reset must start from the model's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.gain = nn.Parameter(torch.full((3,), 2.0))
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.gain.mul_(torch.rand(3) + 0.5)
+
+    def forward(self, x):
+        return self.lin(x) * self.gain
+
+
+def test_the_initial_replicas_are_those_of_one_copy_per_replica_bit_for_bit():
+    """One deep copy, reset to the model's values before each replica's reset, gives the
+    replicas a fresh copy per replica gave.  Negative control: without the reset to the
+    model's values the replicas differ."""
+    from nrpt import rng
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(_Scaled(), nn.BatchNorm1d(3))
+    net = FunctionalNet(model)
+
+    def fresh_copies(n, seed, restore=True):
+        thetas, bufs, m = [], [], None
+        for r in range(n):
+            m = net.load(*net.pack(model)) if restore or m is None else m
+            if r > 0:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9, r))
+                    for mod in m.modules():
+                        if hasattr(mod, "reset_parameters"):
+                            mod.reset_parameters()
+            t, b = net.pack(m)
+            thetas.append(t)
+            bufs.append(b)
+        return torch.stack(thetas), torch.stack(bufs)
+
+    theta, buf = fitting._initial_replicas(net, model, 4, seed=7)
+    ref = fresh_copies(4, 7)
+    assert torch.equal(theta, ref[0]) and torch.equal(buf, ref[1])
+    assert torch.equal(theta[0], net.pack(model)[0])
+    assert not torch.equal(theta, fresh_copies(4, 7, restore=False)[0])
+
+
+def test_the_data_is_hashed_only_for_a_run_folder(monkeypatch, tmp_path):
+    """sha256 of the data and the model is what run.json keeps: a fit without a folder (one
+    process) takes none (fails on the old code, which hashed them in every fit); with one, the
+    three digests are taken and recorded."""
+    calls = []
+    plain_digest = fitting._digest
+    monkeypatch.setattr(fitting, "_digest", lambda *t: calls.append(1) or plain_digest(*t))
+    train, test = _toy()
+    opts = dict(OPTS, pretrain_epochs=0, epochs=1)
+    fit(_mlp(), train, test, **opts)
+    assert calls == []
+    fit(_mlp(), train, test, out=tmp_path / "run", **opts)
+    assert len(calls) == 3
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["data"]["train"] == plain_digest(*train)
+
+
 # ------------------------------------------------------------------ the strategy choice
 @pytest.mark.parametrize("loop_over_vmap,expected", [(0.98, "vmap"), (0.93, "vmap"),
                                                      (1.3, "vmap"), (0.8, "loop")])
