@@ -85,6 +85,29 @@ def test_the_loops_one_backward_pass_equals_one_per_replica_bit_for_bit(make):
 
 
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_evaluations_leave_eval_mode_and_training_steps_set_train_mode(strategy):
+    """logits leaves the module in eval mode (one tree walk per run of evaluations); the next
+    training-mode step sets train mode itself, and a loaded copy comes in train mode as it did.
+    Negative control: the same step in eval mode (running statistics) gives other losses."""
+    net = FunctionalNet(_bn_net())
+    theta, buf, x, y = _batch(net)
+    before = net.loss_and_grad(theta, buf, x, y, strategy)
+    net.logits(theta, buf, x[0], strategy)
+    assert not net.module.training
+    after = net.loss_and_grad(theta, buf, x, y, strategy)
+    assert net.module.training
+    for a, b in zip(before, after, strict=True):
+        assert torch.equal(a, b)
+    net.logits(theta, buf, x[0], strategy)
+    assert net.load(theta[0], buf[0]).training
+    net.module.eval()
+    net._training = False
+    with torch.no_grad(), net._bound(net.params(theta[0]), net.buffers(buf[0])):
+        evald = nn.functional.cross_entropy(net.module(x[0]), y[0], reduction="none")
+    assert not torch.allclose(evald, before[0][0])
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_the_forward_only_energy_equals_the_one_with_gradients(strategy):
     net = FunctionalNet(_bn_net(torch.float64))
     theta, buf, x, y = _batch(net, dtype=torch.float64)

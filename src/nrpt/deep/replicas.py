@@ -249,8 +249,11 @@ class FunctionalNet:
         return out
 
     def load(self, theta: torch.Tensor, buf: torch.Tensor | None = None) -> nn.Module:
-        """A fresh copy of the module holding ``theta`` (and ``buf``)."""
+        """A fresh copy of the module holding ``theta`` (and ``buf``), in train mode where
+        the held module was last left in eval mode by :meth:`logits` (as it was before)."""
         m = copy.deepcopy(self.module)
+        if self._training is False:
+            m.train(True)
         with torch.no_grad():
             for name, t in self.params(theta).items():
                 m.get_parameter(name).copy_(t)
@@ -433,22 +436,22 @@ class FunctionalNet:
     @torch.no_grad()
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
         """Eval-mode logits ``[n, B, C]`` of ``n`` replicas on one shared input ``x[B, ...]``
-        (running statistics from ``buf``), in chunks of ``chunk`` examples."""
+        (running statistics from ``buf``), in chunks of ``chunk`` examples.  The module is
+        left in eval mode: every training-mode evaluation sets train mode first (so a run of
+        evaluations, one per replica at an epoch's end, walks the module tree once, not twice
+        per replica)."""
         self._mode(False)
-        try:
-            outs = []
-            for xs in x.split(chunk):
-                if strategy == "loop" or self.memory_format == "channels_last":
-                    outs.append(torch.stack([
-                        self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
-                        for i in range(theta.shape[0])]))
-                else:
-                    fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
-                              in_dims=(0, 0, None))
-                    outs.append(fn(theta, buf, xs))
-            return torch.cat(outs, dim=1)
-        finally:
-            self._mode(True)
+        outs = []
+        for xs in x.split(chunk):
+            if strategy == "loop" or self.memory_format == "channels_last":
+                outs.append(torch.stack([
+                    self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
+                    for i in range(theta.shape[0])]))
+            else:
+                fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
+                          in_dims=(0, 0, None))
+                outs.append(fn(theta, buf, xs))
+        return torch.cat(outs, dim=1)
 
 
 class _seeded:
