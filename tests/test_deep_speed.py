@@ -282,6 +282,47 @@ def test_the_data_is_hashed_only_for_a_run_folder(monkeypatch, tmp_path):
     assert record["data"]["train"] == plain_digest(*train)
 
 
+def test_the_engines_start_is_one_forward_pass_read_by_the_ladder_and_the_noise_sd(monkeypatch):
+    """The ladder's first energies and the correction gain's noise sd read one forward pass
+    (fails on the old code: two passes, with two keys), and the run is the one where each
+    reader makes its own.  Negative control: the memo serves no other tensor or key."""
+    from nrpt import rng
+    from nrpt.deep.energy import NetworkEnergy
+
+    train, test = _toy()
+    opts = dict(OPTS, pretrain_epochs=0, epochs=1)
+    forward_only = []
+    plain_call = NetworkEnergy.__call__
+
+    def counting(self, x, key, extras, need_grad=True):
+        if not need_grad:
+            forward_only.append(tuple(key))
+        return plain_call(self, x, key, extras, need_grad)
+
+    monkeypatch.setattr(NetworkEnergy, "__call__", counting)
+    shared = fit(_mlp(), train, test, **opts)
+    assert forward_only == [(OPTS["seed"], methods.START)]
+
+    def alone(self, x, key):  # each reader its own pass
+        return self.estimator(x, key, self.estimator.init_extras(x, key), need_grad=False)
+
+    monkeypatch.setattr(methods.MinibatchLadder, "start_estimate", alone)
+    forward_only.clear()
+    own = fit(_mlp(), train, test, **opts)
+    assert len(forward_only) == 2
+    assert torch.equal(own.models, shared.models)
+    assert own.summary["energy_noise_sd"] == shared.summary["energy_noise_sd"]
+    monkeypatch.undo()
+    ladder = methods.MinibatchLadder([0.0, 0.0], NetworkEnergy(NetworkTarget(
+        FunctionalNet(_mlp()), *train), 12), seed=1)
+    x = torch.zeros(1, 2, ladder.estimator.target.dim)
+    key = rng.Key((1, methods.START))
+    first = ladder.start_estimate(x, key)
+    assert ladder.start_estimate(x.clone(), key) is not first
+    ladder.start_estimate(x, key)
+    assert ladder.start_estimate(x, rng.Key((2, methods.START))) is not first
+
+
 # ------------------------------------------------------------------ the strategy choice
 @pytest.mark.parametrize("loop_over_vmap,expected", [(0.98, "vmap"), (0.93, "vmap"),
                                                      (1.3, "vmap"), (0.8, "loop")])
