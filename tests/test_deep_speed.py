@@ -399,6 +399,29 @@ def test_auto_remembers_its_timings_per_machine_and_model(monkeypatch, tmp_path)
     assert len(json.loads(cache.read_text())) == 1
 
 
+def test_the_remembered_timings_are_keyed_by_what_they_depend_on():
+    """Another architecture, replica count, batch shape, dtype or thread count is another key;
+    the same ones (a new copy of the model) are the same key."""
+    net = FunctionalNet(_bn_net())
+    theta, buf, x, y = _batch(net)
+    key = replicas._probe_key(net, theta, x, y)
+    assert replicas._probe_key(FunctionalNet(_bn_net()), theta, x, y) == key
+    wider = FunctionalNet(nn.Sequential(nn.Conv2d(2, 5, 3), nn.BatchNorm2d(5), nn.ReLU(),
+                                        nn.Flatten(), nn.Linear(5 * 4 * 4, 3)))
+    others = [replicas._probe_key(wider, theta, x, y),
+              replicas._probe_key(net, theta[:2], x[:2], y[:2]),
+              replicas._probe_key(net, theta, x[:, :4], y[:, :4]),
+              replicas._probe_key(FunctionalNet(_bn_net(torch.float64)), theta.double(),
+                                  x.double(), y)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        others.append(replicas._probe_key(net, theta, x, y))
+    finally:
+        torch.set_num_threads(threads)
+    assert len({key, *others}) == 1 + len(others)
+
+
 def test_a_model_vmap_cannot_run_is_not_remembered(monkeypatch, tmp_path):
     """Only timed decisions are kept: a model that vmap fails on is probed, and warned about,
     every time."""
