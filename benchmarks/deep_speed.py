@@ -3,7 +3,8 @@ models (issue 23 item 2, issue 24's deep goal).
 
     python benchmarks/deep_speed.py [--cases mlp-digits,cnn-digits,resnet20-synthetic]
         [--device cpu|cuda] [--pairs 5] [--chains 4] [--batch 128] [--steps 40]
-        [--strategy auto|loop|vmap|compile] [--json out.json]
+        [--strategy auto|loop|vmap|compile] [--strategy-cache fresh|off|machine]
+        [--json out.json]
 
 The floor (``plain``): ``P`` independent ``nn.Module`` copies, each with its own
 ``torch.optim.SGD(lr, momentum, weight_decay)``, every step drawing its own batch of ``batch``
@@ -27,6 +28,12 @@ CIFAR's augmentation).  ``--train`` / ``--test`` cut the data (on CPU ResNet-20 
 puts the data and the models on the GPU;
 ``--precision bf16`` is passed to fit where it takes one (and autocast on the floor).
 
+``--strategy-cache``: where ``auto`` remembers its loop / vmap timings
+(``NRPT_DEEP_STRATEGY_CACHE``, :func:`nrpt.deep.replicas.strategy_cache`): ``fresh`` (default) a
+new file in a temporary folder, filled by the untimed warm-up fit, so the timed fits are a later
+run of the model on this machine; ``off`` every fit probes (a model's first run); ``machine``
+the machine's own file.
+
 Run with OMP_NUM_THREADS=1 on CPU (``make bench-deep-speed``)."""
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ import argparse
 import copy
 import json
 import math
+import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -176,6 +185,7 @@ def run_case(case, args, device):
     grads = steps * P
     out = {"case": case, "device": str(device), "P": P, "batch": batch, "steps": steps,
            "train": n_tr, "test": n_te, "strategy": res.summary["strategy"],
+           "strategy_cache": args.strategy_cache,
            "precision": args.precision, "pairs": args.pairs, "median_s": med,
            "ratio_plain_over_nrpt": ratio,
            "grad_steps_per_s": {"plain": grads / med["plain_wall"],
@@ -183,7 +193,8 @@ def run_case(case, args, device):
                                 "nrpt_loop": grads / med["nrpt_loop_wall"]},
            "pairs_raw": rows}
     print(f"{case:<19} {str(device):<6} P={P:<2} B={batch:<4} steps={steps:<4} "
-          f"{res.summary['strategy']:<7} {args.precision:<4} | "
+          f"{res.summary['strategy']:<7} {args.precision:<4} "
+          f"{'cached' if 'remembered' in res.summary['strategy_timings_s'] else 'probed'} | "
           f"plain {med['plain_wall']:7.2f} s ({med['plain_cpu']:7.2f} cpu) "
           f"nrpt {med['nrpt_wall']:7.2f} s ({med['nrpt_cpu']:7.2f} cpu) "
           f"loop {med['nrpt_loop_wall']:7.2f} s ({med['nrpt_loop_cpu']:7.2f} cpu) | plain/nrpt "
@@ -207,8 +218,16 @@ def main(argv=None) -> None:
     p.add_argument("--test", type=int, default=None, help="test examples kept")
     p.add_argument("--strategy", default="auto", choices=["auto", "loop", "vmap", "compile"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--strategy-cache", default="fresh", choices=["fresh", "off", "machine"],
+                   help="auto's remembered timings: a fresh file (filled by the warm-up), "
+                        "off (every fit probes), or the machine's own")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.strategy_cache == "off":
+        os.environ["NRPT_DEEP_STRATEGY_CACHE"] = "0"
+    elif args.strategy_cache == "fresh":
+        os.environ["NRPT_DEEP_STRATEGY_CACHE"] = os.path.join(
+            tempfile.mkdtemp(prefix="nrpt-deep-speed-"), "deep-strategy.json")
     device = torch.device(args.device)
     _timed_loops()
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "

@@ -13,4 +13,7 @@ import os
 import torch
 
 os.environ.setdefault("PYTENSOR_FLAGS", "cxx=")
+# nrpt.deep.fit's strategy="auto" probes in every test (a decision remembered from an earlier
+# test, or from another run on this machine, would skip a probe a test watches)
+os.environ.setdefault("NRPT_DEEP_STRATEGY_CACHE", "0")
 torch.set_num_threads(1)

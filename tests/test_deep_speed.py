@@ -57,6 +57,56 @@ def test_batchnorm_statistics_are_pytorchs_own_bit_for_bit_and_vmap_keeps_them()
     torch.testing.assert_close(new_v, new, rtol=1e-5, atol=1e-6)
 
 
+def _per_replica_backward(net, theta, buf, x, y, seed_scale=1.0):
+    """The loop as it was: one forward and one backward pass per replica."""
+    out = []
+    for i in range(theta.shape[0]):
+        th = theta[i].detach().requires_grad_(True)
+        total, (losses, new) = net._one(th, buf[i], x[i], y[i])
+        (g,) = torch.autograd.grad(seed_scale * total, th)
+        out.append((losses, g, new.detach()))
+    return tuple(torch.stack(parts) for parts in zip(*out, strict=True))
+
+
+@pytest.mark.parametrize("make", [_bn_net, lambda: nn.Sequential(
+    nn.Flatten(), nn.Linear(72, 16), nn.ReLU(), nn.Linear(16, 3))])
+def test_the_loops_one_backward_pass_equals_one_per_replica_bit_for_bit(make):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = FunctionalNet(make())
+    theta, buf, x, y = _batch(net, P=4)
+    got = net.loss_and_grad(theta, buf, x, y, "loop")
+    ref = _per_replica_backward(net, theta, buf, x, y)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+    # negative control: a gradient computed otherwise (seed 1 + 2^-20) is told apart
+    other = _per_replica_backward(net, theta, buf, x, y, 1.0 + 2.0 ** -20)
+    assert not torch.equal(got[1], other[1])
+
+
+@pytest.mark.parametrize("strategy", ["loop", "vmap"])
+def test_evaluations_leave_eval_mode_and_training_steps_set_train_mode(strategy):
+    """logits leaves the module in eval mode (one tree walk per run of evaluations); the next
+    training-mode step sets train mode itself, and a loaded copy comes in train mode as it did.
+    Negative control: the same step in eval mode (running statistics) gives other losses."""
+    net = FunctionalNet(_bn_net())
+    theta, buf, x, y = _batch(net)
+    before = net.loss_and_grad(theta, buf, x, y, strategy)
+    net.logits(theta, buf, x[0], strategy)
+    assert not net.module.training
+    after = net.loss_and_grad(theta, buf, x, y, strategy)
+    assert net.module.training
+    for a, b in zip(before, after, strict=True):
+        assert torch.equal(a, b)
+    net.logits(theta, buf, x[0], strategy)
+    assert net.load(theta[0], buf[0]).training
+    net.module.eval()
+    net._training = False
+    with torch.no_grad(), net._bound(net.params(theta[0]), net.buffers(buf[0])):
+        evald = nn.functional.cross_entropy(net.module(x[0]), y[0], reduction="none")
+    assert not torch.allclose(evald, before[0][0])
+
+
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_the_forward_only_energy_equals_the_one_with_gradients(strategy):
     net = FunctionalNet(_bn_net(torch.float64))
@@ -166,6 +216,113 @@ def test_no_full_data_energy_is_computed_and_the_run_is_the_one_that_computed_it
     assert torch.equal(again.models, fast.models)
 
 
+class _Scaled(nn.Module):
+    """A layer whose reset reads its current weight (so a reset must start from the model's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.gain = nn.Parameter(torch.full((3,), 2.0))
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.gain.mul_(torch.rand(3) + 0.5)
+
+    def forward(self, x):
+        return self.lin(x) * self.gain
+
+
+def test_the_initial_replicas_are_those_of_one_copy_per_replica_bit_for_bit():
+    """One deep copy, reset to the model's values before each replica's reset, gives the
+    replicas a fresh copy per replica gave.  Negative control: without the reset to the
+    model's values the replicas differ."""
+    from nrpt import rng
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(_Scaled(), nn.BatchNorm1d(3))
+    net = FunctionalNet(model)
+
+    def fresh_copies(n, seed, restore=True):
+        thetas, bufs, m = [], [], None
+        for r in range(n):
+            m = net.load(*net.pack(model)) if restore or m is None else m
+            if r > 0:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9, r))
+                    for mod in m.modules():
+                        if hasattr(mod, "reset_parameters"):
+                            mod.reset_parameters()
+            t, b = net.pack(m)
+            thetas.append(t)
+            bufs.append(b)
+        return torch.stack(thetas), torch.stack(bufs)
+
+    theta, buf = fitting._initial_replicas(net, model, 4, seed=7)
+    ref = fresh_copies(4, 7)
+    assert torch.equal(theta, ref[0]) and torch.equal(buf, ref[1])
+    assert torch.equal(theta[0], net.pack(model)[0])
+    assert not torch.equal(theta, fresh_copies(4, 7, restore=False)[0])
+
+
+def test_the_data_is_hashed_only_for_a_run_folder(monkeypatch, tmp_path):
+    """sha256 of the data and the model is what run.json keeps: a fit without a folder (one
+    process) takes none (fails on the old code, which hashed them in every fit); with one, the
+    three digests are taken and recorded."""
+    calls = []
+    plain_digest = fitting._digest
+    monkeypatch.setattr(fitting, "_digest", lambda *t: calls.append(1) or plain_digest(*t))
+    train, test = _toy()
+    opts = dict(OPTS, pretrain_epochs=0, epochs=1)
+    fit(_mlp(), train, test, **opts)
+    assert calls == []
+    fit(_mlp(), train, test, out=tmp_path / "run", **opts)
+    assert len(calls) == 3
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["data"]["train"] == plain_digest(*train)
+
+
+def test_the_engines_start_is_one_forward_pass_read_by_the_ladder_and_the_noise_sd(monkeypatch):
+    """The ladder's first energies and the correction gain's noise sd read one forward pass
+    (fails on the old code: two passes, with two keys), and the run is the one where each
+    reader makes its own.  Negative control: the memo serves no other tensor or key."""
+    from nrpt import rng
+    from nrpt.deep.energy import NetworkEnergy
+
+    train, test = _toy()
+    opts = dict(OPTS, pretrain_epochs=0, epochs=1)
+    forward_only = []
+    plain_call = NetworkEnergy.__call__
+
+    def counting(self, x, key, extras, need_grad=True):
+        if not need_grad:
+            forward_only.append(tuple(key))
+        return plain_call(self, x, key, extras, need_grad)
+
+    monkeypatch.setattr(NetworkEnergy, "__call__", counting)
+    shared = fit(_mlp(), train, test, **opts)
+    assert forward_only == [(OPTS["seed"], methods.START)]
+
+    def alone(self, x, key):  # each reader its own pass
+        return self.estimator(x, key, self.estimator.init_extras(x, key), need_grad=False)
+
+    monkeypatch.setattr(methods.MinibatchLadder, "start_estimate", alone)
+    forward_only.clear()
+    own = fit(_mlp(), train, test, **opts)
+    assert len(forward_only) == 2
+    assert torch.equal(own.models, shared.models)
+    assert own.summary["energy_noise_sd"] == shared.summary["energy_noise_sd"]
+    monkeypatch.undo()
+    ladder = methods.MinibatchLadder([0.0, 0.0], NetworkEnergy(NetworkTarget(
+        FunctionalNet(_mlp()), *train), 12), seed=1)
+    x = torch.zeros(1, 2, ladder.estimator.target.dim)
+    key = rng.Key((1, methods.START))
+    first = ladder.start_estimate(x, key)
+    assert ladder.start_estimate(x.clone(), key) is not first
+    ladder.start_estimate(x, key)
+    assert ladder.start_estimate(x, rng.Key((2, methods.START))) is not first
+
+
 # ------------------------------------------------------------------ the strategy choice
 @pytest.mark.parametrize("loop_over_vmap,expected", [(0.98, "vmap"), (0.93, "vmap"),
                                                      (1.3, "vmap"), (0.8, "loop")])
@@ -199,6 +356,88 @@ def test_a_clear_first_pair_ends_the_probe(monkeypatch, loop_over_vmap, pairs, e
     timed = [c for c in calls if c[1] > 0]
     assert timed == [("loop", 1), ("vmap", 1)] * pairs
     assert [c for c in calls if c[1] == 0] == [("vmap", 0), ("loop", 0)]  # the warm-ups
+
+
+def test_auto_remembers_its_timings_per_machine_and_model(monkeypatch, tmp_path):
+    """A second fit of the same model, batch and replica count on this machine takes no probe
+    and makes the same choice; its summary says the timings were remembered.  Negative
+    controls: with the cache off, or another batch size (another key), it probes again; an
+    unreadable cache file is probed over and rewritten."""
+    cache = tmp_path / "strategy.json"
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, str(cache))
+    timed = []
+    ratio = {"loop": 0.5, "vmap": 1.0}  # a clear first pair: loop
+
+    def fake_time(net, strategy, theta, buf, x, y, repeats):
+        timed.append((strategy, repeats))
+        return ratio[strategy] * 1e-3 * (repeats > 0)
+
+    monkeypatch.setattr(replicas, "_time", fake_time)
+    train, test = _toy()
+    opts = dict(OPTS, strategy="auto", pretrain_epochs=0, epochs=1)
+    first = fit(_mlp(), train, test, **opts)
+    assert timed and first.summary["strategy"] == "loop"
+    assert "remembered" not in first.summary["strategy_timings_s"]
+    assert len(json.loads(cache.read_text())) == 1
+    timed.clear()
+    ratio["loop"] = 3.0  # (a new probe would now pick vmap)
+    second = fit(_mlp(), train, test, **opts)
+    assert timed == [] and second.summary["strategy"] == "loop"
+    assert second.summary["strategy_timings_s"] == {"loop": 5e-4, "vmap": 1e-3,
+                                                    "remembered": 1.0}
+    # negative controls: another key, the cache turned off, an unreadable file
+    assert fit(_mlp(), train, test, **dict(opts, batch_size=8)).summary["strategy"] == "vmap"
+    assert timed and len(json.loads(cache.read_text())) == 2
+    timed.clear()
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, "0")
+    assert replicas.strategy_cache() is None
+    assert fit(_mlp(), train, test, **opts).summary["strategy"] == "vmap" and timed
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, str(cache))
+    cache.write_text("{not json")
+    timed.clear()
+    assert fit(_mlp(), train, test, **opts).summary["strategy"] == "vmap" and timed
+    assert len(json.loads(cache.read_text())) == 1
+
+
+def test_the_remembered_timings_are_keyed_by_what_they_depend_on():
+    """Another architecture, replica count, batch shape, dtype or thread count is another key;
+    the same ones (a new copy of the model) are the same key."""
+    net = FunctionalNet(_bn_net())
+    theta, buf, x, y = _batch(net)
+    key = replicas._probe_key(net, theta, x, y)
+    assert replicas._probe_key(FunctionalNet(_bn_net()), theta, x, y) == key
+    wider = FunctionalNet(nn.Sequential(nn.Conv2d(2, 5, 3), nn.BatchNorm2d(5), nn.ReLU(),
+                                        nn.Flatten(), nn.Linear(5 * 4 * 4, 3)))
+    others = [replicas._probe_key(wider, theta, x, y),
+              replicas._probe_key(net, theta[:2], x[:2], y[:2]),
+              replicas._probe_key(net, theta, x[:, :4], y[:, :4]),
+              replicas._probe_key(FunctionalNet(_bn_net(torch.float64)), theta.double(),
+                                  x.double(), y)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        others.append(replicas._probe_key(net, theta, x, y))
+    finally:
+        torch.set_num_threads(threads)
+    assert len({key, *others}) == 1 + len(others)
+
+
+def test_a_model_vmap_cannot_run_is_not_remembered(monkeypatch, tmp_path):
+    """Only timed decisions are kept: a model that vmap fails on is probed, and warned about,
+    every time."""
+    monkeypatch.setenv(replicas.STRATEGY_CACHE_ENV, str(tmp_path / "s.json"))
+
+    def fails(net, strategy, *a):
+        if strategy == "vmap":
+            raise RuntimeError("no batching rule")
+        return 1e-3
+
+    monkeypatch.setattr(replicas, "_time", fails)
+    net = FunctionalNet(_bn_net())
+    for _ in range(2):
+        with pytest.warns(replicas.StrategyWarning, match="failed on this model"):
+            assert choose_strategy(net, *_batch(net), "auto", remember=True)[0] == "loop"
+    assert not (tmp_path / "s.json").exists()
 
 
 def test_the_timed_steps_take_no_warm_up_of_their_own(monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -179,19 +180,30 @@ class DeepResult:
 def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
     """``n`` replicas: replica 0 the given model, the others re-initialised (``reset_parameters``
     of every layer, seeded from ``(seed, replica)`` inside ``fork_rng``)."""
-    thetas, bufs = [], []
-    for r in range(n):
-        m = net.load(*net.pack(model))
-        if r > 0:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9, r))
-                for mod in m.modules():
-                    if hasattr(mod, "reset_parameters"):
-                        mod.reset_parameters()
+    theta0, buf0 = net.pack(model)
+    thetas, bufs = [theta0], [buf0]
+    m = net.load(theta0, buf0) if n > 1 else None  # one copy, given the model's values
+    for r in range(1, n):  # before each reset (one deep copy, not one per replica)
+        if r > 1:
+            _assign(net, m, theta0, buf0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9, r))
+            for mod in m.modules():
+                if hasattr(mod, "reset_parameters"):
+                    mod.reset_parameters()
         t, b = net.pack(m)
         thetas.append(t)
         bufs.append(b)
     return torch.stack(thetas), torch.stack(bufs)
+
+
+@torch.no_grad()
+def _assign(net: FunctionalNet, m: nn.Module, theta: torch.Tensor, buf: torch.Tensor) -> None:
+    """``m``'s parameters and floating buffers set to ``theta`` and ``buf`` (in place)."""
+    for name, t in net.params(theta).items():
+        m.get_parameter(name).copy_(t)
+    for name, t in zip(net.buffer_names, buf.split(net.buffer_numels), strict=True):
+        m.get_buffer(name).copy_(t.view_as(m.get_buffer(name)))
 
 
 
@@ -354,7 +366,9 @@ class _Job:
     model: nn.Module
     net: FunctionalNet
     data: tuple  # (Xtr, ytr, Xte, yte) on the run's device
-    fingerprint: dict[str, Any]
+    #: ``() -> {"train", "test", "model"}`` digests (:func:`_digest`), taken on first use:
+    #: only a run folder or several processes read them (sha256 of the data costs ~2 s per GB)
+    fingerprint_of: Any
     target: NetworkTarget
     estimator: NetworkEnergy
     per_epoch: int
@@ -382,6 +396,12 @@ class _Job:
 
     def __post_init__(self):
         self.N, self.dev, self.dtype = int(self.data[1].shape[0]), self.net.device, self.net.dtype
+
+    @functools.cached_property
+    def fingerprint(self) -> dict[str, Any]:
+        """sha256 of the training and test data as given and of the model (run.json's
+        ``data``; several processes check that they were given the same)."""
+        return self.fingerprint_of()
 
     def execute(self, run: Run, out: Path | None, resume: dict | None):
         return execute(run, out=out if self.lead else None,
@@ -485,8 +505,12 @@ def _assemble(cfg, model, net: FunctionalNet, data, augment, comm, *, classes: i
     N, B = int(ytr.shape[0]), cfg.batch_size
     if B > N:
         raise ValueError(f"batch_size ({B}) is larger than the training data (N = {N})")
-    fingerprint = {"train": _digest(Xtr, ytr), "test": _digest(Xte, yte),
-                   "model": _digest(*net.pack())}
+    given, model_rows = (Xtr, ytr, Xte, yte), net.pack()
+
+    def fingerprint() -> dict[str, Any]:
+        return {"train": _digest(*given[:2]), "test": _digest(*given[2:]),
+                "model": _digest(*model_rows)}
+
     dev, dtype = net.device, net.dtype
     Xtr, Xte = Xtr.to(dev, dtype), Xte.to(dev, dtype)
     if targets is not None:
@@ -643,7 +667,7 @@ def _strategy(job: _Job, theta0, buf0) -> tuple[str, dict]:
         # which cost no less: a lower bound of their time)
         job.strategy, job.timings = choose_strategy(
             job.net, theta0.to(job.dev), buf0.to(job.dev), Xtr[probe_idx], ytr[probe_idx],
-            cfg.strategy, iterations=job.pre_iters + job.main_iters)
+            cfg.strategy, iterations=job.pre_iters + job.main_iters, remember=True)
         if out is not None:
             rf.atomic_write(out / STRATEGY_FILE, json.dumps({"strategy": job.strategy,
                                                              "timings_s": job.timings}))

@@ -98,23 +98,48 @@ def method(name: str, **flags) -> Callable:
     return register
 
 
+#: the key tag of the one-batch forward pass at an engine's start: the ladder's first energies
+#: (:class:`MinibatchLadder`) and the tempered methods' energy noise sd (:func:`_tempered`) both
+#: read it, so a run makes it once
+START = 0x5CA1E
+
+
 class MinibatchLadder(NoiseLadder):
     """:class:`NoiseLadder` whose energies of states not yet explored (the engine's start) are
     the minibatch estimate ``Ũ_B`` of one keyed batch (a forward pass, no gradient), not the
     full-data energy: every later energy is such an estimate, the first explorer step replaces
-    these before anything reads them, and the full-data pass cost an epoch of forward and
-    backward passes per engine (two per run: pretraining and the main run)."""
+    these before anything reads them (only their finiteness is checked), and the full-data pass
+    cost an epoch of forward and backward passes per engine (two per run: pretraining and the
+    main run).  The pass is :data:`START`'s, kept (:meth:`start_estimate`) for the one other
+    reader of the start, the noise sd of :func:`_tempered`."""
 
     def __init__(self, temperatures, estimator, seed: int, min_slots: int = 1):
         super().__init__(temperatures, min_slots=min_slots)
         self.estimator, self.seed = estimator, int(seed)
         self.block = None  # several processes: this process's block (keys by global replica)
+        self._start = None  # (x, key, block, estimate) of the last start_estimate
+
+    def start_estimate(self, x, key):
+        """The estimator's forward pass (no gradient, the starting BatchNorm statistics) at
+        ``x`` with ``key``: the one made for the same tensor ``x`` and key, if the last call
+        made it (then forgotten), else a new one."""
+        hit, self._start = self._start, None
+        where = _block(key)
+        if hit is not None and hit[0] is x and tuple(hit[1]) == tuple(key) and hit[2] == where:
+            return hit[3]
+        est = self.estimator
+        out = est(x, key, est.init_extras(x, key), need_grad=False)
+        self._start = (x, key, where, out)
+        return out
 
     def components(self, target, x):
-        key = rng.Key((self.seed, 0x57A27), self.block)
-        est = self.estimator
-        v = est(x, key, est.init_extras(x, key), need_grad=False).u.to(x.dtype)
+        v = self.start_estimate(x, rng.Key((self.seed, START), self.block)).u.to(x.dtype)
         return v, torch.zeros_like(v)
+
+
+def _block(key) -> tuple[int, int, int] | None:
+    b = getattr(key, "block", None)
+    return None if b is None else (b.lo, b.hi, b.P)
 
 
 def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtype,
@@ -201,9 +226,11 @@ def _tempered(ctx: Context, W: int) -> Setup:
                      DEOW(W), Deterministic(cfg.correction))
     # C's gain scales with the energy noise (the paper's simulation: sd 2, a = 50)
     # (sharded: each process its block, the variances gathered: the same number everywhere)
-    key = rng.Key((cfg.seed, 0x5CA1E), getattr(eng, "block", None))
-    est = ctx.estimator
-    var = est(eng.state.x, key, est.init_extras(eng.state.x, key), need_grad=False).var
+    key = rng.Key((cfg.seed, START), getattr(eng, "block", None))
+    start = getattr(eng.path, "start_estimate", None)  # (the ladder's own pass: made once)
+    est, x = ctx.estimator, eng.state.x
+    var = (start(x, key) if start is not None
+           else est(x, key, est.init_extras(x, key), need_grad=False)).var
     if ctx.comm is not None:
         var = ctx.comm.gather_replicas(var, P)
     noise_sd = float(var.mean().sqrt())

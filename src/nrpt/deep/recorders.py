@@ -128,6 +128,7 @@ class EpochMetrics(RecorderBase):
         self.every, self.lr_unit, self.strategy = int(every), float(lr_unit), strategy
         self.rows: list[dict[str, Any]] = []
         self._acc = None  # sums of [swaps, attempts, verdicts, listed pairs] per pair
+        self._rows: tuple[torch.Tensor, ...] | None = None  # its rows, as views
         self.reads_slots = ()
         self.per_epoch, self.say = int(per_epoch), say
 
@@ -136,10 +137,10 @@ class EpochMetrics(RecorderBase):
         V, listed = it.pair_indicators  # the verdict of every pair
         if self._acc is None:
             self._acc = torch.zeros(4, *A.shape, dtype=A.dtype, device=A.device)
-        self._acc[0] += A
-        self._acc[1] += attempted
-        self._acc[2] += V
-        self._acc[3] += listed
+        if self._rows is None:  # (views of _acc's rows, taken once: no indexing per iteration)
+            self._rows = self._acc.unbind(0)
+        for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):
+            acc += add
         if (it.k + 1) % self.every:
             return
         row: dict[str, Any] = {"iteration": it.k + 1}
@@ -194,7 +195,7 @@ class EpochMetrics(RecorderBase):
 
     def load_state_dict(self, sd):
         self.rows = json.loads(sd["rows"])
-        self._acc = sd["acc"]
+        self._acc, self._rows = sd["acc"], None
 
 
 def _line(row: dict[str, Any], columns) -> str:

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import json
+import os
 import statistics
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
 __all__ = ["FunctionalNet", "STRATEGIES", "PRECISIONS", "MEMORY_FORMATS", "StrategyWarning",
-           "choose_strategy"]
+           "choose_strategy", "STRATEGY_CACHE_ENV", "strategy_cache"]
 
 STRATEGIES = ("auto", "loop", "vmap", "compile")
 #: ``bf16``: forward and backward under ``torch.autocast(dtype=torch.bfloat16)``; parameters,
@@ -43,6 +47,12 @@ SWITCH_MARGIN = 0.1
 #: these bounds (around the switch at ``1 - SWITCH_MARGIN``: a ratio outside them is not
 #: noise on this machine; near it the median of ``repeats`` pairs decides)
 DECISIVE = (0.75, 1.15)
+#: the file where ``auto`` remembers its (loop, vmap) timings per machine and model, so that a
+#: later run of the same model, replica count, batch shape, dtype, device, thread count and
+#: torch takes no probe (:func:`strategy_cache`); ``0`` / ``off``: never remembered
+STRATEGY_CACHE_ENV = "NRPT_DEEP_STRATEGY_CACHE"
+#: entries the cache keeps (the most recent)
+STRATEGY_CACHE_SIZE = 64
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: layers that draw random numbers in training mode (then each call is seeded from its key)
@@ -239,8 +249,11 @@ class FunctionalNet:
         return out
 
     def load(self, theta: torch.Tensor, buf: torch.Tensor | None = None) -> nn.Module:
-        """A fresh copy of the module holding ``theta`` (and ``buf``)."""
+        """A fresh copy of the module holding ``theta`` (and ``buf``), in train mode where
+        the held module was last left in eval mode by :meth:`logits` (as it was before)."""
         m = copy.deepcopy(self.module)
+        if self._training is False:
+            m.train(True)
         with torch.no_grad():
             for name, t in self.params(theta).items():
                 m.get_parameter(name).copy_(t)
@@ -384,16 +397,22 @@ class FunctionalNet:
             return losses, g, new
 
     def _loop(self, theta, buf, x, y):
-        out_l, out_g, out_b = [], [], []
-        for i in range(theta.shape[0]):
-            with torch.enable_grad():
+        """Each replica's forward pass on its own leaf, then ONE backward pass of the sum of
+        their summed losses: each replica's graph receives the seed 1 it would receive alone,
+        so every gradient is the one a backward pass per replica gives, bit for bit (tested),
+        for one call into the autograd engine instead of ``n``."""
+        out_l, leaves, out_b = [], [], []
+        with torch.enable_grad():
+            total = None
+            for i in range(theta.shape[0]):
                 th = theta[i].detach().requires_grad_(True)
-                total, (losses, new) = self._one(th, buf[i], x[i], y[i])
-                (g,) = torch.autograd.grad(total, th)
-            out_l.append(losses)
-            out_g.append(g)
-            out_b.append(new.detach())
-        return torch.stack(out_l), torch.stack(out_g), torch.stack(out_b)
+                t, (losses, new) = self._one(th, buf[i], x[i], y[i])
+                total = t if total is None else total + t
+                leaves.append(th)
+                out_l.append(losses)
+                out_b.append(new.detach())
+            grads = torch.autograd.grad(total, leaves)
+        return torch.stack(out_l), torch.stack(grads), torch.stack(out_b)
 
     def _batched(self, strategy: str):
         if strategy not in self._fns:
@@ -417,22 +436,22 @@ class FunctionalNet:
     @torch.no_grad()
     def logits(self, theta, buf, x, strategy: str = "vmap", chunk: int = 1024):
         """Eval-mode logits ``[n, B, C]`` of ``n`` replicas on one shared input ``x[B, ...]``
-        (running statistics from ``buf``), in chunks of ``chunk`` examples."""
+        (running statistics from ``buf``), in chunks of ``chunk`` examples.  The module is
+        left in eval mode: every training-mode evaluation sets train mode first (so a run of
+        evaluations, one per replica at an epoch's end, walks the module tree once, not twice
+        per replica)."""
         self._mode(False)
-        try:
-            outs = []
-            for xs in x.split(chunk):
-                if strategy == "loop" or self.memory_format == "channels_last":
-                    outs.append(torch.stack([
-                        self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
-                        for i in range(theta.shape[0])]))
-                else:
-                    fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
-                              in_dims=(0, 0, None))
-                    outs.append(fn(theta, buf, xs))
-            return torch.cat(outs, dim=1)
-        finally:
-            self._mode(True)
+        outs = []
+        for xs in x.split(chunk):
+            if strategy == "loop" or self.memory_format == "channels_last":
+                outs.append(torch.stack([
+                    self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
+                    for i in range(theta.shape[0])]))
+            else:
+                fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
+                          in_dims=(0, 0, None))
+                outs.append(fn(theta, buf, xs))
+        return torch.cat(outs, dim=1)
 
 
 class _seeded:
@@ -458,7 +477,8 @@ class _seeded:
 
 
 def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto",
-                    repeats: int = 3, iterations: int = 0) -> tuple[str, dict[str, float]]:
+                    repeats: int = 3, iterations: int = 0, remember: bool = False
+                    ) -> tuple[str, dict[str, float]]:
     """The execution strategy to use and the measured seconds per step of each tried.
 
     ``auto``: ``loop`` and ``vmap`` are timed on the given batch after one warm-up each (CPU
@@ -474,6 +494,13 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     the same margin.  A run records its choice and a resumption reuses it.  An explicit
     ``vmap`` / ``compile`` that fails on this model falls back (``compile`` -> ``vmap`` ->
     ``loop``) with a :class:`StrategyWarning`.
+
+    ``remember=True`` (what :func:`nrpt.deep.fit` passes): ``auto``'s (loop, vmap) timings are
+    kept per machine in :func:`strategy_cache`'s file, keyed by everything the timings depend
+    on (:func:`_probe_key`), and a later call with the same key decides from them without a
+    probe (the timings then hold ``remembered: 1``).  Only timed decisions are kept: a model
+    that ``vmap`` cannot run is probed (and warned about) every time.  The choice changes only
+    speed and rounding: both strategies compute the same losses and gradients.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}; got {strategy!r}")
@@ -505,17 +532,25 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
     if strategy == "vmap":
         return ("vmap" if works("vmap") else "loop"), timings
     # auto
-    if not works("vmap"):
-        return "loop", timings
-    _time(net, "loop", theta, buf, x, y, 0)
-    runs: dict[str, list[float]] = {"loop": [], "vmap": []}
-    lo, hi = DECISIVE
-    for i in range(max(1, repeats)):
-        for s in runs:
-            runs[s].append(_time(net, s, theta, buf, x, y, 1))
-        if i == 0 and not lo <= runs["loop"][0] / max(runs["vmap"][0], 1e-12) <= hi:
-            break  # one pair decides: far from the margin either way
-    timings.update({s: statistics.median(v) for s, v in runs.items()})
+    path = strategy_cache() if remember else None
+    key = _probe_key(net, theta, x, y) if path is not None else None
+    known = _remembered(path, key) if path is not None else None
+    if known is not None:  # this machine timed this model, batch and replica count before
+        timings.update(known, remembered=1.0)
+    else:
+        if not works("vmap"):
+            return "loop", timings
+        _time(net, "loop", theta, buf, x, y, 0)
+        runs: dict[str, list[float]] = {"loop": [], "vmap": []}
+        lo, hi = DECISIVE
+        for i in range(max(1, repeats)):
+            for s in runs:
+                runs[s].append(_time(net, s, theta, buf, x, y, 1))
+            if i == 0 and not lo <= runs["loop"][0] / max(runs["vmap"][0], 1e-12) <= hi:
+                break  # one pair decides: far from the margin either way
+        timings.update({s: statistics.median(v) for s, v in runs.items()})
+        if path is not None:
+            _remember(path, key, {s: timings[s] for s in runs})
     best = "loop" if timings["loop"] < (1 - SWITCH_MARGIN) * timings["vmap"] else "vmap"
     if iterations * timings[best] > COMPILE_WORTH_S:
         t0 = time.perf_counter()
@@ -525,6 +560,80 @@ def choose_strategy(net: FunctionalNet, theta, buf, x, y, strategy: str = "auto"
             if timings["compile"] < (1 - SWITCH_MARGIN) * timings[best]:
                 best = "compile"
     return best, timings
+
+
+def strategy_cache() -> Path | None:
+    """The file of ``auto``'s remembered timings: ``$NRPT_DEEP_STRATEGY_CACHE`` (a file path;
+    ``0`` or ``off``: none, every run probes), else ``deep-strategy.json`` in the per-machine
+    cache folder (``$NRPT_COMPILE_CACHE``'s parent, or ``~/.cache/nrpt``)."""
+    env = os.environ.get(STRATEGY_CACHE_ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("0", "off", "false", "no", "") \
+            else Path(env).expanduser()
+    base = os.environ.get("NRPT_COMPILE_CACHE")
+    folder = Path(base).expanduser().parent if base else Path.home() / ".cache" / "nrpt"
+    return folder / "deep-strategy.json"
+
+
+def _probe_key(net: FunctionalNet, theta, x, y) -> str:
+    """What the loop / vmap timings depend on: the model's architecture (its printed form,
+    parameter and buffer shapes, dtype, random layers, loss, precision and memory format), the
+    replica count and batch shape, the device (a GPU by name), the thread count, torch, the
+    CPU (:func:`nrpt.core.precompile.machine_digest`) and the strategies' own code."""
+    from nrpt.core.precompile import machine_digest
+
+    dev = theta.device
+    parts = {
+        "model": repr(net.module), "params": [[n, list(s)] for n, s in
+                                              zip(net.names, net.shapes, strict=True)],
+        "buffers": [[n, list(s)] for n, s in zip(net.buffer_names, net.buffer_shapes,
+                                                 strict=True)],
+        "dtype": str(net.dtype), "random": net.random, "precision": net.precision,
+        "memory_format": net.memory_format,
+        "loss": getattr(net.loss, "__qualname__", type(net.loss).__qualname__),
+        "theta": list(theta.shape), "x": [list(x.shape), str(x.dtype)],
+        "y": [list(y.shape), str(y.dtype)], "device": str(dev),
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "threads": torch.get_num_threads(), "machine": machine_digest(),
+        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: probe (and write a fresh one)
+    return data if isinstance(data, dict) else {}
+
+
+def _remembered(path: Path, key: str) -> dict[str, float] | None:
+    entry = _read_cache(path).get(key)
+    if not isinstance(entry, dict):
+        return None
+    try:
+        out = {s: float(entry[s]) for s in ("loop", "vmap")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return out if all(v > 0 and v == v and v != float("inf") for v in out.values()) else None
+
+
+def _remember(path: Path, key: str, timings: dict[str, float]) -> None:
+    """Add ``key``'s timings to the file (the :data:`STRATEGY_CACHE_SIZE` most recent kept;
+    written whole to a temporary file and renamed: a reader never sees half of it; a file that
+    cannot be written is skipped: the cache only saves time)."""
+    data = _read_cache(path)
+    data.pop(key, None)
+    data[key] = timings
+    data = dict(list(data.items())[-STRATEGY_CACHE_SIZE:])
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _time(net, strategy, theta, buf, x, y, repeats: int) -> float:
