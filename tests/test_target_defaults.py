@@ -80,7 +80,8 @@ def _keeps_the_defaults(res):
     from nrpt.run.config import AUTO_CHAINS, AUTO_MAX_CHAINS
 
     return (res.config.precondition == "auto" and res.config.chains == AUTO_CHAINS
-            and res.config.max_chains == AUTO_MAX_CHAINS and res.config.min_chains == 2 and bool(res.summary.get("laplace_start"))
+            and res.config.max_chains == AUTO_MAX_CHAINS and res.config.min_chains == 2
+            and bool(res.summary.get("laplace_start"))
             and bool(res.summary.get("preconditioner")))
 
 
