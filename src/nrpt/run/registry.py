@@ -155,6 +155,10 @@ register("explorer", "mala", "nrpt.explorers.metropolis:MALA", tags=("exact", "g
          summary="Metropolis-adjusted Langevin")
 register("explorer", "hmc", "nrpt.explorers.metropolis:HMC", tags=("exact", "gradient"),
          summary="Hamiltonian Monte Carlo (fixed leapfrog steps)")
+register("explorer", "mala-hmc", "nrpt.explorers.metropolis:MALAThenHMC",
+         tags=("exact", "gradient"),
+         summary="MALA, then HMC without a metric where slot 0 cannot enter a neck "
+                 "(tail-acceptance, between rounds)")
 register("explorer", "slice", "nrpt.explorers.slice:SliceSampler", tags=("exact",),
          summary="coordinate-wise slice sampler (step_size = interval width)")
 register("explorer", "automala", "nrpt.explorers.automala:AutoMALA", tags=("exact", "gradient"),
