@@ -30,7 +30,8 @@ from nrpt.explorers.base import (
 )
 from nrpt.options import Option, integer, parse_int
 
-__all__ = ["RWMH", "MALA", "HMC", "MALAThenHMC", "metropolis_select", "finite_rows", "GradientCached"]
+__all__ = ["RWMH", "MALA", "HMC", "MALAThenHMC", "metropolis_select", "finite_rows",
+           "GradientCached"]
 
 
 def metropolis_select(
