@@ -246,6 +246,8 @@ class MALAThenHMC(MALA):
     between-rounds rule)."""
 
     name = "mala-hmc"
+    #: (the switch is read in Python at each step: a compiled step would bake one kernel in)
+    compilable = False
     options = (STEP_SIZE, HMC.options[1], PRECONDITION, NOISE_DTYPE)
 
     def __init__(self, leapfrog_steps: int = 10, noise_dtype: str = "float64"):
