@@ -247,14 +247,25 @@ class MetricAdaptor(AdaptorBase):
             self.prior_rows = torch.as_tensor(sd["prior_rows"], dtype=torch.float64)
 
 
+#: the switch of :class:`MetricAdaptor` (``switch``) reads a round's ``tail-acceptance`` check
+#: only where slot 0 made at least this many steps in it (pooled over systems: round 5 of 4
+#: systems).  Measured at rounds 10, 4 systems: diamonds (d = 26, seed 0) fired the check at
+#: round 4 (16 iterations x 4 systems, a chain still settling), and HMC without a metric then
+#: failed that badly scaled posterior (sd ratio 2.1, 15 chains); from round 5 on it fires on
+#: no guard posterior.  gp_pois_regr's neck fires it at round 5 (seeds 0, 3) or 6 (1, 2);
+#: with a floor of 256 seeds 0 and 3 switched only at round 8 and failed
+NECK_MIN_STEPS = 128
+
+
 def _neck(view: SegmentView) -> bool:
     """Whether the round's ``tail-acceptance`` check of slot 0 fires
-    (:func:`nrpt.report.health.check_tails` on the ``tail_acceptance`` recorder's statistics)."""
+    (:func:`nrpt.report.health.check_tails` on the ``tail_acceptance`` recorder's statistics)
+    on at least :data:`NECK_MIN_STEPS` steps."""
     from nrpt.report import health
 
     rec = view.recorders.get("tail_acceptance")
     stats = None if rec is None else rec.stats()
-    if stats is None:
+    if stats is None or float(stats["n"]) < NECK_MIN_STEPS:
         return False
     return bool(health._check_tails(stats, health.TAIL_RATIO, health.TAIL_MIN_DRAWS,
                                     health.TAIL_MIN_ENTRIES, health.TAIL_MIN_FRACTION))
