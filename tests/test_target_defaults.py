@@ -168,7 +168,7 @@ def test_the_command_line_keeps_a_stan_programs_defaults_with_a_named_explorer()
                     "precondition": "auto", "chains": "auto", "min_chains": 2}
     data = {"target": "model.stan", "rounds": 6, "chains": 5}
     _stan_defaults(data)  # given chains: the ladder's bounds are the user's
-    assert data == {"target": "model.stan", "rounds": 6, "chains": 5, "explorer": "mala",
+    assert data == {"target": "model.stan", "rounds": 6, "chains": 5, "explorer": "mala-hmc",
                     "precondition": "auto"}
 
 
