@@ -155,10 +155,6 @@ register("explorer", "mala", "nrpt.explorers.metropolis:MALA", tags=("exact", "g
          summary="Metropolis-adjusted Langevin")
 register("explorer", "hmc", "nrpt.explorers.metropolis:HMC", tags=("exact", "gradient"),
          summary="Hamiltonian Monte Carlo (fixed leapfrog steps)")
-register("explorer", "mala-hmc", "nrpt.explorers.metropolis:MALAThenHMC",
-         tags=("exact", "gradient"),
-         summary="MALA, then HMC without a metric where slot 0 cannot enter a neck "
-                 "(tail-acceptance, between rounds)")
 register("explorer", "slice", "nrpt.explorers.slice:SliceSampler", tags=("exact",),
          summary="coordinate-wise slice sampler (step_size = interval width)")
 register("explorer", "automala", "nrpt.explorers.automala:AutoMALA", tags=("exact", "gradient"),
@@ -177,6 +173,11 @@ register("explorer", "psgld", "nrpt.explorers.sgmcmc:PSGLD", tags=("sg",),
          summary="RMSprop-preconditioned SGLD")
 register("explorer", "psgd", "nrpt.explorers.sgmcmc:PSGD", tags=("sg", "zero-temperature"),
          summary="RMSprop-preconditioned SGD")
+# (listed last: the order of the names above is what messages and listings show)
+register("explorer", "mala-hmc", "nrpt.explorers.metropolis:MALAThenHMC",
+         tags=("exact", "gradient"),
+         summary="MALA, then HMC without a metric where slot 0 cannot enter a neck "
+                 "(tail-acceptance, between rounds)")
 
 # ---------------------------------------------------------------------------------- schemes
 register("scheme", "adj", "nrpt.swap.schemes:ADJ", summary="sequential adjacent sweep")
