@@ -400,12 +400,13 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
         opts["rounds"], pilot, got = calibrate_rounds(target, budget_s, opts,
                                                       pilot_rounds=min_rounds,
                                                       min_rounds=min_rounds)
+    cpu_s = None  # (process CPU seconds of the run; not kept for a pilot reused as the run)
     if got is not None and opts["rounds"] == min_rounds:  # the pilot was this very run
         (res, caught), wall = got, pilot
     else:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res, caught = _quiet_sample(target, **opts)
-        wall = time.perf_counter() - t0
+        wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     s = res.summary
     log_z = np.atleast_1d(np.asarray(s.get("log_normalizer", np.nan), dtype=np.float64))
     log_z_se = np.atleast_1d(np.asarray(s.get("log_normalizer_se", np.nan), dtype=np.float64))
@@ -418,6 +419,8 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
             "log_z": log_z.tolist(), "log_z_se": log_z_se.tolist(),
             "log_z_kind": s.get("log_normalizer_kind"),
             "recommended_chains": s.get("recommended_chains"),
+            "explorer_switched": s.get("explorer_switched"),
+            "cpu_s": cpu_s,
             "warnings": list(dict.fromkeys(list(s.get("warnings") or []) + caught))}
 
 

@@ -429,3 +429,25 @@ def test_multimodal_nrpt_finds_both_modes_in_proportion_and_nuts_does_not():
     n = pdb.run_nuts(target, seed=0, chains=4, budget_s=1.0, max_iter=2000)
     t = mm.score(mm._theta(n["draws"], 3), n["wall_s"], ex)
     assert not t["pass"] and t["modes"] in ("disagree", "one mode"), t
+
+
+@pytest.mark.stan  # gp_pois_regr compiles on a cold cache (~40 s), then ~25 s of sampling
+@pytest.mark.slow
+@needs_db
+def test_gp_pois_regr_passes_with_the_default_and_failed_with_plain_mala():
+    """gp_pois_regr (a funnel between log alpha and f_tilde) with the Stan defaults (explorer
+    mala-hmc: MALA, then HMC without a metric once slot 0's tail-acceptance check fires),
+    rounds 10, seed 0: the benchmark's pass rule holds (measured: max |z| 1.81, sd ratios
+    0.970-1.062).  Negative control: the previous default, MALA with the same other defaults,
+    fails it (measured: sd ratio up to 1.250; it passed 1 of seeds 0-3)."""
+    _stan_or_skip()
+    post = pdb.load_posterior(SHARED, "gp_pois_regr-gp_pois_regr")
+    ref, ref_ess = post.reference(), post.reference_ess()
+    target, _ = pdb.make_target(post)
+    new = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0, options={"rounds": 10})
+    assert new["explorer"] == "mala-hmc" and new["explorer_switched"]
+    cmp = pdb.compare(new["draws"], ref, ref_ess)
+    assert cmp["pass"], (cmp["max_abs_z"], cmp["sd_ratio_min"], cmp["sd_ratio_max"])
+    old = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0,
+                       options={"rounds": 10, "explorer": "mala"})
+    assert not pdb.compare(old["draws"], ref, ref_ess)["pass"]

@@ -300,9 +300,10 @@ def test_command_line_run_records_the_files_and_resume_refuses_changed_ones(targ
     argv = ["run", "--target", "stan.stan", "--data", "d.json", "--rounds", "3", "--chains", "3",
             "--out", "run", "--no-progress", "--figures", "false"]
     assert main(argv) == 0
-    # no explorer named: the Stan target's defaults (MALA, per-slot preconditioner)
+    # no explorer named: the Stan target's defaults (MALA switching to HMC at a neck,
+    # per-slot preconditioner)
     toml = Path("run/config.toml").read_text()
-    assert 'explorer = "mala"' in toml and 'precondition = "auto"' in toml
+    assert 'explorer = "mala-hmc"' in toml and 'precondition = "auto"' in toml
     record = json.loads(Path("run/run.json").read_text())["target"]
     assert record["spec"] == "stan.stan" and record["stan"]["data"] == "d.json"
     assert record["stan"]["program_sha256"] and record["stan"]["data_sha256"]

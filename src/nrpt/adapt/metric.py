@@ -85,7 +85,7 @@ class MetricAdaptor(AdaptorBase):
     spread_slots = "all"
 
     def __init__(self, mode: str = "dense", dim: int | None = None, phase: str | None = None,
-                 gate: bool = True):
+                 gate: bool = True, switch=None):
         mode = resolve_mode(mode, dim if dim is not None else 0)
         if mode == "none":
             raise ValueError("MetricAdaptor needs precondition 'diagonal', 'dense' or 'auto'")
@@ -104,10 +104,20 @@ class MetricAdaptor(AdaptorBase):
         #: the current metric weighted by these rows, ``A <- (N A + M I) / (N + M)`` in its
         #: whitened frame, and ``M <- M + N``
         self.prior_rows: torch.Tensor | None = None
+        #: an explorer with a ``switched`` flag (:class:`nrpt.explorers.metropolis.MALAThenHMC`):
+        #: at the end of a round where slot 0's ``tail-acceptance`` check fires, it is switched,
+        #: the metric becomes the identity and is no longer estimated (:meth:`_switch`)
+        self.switch = switch
+        #: the segment index of the switch (None: not switched)
+        self.switched_at: int | None = None
 
     def end_segment(self, view: SegmentView) -> Update | None:
         if view.last or (self.phase is not None and not view.name.startswith(self.phase)):
             return None
+        if self.switched_at is not None:
+            return None
+        if self.switch is not None and _neck(view):
+            return self._switch(view)
         spread = view.recorders["spread"]
         R, P = view.step_size.shape
         if len(spread.slots) != P:
@@ -184,6 +194,29 @@ class MetricAdaptor(AdaptorBase):
         metric = new.to(view.step_size.dtype).expand(R, *new.shape).clone()
         return Update(metric=metric)
 
+    def _switch(self, view: SegmentView) -> Update:
+        """Switch the explorer (to HMC without a metric): the metric becomes the identity, the
+        steps move by the same rule as after a new metric (:attr:`changed`)."""
+        R, P = view.step_size.shape
+        old = view.metric
+        self.switched_at = int(view.index)
+        self.switch.switched = True
+        self.z_scale = None
+        note = {"explorer_switched": f"after round {int(view.index) + 1}: slot 0 cannot enter "
+                                     f"a tail (tail-acceptance): HMC without a metric"}
+        if old is None:
+            return Update(note=note)
+        old0 = old[0].double()
+        d = old0.shape[-1]
+        eye = torch.eye(d, dtype=torch.float64).expand(P, d, d)
+        ratio = _stretch(eye, old0)
+        ratio = torch.where(torch.isfinite(ratio) & (ratio > 0), ratio,
+                            torch.ones_like(ratio)).clamp(1.0 / RATIO_MAX, RATIO_MAX)
+        self.changed = (view.index, (ratio ** RATIO_POWER).expand(R, P).to(view.step_size))
+        metric = eye if old0.dim() == 3 else torch.ones(P, d, dtype=torch.float64)
+        return Update(metric=metric.to(view.step_size.dtype).expand(R, *metric.shape).clone(),
+                      note=note)
+
     def seed_rows(self, rows) -> None:
         """The current metric stands for ``rows`` rows at every slot (``[P]`` or a number;
         see :attr:`prior_rows`)."""
@@ -198,14 +231,44 @@ class MetricAdaptor(AdaptorBase):
 
     def state_dict(self) -> dict:
         out = {"updates": self.updates}
+        if self.switched_at is not None:
+            out["switched_at"] = self.switched_at
         if self.prior_rows is not None:
             out["prior_rows"] = self.prior_rows.tolist()
         return out
 
     def load_state_dict(self, sd: dict) -> None:
         self.updates = int(sd.get("updates", 0))
+        at = sd.get("switched_at")
+        self.switched_at = None if at is None else int(at)
+        if self.switch is not None:
+            self.switch.switched = self.switched_at is not None
         if sd.get("prior_rows") is not None:
             self.prior_rows = torch.as_tensor(sd["prior_rows"], dtype=torch.float64)
+
+
+#: the switch of :class:`MetricAdaptor` (``switch``) reads a round's ``tail-acceptance`` check
+#: only where slot 0 made at least this many steps in it (pooled over systems: round 5 of 4
+#: systems).  Measured at rounds 10, 4 systems: diamonds (d = 26, seed 0) fired the check at
+#: round 4 (16 iterations x 4 systems, a chain still settling), and HMC without a metric then
+#: failed that badly scaled posterior (sd ratio 2.1, 15 chains); from round 5 on it fires on
+#: no guard posterior.  gp_pois_regr's neck fires it at round 5 (seeds 0, 3) or 6 (1, 2);
+#: with a floor of 256 seeds 0 and 3 switched only at round 8 and failed
+NECK_MIN_STEPS = 128
+
+
+def _neck(view: SegmentView) -> bool:
+    """Whether the round's ``tail-acceptance`` check of slot 0 fires
+    (:func:`nrpt.report.health.check_tails` on the ``tail_acceptance`` recorder's statistics)
+    on at least :data:`NECK_MIN_STEPS` steps."""
+    from nrpt.report import health
+
+    rec = view.recorders.get("tail_acceptance")
+    stats = None if rec is None else rec.stats()
+    if stats is None or float(stats["n"]) < NECK_MIN_STEPS:
+        return False
+    return bool(health._check_tails(stats, health.TAIL_RATIO, health.TAIL_MIN_DRAWS,
+                                    health.TAIL_MIN_ENTRIES, health.TAIL_MIN_FRACTION))
 
 
 def _stretch(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:

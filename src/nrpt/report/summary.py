@@ -261,6 +261,8 @@ def _run_fields(run: Run, cfg, outcome: Outcome, path_kind: str, window: int) ->
     }
     if facts.get("approximations"):  # e.g. DEO_W's gate on noisy swaps (nrpt.swap.check_gate)
         s["approximations"] = list(facts["approximations"])
+    if "explorer_switched" in outcome.notes:  # (MetricAdaptor's switch: explorer mala-hmc)
+        s["explorer_switched"] = outcome.notes["explorer_switched"]
     if "window_rejection" in outcome.notes:
         s["window_rejection"] = outcome.notes["window_rejection"]
     if getattr(run, "fused", None) is not None:

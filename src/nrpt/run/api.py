@@ -602,15 +602,54 @@ def sample(target="twenty-five-modes", *, progress: bool | None = None,
 
 def _target_defaults(target, options: dict) -> None:
     """A target's ``default_settings`` (e.g. a Stan program's: MALA with a per-slot
-    preconditioner) for an adaptive run (``rounds``) that chose no explorer: the settings
-    join ``options`` where they are not given (and are written to config.toml as chosen)."""
+    preconditioner) for an adaptive run (``rounds``): :func:`apply_target_defaults`."""
     own = optional_value(target, "default_settings")
-    if not own or options.get("rounds") is None or options.get("explorer") is not None:
-        return
-    chosen = options.get("chains") is not None  # (then the ladder's bounds are not defaults)
-    for name, value in dict(own).items():
-        if not (chosen and name in ("min_chains", "max_chains")):
-            options.setdefault(name, value)
+    if own:
+        apply_target_defaults(dict(own), options, f"target {options.get('target')!r}")
+
+
+class DefaultsWarning(UserWarning):
+    """A target's default setting that a run's explicit choice leaves out (the setting, its
+    value and why are in the message)."""
+
+
+def apply_target_defaults(own: dict, options: dict, who: str) -> list[str]:
+    """Join a target's ``default_settings`` ``own`` to an adaptive run's ``options`` (the
+    settings given; a given one wins) and return the names left out, each said in a
+    :class:`DefaultsWarning`.  An explicit ``explorer`` replaces the default one only:
+    settings no explorer declares (``chains``, ``min_chains``, a reference...) still join,
+    and an explorer's option (``precondition``, ``step_size``...) joins where the chosen
+    explorer declares it (the registry's declarations), else it is left out and said.  Given
+    ``chains``, ``min_chains`` / ``max_chains`` are the user's ladder's, not defaults.  Nothing
+    joins a run without ``rounds`` (the defaults are adaptive settings)."""
+    if options.get("rounds") is None:
+        return []
+    from nrpt.run import registry
+    from nrpt.run.config import declarations
+
+    explorer = options.get("explorer")
+    chosen_chains = options.get("chains") is not None
+    mine: set[str] | None = None  # the default explorer (or it named): every setting joins
+    of_explorers: set[str] = set()
+    if explorer is not None and explorer != own.get("explorer"):
+        mine = set(registry.entry("explorer", explorer, what="explorer").options)
+        of_explorers = {o.name for o, role, _ in declarations() if role == "explorer"}
+    if explorer is None and "explorer" in own:
+        options["explorer"] = own["explorer"]
+    dropped = []
+    for name, value in own.items():
+        if name == "explorer" or name in options:
+            continue  # (an explicit explorer is the user's choice: nothing to say)
+        if chosen_chains and name in ("min_chains", "max_chains"):
+            continue
+        if mine is not None and name in of_explorers and name not in mine:
+            dropped.append(name)
+            warnings.warn(f"{who}: its default setting {name} = {value!r} (for explorer "
+                          f"{own.get('explorer')!r}) is not applied: explorer {explorer!r} "
+                          f"does not take {name}", DefaultsWarning, stacklevel=4)
+            continue
+        options[name] = value
+    return dropped
 
 
 def _objects(options: dict) -> dict:

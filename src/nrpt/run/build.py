@@ -560,7 +560,9 @@ def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]
         schedule = ScheduleAdaptor() if cfg.adapt_schedule else None
         adaptors += [schedule] if schedule is not None else []
         mode = resolve_mode(getattr(cfg, "precondition", None) or "none", dim)
-        metric = (MetricAdaptor(mode, dim, gate=explorer.acceptance_order is not None)
+        inner = getattr(explorer, "inner", explorer)
+        metric = (MetricAdaptor(mode, dim, gate=explorer.acceptance_order is not None,
+                                switch=inner if hasattr(inner, "switched") else None)
                   if mode != "none" else None)
         if metric is not None:  # (the summary's preconditioner section)
             facts["precondition"] = mode

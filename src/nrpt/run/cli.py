@@ -233,17 +233,16 @@ def _config(args) -> RunConfig:
 
 
 def _stan_defaults(data: dict) -> None:
-    """A ``.stan`` target's ``default_settings`` (as ``nrpt.sample`` takes them from the
-    target object) for an adaptive run that names no explorer."""
+    """A ``.stan`` target's ``default_settings`` for an adaptive run, as ``nrpt.sample`` takes
+    them from the target object (:func:`nrpt.run.api.apply_target_defaults`: a named explorer
+    replaces the default one only)."""
     target = str(data.get("target") or "")
-    if not target.endswith(".stan") or data.get("rounds") is None or "explorer" in data:
+    if not target.endswith(".stan") or data.get("rounds") is None:
         return
+    from nrpt.run.api import apply_target_defaults
     from nrpt.targets.stan import StanTarget  # (no compiling: the class only)
 
-    chosen = data.get("chains") is not None  # (then the ladder's bounds are not defaults)
-    for name, value in StanTarget.default_settings.items():
-        if not (chosen and name in ("min_chains", "max_chains")):
-            data.setdefault(name, value)
+    apply_target_defaults(dict(StanTarget.default_settings), data, f"target {target!r}")
 
 
 def _main(args, argv: list[str]) -> int:

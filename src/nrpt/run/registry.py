@@ -173,6 +173,11 @@ register("explorer", "psgld", "nrpt.explorers.sgmcmc:PSGLD", tags=("sg",),
          summary="RMSprop-preconditioned SGLD")
 register("explorer", "psgd", "nrpt.explorers.sgmcmc:PSGD", tags=("sg", "zero-temperature"),
          summary="RMSprop-preconditioned SGD")
+# (listed last: the order of the names above is what messages and listings show)
+register("explorer", "mala-hmc", "nrpt.explorers.metropolis:MALAThenHMC",
+         tags=("exact", "gradient"),
+         summary="MALA, then HMC without a metric where slot 0 cannot enter a neck "
+                 "(tail-acceptance, between rounds)")
 
 # ---------------------------------------------------------------------------------- schemes
 register("scheme", "adj", "nrpt.swap.schemes:ADJ", summary="sequential adjacent sweep")
