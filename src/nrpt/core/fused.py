@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from nrpt.core.engine import (
+    SHIFT_MATRIX_MAX,
     PTEngine,
+    _shift_matrix,
     explore,
     refresh_top,
     slot_metric,
@@ -433,6 +435,8 @@ class Fused:
         if watched:
             with torch.inference_mode(False):
                 watched_t = torch.tensor(watched, device=eng.device)
+        shift = _shift_matrix(P, eng.device) if eng.device.type == "cpu" and \
+            P <= SHIFT_MATRIX_MAX else None
 
         def body(carry, inp):
             active = block_active(scheme, pairs, inp["scheme"], U)
@@ -450,6 +454,7 @@ class Fused:
             names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
                      "nonfinite", "x" if late_x else "slot_x")
             outs: dict[str, list] = {n: [] for n in names}
+            o_v, o_base, o_slot, o_rep, o_lr, o_acc, o_ex, o_nf = (outs[n] for n in names[:8])
             for u in range(U):
                 b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
                 noise = ReplayNoise([d[u] for d in draws])
@@ -468,12 +473,17 @@ class Fused:
                     state = refresh_top(state, slot_of, fresh, P - 1)
                 lr = b_step * state.v.gather(1, replica_at).diff(dim=1)
                 accepted = open_u[u] < lr
-                src = swap_source(accepted, ids)
+                src = swap_source(accepted, ids) if shift is None else \
+                    torch.addmm(ids, accepted.long(), shift)  # (swap_source's, inline)
                 replica_at, slot_of = replica_at.gather(1, src), src.gather(1, slot_of)
-                for n, t in (("v", state.v), ("base", state.base), ("slot_of", slot_of),
-                             ("replica_at", replica_at), ("lr", lr), ("accepted", accepted),
-                             ("accept", accept), ("nonfinite", nonfinite)):
-                    outs[n].append(t)
+                o_v.append(state.v)
+                o_base.append(state.base)
+                o_slot.append(slot_of)
+                o_rep.append(replica_at)
+                o_lr.append(lr)
+                o_acc.append(accepted)
+                o_ex.append(accept)
+                o_nf.append(nonfinite)
                 if late_x:
                     outs["x"].append(state.x)
                 elif watched:

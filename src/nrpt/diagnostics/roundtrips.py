@@ -149,7 +149,9 @@ class RoundTripTracker:
         tensor ops per block rather than per iteration (docs/benchmarks.md, "Outputs and the
         fixed cost").
 
-        Each replica's state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration
+        On the CPU by events (:meth:`_advance_events`: us per iteration, events / tables, R P
+        = 16: 3.1 / 10.5, 64: 5.9 / 47.5, 256: 14.3 / 208; one thread).  Elsewhere by tables:
+        each replica's state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration
         maps each of the 12 states to the next (a table ``[U, R, P, 12]``, with the counts
         it adds), the tables are composed by a prefix scan (``log2 U`` gathers), and the
         states before each iteration read off them."""
@@ -158,15 +160,78 @@ class RoundTripTracker:
             raise ValueError(f"slots must have shape [U, *{self._shape}], got "
                              f"{tuple(S.shape)}")
         R, P = self._shape
+        if S.dtype != torch.long:
+            S = S.to(torch.long)
+        if S.device.type == "cpu" and S.shape[0] > 1 and self._advance_events(S):
+            return  # (events: no host sync on a GPU)
         step = max(1, min(64, _BLOCK_ELEMENTS // (12 * R * P)))
         if step < 4 or R * P > TABLE_MAX_REPLICAS:  # (the per-iteration update is cheaper)
             for u in range(S.shape[0]):
                 self.update(S[u])
             return
-        if S.dtype != torch.long:
-            S = S.to(torch.long)
         for a in range(0, S.shape[0], step):
             self._advance_block(S[a:a + step])
+
+    #: :meth:`_advance_events` leaves a block to the tables past this many events per system
+    #: and iteration (~3 in a mixing run; up to ``P`` when replicas that have hit both ends sit
+    #: at their origins)
+    EVENTS_MAX = 16
+
+    def _advance_events(self, S: torch.Tensor) -> bool:
+        """:meth:`update_block` on the CPU, by events: a replica's state changes only at an
+        iteration where it sits at slot 0, at the top slot, or at its origin after both ends
+        were hit (found by a few tensor ops over the block: ``hit`` flags as the block's
+        running "seen" marks, a superset since they ignore the clears), so those are listed
+        (in iteration order) and each replica's state machine is stepped through them in
+        Python, exactly as :meth:`advance` steps it: about three events per system and
+        iteration whatever ``P``, instead of a ``[U, R, P, 12]`` table scan.  Returns False,
+        changing nothing, past :attr:`EVENTS_MAX` events per system and iteration."""
+        U = S.shape[0]
+        R, P = self._shape
+        top, origin = self._top, self._origin
+        at0, att = S == 0, S == top
+        seen0 = self._hit0 | (at0.cumsum(0) > 0)
+        seen_top = self._hit_top | (att.cumsum(0) > 0)
+        code = at0 + 2 * att + 4 * ((S == origin) & seen0 & seen_top)  # long [U, R, P]
+        flat = code.reshape(-1)
+        pos = flat.nonzero().reshape(-1)
+        if pos.numel() > self.EVENTS_MAX * U * R:
+            return False
+        events = zip(pos.tolist(), flat[pos].tolist())
+        phase, hit0, hit_top = self._phase.tolist(), self._hit0.tolist(), self._hit_top.tolist()
+        orig = origin.tolist()
+        add = [[[0, 0, 0] for _ in range(P)] for _ in range(R)]  # restarts, trips, A.5
+        RP = R * P
+        for i, c in events:
+            r, p = divmod(i % RP, P)
+            a0, a_top = c & 1 == 1, c & 2 == 2
+            ph, o = phase[r][p], orig[r][p]
+            if a_top and ph == DOWN_DONE:
+                add[r][p][1] += 1
+            if a0 and ph == AT_TOP_SIDE:
+                add[r][p][0] += 1
+            if a_top:
+                phase[r][p] = AT_TOP_SIDE
+            if a0 and ph != NONE:
+                phase[r][p] = DOWN_DONE
+            h0 = hit0[r][p] = hit0[r][p] or a0
+            ht = hit_top[r][p] = hit_top[r][p] or a_top
+            if h0 and ht and (c & 4 == 4 or (a0 and o == 0) or (a_top and o == top)):
+                add[r][p][2] += 1
+                if o != 0:
+                    hit0[r][p] = False
+                if o != top:
+                    hit_top[r][p] = False
+        dev = S.device
+        more = torch.tensor(add, dtype=torch.long, device=dev)  # [R, P, 3]
+        self._restarts = self._restarts + more[..., 0]
+        self._round_trips = self._round_trips + more[..., 1]
+        self._round_trips_a5 = self._round_trips_a5 + more[..., 2]
+        self._phase = torch.tensor(phase, dtype=torch.int8, device=dev)
+        self._hit0 = torch.tensor(hit0, dtype=torch.bool, device=dev)
+        self._hit_top = torch.tensor(hit_top, dtype=torch.bool, device=dev)
+        self._n_updates += U
+        return True
 
     def _advance_block(self, S: torch.Tensor) -> None:
         U = S.shape[0]
