@@ -334,7 +334,7 @@ class Fused:
             replica_at, slot_of, decision, accepted, prob = sweep_exchange(
                 rule, state.v, c["replica_at"], c["schedule"], params, active,
                 _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids,
-                c.get("b_pairs"))
+                c.get("b_pairs"), c["slot_of"])
             schedule, step_size = c["schedule"], c["step_size"]
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
