@@ -179,13 +179,16 @@ class RoundTripTracker:
 
     def _advance_events(self, S: torch.Tensor) -> bool:
         """:meth:`update_block` on the CPU, by events: a replica's state changes only at an
-        iteration where it sits at slot 0, at the top slot, or at its origin after both ends
-        were hit (found by a few tensor ops over the block: ``hit`` flags as the block's
-        running "seen" marks, a superset since they ignore the clears), so those are listed
-        (in iteration order) and each replica's state machine is stepped through them in
-        Python, exactly as :meth:`advance` steps it: about three events per system and
-        iteration whatever ``P``, instead of a ``[U, R, P, 12]`` table scan.  Returns False,
-        changing nothing, past :attr:`EVENTS_MAX` events per system and iteration."""
+        iteration where it arrives (it was elsewhere the iteration before, or it is the
+        block's first) at slot 0, at the top slot, or at its origin after both ends were hit
+        (found by a few tensor ops over the block: ``hit`` flags as the block's running "seen"
+        marks, a superset since they ignore the clears).  Those are listed in iteration order
+        and each replica's state machine is stepped through them in Python, exactly as
+        :meth:`advance` steps it.  (An iteration where a replica stays where it was changes
+        nothing: the phase is already the one its slot sets, the flags already hold its
+        slot's marks, and a completed trip at a slot cleared a flag that staying there does
+        not set again.)  Returns False, changing nothing, past :attr:`EVENTS_MAX` events per
+        system and iteration."""
         U = S.shape[0]
         R, P = self._shape
         top, origin = self._top, self._origin
@@ -193,43 +196,47 @@ class RoundTripTracker:
         seen0 = self._hit0 | (at0.cumsum(0) > 0)
         seen_top = self._hit_top | (att.cumsum(0) > 0)
         code = at0 + 2 * att + 4 * ((S == origin) & seen0 & seen_top)  # long [U, R, P]
+        code[1:] *= S[1:] != S[:-1]  # (arrivals only)
         flat = code.reshape(-1)
         pos = flat.nonzero().reshape(-1)
         if pos.numel() > self.EVENTS_MAX * U * R:
             return False
-        events = zip(pos.tolist(), flat[pos].tolist())
-        phase, hit0, hit_top = self._phase.tolist(), self._hit0.tolist(), self._hit_top.tolist()
-        orig = origin.tolist()
-        add = [[[0, 0, 0] for _ in range(P)] for _ in range(R)]  # restarts, trips, A.5
         RP = R * P
-        for i, c in events:
-            r, p = divmod(i % RP, P)
+        phase = self._phase.reshape(-1).tolist()
+        hit0, hit_top = self._hit0.reshape(-1).tolist(), self._hit_top.reshape(-1).tolist()
+        orig = origin.reshape(-1).tolist()
+        restarts, trips, trips_a5 = [0] * RP, [0] * RP, [0] * RP
+        for i, c in zip(pos.remainder(RP).tolist(), flat[pos].tolist()):
             a0, a_top = c & 1 == 1, c & 2 == 2
-            ph, o = phase[r][p], orig[r][p]
-            if a_top and ph == DOWN_DONE:
-                add[r][p][1] += 1
-            if a0 and ph == AT_TOP_SIDE:
-                add[r][p][0] += 1
+            ph = phase[i]
             if a_top:
-                phase[r][p] = AT_TOP_SIDE
-            if a0 and ph != NONE:
-                phase[r][p] = DOWN_DONE
-            h0 = hit0[r][p] = hit0[r][p] or a0
-            ht = hit_top[r][p] = hit_top[r][p] or a_top
-            if h0 and ht and (c & 4 == 4 or (a0 and o == 0) or (a_top and o == top)):
-                add[r][p][2] += 1
-                if o != 0:
-                    hit0[r][p] = False
-                if o != top:
-                    hit_top[r][p] = False
+                if ph == DOWN_DONE:
+                    trips[i] += 1
+                phase[i] = AT_TOP_SIDE
+                hit_top[i] = True
+            if a0:
+                if ph == AT_TOP_SIDE:
+                    restarts[i] += 1
+                if ph != NONE:
+                    phase[i] = DOWN_DONE
+                hit0[i] = True
+            if hit0[i] and hit_top[i]:
+                o = orig[i]
+                if c & 4 == 4 or (a0 and o == 0) or (a_top and o == top):
+                    trips_a5[i] += 1
+                    if o != 0:
+                        hit0[i] = False
+                    if o != top:
+                        hit_top[i] = False
         dev = S.device
-        more = torch.tensor(add, dtype=torch.long, device=dev)  # [R, P, 3]
-        self._restarts = self._restarts + more[..., 0]
-        self._round_trips = self._round_trips + more[..., 1]
-        self._round_trips_a5 = self._round_trips_a5 + more[..., 2]
-        self._phase = torch.tensor(phase, dtype=torch.int8, device=dev)
-        self._hit0 = torch.tensor(hit0, dtype=torch.bool, device=dev)
-        self._hit_top = torch.tensor(hit_top, dtype=torch.bool, device=dev)
+        more = torch.tensor([restarts, trips, trips_a5], dtype=torch.long,
+                            device=dev).reshape(3, R, P)
+        self._restarts = self._restarts + more[0]
+        self._round_trips = self._round_trips + more[1]
+        self._round_trips_a5 = self._round_trips_a5 + more[2]
+        self._phase = torch.tensor(phase, dtype=torch.int8, device=dev).reshape(R, P)
+        self._hit0 = torch.tensor(hit0, dtype=torch.bool, device=dev).reshape(R, P)
+        self._hit_top = torch.tensor(hit_top, dtype=torch.bool, device=dev).reshape(R, P)
         self._n_updates += U
         return True
 
