@@ -32,7 +32,7 @@ from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
 __all__ = ["PTEngine", "explore", "slot_metric", "check_metric", "slot_stats", "sweep_exchange",
-           "swap_source", "slot_order", "refresh_top"]
+           "swap_source", "shift_matrix", "slot_order", "refresh_top"]
 
 
 def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
@@ -100,7 +100,7 @@ SHIFT_MATRIX_MAX = 64
 _SHIFT: dict[tuple, torch.Tensor] = {}
 
 
-def _shift_matrix(P: int, device) -> torch.Tensor:
+def shift_matrix(P: int, device) -> torch.Tensor:
     """``D[P-1, P]`` with ``D[p, p] = 1``, ``D[p, p+1] = -1`` (long; made once per shape)."""
     key = (P, str(device))
     got = _SHIFT.get(key)
@@ -117,13 +117,13 @@ def swap_source(accepted: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``src[R, P]``: the slot whose replica slot ``p`` takes after the swaps ``accepted[R,
     P-1]`` of disjoint adjacent pairs: ``p + 1`` if pair ``(p, p + 1)`` swapped, ``p - 1`` if
     pair ``(p - 1, p)`` did, else ``p`` (``ids``: ``arange(P)`` as ``[R, P]``).  Integer ops, so
-    both ways of making it (a product with :func:`_shift_matrix` on the CPU up to
+    both ways of making it (a product with :func:`shift_matrix` on the CPU up to
     :data:`SHIFT_MATRIX_MAX` slots, else the difference of the padded verdicts) give the same
     numbers."""
     P = ids.shape[-1]
     if accepted.device.type == "cpu" and P <= SHIFT_MATRIX_MAX and \
             not torch.compiler.is_compiling():  # (eager: a compiled chunk fuses the other)
-        return torch.addmm(ids, accepted.long(), _shift_matrix(P, accepted.device))
+        return torch.addmm(ids, accepted.long(), shift_matrix(P, accepted.device))
     return ids + torch.nn.functional.pad(accepted.long(), (1, 1)).diff(dim=1)
 
 

@@ -32,9 +32,9 @@ import torch
 from nrpt.core.engine import (
     SHIFT_MATRIX_MAX,
     PTEngine,
-    _shift_matrix,
     explore,
     refresh_top,
+    shift_matrix,
     slot_metric,
     slot_stats,
     swap_source,
@@ -435,7 +435,7 @@ class Fused:
         if watched:
             with torch.inference_mode(False):
                 watched_t = torch.tensor(watched, device=eng.device)
-        shift = _shift_matrix(P, eng.device) if eng.device.type == "cpu" and \
+        shift = shift_matrix(P, eng.device) if eng.device.type == "cpu" and \
             P <= SHIFT_MATRIX_MAX else None
 
         def body(carry, inp):

@@ -206,7 +206,7 @@ class RoundTripTracker:
         hit0, hit_top = self._hit0.reshape(-1).tolist(), self._hit_top.reshape(-1).tolist()
         orig = origin.reshape(-1).tolist()
         restarts, trips, trips_a5 = [0] * RP, [0] * RP, [0] * RP
-        for i, c in zip(pos.remainder(RP).tolist(), flat[pos].tolist()):
+        for i, c in zip(pos.remainder(RP).tolist(), flat[pos].tolist(), strict=True):
             a0, a_top = c & 1 == 1, c & 2 == 2
             ph = phase[i]
             if a_top:
