@@ -11,6 +11,10 @@ iterations a timing, wall by ``perf_counter`` and CPU by ``process_time``) and r
 medians.  Printed: per tree the medians over processes of full us, bare us and full / bare
 (wall and CPU), and the per-pair ratio of full between the trees.  One torch thread.
 
+``--slope``: full per iteration as ``(run(n) - run(n / 5)) / (4 n / 5)`` against ``4 n / 5``
+bare steps (a run's own set-up and summary, ~20 ms, cancel: at d = 10^4 they are a few per cent
+of 100 iterations).
+
 ``--noise-d 10000``: instead, the bare step at that d (P = 16) with ``noise_dtype`` float64 and
 float32 (the last tree), interleaved in one process, ``--n`` steps a timing.
 """
@@ -33,23 +37,32 @@ sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 import scaling
-explorer, n, d = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+explorer, n, d, slope = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 p = scaling.Point(explorer, 16, d, 1, 10)
 p.run(n); p.bare(n)  # warm
 res = {"full_wall": [], "full_cpu": [], "bare_wall": [], "bare_cpu": []}
+def timed(fn, m):
+    c, w = time.process_time(), time.perf_counter()
+    fn(m)
+    return time.process_time() - c, time.perf_counter() - w
 for _ in range(3):
     for kind in ("full", "bare"):
-        c, w = time.process_time(), time.perf_counter()
-        (p.run if kind == "full" else p.bare)(n)
-        res[kind + "_cpu"].append((time.process_time() - c) / n * 1e6)
-        res[kind + "_wall"].append((time.perf_counter() - w) / n * 1e6)
+        if kind == "full" and slope:  # (a run's own set-up and summary cancel)
+            (c0, w0), (c1, w1) = timed(p.run, n // 5), timed(p.run, n)
+            c, w, m = c1 - c0, w1 - w0, n - n // 5
+        else:
+            m = n - n // 5 if slope else n
+            c, w = timed(p.run if kind == "full" else p.bare, m)
+        res[kind + "_cpu"].append(c / m * 1e6)
+        res[kind + "_wall"].append(w / m * 1e6)
 print(json.dumps({k: statistics.median(v) for k, v in res.items()}))
 """
 
 
-def child(src: str, explorer: str, n: int, d: int = 2) -> dict:
+def child(src: str, explorer: str, n: int, d: int = 2, slope: bool = False) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=src)
-    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), explorer, str(n), str(d)],
+    out = subprocess.run([sys.executable, "-c", CHILD, str(HERE), explorer, str(n), str(d),
+                          "1" if slope else "0"],
                          env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -102,6 +115,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=2000, help="iterations per timing")
     ap.add_argument("--explorers", default="rwmh,mala")
     ap.add_argument("--dim", type=int, default=2, help="the Gaussian's dimension d")
+    ap.add_argument("--slope", action="store_true",
+                    help="full per iteration as the difference of runs of n and n / 5 "
+                         "iterations over 4n / 5 (a run's set-up and summary cancel; large d)")
     ap.add_argument("--noise-d", type=int, default=0,
                     help="instead: the bare step at this d with float64 / float32 noise")
     args = ap.parse_args(argv)
@@ -112,7 +128,7 @@ def main(argv=None) -> None:
         got: dict[str, list[dict]] = {t: [] for t in args.trees}
         for rep in range(args.pairs):
             for t in (args.trees if rep % 2 == 0 else args.trees[::-1]):
-                got[t].append(child(t, explorer, args.n, args.dim))
+                got[t].append(child(t, explorer, args.n, args.dim, args.slope))
         print(f"{explorer}, d = {args.dim}, P = 16, R = 1: medians of {args.pairs} processes "
               f"(each the median of 3 interleaved timings of {args.n} iterations), us per "
               f"iteration")

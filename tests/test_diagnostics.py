@@ -142,6 +142,35 @@ def test_block_update_is_the_per_iteration_update(n_slots, block):
     assert not all(torch.equal(short.state_dict()[k], want[k]) for k in want)
 
 
+@pytest.mark.parametrize("n_slots", [2, 3, 6, 16])
+def test_event_and_table_updates_are_the_per_iteration_update(n_slots):
+    # the CPU's event form of update_block and the table scan (a GPU's) each leave the state
+    # and counts of one update per iteration, block after block from a mid-run state
+    index = _random_index_process(40 + n_slots, n_iter=300 if n_slots < 16 else 3000,
+                                  n_systems=3, n_slots=n_slots)
+    start = index[:29]
+    one, events, table = _track(start), _track(start), _track(start)
+    rest = torch.as_tensor(index[29:])
+    for row in rest:
+        one.update(row)
+    for a in range(0, rest.shape[0], 64):
+        assert events._advance_events(rest[a:a + 64])
+        table._advance_block(rest[a:a + 64])
+    fallback = _track(start)  # (past EVENTS_MAX: update_block leaves the block to tables)
+    fallback.EVENTS_MAX = 0
+    assert not fallback._advance_events(rest[:64])
+    fallback.update_block(rest)
+    want = one.state_dict()
+    for got in (events.state_dict(), table.state_dict(), fallback.state_dict()):
+        for key in want:
+            assert torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype, key
+    assert int(want["round_trips_a5"].sum()) > 0 and int(want["round_trips"].sum()) > 0
+    # negative control: the event form told one iteration fewer is told apart
+    short = _track(start)
+    short._advance_events(rest[:-1])
+    assert not all(torch.equal(short.state_dict()[k], want[k]) for k in want)
+
+
 def test_per_replica_sums_and_state_dict_roundtrip():
     index = _random_index_process(7, n_iter=400, n_systems=2, n_slots=6)
     full = _track(index)

@@ -301,6 +301,7 @@ def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
         return fn
 
     f._body = failing
+    f._lean_body = lambda U, plain: plain  # (the eager chunk's fast form would bypass it)
     with pytest.raises(RunError, match=r"iterations 9-16 \(a fused chunk.*boom"):
         execute(run)
     assert run.engine.k == 8  # the chunk's results were never taken

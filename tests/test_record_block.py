@@ -7,6 +7,7 @@ iteration dropped from the blocks)."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -337,3 +338,32 @@ def test_round_trips_pending_rows_copies_and_checkpoint_between(runs):
             b.slot_of.fill_(0)
         bad.record_block(b)
     assert not same(ref.state_dict(), bad.state_dict())
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 2, 1024), (8, 3, 2, 700), (3, 1, 1, 5000),
+                                   (1, 2, 1, 2048), (8, 1, 16, 2)])
+def test_welford_is_torch_var_mean(shape):
+    # the spread's variance and mean of a group of long rows by elementwise Welford steps
+    # (recorders.stats._welford) are torch.var_mean's numbers bit for bit, also with an
+    # infinite entry; negative control: the same steps with a fused multiply-add differ
+    from nrpt.recorders.stats import WELFORD_ROWS, _var_mean, _welford
+
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, dtype=torch.float64, generator=g) * 3.7 + 11.0
+    x[0, 0, 0, 0] = math.inf
+    var, mean = _welford(x)
+    want_var, want_mean = torch.var_mean(x, 0, correction=0)
+    assert torch.equal(var.nan_to_num(), want_var.nan_to_num())
+    assert torch.equal(mean.nan_to_num(), want_mean.nan_to_num())
+    assert torch.equal(mean.isnan(), want_mean.isnan()) and torch.equal(var.isnan(),
+                                                                        want_var.isnan())
+    used = _var_mean(x)
+    assert torch.equal(used[1].nan_to_num(), want_mean.nan_to_num())
+    assert (x[0].numel() >= WELFORD_ROWS) == (shape != (8, 1, 16, 2))
+    if shape[0] > 2:
+        m, m2 = torch.zeros_like(x[0]), torch.zeros_like(x[0])
+        for k in range(shape[0]):
+            d = x[k] - m
+            m = m + d / float(k + 1)
+            m2 = torch.addcmul(m2, d, x[k] - m)
+        assert not torch.equal((m2 / shape[0]).nan_to_num(), want_var.nan_to_num())

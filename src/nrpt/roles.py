@@ -424,6 +424,13 @@ class Scheme:
         """The scheme state after the phase's ``accepted[R, P-1]`` (out of place)."""
         return state
 
+    def block_active(self, pairs: tuple, inputs: dict, U: int) -> torch.Tensor | None:
+        """Every iteration's ``active`` of the block at once, ``[U, R, P-1]``, where the masks
+        depend on no scheme state (the eager chunk's lean form reads them per chunk;
+        :func:`nrpt.core.fused.block_active` trusts it only from the class that defines
+        :meth:`block_phase`); ``None``: per iteration, from :meth:`block_phase`."""
+        return None
+
     def describe(self) -> dict:
         return {"scheme": self.name}
 

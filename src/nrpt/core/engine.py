@@ -32,7 +32,7 @@ from nrpt.swap import DEOW, Rule, Scheme, SwapContext
 from nrpt.swap.schemes import is_sweep
 
 __all__ = ["PTEngine", "explore", "slot_metric", "check_metric", "slot_stats", "sweep_exchange",
-           "swap_source", "slot_order", "refresh_top"]
+           "swap_source", "shift_matrix", "slot_order", "refresh_top"]
 
 
 def explore(explorer: Explorer, state: ReplicaState, b: torch.Tensor, h: torch.Tensor,
@@ -100,7 +100,7 @@ SHIFT_MATRIX_MAX = 64
 _SHIFT: dict[tuple, torch.Tensor] = {}
 
 
-def _shift_matrix(P: int, device) -> torch.Tensor:
+def shift_matrix(P: int, device) -> torch.Tensor:
     """``D[P-1, P]`` with ``D[p, p] = 1``, ``D[p, p+1] = -1`` (long; made once per shape)."""
     key = (P, str(device))
     got = _SHIFT.get(key)
@@ -117,27 +117,30 @@ def swap_source(accepted: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``src[R, P]``: the slot whose replica slot ``p`` takes after the swaps ``accepted[R,
     P-1]`` of disjoint adjacent pairs: ``p + 1`` if pair ``(p, p + 1)`` swapped, ``p - 1`` if
     pair ``(p - 1, p)`` did, else ``p`` (``ids``: ``arange(P)`` as ``[R, P]``).  Integer ops, so
-    both ways of making it (a product with :func:`_shift_matrix` on the CPU up to
+    both ways of making it (a product with :func:`shift_matrix` on the CPU up to
     :data:`SHIFT_MATRIX_MAX` slots, else the difference of the padded verdicts) give the same
     numbers."""
     P = ids.shape[-1]
     if accepted.device.type == "cpu" and P <= SHIFT_MATRIX_MAX and \
             not torch.compiler.is_compiling():  # (eager: a compiled chunk fuses the other)
-        return torch.addmm(ids, accepted.long(), _shift_matrix(P, accepted.device))
+        return torch.addmm(ids, accepted.long(), shift_matrix(P, accepted.device))
     return ids + torch.nn.functional.pad(accepted.long(), (1, 1)).diff(dim=1)
 
 
 def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
                    schedule: torch.Tensor, params: dict, active: torch.Tensor, uniforms, k: int,
                    lo: torch.Tensor, hi: torch.Tensor, ids: torch.Tensor | None = None,
-                   b_pairs: tuple[torch.Tensor, torch.Tensor] | None = None):
+                   b_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   slot_of: torch.Tensor | None = None):
     """One phase over all ``P - 1`` adjacent pairs in slot order (DEO, DEO_W, SEO): the rule's
     verdicts from the energies ``v[R, P]`` (replica order) put in slot order, the swaps of the
     ``active`` pairs made on the permutation.  Returns ``(replica_at, slot_of, decision,
     accepted, prob)``; pure (the engine and the fused loop, :mod:`nrpt.core.fused`, both call it).
     ``uniforms``: the pairs' uniforms ``[R, P-1]`` or a function drawing them; ``ids``:
     ``arange(P)`` as ``[R, P]``, ``b_pairs``: ``(schedule[:, :-1], schedule[:, 1:])``, if the
-    caller keeps them."""
+    caller keeps them; ``slot_of``: the inverse of ``replica_at``, if the caller keeps it (the
+    swaps are disjoint, so the slot map ``src`` is its own inverse and the new ``slot_of`` is
+    ``src[slot_of]``: one gather instead of :func:`slot_order`'s two ops)."""
     v_at = v.gather(1, replica_at)
     b_lo, b_hi = (schedule[:, :-1], schedule[:, 1:]) if b_pairs is None else b_pairs
     ctx = SwapContext(b_lo=b_lo, b_hi=b_hi, v_lo=v_at[:, :-1], v_hi=v_at[:, 1:],
@@ -146,8 +149,10 @@ def sweep_exchange(rule: Rule, v: torch.Tensor, replica_at: torch.Tensor,
     accepted = decision & active
     if ids is None:
         ids = torch.arange(replica_at.shape[1], device=replica_at.device).expand_as(replica_at)
-    replica_at = replica_at.gather(1, swap_source(accepted, ids))
-    return replica_at, slot_order(replica_at, ids), decision, accepted, prob
+    src = swap_source(accepted, ids)
+    replica_at = replica_at.gather(1, src)
+    slot_of = slot_order(replica_at, ids) if slot_of is None else src.gather(1, slot_of)
+    return replica_at, slot_of, decision, accepted, prob
 
 
 def slot_order(replica_at: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -526,7 +531,7 @@ class PTEngine:
         if is_sweep(lo, self.R, self.P):  # all P-1 pairs, in order (DEO, DEO_W, SEO)
             self.replica_at, self.slot_of, decision, accepted, prob = sweep_exchange(
                 self.rule, v, self.replica_at, self.schedule, self.params, active, u,
-                k, lo, hi, self.replica_ids.expand(self.R, self.P))
+                k, lo, hi, self.replica_ids.expand(self.R, self.P), slot_of=self.slot_of)
         else:
             b_lo, b_hi = self.schedule.gather(1, lo), self.schedule.gather(1, hi)
             v_lo = v.gather(1, self.replica_at.gather(1, lo))

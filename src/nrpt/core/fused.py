@@ -23,17 +23,21 @@ without ``observe`` or with ``observe_block``; any recorders.  :func:`why_not` s
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from typing import Any
 
 import torch
 
 from nrpt.core.engine import (
+    SHIFT_MATRIX_MAX,
     PTEngine,
     explore,
     refresh_top,
+    shift_matrix,
     slot_metric,
     slot_stats,
+    swap_source,
     sweep_exchange,
 )
 from nrpt.explorers import Noise, ReplicaState
@@ -50,6 +54,7 @@ from nrpt.explorers.compiled import (
 )
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
+from nrpt.swap.rules import Metropolis
 from nrpt.swap.schemes import Scheme, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "auto", "auto_unroll", "UNROLL", "RULES"]
@@ -329,7 +334,7 @@ class Fused:
             replica_at, slot_of, decision, accepted, prob = sweep_exchange(
                 rule, state.v, c["replica_at"], c["schedule"], params, active,
                 _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids,
-                c.get("b_pairs"))
+                c.get("b_pairs"), c["slot_of"])
             schedule, step_size = c["schedule"], c["step_size"]
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
@@ -404,6 +409,111 @@ class Fused:
 
         return body
 
+    def _lean_body(self, U: int, plain):
+        """The eager chunk where an iteration needs nothing of its swap phase but the
+        permutation: no online adaptor (the chunk's tables are its own), the Metropolis rule,
+        a scheme whose masks depend on no state (:func:`block_active`; else ``plain``, the
+        chunk of :meth:`_body`).  Per iteration: the two per-slot gathers, the explorer step
+        and eight small ops for the swaps (the energies at the slots, their differences times
+        the schedule's, the verdicts of the open pairs against log-uniforms made per chunk,
+        the permutation and its inverse: the swaps are disjoint, so ``src`` is its own
+        inverse and ``slot_of`` follows by one gather).  The rule's verdicts and
+        probabilities of all pairs, the masks and the log-uniforms are made once per chunk,
+        from the same numbers by the same elementwise ops as the rule's per iteration.  The
+        same numbers as :meth:`_body`: ``(b_hi - b_lo) (v_hi - v_lo)`` is the rule's ``(b_lo
+        - b_hi) (v_lo - v_hi)`` up to the sign of a zero (each factor is the exact negation,
+        or +0 for both), which neither ``log u < lr`` nor ``exp(min(lr, 0))`` sees, and
+        ``log u < lr`` is false for a NaN ``lr`` as for the rule's ``-inf``
+        (``tests/test_fused.py`` checks the chunks against the plain loop bit for bit)."""
+        eng, explorer = self.engine, self.explorer
+        density, scheme, P, R, n_explore = eng.density, eng.scheme, eng.P, eng.R, eng.n_explore
+        pairs = adjacent_pairs(R, P, eng.device)
+        with torch.inference_mode(False):  # (a constant of the chunk: an ordinary tensor)
+            ids = torch.arange(P, device=eng.device).expand(R, P)
+        has_ref, watched = eng.path.has_reference, list(eng.watched)
+        late_x = bool(watched) and U * R * P * eng.dim <= BLOCK_GATHER
+        if watched:
+            with torch.inference_mode(False):
+                watched_t = torch.tensor(watched, device=eng.device)
+        shift = shift_matrix(P, eng.device) if eng.device.type == "cpu" and \
+            P <= SHIFT_MATRIX_MAX else None
+
+        def body(carry, inp):
+            active = block_active(scheme, pairs, inp["scheme"], U)
+            if active is None:
+                return plain(carry, inp)
+            schedule, step_size = carry["schedule"], carry["step_size"]
+            metric, params = carry.get("metric"), carry["params"]
+            log_u = torch.log(inp["uniforms"])  # [U, R, P-1], as the rule's per iteration
+            open_u = torch.where(active, log_u, math.inf).unbind(0)  # (closed: never below)
+            b_step = schedule.diff(dim=1)  # b_hi - b_lo
+            draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
+            replica_at, slot_of = carry["replica_at"], carry["slot_of"]
+            first_at = replica_at
+            names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
+                     "nonfinite", "x" if late_x else "slot_x")
+            outs: dict[str, list] = {n: [] for n in names}
+            o_v, o_base, o_slot, o_rep, o_lr, o_acc, o_ex, o_nf = (outs[n] for n in names[:8])
+            for u in range(U):
+                b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
+                noise = ReplayNoise([d[u] for d in draws])
+                m = None if metric is None else slot_metric(metric, slot_of)
+                if n_explore == 1:  # (explore's, its count made long once per chunk)
+                    state, info = explorer.step(state, b, h, density, noise, sub=0,
+                                                **({} if m is None else {"metric": m}))
+                    accept, nonfinite = info.accept_prob, info.nonfinite
+                else:
+                    state, accept, nonfinite = explore(explorer, state, b, h, density, noise,
+                                                       n_explore, m)
+                if has_ref:
+                    ref = inp["ref"]
+                    fresh = ReplicaState(ref.x[u], ref.v[u], ref.base[u],
+                                         {n: t[u] for n, t in ref.extras.items()})
+                    state = refresh_top(state, slot_of, fresh, P - 1)
+                lr = b_step * state.v.gather(1, replica_at).diff(dim=1)
+                accepted = open_u[u] < lr
+                src = swap_source(accepted, ids) if shift is None else \
+                    torch.addmm(ids, accepted.long(), shift)  # (swap_source's, inline)
+                replica_at, slot_of = replica_at.gather(1, src), src.gather(1, slot_of)
+                o_v.append(state.v)
+                o_base.append(state.base)
+                o_slot.append(slot_of)
+                o_rep.append(replica_at)
+                o_lr.append(lr)
+                o_acc.append(accepted)
+                o_ex.append(accept)
+                o_nf.append(nonfinite)
+                if late_x:
+                    outs["x"].append(state.x)
+                elif watched:
+                    rep = replica_at.index_select(1, watched_t)
+                    outs["slot_x"].append(state.x.gather(1, rep[..., None].expand(
+                        *rep.shape, state.x.shape[-1])))
+            st = {n: torch.stack(ts) for n, ts in outs.items() if ts}
+            lr = st.pop("lr")
+            st["active"], st["decision"] = active, log_u < lr
+            st["prob"] = torch.exp(torch.clamp(torch.nan_to_num(
+                lr, nan=-math.inf, posinf=math.inf, neginf=-math.inf), max=0.0))
+            st["schedule"] = schedule.expand(U, *schedule.shape)
+            st["step_size"] = step_size.expand(U, *step_size.shape)
+            st["params"] = {n: torch.stack([t] * U) for n, t in params.items()}
+            at = torch.cat([first_at[None], st["replica_at"][:-1]])
+            st["accept"], st["nonfinite"] = slot_stats(st["accept"], st["nonfinite"].long(),
+                                                       at, n_explore)
+            if late_x:
+                xs = st.pop("x")  # [U, R, P, dim]
+                rep = st["replica_at"].index_select(2, watched_t)  # [U, R, S]
+                st["slot_x"] = xs.gather(2, rep[..., None].expand(*rep.shape, xs.shape[-1]))
+            new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
+                   "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
+                   "step_size": step_size, "params": dict(params),
+                   "scheme": carry["scheme"],
+                   **({"metric": metric} if metric is not None else {})}
+            return new, st
+
+        return body
+
     def _function(self, U: int, compiled: bool):
         # the body bakes in the scheme's kind and window: a run whose window is tuned
         # (window = "auto": DEO, then DEO_W(W*) from the next segment on) gets a new one
@@ -413,6 +523,9 @@ class Fused:
         fn = self._fns.get(key)
         if fn is None:
             fn = self._body(U)
+            if not compiled and not self.online and type(self.engine.rule) is Metropolis \
+                    and self._reads_uniforms:
+                fn = self._lean_body(U, fn)
             if compiled:
                 # fullgraph: a graph break would make torch.compile run the whole chunk
                 # eagerly without a word; it raises instead, and the fallback says so
@@ -532,6 +645,16 @@ class Fused:
                     r.record(block.iteration(u))
         self.chunks += 1
         return block
+
+
+def block_active(scheme: Scheme, pairs: tuple, inputs: dict, U: int) -> torch.Tensor | None:
+    """Every iteration's mask of the pairs that may swap ``[U, R, P-1]`` from the scheme's
+    block inputs, where the scheme's ``block_active`` gives it (its masks depend on no state)
+    and comes from the class that defines its ``block_phase``; else ``None``."""
+    owner = next((c for c in type(scheme).__mro__ if "block_phase" in vars(c)), None)
+    if owner is None or "block_active" not in vars(owner):
+        return None
+    return scheme.block_active(pairs, inputs, U)
 
 
 def _no_uniforms():

@@ -149,7 +149,9 @@ class RoundTripTracker:
         tensor ops per block rather than per iteration (docs/benchmarks.md, "Outputs and the
         fixed cost").
 
-        Each replica's state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration
+        On the CPU by events (:meth:`_advance_events`: us per iteration, events / tables, R P
+        = 16: 3.1 / 10.5, 64: 5.9 / 47.5, 256: 14.3 / 208; one thread).  Elsewhere by tables:
+        each replica's state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration
         maps each of the 12 states to the next (a table ``[U, R, P, 12]``, with the counts
         it adds), the tables are composed by a prefix scan (``log2 U`` gathers), and the
         states before each iteration read off them."""
@@ -158,15 +160,85 @@ class RoundTripTracker:
             raise ValueError(f"slots must have shape [U, *{self._shape}], got "
                              f"{tuple(S.shape)}")
         R, P = self._shape
+        if S.dtype != torch.long:
+            S = S.to(torch.long)
+        if S.device.type == "cpu" and S.shape[0] > 1 and self._advance_events(S):
+            return  # (events: no host sync on a GPU)
         step = max(1, min(64, _BLOCK_ELEMENTS // (12 * R * P)))
         if step < 4 or R * P > TABLE_MAX_REPLICAS:  # (the per-iteration update is cheaper)
             for u in range(S.shape[0]):
                 self.update(S[u])
             return
-        if S.dtype != torch.long:
-            S = S.to(torch.long)
         for a in range(0, S.shape[0], step):
             self._advance_block(S[a:a + step])
+
+    #: :meth:`_advance_events` leaves a block to the tables past this many events per system
+    #: and iteration (~3 in a mixing run; up to ``P`` when replicas that have hit both ends sit
+    #: at their origins)
+    EVENTS_MAX = 16
+
+    def _advance_events(self, S: torch.Tensor) -> bool:
+        """:meth:`update_block` on the CPU, by events: a replica's state changes only at an
+        iteration where it arrives (it was elsewhere the iteration before, or it is the
+        block's first) at slot 0, at the top slot, or at its origin after both ends were hit
+        (found by a few tensor ops over the block: ``hit`` flags as the block's running "seen"
+        marks, a superset since they ignore the clears).  Those are listed in iteration order
+        and each replica's state machine is stepped through them in Python, exactly as
+        :meth:`advance` steps it.  (An iteration where a replica stays where it was changes
+        nothing: the phase is already the one its slot sets, the flags already hold its
+        slot's marks, and a completed trip at a slot cleared a flag that staying there does
+        not set again.)  Returns False, changing nothing, past :attr:`EVENTS_MAX` events per
+        system and iteration."""
+        U = S.shape[0]
+        R, P = self._shape
+        top, origin = self._top, self._origin
+        at0, att = S == 0, S == top
+        seen0 = self._hit0 | (at0.cumsum(0) > 0)
+        seen_top = self._hit_top | (att.cumsum(0) > 0)
+        code = at0 + 2 * att + 4 * ((S == origin) & seen0 & seen_top)  # long [U, R, P]
+        code[1:] *= S[1:] != S[:-1]  # (arrivals only)
+        flat = code.reshape(-1)
+        pos = flat.nonzero().reshape(-1)
+        if pos.numel() > self.EVENTS_MAX * U * R:
+            return False
+        RP = R * P
+        phase = self._phase.reshape(-1).tolist()
+        hit0, hit_top = self._hit0.reshape(-1).tolist(), self._hit_top.reshape(-1).tolist()
+        orig = origin.reshape(-1).tolist()
+        restarts, trips, trips_a5 = [0] * RP, [0] * RP, [0] * RP
+        for i, c in zip(pos.remainder(RP).tolist(), flat[pos].tolist(), strict=True):
+            a0, a_top = c & 1 == 1, c & 2 == 2
+            ph = phase[i]
+            if a_top:
+                if ph == DOWN_DONE:
+                    trips[i] += 1
+                phase[i] = AT_TOP_SIDE
+                hit_top[i] = True
+            if a0:
+                if ph == AT_TOP_SIDE:
+                    restarts[i] += 1
+                if ph != NONE:
+                    phase[i] = DOWN_DONE
+                hit0[i] = True
+            if hit0[i] and hit_top[i]:
+                o = orig[i]
+                if c & 4 == 4 or (a0 and o == 0) or (a_top and o == top):
+                    trips_a5[i] += 1
+                    if o != 0:
+                        hit0[i] = False
+                    if o != top:
+                        hit_top[i] = False
+        dev = S.device
+        more = torch.tensor([restarts, trips, trips_a5], dtype=torch.long,
+                            device=dev).reshape(3, R, P)
+        self._restarts = self._restarts + more[0]
+        self._round_trips = self._round_trips + more[1]
+        self._round_trips_a5 = self._round_trips_a5 + more[2]
+        self._phase = torch.tensor(phase, dtype=torch.int8, device=dev).reshape(R, P)
+        self._hit0 = torch.tensor(hit0, dtype=torch.bool, device=dev).reshape(R, P)
+        self._hit_top = torch.tensor(hit_top, dtype=torch.bool, device=dev).reshape(R, P)
+        self._n_updates += U
+        return True
 
     def _advance_block(self, S: torch.Tensor) -> None:
         U = S.shape[0]

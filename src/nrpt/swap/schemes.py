@@ -67,6 +67,11 @@ class SEO(Scheme):
     def block_phase(self, pairs, inputs, u, state):
         return pairs[3] == inputs["coins"][u], state
 
+    def block_active(self, pairs, inputs, U):
+        """Every iteration's ``active`` of the block at once, ``[U, R, P-1]`` (no state: the
+        same masks as :meth:`block_phase`'s, :func:`nrpt.core.fused.block_active`)."""
+        return pairs[3] == inputs["coins"]
+
 
 def _window(name, value, cfg=None) -> int | str:
     if isinstance(value, str):
@@ -157,6 +162,13 @@ predicted_round_trips_per_1000`)."""
             return parity, state
         gate = state["gate"] | inputs["open"][u]
         return parity & gate, {**state, "gate": gate}
+
+    def block_active(self, pairs, inputs, U):
+        """Every iteration's ``active`` of the block at once, ``[U, R, P-1]``, where it depends
+        on no state (``window = 1``, DEO); ``None`` otherwise (the gate reads the swaps made)."""
+        if self.window != 1:
+            return None
+        return torch.where(inputs["odd"][:, None, None], pairs[3], pairs[2])
 
     def block_after(self, state, accepted):
         if self.window == 1:

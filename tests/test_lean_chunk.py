@@ -1,0 +1,127 @@
+"""The eager chunk's lean form (``Fused._lean_body``: no online adaptor, Metropolis swaps, a
+scheme whose masks depend on no state) gives every number of the chunk it replaces
+(``Fused._body``) bit for bit: each chunk of a run is computed both ways from the same carry and
+inputs and every output and carried tensor compared with ``torch.equal``.  Negative control: the
+lean form fed the next iteration's swap uniforms differs in the same comparison.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nrpt.core import fused as fused_mod
+from nrpt.core.loop import execute
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
+
+CASES = {
+    # temperature ladder, DEO, the default watched slots gathered per chunk
+    "rwmh-deo": dict(target="twenty-five-modes", chains=6, systems=3, explorer="rwmh",
+                     scheme="deo"),
+    # geometric path: the reference slot refreshed every iteration; SEO's coins
+    "mala-seo-reference": dict(target="geometric-bimodal", chains=5, systems=2,
+                               explorer="mala", scheme="seo"),
+    # two explorer steps an iteration (explore's sums), HMC
+    "hmc-deo-n2": dict(target="twenty-five-modes", chains=4, systems=2, explorer="hmc",
+                       scheme="deo", n_explore=2, leapfrog_steps=3),
+    # one chain pair only
+    "rwmh-two-chains": dict(target="twenty-five-modes", chains=2, systems=2, explorer="rwmh",
+                            scheme="deo"),
+}
+
+
+def _flat(tree, prefix=""):
+    """``{path: tensor}`` of a nested dict / tuple / ReplicaState of tensors."""
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, tuple | list):
+        items = enumerate(tree)
+    else:  # a ReplicaState
+        items = vars(tree).items()
+    out = {}
+    for k, v in items:
+        out.update(_flat(v, f"{prefix}/{k}"))
+    return out
+
+
+def _checked_run(cfg: dict, iterations: int, shift_uniforms: bool = False) -> tuple[int, list]:
+    """Run ``cfg`` fused; every chunk computed by the lean and the plain body (the lean one's
+    result taken); returns (chunks compared, the keys that differed)."""
+    run = build(RunConfig.from_dict({}, defaults=dict(cfg, iterations=iterations,
+                                                      figures=False, fuse=True)))
+    f = run.fused
+    assert f is not None and not f.online
+    made = {"lean": 0}
+    lean_body = f._lean_body
+
+    def counting(U, plain):
+        made["lean"] += 1
+        return lean_body(U, plain)
+
+    f._lean_body = counting
+    seen = {"chunks": 0, "differ": []}
+    function = f._function
+
+    def both(U, compiled):
+        fn = function(U, compiled)
+        plain = f._body(U)
+
+        def run_both(carry, inp):
+            lean_inp = inp
+            if shift_uniforms:
+                lean_inp = dict(inp, uniforms=inp["uniforms"].roll(1, 0))
+            new, out = fn(carry, lean_inp)
+            new_p, out_p = plain(carry, inp)
+            a, b = _flat((new, out)), _flat((new_p, out_p))
+            assert a.keys() == b.keys()
+            seen["chunks"] += 1
+            seen["differ"] += [k for k in a if not (a[k].dtype == b[k].dtype and
+                                                    a[k].shape == b[k].shape and
+                                                    torch.equal(a[k], b[k]))]
+            return new, out
+
+        return run_both
+
+    f._function = both
+    execute(run)
+    assert made["lean"] > 0, "the lean body was not used"
+    return seen["chunks"], seen["differ"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lean_chunk_is_the_plain_chunk(name):
+    chunks, differ = _checked_run(CASES[name], 150)
+    assert chunks >= 3
+    assert differ == [], differ
+
+
+def test_lean_chunk_comparison_has_power():
+    # the lean body fed the wrong iteration's uniforms: its verdicts differ
+    _, differ = _checked_run(CASES["rwmh-deo"], 150, shift_uniforms=True)
+    assert any("decision" in k or "accepted" in k for k in differ), differ
+
+
+def test_lean_chunk_needs_a_state_free_scheme():
+    # DEO_W with a window > 1 gates on the swaps made: no block_active, the plain chunk runs
+    from nrpt.swap.schemes import DEOW, SEO
+
+    pairs = fused_mod.adjacent_pairs(2, 5, "cpu")
+    assert fused_mod.block_active(DEOW(3), pairs, {"odd": torch.tensor([True, False])},
+                                  2) is None
+    odd = torch.tensor([True, False, False])
+    got = fused_mod.block_active(DEOW(1), pairs, {"odd": odd}, 3)
+    want = torch.stack([DEOW(1).block_phase(pairs, {"odd": odd}, u, {})[0] for u in range(3)])
+    assert torch.equal(got, want)
+    coins = torch.tensor([[[True], [False]], [[False], [False]]])
+    got = fused_mod.block_active(SEO(), pairs, {"coins": coins}, 2)
+    want = torch.stack([SEO().block_phase(pairs, {"coins": coins}, u, {})[0] for u in range(2)])
+    assert torch.equal(got, want)
+
+    class Mine(SEO):  # overrides block_phase only: its block_active is not trusted
+        def block_phase(self, pairs, inputs, u, state):
+            return super().block_phase(pairs, inputs, u, state)
+
+    assert fused_mod.block_active(Mine(), pairs, {"coins": coins}, 2) is None
