@@ -207,13 +207,13 @@ def test_fused_and_plain_loops_record_the_same_tail_statistics(monkeypatch):
     same statistics on one run (funnel, rounds 7, ``fuse = true`` against ``false``).
     Negative control: another seed differs."""
     seen = []
-    orig = health._check_tails
+    orig = health.check_tails
 
     def spy(stats, *args):
         seen.append(stats)
         return orig(stats, *args)
 
-    monkeypatch.setattr(health, "_check_tails", spy)
+    monkeypatch.setattr(health, "check_tails", spy)
     # (the temperature ladder: the Gaussian reference's engine is never fused)
     opts = dict(rounds=7, chains=4, systems=2, explorer="mala", figures=False)
     fused = []

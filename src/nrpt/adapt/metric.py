@@ -112,9 +112,9 @@ class MetricAdaptor(AdaptorBase):
         self.switched_at: int | None = None
 
     def end_segment(self, view: SegmentView) -> Update | None:
+        if self.switched_at is not None:  # (said every round: a resumed run's summary too)
+            return Update(note=self._switch_note())
         if view.last or (self.phase is not None and not view.name.startswith(self.phase)):
-            return None
-        if self.switched_at is not None:
             return None
         if self.switch is not None and _neck(view):
             return self._switch(view)
@@ -202,8 +202,7 @@ class MetricAdaptor(AdaptorBase):
         self.switched_at = int(view.index)
         self.switch.switched = True
         self.z_scale = None
-        note = {"explorer_switched": f"after round {int(view.index) + 1}: slot 0 cannot enter "
-                                     f"a tail (tail-acceptance): HMC without a metric"}
+        note = self._switch_note()
         if old is None:
             return Update(note=note)
         old0 = old[0].double()
@@ -216,6 +215,10 @@ class MetricAdaptor(AdaptorBase):
         metric = eye if old0.dim() == 3 else torch.ones(P, d, dtype=torch.float64)
         return Update(metric=metric.to(view.step_size.dtype).expand(R, *metric.shape).clone(),
                       note=note)
+
+    def _switch_note(self) -> dict:
+        return {"explorer_switched": f"after round {self.switched_at + 1}: slot 0 cannot enter "
+                                     f"a tail (tail-acceptance): HMC without a metric"}
 
     def seed_rows(self, rows) -> None:
         """The current metric stands for ``rows`` rows at every slot (``[P]`` or a number;
@@ -258,8 +261,8 @@ NECK_MIN_STEPS = 128
 
 
 def _neck(view: SegmentView) -> bool:
-    """Whether the round's ``tail-acceptance`` check of slot 0 fires
-    (:func:`nrpt.report.health.check_tails` on the ``tail_acceptance`` recorder's statistics)
+    """Whether the round's ``tail-acceptance`` check of slot 0 fires (the summary's check,
+    :func:`nrpt.report.health.check_tails`, on the ``tail_acceptance`` recorder's statistics)
     on at least :data:`NECK_MIN_STEPS` steps."""
     from nrpt.report import health
 
@@ -267,8 +270,7 @@ def _neck(view: SegmentView) -> bool:
     stats = None if rec is None else rec.stats()
     if stats is None or float(stats["n"]) < NECK_MIN_STEPS:
         return False
-    return bool(health._check_tails(stats, health.TAIL_RATIO, health.TAIL_MIN_DRAWS,
-                                    health.TAIL_MIN_ENTRIES, health.TAIL_MIN_FRACTION))
+    return bool(health.check_tails(stats))
 
 
 def _stretch(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:

@@ -323,10 +323,7 @@ class Fused:
                                                m)
             explored_at = c["replica_at"]
             if has_ref:
-                ref = inp["ref"]
-                fresh = ReplicaState(ref.x[u], ref.v[u], ref.base[u],
-                                     {n: t[u] for n, t in ref.extras.items()})
-                state = refresh_top(state, c["slot_of"], fresh, P - 1)
+                state = refresh_top(state, c["slot_of"], _fresh(inp["ref"], u), P - 1)
             active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
             # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
             # iteration number would make every chunk a graph of its own)
@@ -360,9 +357,7 @@ class Fused:
             if late_x:  # (gathered per chunk, in body)
                 out["x"] = state.x
             elif watched:
-                rep = replica_at.index_select(1, watched_t)
-                out["slot_x"] = state.x.gather(1, rep[..., None].expand(*rep.shape,
-                                                                        state.x.shape[-1]))
+                out["slot_x"] = _at_slots(state.x, replica_at.index_select(1, watched_t))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
                    **({"b_pairs": c["b_pairs"]} if "b_pairs" in c else {}),
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
@@ -396,15 +391,10 @@ class Fused:
                                  for n in outs[0]["params"]}
             carry.pop("b_pairs", None)
             if late_stats:
-                # slot -> replica during each iteration's moves: the one before its swaps
-                at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
-                stacked["accept"], stacked["nonfinite"] = slot_stats(
-                    stacked["accept"], stacked["nonfinite"], at, n_explore)
+                _per_slot(stacked, first_at, n_explore)
             if late_x:
-                xs = stacked.pop("x")  # [U, R, P, dim]
-                rep = stacked["replica_at"].index_select(2, watched_t)  # [U, R, S]
-                stacked["slot_x"] = xs.gather(2, rep[..., None].expand(*rep.shape,
-                                                                       xs.shape[-1]))
+                stacked["slot_x"] = _at_slots(stacked.pop("x"),
+                                              stacked["replica_at"].index_select(2, watched_t))
             return carry, stacked
 
         return body
@@ -467,10 +457,7 @@ class Fused:
                     state, accept, nonfinite = explore(explorer, state, b, h, density, noise,
                                                        n_explore, m)
                 if has_ref:
-                    ref = inp["ref"]
-                    fresh = ReplicaState(ref.x[u], ref.v[u], ref.base[u],
-                                         {n: t[u] for n, t in ref.extras.items()})
-                    state = refresh_top(state, slot_of, fresh, P - 1)
+                    state = refresh_top(state, slot_of, _fresh(inp["ref"], u), P - 1)
                 lr = b_step * state.v.gather(1, replica_at).diff(dim=1)
                 accepted = open_u[u] < lr
                 src = swap_source(accepted, ids) if shift is None else \
@@ -487,9 +474,7 @@ class Fused:
                 if late_x:
                     outs["x"].append(state.x)
                 elif watched:
-                    rep = replica_at.index_select(1, watched_t)
-                    outs["slot_x"].append(state.x.gather(1, rep[..., None].expand(
-                        *rep.shape, state.x.shape[-1])))
+                    outs["slot_x"].append(_at_slots(state.x, replica_at.index_select(1, watched_t)))
             st = {n: torch.stack(ts) for n, ts in outs.items() if ts}
             lr = st.pop("lr")
             st["active"], st["decision"] = active, log_u < lr
@@ -498,13 +483,9 @@ class Fused:
             st["schedule"] = schedule.expand(U, *schedule.shape)
             st["step_size"] = step_size.expand(U, *step_size.shape)
             st["params"] = {n: torch.stack([t] * U) for n, t in params.items()}
-            at = torch.cat([first_at[None], st["replica_at"][:-1]])
-            st["accept"], st["nonfinite"] = slot_stats(st["accept"], st["nonfinite"].long(),
-                                                       at, n_explore)
+            _per_slot(st, first_at, n_explore)
             if late_x:
-                xs = st.pop("x")  # [U, R, P, dim]
-                rep = st["replica_at"].index_select(2, watched_t)  # [U, R, S]
-                st["slot_x"] = xs.gather(2, rep[..., None].expand(*rep.shape, xs.shape[-1]))
+                st["slot_x"] = _at_slots(st.pop("x"), st["replica_at"].index_select(2, watched_t))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
                    "step_size": step_size, "params": dict(params),
@@ -655,6 +636,25 @@ def block_active(scheme: Scheme, pairs: tuple, inputs: dict, U: int) -> torch.Te
     if owner is None or "block_active" not in vars(owner):
         return None
     return scheme.block_active(pairs, inputs, U)
+
+
+def _fresh(ref, u: int) -> ReplicaState:
+    """Iteration ``u``'s fresh reference draws of the chunk's ``ref`` (stacked states)."""
+    return ReplicaState(ref.x[u], ref.v[u], ref.base[u], {n: t[u] for n, t in ref.extras.items()})
+
+
+def _at_slots(x: torch.Tensor, rep: torch.Tensor) -> torch.Tensor:
+    """The positions ``x[..., P, dim]`` of the replicas ``rep[..., S]`` (per iteration
+    ``[R, S]``, or a chunk's ``[U, R, S]``): ``[..., S, dim]``."""
+    return x.gather(rep.dim() - 1, rep[..., None].expand(*rep.shape, x.shape[-1]))
+
+
+def _per_slot(stacked: dict, first_at: torch.Tensor, n_explore: int) -> None:
+    """A chunk's explorer acceptance and non-finite counts ``[U, R, P]`` by slot, in place:
+    each iteration's moves ran with the slot -> replica map before its swaps."""
+    at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
+    stacked["accept"], stacked["nonfinite"] = slot_stats(
+        stacked["accept"], stacked["nonfinite"].long(), at, n_explore)
 
 
 def _no_uniforms():

@@ -185,7 +185,7 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
     m = net.load(theta0, buf0) if n > 1 else None  # one copy, given the model's values
     for r in range(1, n):  # before each reset (one deep copy, not one per replica)
         if r > 1:
-            _assign(net, m, theta0, buf0)
+            net.assign(m, theta0, buf0)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9, r))
             for mod in m.modules():
@@ -195,15 +195,6 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
         thetas.append(t)
         bufs.append(b)
     return torch.stack(thetas), torch.stack(bufs)
-
-
-@torch.no_grad()
-def _assign(net: FunctionalNet, m: nn.Module, theta: torch.Tensor, buf: torch.Tensor) -> None:
-    """``m``'s parameters and floating buffers set to ``theta`` and ``buf`` (in place)."""
-    for name, t in net.params(theta).items():
-        m.get_parameter(name).copy_(t)
-    for name, t in zip(net.buffer_names, buf.split(net.buffer_numels), strict=True):
-        m.get_buffer(name).copy_(t.view_as(m.get_buffer(name)))
 
 
 

@@ -16,6 +16,7 @@ import torch
 
 from nrpt.deep.replicas import FunctionalNet
 from nrpt.recorders.draws import index_dtype
+from nrpt.recorders.pending import PendingRows
 from nrpt.recorders.stats import json_ready
 from nrpt.roles import RecorderBase
 
@@ -234,7 +235,7 @@ class IndexRecorder(RecorderBase):
         self.reads_slots = ()
         #: rows recorded but not yet in the store (``n`` counts them): copied to the host
         #: :data:`PENDING` at a time, not one small device-to-host copy per iteration
-        self._pending: list[torch.Tensor] = []
+        self._pending = PendingRows(self.PENDING)
 
     def _open(self, keep: int = 0) -> np.ndarray:
         """The row store; ``keep`` rows of an existing ``index.npy`` carried over."""
@@ -279,18 +280,17 @@ class IndexRecorder(RecorderBase):
         if self.n >= self.capacity:
             raise RuntimeError(f"the index process has room for {self.capacity} rows (the "
                                f"plan's iterations); iteration {it.k + 1} is beyond it")
-        self._pending.append(it.slot_of[0].clone())
         self.n += 1
-        if len(self._pending) >= self.PENDING:
+        if self._pending.add(it.slot_of[:1].clone()):
             self._flush()
 
     def _flush(self) -> None:
         """Write the pending rows into the store (rows ``n - len(pending) .. n - 1``)."""
         arr = self._open()
-        if self._pending:
-            rows = torch.stack(self._pending).cpu().numpy()
-            arr[self.n - rows.shape[0]:self.n] = rows
-            self._pending = []
+        rows = self._pending.take()
+        if rows is not None:
+            block = rows[0].cpu().numpy()
+            arr[self.n - block.shape[0]:self.n] = block
 
     def array(self) -> np.ndarray:
         if not self.n:
@@ -316,7 +316,7 @@ class IndexRecorder(RecorderBase):
 
     def load_state_dict(self, sd):
         n = int(sd["n"])
-        self._pending = []
+        self._pending.clear()
         if self.path is None:
             self.n = 0
             arr = self._open()

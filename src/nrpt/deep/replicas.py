@@ -254,13 +254,18 @@ class FunctionalNet:
         m = copy.deepcopy(self.module)
         if self._training is False:
             m.train(True)
-        with torch.no_grad():
-            for name, t in self.params(theta).items():
-                m.get_parameter(name).copy_(t)
-            if buf is not None:
-                for name, t in zip(self.buffer_names, buf.split(self.buffer_numels),
-                                   strict=True):
-                    m.get_buffer(name).copy_(t.view_as(m.get_buffer(name)))
+        return self.assign(m, theta, buf)
+
+    @torch.no_grad()
+    def assign(self, m: nn.Module, theta: torch.Tensor,
+               buf: torch.Tensor | None = None) -> nn.Module:
+        """``m`` (a copy of the module: :meth:`load`) with its parameters set to ``theta`` and
+        its floating buffers to ``buf``, in place; returns ``m``."""
+        for name, t in self.params(theta).items():
+            m.get_parameter(name).copy_(t)
+        if buf is not None:
+            for name, t in zip(self.buffer_names, buf.split(self.buffer_numels), strict=True):
+                m.get_buffer(name).copy_(t.view_as(m.get_buffer(name)))
         return m
 
     # ------------------------------------------------------------------ BatchNorm statistics
@@ -626,14 +631,11 @@ def _remember(path: Path, key: str, timings: dict[str, float]) -> None:
     data.pop(key, None)
     data[key] = timings
     data = dict(list(data.items())[-STRATEGY_CACHE_SIZE:])
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    from nrpt.files import atomic_write
+
+    with contextlib.suppress(OSError):  # (atomic_write removes its temporary file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        atomic_write(path, json.dumps(data), sync=False)
 
 
 def _time(net, strategy, theta, buf, x, y, repeats: int) -> float:

@@ -243,7 +243,9 @@ class MALAThenHMC(MALA):
     HMC on the funnel (0 of 4).  The check fired on no run of the other posteriors measured,
     where this explorer is MALA, draw for draw.  Each round's kernel is MALA's or HMC's, each
     exact for its slot's density; the switch depends on past rounds only (adaptive MCMC's
-    between-rounds rule)."""
+    between-rounds rule).  The switch needs rounds and a preconditioner (``precondition``
+    'auto', 'diagonal' or 'dense'; rounds with ``precondition = "none"`` are refused): a run
+    without rounds is MALA throughout."""
 
     name = "mala-hmc"
     #: (the switch is read in Python at each step: a compiled step would bake one kernel in)

@@ -22,7 +22,8 @@ import torch
 
 __all__ = ["EVERY", "PendingRows"]
 
-#: iterations buffered before a recorder takes them (RoundTrips and TailAcceptance: 64)
+#: iterations buffered before a recorder takes them (RoundTrips, TailAcceptance and the deep
+#: IndexRecorder: 64)
 EVERY = 64
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from nrpt.diagnostics import RoundTripTracker
+from nrpt.recorders.pending import PendingRows
 from nrpt.roles import BLOCK, Iteration, IterationBlock, RecorderBase
 from nrpt.swap.schemes import is_sweep
 
@@ -196,18 +197,16 @@ class RoundTrips(RecorderBase):
     def __init__(self, slot_of: torch.Tensor, P: int):
         self.tracker = RoundTripTracker(slot_of, P)
         self.R = slot_of.shape[0]
-        #: the index rows ``[U, R, P]`` of chunks not yet given to the tracker, and their count
-        self._pending: list[torch.Tensor] = []
-        self._n_pending = 0
+        #: the index rows ``[U, R, P]`` not yet given to the tracker
+        self._pending = PendingRows(self.PENDING)
         self.start_segment(True)
 
     def _flush(self) -> None:
         """Advance the tracker over the pending rows (the same counts and state as advancing it
         chunk by chunk, or iteration by iteration: :meth:`RoundTripTracker.update_block`)."""
-        if self._pending:
-            rows = self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
-            self._pending, self._n_pending = [], 0
-            self.tracker.update_block(rows)
+        rows = self._pending.take()
+        if rows is not None:
+            self.tracker.update_block(rows[0])
 
     def _counts(self) -> dict[str, torch.Tensor]:
         self._flush()
@@ -224,19 +223,15 @@ class RoundTrips(RecorderBase):
         # (buffered as a chunk's rows are: one prefix scan per PENDING iterations instead of
         # some twenty small ops per iteration, the same counts; a copy: the engine's slot_of
         # may be replaced in place by a resize)
-        self._pending.append(it.slot_of[None].clone())
-        self._n_pending += 1
         self.n += 1
-        if self._n_pending >= self.PENDING:
+        if self._pending.add(it.slot_of[None].clone()):
             self._flush()
 
     def record_block(self, block: IterationBlock) -> None:
         # (= U updates, in a few ops per PENDING iterations; a copy: the block's tensors are
         # the caller's, which may reuse them)
-        self._pending.append(block.slot_of.clone())
-        self._n_pending += block.U
         self.n += block.U
-        if self._n_pending >= self.PENDING:
+        if self._pending.add(block.slot_of.clone(), n=block.U):
             self._flush()
 
     def counts(self) -> dict[str, torch.Tensor]:
@@ -272,7 +267,7 @@ class RoundTrips(RecorderBase):
         return {"tracker": self.tracker.state_dict(), "base": self.base, "n": self.n}
 
     def load_state_dict(self, sd: dict) -> None:
-        self._pending, self._n_pending = [], 0
+        self._pending.clear()
         self.tracker.load_state_dict(sd["tracker"])
         self.base, self.n = sd["base"], int(sd["n"])
 

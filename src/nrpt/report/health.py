@@ -28,6 +28,7 @@ __all__ = [
     "Finding",
     "slot0_diagnostics",
     "check_run",
+    "check_tails",
     "emit",
     "format_findings",
     "PAIR_FLOOR",
@@ -462,9 +463,11 @@ def _check_hot(hot_states, reference_spread) -> list[Finding]:
     return out
 
 
-def _check_tails(stats: Mapping, ratio: float, min_draws: float, min_entries: float,
-                 min_fraction: float) -> list[Finding]:
-    """``tail-acceptance`` from :meth:`nrpt.recorders.tails.TailAcceptance.stats`."""
+def check_tails(stats: Mapping, ratio: float = TAIL_RATIO, min_draws: float = TAIL_MIN_DRAWS,
+                min_entries: float = TAIL_MIN_ENTRIES,
+                min_fraction: float = TAIL_MIN_FRACTION) -> list[Finding]:
+    """``tail-acceptance`` from :meth:`nrpt.recorders.tails.TailAcceptance.stats` (the summary's
+    check, and the switch of explorer ``mala-hmc``: :class:`nrpt.adapt.metric.MetricAdaptor`)."""
     a0 = float(stats["acceptance"])
     if not (math.isfinite(a0) and a0 > 0):
         return []
@@ -599,8 +602,8 @@ def check_run(*, swap_acceptance=None, restarts=None, n_iterations: int | None =
         ea = _as_2d(explorer_acceptance, "explorer_acceptance")
         findings += _check_explorer(ea, target, explorer_name, explorer_band, reference_exact)
     if exact and tail_acceptance is not None:
-        findings += _check_tails(tail_acceptance, float(tail_ratio), float(tail_min_draws),
-                                 float(tail_min_entries), float(tail_min_fraction))
+        findings += check_tails(tail_acceptance, float(tail_ratio), float(tail_min_draws),
+                                float(tail_min_entries), float(tail_min_fraction))
     if hot_states is not None:
         findings += _check_hot(hot_states, reference_spread)
     if slot0 is not None:

@@ -561,9 +561,14 @@ def _tuning(cfg, explorer, path, burn: int, facts, dim: int) -> tuple[list, int]
         adaptors += [schedule] if schedule is not None else []
         mode = resolve_mode(getattr(cfg, "precondition", None) or "none", dim)
         inner = getattr(explorer, "inner", explorer)
+        switch = inner if hasattr(inner, "switched") else None
+        if switch is not None and mode == "none":  # (the switch is the metric adaptor's)
+            raise ValueError(f"explorer {switch.name!r} switches to HMC between rounds "
+                             f"through the preconditioner's adaptor: give precondition 'auto', "
+                             f"'diagonal' or 'dense' (got {cfg.precondition!r}), or explorer "
+                             f"'mala' / 'hmc'")
         metric = (MetricAdaptor(mode, dim, gate=explorer.acceptance_order is not None,
-                                switch=inner if hasattr(inner, "switched") else None)
-                  if mode != "none" else None)
+                                switch=switch) if mode != "none" else None)
         if metric is not None:  # (the summary's preconditioner section)
             facts["precondition"] = mode
             if facts.get("laplace_start"):  # (its metric stands for LAPLACE_ROWS rows per dim)
