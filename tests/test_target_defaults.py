@@ -180,3 +180,32 @@ def test_without_the_defaults_the_same_run_fails():
     sd = np.sqrt(np.diag(Scaled().cov.numpy()))
     ratio = x.std(0) / sd
     assert not np.all((ratio > 0.85) & (ratio < 1.15)), ratio
+
+
+def _cli_config(tmp_path, toml: str, *flags: str):
+    from nrpt.run.cli import _config, _parser
+
+    path = tmp_path / "run.toml"
+    path.write_text(toml)
+    return _config(_parser().parse_args(["run", "--config", str(path), *flags]))
+
+
+def test_a_config_file_with_a_stan_program_takes_its_defaults(tmp_path):
+    """``nrpt run --config FILE`` joins a .stan target's defaults as the flags alone do: the
+    file's and the flags' settings stay, the rest join (before, a config file joined none)."""
+    from nrpt.run.cli import _config, _parser
+
+    def by_flags(*flags):
+        return _config(_parser().parse_args(["run", *flags])).to_dict()
+
+    head = 'version = 2\n[run]\ntarget = "model.stan"\nrounds = 6\n'
+    cfg = _cli_config(tmp_path, head)
+    assert cfg.to_dict() == by_flags("--target", "model.stan", "--rounds", "6")
+    assert (cfg.explorer, cfg.precondition) == ("mala-hmc", "auto")
+    cfg = _cli_config(tmp_path, head + '[explorer]\nexplorer = "hmc"\n', "--chains", "5")
+    assert cfg.to_dict() == by_flags("--target", "model.stan", "--rounds", "6", "--explorer",
+                                     "hmc", "--chains", "5")
+    assert (cfg.explorer, cfg.chains, cfg.precondition) == ("hmc", 5, "auto")
+    # control: without rounds nothing joins, so the built-in explorer stays
+    cfg = _cli_config(tmp_path, 'version = 2\n[run]\ntarget = "model.stan"\n')
+    assert cfg.explorer != "mala-hmc"

@@ -229,6 +229,12 @@ def _config(args) -> RunConfig:
     cfg = RunConfig.from_toml(args.config)
     if opts:
         data["target_options"] = {**cfg.target_options, **opts}
+    # a .stan target's defaults join the file's settings and the flags as they join the flags
+    # alone: what the file or a flag sets stays (the file's unset settings are not explicit)
+    given = {k: v for k, v in cfg.to_dict().items() if k in cfg.explicit} | data
+    joined = dict(given)
+    _stan_defaults(joined)
+    data.update({k: v for k, v in joined.items() if k not in given})
     return cfg.replace(**data)
 
 
