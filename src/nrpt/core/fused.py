@@ -437,17 +437,19 @@ class Fused:
             log_u = torch.log(inp["uniforms"])  # [U, R, P-1], as the rule's per iteration
             open_u = torch.where(active, log_u, math.inf).unbind(0)  # (closed: never below)
             b_step = schedule.diff(dim=1)  # b_hi - b_lo
+            # each iteration's draws as one tuple (one op a draw per chunk, not one a step)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            per_u = list(zip(*draws, strict=True)) if draws else [()] * U
             state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
             replica_at, slot_of = carry["replica_at"], carry["slot_of"]
             first_at = replica_at
-            names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
-                     "nonfinite", "x" if late_x else "slot_x")
-            outs: dict[str, list] = {n: [] for n in names}
-            o_v, o_base, o_slot, o_rep, o_lr, o_acc, o_ex, o_nf = (outs[n] for n in names[:8])
+            if shift is not None:  # (the verdicts written as integers: no conversion a step)
+                verdicts = torch.empty(U, R, P - 1, dtype=torch.long, device=eng.device)
+                verdict = verdicts.unbind(0)
+            rows = []
             for u in range(U):
                 b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
-                noise = ReplayNoise([d[u] for d in draws])
+                noise = ReplayNoise(per_u[u])
                 m = None if metric is None else slot_metric(metric, slot_of)
                 if n_explore == 1:  # (explore's, its count made long once per chunk)
                     state, info = explorer.step(state, b, h, density, noise, sub=0,
@@ -459,23 +461,24 @@ class Fused:
                 if has_ref:
                     state = refresh_top(state, slot_of, _fresh(inp["ref"], u), P - 1)
                 lr = b_step * state.v.gather(1, replica_at).diff(dim=1)
-                accepted = open_u[u] < lr
-                src = swap_source(accepted, ids) if shift is None else \
-                    torch.addmm(ids, accepted.long(), shift)  # (swap_source's, inline)
+                if shift is None:
+                    accepted = open_u[u] < lr
+                    src = swap_source(accepted, ids)
+                else:  # (swap_source's, inline)
+                    accepted = torch.lt(open_u[u], lr, out=verdict[u])
+                    src = torch.addmm(ids, accepted, shift)
                 replica_at, slot_of = replica_at.gather(1, src), src.gather(1, slot_of)
-                o_v.append(state.v)
-                o_base.append(state.base)
-                o_slot.append(slot_of)
-                o_rep.append(replica_at)
-                o_lr.append(lr)
-                o_acc.append(accepted)
-                o_ex.append(accept)
-                o_nf.append(nonfinite)
-                if late_x:
-                    outs["x"].append(state.x)
-                elif watched:
-                    outs["slot_x"].append(_at_slots(state.x, replica_at.index_select(1, watched_t)))
-            st = {n: torch.stack(ts) for n, ts in outs.items() if ts}
+                rows.append((state.v, state.base, slot_of, replica_at, lr, accepted, accept,
+                             nonfinite, state.x if late_x else
+                             _at_slots(state.x, replica_at.index_select(1, watched_t))
+                             if watched else None))
+            names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
+                     "nonfinite", "x" if late_x else "slot_x")
+            skip = {*(() if watched else (names[-1],)), *(() if shift is None else ("accepted",))}
+            st = {n: torch.stack(ts) for n, ts in zip(names, zip(*rows, strict=True), strict=True)
+                  if n not in skip}
+            if shift is not None:
+                st["accepted"] = verdicts.bool()
             lr = st.pop("lr")
             st["active"], st["decision"] = active, log_u < lr
             st["prob"] = torch.exp(torch.clamp(torch.nan_to_num(
