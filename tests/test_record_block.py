@@ -26,8 +26,9 @@ from nrpt.run.sgpt import HEADLINE
 from nrpt.swap.schemes import is_sweep
 
 K = 150  # iterations per run: crosses StreamingLogSumExp's 64-term chunk twice
-#: block sizes, cycled: U = 1, 3, 4, 8 and a mix
-SIZES = {"1": [1], "3": [3], "4": [4], "8": [8], "mix": [5, 1, 8, 3, 16, 2, 7, 4]}
+#: block sizes, cycled: U = 1, 3, 4, 8, 64 (the eager chunks' length on small states) and a mix
+SIZES = {"1": [1], "3": [3], "4": [4], "8": [8], "64": [64],
+         "mix": [5, 1, 8, 3, 16, 2, 7, 4, 40]}
 
 CONFIGS = {
     "deo": dict(target="twenty-five-modes", chains=6, systems=3, explorer="rwmh", scheme="deo"),
