@@ -407,3 +407,19 @@ def test_add_many_together_is_one_stream_at_a_time(shape, blocks):
     mixed = streams()  # two streams' terms exchanged: the comparison sees it
     add_many_together(mixed, torch.stack([terms[0], terms[1], terms[3], terms[2]]))
     assert not same(one[2].state_dict(), mixed[2].state_dict())
+
+
+def test_reduce_terms_all_finite_is_the_masked_reduction():
+    # the all-finite shortcut (no mask, no counts) gives the masked reduction's numbers; a
+    # non-finite term takes the masked path and is counted
+    from nrpt.recorders.log_z import _reduce_terms
+
+    g = torch.Generator().manual_seed(5)
+    terms = torch.randn(64, 3, 15, generator=g, dtype=torch.float64)
+    lse, bad, zeros = _reduce_terms(terms, 0)
+    assert bad is None and zeros is None
+    masked = torch.logsumexp(terms.masked_fill(~(terms < np.inf), -np.inf), 0)
+    assert torch.equal(bits(lse), bits(masked))
+    terms[4, 1, 2], terms[9, 0, 0] = np.nan, -np.inf
+    lse, bad, zeros = _reduce_terms(terms, 0)
+    assert int(bad.sum()) == 1 and int(zeros.sum()) == 1 and bool(lse.isfinite().all())

@@ -100,6 +100,8 @@ class StreamingLogSumExp:
         if self.pending == 0:
             return self.total, self._invalid, self._zeros
         lse, bad, zeros = self._chunk()
+        if bad is None:  # (every term finite)
+            return torch.logaddexp(self.total, lse), self._invalid, self._zeros
         return (torch.logaddexp(self.total, lse), self._invalid + bad, self._zeros + zeros)
 
     def _flush(self) -> None:
@@ -107,8 +109,10 @@ class StreamingLogSumExp:
             return
         self._absorb(*self._chunk())
 
-    def _absorb(self, lse: torch.Tensor, bad: torch.Tensor, zeros: torch.Tensor) -> None:
-        """Merge the buffered terms' ``(log sum exp, invalid, zeros)`` and empty the buffer."""
+    def _absorb(self, lse: torch.Tensor, bad: torch.Tensor | None,
+                zeros: torch.Tensor | None) -> None:
+        """Merge the buffered terms' ``(log sum exp, invalid, zeros)`` (counts ``None``: none)
+        and empty the buffer."""
         if self.K and self.pending == self.buffer.shape[0]:
             self._current = torch.logaddexp(self._current, lse)
             self._current_chunks += 1
@@ -123,7 +127,8 @@ class StreamingLogSumExp:
                     self._batch[:self.K] = merged
                     self.n_batches, self.batch_chunks = self.K, 2 * self.batch_chunks
         self.total = torch.logaddexp(self.total, lse)
-        self._invalid, self._zeros = self._invalid + bad, self._zeros + zeros
+        if bad is not None:  # (None: every term finite, the counts unchanged)
+            self._invalid, self._zeros = self._invalid + bad, self._zeros + zeros
         self.pending = 0
 
     def batch_log_means(self) -> torch.Tensor:
@@ -193,7 +198,11 @@ class StreamingLogSumExp:
 def _reduce_terms(terms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor,
                                                           torch.Tensor]:
     """``(log sum exp, invalid, zeros)`` of ``terms`` along ``dim``: NaN and ``+inf`` terms
-    skipped and counted, ``-inf`` terms counted."""
+    skipped and counted, ``-inf`` terms counted.  On the CPU, where every term is finite (the
+    usual case, checked by one reduction), ``(log sum exp, None, None)``: no masking (the same
+    numbers: the mask would change none) and no counts to add."""
+    if terms.device.type == "cpu" and bool(terms.isfinite().all()):
+        return torch.logsumexp(terms, dim), None, None
     bad = ~(terms < math.inf)  # NaN or +inf
     return (torch.logsumexp(terms.masked_fill(bad, -math.inf), dim), bad.sum(dim),
             (terms == -math.inf).sum(dim))
@@ -232,9 +241,10 @@ def add_many_together(streams: list[StreamingLogSumExp], terms: torch.Tensor) ->
         if s0.pending == size:
             if done is None:
                 done = _reduce_terms(torch.stack([s.buffer for s in streams]), 1)
-            lse, bad, zeros = (r.unbind(0) for r in done)
+            lse, bad, zeros = (r if r is None else r.unbind(0) for r in done)
             for j, s in enumerate(streams):
-                s._absorb(lse[j], bad[j], zeros[j])
+                s._absorb(lse[j], None if bad is None else bad[j],
+                          None if zeros is None else zeros[j])
 
 
 #: Batches kept for the batch-means errors (between ``BATCHES`` and ``2 * BATCHES``).
