@@ -312,9 +312,9 @@ class Fused:
             with torch.inference_mode(False):
                 watched_t = torch.tensor(watched, device=eng.device)
 
-        def iteration(c: dict, inp: dict, u: int, draws, uniforms) -> tuple[dict, dict]:
+        def iteration(c: dict, inp: dict, u: int, draws, uniforms, gains) -> tuple[dict, dict]:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
-            (``draws``, ``uniforms``: the chunk's inputs split by iteration)."""
+            (``draws``, ``uniforms``, ``gains``: the chunk's inputs split by iteration)."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
             b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
             m = slot_metric(c["metric"], c["slot_of"]) if "metric" in c else None
@@ -349,7 +349,7 @@ class Fused:
                                                         prob)],
                                has_reference=has_ref)
                 for j, a in enumerate(online):  # (k is not read: the gain comes in)
-                    upd = a.observe_block(it, inp["gains"][j, u])
+                    upd = a.observe_block(it, gains[j][u])
                     schedule = upd.schedule if upd.schedule is not None else schedule
                     step_size = upd.step_size if upd.step_size is not None else step_size
                     params.update(upd.params)  # (the view reads the live dict, as it.params)
@@ -375,8 +375,10 @@ class Fused:
             # (one op a draw, not one a step; a list: already one tensor an iteration)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
             uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
+            # (each adaptor's gains split once: a tuple index a step, not a tensor index)
+            gains = [g.unbind(0) for g in inp["gains"].unbind(0)] if "gains" in inp else None
             for u in range(U):
-                carry, out = iteration(carry, inp, u, draws, uniforms)
+                carry, out = iteration(carry, inp, u, draws, uniforms, gains)
                 outs.append(out)
             stacked = {}
             for n in outs[0]:
