@@ -406,17 +406,18 @@ class Fused:
         permutation: no online adaptor (the chunk's tables are its own), the Metropolis rule,
         a scheme whose masks depend on no state (:func:`block_active`; else ``plain``, the
         chunk of :meth:`_body`).  Per iteration: the two per-slot gathers, the explorer step
-        and eight small ops for the swaps (the energies at the slots, their differences times
+        and seven small ops for the swaps (the energies at the slots, their differences times
         the schedule's, the verdicts of the open pairs against log-uniforms made per chunk,
-        the permutation and its inverse: the swaps are disjoint, so ``src`` is its own
-        inverse and ``slot_of`` follows by one gather).  The rule's verdicts and
-        probabilities of all pairs, the masks and the log-uniforms are made once per chunk,
-        from the same numbers by the same elementwise ops as the rule's per iteration.  The
-        same numbers as :meth:`_body`: ``(b_hi - b_lo) (v_hi - v_lo)`` is the rule's ``(b_lo
-        - b_hi) (v_lo - v_hi)`` up to the sign of a zero (each factor is the exact negation,
-        or +0 for both), which neither ``log u < lr`` nor ``exp(min(lr, 0))`` sees, and
-        ``log u < lr`` is false for a NaN ``lr`` as for the rule's ``-inf``
-        (``tests/test_fused.py`` checks the chunks against the plain loop bit for bit)."""
+        written as integers into a per-chunk buffer, the permutation and its inverse: the
+        swaps are disjoint, so ``src`` is its own inverse and ``slot_of`` follows by one
+        gather).  The rule's verdicts and probabilities of all pairs, the masks and the
+        log-uniforms are made once per chunk, from the same numbers by the same elementwise
+        ops as the rule's per iteration.  The same numbers as :meth:`_body`: ``(b_hi - b_lo)
+        (v_hi - v_lo)`` is the rule's ``(b_lo - b_hi) (v_lo - v_hi)`` up to the sign of a zero
+        (each factor is the exact negation, or +0 for both), which neither ``log u < lr`` nor
+        ``exp(min(lr, 0))`` sees, and ``log u < lr`` is false for a NaN ``lr`` as for the
+        rule's ``-inf`` (``tests/test_fused.py`` checks the chunks against the plain loop bit
+        for bit)."""
         eng, explorer = self.engine, self.explorer
         density, scheme, P, R, n_explore = eng.density, eng.scheme, eng.P, eng.R, eng.n_explore
         pairs = adjacent_pairs(R, P, eng.device)
