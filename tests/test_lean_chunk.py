@@ -25,6 +25,10 @@ CASES = {
     # two explorer steps an iteration (explore's sums), HMC
     "hmc-deo-n2": dict(target="twenty-five-modes", chains=4, systems=2, explorer="hmc",
                        scheme="deo", n_explore=2, leapfrog_steps=3),
+    # past SHIFT_MATRIX_MAX slots (the permutation by swap_source, verdicts as booleans) and
+    # chunks too large to gather the watched positions per chunk
+    "rwmh-65-chains-u32": dict(target="twenty-five-modes", chains=65, systems=4,
+                               explorer="rwmh", scheme="deo", fuse=32),
     # one chain pair only
     "rwmh-two-chains": dict(target="twenty-five-modes", chains=2, systems=2, explorer="rwmh",
                             scheme="deo"),
@@ -51,7 +55,8 @@ def _checked_run(cfg: dict, iterations: int, shift_uniforms: bool = False) -> tu
     """Run ``cfg`` fused; every chunk computed by the lean and the plain body (the lean one's
     result taken); returns (chunks compared, the keys that differed)."""
     run = build(RunConfig.from_dict({}, defaults=dict(cfg, iterations=iterations,
-                                                      figures=False, fuse=True)))
+                                                      figures=False,
+                                                      fuse=cfg.get("fuse", True))))
     f = run.fused
     assert f is not None and not f.online
     made = {"lean": 0}

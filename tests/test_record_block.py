@@ -26,8 +26,9 @@ from nrpt.run.sgpt import HEADLINE
 from nrpt.swap.schemes import is_sweep
 
 K = 150  # iterations per run: crosses StreamingLogSumExp's 64-term chunk twice
-#: block sizes, cycled: U = 1, 3, 4, 8 and a mix
-SIZES = {"1": [1], "3": [3], "4": [4], "8": [8], "mix": [5, 1, 8, 3, 16, 2, 7, 4]}
+#: block sizes, cycled: U = 1, 3, 4, 8, 64 (the eager chunks' length on small states) and a mix
+SIZES = {"1": [1], "3": [3], "4": [4], "8": [8], "64": [64],
+         "mix": [5, 1, 8, 3, 16, 2, 7, 4, 40]}
 
 CONFIGS = {
     "deo": dict(target="twenty-five-modes", chains=6, systems=3, explorer="rwmh", scheme="deo"),
@@ -367,3 +368,58 @@ def test_welford_is_torch_var_mean(shape):
             m = m + d / float(k + 1)
             m2 = torch.addcmul(m2, d, x[k] - m)
         assert not torch.equal((m2 / shape[0]).nan_to_num(), want_var.nan_to_num())
+
+
+@pytest.mark.parametrize("shape", [(1, 15), (3, 7), (2, 255), (32, 7)])
+@pytest.mark.parametrize("blocks", [[64], [5, 64, 59, 128], [200]])
+def test_add_many_together_is_one_stream_at_a_time(shape, blocks):
+    # the log Z recorder's four sums reduced together (one logsumexp over the stacked
+    # buffers) give each stream's own numbers bit for bit, with infinite and NaN terms;
+    # streams out of step take the one-at-a-time path; negative control: two streams'
+    # terms exchanged differ
+    from nrpt.recorders.log_z import add_many_together
+
+    g = torch.Generator().manual_seed(len(blocks) + shape[1])
+    n = sum(blocks)
+    terms = [torch.randn(n, *shape, generator=g, dtype=torch.float64) for _ in range(4)]
+    terms[1][3, 0, 0], terms[2][n - 1, -1, -1], terms[3][9, 0, -1] = -np.inf, np.nan, np.inf
+
+    def streams():
+        return [StreamingLogSumExp(shape, batches=2) for _ in range(4)]
+
+    one, joint = streams(), streams()
+    i = 0
+    for u in blocks:
+        for s, t in zip(one, terms, strict=True):
+            s.add_many(t[i:i + u])
+        add_many_together(joint, torch.stack([t[i:i + u] for t in terms]))
+        i += u
+    for a, b in zip(one, joint, strict=True):
+        assert same(a.state_dict(), b.state_dict())
+        assert torch.equal(bits(a.value()), bits(b.value()))
+    late = streams()  # out of step: one stream at a time, the same numbers
+    late[0].add_many(terms[0][:1])
+    add_many_together(late, torch.stack([t[1:] if j == 0 else t[:n - 1]
+                                         for j, t in enumerate(terms)]))
+    for s, t in zip(late[1:], terms[1:], strict=True):
+        s.add_many(t[n - 1:])
+    assert all(same(a.state_dict(), b.state_dict()) for a, b in zip(one, late, strict=True))
+    mixed = streams()  # two streams' terms exchanged: the comparison sees it
+    add_many_together(mixed, torch.stack([terms[0], terms[1], terms[3], terms[2]]))
+    assert not same(one[2].state_dict(), mixed[2].state_dict())
+
+
+def test_reduce_terms_all_finite_is_the_masked_reduction():
+    # the all-finite shortcut (no mask, no counts) gives the masked reduction's numbers; a
+    # non-finite term takes the masked path and is counted
+    from nrpt.recorders.log_z import _reduce_terms
+
+    g = torch.Generator().manual_seed(5)
+    terms = torch.randn(64, 3, 15, generator=g, dtype=torch.float64)
+    lse, bad, zeros = _reduce_terms(terms, 0)
+    assert bad is None and zeros is None
+    masked = torch.logsumexp(terms.masked_fill(~(terms < np.inf), -np.inf), 0)
+    assert torch.equal(bits(lse), bits(masked))
+    terms[4, 1, 2], terms[9, 0, 0] = np.nan, -np.inf
+    lse, bad, zeros = _reduce_terms(terms, 0)
+    assert int(bad.sum()) == 1 and int(zeros.sum()) == 1 and bool(lse.isfinite().all())

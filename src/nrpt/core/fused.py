@@ -312,9 +312,9 @@ class Fused:
             with torch.inference_mode(False):
                 watched_t = torch.tensor(watched, device=eng.device)
 
-        def iteration(c: dict, inp: dict, u: int, draws, uniforms) -> tuple[dict, dict]:
+        def iteration(c: dict, inp: dict, u: int, draws, uniforms, gains) -> tuple[dict, dict]:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
-            (``draws``, ``uniforms``: the chunk's inputs split by iteration)."""
+            (``draws``, ``uniforms``, ``gains``: the chunk's inputs split by iteration)."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
             b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
             m = slot_metric(c["metric"], c["slot_of"]) if "metric" in c else None
@@ -349,7 +349,7 @@ class Fused:
                                                         prob)],
                                has_reference=has_ref)
                 for j, a in enumerate(online):  # (k is not read: the gain comes in)
-                    upd = a.observe_block(it, inp["gains"][j, u])
+                    upd = a.observe_block(it, gains[j][u])
                     schedule = upd.schedule if upd.schedule is not None else schedule
                     step_size = upd.step_size if upd.step_size is not None else step_size
                     params.update(upd.params)  # (the view reads the live dict, as it.params)
@@ -375,8 +375,10 @@ class Fused:
             # (one op a draw, not one a step; a list: already one tensor an iteration)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
             uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
+            # (each adaptor's gains split once: a tuple index a step, not a tensor index)
+            gains = [g.unbind(0) for g in inp["gains"].unbind(0)] if "gains" in inp else None
             for u in range(U):
-                carry, out = iteration(carry, inp, u, draws, uniforms)
+                carry, out = iteration(carry, inp, u, draws, uniforms, gains)
                 outs.append(out)
             stacked = {}
             for n in outs[0]:
@@ -404,17 +406,18 @@ class Fused:
         permutation: no online adaptor (the chunk's tables are its own), the Metropolis rule,
         a scheme whose masks depend on no state (:func:`block_active`; else ``plain``, the
         chunk of :meth:`_body`).  Per iteration: the two per-slot gathers, the explorer step
-        and eight small ops for the swaps (the energies at the slots, their differences times
+        and seven small ops for the swaps (the energies at the slots, their differences times
         the schedule's, the verdicts of the open pairs against log-uniforms made per chunk,
-        the permutation and its inverse: the swaps are disjoint, so ``src`` is its own
-        inverse and ``slot_of`` follows by one gather).  The rule's verdicts and
-        probabilities of all pairs, the masks and the log-uniforms are made once per chunk,
-        from the same numbers by the same elementwise ops as the rule's per iteration.  The
-        same numbers as :meth:`_body`: ``(b_hi - b_lo) (v_hi - v_lo)`` is the rule's ``(b_lo
-        - b_hi) (v_lo - v_hi)`` up to the sign of a zero (each factor is the exact negation,
-        or +0 for both), which neither ``log u < lr`` nor ``exp(min(lr, 0))`` sees, and
-        ``log u < lr`` is false for a NaN ``lr`` as for the rule's ``-inf``
-        (``tests/test_fused.py`` checks the chunks against the plain loop bit for bit)."""
+        written as integers into a per-chunk buffer, the permutation and its inverse: the
+        swaps are disjoint, so ``src`` is its own inverse and ``slot_of`` follows by one
+        gather).  The rule's verdicts and probabilities of all pairs, the masks and the
+        log-uniforms are made once per chunk, from the same numbers by the same elementwise
+        ops as the rule's per iteration.  The same numbers as :meth:`_body`: ``(b_hi - b_lo)
+        (v_hi - v_lo)`` is the rule's ``(b_lo - b_hi) (v_lo - v_hi)`` up to the sign of a zero
+        (each factor is the exact negation, or +0 for both), which neither ``log u < lr`` nor
+        ``exp(min(lr, 0))`` sees, and ``log u < lr`` is false for a NaN ``lr`` as for the
+        rule's ``-inf`` (``tests/test_fused.py`` checks the chunks against the plain loop bit
+        for bit)."""
         eng, explorer = self.engine, self.explorer
         density, scheme, P, R, n_explore = eng.density, eng.scheme, eng.P, eng.R, eng.n_explore
         pairs = adjacent_pairs(R, P, eng.device)
@@ -437,17 +440,19 @@ class Fused:
             log_u = torch.log(inp["uniforms"])  # [U, R, P-1], as the rule's per iteration
             open_u = torch.where(active, log_u, math.inf).unbind(0)  # (closed: never below)
             b_step = schedule.diff(dim=1)  # b_hi - b_lo
+            # each iteration's draws as one tuple (one op a draw per chunk, not one a step)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            per_u = list(zip(*draws, strict=True)) if draws else [()] * U
             state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
             replica_at, slot_of = carry["replica_at"], carry["slot_of"]
             first_at = replica_at
-            names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
-                     "nonfinite", "x" if late_x else "slot_x")
-            outs: dict[str, list] = {n: [] for n in names}
-            o_v, o_base, o_slot, o_rep, o_lr, o_acc, o_ex, o_nf = (outs[n] for n in names[:8])
+            if shift is not None:  # (the verdicts written as integers: no conversion a step)
+                verdicts = torch.empty(U, R, P - 1, dtype=torch.long, device=eng.device)
+                verdict = verdicts.unbind(0)
+            rows = []
             for u in range(U):
                 b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
-                noise = ReplayNoise([d[u] for d in draws])
+                noise = ReplayNoise(per_u[u])
                 m = None if metric is None else slot_metric(metric, slot_of)
                 if n_explore == 1:  # (explore's, its count made long once per chunk)
                     state, info = explorer.step(state, b, h, density, noise, sub=0,
@@ -459,23 +464,24 @@ class Fused:
                 if has_ref:
                     state = refresh_top(state, slot_of, _fresh(inp["ref"], u), P - 1)
                 lr = b_step * state.v.gather(1, replica_at).diff(dim=1)
-                accepted = open_u[u] < lr
-                src = swap_source(accepted, ids) if shift is None else \
-                    torch.addmm(ids, accepted.long(), shift)  # (swap_source's, inline)
+                if shift is None:
+                    accepted = open_u[u] < lr
+                    src = swap_source(accepted, ids)
+                else:  # (swap_source's, inline)
+                    accepted = torch.lt(open_u[u], lr, out=verdict[u])
+                    src = torch.addmm(ids, accepted, shift)
                 replica_at, slot_of = replica_at.gather(1, src), src.gather(1, slot_of)
-                o_v.append(state.v)
-                o_base.append(state.base)
-                o_slot.append(slot_of)
-                o_rep.append(replica_at)
-                o_lr.append(lr)
-                o_acc.append(accepted)
-                o_ex.append(accept)
-                o_nf.append(nonfinite)
-                if late_x:
-                    outs["x"].append(state.x)
-                elif watched:
-                    outs["slot_x"].append(_at_slots(state.x, replica_at.index_select(1, watched_t)))
-            st = {n: torch.stack(ts) for n, ts in outs.items() if ts}
+                rows.append((state.v, state.base, slot_of, replica_at, lr, accepted, accept,
+                             nonfinite, state.x if late_x else
+                             _at_slots(state.x, replica_at.index_select(1, watched_t))
+                             if watched else None))
+            names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
+                     "nonfinite", "x" if late_x else "slot_x")
+            skip = {*(() if watched else (names[-1],)), *(() if shift is None else ("accepted",))}
+            st = {n: torch.stack(ts) for n, ts in zip(names, zip(*rows, strict=True), strict=True)
+                  if n not in skip}
+            if shift is not None:
+                st["accepted"] = verdicts.bool()
             lr = st.pop("lr")
             st["active"], st["decision"] = active, log_u < lr
             st["prob"] = torch.exp(torch.clamp(torch.nan_to_num(

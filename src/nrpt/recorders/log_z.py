@@ -91,10 +91,7 @@ class StreamingLogSumExp:
 
     def _chunk(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log sum exp, invalid, zeros)`` of the buffered terms."""
-        terms = self.buffer[:self.pending]
-        bad = ~(terms < math.inf)  # NaN or +inf
-        return (torch.logsumexp(terms.masked_fill(bad, -math.inf), 0), bad.sum(0),
-                (terms == -math.inf).sum(0))
+        return _reduce_terms(self.buffer[:self.pending], 0)
 
     def _pending(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(total, invalid, zeros)`` with the buffered terms merged in, the state unchanged:
@@ -103,12 +100,19 @@ class StreamingLogSumExp:
         if self.pending == 0:
             return self.total, self._invalid, self._zeros
         lse, bad, zeros = self._chunk()
+        if bad is None:  # (every term finite)
+            return torch.logaddexp(self.total, lse), self._invalid, self._zeros
         return (torch.logaddexp(self.total, lse), self._invalid + bad, self._zeros + zeros)
 
     def _flush(self) -> None:
         if not self.pending:
             return
-        lse, bad, zeros = self._chunk()
+        self._absorb(*self._chunk())
+
+    def _absorb(self, lse: torch.Tensor, bad: torch.Tensor | None,
+                zeros: torch.Tensor | None) -> None:
+        """Merge the buffered terms' ``(log sum exp, invalid, zeros)`` (counts ``None``: none)
+        and empty the buffer."""
         if self.K and self.pending == self.buffer.shape[0]:
             self._current = torch.logaddexp(self._current, lse)
             self._current_chunks += 1
@@ -123,7 +127,8 @@ class StreamingLogSumExp:
                     self._batch[:self.K] = merged
                     self.n_batches, self.batch_chunks = self.K, 2 * self.batch_chunks
         self.total = torch.logaddexp(self.total, lse)
-        self._invalid, self._zeros = self._invalid + bad, self._zeros + zeros
+        if bad is not None:  # (None: every term finite, the counts unchanged)
+            self._invalid, self._zeros = self._invalid + bad, self._zeros + zeros
         self.pending = 0
 
     def batch_log_means(self) -> torch.Tensor:
@@ -188,6 +193,58 @@ class StreamingLogSumExp:
             self._current = bt["current"].to(self._current)
             self._current_chunks = int(bt["current_chunks"])
             self.batch_chunks = int(bt["batch_chunks"])
+
+
+def _reduce_terms(terms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+    """``(log sum exp, invalid, zeros)`` of ``terms`` along ``dim``: NaN and ``+inf`` terms
+    skipped and counted, ``-inf`` terms counted.  On the CPU, where every term is finite (the
+    usual case, checked by one reduction), ``(log sum exp, None, None)``: no masking (the same
+    numbers: the mask would change none) and no counts to add."""
+    if terms.device.type == "cpu" and bool(terms.isfinite().all()):
+        return torch.logsumexp(terms, dim), None, None
+    bad = ~(terms < math.inf)  # NaN or +inf
+    return (torch.logsumexp(terms.masked_fill(bad, -math.inf), dim), bad.sum(dim),
+            (terms == -math.inf).sum(dim))
+
+
+def add_many_together(streams: list[StreamingLogSumExp], terms: torch.Tensor) -> None:
+    """``s.add_many(terms[j])`` for every stream ``s = streams[j]`` (``terms`` ``[S, U,
+    *shape]``), bit for bit.  Streams in step (the same shape, buffer length and count pending,
+    as :class:`SteppingStone`'s four always are) reduce a full buffer's worth of terms together:
+    one ``logsumexp`` (and one of each count) along the terms' axis of ``terms`` itself where a
+    buffer's worth lies inside it (nothing copied), else of the stacked buffers, instead of one
+    per stream; each entry's terms are reduced in the same order (the streams only add an
+    outer axis; ``tests/test_record_block.py`` checks it).  Else one stream at a time."""
+    s0 = streams[0]
+    size = s0.buffer.shape[0]
+    if any(s.pending != s0.pending or s.buffer.shape != s0.buffer.shape
+           or s.buffer.dtype != s0.buffer.dtype for s in streams) or \
+            terms.dtype != s0.buffer.dtype:
+        for s, t in zip(streams, terms, strict=True):
+            s.add_many(t)
+        return
+    i, U = 0, terms.shape[1]
+    while i < U:
+        p = s0.pending
+        m = min(size - p, U - i)
+        if m == size:  # (a whole buffer's worth: reduced where it lies)
+            done = _reduce_terms(terms[:, i:i + m], 1)
+        else:
+            for s, t in zip(streams, terms, strict=True):
+                s.buffer[p:p + m] = t[i:i + m]
+            done = None
+        for s in streams:
+            s.pending += m
+            s.n += m
+        i += m
+        if s0.pending == size:
+            if done is None:
+                done = _reduce_terms(torch.stack([s.buffer for s in streams]), 1)
+            lse, bad, zeros = (r if r is None else r.unbind(0) for r in done)
+            for j, s in enumerate(streams):
+                s._absorb(lse[j], None if bad is None else bad[j],
+                          None if zeros is None else zeros[j])
 
 
 #: Batches kept for the batch-means errors (between ``BATCHES`` and ``2 * BATCHES``).
@@ -370,11 +427,9 @@ class SteppingStone(RecorderBase):
         b = block.schedule  # [U, R, P]
         v = block.slot_energies
         db = b[..., :-1] - b[..., 1:]
-        fw, rv = -db * v[..., 1:], db * v[..., :-1]
-        self.forward.add_many(fw)
-        self.reverse.add_many(rv)
-        self.bridge_num.add_many(0.5 * fw)
-        self.bridge_den.add_many(0.5 * rv)
+        halves = torch.stack([-db * v[..., 1:], db * v[..., :-1]])  # forward, reverse
+        add_many_together([self.forward, self.reverse, self.bridge_num, self.bridge_den],
+                          torch.cat([halves, 0.5 * halves]))
 
     def summary(self) -> dict:
         est = self.estimate()

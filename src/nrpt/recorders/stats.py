@@ -324,9 +324,14 @@ class SlotSpread(RecorderBase):
         """Rows ``x[m, R, S, dim]``, in iteration order."""
         G, i, m = self.GROUP, 0, x.shape[0]
         while i < m:
-            if not self._rows and m - i >= G:  # a whole group inside x
-                self._merge(x[i:i + G])
-                i += G
+            if not self._rows and m - i >= G:  # whole groups inside x
+                whole = (m - i) // G
+                if whole > 1 and not self.with_cov and x[0].numel() < WELFORD_ROWS:
+                    self._merge_groups(x[i:i + whole * G])
+                else:
+                    self._merge(x[i:i + G])
+                    whole = 1
+                i += whole * G
                 continue
             take = min(G - len(self._rows), m - i)
             self._rows.extend(x[i + j] for j in range(take))
@@ -339,6 +344,20 @@ class SlotSpread(RecorderBase):
         if self.with_cov:
             self._c2 = _chan_merge_cov(self._n, self._mean, self._c2, group)
         self._n, self._mean, self._m2 = _chan_merge(self._n, self._mean, self._m2, group)
+
+    def _merge_groups(self, rows: torch.Tensor) -> None:
+        """:meth:`_merge` of each group of ``GROUP`` consecutive ``rows`` in turn, the groups'
+        variances and means by one ``torch.var_mean`` over the stacked groups (each group's
+        numbers as its own call gives them: the groups only add an outer axis;
+        ``tests/test_record_block.py`` checks it)."""
+        G = self.GROUP
+        groups = rows.contiguous().view(rows.shape[0] // G, G, *rows.shape[1:])
+        var, mean = torch.var_mean(groups, 1, correction=0)
+        m2 = var * G
+        for j in range(groups.shape[0]):
+            mean_b, m2_b = (mean[j], m2[j]) if self._n else (mean[j].clone(), m2[j].clone())
+            self._n, self._mean, self._m2 = _chan_combine(self._n, self._mean, self._m2, G,
+                                                          mean_b, m2_b)
 
     def _stats(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """``(n, mean, m2)`` of every row so far (the partial group merged, not stored)."""
@@ -438,7 +457,12 @@ def _chan_merge(n_a: int, mean_a: torch.Tensor, m2_a: torch.Tensor, group: torch
     group = group.contiguous()  # (one memory layout, so one rounding, however it was built)
     n_b = group.shape[0]
     var_b, mean_b = _var_mean(group)
-    m2_b = var_b * n_b
+    return _chan_combine(n_a, mean_a, m2_a, n_b, mean_b, var_b * n_b)
+
+
+def _chan_combine(n_a: int, mean_a: torch.Tensor, m2_a: torch.Tensor, n_b: int,
+                  mean_b: torch.Tensor, m2_b: torch.Tensor):
+    """``(n, mean, m2)`` of two sets of rows summarized by ``(n, mean, m2)`` each."""
     if n_a == 0:
         return n_b, mean_b, m2_b
     n = n_a + n_b
