@@ -236,7 +236,9 @@ class SGHMC(SGExplorer):
         if m is None:
             m = torch.zeros_like(x)
         a = 1.0 - self.momentum
-        m = _plus_noise(self.momentum * m - eta * g, 2.0 * a * eta * tau, xi)
+        # (momentum * m is a new tensor: eta * g is taken from it in place, the same numbers
+        # as momentum * m - eta * g without a third temporary of the state's size)
+        m = _plus_noise((self.momentum * m).sub_(eta * g), 2.0 * a * eta * tau, xi)
         return x + m, {**extras, "momentum": m}
 
     def after_reflection(self, x, x_new, extras):
