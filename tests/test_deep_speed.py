@@ -725,3 +725,38 @@ def test_the_energys_gradient_and_the_momentum_step_are_the_out_of_place_formula
     assert torch.equal(m, m_kept)
     assert not torch.equal(out["momentum"], 0.9 * m - (1.0 + 2.0 ** -20) * eta * got.grad)
 
+
+def test_cpu_replicas_are_seeded_without_torch_manual_seed(monkeypatch):
+    """On the CPU the initial replicas' resets and the dropout masks draw from the CPU
+    generator seeded directly: the same numbers torch.manual_seed gave (the initial-replica
+    test above compares with it), without its lazy seeding of every other device kind.
+    Negative control: the keyed dropout still changes with its seed."""
+    from nrpt import rng
+
+    calls = []
+    plain_seed = torch.manual_seed
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+    net = FunctionalNet(m)
+    theta, buf = net.pack()
+    X, y = _toy(n=8)[0]
+    args = (theta.expand(2, -1), buf.expand(2, -1), X[:8].expand(2, 8, 6), y[:8].expand(2, 8),
+            "loop")
+    a = net.loss_and_grad(*args, seed=rng.key(1, 2))
+    monkeypatch.setattr(torch, "manual_seed", lambda s: calls.append(s) or plain_seed(s))
+    fitting._initial_replicas(net, m, 3, seed=4)
+    b = net.loss_and_grad(*args, seed=rng.key(1, 2))
+    c = net.loss_and_grad(*args, seed=rng.key(1, 3))
+    assert calls == []
+    monkeypatch.undo()
+
+    def with_manual_seed(seed):  # the masks torch.manual_seed gives
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed % 2 ** 63)
+            return net._loop(*args[:4])
+
+    ref = with_manual_seed(rng.key(1, 2))
+    assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+    assert torch.equal(a[0], ref[0]) and torch.equal(a[1], ref[1])
+    assert not torch.equal(a[0], c[0])

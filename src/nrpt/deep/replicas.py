@@ -484,7 +484,11 @@ class _seeded:
         devices = [self.device] if self.device.type == "cuda" else []
         self._ctx = torch.random.fork_rng(devices=devices)
         self._ctx.__enter__()
-        torch.manual_seed(int(self.seed) % (2 ** 63))
+        seed = int(self.seed) % (2 ** 63)
+        if self.device.type == "cpu":  # (layers on the CPU draw from its generator alone:
+            torch.default_generator.manual_seed(seed)  # torch.manual_seed's lazy seeding of
+        else:  # every other device kind formats the caller's stack each call)
+            torch.manual_seed(seed)
         return self
 
     def __exit__(self, *exc):
