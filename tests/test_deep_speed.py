@@ -760,3 +760,33 @@ def test_cpu_replicas_are_seeded_without_torch_manual_seed(monkeypatch):
     assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
     assert torch.equal(a[0], ref[0]) and torch.equal(a[1], ref[1])
     assert not torch.equal(a[0], c[0])
+
+
+@pytest.mark.parametrize("make", [lambda: SGLD(), lambda: MomentumSGD(momentum=0.7),
+                                  lambda: PSGLD()])
+def test_a_warm_move_adds_the_noise_term_as_written(make):
+    """With noise drawn, the moves add ``sqrt(scale) * xi`` with the scale made only then
+    (a function: cold steps skip it), the numbers of the formulas written out.  Negative
+    control: a scale off by a factor 1 + 2^-20 is told apart."""
+    g = torch.Generator().manual_seed(3)
+    x, grad, xi = (torch.randn(2, 3, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    eta = torch.rand(2, 3, 1, generator=g, dtype=torch.float64) / 10
+    tau = torch.rand(2, 3, 1, generator=g, dtype=torch.float64)
+    ex = make()
+    extras = {"momentum": torch.randn(2, 3, 5, generator=g, dtype=torch.float64),
+              "precond_sq": torch.rand(2, 3, 5, generator=g, dtype=torch.float64)}
+    got, out = ex.move(x, grad, eta, tau, dict(extras), xi)
+
+    def formula(f=1.0):
+        if isinstance(ex, MomentumSGD):
+            m = ex.momentum * extras["momentum"] - eta * grad
+            m = m + torch.sqrt(f * (2.0 * (1.0 - ex.momentum) * eta * tau)) * xi
+            return x + m
+        if isinstance(ex, PSGLD):
+            v = ex.rho * extras["precond_sq"] + (1.0 - ex.rho) * grad * grad
+            G = 1.0 / (ex.eps + v.sqrt())
+            return x - eta * G * grad + torch.sqrt(f * (2.0 * eta * tau * G)) * xi
+        return x - eta * grad + torch.sqrt(f * (2.0 * eta * tau)) * xi
+
+    assert torch.equal(got, formula())
+    assert not torch.equal(got, formula(1.0 + 2.0 ** -20))
