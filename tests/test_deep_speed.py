@@ -724,6 +724,11 @@ def test_the_energys_gradient_and_the_momentum_step_are_the_out_of_place_formula
     assert torch.equal(out["momentum"], ref_m) and torch.equal(x_new, x + ref_m)
     assert torch.equal(m, m_kept)
     assert not torch.equal(out["momentum"], 0.9 * m - (1.0 + 2.0 ** -20) * eta * got.grad)
+    # a float64 step size against float32 rows promotes as the formula does (out of place)
+    eta64 = eta.double()
+    _, out64 = ex.move(x, got.grad, eta64, torch.zeros_like(eta64), {"momentum": m}, None)
+    assert out64["momentum"].dtype == torch.float64
+    assert torch.equal(out64["momentum"], 0.9 * m - eta64 * got.grad)
 
 
 def test_cpu_replicas_are_seeded_without_torch_manual_seed(monkeypatch):

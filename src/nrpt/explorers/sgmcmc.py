@@ -237,10 +237,13 @@ class SGHMC(SGExplorer):
         if m is None:
             m = torch.zeros_like(x)
         a = 1.0 - self.momentum
-        # (momentum * m is a new tensor: eta * g is taken from it in place, the same numbers
-        # as momentum * m - eta * g without a third temporary of the state's size)
-        m = _plus_noise((self.momentum * m).sub_(eta * g), lambda: 2.0 * a * eta * tau,
-                        xi)
+        # momentum * m is a new tensor: eta * g is taken from it in place where that gives
+        # what momentum * m - eta * g gives (same dtype and shape: no promotion, no
+        # broadcast), without a third temporary of the state's size
+        kept, step = self.momentum * m, eta * g
+        same = kept.dtype == step.dtype and kept.shape == step.shape
+        m = _plus_noise(kept.sub_(step) if same else kept - step,
+                        lambda: 2.0 * a * eta * tau, xi)
         return x + m, {**extras, "momentum": m}
 
     def after_reflection(self, x, x_new, extras):
