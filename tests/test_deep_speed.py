@@ -650,3 +650,148 @@ def test_nrpt_deep_max_seconds_stops_says_how_to_go_on_and_resume_finishes(tmp_p
     assert main(["deep", "--resume", str(out), "--no-progress", "--max-seconds", "1e6"]) == 0
     done = json.loads((out / "summary.json").read_text())
     assert not done["interrupted"] and done["iterations"] == 22  # ceil(1346 / 64) x 1 epoch
+
+
+# ------------------------------------------------------------------ stop 36: fewer copies
+class _Unused(nn.Module):
+    """A model one of whose parameters the loss never reaches."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(72, 3)
+        self.spare = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.lin(x.flatten(1))
+
+
+def test_the_loops_parameter_leaves_give_zeros_for_a_parameter_the_loss_does_not_reach():
+    """The loop's leaves are each replica's parameters (no split of one flat leaf): a
+    parameter outside the graph still gets the zero gradient the split's backward gave, and
+    the rest is the per-replica backward's, bit for bit.  Negative control: the gradient of a
+    perturbed replica differs."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = FunctionalNet(_Unused())
+    theta, buf, x, y = _batch(net, P=3)
+    losses, grad, _ = net.loss_and_grad(theta, buf, x, y, "loop")
+    ref = _per_replica_backward(net, theta, buf, x, y)
+    assert torch.equal(losses, ref[0]) and torch.equal(grad, ref[1])
+    spare = net.names.index("spare")
+    lo = sum(net.numels[:spare])
+    assert torch.equal(grad[:, lo:lo + 4], torch.zeros(3, 4))
+    moved = theta.clone()
+    moved[1, -1] += 0.5  # (a bias of the linear layer)
+    assert not torch.equal(net.loss_and_grad(moved, buf, x, y, "loop")[1][1], grad[1])
+
+
+def test_the_energys_gradient_and_the_momentum_step_are_the_out_of_place_formulas():
+    """The minibatch gradient (scaled in place) and the momentum SGD move (the step taken from
+    the new momentum in place) equal the formulas written out of place, bit for bit; the
+    inputs are left as they were.  Negative control: a term scaled by 1 + 2^-20 is told apart."""
+    from nrpt import rng
+    from nrpt.deep.energy import NetworkEnergy
+
+    train, _ = _toy()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = FunctionalNet(_mlp())
+    target = NetworkTarget(net, *train, weight_decay=5e-4, strategy="loop")
+    est = NetworkEnergy(target, 12)
+    g = torch.Generator().manual_seed(2)
+    theta0, _ = net.pack()
+    x = theta0 + 0.3 * torch.randn(1, 3, net.dim, generator=g)
+    kept = x.clone()
+    key = rng.Key((5, 1))
+    extras = est.init_extras(x, key)
+    got = est(x, key, extras)
+    idx = est.batches(key, (1, 3), x.device).reshape(3, -1)
+    losses, gr, _ = net.loss_and_grad(x[0], extras["bn"][0], train[0][idx], train[1][idx],
+                                      "loop")
+    scale = target.n_data / 12
+    want = scale * gr + target.n_data * target.weight_decay * x[0]
+    assert torch.equal(got.grad[0], want) and torch.equal(x, kept)
+    # (negative control: the data term scaled by 1 + 2^-20 is told apart)
+    other = scale * (1.0 + 2.0 ** -20) * gr + target.n_data * target.weight_decay * x[0]
+    assert not torch.equal(got.grad[0], other)
+    # the momentum move
+    ex = MomentumSGD(momentum=0.9)
+    m = torch.randn(1, 3, net.dim, generator=g)
+    eta = torch.tensor([0.01, 0.02, 0.04]).reshape(1, 3, 1)
+    m_kept = m.clone()
+    x_new, out = ex.move(x, got.grad, eta, torch.zeros_like(eta), {"momentum": m}, None)
+    ref_m = 0.9 * m - eta * got.grad
+    assert torch.equal(out["momentum"], ref_m) and torch.equal(x_new, x + ref_m)
+    assert torch.equal(m, m_kept)
+    assert not torch.equal(out["momentum"], 0.9 * m - (1.0 + 2.0 ** -20) * eta * got.grad)
+    # a float64 step size against float32 rows promotes as the formula does (out of place)
+    eta64 = eta.double()
+    _, out64 = ex.move(x, got.grad, eta64, torch.zeros_like(eta64), {"momentum": m}, None)
+    assert out64["momentum"].dtype == torch.float64
+    assert torch.equal(out64["momentum"], 0.9 * m - eta64 * got.grad)
+
+
+def test_cpu_replicas_are_seeded_without_torch_manual_seed(monkeypatch):
+    """On the CPU the initial replicas' resets and the dropout masks draw from the CPU
+    generator seeded directly: the same numbers torch.manual_seed gave (the initial-replica
+    test above compares with it), without its lazy seeding of every other device kind.
+    Negative control: the keyed dropout still changes with its seed."""
+    from nrpt import rng
+
+    calls = []
+    plain_seed = torch.manual_seed
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+    net = FunctionalNet(m)
+    theta, buf = net.pack()
+    X, y = _toy(n=8)[0]
+    args = (theta.expand(2, -1), buf.expand(2, -1), X[:8].expand(2, 8, 6), y[:8].expand(2, 8),
+            "loop")
+    a = net.loss_and_grad(*args, seed=rng.key(1, 2))
+    monkeypatch.setattr(torch, "manual_seed", lambda s: calls.append(s) or plain_seed(s))
+    fitting._initial_replicas(net, m, 3, seed=4)
+    b = net.loss_and_grad(*args, seed=rng.key(1, 2))
+    c = net.loss_and_grad(*args, seed=rng.key(1, 3))
+    assert calls == []
+    monkeypatch.undo()
+
+    def with_manual_seed(seed):  # the masks torch.manual_seed gives
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed % 2 ** 63)
+            return net._loop(*args[:4])
+
+    ref = with_manual_seed(rng.key(1, 2))
+    assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+    assert torch.equal(a[0], ref[0]) and torch.equal(a[1], ref[1])
+    assert not torch.equal(a[0], c[0])
+
+
+@pytest.mark.parametrize("make", [lambda: SGLD(), lambda: MomentumSGD(momentum=0.7),
+                                  lambda: PSGLD()])
+def test_a_warm_move_adds_the_noise_term_as_written(make):
+    """With noise drawn, the moves add ``sqrt(scale) * xi`` with the scale made only then
+    (a function: cold steps skip it), the numbers of the formulas written out.  Negative
+    control: a scale off by a factor 1 + 2^-20 is told apart."""
+    g = torch.Generator().manual_seed(3)
+    x, grad, xi = (torch.randn(2, 3, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    eta = torch.rand(2, 3, 1, generator=g, dtype=torch.float64) / 10
+    tau = torch.rand(2, 3, 1, generator=g, dtype=torch.float64)
+    ex = make()
+    extras = {"momentum": torch.randn(2, 3, 5, generator=g, dtype=torch.float64),
+              "precond_sq": torch.rand(2, 3, 5, generator=g, dtype=torch.float64)}
+    got, out = ex.move(x, grad, eta, tau, dict(extras), xi)
+
+    def formula(f=1.0):
+        if isinstance(ex, MomentumSGD):
+            m = ex.momentum * extras["momentum"] - eta * grad
+            m = m + torch.sqrt(f * (2.0 * (1.0 - ex.momentum) * eta * tau)) * xi
+            return x + m
+        if isinstance(ex, PSGLD):
+            v = ex.rho * extras["precond_sq"] + (1.0 - ex.rho) * grad * grad
+            G = 1.0 / (ex.eps + v.sqrt())
+            return x - eta * G * grad + torch.sqrt(f * (2.0 * eta * tau * G)) * xi
+        return x - eta * grad + torch.sqrt(f * (2.0 * eta * tau)) * xi
+
+    assert torch.equal(got, formula())
+    assert not torch.equal(got, formula(1.0 + 2.0 ** -20))

@@ -202,7 +202,8 @@ class NetworkEnergy(EnergyEstimator):
                                            need_grad=need_grad)
         scale = self.n_data / self.batch_size
         u = scale * losses.sum(-1) + t.prior_energy(theta)
-        grad = scale * g + t.n_data * t.weight_decay * theta if need_grad else None
+        # (g is this call's own tensor: scaled in place, the same numbers as scale * g + ...)
+        grad = g.mul_(scale).add_(t.n_data * t.weight_decay * theta) if need_grad else None
         fpc = 1.0 - self.batch_size / self.n_data
         var = self.n_data ** 2 * losses.var(-1) / self.batch_size * fpc
         out = Estimate(u.reshape(lead).to(x.dtype),

@@ -183,11 +183,19 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
     theta0, buf0 = net.pack(model)
     thetas, bufs = [theta0], [buf0]
     m = net.load(theta0, buf0) if n > 1 else None  # one copy, given the model's values
+    # a CPU model's layers draw from the CPU generator alone: seeding it is what
+    # torch.manual_seed does for them, without the lazy seeding of every other device kind
+    # (which formats the caller's stack each call: ~0.2-0.8 ms per replica)
+    cpu = net.device.type == "cpu"
     for r in range(1, n):  # before each reset (one deep copy, not one per replica)
         if r > 1:
             net.assign(m, theta0, buf0)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(rng.key(seed, rng.Stream.INIT, 0xDEE9, r))
+            key = rng.key(seed, rng.Stream.INIT, 0xDEE9, r)
+            if cpu:
+                torch.default_generator.manual_seed(key)
+            else:
+                torch.manual_seed(key)
             for mod in m.modules():
                 if hasattr(mod, "reset_parameters"):
                     mod.reset_parameters()

@@ -340,15 +340,17 @@ class FunctionalNet:
         return n
 
     # ------------------------------------------------------------------ one replica
-    def _one(self, theta, buf, x, y):
-        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode.
+    def _one(self, theta, buf, x, y, params=None):
+        """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode
+        (``params``: the named parameters to compute with, when given; else views of
+        ``theta``).
 
         BatchNorm updates its running statistics itself, in place, with PyTorch's rule (the
         batch statistics it computes anyway): each buffer is handed over as its own copy (not a
         view of one flat tensor, whose in-place updates ``vmap`` would drop) and the copies are
         read back afterwards."""
         own = self._own_buffers(buf)
-        logits = self._call(self.params(theta), own, x)
+        logits = self._call(self.params(theta) if params is None else params, own, x)
         losses = self.loss(logits, y)
         new = (torch.cat([own[n].reshape(-1) for n in self.buffer_names])
                if self.buffer_names else buf)
@@ -402,22 +404,32 @@ class FunctionalNet:
             return losses, g, new
 
     def _loop(self, theta, buf, x, y):
-        """Each replica's forward pass on its own leaf, then ONE backward pass of the sum of
-        their summed losses: each replica's graph receives the seed 1 it would receive alone,
-        so every gradient is the one a backward pass per replica gives, bit for bit (tested),
-        for one call into the autograd engine instead of ``n``."""
+        """Each replica's forward pass, then ONE backward pass of the sum of their summed
+        losses: each replica's graph receives the seed 1 it would receive alone, so every
+        gradient is the one a backward pass per replica gives, bit for bit (tested), for one
+        call into the autograd engine instead of ``n``.  The leaves are each replica's
+        parameters themselves (views of ``theta``, detached), as a plain training loop's are:
+        their gradients are written once, into the ``[n, dim]`` result, instead of being
+        concatenated per replica by the backward pass of a split of one flat leaf and then
+        stacked (the same numbers, copied once instead of twice)."""
         out_l, leaves, out_b = [], [], []
+        names, shapes, numels = self.names, self.shapes, self.numels
         with torch.enable_grad():
             total = None
             for i in range(theta.shape[0]):
-                th = theta[i].detach().requires_grad_(True)
-                t, (losses, new) = self._one(th, buf[i], x[i], y[i])
+                mine = [c.view(s).detach().requires_grad_(True)
+                        for c, s in zip(theta[i].split(numels), shapes, strict=True)]
+                t, (losses, new) = self._one(None, buf[i], x[i], y[i],
+                                             dict(zip(names, mine, strict=True)))
                 total = t if total is None else total + t
-                leaves.append(th)
+                leaves.extend(mine)
                 out_l.append(losses)
                 out_b.append(new.detach())
-            grads = torch.autograd.grad(total, leaves)
-        return torch.stack(out_l), torch.stack(grads), torch.stack(out_b)
+            # (a parameter the loss does not reach: zeros, as the split's backward gave)
+            grads = torch.autograd.grad(total, leaves, allow_unused=True,
+                                        materialize_grads=True)
+        g = torch.cat([t.reshape(-1) for t in grads]).view(theta.shape[0], self.dim)
+        return torch.stack(out_l), g, torch.stack(out_b)
 
     def _batched(self, strategy: str):
         if strategy not in self._fns:
@@ -472,7 +484,11 @@ class _seeded:
         devices = [self.device] if self.device.type == "cuda" else []
         self._ctx = torch.random.fork_rng(devices=devices)
         self._ctx.__enter__()
-        torch.manual_seed(int(self.seed) % (2 ** 63))
+        seed = int(self.seed) % (2 ** 63)
+        if self.device.type == "cpu":  # (layers on the CPU draw from its generator alone:
+            torch.default_generator.manual_seed(seed)  # torch.manual_seed's lazy seeding of
+        else:  # every other device kind formats the caller's stack each call)
+            torch.manual_seed(seed)
         return self
 
     def __exit__(self, *exc):

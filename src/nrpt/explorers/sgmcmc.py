@@ -178,8 +178,8 @@ class SGExplorer(Explorer):
             old = ReplicaState(state.x, state.v, state.base,
                                {key: state.extras.get(key, val) for key, val in extras.items()})
             new = old.where(ok, new)
-        ones = torch.ones_like(e1.u)
-        return new, ExploreInfo(ones * ok, ok, ~ok)
+        # (the 0/1 acceptance as e1.u's dtype: what ones_like(e1.u) * ok gave, one op fewer)
+        return new, ExploreInfo(ok.to(e1.u.dtype), ok, ~ok)
 
 
 def _all_cold(b: torch.Tensor, noise) -> bool:
@@ -191,10 +191,11 @@ def _all_cold(b: torch.Tensor, noise) -> bool:
             and bool(torch.isinf(b).all()))
 
 
-def _plus_noise(t: torch.Tensor, scale: torch.Tensor, xi: torch.Tensor | None):
-    """``t + sqrt(scale) * xi``, or ``t`` itself when no noise was drawn (every slot cold:
-    the term is 0, and this skips its arithmetic too)."""
-    return t if xi is None else t + torch.sqrt(scale) * xi
+def _plus_noise(t: torch.Tensor, scale, xi: torch.Tensor | None):
+    """``t + sqrt(scale()) * xi``, or ``t`` itself when no noise was drawn (every slot cold:
+    the term is 0, and this skips its arithmetic, the scale's included: ``scale`` is a
+    function that makes it)."""
+    return t if xi is None else t + torch.sqrt(scale()) * xi
 
 
 class SGLD(SGExplorer):
@@ -203,7 +204,7 @@ class SGLD(SGExplorer):
     name = "sgld"
 
     def move(self, x, g, eta, tau, extras, xi):
-        return _plus_noise(x - eta * g, 2.0 * eta * tau, xi), extras
+        return _plus_noise(x - eta * g, lambda: 2.0 * eta * tau, xi), extras
 
 
 class SGD(SGLD):
@@ -236,7 +237,13 @@ class SGHMC(SGExplorer):
         if m is None:
             m = torch.zeros_like(x)
         a = 1.0 - self.momentum
-        m = _plus_noise(self.momentum * m - eta * g, 2.0 * a * eta * tau, xi)
+        # momentum * m is a new tensor: eta * g is taken from it in place where that gives
+        # what momentum * m - eta * g gives (same dtype and shape: no promotion, no
+        # broadcast), without a third temporary of the state's size
+        kept, step = self.momentum * m, eta * g
+        same = kept.dtype == step.dtype and kept.shape == step.shape
+        m = _plus_noise(kept.sub_(step) if same else kept - step,
+                        lambda: 2.0 * a * eta * tau, xi)
         return x + m, {**extras, "momentum": m}
 
     def after_reflection(self, x, x_new, extras):
@@ -275,7 +282,7 @@ class PSGLD(SGExplorer):
         v = extras.get("precond_sq")
         v = g * g if v is None else self.rho * v + (1.0 - self.rho) * g * g
         G = 1.0 / (self.eps + v.sqrt())
-        x_new = _plus_noise(x - eta * G * g, 2.0 * eta * tau * G, xi)
+        x_new = _plus_noise(x - eta * G * g, lambda: 2.0 * eta * tau * G, xi)
         return x_new, {**extras, "precond_sq": v}
 
     def describe(self):
