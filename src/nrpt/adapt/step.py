@@ -39,14 +39,21 @@ FAST_FACTOR = 10.0
 STALE_ACCEPTANCE = 0.1
 
 
-def step_size_factor(acceptance, target: float, order) -> np.ndarray:
-    """Multiplicative step-size change per entry of ``acceptance`` (NaN -> 1: no data);
-    ``order``: the integer ``k`` of the model, or an array of (estimated) orders per entry."""
+def _check_target_order(target, order) -> np.ndarray:
+    """``order`` as an array, after checking ``target`` in (0, 1) and a scalar ``order`` an
+    integer >= 1 (no SciPy: a run that never tunes should not pay for its import)."""
     if not 0.0 < float(target) < 1.0:
         raise ValueError(f"target acceptance must be in (0, 1); got {target!r}")
     k = np.asarray(order, dtype=float)
     if k.ndim == 0 and (int(order) != order or order < 1):
         raise ValueError(f"order must be an integer >= 1; got {order!r}")
+    return k
+
+
+def step_size_factor(acceptance, target: float, order) -> np.ndarray:
+    """Multiplicative step-size change per entry of ``acceptance`` (NaN -> 1: no data);
+    ``order``: the integer ``k`` of the model, or an array of (estimated) orders per entry."""
+    k = _check_target_order(target, order)
     a = np.asarray(acceptance, dtype=float)
     seen = np.isfinite(a)
     a = np.clip(np.where(seen, a, target), *_CLIP_ACCEPTANCE)
@@ -70,7 +77,7 @@ class StepTuner:
     ``k``."""
 
     def __init__(self, target: float, order: int, fast: bool = False):
-        step_size_factor([0.5], target, order)  # (validates both)
+        _check_target_order(target, order)
         self.target, self.order = float(target), int(order)
         #: acceptance ~0 / ~1 moves the step 10x (kept inside the bracket: no new oscillation)
         self.fast = bool(fast)
