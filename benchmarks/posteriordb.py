@@ -369,12 +369,31 @@ def _iterations(rounds: int) -> int:
     return 2 ** (rounds + 1) - 2
 
 
+#: explorers that can change kernel between rounds (``mala-hmc``: MALA, then HMC at ~10
+#: gradients a step), so a pilot that ends before the switch under-prices the later rounds
+SWITCHING = ("mala-hmc",)
+#: ... their pilot: the switch can fire first after round 5 (``NECK_MIN_STEPS`` = 128 slot-0
+#: steps: 32 iterations x 4 systems) and never after a run's last round, so a pilot of 7
+#: rounds sees a switch after round 5 or 6 and times its last round with the switched kernel
+SWITCH_PILOT_ROUNDS = 7
+
+
+def pilot_rounds_for(target, options: dict, min_rounds: int = 6) -> int:
+    """The pilot's rounds: ``min_rounds``, or :data:`SWITCH_PILOT_ROUNDS` where the run's
+    explorer (``options``' or the target's default) is one of :data:`SWITCHING`."""
+    explorer = options.get("explorer",
+                           (getattr(target, "default_settings", None) or {}).get("explorer"))
+    return max(min_rounds, SWITCH_PILOT_ROUNDS) if explorer in SWITCHING else min_rounds
+
+
 def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: int = 6,
                      max_rounds: int = 16, min_rounds: int = 6) -> tuple[int, float, Any]:
     """The largest number of rounds whose predicted wall time fits ``budget_s``: a pilot of
     ``pilot_rounds`` rounds, then each further iteration at the pilot's last-round seconds per
-    iteration (earlier rounds carry the per-round adaptation's fixed cost); (rounds, pilot s,
-    the pilot's (result, warnings): the run itself when rounds = ``pilot_rounds``)."""
+    iteration (earlier rounds carry the per-round adaptation's fixed cost; a switched
+    explorer's last round is priced at its new kernel, :func:`pilot_rounds_for`); (rounds,
+    pilot s, the pilot's (result, warnings): the run itself when rounds = ``pilot_rounds``,
+    never fewer: its time is spent)."""
     opts = {k: v for k, v in options.items() if k != "rounds"}
     t0 = time.perf_counter()
     got = _quiet_sample(target, rounds=pilot_rounds, **opts)
@@ -385,7 +404,7 @@ def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: in
         per_iter = float(last["wall_s"]) / float(last["iterations"])
     else:
         per_iter = pilot / _iterations(pilot_rounds)
-    rounds = min_rounds
+    rounds = max(min_rounds, pilot_rounds)
     while rounds < max_rounds and (pilot + per_iter * (_iterations(rounds + 1)
                                                        - _iterations(pilot_rounds))) <= budget_s:
         rounds += 1
@@ -396,12 +415,13 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
              min_rounds: int = 6) -> dict:
     opts = {"systems": systems, **options, "seed": seed}
     pilot, got = None, None
+    pilot_rounds = pilot_rounds_for(target, opts, min_rounds)
     if "rounds" not in opts:
         opts["rounds"], pilot, got = calibrate_rounds(target, budget_s, opts,
-                                                      pilot_rounds=min_rounds,
+                                                      pilot_rounds=pilot_rounds,
                                                       min_rounds=min_rounds)
     cpu_s = None  # (process CPU seconds of the run; not kept for a pilot reused as the run)
-    if got is not None and opts["rounds"] == min_rounds:  # the pilot was this very run
+    if got is not None and opts["rounds"] == pilot_rounds:  # the pilot was this very run
         (res, caught), wall = got, pilot
     else:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -420,6 +440,9 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
             "log_z_kind": s.get("log_normalizer_kind"),
             "recommended_chains": s.get("recommended_chains"),
             "explorer_switched": s.get("explorer_switched"),
+            "pilot_rounds": pilot_rounds if pilot is not None else None,
+            "pilot_switched": (None if got is None
+                               else got[0].summary.get("explorer_switched")),
             "cpu_s": cpu_s,
             "warnings": list(dict.fromkeys(list(s.get("warnings") or []) + caught))}
 

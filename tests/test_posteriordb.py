@@ -257,6 +257,26 @@ def test_rounds_calibrated_to_the_budget():
     assert more["rounds"] > 6 and more["pilot_s"] is not None
 
 
+@pytest.mark.slow  # two short runs, ~3 s
+def test_a_switching_explorer_is_piloted_past_its_switch():
+    """``mala-hmc`` (the Stan default) can switch to HMC after round 5 or 6 (4 systems), so its
+    pilot runs 7 rounds and prices the rest at its last round, after such a switch; with no
+    time left that pilot is the run.  Control: MALA keeps the 6-round pilot."""
+    from types import SimpleNamespace
+
+    assert pdb.pilot_rounds_for(SimpleNamespace(default_settings={"explorer": "mala-hmc"}),
+                                {}) == pdb.SWITCH_PILOT_ROUNDS == 7
+    assert pdb.pilot_rounds_for(SimpleNamespace(default_settings={"explorer": "mala-hmc"}),
+                                {"explorer": "mala"}) == 6
+    assert pdb.pilot_rounds_for(_Gauss([0.0], [1.0]), {}) == 6
+    target = _Gauss([0.0, 1.0], [1.0, 2.0])
+    opts = {"explorer": "mala-hmc", "precondition": "auto"}
+    r = pdb.run_nrpt(target, seed=1, systems=4, budget_s=0.0, options=opts)
+    assert r["rounds"] == 7 and r["wall_s"] == r["pilot_s"] and r["pilot_rounds"] == 7
+    m = pdb.run_nrpt(target, seed=1, systems=4, budget_s=0.0, options={"explorer": "mala"})
+    assert m["rounds"] == 6 and m["pilot_rounds"] == 6
+
+
 @pytest.mark.slow  # four short runs, ~20 s
 def test_keep_nuts_and_the_log_z_check_on_a_synthetic_posterior(tmp_path, monkeypatch):
     """--keep-nuts re-runs nrpt and keeps the stored NUTS runs; --log-z-check runs the second
