@@ -458,8 +458,9 @@ def test_gp_pois_regr_passes_with_the_default_and_failed_with_plain_mala():
     """gp_pois_regr (a funnel between log alpha and f_tilde) with the Stan defaults (explorer
     mala-hmc: MALA, then HMC without a metric once slot 0's tail-acceptance check fires),
     rounds 10, seed 0: the benchmark's pass rule holds (measured: max |z| 1.94, sd ratios
-    0.941-1.037; seeds 1-3: pass, fail at sd ratio 0.865, pass).  Negative control: the previous default, MALA with the same other defaults,
-    fails it (measured: sd ratio up to 1.250; it passed 1 of seeds 0-3)."""
+    0.941-1.037; seeds 1-3: pass, fail at sd ratio 0.865, pass).  Negative control: the
+    previous default, MALA with the same other defaults, fails it (measured: sd ratio up to
+    1.250; it passed 1 of seeds 0-3)."""
     _stan_or_skip()
     post = pdb.load_posterior(SHARED, "gp_pois_regr-gp_pois_regr")
     ref, ref_ess = post.reference(), post.reference_ess()
