@@ -372,7 +372,9 @@ def _iterations(rounds: int) -> int:
 #: explorers that can change kernel between rounds (``mala-hmc``: MALA, then HMC at ~10
 #: gradients a step), so a pilot that ends before the switch under-prices the later rounds
 SWITCHING = ("mala-hmc",)
-#: ... their pilot: the switch can fire first after round 5 (``NECK_MIN_STEPS`` = 128 slot-0
+#: ... their pilot (a switch after it: the run is re-run with the rounds its own round times
+#: fit in the budget, :func:`rounds_within`; the first run kept as ``recalibrated_from``):
+#: the switch can fire first after round 5 (``NECK_MIN_STEPS`` = 128 slot-0
 #: steps: 32 iterations x 4 systems) and never after a run's last round, so a pilot of 7
 #: rounds sees a switch after round 5 or 6 and times its last round with the switched kernel
 SWITCH_PILOT_ROUNDS = 7
@@ -411,15 +413,29 @@ def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: in
     return rounds, pilot, got
 
 
+def rounds_within(rows: list[dict], budget_s: float, min_rounds: int = 6) -> int:
+    """The most rounds whose wall time, as a run's ``round_rows`` measured them (a run of
+    fewer rounds repeats the longer run's first rounds: the same seed, the same schedule),
+    fits ``budget_s``; at least ``min_rounds``."""
+    total, rounds = 0.0, 0
+    for row in rows:
+        total += float(row.get("wall_s") or 0.0)
+        if total > budget_s:
+            break
+        rounds += 1
+    return max(min_rounds, rounds)
+
+
 def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
-             min_rounds: int = 6) -> dict:
+             min_rounds: int = 6, max_rounds: int = 16) -> dict:
     opts = {"systems": systems, **options, "seed": seed}
     pilot, got = None, None
     pilot_rounds = pilot_rounds_for(target, opts, min_rounds)
     if "rounds" not in opts:
         opts["rounds"], pilot, got = calibrate_rounds(target, budget_s, opts,
                                                       pilot_rounds=pilot_rounds,
-                                                      min_rounds=min_rounds)
+                                                      min_rounds=min_rounds,
+                                                      max_rounds=max_rounds)
     cpu_s = None  # (process CPU seconds of the run; not kept for a pilot reused as the run)
     if got is not None and opts["rounds"] == pilot_rounds:  # the pilot was this very run
         (res, caught), wall = got, pilot
@@ -427,6 +443,17 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
         t0, c0 = time.perf_counter(), time.process_time()
         res, caught = _quiet_sample(target, **opts)
         wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    first = None  # a run priced at MALA's cost that switched after the pilot: re-calibrated
+    if (got is not None and wall > budget_s and res.summary.get("explorer_switched")
+            and not got[0].summary.get("explorer_switched")):
+        fit = rounds_within(res.summary.get("round_rows") or [], budget_s, min_rounds)
+        if fit < opts["rounds"]:
+            first = {"rounds": opts["rounds"], "wall_s": wall, "cpu_s": cpu_s,
+                     "explorer_switched": res.summary.get("explorer_switched")}
+            opts["rounds"] = fit
+            t0, c0 = time.perf_counter(), time.process_time()
+            res, caught = _quiet_sample(target, **opts)
+            wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     s = res.summary
     log_z = np.atleast_1d(np.asarray(s.get("log_normalizer", np.nan), dtype=np.float64))
     log_z_se = np.atleast_1d(np.asarray(s.get("log_normalizer_se", np.nan), dtype=np.float64))
@@ -443,6 +470,7 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
             "pilot_rounds": pilot_rounds if pilot is not None else None,
             "pilot_switched": (None if got is None
                                else got[0].summary.get("explorer_switched")),
+            "recalibrated_from": first,
             "cpu_s": cpu_s,
             "warnings": list(dict.fromkeys(list(s.get("warnings") or []) + caught))}
 

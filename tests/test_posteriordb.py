@@ -277,6 +277,46 @@ def test_a_switching_explorer_is_piloted_past_its_switch():
     assert m["rounds"] == 6 and m["pilot_rounds"] == 6
 
 
+def test_a_run_that_switches_after_its_pilot_is_recalibrated(monkeypatch):
+    """A ``mala-hmc`` run priced by a pilot that never switched, whose switch came later and
+    overran the budget, is run again with the rounds its own round times fit
+    (``rounds_within``: 0.07, 0.27, 0.47 s after rounds 7, 8, 9 fit 0.5 s; round 10 does not);
+    the first run is kept in ``recalibrated_from``.  Negative control: where the pilot saw
+    the switch (its last round priced at HMC's cost) the run stands as it is."""
+    import time as _time
+    from types import SimpleNamespace
+
+    rows = [{"wall_s": 0.01, "iterations": 2 ** k} for k in range(1, 8)]
+    rows += [{"wall_s": 0.2, "iterations": 2 ** k} for k in range(8, 11)]
+    assert pdb.rounds_within(rows, 0.5) == 9 and pdb.rounds_within(rows, 0.0) == 6
+    calls = []
+
+    def fake(pilot_switched):
+        def sample(target, rounds, **options):
+            calls.append(rounds)
+            pilot = rounds == pdb.SWITCH_PILOT_ROUNDS
+            switched = pilot_switched if pilot else True
+            if rounds == 10:
+                _time.sleep(0.6)  # the overrun
+            summary = {"rounds": rounds, "explorer": "mala-hmc",
+                       "explorer_switched": "after round 7" if switched else None,
+                       "round_rows": ([{"wall_s": 1e-6, "iterations": 128}] if pilot
+                                      else rows[:rounds])}
+            return SimpleNamespace(summary=summary, samples=np.zeros((4, 8, 2))), []
+        return sample
+
+    target = _Gauss([0.0, 1.0], [1.0, 2.0])
+    opts = {"explorer": "mala-hmc"}
+    monkeypatch.setattr(pdb, "_quiet_sample", fake(False))
+    r = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0.5, options=opts, max_rounds=10)
+    assert calls == [7, 10, 9] and r["rounds"] == 9
+    assert r["recalibrated_from"]["rounds"] == 10 and r["recalibrated_from"]["wall_s"] > 0.5
+    calls.clear()
+    monkeypatch.setattr(pdb, "_quiet_sample", fake("after round 6"))
+    r = pdb.run_nrpt(target, seed=0, systems=4, budget_s=0.5, options=opts, max_rounds=10)
+    assert calls == [7, 10] and r["rounds"] == 10 and r["recalibrated_from"] is None
+
+
 @pytest.mark.slow  # four short runs, ~20 s
 def test_keep_nuts_and_the_log_z_check_on_a_synthetic_posterior(tmp_path, monkeypatch):
     """--keep-nuts re-runs nrpt and keeps the stored NUTS runs; --log-z-check runs the second
