@@ -369,12 +369,33 @@ def _iterations(rounds: int) -> int:
     return 2 ** (rounds + 1) - 2
 
 
+#: explorers that can change kernel between rounds (``mala-hmc``: MALA, then HMC at ~10
+#: gradients a step), so a pilot that ends before the switch under-prices the later rounds
+SWITCHING = ("mala-hmc",)
+#: ... their pilot (a switch after it: the run is re-run with the rounds its own round times
+#: fit in the budget, :func:`rounds_within`; the first run kept as ``recalibrated_from``):
+#: the switch can fire first after round 5 (``NECK_MIN_STEPS`` = 128 slot-0
+#: steps: 32 iterations x 4 systems) and never after a run's last round, so a pilot of 7
+#: rounds sees a switch after round 5 or 6 and times its last round with the switched kernel
+SWITCH_PILOT_ROUNDS = 7
+
+
+def pilot_rounds_for(target, options: dict, min_rounds: int = 6) -> int:
+    """The pilot's rounds: ``min_rounds``, or :data:`SWITCH_PILOT_ROUNDS` where the run's
+    explorer (``options``' or the target's default) is one of :data:`SWITCHING`."""
+    explorer = options.get("explorer",
+                           (getattr(target, "default_settings", None) or {}).get("explorer"))
+    return max(min_rounds, SWITCH_PILOT_ROUNDS) if explorer in SWITCHING else min_rounds
+
+
 def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: int = 6,
                      max_rounds: int = 16, min_rounds: int = 6) -> tuple[int, float, Any]:
     """The largest number of rounds whose predicted wall time fits ``budget_s``: a pilot of
     ``pilot_rounds`` rounds, then each further iteration at the pilot's last-round seconds per
-    iteration (earlier rounds carry the per-round adaptation's fixed cost); (rounds, pilot s,
-    the pilot's (result, warnings): the run itself when rounds = ``pilot_rounds``)."""
+    iteration (earlier rounds carry the per-round adaptation's fixed cost; a switched
+    explorer's last round is priced at its new kernel, :func:`pilot_rounds_for`); (rounds,
+    pilot s, the pilot's (result, warnings): the run itself when rounds = ``pilot_rounds``,
+    never fewer: its time is spent)."""
     opts = {k: v for k, v in options.items() if k != "rounds"}
     t0 = time.perf_counter()
     got = _quiet_sample(target, rounds=pilot_rounds, **opts)
@@ -385,28 +406,54 @@ def calibrate_rounds(target, budget_s: float, options: dict, *, pilot_rounds: in
         per_iter = float(last["wall_s"]) / float(last["iterations"])
     else:
         per_iter = pilot / _iterations(pilot_rounds)
-    rounds = min_rounds
+    rounds = max(min_rounds, pilot_rounds)
     while rounds < max_rounds and (pilot + per_iter * (_iterations(rounds + 1)
                                                        - _iterations(pilot_rounds))) <= budget_s:
         rounds += 1
     return rounds, pilot, got
 
 
+def rounds_within(rows: list[dict], budget_s: float, min_rounds: int = 6) -> int:
+    """The most rounds whose wall time, as a run's ``round_rows`` measured them (a run of
+    fewer rounds repeats the longer run's first rounds: the same seed, the same schedule),
+    fits ``budget_s``; at least ``min_rounds``."""
+    total, rounds = 0.0, 0
+    for row in rows:
+        total += float(row.get("wall_s") or 0.0)
+        if total > budget_s:
+            break
+        rounds += 1
+    return max(min_rounds, rounds)
+
+
 def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
-             min_rounds: int = 6) -> dict:
+             min_rounds: int = 6, max_rounds: int = 16) -> dict:
     opts = {"systems": systems, **options, "seed": seed}
     pilot, got = None, None
+    pilot_rounds = pilot_rounds_for(target, opts, min_rounds)
     if "rounds" not in opts:
         opts["rounds"], pilot, got = calibrate_rounds(target, budget_s, opts,
-                                                      pilot_rounds=min_rounds,
-                                                      min_rounds=min_rounds)
+                                                      pilot_rounds=pilot_rounds,
+                                                      min_rounds=min_rounds,
+                                                      max_rounds=max_rounds)
     cpu_s = None  # (process CPU seconds of the run; not kept for a pilot reused as the run)
-    if got is not None and opts["rounds"] == min_rounds:  # the pilot was this very run
+    if got is not None and opts["rounds"] == pilot_rounds:  # the pilot was this very run
         (res, caught), wall = got, pilot
     else:
         t0, c0 = time.perf_counter(), time.process_time()
         res, caught = _quiet_sample(target, **opts)
         wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    first = None  # a run priced at MALA's cost that switched after the pilot: re-calibrated
+    if (got is not None and wall > budget_s and res.summary.get("explorer_switched")
+            and not got[0].summary.get("explorer_switched")):
+        fit = rounds_within(res.summary.get("round_rows") or [], budget_s, min_rounds)
+        if fit < opts["rounds"]:
+            first = {"rounds": opts["rounds"], "wall_s": wall, "cpu_s": cpu_s,
+                     "explorer_switched": res.summary.get("explorer_switched")}
+            opts["rounds"] = fit
+            t0, c0 = time.perf_counter(), time.process_time()
+            res, caught = _quiet_sample(target, **opts)
+            wall, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     s = res.summary
     log_z = np.atleast_1d(np.asarray(s.get("log_normalizer", np.nan), dtype=np.float64))
     log_z_se = np.atleast_1d(np.asarray(s.get("log_normalizer_se", np.nan), dtype=np.float64))
@@ -420,6 +467,10 @@ def run_nrpt(target, *, seed: int, systems: int, budget_s: float, options: dict,
             "log_z_kind": s.get("log_normalizer_kind"),
             "recommended_chains": s.get("recommended_chains"),
             "explorer_switched": s.get("explorer_switched"),
+            "pilot_rounds": pilot_rounds if pilot is not None else None,
+            "pilot_switched": (None if got is None
+                               else got[0].summary.get("explorer_switched")),
+            "recalibrated_from": first,
             "cpu_s": cpu_s,
             "warnings": list(dict.fromkeys(list(s.get("warnings") or []) + caught))}
 

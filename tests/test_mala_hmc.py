@@ -120,3 +120,64 @@ def test_rounds_without_a_preconditioner_are_refused():
         warnings.simplefilter("ignore")
         res = run_config(RunConfig(precondition="auto", **opts), target=Funnel())
     assert np.isfinite(res.samples).all()  # (it built and ran)
+
+
+def _tail_stats(n, a0, n_tail, a_tail, entries=5, d=8, c=7):
+    """``TailAcceptance.stats()``-shaped statistics: ``n`` slot-0 steps accepting ``a0``, and
+    coordinate ``c``'s lower tail holding ``n_tail`` of them, accepting ``a_tail``."""
+    nan = np.full(d, np.nan)
+    n_lo, a_lo, e_lo = np.zeros(d), nan.copy(), np.zeros(d)
+    n_lo[c], a_lo[c], e_lo[c] = n_tail, a_tail, entries
+    return {"n": float(n), "acceptance": a0, "k": 2.0, "n_hi": np.zeros(d), "n_lo": n_lo,
+            "entries_hi": np.zeros(d), "entries_lo": e_lo, "acceptance_hi": nan,
+            "acceptance_lo": a_lo}
+
+
+def test_the_switch_needs_a_significant_deficit():
+    """The switch (``metric._neck``) reads the ratio check and, besides, the binomial evidence
+    of the tail's deficit (``NECK_MAX_P``).  Measured cases (rounds 10, 4 systems): mesquite
+    seed 1's round 6 -- one tail of 14 draws accepting 0.067 against 0.324 -- fires the
+    summary's ratio check but not the switch (it switched there before, falsely);
+    gp_pois_regr seed 2's round 6 -- 69 draws accepting 0.136 against 0.507 -- fires both.
+    Negative control: mesquite's tail with 10x its draws at the same acceptances switches."""
+    from types import SimpleNamespace
+
+    from nrpt.adapt import metric
+    from nrpt.report import health
+
+    def neck(stats):
+        rec = SimpleNamespace(stats=lambda: stats)
+        return metric._neck(SimpleNamespace(recorders={"tail_acceptance": rec}))
+
+    mesquite = _tail_stats(256, 0.324, 14, 0.067)
+    gp = _tail_stats(256, 0.507, 69, 0.136, entries=7, d=13, c=1)
+    assert health.check_tails(mesquite) and health.check_tails(gp)
+    assert not neck(mesquite)
+    assert neck(gp)
+    assert neck(_tail_stats(2560, 0.324, 140, 0.067))  # negative control
+    # the floor of steps still holds: gp's tail on 64 steps does not switch
+    assert not neck(_tail_stats(64, 0.507, 17, 0.136, entries=7, d=13, c=1))
+
+
+def test_tail_deficit_p_is_the_binomial_tail_and_a_valid_level():
+    """At whole counts :func:`health.tail_deficit_p` is the binomial CDF (known answer,
+    scipy.stats.binom); fed tails that accept like the chain (independent Bernoulli(0.4),
+    20 draws, 20000 replicates) it falls below 0.02 at most 2 % of the time (plus 4 Monte-Carlo
+    sd).  Negative control: tails accepting 0.1 fall below it in most replicates."""
+    from scipy import stats
+
+    from nrpt.report import health
+
+    n = np.array([14.0, 20.0, 69.0, 5.0])
+    k = np.array([1.0, 3.0, 9.0, 0.0])
+    p0 = 0.4
+    np.testing.assert_allclose(health.tail_deficit_p(k / n, n, p0), stats.binom.cdf(k, n, p0),
+                               rtol=1e-10)
+    assert health.tail_deficit_p(0.5, 20.0, p0) == 1.0  # no deficit
+    assert health.tail_deficit_p(np.nan, 0.0, p0) == 1.0  # no draws
+    rng = np.random.default_rng(5)
+    null = rng.binomial(20, p0, size=20000) / 20.0
+    rate = float((health.tail_deficit_p(null, 20.0, p0) < 0.02).mean())
+    assert rate <= 0.02 + 4 * np.sqrt(0.02 * 0.98 / 20000), rate
+    low = rng.binomial(20, 0.1, size=2000) / 20.0
+    assert float((health.tail_deficit_p(low, 20.0, p0) < 0.02).mean()) > 0.8

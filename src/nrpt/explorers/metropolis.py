@@ -235,7 +235,8 @@ class MALAThenHMC(MALA):
     """MALA until the run's evidence says slot 0 cannot enter a funnel's neck, then HMC with
     no preconditioner (the switch: :attr:`switched`, set between rounds by
     :class:`nrpt.adapt.metric.MetricAdaptor` where the ``tail-acceptance`` check of slot 0
-    fires; it then drops the metric to the identity and stops estimating it).
+    fires on a significant deficit, ``NECK_MAX_P``; it then drops the metric to the identity
+    and stops estimating it).
 
     Why (gp_pois_regr, docs/gaussian_reference.md): MALA under any metric fails its neck
     (rounds 10: 1 of 4 seeds with the dense metric), HMC with no metric passes 4 of 4 but costs

@@ -29,6 +29,7 @@ __all__ = [
     "slot0_diagnostics",
     "check_run",
     "check_tails",
+    "tail_deficit_p",
     "emit",
     "format_findings",
     "PAIR_FLOOR",
@@ -463,11 +464,34 @@ def _check_hot(hot_states, reference_spread) -> list[Finding]:
     return out
 
 
+def tail_deficit_p(acceptance, n, overall) -> np.ndarray:
+    """How likely a tail's acceptance this low is where the tail accepts like the whole chain:
+    ``P(S <= acceptance n)`` for ``S`` binomial(``n``, ``overall``), continued to a real count
+    (the regularized incomplete beta) since the recorded acceptances are probabilities.  A sum
+    of ``n`` independent acceptances in [0, 1] with mean ``overall`` varies at most as the
+    binomial does, so this is the widest such tail; consecutive steps of a stuck chain are not
+    independent, so it reads as a ranking of the evidence more than as an exact level.
+    Elementwise over arrays; 1 where ``n`` is 0 or the acceptance is not below ``overall``."""
+    from scipy import special
+
+    a = np.asarray(acceptance, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    p0 = float(overall)
+    k = np.where(np.isfinite(a), a, p0) * n
+    ok = (n > 0) & (k < n * p0) & (0.0 < p0 < 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = special.betainc(np.where(ok, n - k, 1.0), np.where(ok, k + 1.0, 1.0), 1.0 - p0)
+    return np.where(ok, out, 1.0)
+
+
 def check_tails(stats: Mapping, ratio: float = TAIL_RATIO, min_draws: float = TAIL_MIN_DRAWS,
                 min_entries: float = TAIL_MIN_ENTRIES,
-                min_fraction: float = TAIL_MIN_FRACTION) -> list[Finding]:
+                min_fraction: float = TAIL_MIN_FRACTION,
+                max_p: float | None = None) -> list[Finding]:
     """``tail-acceptance`` from :meth:`nrpt.recorders.tails.TailAcceptance.stats` (the summary's
-    check, and the switch of explorer ``mala-hmc``: :class:`nrpt.adapt.metric.MetricAdaptor`)."""
+    check, and the switch of explorer ``mala-hmc``: :class:`nrpt.adapt.metric.MetricAdaptor`).
+    ``max_p``: a tail also needs its deficit significant, :func:`tail_deficit_p` below it
+    (None: the ratio alone, the summary's check)."""
     a0 = float(stats["acceptance"])
     if not (math.isfinite(a0) and a0 > 0):
         return []
@@ -479,6 +503,8 @@ def check_tails(stats: Mapping, ratio: float = TAIL_RATIO, min_draws: float = TA
         e = np.asarray(stats.get(f"entries_{side}", n), dtype=np.float64)
         bad = (np.isfinite(a) & (n >= min_draws) & (e >= min_entries)
                & (n >= min_fraction * float(stats["n"])) & (a < ratio * a0))
+        if max_p is not None:
+            bad &= tail_deficit_p(a, n, a0) < max_p
         n_bad += int(bad.sum())
         if bad.any():
             c = int(np.argmin(np.where(bad, a, np.inf)))
