@@ -185,3 +185,20 @@ def test_one_run_per_process_by_default(monkeypatch, capsys):
         assert '"warmup_s"' in capsys.readouterr().out
     tfp = (PEERS / "run_tfp.py").read_text()
     assert "default=protocol.WARMUP" in tfp and "if args.warmup > 0:" in tfp
+
+
+def test_nrpt_runs_the_protocols_scales():
+    """nrpt's fixed runner keeps the protocol's RWMH scales, as the peers do: nrpt's default
+    re-tunes them in its burn-in (another kernel, 10 % fewer round trips on mix25, stop 36);
+    the adaptive variant (the control) tunes them between rounds."""
+    import argparse
+
+    import run_nrpt
+
+    args = argparse.Namespace(chains=8, systems=2, zero_end=False, variant="fixed")
+    res = run_nrpt.run(args, 40, 1)
+    assert res.summary["step_size_tuned_in_burn_in"] is False
+    np.testing.assert_array_equal(np.asarray(res.summary["step_size"]),
+                                  np.tile(protocol.scales(8), (2, 1)))
+    res = run_nrpt.run(argparse.Namespace(**{**vars(args), "variant": "adaptive"}), 40, 1)
+    assert not np.array_equal(np.asarray(res.summary["step_size"])[-1], protocol.scales(8))

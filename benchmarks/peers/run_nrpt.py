@@ -62,8 +62,9 @@ def run(args, iterations: int, seed: int, ticks: list | None = None):
     opts = dict(chains=args.chains, systems=args.systems, explorer="rwmh", scheme="deo",
                 betas=betas_for(args), step_size=protocol.scales(args.chains), seed=seed,
                 figures=False, compile=args.variant in ("compiled", "fused"))
-    if args.variant != "adaptive":  # the protocol's scales, as the peers run them (nrpt's
-        opts["adapt_step_size"] = False  # default would re-tune them in its burn-in)
+    if args.variant != "adaptive" and iterations >= 10:  # the protocol's scales, as the peers
+        opts["adapt_step_size"] = False  # run them (nrpt's default would re-tune them in its
+        # burn-in, floor(0.1 iterations) > 0; without a burn-in the option does not apply)
     if args.variant in ("fused", "fused-eager"):  # (else nrpt's default, fuse = "auto")
         opts["fuse"] = True
     if ticks is not None:
