@@ -196,7 +196,8 @@ def _documented_step(phase, hit0, hit_top, slot, origin):
         if phase != 0:  # NONE stays NONE
             new_phase = 2
     hit0, hit_top = hit0 or at0, hit_top or at_top
-    if hit0 and hit_top and slot in (origin, "mid=") and not (slot == "mid" == origin):
+    back_at_origin = slot == "mid=" or slot == origin != "mid"
+    if hit0 and hit_top and back_at_origin:
         trip_a5 = 1
         hit0, hit_top = origin == "0", origin == "top"
     return new_phase, int(hit0), int(hit_top), restart, trip, trip_a5
@@ -211,7 +212,7 @@ def _mismatches(transition) -> list:
         phase, hit0, hit_top = state >> 2, (state >> 1) & 1, state & 1
         for slot, origin in _PLACES:
             at = (int(slot == "0"), int(slot == "top"),
-                  int(slot == "mid=" or (slot == origin and slot != "mid")))
+                  int(slot == "mid=" or slot == origin != "mid"))
             got = tuple(int(x) for x in transition(phase, hit0, hit_top, *at))
             again = tuple(int(x) for x in transition(*got[:3], *at))
             if (got != _documented_step(phase, hit0, hit_top, slot, origin)
@@ -258,6 +259,17 @@ def test_transition_is_the_documented_rules_on_all_states_and_inputs():
                                  (code & 1) == 1, (code & 2) == 2, (code & 4) == 4)
     packed = (out[0] * 4 + out[1] * 2 + out[2]) * 8 + out[3] + 2 * out[4] + 4 * out[5]
     assert packed.reshape(-1).tolist() == roundtrips._EVENT_TABLE
+    # a few entries by hand, (state, input) -> state after * 8 + restart + 2 trip + 4 A.5 trip
+    # (state = phase * 4 + hit0 * 2 + hit_top, input = at0 + 2 at_top + 4 at_origin)
+    by_hand = {
+        (0, 1): 2 * 8,  # NONE at 0 (not its origin): stays NONE, hit0 set, nothing counted
+        (5, 1): 11 * 8 + 1,  # AT_TOP_SIDE, hit_top, at 0: a restart, DOWN_DONE, both flags
+        (11, 2): 7 * 8 + 2,  # DOWN_DONE, both flags, at P-1: a round trip, AT_TOP_SIDE
+        (11, 4): 8 * 8 + 4,  # both flags, back at a middle origin: A.5 trip, flags cleared
+        (11, 5): 10 * 8 + 4,  # ... at origin 0: no restart (DOWN_DONE), hit0 kept
+        (7, 6): 5 * 8 + 4,  # AT_TOP_SIDE, both flags, at origin P-1: hit_top kept, no trip
+    }
+    assert {k: roundtrips._EVENT_TABLE[k[0] * 8 + k[1]] for k in by_hand} == by_hand
     # negative controls: a mutated rule is caught
     for mutant in (_no_restart_rule, _never_cleared, _none_goes_down, _trip_from_none):
         assert len(_mismatches(mutant)) >= 4, mutant.__name__

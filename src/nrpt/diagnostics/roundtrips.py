@@ -43,9 +43,9 @@ DOWN_DONE = 2
 
 
 def _transition(phase, hit0, hit_top, at0, at_top, at_origin):
-    """One iteration of one replica's state machine: the one definition :meth:`RoundTripTracker.
-    advance` (tensors ``[R, P]``), the table scan (the 12 states broadcast against a block) and
-    the events loop (:data:`_EVENT_TABLE`, Python ints) all use.
+    """One iteration of one replica's state machine, the one definition of the rules:
+    :meth:`RoundTripTracker.advance` calls it on tensors ``[R, P]``; :data:`_EVENT_TABLE`, which
+    the events loop and the table scan look up, is it evaluated on Python ints.
 
     ``phase`` (``NONE`` / ``AT_TOP_SIDE`` / ``DOWN_DONE``), ``hit0``, ``hit_top``: the state
     before; ``at0``, ``at_top``, ``at_origin``: whether the replica's new slot is ``0``, ``P-1``,
