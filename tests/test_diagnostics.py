@@ -20,6 +20,7 @@ from nrpt.diagnostics import (
     optimal_window,
     predicted_restart_rate,
     predicted_round_trips_per_1000,
+    roundtrips,
     scheme_orders,
 )
 from nrpt.diagnostics.theory import exact_event_rates, predicted_rates
@@ -169,6 +170,131 @@ def test_event_and_table_updates_are_the_per_iteration_update(n_slots):
     short = _track(start)
     short._advance_events(rest[:-1])
     assert not all(torch.equal(short.state_dict()[k], want[k]) for k in want)
+
+
+# One definition of a replica's step (roundtrips._transition) drives all three update paths:
+# it must be the documented rules on every state and input, the same on ints and tensors.
+
+# (at0, at_top, at_origin) for each way a new slot and an origin can lie: (slot, origin) kinds
+# "0", "top", "mid" (a middle slot; "mid=" the origin itself); 8 input codes, 2 never occur
+_PLACES = [  # (slot kind, origin kind)
+    ("0", "0"), ("0", "top"), ("0", "mid"), ("top", "0"), ("top", "top"), ("top", "mid"),
+    ("mid", "0"), ("mid", "top"), ("mid", "mid"), ("mid=", "mid"),
+]
+
+
+def _documented_step(phase, hit0, hit_top, slot, origin):
+    """The module docstring's rules, as written there (ifs, the origin's end explicit)."""
+    restart = trip = trip_a5 = 0
+    at0, at_top = slot == "0", slot == "top"
+    new_phase = phase
+    if at_top:
+        trip = int(phase == 2)  # DOWN_DONE
+        new_phase = 1  # AT_TOP_SIDE
+    if at0:
+        restart = int(phase == 1)
+        if phase != 0:  # NONE stays NONE
+            new_phase = 2
+    hit0, hit_top = hit0 or at0, hit_top or at_top
+    back_at_origin = slot == "mid=" or slot == origin != "mid"
+    if hit0 and hit_top and back_at_origin:
+        trip_a5 = 1
+        hit0, hit_top = origin == "0", origin == "top"
+    return new_phase, int(hit0), int(hit_top), restart, trip, trip_a5
+
+
+def _mismatches(transition) -> list:
+    """The (state, slot, origin) where ``transition`` is not the documented rules, or where
+    staying at the slot one more iteration would change the state or count (the events loop
+    skips such iterations)."""
+    bad = []
+    for state in range(12):
+        phase, hit0, hit_top = state >> 2, (state >> 1) & 1, state & 1
+        for slot, origin in _PLACES:
+            at = (int(slot == "0"), int(slot == "top"),
+                  int(slot == "mid=" or slot == origin != "mid"))
+            got = tuple(int(x) for x in transition(phase, hit0, hit_top, *at))
+            again = tuple(int(x) for x in transition(*got[:3], *at))
+            if (got != _documented_step(phase, hit0, hit_top, slot, origin)
+                    or again != (*got[:3], 0, 0, 0)):
+                bad.append((state, slot, origin, got))
+    return bad
+
+
+_TRANSITION = roundtrips._transition  # (the mutants wrap it; a test patches the module's)
+
+
+def _no_restart_rule(phase, hit0, hit_top, at0, at_top, at_origin):
+    out = list(_TRANSITION(phase, hit0, hit_top, at0, at_top, at_origin))
+    out[3] = at0 & (phase != 0)  # (mutated: a restart at every arrival at 0 after P-1)
+    return tuple(out)
+
+
+def _never_cleared(phase, hit0, hit_top, at0, at_top, at_origin):
+    ph, h0, ht, restart, trip, trip_a5 = _TRANSITION(
+        phase, hit0, hit_top, at0, at_top, at_origin)
+    return ph, hit0 | at0, hit_top | at_top, restart, trip, trip_a5  # (mutated: no clears)
+
+
+def _none_goes_down(phase, hit0, hit_top, at0, at_top, at_origin):
+    out = list(_TRANSITION(phase, hit0, hit_top, at0, at_top, at_origin))
+    out[0] = out[0] + 2 * (at0 & (phase == 0))  # (mutated: NONE -> DOWN_DONE at slot 0)
+    return tuple(out)
+
+
+def _trip_from_none(phase, hit0, hit_top, at0, at_top, at_origin):
+    out = list(_TRANSITION(phase, hit0, hit_top, at0, at_top, at_origin))
+    out[4] = at_top & (phase != 1)  # (mutated: a round trip also at a first visit to P-1)
+    return tuple(out)
+
+
+def test_transition_is_the_documented_rules_on_all_states_and_inputs():
+    # the 12 states x the 6 inputs that occur (10 placements of slot and origin) against the
+    # rules as the module docstring writes them
+    assert _mismatches(roundtrips._transition) == []
+    # the same lines on tensors (all 12 x 8 broadcast at once) give the ints' answers, and
+    # the lookup table the events loop and the table scan use is the definition
+    state, code = torch.arange(12)[:, None], torch.arange(8)[None]
+    out = roundtrips._transition(state >> 2, (state & 2) == 2, (state & 1) == 1,
+                                 (code & 1) == 1, (code & 2) == 2, (code & 4) == 4)
+    packed = (out[0] * 4 + out[1] * 2 + out[2]) * 8 + out[3] + 2 * out[4] + 4 * out[5]
+    assert packed.reshape(-1).tolist() == roundtrips._EVENT_TABLE
+    # a few entries by hand, (state, input) -> state after * 8 + restart + 2 trip + 4 A.5 trip
+    # (state = phase * 4 + hit0 * 2 + hit_top, input = at0 + 2 at_top + 4 at_origin)
+    by_hand = {
+        (0, 1): 2 * 8,  # NONE at 0 (not its origin): stays NONE, hit0 set, nothing counted
+        (5, 1): 11 * 8 + 1,  # AT_TOP_SIDE, hit_top, at 0: a restart, DOWN_DONE, both flags
+        (11, 2): 7 * 8 + 2,  # DOWN_DONE, both flags, at P-1: a round trip, AT_TOP_SIDE
+        (11, 4): 8 * 8 + 4,  # both flags, back at a middle origin: A.5 trip, flags cleared
+        (11, 5): 10 * 8 + 4,  # ... at origin 0: no restart (DOWN_DONE), hit0 kept
+        (7, 6): 5 * 8 + 4,  # AT_TOP_SIDE, both flags, at origin P-1: hit_top kept, no trip
+    }
+    assert {k: roundtrips._EVENT_TABLE[k[0] * 8 + k[1]] for k in by_hand} == by_hand
+    # negative controls: a mutated rule is caught
+    for mutant in (_no_restart_rule, _never_cleared, _none_goes_down, _trip_from_none):
+        assert len(_mismatches(mutant)) >= 4, mutant.__name__
+
+
+@pytest.mark.parametrize("mutant", [_none_goes_down, _trip_from_none])
+def test_all_paths_follow_the_one_definition(monkeypatch, mutant):
+    # the three update paths take the rules from _transition alone: with a mutated one they
+    # still agree with each other, and all disagree with the independent loop reference
+    # (mutants under which a stay changes nothing, as the events loop assumes)
+    index = _random_index_process(5, n_iter=256, n_systems=3, n_slots=6)
+    rest = torch.as_tensor(index[1:])
+    monkeypatch.setattr(roundtrips, "_transition", mutant)
+    monkeypatch.setattr(roundtrips, "_EVENT_TABLE", roundtrips._event_table())
+    monkeypatch.setattr(roundtrips, "_TABLES", {})
+    one, events, table = _track(index[:1]), _track(index[:1]), _track(index[:1])
+    for row in rest:
+        one.update(row)
+    for a in range(0, rest.shape[0], 64):
+        assert events._advance_events(rest[a:a + 64])
+        table._advance_block(rest[a:a + 64])
+    want, expected = one.state_dict(), count_round_trips(index)
+    for got in (events.state_dict(), table.state_dict()):
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    assert any(not np.array_equal(_tracker_counts(one)[k], expected[k]) for k in KEYS)
 
 
 def test_per_replica_sums_and_state_dict_roundtrip():

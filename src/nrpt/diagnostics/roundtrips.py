@@ -16,8 +16,13 @@ A replica starting at ``P-1`` begins in ``AT_TOP_SIDE``, every other in ``NONE``
 began) a replica hits both ends and returns to the origin; flags ``hit0`` / ``hit_top`` (set
 at start on an end) are cleared on completion except the origin's own end.
 
-:class:`RoundTripTracker` counts online in batched tensor ops; :func:`count_round_trips` is
-the loop-based reference."""
+One definition of a replica's step, :func:`_transition` (arithmetic and bitwise ops: tensors
+and Python ints alike), serves the three ways :class:`RoundTripTracker` advances: the
+per-iteration :meth:`~RoundTripTracker.advance` calls it on the ``[R, P]`` tensors; the events
+loop of :meth:`~RoundTripTracker.update_block` (CPU) and its table scan (GPUs) look it up in
+:data:`_EVENT_TABLE`, the definition evaluated once on its 12 states x 8 inputs.  A change of
+the rules is a change of :func:`_transition` alone.  :func:`count_round_trips` is the
+independent loop-based reference (the tests' oracle; it does not use the definition)."""
 
 from __future__ import annotations
 
@@ -36,6 +41,57 @@ AT_TOP_SIDE = 1
 DOWN_DONE = 2
 """The replica visited slot ``0`` after slot ``P-1`` (a restart happened)."""
 
+
+def _transition(phase, hit0, hit_top, at0, at_top, at_origin):
+    """One iteration of one replica's state machine, the one definition of the rules:
+    :meth:`RoundTripTracker.advance` calls it on tensors ``[R, P]``; :data:`_EVENT_TABLE`, which
+    the events loop and the table scan look up, is it evaluated on Python ints.
+
+    ``phase`` (``NONE`` / ``AT_TOP_SIDE`` / ``DOWN_DONE``), ``hit0``, ``hit_top``: the state
+    before; ``at0``, ``at_top``, ``at_origin``: whether the replica's new slot is ``0``, ``P-1``,
+    its origin (never both ends: ``P >= 2``).  Returns ``(phase, hit0, hit_top, restart, trip,
+    trip_a5)``: the state after and what the iteration counts (0 / 1 each).  Arithmetic and
+    bitwise ops only, so that ints and bools (``~`` is then ``-x - 1``: every ``&`` keeps it to
+    0 / 1), and tensors of any broadcastable shapes, go through the same lines.
+
+    The rules of the module docstring, folded: a restart (``at0`` in ``AT_TOP_SIDE``) is the
+    only arrival at ``0`` that moves the phase (``+1`` to ``DOWN_DONE``; ``NONE`` and
+    ``DOWN_DONE`` stay); an arrival at ``P-1`` moves it to ``AT_TOP_SIDE`` (``+ 1 - phase``).
+    A completed A.5 trip happens at the origin, so "except the origin's own end" is "except the
+    end it is at": a flag is set after the iteration if the replica is at its end now, else if
+    it was set before and no trip completed."""
+    restart = at0 & (phase == AT_TOP_SIDE)
+    trip = at_top & (phase == DOWN_DONE)
+    new_phase = phase + restart + at_top * (AT_TOP_SIDE - phase)
+    trip_a5 = (hit0 | at0) & (hit_top | at_top) & at_origin
+    not_done = ~trip_a5
+    new_hit0 = at0 | (hit0 & not_done)
+    new_hit_top = at_top | (hit_top & not_done)
+    return new_phase, new_hit0, new_hit_top, restart, trip, trip_a5
+
+
+def _event_table() -> list[int]:
+    """:func:`_transition` on every state ``phase * 4 + hit0 * 2 + hit_top`` (12) and input
+    ``at0 + 2 at_top + 4 at_origin`` (8; the two with both ends never occur), as the ints
+    ``state_after * 8 + restart + 2 trip + 4 trip_a5`` at ``state * 8 + input``."""
+    table = []
+    for state in range(12):
+        phase, hit0, hit_top = state >> 2, (state >> 1) & 1, state & 1
+        for code in range(8):
+            ph, h0, ht, restart, trip, trip_a5 = _transition(
+                phase, hit0, hit_top, code & 1, (code >> 1) & 1, (code >> 2) & 1)
+            table.append((int(ph) * 4 + int(h0) * 2 + int(ht)) * 8
+                         + int(restart) + 2 * int(trip) + 4 * int(trip_a5))
+    return table
+
+
+#: :func:`_transition` as a lookup table (:func:`_event_table`), built once: the events loop
+#: indexes it, the table scan gathers from it (as a tensor ``[8, 12]`` per device,
+#: :data:`_TABLES`)
+_EVENT_TABLE = _event_table()
+_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
 #: the most elements of the per-block transition tables of
 #: :meth:`RoundTripTracker.update_block` (``12 R P`` per iteration)
 _BLOCK_ELEMENTS = 1 << 16
@@ -43,7 +99,9 @@ _BLOCK_ELEMENTS = 1 << 16
 #: iteration: the tables' work (12 states, a prefix scan) grows with ``R P`` while the
 #: per-iteration update's ~20 small ops cost about the same whatever it is (CPU, one thread,
 #: us per iteration, table / per iteration: R P = 16: 8 / 53, 64: 35 / 53, 128: 80 / 55,
-#: 256: 119 / 58, 1024: 434 / 69)
+#: 256: 119 / 58, 1024: 434 / 69; since the tables are gathered from :data:`_EVENT_TABLE`,
+#: ``benchmarks/roundtrip_paths.py``: 16: 4.3 / 50, 64: 18 / 51, 256: 70 / 53 -- the bound
+#: is not re-tuned)
 TABLE_MAX_REPLICAS = 96
 
 _STATE_KEYS = (
@@ -149,12 +207,14 @@ class RoundTripTracker:
         tensor ops per block rather than per iteration (docs/benchmarks.md, "Outputs and the
         fixed cost").
 
-        On the CPU by events (:meth:`_advance_events`: us per iteration, events / tables, R P
-        = 16: 3.1 / 10.5, 64: 5.9 / 47.5, 256: 14.3 / 208; one thread).  Elsewhere by tables:
-        each replica's state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration
-        maps each of the 12 states to the next (a table ``[U, R, P, 12]``, with the counts
-        it adds), the tables are composed by a prefix scan (``log2 U`` gathers), and the
-        states before each iteration read off them."""
+        On the CPU by events (:meth:`_advance_events`).  Elsewhere by tables: each replica's
+        state (Syed phase, ``hit0``, ``hit_top``) is one of 12; every iteration maps each of
+        the 12 states to the next (a table ``[U, R, P, 12]`` gathered from
+        :data:`_EVENT_TABLE` by the iteration's input, with the counts it adds), the tables
+        are composed by a prefix scan (``log2 U`` gathers), and the states before each
+        iteration read off them.  Us per iteration, events / tables (``benchmarks/
+        roundtrip_paths.py``, one thread): R P = 16: 2.2 / 4.3, 64: 3.6 / 18, 256:
+        10.6 / 70."""
         S = torch.as_tensor(slots, device=self.device)
         if S.dim() != 3 or tuple(S.shape[1:]) != self._shape:
             raise ValueError(f"slots must have shape [U, *{self._shape}], got "
@@ -183,12 +243,12 @@ class RoundTripTracker:
         block's first) at slot 0, at the top slot, or at its origin after both ends were hit
         (found by a few tensor ops over the block: ``hit`` flags as the block's running "seen"
         marks, a superset since they ignore the clears).  Those are listed in iteration order
-        and each replica's state machine is stepped through them in Python, exactly as
-        :meth:`advance` steps it.  (An iteration where a replica stays where it was changes
-        nothing: the phase is already the one its slot sets, the flags already hold its
-        slot's marks, and a completed trip at a slot cleared a flag that staying there does
-        not set again.)  Returns False, changing nothing, past :attr:`EVENTS_MAX` events per
-        system and iteration."""
+        and each replica's state is stepped through them in Python by :data:`_EVENT_TABLE`
+        (the definition :meth:`advance` calls).  (An iteration where a replica stays where it
+        was changes nothing: the phase is already the one its slot sets, the flags already
+        hold its slot's marks, and a completed trip at a slot cleared a flag that staying
+        there does not set again; the tests check this of the definition.)  Returns False,
+        changing nothing, past :attr:`EVENTS_MAX` events per system and iteration."""
         U = S.shape[0]
         R, P = self._shape
         top, origin = self._top, self._origin
@@ -202,74 +262,66 @@ class RoundTripTracker:
         if pos.numel() > self.EVENTS_MAX * U * R:
             return False
         RP = R * P
-        phase = self._phase.reshape(-1).tolist()
-        hit0, hit_top = self._hit0.reshape(-1).tolist(), self._hit_top.reshape(-1).tolist()
-        orig = origin.reshape(-1).tolist()
-        restarts, trips, trips_a5 = [0] * RP, [0] * RP, [0] * RP
+        # each replica's state times 8 (the table's key; lists: fewer small tensor ops)
+        state = [p * 32 + a * 16 + b * 8 for p, a, b in zip(
+            self._phase.reshape(-1).tolist(), self._hit0.reshape(-1).tolist(),
+            self._hit_top.reshape(-1).tolist(), strict=True)]
+        table, counted = _EVENT_TABLE, []
         for i, c in zip(pos.remainder(RP).tolist(), flat[pos].tolist(), strict=True):
-            a0, a_top = c & 1 == 1, c & 2 == 2
-            ph = phase[i]
-            if a_top:
-                if ph == DOWN_DONE:
-                    trips[i] += 1
-                phase[i] = AT_TOP_SIDE
-                hit_top[i] = True
-            if a0:
-                if ph == AT_TOP_SIDE:
-                    restarts[i] += 1
-                if ph != NONE:
-                    phase[i] = DOWN_DONE
-                hit0[i] = True
-            if hit0[i] and hit_top[i]:
-                o = orig[i]
-                if c & 4 == 4 or (a0 and o == 0) or (a_top and o == top):
-                    trips_a5[i] += 1
-                    if o != 0:
-                        hit0[i] = False
-                    if o != top:
-                        hit_top[i] = False
+            v = table[state[i] | c]
+            state[i] = v & -8
+            if v & 7:
+                counted.append(i << 3 | v & 7)
+        more = [0] * (3 * RP)  # restarts, round trips, A.5 round trips
+        for x in counted:
+            i = x >> 3
+            more[i] += x & 1
+            more[RP + i] += (x >> 1) & 1
+            more[2 * RP + i] += (x >> 2) & 1
         dev = S.device
-        more = torch.tensor([restarts, trips, trips_a5], dtype=torch.long,
-                            device=dev).reshape(3, R, P)
+        more = torch.tensor(more, dtype=torch.long, device=dev).reshape(3, R, P)
         self._restarts = self._restarts + more[0]
         self._round_trips = self._round_trips + more[1]
         self._round_trips_a5 = self._round_trips_a5 + more[2]
-        self._phase = torch.tensor(phase, dtype=torch.int8, device=dev).reshape(R, P)
-        self._hit0 = torch.tensor(hit0, dtype=torch.bool, device=dev).reshape(R, P)
-        self._hit_top = torch.tensor(hit_top, dtype=torch.bool, device=dev).reshape(R, P)
+        last = torch.tensor(state, dtype=torch.uint8, device=dev).reshape(R, P)
+        self._phase = (last >> 5).view(torch.int8)
+        self._hit0 = (last & 16).bool()
+        self._hit_top = (last & 8).bool()
         self._n_updates += U
         return True
 
+    def _state(self) -> torch.Tensor:
+        """Each replica's state ``phase * 4 + hit0 * 2 + hit_top`` (one of 12), ``long [R, P]``."""
+        return self._phase * 4 + self._hit0 * 2 + self._hit_top  # (int8 * 4 + long: long)
+
+    def _set_state(self, state: torch.Tensor) -> None:
+        """Take the 12-state codes ``state`` ``long [R, P]`` as the state."""
+        self._phase = (state >> 2).to(torch.int8)
+        self._hit0 = (state & 2).bool()
+        self._hit_top = (state & 1).bool()
+
     def _advance_block(self, S: torch.Tensor) -> None:
         U = S.shape[0]
-        top, origin = self._top, self._origin
-        code = torch.arange(12, device=S.device)
-        ph, h0, ht = code // 4, (code // 2) % 2 == 1, code % 2 == 1  # [12]
-        at0, att, ato = (S == 0)[..., None], (S == top)[..., None], (S == origin)[..., None]
-        new_ph = torch.where(att, AT_TOP_SIDE, torch.where(at0 & (ph != NONE), DOWN_DONE, ph))
-        h0n, htn = h0 | at0, ht | att
-        done = h0n & htn & ato
-        h0n = h0n & ~(done & (origin != 0)[..., None])
-        htn = htn & ~(done & (origin != top)[..., None])
-        table = new_ph * 4 + h0n * 2 + htn  # [U, R, P, 12]: the state after, from each
-        # what each iteration adds, from each state: restarts (1), round trips (2), A.5 (4)
-        adds = (at0 & (ph == AT_TOP_SIDE)) + 2 * (att & (ph == DOWN_DONE)) + 4 * done
+        lut = _TABLES.get(S.device)
+        if lut is None:  # :data:`_EVENT_TABLE` as [input, state]
+            lut = _TABLES[S.device] = torch.tensor(
+                _EVENT_TABLE, dtype=torch.long, device=S.device).reshape(12, 8).T.contiguous()
+        code = (S == 0) + 2 * (S == self._top) + 4 * (S == self._origin)  # [U, R, P]
+        step = lut[code]  # [U, R, P, 12]: from each state, the state after * 8 + the counts
+        table = step >> 3
         comp, d = table, 1  # comp[t]: the composition of iterations 0..t
         while d < U:
             comp = torch.cat([comp[:d], comp[d:].gather(-1, comp[:-d])])
             d *= 2
-        s0 = (self._phase.long() * 4 + self._hit0 * 2 + self._hit_top)[None]  # [1, R, P]
+        s0 = self._state()[None]  # [1, R, P]
         after = comp.gather(-1, s0.expand(U, -1, -1)[..., None])[..., 0]  # [U, R, P]
         before = torch.cat([s0, after[:-1]])
-        a = adds.gather(-1, before[..., None])  # [U, R, P, 1]: what each iteration added
+        a = step.gather(-1, before[..., None])  # [U, R, P, 1]: what each iteration added
         add = ((a >> torch.arange(3, device=S.device)) & 1).sum(0)  # [R, P, 3]
-        last = after[-1]
         self._restarts = self._restarts + add[..., 0]
         self._round_trips = self._round_trips + add[..., 1]
         self._round_trips_a5 = self._round_trips_a5 + add[..., 2]
-        self._phase = (last // 4).to(torch.int8)
-        self._hit0 = (last // 2) % 2 == 1
-        self._hit_top = last % 2 == 1
+        self._set_state(after[-1])
         self._n_updates += U
 
     @staticmethod
@@ -281,27 +333,10 @@ class RoundTripTracker:
         state tuple.  No in-place op and no host sync, so it can be traced or compiled (the
         fused loop, :mod:`nrpt.core.fused`, carries the state through its graph)."""
         phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin = state
-        at0 = s == 0
-        at_top = s == top
-
-        # Syed et al. state machine: restarts on the first arrival at 0 after P-1,
-        # round trips on the first arrival at P-1 after such a restart.
-        round_trips = round_trips + (at_top & (phase == DOWN_DONE))
-        restarts = restarts + (at0 & (phase == AT_TOP_SIDE))
-        # NONE stays NONE at slot 0 (no restart without a prior visit to P-1).
-        new_phase = phase.masked_fill(at_top, AT_TOP_SIDE).masked_fill(
-            at0 & (phase != NONE), DOWN_DONE
-        )
-
-        # Deng et al. App. A.5: both ends hit, then back at the origin slot.
-        hit0 = hit0 | at0
-        hit_top = hit_top | at_top
-        done = hit0 & hit_top & (s == origin)
-        round_trips_a5 = round_trips_a5 + done
-        # After a completed trip, clear both flags except the end the origin lies on.
-        hit0 = hit0 & ~(done & (origin != 0))
-        hit_top = hit_top & ~(done & (origin != top))
-        return new_phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin
+        phase, hit0, hit_top, restart, trip, trip_a5 = _transition(
+            phase, hit0, hit_top, s == 0, s == top, s == origin)
+        return (phase, restarts + restart, round_trips + trip, round_trips_a5 + trip_a5, hit0,
+                hit_top, origin)
 
     def carry(self) -> tuple[torch.Tensor, ...]:
         """The counters' state as the tuple :meth:`advance` takes: ``(phase, restarts,
