@@ -167,6 +167,26 @@ def test_r_hat_and_ess_quiet_on_iid_systems():
     assert check_run(slot0=slot0_diagnostics(x)) == []
 
 
+def test_slot0_findings_from_the_draws_or_their_diagnostics_are_equal():
+    """A run's summary hands check_run the slot0_diagnostics dict it already computed, not the
+    draws (nrpt.report.summary._health): the findings must be the same for every branch --
+    modes apart (r-hat), sticky (low-ess), frozen, one system, constant systems (inf / NaN
+    R-hat) and healthy draws; the negative control: other draws give other findings."""
+    rng = np.random.default_rng(11)
+    apart = rng.normal(size=(2, 500, 2))
+    apart[0] -= 5.0
+    const = np.ones((2, 40, 2))
+    const[1] += 1.0  # within-system sd 0, systems apart: R-hat inf / NaN
+    cases = [apart, ar1(rng, 0.995, (2, 2000, 1)), np.zeros((2, 50, 1)), const,
+             ar1(rng, 0.99, (1, 800, 3)), rng.normal(size=(3, 300, 2))]
+    found = []
+    for x in cases:
+        f = check_run(slot0=x)
+        assert check_run(slot0=slot0_diagnostics(x)) == f
+        found.append(codes(f))
+    assert found[0] != found[-1] and "r-hat" in found[0] and found[-1] == []
+
+
 def test_low_ess_fires_on_sticky_chain():
     rng = np.random.default_rng(6)
     x = ar1(rng, 0.995, (2, 2000, 1))

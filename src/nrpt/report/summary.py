@@ -486,10 +486,14 @@ def _health(run: Run, cfg, s: dict, samples) -> list:
     hot = _hot_inputs(eng, run.recorders.get("spread"), row_map) if exact else {}
     x = np.asarray(samples)
     slot0 = x if x.ndim == 3 else (x[None] if x.ndim == 2 else None)
+    if slot0 is not None and slot0.shape[1] < 8:
+        slot0 = None
+    elif slot0 is not None and s.get("slot0"):  # these draws' slot0_diagnostics, computed once
+        slot0 = s["slot0"]  # (by _exact_fields; check_run reads the dict as its own result)
     try:
         findings = health.check_run(
             **_check_inputs(run, cfg, exact), **hot, reference_exact=eng.path.has_reference,
-            slot0=slot0 if slot0 is not None and slot0.shape[1] >= 8 else None, exact=exact,
+            slot0=slot0, exact=exact,
             **_sg_ladder_inputs(run, cfg, s))
     except ValueError as err:  # never lose a run's result to a diagnostic
         return [health.Finding("health-check-failed", f"health checks could not run: {err}",
