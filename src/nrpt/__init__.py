@@ -5,7 +5,7 @@ state that moves between slots; swaps exchange slots, never states.  Read :mod:`
 first (the contracts), then docs/architecture.md.
 """
 
-from nrpt import diagnostics, rng, roles, testing
+from nrpt import diagnostics, rng, roles
 from nrpt.core.engine import PTEngine
 from nrpt.core.loop import Plan, Segment, execute
 from nrpt.explorers import HMC, MALA, RWMH
@@ -31,6 +31,15 @@ from nrpt.swap import (
 from nrpt.targets.protocol import TargetError, load_target, validate_target
 
 __version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    """``nrpt.testing`` on first use (a sampling run does not need it at import)."""
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("nrpt.testing")
+    raise AttributeError(f"module 'nrpt' has no attribute {name!r}")
 
 
 def sample_adaptive(target="geometric-gaussian-path", *, rounds: int = 10, **options) -> Result:

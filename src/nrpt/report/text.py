@@ -11,11 +11,19 @@ from typing import Any
 import numpy as np
 
 from nrpt.diagnostics.density import iid_floor
-from nrpt.report.posterior_file import write_inference_data as export_inference_data
 from nrpt.targets.protocol import capabilities
 
 __all__ = ["ROW_HEADER", "format_row", "TABLE", "write_round_table", "write_figures",
            "export_inference_data"]
+
+
+def export_inference_data(path, **kwargs):
+    """:func:`nrpt.report.posterior_file.write_inference_data` (imported here, at the call: a
+    run without an output folder never loads the module)."""
+    from nrpt.report.posterior_file import write_inference_data
+
+    return write_inference_data(path, **kwargs)
+
 
 _COLUMNS = [("round", "round", "{:>5d}"), ("iterations", "iters", "{:>8d}"),
             ("restarts", "restarts", "{:>8.1f}"), ("round_trips", "trips", "{:>7.1f}"),
