@@ -202,3 +202,26 @@ def test_nrpt_runs_the_protocols_scales():
                                   np.tile(protocol.scales(8), (2, 1)))
     res = run_nrpt.run(argparse.Namespace(**{**vars(args), "variant": "adaptive"}), 40, 1)
     assert not np.array_equal(np.asarray(res.summary["step_size"])[-1], protocol.scales(8))
+
+
+def test_bench_byte_compiles_nrpt_and_the_runners(tmp_path, monkeypatch):
+    """bench.py compiles nrpt's sources and the runners' modules before the timed runs (the
+    peers' and torch's bytecode was written at install), into ``__pycache__`` even under
+    PYTHONDONTWRITEBYTECODE, only the runners' folder itself (not the peer venv below it);
+    the negative control: an uncompiled tree has no bytecode."""
+    import bench
+
+    root, here = tmp_path / "root", tmp_path / "root" / "benchmarks" / "peers"
+    (root / "src" / "nrpt" / "sub").mkdir(parents=True)
+    (root / "src" / "nrpt" / "sub" / "m.py").write_text("X = 1\n")
+    (here / ".venv").mkdir(parents=True)
+    (here / "runner.py").write_text("Y = 2\n")
+    (here / ".venv" / "site.py").write_text("Z = 3\n")
+    monkeypatch.setattr(bench, "ROOT", root)
+    monkeypatch.setattr(bench, "HERE", here)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert not list(root.rglob("*.pyc"))
+    bench.byte_compile()
+    assert list((root / "src" / "nrpt" / "sub" / "__pycache__").glob("m.*.pyc"))
+    assert list((here / "__pycache__").glob("runner.*.pyc"))
+    assert not (here / ".venv" / "__pycache__").exists()

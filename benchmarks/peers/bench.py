@@ -132,6 +132,23 @@ def _env(peer: bool) -> dict[str, str]:
     return env
 
 
+# ------------------------------------------------------------------------------ bytecode
+def byte_compile(peer: Path | None = None) -> None:
+    """Compile nrpt's sources and the runners' modules (this folder) to bytecode
+    (``__pycache__``, git-ignored) before the timed runs, as an installed package is: the
+    peers' and torch's bytecode was written when pip installed them, while nrpt here runs from
+    its source tree, where an environment with ``PYTHONDONTWRITEBYTECODE`` (or a read-only
+    checkout) makes every process compile its ~70 modules again (~0.12 s CPU, measured in
+    docs/benchmarks.md), a cost of the checkout, not of nrpt.  ``peer``: the peer venv's
+    Python, which compiles this folder for itself too (its bytecode tag may differ)."""
+    cmds = [[sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "nrpt")],
+            [sys.executable, "-m", "compileall", "-q", "-l", str(HERE)]]
+    if peer is not None:
+        cmds.append([str(peer), "-m", "compileall", "-q", "-l", str(HERE)])
+    for cmd in cmds:
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
 # ------------------------------------------------------------------------------ one run
 def run_one(tool: str, args, seed: int) -> dict:
     script, extra, group, _ = TOOLS[tool]
@@ -298,6 +315,10 @@ def main(argv=None) -> None:
     ap.add_argument("--pin-cpu", type=int, default=None, metavar="N",
                     help="run every tool's process on CPU N only (sched_setaffinity); default: "
                          "not pinned, one thread by the environment variables")
+    ap.add_argument("--no-byte-compile", dest="byte_compile", action="store_false",
+                    help="leave nrpt's sources and the runners uncompiled (each process then "
+                         "compiles them where bytecode cannot be written: the measurements "
+                         "before issue 24's lane start)")
     ap.add_argument("--out", default=str(HERE / "results.json"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -309,6 +330,9 @@ def main(argv=None) -> None:
     unavailable = {t: status[TOOLS[t][2]] for t in tools
                    if TOOLS[t][2] is not None and status.get(TOOLS[t][2])}
     active = [t for t in tools if t not in unavailable]
+    if args.byte_compile:
+        byte_compile(peer_python(peer_venv()) if groups and any(
+            TOOLS[t][2] is not None for t in active) else None)
     print(f"mix25: {protocol.CHAINS} temperatures, beta 1 -> {protocol.BETA_MIN}, "
           f"{args.systems} systems, {args.iterations} iterations, {args.reps} repetitions, "
           f"round-robin over {', '.join(active)}", flush=True)
@@ -363,7 +387,8 @@ def main(argv=None) -> None:
                      "chains": protocol.CHAINS,
                      "betas": protocol.betas(), "rwmh_scales": protocol.scales(),
                      "systems": args.systems, "iterations": args.iterations,
-                     "reps": args.reps, "quick": args.quick, "pin_cpu": args.pin_cpu},
+                     "reps": args.reps, "quick": args.quick, "pin_cpu": args.pin_cpu,
+                     "byte_compiled": args.byte_compile},
         "machine": machine(), "versions": versions, "peer_venv": str(peer_venv()),
         "peer_venv_freeze": peer_freeze() if groups else [],
         "unavailable": unavailable, "threads": ONE_THREAD,
