@@ -39,3 +39,12 @@ def test_testing_stays_reachable_as_an_attribute():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_the_gaussian_reference_names_agree():
+    """run.config names the Gaussian references for build (which then need not import the
+    module); the module's own tuple must stay the same."""
+    from nrpt.paths.gaussian_reference import GAUSSIAN
+    from nrpt.run import build, config
+
+    assert config.GAUSSIAN_REFERENCES == GAUSSIAN == build.GAUSSIAN

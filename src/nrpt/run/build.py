@@ -39,7 +39,7 @@ from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
 from nrpt.recorders.tails import TailAcceptance
 from nrpt.rng import Stream, generator_for
 from nrpt.run import registry
-from nrpt.run.config import _GAUSSIAN as GAUSSIAN  # nrpt.paths.gaussian_reference.GAUSSIAN
+from nrpt.run.config import GAUSSIAN_REFERENCES as GAUSSIAN  # = gaussian_reference.GAUSSIAN
 from nrpt.run.config import burn_in_count
 from nrpt.swap import DEOW, Rule
 from nrpt.swap.schemes import check_gate

@@ -36,7 +36,7 @@ from nrpt.run import registry
 from nrpt.scalars import plain as _plain
 
 __all__ = ["RunConfig", "CENTRAL", "section_table", "known_options", "to_toml", "VERSION",
-           "burn_in_count", "DEFAULT_BURN_IN"]
+           "burn_in_count", "DEFAULT_BURN_IN", "GAUSSIAN_REFERENCES"]
 
 #: schemes under which the variational reference's bridge fires (pair (0, 1) rests on some
 #: iterations): DEO and DEO_W by design, SEO at random
@@ -203,8 +203,9 @@ def _references():
     return REFERENCES
 
 
-#: the references of :mod:`nrpt.paths.gaussian_reference` (one leg, no bridge)
-_GAUSSIAN = ("gaussian", "gaussian-fixed")
+#: the references of :mod:`nrpt.paths.gaussian_reference` (one leg, no bridge): its GAUSSIAN,
+#: named here so that building a run need not import that module (tests/test_import_cost.py)
+GAUSSIAN_REFERENCES = ("gaussian", "gaussian-fixed")
 
 
 def _parse_burn_in(text: str):
@@ -753,7 +754,7 @@ def _ladder_settings(r: _Resolution) -> None:
     _reference(r)
     if "zero-temperature" in tags:
         return
-    if cfg.reference in _GAUSSIAN:
+    if cfg.reference in GAUSSIAN_REFERENCES:
         why = (f"reference {cfg.reference!r} anneals on a geometric path from a Gaussian: "
                f"give betas")
         r.drop("temperatures", why)
@@ -806,7 +807,7 @@ def _rules(cfg: RunConfig) -> list[str]:
 def _swap_settings(r: _Resolution) -> None:
     cfg = r.cfg
     r.take("scheme")
-    if cfg.reference not in (None, *_GAUSSIAN) and cfg.scheme not in BRIDGED_SCHEMES:
+    if cfg.reference not in (None, *GAUSSIAN_REFERENCES) and cfg.scheme not in BRIDGED_SCHEMES:
         raise ValueError(f"reference {cfg.reference!r} joins its two legs on the iterations where "
                          f"pair (0, 1) rests, which scheme {cfg.scheme!r} never or hardly leaves; "
                          f"use scheme {', '.join(map(repr, BRIDGED_SCHEMES))} (or reference "
