@@ -4,6 +4,7 @@ without an output folder leave the modules they do not use unloaded -- the test 
 (:mod:`nrpt.report.posterior_file`) and the Gaussian / variational reference paths.  Each check
 runs in a fresh interpreter; the negative control (a run with ``out``) loads the writer."""
 
+import ast
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ def _loaded_after(code: str, *args: str) -> list[str]:
     probe = f"{code}; print([m for m in {UNUSED!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", "import sys, nrpt; " + probe, *args],
                           capture_output=True, text=True, check=True)
-    return eval(done.stdout.strip().splitlines()[-1])  # a list of names printed just above
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])  # the names printed above
 
 
 def test_import_and_a_run_without_out_leave_unused_modules_unloaded(tmp_path):
