@@ -181,3 +181,58 @@ def test_tail_deficit_p_is_the_binomial_tail_and_a_valid_level():
     assert rate <= 0.02 + 4 * np.sqrt(0.02 * 0.98 / 20000), rate
     low = rng.binomial(20, 0.1, size=2000) / 20.0
     assert float((health.tail_deficit_p(low, 20.0, p0) < 0.02).mean()) > 0.8
+
+
+def test_the_switch_hands_hmc_a_step_from_malas():
+    """At the switch (:meth:`MetricAdaptor._switch`) each slot's MALA step ``h`` (whitened)
+    becomes HMC's ``HMC_FROM_MALA h^(3/2)`` times the shortest old unit step in x (the
+    smallest sd of a diagonal metric, here 0.01); the tuner then aims at HMC's target and
+    order, and moves acceptance ~0 by 10x in the first HMC round only.  Known answers by
+    hand; negative control: the rule before (the longest sd to the power 1/2, on MALA's
+    step) hands a step ~170x larger (measured on gp_pois_regr: acceptance 0 at every slot
+    for the next 2-3 rounds)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nrpt.adapt.metric import MetricAdaptor
+    from nrpt.adapt.rounds import HMC_FROM_MALA, StepSizeAdaptor
+    from nrpt.explorers.metropolis import HMC
+
+    ex = MALAThenHMC()
+    ma = MetricAdaptor("diagonal", switch=ex)
+    sd = torch.tensor([0.01, 1.0, 3.0], dtype=torch.float64)
+    h = torch.tensor([[0.3, 0.5]], dtype=torch.float64)  # one system, two slots
+    acc = torch.tensor([[0.574, 0.574]], dtype=torch.float64)  # at MALA's target
+    view = SimpleNamespace(index=4, last=False, name="round", step_size=h,
+                           metric=sd.expand(1, 2, 3).clone(),
+                           recorders={"swaps": SimpleNamespace(
+                               explorer_acceptance=lambda: acc)})
+    up = ma._switch(view)
+    assert ex.switched and torch.equal(up.metric, torch.ones(1, 2, 3, dtype=torch.float64))
+    np.testing.assert_allclose(ma.changed[1].numpy(), 0.01)
+    sa = StepSizeAdaptor(ex)
+    sa.metric_from = ma
+    new = sa.end_segment(view).step_size.numpy()
+    np.testing.assert_allclose(new, HMC_FROM_MALA * np.array([[0.3, 0.5]]) ** 1.5 * 0.01,
+                               rtol=1e-12)
+    assert (sa.target, sa.order) == (HMC.target_acceptance, HMC.acceptance_order)
+    old_rule = np.array([[0.3, 0.5]]) * np.sqrt(3.0)  # negative control
+    assert (old_rule / new > 100).all()
+    # the first HMC round: acceptance 0 -> 10x down, 1 -> 10x up; the next round: the model's
+    view2 = SimpleNamespace(index=5, last=False, name="round",
+                            step_size=torch.as_tensor(new),
+                            recorders={"swaps": SimpleNamespace(explorer_acceptance=lambda:
+                                       torch.tensor([[0.0, 1.0]], dtype=torch.float64))})
+    new2 = sa.end_segment(view2).step_size.numpy()
+    np.testing.assert_allclose(new2, new * np.array([[0.1, 10.0]]), rtol=1e-12)
+    view3 = SimpleNamespace(index=6, last=False, name="round",
+                            step_size=torch.tensor([[1e-3, 1e-3]], dtype=torch.float64),
+                            recorders={"swaps": SimpleNamespace(explorer_acceptance=lambda:
+                                       torch.tensor([[0.3, 0.3]], dtype=torch.float64))})
+    f = sa.end_segment(view3).step_size.numpy() / 1e-3
+    assert (f > 0.4).all() and (f < 1.0).all()  # (not 10x: fast was the first round's only)
+    # the checkpoint carries HMC's target and order
+    sb = StepSizeAdaptor(MALAThenHMC())
+    sb.load_state_dict(sa.state_dict())
+    assert (sb.target, sb.order, sb.hmc_fast) == (sa.target, sa.order, False)

@@ -208,10 +208,14 @@ class MetricAdaptor(AdaptorBase):
         old0 = old[0].double()
         d = old0.shape[-1]
         eye = torch.eye(d, dtype=torch.float64).expand(P, d, d)
-        ratio = _stretch(eye, old0)
+        # the shortest old unit step's length in x (the smallest singular value of L_old):
+        # HMC without a metric must resolve the narrowest direction, in which MALA's whitened
+        # step was a step of that length (:class:`nrpt.adapt.rounds.StepSizeAdaptor` maps the
+        # MALA step to HMC's from there, :data:`nrpt.adapt.rounds.HMC_FROM_MALA`)
+        ratio = 1.0 / _stretch(old0 if old0.dim() == 3 else torch.diag_embed(old0), eye)
         ratio = torch.where(torch.isfinite(ratio) & (ratio > 0), ratio,
                             torch.ones_like(ratio)).clamp(1.0 / RATIO_MAX, RATIO_MAX)
-        self.changed = (view.index, (ratio ** RATIO_POWER).expand(R, P).to(view.step_size))
+        self.changed = (view.index, ratio.expand(R, P).to(view.step_size))
         metric = eye if old0.dim() == 3 else torch.ones(P, d, dtype=torch.float64)
         return Update(metric=metric.to(view.step_size.dtype).expand(R, *metric.shape).clone(),
                       note=note)
