@@ -70,6 +70,11 @@ def test_without_the_evidence_it_is_mala_draw_for_draw():
     c, d = _run(3), _run(3, explorer="mala")
     assert "after round 7" in c.summary["explorer_switched"]
     assert not np.array_equal(c.samples, d.samples)
+    # after the switch the explorer check reads HMC's target (its steps were tuned to it);
+    # MALA's run keeps MALA's (the control)
+    said = [w for w in c.summary["warnings"] if "acceptance is" in w]
+    assert said and all("for a target of 0.65" in w for w in said), said
+    assert not any("for a target of 0.65" in w for w in d.summary.get("warnings", []))
 
 
 @pytest.mark.parametrize("stop", [200, 300])

@@ -330,8 +330,9 @@ class RoundTripTracker:
         """One iteration of the counters as a pure function: ``state`` is
         ``(phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin)`` (the order of
         :meth:`carry`), ``s`` the new index ``long [R, P]`` and ``top = P - 1``; returns the new
-        state tuple.  No in-place op and no host sync, so it can be traced or compiled (the
-        fused loop, :mod:`nrpt.core.fused`, carries the state through its graph)."""
+        state tuple.  No in-place op and no host sync, so it can be traced or compiled (today
+        only :meth:`update` calls it: the round-trip recorder of a chunked run hands its index
+        rows to :meth:`update_block` after each chunk instead of carrying this state)."""
         phase, restarts, round_trips, round_trips_a5, hit0, hit_top, origin = state
         phase, hit0, hit_top, restart, trip, trip_a5 = _transition(
             phase, hit0, hit_top, s == 0, s == top, s == origin)

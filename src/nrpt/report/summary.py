@@ -513,6 +513,12 @@ def _check_inputs(run: Run, cfg, exact: bool) -> dict:
     swaps, swapping = rec["swaps"], eng.scheme.proposes_swaps
     # the acceptance the explorer declares it aims at (nrpt.run.build: facts)
     target_acc = run.facts.get("target_acceptance") if exact else None
+    inner = getattr(eng.explorer, "inner", eng.explorer)
+    if (target_acc is not None and getattr(inner, "switched", False)
+            and getattr(cfg, "target_acceptance", None) is None):
+        # mala-hmc after its switch: the steps were tuned to HMC's target since
+        # (nrpt.adapt.rounds.StepSizeAdaptor._switch), so the check reads HMC's
+        target_acc = float(inner.hmc.target_acceptance)
     return {"swap_acceptance": swaps.acceptance().cpu().double().numpy()
             if swapping and exact else None,
             "restarts": rec["round_trips"].counts()["restarts"].cpu().numpy()
