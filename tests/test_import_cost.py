@@ -42,10 +42,11 @@ def test_testing_stays_reachable_as_an_attribute():
     assert done.stdout.strip() == "ok"
 
 
-def test_the_gaussian_reference_names_agree():
-    """run.config names the Gaussian references for build (which then need not import the
-    module); the module's own tuple must stay the same."""
+def test_the_gaussian_reference_names_are_one_tuple():
+    """run checks and build read the Gaussian references' names from :mod:`nrpt.paths` (so
+    they need not import the module); the module's own name is that tuple, not a copy."""
+    from nrpt import paths
     from nrpt.paths.gaussian_reference import GAUSSIAN
     from nrpt.run import build, config
 
-    assert config.GAUSSIAN_REFERENCES == GAUSSIAN == build.GAUSSIAN
+    assert GAUSSIAN is paths.GAUSSIAN_REFERENCES is config.GAUSSIAN_REFERENCES is build.GAUSSIAN

@@ -212,7 +212,8 @@ class MetricAdaptor(AdaptorBase):
         # HMC without a metric must resolve the narrowest direction, in which MALA's whitened
         # step was a step of that length (:class:`nrpt.adapt.rounds.StepSizeAdaptor` maps the
         # MALA step to HMC's from there, :data:`nrpt.adapt.rounds.HMC_FROM_MALA`)
-        ratio = 1.0 / _stretch(old0 if old0.dim() == 3 else torch.diag_embed(old0), eye)
+        ratio = (torch.linalg.svdvals(old0)[..., -1] if old0.dim() == 3
+                 else old0.min(-1).values)
         ratio = torch.where(torch.isfinite(ratio) & (ratio > 0), ratio,
                             torch.ones_like(ratio)).clamp(1.0 / RATIO_MAX, RATIO_MAX)
         self.changed = (view.index, ratio.expand(R, P).to(view.step_size))

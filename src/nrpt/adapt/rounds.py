@@ -140,7 +140,7 @@ class StepSizeAdaptor(AdaptorBase):
         :data:`HMC_FROM_MALA` ``h^(3/2)`` (whitened units), times the shortest old unit step
         in x (``changed``); the tuner then aims at HMC's target with HMC's order, forgets its
         MALA bracket and moves a slot at acceptance ~0 / ~1 by 10x in the first HMC round."""
-        hmc = getattr(self.metric_from.switch, "hmc", None) or self._hmc()
+        hmc = self.metric_from.switch.hmc  # (MALAThenHMC's own HMC)
         plain = h * step_size_factor(acc, self.target, self.order)
         new = HMC_FROM_MALA * plain ** 1.5 * scale
         if changed is not None and changed[0] == view.index:
@@ -151,11 +151,6 @@ class StepSizeAdaptor(AdaptorBase):
         self.tuner = StepTuner(self.target, self.order, fast=True)
         self.hmc_fast = True
         return Update(step_size=torch.as_tensor(new).to(view.step_size))
-
-    def _hmc(self):
-        from nrpt.explorers.metropolis import HMC
-
-        return HMC
 
     def follow_ladder(self, m: SlotMap) -> None:
         """The ladder grew: the tuner's per-slot memory (brackets, last step and acceptance)

@@ -84,6 +84,7 @@ import torch
 
 from nrpt import rng
 from nrpt.explorers.base import Density
+from nrpt.paths import GAUSSIAN_REFERENCES
 from nrpt.paths.ladders import GeometricPath, TemperatureLadder, flat_call
 from nrpt.paths.proper import hessian
 from nrpt.paths.variational import (
@@ -102,7 +103,7 @@ __all__ = ["GAUSSIAN", "GaussianPath", "GaussianDensity", "GaussianEngine", "Gau
            "find_mode", "whitened_step", "LAPLACE_WIDTH", "LAPLACE_MAX_DIM", "MODE_EVALS"]
 
 #: the ``reference`` values of this module: refitted between rounds, or fixed
-GAUSSIAN = ("gaussian", "gaussian-fixed")
+GAUSSIAN = GAUSSIAN_REFERENCES  # (named in nrpt.paths: run checks read it without this module)
 #: full-rank ``q`` up to this dimension, mean-field above
 FULL_RANK_MAX_DIM = 200
 #: the fitted covariance is multiplied by this factor

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from nrpt.adapt.chains import recommended_chains, recommended_chains_noisy, restart_rate_curve
+from nrpt.adapt.rounds import StepSizeAdaptor
 from nrpt.adapt.schedule import fit_barrier, update_schedule
 from nrpt.core.loop import Outcome, Run
 from nrpt.diagnostics import theory
@@ -513,12 +514,11 @@ def _check_inputs(run: Run, cfg, exact: bool) -> dict:
     swaps, swapping = rec["swaps"], eng.scheme.proposes_swaps
     # the acceptance the explorer declares it aims at (nrpt.run.build: facts)
     target_acc = run.facts.get("target_acceptance") if exact else None
-    inner = getattr(eng.explorer, "inner", eng.explorer)
-    if (target_acc is not None and getattr(inner, "switched", False)
-            and getattr(cfg, "target_acceptance", None) is None):
-        # mala-hmc after its switch: the steps were tuned to HMC's target since
-        # (nrpt.adapt.rounds.StepSizeAdaptor._switch), so the check reads HMC's
-        target_acc = float(inner.hmc.target_acceptance)
+    tuner = next((a for a in run.adaptors if isinstance(a, StepSizeAdaptor)), None)
+    if target_acc is not None and tuner is not None:
+        # the target the steps are tuned to now: the build's, or HMC's after mala-hmc's switch
+        # (StepSizeAdaptor._switch owns that rule; the check reads it, not a copy of it)
+        target_acc = tuner.target
     return {"swap_acceptance": swaps.acceptance().cpu().double().numpy()
             if swapping and exact else None,
             "restarts": rec["round_trips"].counts()["restarts"].cpu().numpy()

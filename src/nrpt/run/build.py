@@ -31,6 +31,7 @@ from nrpt.diagnostics.barrier import SlotEnergyRecorder
 from nrpt.energy.estimators import make_estimator
 from nrpt.explorers import Density
 from nrpt.explorers.domains import parse_domain
+from nrpt.paths import GAUSSIAN_REFERENCES as GAUSSIAN
 from nrpt.paths.ladders import GeometricPath, NoiseLadder, geometric_ladder, make_path
 from nrpt.paths.starts import is_point_start
 from nrpt.recorders.draws import Draws
@@ -39,7 +40,6 @@ from nrpt.recorders.stats import RoundTrips, SlotSpread, SwapStats, Trace
 from nrpt.recorders.tails import TailAcceptance
 from nrpt.rng import Stream, generator_for
 from nrpt.run import registry
-from nrpt.run.config import GAUSSIAN_REFERENCES as GAUSSIAN  # = gaussian_reference.GAUSSIAN
 from nrpt.run.config import burn_in_count
 from nrpt.swap import DEOW, Rule
 from nrpt.swap.schemes import check_gate

@@ -32,11 +32,12 @@ from nrpt.options import (
     parse_floats,
     parse_int,
 )
+from nrpt.paths import GAUSSIAN_REFERENCES
 from nrpt.run import registry
 from nrpt.scalars import plain as _plain
 
 __all__ = ["RunConfig", "CENTRAL", "section_table", "known_options", "to_toml", "VERSION",
-           "burn_in_count", "DEFAULT_BURN_IN", "GAUSSIAN_REFERENCES"]
+           "burn_in_count", "DEFAULT_BURN_IN"]
 
 #: schemes under which the variational reference's bridge fires (pair (0, 1) rests on some
 #: iterations): DEO and DEO_W by design, SEO at random
@@ -203,9 +204,6 @@ def _references():
     return REFERENCES
 
 
-#: the references of :mod:`nrpt.paths.gaussian_reference` (one leg, no bridge): its GAUSSIAN,
-#: named here so that building a run need not import that module (tests/test_import_cost.py)
-GAUSSIAN_REFERENCES = ("gaussian", "gaussian-fixed")
 
 
 def _parse_burn_in(text: str):
