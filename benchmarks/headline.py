@@ -68,15 +68,17 @@ UNROLL = {"nrpt_fused": 8, "nrpt_fused16": 16}
 
 
 # ------------------------------------------------------------------------------ the pieces
-def headline_config(iterations: int, seed: int, compiled: bool = False, fused: bool = False):
+def headline_config(iterations: int, seed: int, compiled: bool = False,
+                    fused: bool | int = False):
     """The run ``nrpt run`` makes with no arguments (other than ``iterations`` / ``seed``;
-    ``compiled``: with ``compile = true``; ``fused``: and ``fuse = true``)."""
+    ``compiled``: with ``compile = true``; ``fused``: and ``fuse = true``, or ``fuse`` = that
+    chunk length when an integer)."""
     from nrpt.run.config import RunConfig
     from nrpt.run.sgpt import HEADLINE
 
     data = {"compile": True} if compiled or fused else {}
     if fused:
-        data["fuse"] = True
+        data["fuse"] = True if fused is True else int(fused)
     if iterations != HEADLINE["iterations"]:
         data["iterations"] = iterations
     if seed != 0:
@@ -101,17 +103,22 @@ def nrpt_stats(run) -> dict:
             "slot0_mean": samples.mean(0).tolist(), "slot0_sd": samples.std(0, ddof=1).tolist()}
 
 
-def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False, unroll: int = 0) -> dict:
+def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False, unroll: int = 0,
+                  configured: bool = False) -> dict:
     """The loop's ``wall_time_s`` and its steady cost per iteration (from the callback every
     256 iterations, past the first 256: compilation included in the former only); ``unroll``:
-    the fused loop (nrpt.core.fused) with chunks of that many iterations, compiled."""
+    the fused loop (nrpt.core.fused) with chunks of that many iterations, compiled;
+    ``configured``: that chunk length given in the config (``fuse = unroll``) rather than set
+    on the built run, so the run is built wholly from its config and may load nrpt's saved
+    chunk (nrpt.core.precompile) -- ``"precompiled"`` in the result says what it did."""
     from nrpt.core.fused import Fused
     from nrpt.core.loop import execute
     from nrpt.run.build import build
 
     t0 = time.perf_counter()
-    run = build(headline_config(iterations, seed, compiled, fused=unroll > 0))
-    if unroll and unroll != run.fused.unroll:
+    run = build(headline_config(iterations, seed, compiled,
+                                fused=(unroll if configured else True) if unroll else False))
+    if unroll and not configured and unroll != run.fused.unroll:
         run.fused = Fused(run, unroll=unroll, compile=True)
     t1 = time.perf_counter()
     ticks: list = []
@@ -121,7 +128,8 @@ def run_nrpt_loop(iterations: int, seed: int, compiled: bool = False, unroll: in
         (k0, a), (k1, b) = ticks[0], ticks[-2]
         steady = (b - a) / (k1 - k0) if k1 > k0 else None
     return {"time_s": outcome.wall_time_s, "build_s": t1 - t0, "stats": nrpt_stats(run),
-            "steady_s_per_it": steady}
+            "steady_s_per_it": steady,
+            "precompiled": getattr(getattr(run, "fused", None), "precompiled", None)}
 
 
 def run_numpy(iterations: int, seed: int) -> dict:
@@ -166,15 +174,23 @@ with open(sys.argv[1], "w") as fh:
 """
 
 
-def timed_child(cmd: list[str], env: dict, tmp: Path) -> tuple[float, float, int, str]:
-    """``(wall s from the fork to the exit, peak RSS MB, exit status, stderr tail)`` of
-    ``cmd``, started by :data:`LAUNCHER` (``python -I -S``, a few MB)."""
+def launch(cmd: list[str], env: dict, tmp: Path) -> dict:
+    """What :data:`LAUNCHER` (``python -I -S``, a few MB) reports of ``cmd``: ``rc``,
+    ``maxrss_kb``, ``wall_s`` (from the fork to the exit), ``cpu_s`` (user + system of the
+    child), and ``stderr`` (its tail)."""
     report = tmp / "launcher.json"
     res = subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCHER, str(report), *cmd],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     got = json.loads(report.read_text())
     report.unlink()
-    return got["wall_s"], got["maxrss_kb"] / 1024.0, got["rc"], res.stderr.decode()[-2000:]
+    return {**got, "stderr": res.stderr.decode()[-2000:]}
+
+
+def timed_child(cmd: list[str], env: dict, tmp: Path) -> tuple[float, float, int, str]:
+    """``(wall s from the fork to the exit, peak RSS MB, exit status, stderr tail)`` of
+    ``cmd`` (:func:`launch`)."""
+    got = launch(cmd, env, tmp)
+    return got["wall_s"], got["maxrss_kb"] / 1024.0, got["rc"], got["stderr"]
 
 
 def run_nrpt_process(iterations: int, tmp: Path, env: dict) -> dict:
