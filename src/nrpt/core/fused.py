@@ -82,11 +82,13 @@ NUMPY_SWAPS_MAX = 4096
 
 class _Ops(NamedTuple):
     """The few array ops of the lean chunk's swap bookkeeping, on NumPy arrays or on tensors
-    (both take ``[]`` slices, ``+`` and ``-``): ``array`` (a tensor's view), ``take(a, flat
-    indices, out or None)``, ``mul(a, b, out)``, ``lt(a, b, out)``, ``source(padded verdicts,
-    ids, matrix)`` (the flat permutation :func:`_source_matrix` describes), whether the padded
-    verdicts' end columns hold the row's constants (else zeros), and a context for the chunk's
-    arithmetic."""
+    (both take ``[]`` slices, ``+`` and ``-``), called with NumPy's positional arguments (no
+    wrapper on the NumPy side: a Python call costs as much as a small op's kernel):
+    ``array(tensor)`` (a view), ``take(a, flat indices, None, out or None, "clip")``, ``mul(a,
+    b, out)``, ``lt(a, b, out)``, ``source(padded verdicts, operand)`` (the flat permutation:
+    the operand is :func:`_source_matrix`'s matrix, or the flat ids), whether the padded
+    verdicts' end columns hold the row's constants (else zeros), and a context for the
+    chunk's arithmetic."""
 
     array: Any
     take: Any
@@ -97,17 +99,29 @@ class _Ops(NamedTuple):
     quiet: Any
 
 
+def _torch_take(a, index, axis, out, mode):
+    return torch.take(a, index, out=out)
+
+
+def _torch_mul(a, b, out):
+    return torch.mul(a, b, out=out)
+
+
+def _torch_lt(a, b, out):
+    return torch.lt(a, b, out=out)
+
+
+def _torch_source(a, ids):
+    return ids + a[:, 1:] - a[:, :-1]
+
+
 #: (``mode = "clip"``: every index is in range; NumPy's default ``"raise"`` copies ``out``;
 #: the permutation as one integer product, the row offsets folded in)
-_NUMPY = _Ops(array=torch.Tensor.numpy, take=lambda a, i, out: a.take(i, None, out, "clip"),
-              mul=np.multiply, lt=np.less, source=lambda a, ids, m: a @ m, constant_pads=True,
-              quiet=lambda: np.errstate(all="ignore"))
+_NUMPY = _Ops(array=torch.Tensor.numpy, take=np.ndarray.take, mul=np.multiply, lt=np.less,
+              source=np.matmul, constant_pads=True, quiet=lambda: np.errstate(all="ignore"))
 #: (the permutation from the zero-padded verdicts' differences: no integer products on GPUs)
-_TORCH = _Ops(array=lambda t: t, take=lambda a, i, out: torch.take(a, i, out=out),
-              mul=lambda a, b, out: torch.mul(a, b, out=out),
-              lt=lambda a, b, out: torch.lt(a, b, out=out),
-              source=lambda a, ids, m: ids + a[:, 1:] - a[:, :-1], constant_pads=False,
-              quiet=contextlib.nullcontext)
+_TORCH = _Ops(array=lambda t: t, take=_torch_take, mul=_torch_mul, lt=_torch_lt,
+              source=_torch_source, constant_pads=False, quiet=contextlib.nullcontext)
 
 
 def _source_matrix(R: int, P: int) -> tuple[np.ndarray, torch.Tensor]:
@@ -484,7 +498,7 @@ class Fused:
         ids_a = arr(ids)
         with torch.inference_mode(False):
             matrix, pads = _source_matrix(R, P) if xp.constant_pads else (
-                None, torch.zeros(R, P + 1, dtype=torch.long, device=dev))
+                ids_a, torch.zeros(R, P + 1, dtype=torch.long, device=dev))
         has_ref, watched, metric = eng.path.has_reference, list(eng.watched), eng.metric
         late_x = bool(watched) and U * R * P * eng.dim <= BLOCK_GATHER
         if watched:
@@ -526,26 +540,28 @@ class Fused:
             rows = []
             with xp.quiet():  # (NumPy: inf - inf is NaN without a warning, as torch's)
                 for u in range(U):
-                    take(sched, so, b_a[u])
-                    take(steps, so, h_a[u])
+                    take(sched, so, None, b_a[u], "clip")
+                    take(steps, so, None, h_a[u], "clip")
                     b, h = b_t[u], h_t[u]
                     noise = ReplayNoise(per_u[u])
                     m = None if metric is None else metric.flatten(0, 1)[sos[u]]
                     if n_explore == 1:  # (explore's, its count made long once per chunk)
-                        state, info = explorer.step(state, b, h, density, noise, sub=0,
-                                                    **({} if m is None else {"metric": m}))
+                        state, info = explorer.step(state, b, h, density, noise, sub=0) \
+                            if m is None else explorer.step(state, b, h, density, noise, sub=0,
+                                                            metric=m)
                         accept, nonfinite = info.accept_prob, info.nonfinite
                     else:
                         state, accept, nonfinite = explore(explorer, state, b, h, density,
                                                            noise, n_explore, m)
                     if has_ref:
                         state = refresh_top(state, sos[u], _fresh(inp["ref"], u), top)
-                    v_at = take(arr(state.v), ra, None)
+                    v_at = take(arr(state.v), ra, None, None, "clip")
                     lr = mul(b_step, v_at[:, 1:] - v_at[:, :-1], lr_a[u])
                     verdict = v_a[u]
                     lt(open_u[u], lr, verdict[:, 1:P])
-                    src = source(verdict, ids_a, matrix)
-                    ra, so = take(ra, src, ra_a[u]), take(src, so, so_a[u])
+                    src = source(verdict, matrix)
+                    ra = take(ra, src, None, ra_a[u], "clip")
+                    so = take(src, so, None, so_a[u], "clip")
                     rows.append((state.v, state.base, accept, nonfinite, state.x if late_x else
                                  state.x.flatten(0, 1)[ras[u + 1].index_select(1, watched_t)]
                                  if watched else None))
