@@ -499,6 +499,7 @@ class Fused:
         with torch.inference_mode(False):
             matrix, pads = _source_matrix(R, P) if xp.constant_pads else (
                 ids_a, torch.zeros(R, P + 1, dtype=torch.long, device=dev))
+        pads_a = arr(pads)
         has_ref, watched, metric = eng.path.has_reference, list(eng.watched), eng.metric
         late_x = bool(watched) and U * R * P * eng.dim <= BLOCK_GATHER
         if watched:
@@ -526,11 +527,12 @@ class Fused:
             # the log ratios, the padded verdicts, the flat index maps after each iteration
             b_buf, h_buf = (torch.empty(U, R, P, dtype=dt, device=dev) for _ in range(2))
             lr_buf = torch.empty(U, R, P - 1, dtype=dt, device=dev)
-            v_buf = pads.repeat(U, 1, 1)
+            v_buf = torch.empty(U, R, P + 1, dtype=torch.long, device=dev)
             ra_buf, so_buf = (torch.empty(U, R, P, dtype=torch.long, device=dev)
                               for _ in range(2))
             b_a, h_a, lr_a, v_a, ra_a, so_a = map(arr, (b_buf, h_buf, lr_buf, v_buf, ra_buf,
                                                         so_buf))
+            v_a[...] = pads_a  # (a broadcast copy: torch's repeat costs ~20 small ops here)
             b_t, h_t = b_buf.unbind(0), h_buf.unbind(0)
             ra_t, so_t = first_at + off, carry["slot_of"] + off
             ra, so = arr(ra_t), arr(so_t)
