@@ -84,14 +84,16 @@ class _Ops(NamedTuple):
     """The few array ops of the lean chunk's swap bookkeeping, on NumPy arrays or on tensors
     (both take ``[]`` slices, ``+`` and ``-``), called with NumPy's positional arguments (no
     wrapper on the NumPy side: a Python call costs as much as a small op's kernel):
-    ``array(tensor)`` (a view), ``take(a, flat indices, None, out or None, "clip")``, ``mul(a,
-    b, out)``, ``lt(a, b, out)``, ``source(padded verdicts, operand)`` (the flat permutation:
-    the operand is :func:`_source_matrix`'s matrix, or the flat ids), whether the padded
-    verdicts' end columns hold the row's constants (else zeros), and a context for the
-    chunk's arithmetic."""
+    ``array(tensor)`` (a view), ``tensor(array)`` (back), ``take(a, flat indices, None, out or
+    None, "clip")``, ``put(a, flat indices, values, "clip")`` (in place), ``mul(a, b, out)``,
+    ``lt(a, b, out)``, ``source(padded verdicts, operand)`` (the flat permutation: the operand
+    is :func:`_source_matrix`'s matrix, or the flat ids), whether the padded verdicts' end
+    columns hold the row's constants (else zeros), and a context for the chunk's arithmetic."""
 
     array: Any
+    tensor: Any
     take: Any
+    put: Any
     mul: Any
     lt: Any
     source: Any
@@ -101,6 +103,10 @@ class _Ops(NamedTuple):
 
 def _torch_take(a, index, axis, out, mode):
     return torch.take(a, index, out=out)
+
+
+def _torch_put(a, index, values, mode):
+    return a.put_(index, values)
 
 
 def _torch_mul(a, b, out):
@@ -117,10 +123,12 @@ def _torch_source(a, ids):
 
 #: (``mode = "clip"``: every index is in range; NumPy's default ``"raise"`` copies ``out``;
 #: the permutation as one integer product, the row offsets folded in)
-_NUMPY = _Ops(array=torch.Tensor.numpy, take=np.ndarray.take, mul=np.multiply, lt=np.less,
+_NUMPY = _Ops(array=torch.Tensor.numpy, tensor=torch.from_numpy, take=np.ndarray.take,
+              put=np.ndarray.put, mul=np.multiply, lt=np.less,
               source=np.matmul, constant_pads=True, quiet=lambda: np.errstate(all="ignore"))
 #: (the permutation from the zero-padded verdicts' differences: no integer products on GPUs)
-_TORCH = _Ops(array=lambda t: t, take=_torch_take, mul=_torch_mul, lt=_torch_lt,
+_TORCH = _Ops(array=lambda t: t, tensor=lambda t: t, take=_torch_take, put=_torch_put,
+              mul=_torch_mul, lt=_torch_lt,
               source=_torch_source, constant_pads=False, quiet=contextlib.nullcontext)
 
 
@@ -465,26 +473,27 @@ class Fused:
         """The eager chunk where an iteration needs nothing of its swap phase but the
         permutation: no online adaptor (the chunk's tables are its own), the Metropolis rule,
         a scheme whose masks depend on no state (:func:`block_active`; else ``plain``, the
-        chunk of :meth:`_body`).  Per iteration: the explorer step and nine small ops for the
-        slot tables and the swaps (the schedule and step sizes at the replicas' slots, the
-        energies at the slots, their differences times the schedule's, the verdicts of the
-        open pairs against log-uniforms made per chunk, the permutation ``src`` from the
-        padded verdicts and both index maps by one take each: the swaps are disjoint, so
-        ``src`` is its own inverse and ``slot_of`` follows from it).  The index maps are kept
-        flat (row ``r``'s entries offset by ``r P``, once per chunk) so that every gather is
-        one ``take``, each written into a per-chunk buffer (fresh each chunk: no step keeps a
-        buffer that is written again).  On the CPU up to :data:`NUMPY_SWAPS_MAX` replicas
-        these ops run on NumPy views of the buffers (:data:`_NUMPY`: a small NumPy op costs
-        a third to a half of a torch op), else on the tensors (:data:`_TORCH`); the same
-        indexing, IEEE subtractions, products and comparisons either way.  The rule's
-        verdicts and probabilities of all pairs, the masks and the log-uniforms are made once
-        per chunk, from the same numbers by the same elementwise ops as the rule's per
-        iteration.  The same numbers as :meth:`_body`: ``(b_hi - b_lo) (v_hi - v_lo)`` is the
-        rule's ``(b_lo - b_hi) (v_lo - v_hi)`` up to the sign of a zero (each factor is the
-        exact negation, or +0 for both), which neither ``log u < lr`` nor ``exp(min(lr,
-        0))`` sees, and ``log u < lr`` is false for a NaN ``lr`` as for the rule's ``-inf``
-        (``tests/test_lean_chunk.py`` checks the chunks against :meth:`_body` bit for bit,
-        both namespaces)."""
+        chunk of :meth:`_body`).  Per iteration: the explorer step and eight small ops for the
+        slot tables and the swaps (the schedule and step sizes at the replicas' slots by a
+        take each, the energies put at the replicas' slots, their differences times the
+        schedule's, the verdicts of the open pairs against log-uniforms made per chunk, the
+        permutation ``src`` from the padded verdicts, and ``slot_of`` by one take: the swaps
+        are disjoint, so ``src`` is its own inverse); the replicas at the slots of every
+        iteration by one put per chunk (every iteration only where the watched positions are
+        gathered per iteration).  The slot maps are kept flat (row ``r``'s entries offset by
+        ``r P``, once per chunk) so that every gather is one ``take``, each written into a
+        per-chunk buffer (fresh each chunk: no step keeps a buffer that is written again).
+        On the CPU up to :data:`NUMPY_SWAPS_MAX` replicas these ops run on NumPy views of the
+        buffers (:data:`_NUMPY`: a small NumPy op costs a third to a half of a torch op), else
+        on the tensors (:data:`_TORCH`); the same indexing, IEEE subtractions, products and
+        comparisons either way.  The rule's verdicts and probabilities of all pairs, the masks
+        and the log-uniforms are made once per chunk, from the same numbers by the same
+        elementwise ops as the rule's per iteration.  The same numbers as :meth:`_body`:
+        ``(b_hi - b_lo) (v_hi - v_lo)`` is the rule's ``(b_lo - b_hi) (v_lo - v_hi)`` up to
+        the sign of a zero (each factor is the exact negation, or +0 for both), which neither
+        ``log u < lr`` nor ``exp(min(lr, 0))`` sees, and ``log u < lr`` is false for a NaN
+        ``lr`` as for the rule's ``-inf`` (``tests/test_lean_chunk.py`` checks the chunks
+        against :meth:`_body` bit for bit, both namespaces)."""
         eng, explorer = self.engine, self.explorer
         density, scheme, P, R, n_explore = eng.density, eng.scheme, eng.P, eng.R, eng.n_explore
         dev, dt = eng.device, eng.dtype
@@ -500,6 +509,12 @@ class Fused:
             matrix, pads = _source_matrix(R, P) if xp.constant_pads else (
                 ids_a, torch.zeros(R, P + 1, dtype=torch.long, device=dev))
         pads_a = arr(pads)
+        with torch.inference_mode(False):
+            # (each flat entry k of a chunk's [U, R, P] slot maps offset by u R P, and its
+            # replica k mod P: the replicas at the slots by one put a chunk)
+            u_off = arr(torch.arange(U, device=dev).mul_(R * P).view(U, 1, 1))
+            rep_ids = arr(torch.arange(P, device=dev).expand(U, R, P))
+        off_a = arr(off)
         has_ref, watched, metric = eng.path.has_reference, list(eng.watched), eng.metric
         late_x = bool(watched) and U * R * P * eng.dim <= BLOCK_GATHER
         if watched:
@@ -507,6 +522,7 @@ class Fused:
                 watched_t = torch.tensor(watched, device=dev)
         # (the flat slot tables as tensors, per iteration, only where a step reads them)
         want_tensors = has_ref or metric is not None or (bool(watched) and not late_x)
+        ra_each = bool(watched) and not late_x  # (the replicas at the slots every iteration)
 
         def body(carry, inp):
             active = block_active(scheme, pairs, inp["scheme"], U)
@@ -524,21 +540,23 @@ class Fused:
             state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
             first_at = carry["replica_at"]
             # the chunk's buffers: the slots' schedule and step sizes handed to the explorer,
-            # the log ratios, the padded verdicts, the flat index maps after each iteration
-            b_buf, h_buf = (torch.empty(U, R, P, dtype=dt, device=dev) for _ in range(2))
+            # the energies at the slots, the log ratios, the padded verdicts, the flat index
+            # maps after each iteration
+            b_buf, h_buf, e_buf = (torch.empty(U, R, P, dtype=dt, device=dev)
+                                   for _ in range(3))
             lr_buf = torch.empty(U, R, P - 1, dtype=dt, device=dev)
             v_buf = torch.empty(U, R, P + 1, dtype=torch.long, device=dev)
             ra_buf, so_buf = (torch.empty(U, R, P, dtype=torch.long, device=dev)
                               for _ in range(2))
-            b_a, h_a, lr_a, v_a, ra_a, so_a = map(arr, (b_buf, h_buf, lr_buf, v_buf, ra_buf,
-                                                        so_buf))
+            b_a, h_a, e_a, lr_a, v_a, ra_a, so_a = map(arr, (b_buf, h_buf, e_buf, lr_buf,
+                                                              v_buf, ra_buf, so_buf))
             v_a[...] = pads_a  # (a broadcast copy: torch's repeat costs ~20 small ops here)
             b_t, h_t = b_buf.unbind(0), h_buf.unbind(0)
-            ra_t, so_t = first_at + off, carry["slot_of"] + off
-            ra, so = arr(ra_t), arr(so_t)
-            if want_tensors:  # (the flat maps before each iteration, as tensors)
-                ras, sos = (ra_t, *ra_buf.unbind(0)), (so_t, *so_buf.unbind(0))
-            take, mul, lt, source = xp.take, xp.mul, xp.lt, xp.source
+            so_t = carry["slot_of"] + off
+            so = arr(so_t)
+            if want_tensors:  # (the flat maps as tensors: before each iteration, after it)
+                sos, ras = (so_t, *so_buf.unbind(0)), ra_buf.unbind(0)
+            take, put, mul, lt, source = xp.take, xp.put, xp.mul, xp.lt, xp.source
             rows = []
             with xp.quiet():  # (NumPy: inf - inf is NaN without a warning, as torch's)
                 for u in range(U):
@@ -557,20 +575,24 @@ class Fused:
                                                            noise, n_explore, m)
                     if has_ref:
                         state = refresh_top(state, sos[u], _fresh(inp["ref"], u), top)
-                    v_at = take(arr(state.v), ra, None, None, "clip")
+                    v_at = e_a[u]  # (each replica's energy put at its slot)
+                    put(v_at, so, arr(state.v), "clip")
                     lr = mul(b_step, v_at[:, 1:] - v_at[:, :-1], lr_a[u])
                     verdict = v_a[u]
                     lt(open_u[u], lr, verdict[:, 1:P])
                     src = source(verdict, matrix)
-                    ra = take(ra, src, None, ra_a[u], "clip")
                     so = take(src, so, None, so_a[u], "clip")
+                    if ra_each:
+                        put(ra_a[u], so, ids_a, "clip")
                     rows.append((state.v, state.base, accept, nonfinite, state.x if late_x else
-                                 state.x.flatten(0, 1)[ras[u + 1].index_select(1, watched_t)]
+                                 state.x.flatten(0, 1)[ras[u].index_select(1, watched_t)]
                                  if watched else None))
             names = ("v", "base", "accept", "nonfinite", "x" if late_x else "slot_x")
             st = {n: torch.stack(ts) for n, ts in zip(names, zip(*rows, strict=True), strict=True)
                   if watched or n != names[-1]}
-            st["slot_of"], st["replica_at"] = so_buf - off, ra_buf - off
+            replica_at = torch.empty(U, R, P, dtype=torch.long, device=dev)
+            put(arr(replica_at), so_a + u_off, rep_ids, "clip")
+            st["slot_of"], st["replica_at"] = xp.tensor(so_a - off_a), replica_at
             st["accepted"] = v_buf[:, :, 1:P].bool().contiguous()
             st["active"], st["decision"] = active, log_u < lr_buf
             st["prob"] = torch.exp(torch.clamp(torch.nan_to_num(
