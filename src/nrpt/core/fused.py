@@ -534,9 +534,11 @@ class Fused:
             open_u = arr(torch.where(active, log_u, math.inf))  # (closed: never below)
             sched, steps = arr(schedule.contiguous()), arr(step_size.contiguous())
             b_step = sched[:, 1:] - sched[:, :-1]  # b_hi - b_lo
-            # each iteration's draws as one tuple (one op a draw per chunk, not one a step)
+            # every iteration's draws in the order the steps take them, replayed by one cursor
+            # (one op a draw per chunk, not one a step; the steps' draws are the plan's, so
+            # each step takes its own: checked at the end)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
-            per_u = list(zip(*draws, strict=True)) if draws else [()] * U
+            noise = ReplayNoise([t for ts in zip(*draws, strict=True) for t in ts])
             state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
             first_at = carry["replica_at"]
             # the chunk's buffers: the slots' schedule and step sizes handed to the explorer,
@@ -563,7 +565,6 @@ class Fused:
                     take(sched, so, None, b_a[u], "clip")
                     take(steps, so, None, h_a[u], "clip")
                     b, h = b_t[u], h_t[u]
-                    noise = ReplayNoise(per_u[u])
                     m = None if metric is None else metric.flatten(0, 1)[sos[u]]
                     if n_explore == 1:  # (explore's, its count made long once per chunk)
                         state, info = explorer.step(state, b, h, density, noise, sub=0) \
@@ -587,6 +588,9 @@ class Fused:
                     rows.append((state.v, state.base, accept, nonfinite, state.x if late_x else
                                  state.x.flatten(0, 1)[ras[u].index_select(1, watched_t)]
                                  if watched else None))
+            if noise.i != len(noise.draws):
+                raise RuntimeError(f"the chunk's steps took {noise.i} of its {len(noise.draws)} "
+                                   f"draws")
             names = ("v", "base", "accept", "nonfinite", "x" if late_x else "slot_x")
             st = {n: torch.stack(ts) for n, ts in zip(names, zip(*rows, strict=True), strict=True)
                   if watched or n != names[-1]}
