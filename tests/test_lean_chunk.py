@@ -165,3 +165,21 @@ def test_lean_chunk_needs_a_state_free_scheme():
             return super().block_phase(pairs, inputs, u, state)
 
     assert fused_mod.block_active(Mine(), pairs, {"coins": coins}, 2) is None
+
+
+def test_lean_chunk_checks_its_steps_took_every_draw():
+    # the chunk's draws are replayed by one cursor: a plan with a draw no step takes (as if a
+    # step's draws depended on the state) is caught at the chunk's end (one iteration here: a
+    # longer chunk's next step would take the stray draw first and most likely fail on its
+    # shape before that)
+    run = build(RunConfig.from_dict({}, defaults=dict(CASES["rwmh-deo"], iterations=16,
+                                                      figures=False, fuse=True)))
+    execute(run)
+    f = run.fused
+    U = 1
+    with torch.inference_mode():
+        f._function(U, False)(f._carry(), f._inputs(run.engine.k, U))  # as planned: fine
+        f.plan = [*f.plan, f.plan[-1]]
+        f._fns = {}
+        with pytest.raises(RuntimeError, match="took .* of its"):
+            f._function(U, False)(f._carry(), f._inputs(run.engine.k, U))
