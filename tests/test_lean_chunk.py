@@ -1,8 +1,10 @@
 """The eager chunk's lean form (``Fused._lean_body``: no online adaptor, Metropolis swaps, a
 scheme whose masks depend on no state) gives every number of the chunk it replaces
 (``Fused._body``) bit for bit: each chunk of a run is computed both ways from the same carry and
-inputs and every output and carried tensor compared with ``torch.equal``.  Negative control: the
-lean form fed the next iteration's swap uniforms differs in the same comparison.
+inputs and every output and carried tensor compared with ``torch.equal``, with the swap
+bookkeeping on NumPy views (small states on the CPU) and on tensors (``NUMPY_SWAPS_MAX = 0``,
+as on a GPU).  Negative control: the lean form fed the next iteration's swap uniforms differs in
+the same comparison, either way.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ CASES = {
     # chunks too large to gather the watched positions per chunk
     "rwmh-65-chains-u32": dict(target="twenty-five-modes", chains=65, systems=4,
                                explorer="rwmh", scheme="deo", fuse=32),
+    # a dense preconditioner per slot after the first round (gathered by the flat slot map)
+    "mala-deo-dense-metric": dict(target="twenty-five-modes", chains=5, systems=2,
+                                  explorer="mala", scheme="deo", precondition="dense",
+                                  rounds=7),
     # one chain pair only
     "rwmh-two-chains": dict(target="twenty-five-modes", chains=2, systems=2, explorer="rwmh",
                             scheme="deo"),
@@ -51,6 +57,14 @@ def _flat(tree, prefix=""):
     return out
 
 
+@pytest.fixture(params=["numpy", "torch"])
+def ops(request, monkeypatch):
+    """The lean chunk's swap bookkeeping on NumPy views (the default here) or on tensors."""
+    if request.param == "torch":
+        monkeypatch.setattr(fused_mod, "NUMPY_SWAPS_MAX", 0)
+    return request.param
+
+
 def _checked_run(cfg: dict, iterations: int, shift_uniforms: bool = False) -> tuple[int, list]:
     """Run ``cfg`` fused; every chunk computed by the lean and the plain body (the lean one's
     result taken); returns (chunks compared, the keys that differed)."""
@@ -59,11 +73,12 @@ def _checked_run(cfg: dict, iterations: int, shift_uniforms: bool = False) -> tu
                                                       fuse=cfg.get("fuse", True))))
     f = run.fused
     assert f is not None and not f.online
-    made = {"lean": 0}
+    made = {"lean": 0, "metric": 0}
     lean_body = f._lean_body
 
     def counting(U, plain):
         made["lean"] += 1
+        made["metric"] += f.engine.metric is not None
         return lean_body(U, plain)
 
     f._lean_body = counting
@@ -93,17 +108,37 @@ def _checked_run(cfg: dict, iterations: int, shift_uniforms: bool = False) -> tu
     f._function = both
     execute(run)
     assert made["lean"] > 0, "the lean body was not used"
+    assert made["metric"] > 0 or "precondition" not in cfg, "no chunk had a metric"
     return seen["chunks"], seen["differ"]
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_lean_chunk_is_the_plain_chunk(name):
+def test_lean_chunk_is_the_plain_chunk(name, ops):
     chunks, differ = _checked_run(CASES[name], 150)
     assert chunks >= 3
     assert differ == [], differ
 
 
-def test_lean_chunk_comparison_has_power():
+def test_lean_chunk_ops_namespace(monkeypatch):
+    # the bookkeeping runs on NumPy views up to NUMPY_SWAPS_MAX replicas on the CPU, else on
+    # the tensors (the fixture's "torch" case is the GPU's path)
+    seen = []
+    real = fused_mod._NUMPY.array
+
+    def spy(t):
+        seen.append(True)
+        return real(t)
+
+    monkeypatch.setattr(fused_mod, "_NUMPY", fused_mod._NUMPY._replace(array=spy))
+    _checked_run(CASES["rwmh-deo"], 20)
+    assert seen
+    seen.clear()
+    monkeypatch.setattr(fused_mod, "NUMPY_SWAPS_MAX", 17)  # (3 systems x 6 chains = 18)
+    _checked_run(CASES["rwmh-deo"], 20)
+    assert not seen
+
+
+def test_lean_chunk_comparison_has_power(ops):
     # the lean body fed the wrong iteration's uniforms: its verdicts differ
     _, differ = _checked_run(CASES["rwmh-deo"], 150, shift_uniforms=True)
     assert any("decision" in k or "accepted" in k for k in differ), differ
@@ -130,3 +165,21 @@ def test_lean_chunk_needs_a_state_free_scheme():
             return super().block_phase(pairs, inputs, u, state)
 
     assert fused_mod.block_active(Mine(), pairs, {"coins": coins}, 2) is None
+
+
+def test_lean_chunk_checks_its_steps_took_every_draw():
+    # the chunk's draws are replayed by one cursor: a plan with a draw no step takes (as if a
+    # step's draws depended on the state) is caught at the chunk's end (one iteration here: a
+    # longer chunk's next step would take the stray draw first and most likely fail on its
+    # shape before that)
+    run = build(RunConfig.from_dict({}, defaults=dict(CASES["rwmh-deo"], iterations=16,
+                                                      figures=False, fuse=True)))
+    execute(run)
+    f = run.fused
+    U = 1
+    with torch.inference_mode():
+        f._function(U, False)(f._carry(), f._inputs(run.engine.k, U))  # as planned: fine
+        f.plan = [*f.plan, f.plan[-1]]
+        f._fns = {}
+        with pytest.raises(RuntimeError, match="took .* of its"):
+            f._function(U, False)(f._carry(), f._inputs(run.engine.k, U))

@@ -22,22 +22,21 @@ without ``observe`` or with ``observe_block``; any recorders.  :func:`why_not` s
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from nrpt.core.engine import (
-    SHIFT_MATRIX_MAX,
     PTEngine,
     explore,
     refresh_top,
-    shift_matrix,
     slot_metric,
     slot_stats,
-    swap_source,
     sweep_exchange,
 )
 from nrpt.explorers import Noise, ReplicaState
@@ -76,6 +75,75 @@ AUTO_ELEMENTS = 1 << 16
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
 #: watched slots' positions once, from its stacked states, rather than every iteration
 BLOCK_GATHER = 1 << 14
+#: on the CPU, a lean chunk (:meth:`Fused._lean_body`) of at most this many replicas (``R P``)
+#: keeps its swap bookkeeping on NumPy views of its tensors
+NUMPY_SWAPS_MAX = 4096
+
+
+class _Ops(NamedTuple):
+    """The few array ops of the lean chunk's swap bookkeeping, on NumPy arrays or on tensors
+    (both take ``[]`` slices, ``+`` and ``-``), called with NumPy's positional arguments (no
+    wrapper on the NumPy side: a Python call costs as much as a small op's kernel):
+    ``array(tensor)`` (a view), ``tensor(array)`` (back), ``take(a, flat indices, None, out or
+    None, "clip")``, ``put(a, flat indices, values, "clip")`` (in place), ``mul(a, b, out)``,
+    ``lt(a, b, out)``, ``source(padded verdicts, operand)`` (the flat permutation: the operand
+    is :func:`_source_matrix`'s matrix, or the flat ids), whether the padded verdicts' end
+    columns hold the row's constants (else zeros), and a context for the chunk's arithmetic."""
+
+    array: Any
+    tensor: Any
+    take: Any
+    put: Any
+    mul: Any
+    lt: Any
+    source: Any
+    constant_pads: bool
+    quiet: Any
+
+
+def _torch_take(a, index, axis, out, mode):
+    return torch.take(a, index, out=out)
+
+
+def _torch_put(a, index, values, mode):
+    return a.put_(index, values)
+
+
+def _torch_mul(a, b, out):
+    return torch.mul(a, b, out=out)
+
+
+def _torch_lt(a, b, out):
+    return torch.lt(a, b, out=out)
+
+
+def _torch_source(a, ids):
+    return ids + a[:, 1:] - a[:, :-1]
+
+
+#: (``mode = "clip"``: every index is in range; NumPy's default ``"raise"`` copies ``out``;
+#: the permutation as one integer product, the row offsets folded in)
+_NUMPY = _Ops(array=torch.Tensor.numpy, tensor=torch.from_numpy, take=np.ndarray.take,
+              put=np.ndarray.put, mul=np.multiply, lt=np.less,
+              source=np.matmul, constant_pads=True, quiet=lambda: np.errstate(all="ignore"))
+#: (the permutation from the zero-padded verdicts' differences: no integer products on GPUs)
+_TORCH = _Ops(array=lambda t: t, tensor=lambda t: t, take=_torch_take, put=_torch_put,
+              mul=_torch_mul, lt=_torch_lt,
+              source=_torch_source, constant_pads=False, quiet=contextlib.nullcontext)
+
+
+def _source_matrix(R: int, P: int) -> tuple[np.ndarray, torch.Tensor]:
+    """``(M[P+1, P], pads[R, P+1])`` (long) such that ``a @ M`` is the flat permutation
+    ``src[r, p] = r P + p + a[r, p + 1] - a[r, p]`` of a row ``a`` whose columns ``1 .. P-1``
+    hold the verdicts of the pairs ``0 .. P-2`` (0 or 1) and whose end columns hold ``pads``'s
+    ``r`` and 1.  Integer products: exact."""
+    m = np.zeros((P + 1, P), dtype=np.int64)
+    j = np.arange(1, P)
+    m[j, j - 1], m[j, j] = 1, -1  # (pair j - 1 swapped: slots j - 1 and j take each other's)
+    m[0], m[P] = P, np.arange(P)  # (r P + p)
+    pads = torch.zeros(R, P + 1, dtype=torch.long)
+    pads[:, 0], pads[:, P] = torch.arange(R), 1
+    return m, pads
 
 
 def _explorer(engine: PTEngine):
@@ -405,31 +473,56 @@ class Fused:
         """The eager chunk where an iteration needs nothing of its swap phase but the
         permutation: no online adaptor (the chunk's tables are its own), the Metropolis rule,
         a scheme whose masks depend on no state (:func:`block_active`; else ``plain``, the
-        chunk of :meth:`_body`).  Per iteration: the two per-slot gathers, the explorer step
-        and seven small ops for the swaps (the energies at the slots, their differences times
-        the schedule's, the verdicts of the open pairs against log-uniforms made per chunk,
-        written as integers into a per-chunk buffer, the permutation and its inverse: the
-        swaps are disjoint, so ``src`` is its own inverse and ``slot_of`` follows by one
-        gather).  The rule's verdicts and probabilities of all pairs, the masks and the
-        log-uniforms are made once per chunk, from the same numbers by the same elementwise
-        ops as the rule's per iteration.  The same numbers as :meth:`_body`: ``(b_hi - b_lo)
-        (v_hi - v_lo)`` is the rule's ``(b_lo - b_hi) (v_lo - v_hi)`` up to the sign of a zero
-        (each factor is the exact negation, or +0 for both), which neither ``log u < lr`` nor
-        ``exp(min(lr, 0))`` sees, and ``log u < lr`` is false for a NaN ``lr`` as for the
-        rule's ``-inf`` (``tests/test_fused.py`` checks the chunks against the plain loop bit
-        for bit)."""
+        chunk of :meth:`_body`).  Per iteration: the explorer step and eight small ops for the
+        slot tables and the swaps (the schedule and step sizes at the replicas' slots by a
+        take each, the energies put at the replicas' slots, their differences times the
+        schedule's, the verdicts of the open pairs against log-uniforms made per chunk, the
+        permutation ``src`` from the padded verdicts, and ``slot_of`` by one take: the swaps
+        are disjoint, so ``src`` is its own inverse); the replicas at the slots of every
+        iteration by one put per chunk (every iteration only where the watched positions are
+        gathered per iteration).  The slot maps are kept flat (row ``r``'s entries offset by
+        ``r P``, once per chunk) so that every gather is one ``take``, each written into a
+        per-chunk buffer (fresh each chunk: no step keeps a buffer that is written again).
+        On the CPU up to :data:`NUMPY_SWAPS_MAX` replicas these ops run on NumPy views of the
+        buffers (:data:`_NUMPY`: a small NumPy op costs a third to a half of a torch op), else
+        on the tensors (:data:`_TORCH`); the same indexing, IEEE subtractions, products and
+        comparisons either way.  The rule's verdicts and probabilities of all pairs, the masks
+        and the log-uniforms are made once per chunk, from the same numbers by the same
+        elementwise ops as the rule's per iteration.  The same numbers as :meth:`_body`:
+        ``(b_hi - b_lo) (v_hi - v_lo)`` is the rule's ``(b_lo - b_hi) (v_lo - v_hi)`` up to
+        the sign of a zero (each factor is the exact negation, or +0 for both), which neither
+        ``log u < lr`` nor ``exp(min(lr, 0))`` sees, and ``log u < lr`` is false for a NaN
+        ``lr`` as for the rule's ``-inf`` (``tests/test_lean_chunk.py`` checks the chunks
+        against :meth:`_body` bit for bit, both namespaces)."""
         eng, explorer = self.engine, self.explorer
         density, scheme, P, R, n_explore = eng.density, eng.scheme, eng.P, eng.R, eng.n_explore
-        pairs = adjacent_pairs(R, P, eng.device)
-        with torch.inference_mode(False):  # (a constant of the chunk: an ordinary tensor)
-            ids = torch.arange(P, device=eng.device).expand(R, P)
-        has_ref, watched = eng.path.has_reference, list(eng.watched)
+        dev, dt = eng.device, eng.dtype
+        pairs = adjacent_pairs(R, P, dev)
+        xp = _NUMPY if dev.type == "cpu" and R * P <= NUMPY_SWAPS_MAX else _TORCH
+        arr = xp.array
+        with torch.inference_mode(False):  # (constants of the chunk: ordinary tensors)
+            ids = torch.arange(R * P, device=dev).view(R, P)  # (flat: row r from r P)
+            off = ids[:, :1]
+            top = off + (P - 1)  # (the reference slot, flat)
+        ids_a = arr(ids)
+        with torch.inference_mode(False):
+            matrix, pads = _source_matrix(R, P) if xp.constant_pads else (
+                ids_a, torch.zeros(R, P + 1, dtype=torch.long, device=dev))
+        pads_a = arr(pads)
+        with torch.inference_mode(False):
+            # (each flat entry k of a chunk's [U, R, P] slot maps offset by u R P, and its
+            # replica k mod P: the replicas at the slots by one put a chunk)
+            u_off = arr(torch.arange(U, device=dev).mul_(R * P).view(U, 1, 1))
+            rep_ids = arr(torch.arange(P, device=dev).expand(U, R, P))
+        off_a = arr(off)
+        has_ref, watched, metric = eng.path.has_reference, list(eng.watched), eng.metric
         late_x = bool(watched) and U * R * P * eng.dim <= BLOCK_GATHER
         if watched:
             with torch.inference_mode(False):
-                watched_t = torch.tensor(watched, device=eng.device)
-        shift = shift_matrix(P, eng.device) if eng.device.type == "cpu" and \
-            P <= SHIFT_MATRIX_MAX else None
+                watched_t = torch.tensor(watched, device=dev)
+        # (the flat slot tables as tensors, per iteration, only where a step reads them)
+        want_tensors = has_ref or metric is not None or (bool(watched) and not late_x)
+        ra_each = bool(watched) and not late_x  # (the replicas at the slots every iteration)
 
         def body(carry, inp):
             active = block_active(scheme, pairs, inp["scheme"], U)
@@ -438,54 +531,76 @@ class Fused:
             schedule, step_size = carry["schedule"], carry["step_size"]
             metric, params = carry.get("metric"), carry["params"]
             log_u = torch.log(inp["uniforms"])  # [U, R, P-1], as the rule's per iteration
-            open_u = torch.where(active, log_u, math.inf).unbind(0)  # (closed: never below)
-            b_step = schedule.diff(dim=1)  # b_hi - b_lo
-            # each iteration's draws as one tuple (one op a draw per chunk, not one a step)
+            open_u = arr(torch.where(active, log_u, math.inf))  # (closed: never below)
+            sched, steps = arr(schedule.contiguous()), arr(step_size.contiguous())
+            b_step = sched[:, 1:] - sched[:, :-1]  # b_hi - b_lo
+            # every iteration's draws in the order the steps take them, replayed by one cursor
+            # (one op a draw per chunk, not one a step; the steps' draws are the plan's, so
+            # each step takes its own: checked at the end)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
-            per_u = list(zip(*draws, strict=True)) if draws else [()] * U
+            noise = ReplayNoise([t for ts in zip(*draws, strict=True) for t in ts])
             state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
-            replica_at, slot_of = carry["replica_at"], carry["slot_of"]
-            first_at = replica_at
-            if shift is not None:  # (the verdicts written as integers: no conversion a step)
-                verdicts = torch.empty(U, R, P - 1, dtype=torch.long, device=eng.device)
-                verdict = verdicts.unbind(0)
+            first_at = carry["replica_at"]
+            # the chunk's buffers: the slots' schedule and step sizes handed to the explorer,
+            # the energies at the slots, the log ratios, the padded verdicts, the flat index
+            # maps after each iteration
+            b_buf, h_buf, e_buf = (torch.empty(U, R, P, dtype=dt, device=dev)
+                                   for _ in range(3))
+            lr_buf = torch.empty(U, R, P - 1, dtype=dt, device=dev)
+            v_buf = torch.empty(U, R, P + 1, dtype=torch.long, device=dev)
+            ra_buf, so_buf = (torch.empty(U, R, P, dtype=torch.long, device=dev)
+                              for _ in range(2))
+            b_a, h_a, e_a, lr_a, v_a, ra_a, so_a = map(arr, (b_buf, h_buf, e_buf, lr_buf,
+                                                              v_buf, ra_buf, so_buf))
+            v_a[...] = pads_a  # (a broadcast copy: torch's repeat costs ~20 small ops here)
+            b_t, h_t = b_buf.unbind(0), h_buf.unbind(0)
+            so_t = carry["slot_of"] + off
+            so = arr(so_t)
+            if want_tensors:  # (the flat maps as tensors: before each iteration, after it)
+                sos, ras = (so_t, *so_buf.unbind(0)), ra_buf.unbind(0)
+            take, put, mul, lt, source = xp.take, xp.put, xp.mul, xp.lt, xp.source
             rows = []
-            for u in range(U):
-                b, h = schedule.gather(1, slot_of), step_size.gather(1, slot_of)
-                noise = ReplayNoise(per_u[u])
-                m = None if metric is None else slot_metric(metric, slot_of)
-                if n_explore == 1:  # (explore's, its count made long once per chunk)
-                    state, info = explorer.step(state, b, h, density, noise, sub=0,
-                                                **({} if m is None else {"metric": m}))
-                    accept, nonfinite = info.accept_prob, info.nonfinite
-                else:
-                    state, accept, nonfinite = explore(explorer, state, b, h, density, noise,
-                                                       n_explore, m)
-                if has_ref:
-                    state = refresh_top(state, slot_of, _fresh(inp["ref"], u), P - 1)
-                lr = b_step * state.v.gather(1, replica_at).diff(dim=1)
-                if shift is None:
-                    accepted = open_u[u] < lr
-                    src = swap_source(accepted, ids)
-                else:  # (swap_source's, inline)
-                    accepted = torch.lt(open_u[u], lr, out=verdict[u])
-                    src = torch.addmm(ids, accepted, shift)
-                replica_at, slot_of = replica_at.gather(1, src), src.gather(1, slot_of)
-                rows.append((state.v, state.base, slot_of, replica_at, lr, accepted, accept,
-                             nonfinite, state.x if late_x else
-                             _at_slots(state.x, replica_at.index_select(1, watched_t))
-                             if watched else None))
-            names = ("v", "base", "slot_of", "replica_at", "lr", "accepted", "accept",
-                     "nonfinite", "x" if late_x else "slot_x")
-            skip = {*(() if watched else (names[-1],)), *(() if shift is None else ("accepted",))}
+            with xp.quiet():  # (NumPy: inf - inf is NaN without a warning, as torch's)
+                for u in range(U):
+                    take(sched, so, None, b_a[u], "clip")
+                    take(steps, so, None, h_a[u], "clip")
+                    b, h = b_t[u], h_t[u]
+                    m = None if metric is None else metric.flatten(0, 1)[sos[u]]
+                    if n_explore == 1:  # (explore's, its count made long once per chunk)
+                        state, info = explorer.step(state, b, h, density, noise, sub=0) \
+                            if m is None else explorer.step(state, b, h, density, noise, sub=0,
+                                                            metric=m)
+                        accept, nonfinite = info.accept_prob, info.nonfinite
+                    else:
+                        state, accept, nonfinite = explore(explorer, state, b, h, density,
+                                                           noise, n_explore, m)
+                    if has_ref:
+                        state = refresh_top(state, sos[u], _fresh(inp["ref"], u), top)
+                    v_at = e_a[u]  # (each replica's energy put at its slot)
+                    put(v_at, so, arr(state.v), "clip")
+                    lr = mul(b_step, v_at[:, 1:] - v_at[:, :-1], lr_a[u])
+                    verdict = v_a[u]
+                    lt(open_u[u], lr, verdict[:, 1:P])
+                    src = source(verdict, matrix)
+                    so = take(src, so, None, so_a[u], "clip")
+                    if ra_each:
+                        put(ra_a[u], so, ids_a, "clip")
+                    rows.append((state.v, state.base, accept, nonfinite, state.x if late_x else
+                                 state.x.flatten(0, 1)[ras[u].index_select(1, watched_t)]
+                                 if watched else None))
+            if noise.i != len(noise.draws):
+                raise RuntimeError(f"the chunk's steps took {noise.i} of its {len(noise.draws)} "
+                                   f"draws")
+            names = ("v", "base", "accept", "nonfinite", "x" if late_x else "slot_x")
             st = {n: torch.stack(ts) for n, ts in zip(names, zip(*rows, strict=True), strict=True)
-                  if n not in skip}
-            if shift is not None:
-                st["accepted"] = verdicts.bool()
-            lr = st.pop("lr")
-            st["active"], st["decision"] = active, log_u < lr
+                  if watched or n != names[-1]}
+            replica_at = torch.empty(U, R, P, dtype=torch.long, device=dev)
+            put(arr(replica_at), so_a + u_off, rep_ids, "clip")
+            st["slot_of"], st["replica_at"] = xp.tensor(so_a - off_a), replica_at
+            st["accepted"] = v_buf[:, :, 1:P].bool().contiguous()
+            st["active"], st["decision"] = active, log_u < lr_buf
             st["prob"] = torch.exp(torch.clamp(torch.nan_to_num(
-                lr, nan=-math.inf, posinf=math.inf, neginf=-math.inf), max=0.0))
+                lr_buf, nan=-math.inf, posinf=math.inf, neginf=-math.inf), max=0.0))
             st["schedule"] = schedule.expand(U, *schedule.shape)
             st["step_size"] = step_size.expand(U, *step_size.shape)
             st["params"] = {n: torch.stack([t] * U) for n, t in params.items()}
@@ -493,7 +608,8 @@ class Fused:
             if late_x:
                 st["slot_x"] = _at_slots(st.pop("x"), st["replica_at"].index_select(2, watched_t))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
-                   "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
+                   "replica_at": st["replica_at"][-1].clone(),
+                   "slot_of": st["slot_of"][-1].clone(), "schedule": schedule,
                    "step_size": step_size, "params": dict(params),
                    "scheme": carry["scheme"],
                    **({"metric": metric} if metric is not None else {})}
