@@ -25,9 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from nrpt import rng
+from nrpt.targets._util import host_float64
 from nrpt.targets.protocol import capabilities, optional_value
 
 __all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
@@ -167,6 +169,15 @@ class NoisyOracle(EnergyEstimator):
         # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
         z = rng.as_key(key).normal((*u.shape, 1 + x.shape[-1]), SG_STREAMS.ORACLE_ENERGY,
                                    dtype=u.dtype, device=u.device)
+        if isinstance(self.energy_sd, float) and isinstance(self.grad_sd, float) and \
+                g is not None and host_float64(u, g, z):
+            # NumPy views (a third to a half of torch's cost a small op): the same IEEE
+            # products and sums of doubles as below, bit for bit (tests/test_sa_host.py)
+            zn, e_sd = z.numpy(), self.energy_sd
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                return Estimate(torch.from_numpy(u.numpy() + e_sd * zn[..., 0]),
+                                torch.from_numpy(g.numpy() + self.grad_sd * zn[..., 1:]),
+                                torch.from_numpy(np.full(u.shape, e_sd * e_sd)))
         e_sd, g_sd = self._per_system(self.energy_sd, u), self._per_system(self.grad_sd, u)
         u = u + e_sd * z[..., 0]
         if g is not None:
