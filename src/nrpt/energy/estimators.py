@@ -126,6 +126,9 @@ class ExactEnergy(EnergyEstimator):
     def __init__(self, target):
         self.target = target
         self._closed_form = _analytic(target)
+        #: the target's closed form on NumPy arrays (float64 CPU states), if it has one
+        self._numpy = target.energy_and_grad_numpy if self._closed_form is not None and \
+            capabilities(target).has("energy_and_grad_numpy") else None
 
     def full(self, x):
         with torch.no_grad():
@@ -165,24 +168,34 @@ class NoisyOracle(EnergyEstimator):
             return _flat(self.target.energy, x)
 
     def __call__(self, x, key, extras, need_grad=True):
+        if need_grad and self._exact._numpy is not None and isinstance(self.energy_sd, float) \
+                and isinstance(self.grad_sd, float) and host_float64(x) and x.is_contiguous():
+            return self._call_numpy(x, key)
         u, g = self._exact.exact(x, need_grad)
         # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
         z = rng.as_key(key).normal((*u.shape, 1 + x.shape[-1]), SG_STREAMS.ORACLE_ENERGY,
                                    dtype=u.dtype, device=u.device)
-        if isinstance(self.energy_sd, float) and isinstance(self.grad_sd, float) and \
-                g is not None and host_float64(u, g, z):
-            # NumPy views (a third to a half of torch's cost a small op): the same IEEE
-            # products and sums of doubles as below, bit for bit (tests/test_sa_host.py)
-            zn, e_sd = z.numpy(), self.energy_sd
-            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-                return Estimate(torch.from_numpy(u.numpy() + e_sd * zn[..., 0]),
-                                torch.from_numpy(g.numpy() + self.grad_sd * zn[..., 1:]),
-                                torch.from_numpy(np.full(u.shape, e_sd * e_sd)))
         e_sd, g_sd = self._per_system(self.energy_sd, u), self._per_system(self.grad_sd, u)
         u = u + e_sd * z[..., 0]
         if g is not None:
             g = g + g_sd[..., None] * z[..., 1:]
         return Estimate(u, g, (e_sd * e_sd).expand_as(u).clone())
+
+    def _call_numpy(self, x, key) -> Estimate:
+        """:meth:`__call__` for a float64 CPU state whose target has ``energy_and_grad_numpy``:
+        the target's closed form and the noise on NumPy views (a small NumPy op costs a third
+        to a half of a small torch op), the same IEEE products and sums as the torch path, bit
+        for bit (``tests/test_sa_host.py``)."""
+        xn = x.numpy()
+        lead, dim = xn.shape[:-1], xn.shape[-1]
+        z = rng.as_key(key).normal((*lead, 1 + dim), SG_STREAMS.ORACLE_ENERGY, dtype=x.dtype,
+                                   device=x.device).numpy()
+        u, g = self._exact._numpy(xn.reshape(-1, dim))
+        e_sd = self.energy_sd
+        with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+            return Estimate(torch.from_numpy(u.reshape(lead) + e_sd * z[..., 0]),
+                            torch.from_numpy(g.reshape(xn.shape) + self.grad_sd * z[..., 1:]),
+                            torch.from_numpy(np.full(lead, e_sd * e_sd)))
 
     def _per_system(self, sd, u):
         if isinstance(sd, float) and torch.compiler.is_compiling():

@@ -102,7 +102,8 @@ class TwentyFiveModes:
         every step; energy and gradient share the trigonometry)."""
         check_states(x, 2, "TwentyFiveModes.energy_and_grad")
         if host_float64(x) and x.is_contiguous():
-            return self._energy_and_grad_np(x.numpy())
+            u, g = self.energy_and_grad_numpy(x.numpy())
+            return torch.from_numpy(u), torch.from_numpy(g)
         ang = 2.0 * math.pi * x
         r2 = (x * x).sum(dim=1)
         u = 0.2 * r2 - 2.0 * torch.cos(ang).sum(dim=1)
@@ -112,13 +113,15 @@ class TwentyFiveModes:
             g = g + 2.0 * x * (r2 > _R2_PENALTY).unsqueeze(1)
         return u, g
 
-    def _energy_and_grad_np(self, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`energy_and_grad` of a float64 CPU state on NumPy views (small NumPy ops cost
-        a third to a half of small torch ops; the oracles call this every step): op for op the
-        same IEEE arithmetic, ``cos`` and ``sin`` still torch's kernels on an array of the same
-        shape (another library's may round differently), the sums of two entries one addition
-        in any order, ``relu`` as ``maximum(., 0)`` (NaN kept by both).  The same numbers bit
-        for bit (``tests/test_sa_host.py``)."""
+    def energy_and_grad_numpy(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`energy_and_grad` of float64 states ``x[n, 2]`` (a C-contiguous array) as NumPy
+        arrays; what it computes for float64 CPU tensors, on their memory (a small NumPy op
+        costs a third to a half of a small torch op; the noisy oracle calls this every step).
+        Op for op the same IEEE arithmetic, ``cos`` and ``sin`` still torch's kernels on an
+        array of the same shape (another library's may round differently), the sums of two
+        entries one addition in any order, ``relu`` as ``maximum(., 0)`` (NaN kept by both):
+        the same numbers bit for bit (``tests/test_sa_host.py``).  No floating-point warnings
+        (torch gives none)."""
         with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
             ang = torch.from_numpy(2.0 * math.pi * x)
             r2 = (x * x).sum(1)
@@ -127,7 +130,7 @@ class TwentyFiveModes:
             if self.penalty:
                 u = u + np.maximum(r2 - _R2_PENALTY, 0.0)
                 g = g + 2.0 * x * (r2 > _R2_PENALTY)[:, None]
-            return torch.from_numpy(u), torch.from_numpy(g)
+            return u, g
 
     def initial_states(
         self, n: int, generator: torch.Generator, dtype: torch.dtype = torch.float64
