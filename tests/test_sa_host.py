@@ -161,6 +161,16 @@ def test_twenty_five_modes_numpy_path_equals_torch_path(penalty, monkeypatch):
     x = 3.0 * torch.randn(4000, 2, generator=g, dtype=F64)  # |x|^2 > 20 for some
     x[0], x[1], x[2, 0], x[3, 1] = math.inf, math.nan, -math.inf, 1e200
     t = tfm.TwentyFiveModes(penalty=penalty)
+    # no state beyond the penalty's radius (its terms left out), signed zeros and a NaN
+    inside = torch.tensor([[-0.0, -0.0], [0.0, -0.0], [-0.0, 0.5], [math.nan, 0.0],
+                           [-4.4, 0.3], [1e-300, -1e-320]], dtype=F64)
+    inside = torch.cat([inside, x[4:].clamp(-3.1, 3.1)])
+    assert bool((inside[4:] ** 2).sum(1).le(20.0).all())
+    for y in (inside, inside[4:]):
+        a = t.energy_and_grad(y)
+        with monkeypatch.context() as m:
+            _off(m, tfm)
+            assert all(_bits_equal(c, d) for c, d in zip(a, t.energy_and_grad(y), strict=True))
     host = t.energy_and_grad(x)
     with monkeypatch.context() as m:
         _off(m, tfm)

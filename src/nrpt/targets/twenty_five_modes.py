@@ -120,16 +120,22 @@ class TwentyFiveModes:
         Op for op the same IEEE arithmetic, ``cos`` and ``sin`` still torch's kernels on an
         array of the same shape (another library's may round differently), the sums of two
         entries one addition in any order, ``relu`` as ``maximum(., 0)`` (NaN kept by both):
-        the same numbers bit for bit (``tests/test_sa_host.py``).  No floating-point warnings
-        (torch gives none)."""
+        the same numbers bit for bit (``tests/test_sa_host.py``).  Where no state is beyond the
+        penalty's radius the penalty's terms are left out: they add ``+0`` to ``u`` (never
+        ``-0``: ``0.2 |x|^2 - 2 sum cos`` is ``+0`` where it is 0) and ``2 x * 0`` to ``g``,
+        whose sign is that of ``x``, so that ``g = -0`` (only at ``x = -0``) gets ``-0``; a NaN
+        row stays its own NaN (the first operand's).  No floating-point warnings (torch gives
+        none)."""
         with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
             ang = torch.from_numpy(2.0 * math.pi * x)
             r2 = (x * x).sum(1)
             u = 0.2 * r2 - 2.0 * torch.cos(ang).numpy().sum(1)
             g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang).numpy()
             if self.penalty:
-                u = u + np.maximum(r2 - _R2_PENALTY, 0.0)
-                g = g + 2.0 * x * (r2 > _R2_PENALTY)[:, None]
+                over = r2 > _R2_PENALTY
+                if over.any():  # (else both terms are zeros, which change no number: below)
+                    u = u + np.maximum(r2 - _R2_PENALTY, 0.0)
+                    g = g + 2.0 * x * over[:, None]
             return u, g
 
     def initial_states(
