@@ -254,3 +254,23 @@ def test_headline_run_numpy_paths_equal_torch_paths(monkeypatch):
                     eng.replica_at, torch.as_tensor(np.asarray(r.recorders["draws"].samples))]
 
     assert all(_bits_equal(a, b) for a, b in zip(run(True), run(False), strict=True))
+
+
+def test_noisy_oracle_call_numpy_path_equals_torch_path(monkeypatch):
+    """The oracle called on tensors (momentum and preconditioned explorers, checks): its NumPy
+    path and its torch path; per-system sds and a target without a NumPy kernel take torch."""
+    from nrpt.energy import estimators
+    from nrpt.rng import Key
+    from nrpt.targets import twenty_five_modes as tfm
+
+    target = tfm.TwentyFiveModes(penalty=True)
+    x = 3.0 * torch.randn(3, 8, 2, generator=torch.Generator().manual_seed(8), dtype=F64)
+    oracle = estimators.NoisyOracle(target, 2.0, 0.5)
+    assert oracle._numpy and not estimators.NoisyOracle(target, [1.0, 2.0, 3.0])._numpy
+    host = oracle(x, Key((1, 5)), {})
+    with monkeypatch.context() as m:
+        _off(m, estimators, tfm)
+        plain = oracle(x, Key((1, 5)), {})
+    for a, b in ((host.u, plain.u), (host.grad, plain.grad), (host.var, plain.var)):
+        assert _bits_equal(a, b)
+    assert not _bits_equal(host.u, oracle(x, Key((1, 6)), {}).u)  # (another key: other noise)

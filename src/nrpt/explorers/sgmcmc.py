@@ -205,16 +205,22 @@ class SGExplorer(Explorer):
                 xi = noise.normal(sub, (x.shape[-1],), state.x.dtype).numpy()
                 x_new = x_new + np.sqrt(2.0 * eta * (1.0 / bn)[..., None]) * xi
             xt = torch.from_numpy(x_new)
-            e1 = est(xt, noise.key(sub, 1), extras, need_grad=True)
-            extras.update(e1.extras)
-            extras["sg_grad"] = e1.grad
-            if e1.var is not None:
-                extras["energy_var"] = e1.var
-            u = e1.u.numpy()
+            parts = est.numpy_gradients(x_new, noise.key(sub, 1))
+            if parts is None:  # (the estimator's own call, on tensors)
+                e1 = est(xt, noise.key(sub, 1), extras, need_grad=True)
+                extras.update(e1.extras)
+                ut, gt, var = e1.u, e1.grad, e1.var
+                u, g = ut.numpy(), gt.numpy()
+            else:  # (its NumPy arrays: no tensors in between)
+                u, g, var = parts
+                ut, gt, var = torch.from_numpy(u), torch.from_numpy(g), torch.from_numpy(var)
+            extras["sg_grad"] = gt
+            if var is not None:
+                extras["energy_var"] = var
             short = x.shape[-1] <= 2
             ok = np.isfinite(u + (x_new.sum(-1) if short else xt.sum(-1).numpy())
-                             + (e1.grad.numpy().sum(-1) if short else e1.grad.sum(-1).numpy()))
-        new = ReplicaState(xt, e1.u, torch.from_numpy(np.zeros(u.shape)), extras)
+                             + (g.sum(-1) if short else gt.sum(-1).numpy()))
+        new = ReplicaState(xt, ut, torch.from_numpy(np.zeros(u.shape)), extras)
         okt = torch.from_numpy(ok)
         if not ok.all():
             old = ReplicaState(state.x, state.v, state.base,

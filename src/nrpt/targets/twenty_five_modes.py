@@ -102,7 +102,8 @@ class TwentyFiveModes:
         every step; energy and gradient share the trigonometry)."""
         check_states(x, 2, "TwentyFiveModes.energy_and_grad")
         if host_float64(x) and x.is_contiguous():
-            u, g = self.energy_and_grad_numpy(x.numpy())
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                u, g = self.energy_and_grad_numpy(x.numpy())
             return torch.from_numpy(u), torch.from_numpy(g)
         ang = 2.0 * math.pi * x
         r2 = (x * x).sum(dim=1)
@@ -124,19 +125,18 @@ class TwentyFiveModes:
         penalty's radius the penalty's terms are left out: they add ``+0`` to ``u`` (never
         ``-0``: ``0.2 |x|^2 - 2 sum cos`` is ``+0`` where it is 0) and ``2 x * 0`` to ``g``,
         whose sign is that of ``x``, so that ``g = -0`` (only at ``x = -0``) gets ``-0``; a NaN
-        row stays its own NaN (the first operand's).  No floating-point warnings (torch gives
-        none)."""
-        with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-            ang = torch.from_numpy(2.0 * math.pi * x)
-            r2 = (x * x).sum(1)
-            u = 0.2 * r2 - 2.0 * torch.cos(ang).numpy().sum(1)
-            g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang).numpy()
-            if self.penalty:
-                over = r2 > _R2_PENALTY
-                if over.any():  # (else both terms are zeros, which change no number: below)
-                    u = u + np.maximum(r2 - _R2_PENALTY, 0.0)
-                    g = g + 2.0 * x * over[:, None]
-            return u, g
+        row stays its own NaN (the first operand's).  NumPy's floating-point warnings are the
+        caller's to silence (``np.errstate``; torch gives none)."""
+        ang = torch.from_numpy(2.0 * math.pi * x)
+        r2 = (x * x).sum(1)
+        u = 0.2 * r2 - 2.0 * torch.cos(ang).numpy().sum(1)
+        g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang).numpy()
+        if self.penalty:
+            over = r2 > _R2_PENALTY
+            if over.any():  # (else both terms are zeros, which change no number: below)
+                u = u + np.maximum(r2 - _R2_PENALTY, 0.0)
+                g = g + 2.0 * x * over[:, None]
+        return u, g
 
     def initial_states(
         self, n: int, generator: torch.Generator, dtype: torch.dtype = torch.float64
