@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from nrpt.diagnostics import theory
 from nrpt.roles import AdaptorBase, Iteration, Update
 from nrpt.swap.noisy import LADDER_UPDATES
+from nrpt.targets._util import host_float64
 
 __all__ = ["SAStepSize", "CorrectionAdaptor", "LearningRateAdaptor", "VarianceTracker",
            "window_from_swap_rate", "check_swap_rate", "check_ladder", "LADDER_UPDATES"]
@@ -88,6 +90,27 @@ def _indicators(it: Iteration, pairs: str):
     return it.pair_indicators if pairs == "all" else it.attempted_indicators
 
 
+def _host(*ts) -> bool:
+    """Whether the adaptors' small ``[R, P]`` arithmetic runs on NumPy views of these tensors
+    (the same memory, no copy): float64 CPU tensors outside a compiled graph and out of
+    autograd.  A small NumPy op costs a third to a half of a small torch op on the CPU, and
+    the numbers are the same bit for bit: every operation is one IEEE addition, subtraction,
+    multiplication, division or comparison of float64 values, the sums add 0/1 indicators
+    (integers: exact in any order), and the one transcendental, ``exp``, is still torch's, on a
+    tensor of the same shape and layout (torch's vectorized ``exp`` may round values
+    differently from another library's).  ``tests/test_sa_host.py`` checks both paths equal."""
+    return host_float64(*ts)
+
+
+def _exp_np(a: np.ndarray) -> np.ndarray:
+    """``exp`` of a contiguous float64 array by torch's kernel, in place (the same bits as
+    ``torch.exp`` of a tensor of that shape: the vectorized kernel's rounding depends on an
+    element's position in the loop, which a contiguous array of the same shape keeps)."""
+    t = torch.from_numpy(a)
+    torch.exp(t, out=t)
+    return a
+
+
 class CorrectionAdaptor(AdaptorBase):
     """Eq. 12/13 for the :class:`~nrpt.swap.noisy.Deterministic` rule: returns the new buffer
     ``C`` (per system, ``[R, 1]``) as an update of the rule parameter ``"C"``.
@@ -113,10 +136,21 @@ class CorrectionAdaptor(AdaptorBase):
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         A, listed = _indicators(it, self.pairs)
+        C = it.params["C"]
+        if _host(A, C):  # (NumPy on the same memory: _host says why the numbers are the same)
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                listed, total = listed.numpy(), A.numpy().sum(1, keepdims=True)
+                if listed.shape[1] and listed.all():  # (every pair listed: n = P - 1)
+                    step = total / listed.shape[1] - self.S
+                else:
+                    n = listed.sum(1, keepdims=True)
+                    step = total / np.maximum(n, 1) - self.S
+                    step[n == 0] = 0.0  # (torch.where's zeros)
+                return Update(params={"C": torch.from_numpy(C.numpy() + _gain(gain) * step)})
         n = listed.sum(1, keepdim=True)
         mean = A.sum(1, keepdim=True) / n.clamp_min(1)
         step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
-        return Update(params={"C": it.params["C"] + gain * step})
+        return Update(params={"C": C + gain * step})
 
 
 def check_ladder_update(value) -> str:
@@ -168,6 +202,9 @@ class LearningRateAdaptor(AdaptorBase):
         new ladders (rows whose update would break the order are returned unchanged)."""
         if eta.shape[1] < 3:
             return eta
+        if _host(eta, A):
+            return torch.from_numpy(_update_np(eta.numpy(), A.numpy(), listed.numpy(), S,
+                                               _gain(gamma)))
         H = (A - S) * listed  # unlisted pairs: no update
         grown = eta.diff(dim=1) * torch.exp(gamma * H)  # gaps stay > 0 (ladder kept ordered)
         new = eta.clone()
@@ -185,6 +222,29 @@ class LearningRateAdaptor(AdaptorBase):
         A, listed = _indicators(it, self.pairs)
         step = self.update if self.ladder == "paper" else self.update_log_gaps
         return Update(step_size=step(it.step_size, A, listed, self.S, gain))
+
+
+def _gain(gain) -> float:
+    """A step size for NumPy: a 0-d float64 tensor's value as a float (the same double)."""
+    return gain.item() if isinstance(gain, torch.Tensor) else float(gain)
+
+
+def _update_np(eta: np.ndarray, A: np.ndarray, listed: np.ndarray, S: float, gamma
+               ) -> np.ndarray:
+    """:meth:`LearningRateAdaptor.update` on NumPy arrays, op for op (``diff`` as the slices'
+    difference, which it is; ``exp`` by torch's kernel).  Two steps are written otherwise with
+    the same outcome: the order check ``b - a > 0`` as ``b > a`` (the same truth for every pair
+    of doubles: with gradual underflow ``b - a`` is 0 only where ``b == a``, and a NaN fails
+    both), and ``where(ordered, new, eta)`` as the refused rows copied back (none, mostly)."""
+    with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+        H = (A - S) * listed
+        grown = (eta[:, 1:] - eta[:, :-1]) * _exp_np(gamma * H)
+        new = eta.copy()
+        new[:, 1:-1] = 0.5 * (eta[:, :-2] + eta[:, 2:] + grown[:, :-1] - grown[:, 1:])
+        ordered = (new[:, 1:] > new[:, :-1]).all(1)
+        if not ordered.all():
+            new[~ordered] = eta[~ordered]
+        return new
 
 
 class VarianceTracker(AdaptorBase):

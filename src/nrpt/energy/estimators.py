@@ -25,9 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from nrpt import rng
+from nrpt.targets._util import host_float64
 from nrpt.targets.protocol import capabilities, optional_value
 
 __all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
@@ -111,6 +113,14 @@ class EnergyEstimator:
     def init_extras(self, x: torch.Tensor, key: tuple[int, ...]) -> dict[str, torch.Tensor]:
         return {}
 
+    def numpy_gradients(self, x, key):
+        """``(u, grad, var)`` as NumPy arrays for float64 states ``x[..., dim]`` (a C-contiguous
+        array), the numbers :meth:`__call__` gives with ``need_grad`` (an estimator that keeps
+        no ``extras``), or ``None``: this estimator has no such path (the default).  NumPy's
+        floating-point warnings are the caller's to silence (``np.errstate``; torch gives
+        none).  :class:`nrpt.explorers.sgmcmc.SGLD`'s CPU step calls it."""
+        return None
+
     def __call__(self, x, key, extras, need_grad=True) -> Estimate:  # pragma: no cover
         raise NotImplementedError
 
@@ -124,6 +134,9 @@ class ExactEnergy(EnergyEstimator):
     def __init__(self, target):
         self.target = target
         self._closed_form = _analytic(target)
+        #: the target's closed form on NumPy arrays (float64 CPU states), if it has one
+        self._numpy = target.energy_and_grad_numpy if self._closed_form is not None and \
+            capabilities(target).has("energy_and_grad_numpy") else None
 
     def full(self, x):
         with torch.no_grad():
@@ -157,12 +170,18 @@ class NoisyOracle(EnergyEstimator):
         self.target = target
         self.energy_sd, self.grad_sd = _sds("energy_sd", energy_sd), _sds("grad_sd", grad_sd)
         self._exact = ExactEnergy(target)
+        self._numpy = self._exact._numpy is not None and isinstance(self.energy_sd, float) \
+            and isinstance(self.grad_sd, float)
 
     def full(self, x):
         with torch.no_grad():
             return _flat(self.target.energy, x)
 
     def __call__(self, x, key, extras, need_grad=True):
+        if need_grad and self._numpy and host_float64(x) and x.is_contiguous():
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                u, g, var = self.numpy_gradients(x.numpy(), key)
+            return Estimate(torch.from_numpy(u), torch.from_numpy(g), torch.from_numpy(var))
         u, g = self._exact.exact(x, need_grad)
         # one draw [R, P, 1 + dim]: column 0 is the energy noise, the rest the gradient noise
         z = rng.as_key(key).normal((*u.shape, 1 + x.shape[-1]), SG_STREAMS.ORACLE_ENERGY,
@@ -172,6 +191,21 @@ class NoisyOracle(EnergyEstimator):
         if g is not None:
             g = g + g_sd[..., None] * z[..., 1:]
         return Estimate(u, g, (e_sd * e_sd).expand_as(u).clone())
+
+    def numpy_gradients(self, x, key):
+        """Where the target has ``energy_and_grad_numpy`` and the sds are numbers: its closed
+        form and the noise on NumPy arrays (a small NumPy op costs a third to a half of a small
+        torch op), the same IEEE products and sums as :meth:`__call__`'s torch path, bit for
+        bit (``tests/test_sa_host.py``); else ``None``."""
+        if not self._numpy:
+            return None
+        lead, dim = x.shape[:-1], x.shape[-1]
+        z = rng.as_key(key).normal((*lead, 1 + dim), SG_STREAMS.ORACLE_ENERGY,
+                                   dtype=torch.float64).numpy()
+        u, g = self._exact._numpy(x.reshape(-1, dim))
+        e_sd = self.energy_sd
+        return (u.reshape(lead) + e_sd * z[..., 0], g.reshape(x.shape) + self.grad_sd * z[..., 1:],
+                np.full(lead, e_sd * e_sd))
 
     def _per_system(self, sd, u):
         if isinstance(sd, float) and torch.compiler.is_compiling():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from nrpt.energy.estimators import EnergyEstimator, ExactEnergy
@@ -43,6 +44,7 @@ from nrpt.options import (
     parse_floats,
     parse_int,
 )
+from nrpt.targets._util import host_float64
 
 __all__ = ["SGExplorer", "SGLD", "SGD", "SGHMC", "MomentumSGD", "PSGLD", "PSGD", "Cyclical",
            "cyclical_factor"]
@@ -156,6 +158,8 @@ class SGExplorer(Explorer):
             e0 = est(state.x, noise.key(sub, 0), extras, need_grad=True)
             extras.update(e0.extras)
             extras["sg_grad"] = e0.grad
+        if self._host(state.x, extras["sg_grad"], b, step_size):
+            return self._step_np(state, b, step_size, est, noise, sub, extras)
         eta = step_size[..., None]
         tau = torch.reciprocal(b)[..., None]  # b = inf -> tau = 0 (no noise)
         # every slot cold (plain / momentum SGD): no noise to draw (the draws are keyed by
@@ -180,6 +184,50 @@ class SGExplorer(Explorer):
             new = old.where(ok, new)
         # (the 0/1 acceptance as e1.u's dtype: what ones_like(e1.u) * ok gave, one op fewer)
         return new, ExploreInfo(ok.to(e1.u.dtype), ok, ~ok)
+
+    def _host(self, *ts) -> bool:
+        """Whether :meth:`step` runs on NumPy views (:meth:`_step_np`): SGLD's move (the
+        method of :class:`SGLD` and :class:`SGD`) without a domain, on float64 CPU tensors out
+        of autograd and outside a compiled graph."""
+        return type(self).move is SGLD.move and self.domain is None and host_float64(*ts)
+
+    def _step_np(self, state, b, step_size, est, noise, sub, extras):
+        """:meth:`step` on NumPy views of the same memory (a small NumPy op costs a third to a
+        half of a small torch op on the CPU), op for op the same IEEE arithmetic: ``1 / b`` is
+        ``reciprocal``, ``sqrt`` is correctly rounded in both, the finiteness sums of one or two
+        entries are one addition in any order (longer ones are torch's own sums).  The same
+        numbers bit for bit (``tests/test_sa_host.py``)."""
+        with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+            x, bn = state.x.numpy(), b.numpy()
+            eta = step_size.numpy()[..., None]
+            x_new = x - eta * extras["sg_grad"].numpy()
+            if not (type(noise) is Noise and np.isinf(bn).all()):  # (_all_cold, on the view)
+                xi = noise.normal(sub, (x.shape[-1],), state.x.dtype).numpy()
+                x_new = x_new + np.sqrt(2.0 * eta * (1.0 / bn)[..., None]) * xi
+            xt = torch.from_numpy(x_new)
+            parts = est.numpy_gradients(x_new, noise.key(sub, 1))
+            if parts is None:  # (the estimator's own call, on tensors)
+                e1 = est(xt, noise.key(sub, 1), extras, need_grad=True)
+                extras.update(e1.extras)
+                ut, gt, var = e1.u, e1.grad, e1.var
+                u, g = ut.numpy(), gt.numpy()
+            else:  # (its NumPy arrays: no tensors in between)
+                u, g, var = parts
+                ut, gt, var = torch.from_numpy(u), torch.from_numpy(g), torch.from_numpy(var)
+            extras["sg_grad"] = gt
+            if var is not None:
+                extras["energy_var"] = var
+            short = x.shape[-1] <= 2
+            ok = np.isfinite(u + (x_new.sum(-1) if short else xt.sum(-1).numpy())
+                             + (g.sum(-1) if short else gt.sum(-1).numpy()))
+        new = ReplicaState(xt, ut, torch.from_numpy(np.zeros(u.shape)), extras)
+        okt = torch.from_numpy(ok)
+        if not ok.all():
+            old = ReplicaState(state.x, state.v, state.base,
+                               {key: state.extras.get(key, val) for key, val in extras.items()})
+            new = old.where(okt, new)
+        return new, ExploreInfo(torch.from_numpy(ok.astype(u.dtype)), okt,
+                                torch.from_numpy(~ok))
 
 
 def _all_cold(b: torch.Tensor, noise) -> bool:

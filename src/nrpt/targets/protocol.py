@@ -105,6 +105,9 @@ OPTIONAL_MEMBERS: dict[str, tuple[str, str]] = {
                                         "estimate is absolute"),
     "grad_energy": ("method", "(x) -> [n, dim] gradient of energy, used instead of autograd"),
     "energy_and_grad": ("method", "(x) -> ([n], [n, dim]): energy and its gradient"),
+    "energy_and_grad_numpy": ("method", "(float64 ndarray [n, dim]) -> (ndarray [n], ndarray "
+                                        "[n, dim]): energy_and_grad's numbers on NumPy arrays "
+                                        "(the CPU path of the noisy oracle)"),
     "grad_log_likelihood": ("method", "(x) -> [n, dim] gradient of log_likelihood"),
     "grad_reference_log_prob": ("method", "(x) -> [n, dim] gradient of reference_log_prob"),
     "analytic_gradients": ("flag", "the grad_* members use no autograd: gradient runs execute "

@@ -10,7 +10,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from nrpt.targets._util import check_generator, check_states
+from nrpt.targets._util import check_generator, check_states, host_float64
 
 __all__ = ["TwentyFiveModes"]
 
@@ -101,6 +101,10 @@ class TwentyFiveModes:
         """``(U(x) [n], ∇U(x) [n, 2])`` in one pass (the stochastic-gradient oracles call this
         every step; energy and gradient share the trigonometry)."""
         check_states(x, 2, "TwentyFiveModes.energy_and_grad")
+        if host_float64(x) and x.is_contiguous():
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                u, g = self.energy_and_grad_numpy(x.numpy())
+            return torch.from_numpy(u), torch.from_numpy(g)
         ang = 2.0 * math.pi * x
         r2 = (x * x).sum(dim=1)
         u = 0.2 * r2 - 2.0 * torch.cos(ang).sum(dim=1)
@@ -108,6 +112,30 @@ class TwentyFiveModes:
         if self.penalty:
             u = u + torch.relu(r2 - _R2_PENALTY)
             g = g + 2.0 * x * (r2 > _R2_PENALTY).unsqueeze(1)
+        return u, g
+
+    def energy_and_grad_numpy(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`energy_and_grad` of float64 states ``x[n, 2]`` (a C-contiguous array) as NumPy
+        arrays; what it computes for float64 CPU tensors, on their memory (a small NumPy op
+        costs a third to a half of a small torch op; the noisy oracle calls this every step).
+        Op for op the same IEEE arithmetic, ``cos`` and ``sin`` still torch's kernels on an
+        array of the same shape (another library's may round differently), the sums of two
+        entries one addition in any order, ``relu`` as ``maximum(., 0)`` (NaN kept by both):
+        the same numbers bit for bit (``tests/test_sa_host.py``).  Where no state is beyond the
+        penalty's radius the penalty's terms are left out: they add ``+0`` to ``u`` (never
+        ``-0``: ``0.2 |x|^2 - 2 sum cos`` is ``+0`` where it is 0) and ``2 x * 0`` to ``g``,
+        whose sign is that of ``x``, so that ``g = -0`` (only at ``x = -0``) gets ``-0``; a NaN
+        row stays its own NaN (the first operand's).  NumPy's floating-point warnings are the
+        caller's to silence (``np.errstate``; torch gives none)."""
+        ang = torch.from_numpy(2.0 * math.pi * x)
+        r2 = (x * x).sum(1)
+        u = 0.2 * r2 - 2.0 * torch.cos(ang).numpy().sum(1)
+        g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang).numpy()
+        if self.penalty:
+            over = r2 > _R2_PENALTY
+            if over.any():  # (else both terms are zeros, which change no number: below)
+                u = u + np.maximum(r2 - _R2_PENALTY, 0.0)
+                g = g + 2.0 * x * over[:, None]
         return u, g
 
     def initial_states(
