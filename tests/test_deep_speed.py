@@ -849,3 +849,34 @@ def test_the_batches_rows_are_the_indices_by_replica():
         blocked = rng.Key((3, k), Block(2, 4, 4))
         assert torch.equal(eb.rows(blocked, (1, 2), "cpu"), rows[2:])
         assert not torch.equal(eb.rows(blocked, (1, 2), "cpu"), rows[:2])
+
+
+def test_the_per_epoch_swap_counts_summed_in_numpy_equal_torchs(monkeypatch):
+    """The per-epoch rows' swap and verdict counts, summed each iteration in NumPy views of
+    the accumulator on the CPU, equal those summed by torch (the path of other devices), and
+    so does the whole run; the checkpointed accumulator is the tensor the views write into.
+    Negative control: the rows count swaps (a rate above 0 somewhere)."""
+    from nrpt.deep import recorders
+
+    train, test = _toy()
+    fast = fit(_mlp(), train, test, **{**OPTS, "swap_rate": 0.5})
+    monkeypatch.setattr(recorders, "_on_host", lambda t: False)
+    plain = fit(_mlp(), train, test, **{**OPTS, "swap_rate": 0.5})
+    def timeless(s):
+        return {k: v for k, v in s.items() if not k.endswith("time_s")}
+
+    assert fast.metrics == plain.metrics and timeless(fast.summary) == timeless(plain.summary)
+    assert any((row["swap_rate"] or 0) > 0 for row in fast.metrics)
+    em = recorders.EpochMetrics.__new__(recorders.EpochMetrics)
+    em._acc, em._rows, em.rows = torch.zeros(4, 1, 2), None, []
+    monkeypatch.setattr(recorders, "_on_host", lambda t: True)
+
+    class It:
+        attempted_indicators = (torch.tensor([[1.0, 0.0]]), torch.tensor([[True, False]]))
+        pair_indicators = (torch.tensor([[1.0, 1.0]]), torch.tensor([[True, True]]))
+        k, every = 0, 5
+    em.every = 5
+    em.record(It())
+    em.record(It())
+    assert torch.equal(em.state_dict()["acc"][:, 0], torch.tensor(
+        [[2.0, 0.0], [2.0, 0.0], [2.0, 2.0], [2.0, 2.0]]))
