@@ -501,14 +501,15 @@ class FunctionalNet:
         outs = []
         for xs in x.split(chunk):
             if strategy == "loop" or self.memory_format == "channels_last":
-                outs.append(torch.stack([
-                    self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
-                    for i in range(theta.shape[0])]))
+                rows = [self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
+                        for i in range(theta.shape[0])]
+                # (one replica, the recorders' case: its logits as they are, no copy)
+                outs.append(rows[0][None] if len(rows) == 1 else torch.stack(rows))
             else:
                 fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
                           in_dims=(0, 0, None))
                 outs.append(fn(theta, buf, xs))
-        return torch.cat(outs, dim=1)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 class _seeded:
