@@ -130,9 +130,6 @@ class FunctionalNet:
         self.buffer_dim = sum(self.buffer_numels)
         self.int_buffers = {n: b for n, b in bufs if not b.is_floating_point()}
         self._slots = _slots(self.module)
-        # (each slot's dict of the submodule's parameters or buffers, listed once)
-        self._stores = [(mod._parameters if kind == 0 else mod._buffers, attr, kind, name)
-                        for kind, mod, attr, name in self._slots]
         self._bn = self._hook_batchnorm()
         self._stash: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         # forking and seeding the RNG costs a state copy per call (a device sync on CUDA):
@@ -220,7 +217,8 @@ class FunctionalNet:
         given = (params, buffers)
         saved = []
         try:
-            for store, attr, kind, name in self._stores:
+            for kind, mod, attr, name in self._slots:
+                store = mod._parameters if kind == 0 else mod._buffers
                 saved.append((store, attr, store[attr]))
                 store[attr] = given[kind][name]
         except BaseException:
