@@ -795,3 +795,88 @@ def test_a_warm_move_adds_the_noise_term_as_written(make):
 
     assert torch.equal(got, formula())
     assert not torch.equal(got, formula(1.0 + 2.0 ** -20))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_data", [72, 50_000])
+def test_the_energys_scalars_made_in_numpy_are_torchs_bit_for_bit(dtype, n_data):
+    """The minibatch energy ``(N / B) sum(losses) + N wd / 2 |theta|^2`` and its plug-in
+    variance, whose scalar arithmetic on the ``[n]`` vectors is made in NumPy on the CPU, equal
+    the torch formulas (the prior as ``NetworkTarget.prior_energy`` makes it), bit for bit, for
+    float32 and float64 and a large N (N^2 above float32's integers).  Negative control: the
+    variance divided by B + 1 is told apart."""
+    from nrpt.deep import energy
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = FunctionalNet(_mlp().to(dtype))
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(n_data if n_data < 1000 else 64, 6, generator=g, dtype=dtype)
+    target = NetworkTarget(net, X, torch.zeros(X.shape[0], dtype=torch.long),
+                           weight_decay=5e-4, strategy="loop")
+    target.n_data = n_data  # (what the formulas read: N)
+    est = energy.NetworkEnergy(target, 12)
+    est.n_data = n_data
+    losses = 3.0 * torch.rand(5, 12, generator=g, dtype=dtype)
+    theta = torch.randn(5, net.dim, generator=g, dtype=dtype)
+    u, var = est._scalars(losses, (theta * theta).sum(-1))
+    assert energy._numpy_exact(losses, theta)
+    scale, fpc = n_data / 12, 1.0 - 12 / n_data
+    want_u = scale * losses.sum(-1) + target.prior_energy(theta)
+    want_v = n_data ** 2 * losses.var(-1) / 12 * fpc
+    assert u.dtype == dtype and var.dtype == dtype
+    assert torch.equal(u, want_u) and torch.equal(var, want_v)
+    assert not torch.equal(var, n_data ** 2 * losses.var(-1) / 13 * fpc)
+    # the torch path (another device, or autograd) gives the same numbers
+    assert not energy._numpy_exact(losses.requires_grad_(True))
+    with torch.no_grad():
+        u2, v2 = est._scalars(losses, (theta * theta).sum(-1))
+    assert torch.equal(u2, want_u) and torch.equal(v2, want_v)
+
+
+def test_the_batches_rows_are_the_indices_by_replica():
+    """``EpochBatches.rows`` is ``__call__``'s ``[*lead, B]`` as ``[R * w, B]`` (the global
+    ids of a block cached per shape and block), for a plain key and a key with a block."""
+    from nrpt import rng
+    from nrpt.deep.energy import EpochBatches
+    from nrpt.rng import Block
+
+    eb = EpochBatches(50, 8)
+    for k in (0, 6, 7, 13):
+        key = rng.Key((3, k))
+        rows = eb.rows(key, (1, 4), "cpu")
+        assert torch.equal(rows, eb(key, (1, 4), "cpu").reshape(4, 8))
+        blocked = rng.Key((3, k), Block(2, 4, 4))
+        assert torch.equal(eb.rows(blocked, (1, 2), "cpu"), rows[2:])
+        assert not torch.equal(eb.rows(blocked, (1, 2), "cpu"), rows[:2])
+
+
+def test_the_per_epoch_swap_counts_summed_in_numpy_equal_torchs(monkeypatch):
+    """The per-epoch rows' swap and verdict counts, summed each iteration in NumPy views of
+    the accumulator on the CPU, equal those summed by torch (the path of other devices), and
+    so does the whole run; the checkpointed accumulator is the tensor the views write into.
+    Negative control: the rows count swaps (a rate above 0 somewhere)."""
+    from nrpt.deep import recorders
+
+    train, test = _toy()
+    fast = fit(_mlp(), train, test, **{**OPTS, "swap_rate": 0.5})
+    monkeypatch.setattr(recorders, "_on_host", lambda t: False)
+    plain = fit(_mlp(), train, test, **{**OPTS, "swap_rate": 0.5})
+    def timeless(s):
+        return {k: v for k, v in s.items() if not k.endswith("time_s")}
+
+    assert fast.metrics == plain.metrics and timeless(fast.summary) == timeless(plain.summary)
+    assert any((row["swap_rate"] or 0) > 0 for row in fast.metrics)
+    em = recorders.EpochMetrics.__new__(recorders.EpochMetrics)
+    em._acc, em._rows, em.rows = torch.zeros(4, 1, 2), None, []
+    monkeypatch.setattr(recorders, "_on_host", lambda t: True)
+
+    class It:
+        attempted_indicators = (torch.tensor([[1.0, 0.0]]), torch.tensor([[True, False]]))
+        pair_indicators = (torch.tensor([[1.0, 1.0]]), torch.tensor([[True, True]]))
+        k, every = 0, 5
+    em.every = 5
+    em.record(It())
+    em.record(It())
+    assert torch.equal(em.state_dict()["acc"][:, 0], torch.tensor(
+        [[2.0, 0.0], [2.0, 0.0], [2.0, 2.0], [2.0, 2.0]]))

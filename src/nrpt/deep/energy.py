@@ -22,11 +22,32 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from nrpt import rng
 from nrpt.deep.replicas import FunctionalNet
 from nrpt.energy.estimators import EnergyEstimator, Estimate
+
+#: the dtypes whose scalar arithmetic NumPy makes as torch does (IEEE binary32 / binary64;
+#: a Python number taken as the array's dtype, NumPy >= 2's rule): NetworkEnergy._scalars
+_NUMPY_EXACT = (torch.float32, torch.float64)
+#: NumPy >= 2 takes a Python number in arithmetic with an array as the array's dtype (NEP 50),
+#: as torch does with a tensor; NumPy 1 could promote float32 to float64
+_NUMPY2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def _numpy_exact(*ts: torch.Tensor) -> bool:
+    """Whether the small arithmetic on ``ts`` can be made in NumPy bit for bit: CPU tensors
+    of one dtype of :data:`_NUMPY_EXACT`, outside autograd, NumPy 2's scalar rule."""
+    dt = ts[0].dtype
+    return (_NUMPY2 and dt in _NUMPY_EXACT and all(
+        t.device.type == "cpu" and t.dtype == dt and not t.requires_grad for t in ts))
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, converted only when it differs (a no-op ``.to`` is a call)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 __all__ = ["NetworkTarget", "NetworkEnergy", "DEEP_STREAMS", "EpochBatches", "replica_ids"]
 
@@ -67,6 +88,7 @@ class EpochBatches:
             raise ValueError(f"batch must be in [1, {self.n_data}]; got {batch!r}")
         self.per_epoch = int(per_epoch) if per_epoch else math.ceil(self.n_data / self.batch)
         self._perms: dict[tuple, tuple[int, torch.Tensor]] = {}
+        self._ids: dict[tuple, tuple[tuple[int, int], ...]] = {}
 
     def perms(self, seed: int, epoch: int, rest: tuple, ids: tuple, device) -> torch.Tensor:
         """``[len(ids), N]``: the epoch's permutation of each replica ``(s, r)`` of ``ids``,
@@ -88,16 +110,25 @@ class EpochBatches:
         """Indices ``[*lead, B]`` of the replicas of a ``[R, w]`` block (``key``: an
         :class:`nrpt.rng.Key` carrying the block, or a plain ``(seed, iteration, ...)``): one
         slice of the block's cached permutations per iteration."""
+        return self.rows(key, lead, device).reshape(*lead, self.batch)
+
+    def rows(self, key, lead: tuple[int, ...], device) -> torch.Tensor:
+        """The indices of :meth:`__call__` as ``[R * w, B]`` (a view of the cached
+        permutations: what the estimator gathers its batches with)."""
         key = rng.as_key(key)  # (a plain tuple's .count is tuple.count: never read it)
         if key.count:
             raise ValueError("network replicas take one iteration's batches at a time "
                              "(no fused chunks of iterations)")
-        seed, k, *rest = (int(p) for p in key)
+        seed, k, *rest = key
         epoch, j = divmod(k, self.per_epoch)
         start = min(j * self.batch, self.n_data - self.batch)
-        ids = tuple(replica_ids(tuple(lead), key))
+        block = getattr(key, "block", None)
+        ck = (tuple(lead), None if block is None else block.lo)
+        ids = self._ids.get(ck)
+        if ids is None:  # (the global ids of a block's rows: the same every iteration)
+            ids = self._ids[ck] = tuple(replica_ids(tuple(lead), key))
         rows = self.perms(seed, epoch, tuple(rest), ids, device)
-        return rows[:, start:start + self.batch].reshape(*lead, self.batch)
+        return rows[:, start:start + self.batch]
 
 
 class NetworkTarget:
@@ -174,43 +205,66 @@ class NetworkEnergy(EnergyEstimator):
 
     def __call__(self, x, key, extras, need_grad=True):
         t, net = self.target, self.target.net
-        lead, d = x.shape[:-1], x.shape[-1]
+        shape = x.shape
+        lead, d = shape[:-1], shape[-1]
         n = math.prod(lead)
         if n == 0:  # a process holding no replicas (more processes than blocks of chains)
             z = x.new_zeros(lead)
-            return Estimate(z, x.new_zeros(x.shape) if need_grad else None, z,
+            return Estimate(z, x.new_zeros(shape) if need_grad else None, z,
                             {"bn": extras["bn"].clone()})
-        ids = replica_ids(tuple(lead), key)
-        idx = self.batches(key, tuple(lead), x.device).reshape(-1)
+        idx = self.batches.rows(key, tuple(lead), x.device).reshape(-1)
         # [n, B, ...]: the rows themselves (index_select: the copy advanced indexing makes, at
         # a quarter of its cost on small batches)
         xb = t.x.index_select(0, idx).view(n, -1, *t.x.shape[1:])
         yb = t.y.index_select(0, idx).view(n, -1, *t.y.shape[1:])
-        seed, *parts = key
-        if t.augment is not None:  # each replica's own keyed draws
-            xb = torch.stack([
-                t.augment(xb[i], rng.generator_for(seed, DEEP_STREAMS.AUGMENT, *parts, s, r,
-                                                   device=x.device))
-                for i, (s, r) in enumerate(ids)])
-        # per replica: dropout keyed by (system, replica), rows evaluated one by one when the
-        # network draws random numbers (replicas.FunctionalNet.loss_and_grad)
-        dropout_seed = ([rng.key(seed, DEEP_STREAMS.DROPOUT, *parts, s, r) for s, r in ids]
-                        if net.random else [None] * n)  # (read only by random layers)
-        theta = x.reshape(n, d).to(net.dtype)
-        buf = extras["bn"].reshape(n, -1).to(net.dtype)
+        dropout_seed = None  # (read only by random layers)
+        if t.augment is not None or net.random:
+            seed, *parts = key
+            ids = replica_ids(tuple(lead), key)
+            if t.augment is not None:  # each replica's own keyed draws
+                xb = torch.stack([
+                    t.augment(xb[i], rng.generator_for(seed, DEEP_STREAMS.AUGMENT, *parts, s,
+                                                       r, device=x.device))
+                    for i, (s, r) in enumerate(ids)])
+            # per replica: dropout keyed by (system, replica), rows evaluated one by one when
+            # the network draws random numbers (replicas.FunctionalNet.loss_and_grad)
+            if net.random:
+                dropout_seed = [rng.key(seed, DEEP_STREAMS.DROPOUT, *parts, s, r)
+                                for s, r in ids]
+        theta = _as(x.reshape(n, d), net.dtype)
+        bn = extras["bn"]
+        buf = _as(bn.reshape(n, -1), net.dtype)
         losses, g, new = net.loss_and_grad(theta, buf, xb, yb, t.strategy, dropout_seed,
                                            need_grad=need_grad)
-        scale = self.n_data / self.batch_size
-        u = scale * losses.sum(-1) + t.prior_energy(theta)
-        # (g is this call's own tensor: scaled in place, the same numbers as scale * g + ...)
-        grad = g.mul_(scale).add_(t.n_data * t.weight_decay * theta) if need_grad else None
-        fpc = 1.0 - self.batch_size / self.n_data
-        var = self.n_data ** 2 * losses.var(-1) / self.batch_size * fpc
-        out = Estimate(u.reshape(lead).to(x.dtype),
-                       grad.reshape(*lead, d).to(x.dtype) if need_grad else None,
-                       var.reshape(lead).to(x.dtype),
-                       {"bn": new.reshape(*lead, -1).to(extras["bn"].dtype)})
-        return out
+        u, var = self._scalars(losses, (theta * theta).sum(-1))
+        if need_grad:
+            # (g is this call's own tensor: scaled in place, the same numbers as
+            # scale * g + N * wd * theta)
+            grad = _as(g.mul_(self.n_data / self.batch_size).add_(
+                t.n_data * t.weight_decay * theta).reshape(shape), x.dtype)
+        else:
+            grad = None
+        return Estimate(_as(u.reshape(lead), x.dtype), grad, _as(var.reshape(lead), x.dtype),
+                        {"bn": _as(new.reshape(*lead, -1), bn.dtype)})
+
+    def _scalars(self, losses: torch.Tensor, sq: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(u, var)`` of the replicas' per-example ``losses[n, B]`` and squared norms
+        ``sq[n]``: ``u = (N / B) * sum(losses) + N * wd / 2 * sq`` (the prior's term as
+        :meth:`NetworkTarget.prior_energy` makes it) and the plug-in variance ``N^2 *
+        var(losses) / B * (1 - B / N)``.  The sums and the variance are torch's; the scalar
+        products and the sum of these ``[n]`` vectors are made in NumPy on the CPU (views, no
+        copies: the same IEEE operations in the same order, bit for bit, at a third of a small
+        torch op's cost)."""
+        t = self.target
+        scale, fpc = self.n_data / self.batch_size, 1.0 - self.batch_size / self.n_data
+        total, v = losses.sum(-1), losses.var(-1)
+        if not _numpy_exact(total, v, sq):
+            return (scale * total + 0.5 * t.n_data * t.weight_decay * sq,
+                    self.n_data ** 2 * v / self.batch_size * fpc)
+        u = scale * total.numpy() + 0.5 * t.n_data * t.weight_decay * sq.numpy()
+        w = self.n_data ** 2 * v.numpy() / self.batch_size * fpc
+        return torch.from_numpy(u), torch.from_numpy(w)
 
     def describe(self):
         return {"energy": "network-minibatch", "batch_size": self.batch_size,

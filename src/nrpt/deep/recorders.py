@@ -139,9 +139,14 @@ class EpochMetrics(RecorderBase):
         if self._acc is None:
             self._acc = torch.zeros(4, *A.shape, dtype=A.dtype, device=A.device)
         if self._rows is None:  # (views of _acc's rows, taken once: no indexing per iteration)
-            self._rows = self._acc.unbind(0)
-        for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):
-            acc += add
+            self._rows = (tuple(self._acc.numpy()) if _on_host(self._acc)
+                          else self._acc.unbind(0))
+        if type(self._rows[0]) is np.ndarray:  # (CPU: NumPy views, a third of a torch op's
+            for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):  # cost;
+                acc += add.numpy()  # sums of 0/1 verdicts: exact either way)
+        else:
+            for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):
+                acc += add
         if (it.k + 1) % self.every:
             return
         row: dict[str, Any] = {"iteration": it.k + 1}
@@ -197,6 +202,11 @@ class EpochMetrics(RecorderBase):
     def load_state_dict(self, sd):
         self.rows = json.loads(sd["rows"])
         self._acc, self._rows = sd["acc"], None
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a CPU tensor NumPy can view (not one autograd tracks)."""
+    return t.device.type == "cpu" and not t.requires_grad
 
 
 def _line(row: dict[str, Any], columns) -> str:

@@ -60,6 +60,12 @@ _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout
            nn.FeatureAlphaDropout)
 
 
+def _flatten(tensors) -> torch.Tensor:
+    """The tensors' numbers one after the other, as one new 1-D tensor (``torch.cat`` of
+    their flattened forms, in one call)."""
+    return torch._C._nn.flatten_dense_tensors(list(tensors))
+
+
 class StrategyWarning(UserWarning):
     """An execution strategy could not be used and another one runs instead."""
 
@@ -193,15 +199,21 @@ class FunctionalNet:
                           else t) for n, t in params.items()}
             if x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-        with self._autocast(), self._bound(params, buffers):
-            out = self.module(x)
-        return out.to(self.dtype) if self.precision != "float32" else out
+        saved = self._bind(params, buffers)
+        try:
+            if self.precision == "float32":
+                return self.module(x)
+            with self._autocast():
+                out = self.module(x)
+            return out.to(self.dtype)
+        finally:
+            self._restore(saved)
 
-    @contextlib.contextmanager
-    def _bound(self, params: dict, buffers: dict):
-        """The module computing with ``params`` and ``buffers`` in place of its own (what
+    def _bind(self, params: dict, buffers: dict) -> list:
+        """Put ``params`` and ``buffers`` in the module's slots in place of its own (what
         ``torch.func.functional_call`` does, tied names included, without walking the module
-        tree on every call: the slots are listed once)."""
+        tree on every call: the slots are listed once); what was there, for
+        :meth:`_restore`."""
         given = (params, buffers)
         saved = []
         try:
@@ -209,10 +221,25 @@ class FunctionalNet:
                 store = mod._parameters if kind == 0 else mod._buffers
                 saved.append((store, attr, store[attr]))
                 store[attr] = given[kind][name]
+        except BaseException:
+            self._restore(saved)
+            raise
+        return saved
+
+    @staticmethod
+    def _restore(saved: list) -> None:
+        for store, attr, old in saved:
+            store[attr] = old
+
+    @contextlib.contextmanager
+    def _bound(self, params: dict, buffers: dict):
+        """The module computing with ``params`` and ``buffers`` in place of its own, within
+        the block (:meth:`_bind`)."""
+        saved = self._bind(params, buffers)
+        try:
             yield
         finally:
-            for store, attr, old in saved:
-                store[attr] = old
+            self._restore(saved)
 
     def _hook_batchnorm(self) -> list[tuple[str, nn.Module]]:
         """BatchNorm layers: their running statistics are updated here (see the module doc)."""
@@ -340,7 +367,7 @@ class FunctionalNet:
         return n
 
     # ------------------------------------------------------------------ one replica
-    def _one(self, theta, buf, x, y, params=None):
+    def _one(self, theta, buf, x, y, params=None, none=False):
         """``(sum of losses, (per-example losses, new buffers))`` of one replica, train mode
         (``params``: the named parameters to compute with, when given; else views of
         ``theta``).
@@ -348,8 +375,9 @@ class FunctionalNet:
         BatchNorm updates its running statistics itself, in place, with PyTorch's rule (the
         batch statistics it computes anyway): each buffer is handed over as its own copy (not a
         view of one flat tensor, whose in-place updates ``vmap`` would drop) and the copies are
-        read back afterwards."""
-        own = self._own_buffers(buf)
+        read back afterwards.  ``none``: the module has no buffers (then ``buf`` is returned
+        as the new buffers and no buffer is bound)."""
+        own = {} if none else self._own_buffers(buf)
         logits = self._call(self.params(theta) if params is None else params, own, x)
         losses = self.loss(logits, y)
         new = (torch.cat([own[n].reshape(-1) for n in self.buffer_names])
@@ -411,25 +439,35 @@ class FunctionalNet:
         parameters themselves (views of ``theta``, detached), as a plain training loop's are:
         their gradients are written once, into the ``[n, dim]`` result, instead of being
         concatenated per replica by the backward pass of a split of one flat leaf and then
-        stacked (the same numbers, copied once instead of twice)."""
+        stacked (the same numbers, copied once instead of twice).  The views are made per
+        parameter for all replicas at once (a column block of ``theta`` unbound into its
+        ``n`` rows: three calls per parameter instead of three per parameter and replica) and
+        the gradients flattened into the result by one call."""
+        n = theta.shape[0]
+        names = self.names
+        flat = theta.detach()
+        # per parameter: its [n, *shape] block of theta, unbound into the n replicas' leaves
+        per_param = [c.view(n, *s).unbind(0) for c, s in
+                     zip(flat.split(self.numels, dim=1), self.shapes, strict=True)]
+        none = not self.buffer_names and not self.int_buffers
         out_l, leaves, out_b = [], [], []
-        names, shapes, numels = self.names, self.shapes, self.numels
         with torch.enable_grad():
             total = None
-            for i in range(theta.shape[0]):
-                mine = [c.view(s).detach().requires_grad_(True)
-                        for c, s in zip(theta[i].split(numels), shapes, strict=True)]
+            for i in range(n):
+                mine = [p[i].requires_grad_(True) for p in per_param]
                 t, (losses, new) = self._one(None, buf[i], x[i], y[i],
-                                             dict(zip(names, mine, strict=True)))
+                                             dict(zip(names, mine, strict=True)), none)
                 total = t if total is None else total + t
                 leaves.extend(mine)
                 out_l.append(losses)
-                out_b.append(new.detach())
+                if not none:
+                    out_b.append(new.detach())
             # (a parameter the loss does not reach: zeros, as the split's backward gave)
             grads = torch.autograd.grad(total, leaves, allow_unused=True,
                                         materialize_grads=True)
-        g = torch.cat([t.reshape(-1) for t in grads]).view(theta.shape[0], self.dim)
-        return torch.stack(out_l), g, torch.stack(out_b)
+        # (replica-major, parameters in order: the rows of [n, dim], copied once)
+        g = _flatten(grads).view(n, self.dim)
+        return torch.stack(out_l), g, (buf if none else torch.stack(out_b))
 
     def _batched(self, strategy: str):
         if strategy not in self._fns:
@@ -461,14 +499,15 @@ class FunctionalNet:
         outs = []
         for xs in x.split(chunk):
             if strategy == "loop" or self.memory_format == "channels_last":
-                outs.append(torch.stack([
-                    self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
-                    for i in range(theta.shape[0])]))
+                rows = [self._call(self.params(theta[i]), self.buffers(buf[i]), xs)
+                        for i in range(theta.shape[0])]
+                # (one replica, the recorders' case: its logits as they are, no copy)
+                outs.append(rows[0][None] if len(rows) == 1 else torch.stack(rows))
             else:
                 fn = vmap(lambda t, b, xx: self._call(self.params(t), self.buffers(b), xx),
                           in_dims=(0, 0, None))
                 outs.append(fn(theta, buf, xs))
-        return torch.cat(outs, dim=1)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 class _seeded:
