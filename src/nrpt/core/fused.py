@@ -70,7 +70,7 @@ _ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 #: ``fuse = "auto"``'s eager chunks: up to this many iterations, while the chunk's draws of one
 #: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`)
-AUTO_MAX = 64
+AUTO_MAX = 128
 AUTO_ELEMENTS = 1 << 16
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
 #: watched slots' positions once, from its stacked states, rather than every iteration
@@ -194,8 +194,9 @@ def auto(run, compile: bool = False) -> bool:
 def auto_unroll(engine) -> int:
     """The chunk length of ``fuse = "auto"``'s eager chunks: the largest power of two in
     ``[UNROLL, AUTO_MAX]`` whose chunk draws at most :data:`AUTO_ELEMENTS` numbers of a kind
-    (64 for small states: the per-chunk work of the inputs and the recorders' block forms is
-    spread over more iterations; 8 from ``R P dim > 1024``).  Eager chunks of any length give
+    (128 for small states, ``R P dim <= 512``: the per-chunk work of the inputs, the chunk's
+    set-up and outputs and the recorders' block forms is spread over more iterations; 8 from
+    ``R P dim > 1024``).  Eager chunks of any length give
     the plain loop's numbers, so this changes no draw."""
     U, size = UNROLL, engine.R * engine.P * engine.dim
     while U * 2 <= AUTO_MAX and U * 2 * size <= AUTO_ELEMENTS:
