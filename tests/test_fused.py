@@ -170,7 +170,7 @@ def test_auto_is_the_default_and_runs_eager_chunks_where_they_run():
 
     run = build(config("rwmh-deo", 32))
     assert run.fused is not None and not run.fused.compile and run.fused.ragged
-    assert run.fused.unroll == 64  # (a small state: R P dim = 36)
+    assert run.fused.unroll == 128  # (a small state: R P dim = 36)
     assert run.engine.__class__.__name__ == "PTEngine"
     assert build(config("rwmh-deo", 32, compile=True)).fused is None
     adj = build(RunConfig(target="twenty-five-modes", chains=4, explorer="rwmh", scheme="adj",
@@ -374,28 +374,29 @@ def test_chunk_gathers_per_block_equal_per_iteration(name, monkeypatch):
 
 
 def test_auto_chunk_length_follows_the_state_size():
-    """``fuse = "auto"``: 64-iteration eager chunks for small states, down to 8 (the draws of a
-    chunk, ``U R P dim`` numbers of a kind, stay within AUTO_ELEMENTS)."""
+    """``fuse = "auto"``: 128-iteration eager chunks for small states, down to 8 (the draws of
+    a chunk, ``U R P dim`` numbers of a kind, stay within AUTO_ELEMENTS)."""
     from nrpt.core.fused import AUTO_ELEMENTS, auto_unroll
 
     class E:
         def __init__(self, R, P, dim):
             self.R, self.P, self.dim = R, P, dim
 
-    assert auto_unroll(E(1, 16, 2)) == 64
-    assert auto_unroll(E(32, 8, 2)) == 64  # mix25: 512 numbers a step
+    assert auto_unroll(E(1, 16, 2)) == 128
+    assert auto_unroll(E(32, 8, 2)) == 128  # mix25: 512 numbers a step
+    assert auto_unroll(E(32, 8, 4)) == 64
     assert auto_unroll(E(1, 16, 128)) == 32
     assert auto_unroll(E(1, 16, 10_000)) == 8
     for size in (1, 100, 1000, 1024, 1025, 5000, 10**6):
         U = auto_unroll(E(1, 1, size))
-        assert 8 <= U <= 64 and (U == 8 or U * size <= AUTO_ELEMENTS)
+        assert 8 <= U <= 128 and (U == 8 or U * size <= AUTO_ELEMENTS)
 
 
 def test_ragged_chunks_end_at_multiples_the_end_and_boundaries():
-    run = build(config("rwmh-deo", 100))  # auto: ragged chunks of up to 64
+    run = build(config("rwmh-deo", 100))  # auto: ragged chunks of up to 128
     f = run.fused
-    assert f.chunk_at(0, 1000, (5000, 256)) == 64
-    assert f.chunk_at(4, 1000, (5000, 256)) == 60  # to the next multiple of 64
+    assert f.chunk_at(0, 1000, (5000, 256)) == 128
+    assert f.chunk_at(4, 1000, (5000, 256)) == 124  # to the next multiple of 128
     assert f.chunk_at(96, 100, (5000, 256)) == 4  # to the segment's end
     assert f.chunk_at(250, 1000, (5000, 256)) == 6  # the callback at 256 sees its iteration
     assert f.chunk_at(8, 100, (12, 0)) == 4  # a checkpoint at 12
@@ -406,14 +407,15 @@ def test_ragged_chunks_end_at_multiples_the_end_and_boundaries():
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_auto_chunks_equal_the_plain_loop(name):
-    """The default (ragged eager chunks of up to 64): the plain loop's numbers bit for bit,
-    with a warm-up segment (burn-in 10 %) whose end falls inside a chunk's span, checkpoints
-    every 24 iterations and a callback.  Negative control: another seed differs."""
+    """The default (ragged eager chunks of up to 128 on small states): the plain loop's
+    numbers bit for bit, with a warm-up segment (burn-in 10 %) whose end falls inside a
+    chunk's span, checkpoints every 24 iterations and a callback.  Negative control: another
+    seed differs."""
     n = 150
     plain = build(config(name, n, fuse=False))
     execute(plain)
     auto = build(config(name, n))
-    assert auto.fused is not None and auto.fused.ragged and auto.fused.unroll == 64
+    assert auto.fused is not None and auto.fused.ragged and auto.fused.unroll == 128
     ticks = []
     execute(auto, checkpoint_every=24, callback=lambda eng: ticks.append(eng.k))
     assert auto.fused.chunks >= 7 and ticks

@@ -70,7 +70,7 @@ _ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 #: ``fuse = "auto"``'s eager chunks: up to this many iterations, while the chunk's draws of one
 #: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`)
-AUTO_MAX = 64
+AUTO_MAX = 128
 AUTO_ELEMENTS = 1 << 16
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
 #: watched slots' positions once, from its stacked states, rather than every iteration
@@ -86,8 +86,9 @@ class _Ops(NamedTuple):
     wrapper on the NumPy side: a Python call costs as much as a small op's kernel):
     ``array(tensor)`` (a view), ``tensor(array)`` (back), ``take(a, flat indices, None, out or
     None, "clip")``, ``put(a, flat indices, values, "clip")`` (in place), ``mul(a, b, out)``,
-    ``lt(a, b, out)``, ``source(padded verdicts, operand)`` (the flat permutation: the operand
-    is :func:`_source_matrix`'s matrix, or the flat ids), whether the padded verdicts' end
+    ``lt(a, b, out)``, ``source(padded verdicts, operand)`` (the permutation in the doubled flat
+    index space ``[2, R, P]``: the operand is :func:`_source_matrix`'s matrix, or the doubled
+    flat ids), whether the padded verdicts' end
     columns hold the row's constants (else zeros), and a context for the chunk's arithmetic."""
 
     array: Any
@@ -133,14 +134,16 @@ _TORCH = _Ops(array=lambda t: t, tensor=lambda t: t, take=_torch_take, put=_torc
 
 
 def _source_matrix(R: int, P: int) -> tuple[np.ndarray, torch.Tensor]:
-    """``(M[P+1, P], pads[R, P+1])`` (long) such that ``a @ M`` is the flat permutation
-    ``src[r, p] = r P + p + a[r, p + 1] - a[r, p]`` of a row ``a`` whose columns ``1 .. P-1``
+    """``(M[2, P+1, P], pads[R, P+1])`` (long) such that ``a @ M`` is the permutation in the
+    doubled flat index space ``src[j, r, p] = j R P + r P + p + a[r, p + 1] - a[r, p]`` (``j =
+    0``: the schedule's half, ``1``: the step sizes') of a row ``a`` whose columns ``1 .. P-1``
     hold the verdicts of the pairs ``0 .. P-2`` (0 or 1) and whose end columns hold ``pads``'s
     ``r`` and 1.  Integer products: exact."""
-    m = np.zeros((P + 1, P), dtype=np.int64)
+    m = np.zeros((2, P + 1, P), dtype=np.int64)
     j = np.arange(1, P)
-    m[j, j - 1], m[j, j] = 1, -1  # (pair j - 1 swapped: slots j - 1 and j take each other's)
-    m[0], m[P] = P, np.arange(P)  # (r P + p)
+    m[:, j, j - 1], m[:, j, j] = 1, -1  # (pair j - 1 swapped: slots j - 1 and j take each other's)
+    m[:, 0], m[:, P] = P, np.arange(P)  # (r P + p)
+    m[1, P] += R * P  # (the second half)
     pads = torch.zeros(R, P + 1, dtype=torch.long)
     pads[:, 0], pads[:, P] = torch.arange(R), 1
     return m, pads
@@ -191,8 +194,9 @@ def auto(run, compile: bool = False) -> bool:
 def auto_unroll(engine) -> int:
     """The chunk length of ``fuse = "auto"``'s eager chunks: the largest power of two in
     ``[UNROLL, AUTO_MAX]`` whose chunk draws at most :data:`AUTO_ELEMENTS` numbers of a kind
-    (64 for small states: the per-chunk work of the inputs and the recorders' block forms is
-    spread over more iterations; 8 from ``R P dim > 1024``).  Eager chunks of any length give
+    (128 for small states, ``R P dim <= 512``: the per-chunk work of the inputs, the chunk's
+    set-up and outputs and the recorders' block forms is spread over more iterations; 8 from
+    ``R P dim > 1024``).  Eager chunks of any length give
     the plain loop's numbers, so this changes no draw."""
     U, size = UNROLL, engine.R * engine.P * engine.dim
     while U * 2 <= AUTO_MAX and U * 2 * size <= AUTO_ELEMENTS:
@@ -473,14 +477,17 @@ class Fused:
         """The eager chunk where an iteration needs nothing of its swap phase but the
         permutation: no online adaptor (the chunk's tables are its own), the Metropolis rule,
         a scheme whose masks depend on no state (:func:`block_active`; else ``plain``, the
-        chunk of :meth:`_body`).  Per iteration: the explorer step and eight small ops for the
-        slot tables and the swaps (the schedule and step sizes at the replicas' slots by a
-        take each, the energies put at the replicas' slots, their differences times the
+        chunk of :meth:`_body`).  Per iteration: the explorer step and seven small ops for the
+        slot tables and the swaps (the schedule and step sizes at the replicas' slots by one
+        take from the two tables stacked, the slot map kept in that doubled flat index space
+        ``[2, R, P]``, the energies put at the replicas' slots, their differences times the
         schedule's, the verdicts of the open pairs against log-uniforms made per chunk, the
-        permutation ``src`` from the padded verdicts, and ``slot_of`` by one take: the swaps
-        are disjoint, so ``src`` is its own inverse); the replicas at the slots of every
-        iteration by one put per chunk (every iteration only where the watched positions are
-        gathered per iteration).  The slot maps are kept flat (row ``r``'s entries offset by
+        permutation ``src`` from the padded verdicts (in the doubled space: one product with a
+        ``[2, P+1, P]`` matrix), and ``slot_of`` by one take: the swaps are disjoint, so
+        ``src`` is its own inverse); the replicas at the slots of every iteration by one put
+        per chunk (every iteration only where the watched positions are gathered per
+        iteration).  Each iteration's views of the buffers come from iterating over them (no
+        indexing in the loop).  The slot maps are kept flat (row ``r``'s entries offset by
         ``r P``, once per chunk) so that every gather is one ``take``, each written into a
         per-chunk buffer (fresh each chunk: no step keeps a buffer that is written again).
         On the CPU up to :data:`NUMPY_SWAPS_MAX` replicas these ops run on NumPy views of the
@@ -501,13 +508,15 @@ class Fused:
         xp = _NUMPY if dev.type == "cpu" and R * P <= NUMPY_SWAPS_MAX else _TORCH
         arr = xp.array
         with torch.inference_mode(False):  # (constants of the chunk: ordinary tensors)
-            ids = torch.arange(R * P, device=dev).view(R, P)  # (flat: row r from r P)
+            # (flat: row r from r P; the step sizes' half of the doubled index space from R P)
+            ids2 = torch.arange(2 * R * P, device=dev).view(2, R, P)
+            ids = ids2[0]
             off = ids[:, :1]
             top = off + (P - 1)  # (the reference slot, flat)
         ids_a = arr(ids)
         with torch.inference_mode(False):
             matrix, pads = _source_matrix(R, P) if xp.constant_pads else (
-                ids_a, torch.zeros(R, P + 1, dtype=torch.long, device=dev))
+                arr(ids2), torch.zeros(R, P + 1, dtype=torch.long, device=dev))
         pads_a = arr(pads)
         with torch.inference_mode(False):
             # (each flat entry k of a chunk's [U, R, P] slot maps offset by u R P, and its
@@ -515,6 +524,7 @@ class Fused:
             u_off = arr(torch.arange(U, device=dev).mul_(R * P).view(U, 1, 1))
             rep_ids = arr(torch.arange(P, device=dev).expand(U, R, P))
         off_a = arr(off)
+        half_a = arr(torch.tensor([0, R * P], device=dev).view(2, 1, 1))
         has_ref, watched, metric = eng.path.has_reference, list(eng.watched), eng.metric
         late_x = bool(watched) and U * R * P * eng.dim <= BLOCK_GATHER
         if watched:
@@ -532,7 +542,9 @@ class Fused:
             metric, params = carry.get("metric"), carry["params"]
             log_u = torch.log(inp["uniforms"])  # [U, R, P-1], as the rule's per iteration
             open_u = arr(torch.where(active, log_u, math.inf))  # (closed: never below)
-            sched, steps = arr(schedule.contiguous()), arr(step_size.contiguous())
+            # (the schedule over the step sizes: one take gathers both at the slots)
+            tables = arr(torch.cat([schedule, step_size]))
+            sched = tables[:R]
             b_step = sched[:, 1:] - sched[:, :-1]  # b_hi - b_lo
             # every iteration's draws in the order the steps take them, replayed by one cursor
             # (one op a draw per chunk, not one a step; the steps' draws are the plan's, so
@@ -541,30 +553,34 @@ class Fused:
             noise = ReplayNoise([t for ts in zip(*draws, strict=True) for t in ts])
             state = ReplicaState(carry["x"], carry["v"], carry["base"], carry["extras"])
             first_at = carry["replica_at"]
-            # the chunk's buffers: the slots' schedule and step sizes handed to the explorer,
-            # the energies at the slots, the log ratios, the padded verdicts, the flat index
-            # maps after each iteration
-            b_buf, h_buf, e_buf = (torch.empty(U, R, P, dtype=dt, device=dev)
-                                   for _ in range(3))
+            # the chunk's buffers: the slots' schedule and step sizes handed to the explorer
+            # (one [2, R, P] take an iteration), the energies at the slots, the log ratios, the
+            # padded verdicts, the doubled flat index maps after each iteration
+            bh_buf = torch.empty(U, 2, R, P, dtype=dt, device=dev)
+            e_buf = torch.empty(U, R, P, dtype=dt, device=dev)
             lr_buf = torch.empty(U, R, P - 1, dtype=dt, device=dev)
             v_buf = torch.empty(U, R, P + 1, dtype=torch.long, device=dev)
-            ra_buf, so_buf = (torch.empty(U, R, P, dtype=torch.long, device=dev)
-                              for _ in range(2))
-            b_a, h_a, e_a, lr_a, v_a, ra_a, so_a = map(arr, (b_buf, h_buf, e_buf, lr_buf,
-                                                              v_buf, ra_buf, so_buf))
+            ra_buf = torch.empty(U, R, P, dtype=torch.long, device=dev)
+            so2_buf = torch.empty(U, 2, R, P, dtype=torch.long, device=dev)
+            bh_a, e_a, lr_a, v_a, ra_a, so2_a = map(arr, (bh_buf, e_buf, lr_buf, v_buf, ra_buf,
+                                                          so2_buf))
             v_a[...] = pads_a  # (a broadcast copy: torch's repeat costs ~20 small ops here)
-            b_t, h_t = b_buf.unbind(0), h_buf.unbind(0)
+            so_a = so2_a[:, 0]  # (the slots' own half)
             so_t = carry["slot_of"] + off
             so = arr(so_t)
+            so2 = so + half_a
             if want_tensors:  # (the flat maps as tensors: before each iteration, after it)
-                sos, ras = (so_t, *so_buf.unbind(0)), ra_buf.unbind(0)
+                sos, ras = (so_t, *so2_buf[:, 0].unbind(0)), ra_buf.unbind(0)
             take, put, mul, lt, source = xp.take, xp.put, xp.mul, xp.lt, xp.source
             rows = []
+            # (each iteration's views made by the iteration over the buffers, not by indexing)
+            its = zip(bh_a, bh_buf[:, 0].unbind(0), bh_buf[:, 1].unbind(0), e_a,
+                      e_a[:, :, 1:], e_a[:, :, :-1], lr_a, open_u, v_a, v_a[:, :, 1:P], so2_a,
+                      so_a, strict=True)
             with xp.quiet():  # (NumPy: inf - inf is NaN without a warning, as torch's)
-                for u in range(U):
-                    take(sched, so, None, b_a[u], "clip")
-                    take(steps, so, None, h_a[u], "clip")
-                    b, h = b_t[u], h_t[u]
+                for u, (bh_u, b, h, v_at, v_hi, v_lo, lr_u, open_row, verdict, verdicts,
+                        so2_u, so_u) in enumerate(its):
+                    take(tables, so2, None, bh_u, "clip")
                     m = None if metric is None else metric.flatten(0, 1)[sos[u]]
                     if n_explore == 1:  # (explore's, its count made long once per chunk)
                         state, info = explorer.step(state, b, h, density, noise, sub=0) \
@@ -576,13 +592,10 @@ class Fused:
                                                            noise, n_explore, m)
                     if has_ref:
                         state = refresh_top(state, sos[u], _fresh(inp["ref"], u), top)
-                    v_at = e_a[u]  # (each replica's energy put at its slot)
-                    put(v_at, so, arr(state.v), "clip")
-                    lr = mul(b_step, v_at[:, 1:] - v_at[:, :-1], lr_a[u])
-                    verdict = v_a[u]
-                    lt(open_u[u], lr, verdict[:, 1:P])
-                    src = source(verdict, matrix)
-                    so = take(src, so, None, so_a[u], "clip")
+                    put(v_at, so, arr(state.v), "clip")  # (each replica's energy at its slot)
+                    lt(open_row, mul(b_step, v_hi - v_lo, lr_u), verdicts)
+                    so2 = take(source(verdict, matrix), so2, None, so2_u, "clip")
+                    so = so_u
                     if ra_each:
                         put(ra_a[u], so, ids_a, "clip")
                     rows.append((state.v, state.base, accept, nonfinite, state.x if late_x else

@@ -311,7 +311,7 @@ CENTRAL: tuple[Option, ...] = (
                    "function, one torch.compile graph with --compile: fewer launches per "
                    "iteration; true = chunks of 8, or a chunk length (16: faster, twice the "
                    "compilation); one process, schemes deo/deo-w/seo; auto (default): eager "
-                   "chunks where they run (up to 64 iterations on small states, 8 on large), "
+                   "chunks where they run (up to 128 iterations on small states, 8 on large), "
                    "the same numbers as the plain loop (auto/true/false/N)"),
     _swap("scheme", choice(lambda: registry.names("scheme")), default="deo",
           choices=lambda: registry.names("scheme"), help="swap scheme"),

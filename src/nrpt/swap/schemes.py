@@ -19,6 +19,7 @@ none   no swaps: independent chains at their slots
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from nrpt import rng
@@ -150,10 +151,11 @@ predicted_round_trips_per_1000`)."""
             state["gate"] &= ~accepted
 
     def block_inputs(self, k0, U, R, seed, device):
-        W, ks = self.window, range(k0, k0 + U)
-        out = {"odd": torch.tensor([(k // W) % 2 == 1 for k in ks], device=device)}
+        # (integer arithmetic on one NumPy range: torch.tensor of U Python bools costs ~40 us)
+        W, ks = self.window, np.arange(k0, k0 + U, dtype=np.int64)
+        out = {"odd": torch.from_numpy(ks // W % 2 == 1).to(device)}
         if W > 1:
-            out["open"] = torch.tensor([k % W == 0 for k in ks], device=device)
+            out["open"] = torch.from_numpy(ks % W == 0).to(device)
         return out
 
     def block_phase(self, pairs, inputs, u, state):
