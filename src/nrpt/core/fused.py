@@ -156,6 +156,12 @@ class _HostSwaps:
                  active: torch.Tensor | None, off_a, pads_a, matrix, lo, hi):
         self.rule, self.n_explore, self.P, self.matrix, self.off_a = rule, n_explore, P, \
             matrix, off_a
+        #: the rule's decisions on NumPy arrays, where the class that defines its ``decide``
+        #: gives them (Deterministic.decide_host; a subclass's own decide is called as is)
+        owner = next((c for c in type(rule).__mro__ if "decide" in vars(c)), None)
+        self.decide_host = rule.decide_host if owner is not None and \
+            "decide_host" in vars(owner) else None
+        self.listed: torch.Tensor | None = None  # (every pair listed: one tensor a chunk)
         self.lo, self.hi = lo, hi
         f64, long = torch.float64, torch.long
         with torch.inference_mode(False):  # (the loop's tensors are made outside it too)
@@ -179,6 +185,15 @@ class _HostSwaps:
         self.raf = np.add(carry["replica_at"].numpy(), off_a)
         self.sof = np.add(carry["slot_of"].numpy(), off_a)
         self._tables: tuple = (None, None, None, None)
+
+    def indicators(self, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last swap phase's :attr:`nrpt.roles.Iteration.pair_indicators` (a sweep: the
+        verdicts as 0/1 doubles, every pair listed), from its verdicts' array (a cast, as
+        ``decision.to(float64)``); the all-true ``listed`` is one tensor a chunk (read-only,
+        as every table an Iteration hands out)."""
+        if self.listed is None:
+            self.listed = torch.ones_like(active)
+        return torch.from_numpy(self.d.astype(np.float64)), self.listed
 
     def tables(self, schedule: torch.Tensor, step_size: torch.Tensor):
         """The tables' NumPy views (made again only when an adaptor gave a new table)."""
@@ -204,14 +219,20 @@ class _HostSwaps:
                 a = a / self.n_explore
             accept = torch.from_numpy(a)
             nonfinite = torch.from_numpy(take(nonfinite.numpy(), raf, None, None, "clip"))
-        e = self.e_t[u]
-        b_lo, b_hi = (schedule[:, :-1], schedule[:, 1:]) if b_pairs is None else b_pairs
-        decision, prob = self.rule.decide(SwapContext(
-            b_lo=b_lo, b_hi=b_hi, v_lo=e[:, :-1], v_hi=e[:, 1:], uniform_or_draw=uniforms,
-            iteration=0, lo=self.lo, hi=self.hi, params=params))
+        got = None if self.decide_host is None else self.decide_host(v_at[:, :-1],
+                                                                     v_at[:, 1:], params)
+        if got is not None:  # (the rule on the arrays: no context, no tensor slices)
+            d = got[0]
+            decision, prob = torch.from_numpy(d), torch.from_numpy(got[1])
+        else:
+            e = self.e_t[u]
+            b_lo, b_hi = (schedule[:, :-1], schedule[:, 1:]) if b_pairs is None else b_pairs
+            decision, prob = self.rule.decide(SwapContext(
+                b_lo=b_lo, b_hi=b_hi, v_lo=e[:, :-1], v_hi=e[:, 1:], uniform_or_draw=uniforms,
+                iteration=0, lo=self.lo, hi=self.hi, params=params))
+            d = decision.numpy()
         acc = self.acc_a[u]  # (decision & active: both boolean)
-        np.logical_and(decision.numpy(), active.numpy() if self.act_a is None
-                       else self.act_a[u], out=acc)
+        np.logical_and(d, active.numpy() if self.act_a is None else self.act_a[u], out=acc)
         verdict = self.v_a[u]
         verdict[:, 1:self.P] = acc
         src = _NUMPY.source(verdict, self.matrix)  # (the flat permutation, _source_matrix)
@@ -219,6 +240,7 @@ class _HostSwaps:
         self.sof = sof = take(src, self.sof, None, self.sof_a[u], "clip")
         np.subtract(raf, self.off_a, out=self.ra_a[u])
         np.subtract(sof, self.off_a, out=self.so_a[u])
+        self.d = d
         return (self.ra_t[u], self.so_t[u], decision, self.acc_t[u], prob, accept,
                 nonfinite)
 
@@ -530,6 +552,8 @@ class Fused:
                                decisions=[PhaseDecision(lo, hi, active, decision, accepted,
                                                         prob)],
                                has_reference=has_ref)
+                if sw is not None and c["schedule"].dtype is torch.float64:
+                    it._cache["pair_indicators"] = sw.indicators(active)
                 for j, a in enumerate(online):  # (k is not read: the gain comes in)
                     upd = a.observe_block(it, gains[j][u])
                     schedule = upd.schedule if upd.schedule is not None else schedule
