@@ -61,13 +61,14 @@ def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple
     f = run.fused
     assert f is not None
     f._lean_body = lambda U, plain: plain  # (the lean form is tests/test_lean_chunk.py's)
-    made = {"host": 0}
+    made = {"host": 0, "gate": 0}
     real = fused_mod._HostSwaps
 
     class Counting(real):
         def __init__(self, *a, **kw):
             made["host"] += 1
             super().__init__(*a, **kw)
+            made["gate"] += self.gate is not None
 
     fused_mod._HostSwaps = Counting
     seen = {"chunks": 0, "differ": []}
@@ -97,6 +98,7 @@ def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple
     finally:
         fused_mod._HostSwaps = real
     assert made["host"] > 0, "the host bookkeeping was not used"
+    assert made["gate"] > 0 or cfg.get("scheme") != "deo-w", "DEO_W's gate was not on arrays"
     return seen["chunks"], seen["differ"]
 
 

@@ -54,7 +54,7 @@ from nrpt.explorers.compiled import (
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from nrpt.swap.rules import Metropolis, SwapContext
-from nrpt.swap.schemes import Scheme, adjacent_pairs
+from nrpt.swap.schemes import DEOW, Scheme, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "auto", "auto_unroll", "UNROLL", "RULES"]
 
@@ -153,7 +153,8 @@ class _HostSwaps:
     the chunk's output (fresh each chunk: no step keeps a buffer that is written again)."""
 
     def __init__(self, rule, n_explore: int, U: int, R: int, P: int, carry: dict,
-                 active: torch.Tensor | None, off_a, pads_a, matrix, lo, hi):
+                 active: torch.Tensor | None, off_a, pads_a, matrix, lo, hi, scheme=None,
+                 inputs: dict | None = None, pairs: tuple = ()):
         self.rule, self.n_explore, self.P, self.matrix, self.off_a = rule, n_explore, P, \
             matrix, off_a
         #: the rule's decisions on NumPy arrays, where the class that defines its ``decide``
@@ -181,10 +182,46 @@ class _HostSwaps:
         self.active_all = active
         self.active = None if active is None else active.unbind(0)
         self.act_a = None if active is None else active.numpy()
+        # DEO_W's gate (window > 1: the masks read the swaps made) on arrays, where the scheme
+        # is DEO_W's own (block_phase and block_after not overridden): per iteration the gate
+        # opened at a window's start (|), the masks (parity & gate), the gate closed on the
+        # pairs that swapped (& ~accepted), each into a [U, R, P-1] buffer
+        cls = type(scheme)
+        self.gate = None
+        if active is None and cls.block_phase is DEOW.block_phase and \
+                cls.block_after is DEOW.block_after and scheme.window > 1:
+            gate = carry["scheme"]["gate"]
+            if gate.dtype is torch.bool and tuple(gate.shape) == (R, P - 1):
+                with torch.inference_mode(False):
+                    g_buf, a_buf, n_buf = (torch.empty(U, R, P - 1, dtype=torch.bool)
+                                           for _ in range(3))
+                self.gate, self.scheme_state = gate.numpy(), carry["scheme"]
+                self.g_a, self.a_a, self.n_a = g_buf.numpy(), a_buf.numpy(), n_buf.numpy()
+                self.n_buf, self.active_all = n_buf, a_buf
+                self.odd_u, self.open_u = inputs["odd"].tolist(), inputs["open"].numpy()
+                self.even_a, self.odd_a = pairs[2].numpy(), pairs[3].numpy()
         # (the flat maps before the chunk's first iteration)
         self.raf = np.add(carry["replica_at"].numpy(), off_a)
         self.sof = np.add(carry["slot_of"].numpy(), off_a)
         self._tables: tuple = (None, None, None, None)
+
+    def gate_phase(self, u: int) -> torch.Tensor:
+        """DEOW.block_phase's mask of iteration ``u`` (window > 1), on arrays."""
+        g = self.g_a[u]
+        np.logical_or(self.gate, self.open_u[u], out=g)
+        return torch.from_numpy(np.logical_and(self.odd_a if self.odd_u[u] else self.even_a,
+                                               g, out=self.a_a[u]))
+
+    def gate_after(self, u: int, state: dict) -> dict:
+        """DEOW.block_after after iteration ``u``'s swaps, on arrays (``state``: the carried
+        scheme state, made once a chunk in :meth:`scheme_after`)."""
+        self.gate = np.logical_and(self.g_a[u], np.logical_not(self.acc_a[u]),
+                                   out=self.n_a[u])
+        return state
+
+    def scheme_after(self) -> dict:
+        """The scheme's state after the chunk (DEO_W's gate after its last iteration)."""
+        return {**self.scheme_state, "gate": self.n_buf[-1]}
 
     def indicators(self, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The last swap phase's :attr:`nrpt.roles.Iteration.pair_indicators` (a sweep: the
@@ -522,8 +559,12 @@ class Fused:
                 state = refresh_top(state, c["slot_of"], _fresh(inp["ref"], u), P - 1)
             params = dict(c["params"])
             if sw is not None:
-                active, sch = (sw.active[u], c["scheme"]) if sw.active is not None else \
-                    scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
+                if sw.active is not None:
+                    active, sch = sw.active[u], c["scheme"]
+                elif sw.gate is not None:
+                    active, sch = sw.gate_phase(u), None
+                else:
+                    active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
                 replica_at, slot_of, decision, accepted, prob, by_slot, nonfinite = sw.swaps(
                     u, state, accept, nonfinite, c["schedule"], c.get("b_pairs"), params,
                     _no_uniforms if uniforms is None else uniforms[u], not late_stats, active)
@@ -569,7 +610,8 @@ class Fused:
                    **({"host": sw} if sw is not None else {}),
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
                    "step_size": step_size, "params": params,
-                   "scheme": scheme.block_after(sch, accepted),
+                   "scheme": sw.gate_after(u, c["scheme"]) if sch is None else
+                   scheme.block_after(sch, accepted),
                    **({"metric": c["metric"]} if "metric" in c else {})}
             return new, out
 
@@ -580,7 +622,7 @@ class Fused:
             if host:
                 sw = _HostSwaps(rule, n_explore, U, R, P, carry,
                                 block_active(scheme, pairs, inp["scheme"], U), off_a, pads_a,
-                                matrix, lo, hi)
+                                matrix, lo, hi, scheme, inp["scheme"], pairs)
                 carry = {**carry, "host": sw}
             if late_stats:  # (no adaptor: the schedule is the chunk's own; its pairs' sides)
                 sch = carry["schedule"]
@@ -598,7 +640,8 @@ class Fused:
                 stacked.update(slot_of=sw.so_buf, replica_at=sw.ra_buf, accepted=sw.acc_buf,
                                **({} if sw.active_all is None else {"active": sw.active_all}))
                 carry = {**carry, "slot_of": carry["slot_of"].clone(),
-                         "replica_at": carry["replica_at"].clone()}
+                         "replica_at": carry["replica_at"].clone(),
+                         **({"scheme": sw.scheme_after()} if sw.gate is not None else {})}
             for n in outs[0]:
                 if n == "params" or n in stacked:
                     continue
