@@ -230,7 +230,9 @@ class _HostSwaps:
         as every table an Iteration hands out)."""
         if self.listed is None:
             self.listed = torch.ones_like(active)
-        return torch.from_numpy(self.d.astype(np.float64)), self.listed
+            self.listed_a = self.listed.numpy()
+        self.A_a = self.d.astype(np.float64)
+        return torch.from_numpy(self.A_a), self.listed
 
     def tables(self, schedule: torch.Tensor, step_size: torch.Tensor):
         """The tables' NumPy views (made again only when an adaptor gave a new table)."""
@@ -595,6 +597,8 @@ class Fused:
                                has_reference=has_ref)
                 if sw is not None and c["schedule"].dtype is torch.float64:
                     it._cache["pair_indicators"] = sw.indicators(active)
+                    # (their views, as nrpt.adapt.sa shares them: every pair listed)
+                    it._cache["pair_indicators_np"] = (sw.A_a, sw.listed_a, P > 1)
                 for j, a in enumerate(online):  # (k is not read: the gain comes in)
                     upd = a.observe_block(it, gains[j][u])
                     schedule = upd.schedule if upd.schedule is not None else schedule
