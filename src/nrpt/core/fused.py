@@ -175,7 +175,7 @@ class _HostSwaps:
             self.acc_a = (t.numpy() for t in (b_buf, h_buf, e_buf, v_buf, raf_buf, sof_buf,
                                               ra_buf, so_buf, acc_buf))
         self.v_a[...] = pads_a  # (a broadcast copy: the verdicts' row constants)
-        self.b_t, self.h_t, self.e_t = b_buf.unbind(0), h_buf.unbind(0), e_buf.unbind(0)
+        self.b_t, self.h_t, self.e_buf = b_buf.unbind(0), h_buf.unbind(0), e_buf
         self.ra_t, self.so_t, self.acc_t = ra_buf.unbind(0), so_buf.unbind(0), acc_buf.unbind(0)
         self.ra_buf, self.so_buf, self.acc_buf = ra_buf, so_buf, acc_buf
         # (every iteration's mask where it depends on no state, block_active; else per step)
@@ -264,7 +264,7 @@ class _HostSwaps:
             d = got[0]
             decision, prob = torch.from_numpy(d), torch.from_numpy(got[1])
         else:
-            e = self.e_t[u]
+            e = self.e_buf[u]  # (a rule without decide_host)
             b_lo, b_hi = (schedule[:, :-1], schedule[:, 1:]) if b_pairs is None else b_pairs
             decision, prob = self.rule.decide(SwapContext(
                 b_lo=b_lo, b_hi=b_hi, v_lo=e[:, :-1], v_hi=e[:, 1:], uniform_or_draw=uniforms,
@@ -510,9 +510,15 @@ class Fused:
         the energies at the slots and the explorer's statistics by slot by one ``take`` each,
         the executed swaps as the padded verdicts' integer product with
         :func:`_source_matrix`'s matrix, the new maps by a ``take`` each; the verdicts, masks
-        and maps of the chunk are its output buffers (no stacks).  Integer indexing and
-        logical ands: the same numbers as the tensors' gathers (``tests/test_fused.py`` and
-        ``tests/test_lean_chunk.py`` check chunks against the plain loop bit for bit)."""
+        and maps of the chunk are its output buffers (no stacks).  A rule with
+        ``decide_host`` (the deterministic rule's, where its class defines ``decide``) decides
+        on the arrays (no context, no tensor slices), DEO_W's gate (window > 1, the scheme's
+        own forms) opens and closes on arrays, the iteration's pair indicators and their views
+        come from the verdicts' array (:mod:`nrpt.adapt.sa` shares the views), and the
+        adaptors of :mod:`nrpt.adapt.sa` get their gains as floats (the same doubles).
+        Integer indexing, logical ops and a cast: the same numbers as the tensors' ops
+        (``tests/test_host_swaps.py`` checks each chunk against the traced form's bit for
+        bit; ``tests/test_fused.py`` the chunks against the plain loop)."""
         eng, explorer, online = self.engine, self.explorer, list(self.online)
         density, rule, scheme, P = eng.density, eng.rule, eng.scheme, eng.P
         n_explore, R, dev = eng.n_explore, eng.R, eng.device
@@ -636,6 +642,10 @@ class Fused:
             uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
             # (each adaptor's gains split once: a tuple index a step, not a tensor index)
             gains = [g.unbind(0) for g in inp["gains"].unbind(0)] if "gains" in inp else None
+            if sw is not None and gains is not None:  # (float64: the same doubles as floats,
+                # for the adaptors whose observe_block takes a float: no .item() a step)
+                gains = [inp["gains"][j].tolist() if _takes_floats(a) else g
+                         for j, (a, g) in enumerate(zip(online, gains, strict=True))]
             for u in range(U):
                 carry, out = iteration(carry, inp, u, draws, uniforms, gains)
                 outs.append(out)
@@ -975,6 +985,15 @@ def _per_slot(stacked: dict, first_at: torch.Tensor, n_explore: int) -> None:
     at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
     stacked["accept"], stacked["nonfinite"] = slot_stats(
         stacked["accept"], stacked["nonfinite"].long(), at, n_explore)
+
+
+def _takes_floats(adaptor) -> bool:
+    """Whether the adaptor's ``observe_block`` is one documented to take its number as a
+    float as well as a 0-d tensor (the protocol's; :mod:`nrpt.adapt.sa`'s)."""
+    from nrpt.adapt.sa import CorrectionAdaptor, LearningRateAdaptor
+
+    return type(adaptor).observe_block in (CorrectionAdaptor.observe_block,
+                                           LearningRateAdaptor.observe_block)
 
 
 def _no_uniforms():
