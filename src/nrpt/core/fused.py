@@ -501,7 +501,8 @@ class Fused:
         outputs)`` of tensors only (what ``torch.compile`` traces): ``U`` times the engine's
         iteration, composed from the roles' block forms.
 
-        ``eager`` (a chunk that is not traced), float64 on the CPU, up to
+        ``eager`` (a chunk that is not traced, run in inference mode as the loop runs it:
+        every tensor has a NumPy view), float64 on the CPU, up to
         :data:`NUMPY_SWAPS_MAX` replicas, a scheme whose masks depend on no state
         (:func:`block_active`): the swap phase's bookkeeping runs on NumPy views of per-chunk
         buffers, as in :meth:`_lean_body` (its :data:`_NUMPY` ops; the rule and the adaptors
@@ -629,7 +630,8 @@ class Fused:
             outs = []
             first_at = carry["replica_at"]
             sw = None
-            if host:
+            if host and torch.is_inference_mode_enabled():  # (the loop's: no tensor of the
+                # chunk is in autograd, so every one has a NumPy view)
                 sw = _HostSwaps(rule, n_explore, U, R, P, carry,
                                 block_active(scheme, pairs, inp["scheme"], U), off_a, pads_a,
                                 matrix, lo, hi, scheme, inp["scheme"], pairs)
