@@ -290,8 +290,8 @@ def test_a_failing_chunk_names_its_iterations_and_keeps_the_state():
     f = run.fused
     body = f._body
 
-    def failing(U):
-        inner = body(U)
+    def failing(U, **kw):
+        inner = body(U, **kw)
 
         def fn(carry, inp):
             if run.engine.k == 8:

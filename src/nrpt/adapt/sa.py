@@ -90,6 +90,21 @@ def _indicators(it: Iteration, pairs: str):
     return it.pair_indicators if pairs == "all" else it.attempted_indicators
 
 
+def _indicators_host(it: Iteration, pairs: str):
+    """The indicators ``(A, listed)`` as NumPy views with whether every pair is listed, made
+    once an iteration and shared by the adaptors that read them (one crossing each, not one an
+    adaptor); ``None`` where they are not float64 CPU tensors (then the torch ops)."""
+    def make():
+        A, listed = _indicators(it, pairs)
+        if not _host(A) or listed.device.type != "cpu":
+            return None
+        listed = listed.numpy()
+        return A.numpy(), listed, bool(listed.shape[1]) and bool(listed.all())
+
+    key = "pair_indicators_np" if pairs == "all" else "attempted_indicators_np"
+    return it._once(key, make) if hasattr(it, "_once") else make()
+
+
 def _host(*ts) -> bool:
     """Whether the adaptors' small ``[R, P]`` arithmetic runs on NumPy views of these tensors
     (the same memory, no copy): float64 CPU tensors outside a compiled graph and out of
@@ -135,18 +150,21 @@ class CorrectionAdaptor(AdaptorBase):
 
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
-        A, listed = _indicators(it, self.pairs)
         C = it.params["C"]
-        if _host(A, C):  # (NumPy on the same memory: _host says why the numbers are the same)
+        host = _indicators_host(it, self.pairs) if _host(C) else None
+        if host is not None:  # (NumPy on the same memory: _host says why the numbers are the
+            # same)
+            A, listed, every = host
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-                listed, total = listed.numpy(), A.numpy().sum(1, keepdims=True)
-                if listed.shape[1] and listed.all():  # (every pair listed: n = P - 1)
+                total = A.sum(1, keepdims=True)
+                if every:  # (every pair listed: n = P - 1)
                     step = total / listed.shape[1] - self.S
                 else:
                     n = listed.sum(1, keepdims=True)
                     step = total / np.maximum(n, 1) - self.S
                     step[n == 0] = 0.0  # (torch.where's zeros)
                 return Update(params={"C": torch.from_numpy(C.numpy() + _gain(gain) * step)})
+        A, listed = _indicators(it, self.pairs)
         n = listed.sum(1, keepdim=True)
         mean = A.sum(1, keepdim=True) / n.clamp_min(1)
         step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
@@ -219,9 +237,15 @@ class LearningRateAdaptor(AdaptorBase):
 
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
+        eta = it.step_size
+        if self.ladder == "paper" and eta.shape[1] >= 3 and _host(eta):
+            host = _indicators_host(it, self.pairs)
+            if host is not None:  # (update's NumPy path on the shared views)
+                return Update(step_size=torch.from_numpy(_update_np(
+                    eta.numpy(), host[0], host[1], self.S, _gain(gain))))
         A, listed = _indicators(it, self.pairs)
         step = self.update if self.ladder == "paper" else self.update_log_gaps
-        return Update(step_size=step(it.step_size, A, listed, self.S, gain))
+        return Update(step_size=step(eta, A, listed, self.S, gain))
 
 
 def _gain(gain) -> float:

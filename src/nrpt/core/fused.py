@@ -53,8 +53,8 @@ from nrpt.explorers.compiled import (
 )
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
-from nrpt.swap.rules import Metropolis
-from nrpt.swap.schemes import Scheme, adjacent_pairs
+from nrpt.swap.rules import Metropolis, SwapContext
+from nrpt.swap.schemes import DEOW, Scheme, adjacent_pairs
 
 __all__ = ["Fused", "why_not", "auto", "auto_unroll", "UNROLL", "RULES"]
 
@@ -147,6 +147,144 @@ def _source_matrix(R: int, P: int) -> tuple[np.ndarray, torch.Tensor]:
     pads = torch.zeros(R, P + 1, dtype=torch.long)
     pads[:, 0], pads[:, P] = torch.arange(R), 1
     return m, pads
+
+
+class _HostSwaps:
+    """One eager chunk's swap bookkeeping on NumPy views of its buffers (:meth:`Fused._body`
+    with ``eager``): the slot maps kept flat as well, one ``take`` a gather, the permutation as
+    one integer product, every per-iteration table written into a ``[U, ...]`` buffer that is
+    the chunk's output (fresh each chunk: no step keeps a buffer that is written again)."""
+
+    def __init__(self, rule, n_explore: int, U: int, R: int, P: int, carry: dict,
+                 active: torch.Tensor | None, off_a, pads_a, matrix, lo, hi, scheme=None,
+                 inputs: dict | None = None, pairs: tuple = ()):
+        self.rule, self.n_explore, self.P, self.matrix, self.off_a = rule, n_explore, P, \
+            matrix, off_a
+        #: the rule's decisions on NumPy arrays, where the class that defines its ``decide``
+        #: gives them (Deterministic.decide_host; a subclass's own decide is called as is)
+        owner = next((c for c in type(rule).__mro__ if "decide" in vars(c)), None)
+        self.decide_host = rule.decide_host if owner is not None and \
+            "decide_host" in vars(owner) else None
+        self.listed: torch.Tensor | None = None  # (every pair listed: one tensor a chunk)
+        self.lo, self.hi = lo, hi
+        f64, long = torch.float64, torch.long
+        with torch.inference_mode(False):  # (the loop's tensors are made outside it too)
+            b_buf, h_buf, e_buf = (torch.empty(U, R, P, dtype=f64) for _ in range(3))
+            v_buf = torch.empty(U, R, P + 1, dtype=long)
+            raf_buf, sof_buf, ra_buf, so_buf = (torch.empty(U, R, P, dtype=long)
+                                                for _ in range(4))
+            acc_buf = torch.empty(U, R, P - 1, dtype=torch.bool)
+        self.b_a, self.h_a, self.e_a, self.v_a, self.raf_a, self.sof_a, self.ra_a, self.so_a, \
+            self.acc_a = (t.numpy() for t in (b_buf, h_buf, e_buf, v_buf, raf_buf, sof_buf,
+                                              ra_buf, so_buf, acc_buf))
+        self.v_a[...] = pads_a  # (a broadcast copy: the verdicts' row constants)
+        self.b_t, self.h_t, self.e_buf = b_buf.unbind(0), h_buf.unbind(0), e_buf
+        self.ra_t, self.so_t, self.acc_t = ra_buf.unbind(0), so_buf.unbind(0), acc_buf.unbind(0)
+        self.ra_buf, self.so_buf, self.acc_buf = ra_buf, so_buf, acc_buf
+        # (every iteration's mask where it depends on no state, block_active; else per step)
+        self.active_all = active
+        self.active = None if active is None else active.unbind(0)
+        self.act_a = None if active is None else active.numpy()
+        # DEO_W's gate (window > 1: the masks read the swaps made) on arrays, where the scheme
+        # is DEO_W's own (block_phase and block_after not overridden): per iteration the gate
+        # opened at a window's start (|), the masks (parity & gate), the gate closed on the
+        # pairs that swapped (& ~accepted), each into a [U, R, P-1] buffer
+        cls = type(scheme)
+        self.gate = None
+        if active is None and cls.block_phase is DEOW.block_phase and \
+                cls.block_after is DEOW.block_after and scheme.window > 1:
+            gate = carry["scheme"]["gate"]
+            if gate.dtype is torch.bool and tuple(gate.shape) == (R, P - 1):
+                with torch.inference_mode(False):
+                    g_buf, a_buf, n_buf = (torch.empty(U, R, P - 1, dtype=torch.bool)
+                                           for _ in range(3))
+                self.gate, self.scheme_state = gate.numpy(), carry["scheme"]
+                self.g_a, self.a_a, self.n_a = g_buf.numpy(), a_buf.numpy(), n_buf.numpy()
+                self.n_buf, self.active_all = n_buf, a_buf
+                self.odd_u, self.open_u = inputs["odd"].tolist(), inputs["open"].numpy()
+                self.even_a, self.odd_a = pairs[2].numpy(), pairs[3].numpy()
+        # (the flat maps before the chunk's first iteration)
+        self.raf = np.add(carry["replica_at"].numpy(), off_a)
+        self.sof = np.add(carry["slot_of"].numpy(), off_a)
+        self._tables: tuple = (None, None, None, None)
+
+    def gate_phase(self, u: int) -> torch.Tensor:
+        """DEOW.block_phase's mask of iteration ``u`` (window > 1), on arrays."""
+        g = self.g_a[u]
+        np.logical_or(self.gate, self.open_u[u], out=g)
+        return torch.from_numpy(np.logical_and(self.odd_a if self.odd_u[u] else self.even_a,
+                                               g, out=self.a_a[u]))
+
+    def gate_after(self, u: int, state: dict) -> dict:
+        """DEOW.block_after after iteration ``u``'s swaps, on arrays (``state``: the carried
+        scheme state, made once a chunk in :meth:`scheme_after`)."""
+        self.gate = np.logical_and(self.g_a[u], np.logical_not(self.acc_a[u]),
+                                   out=self.n_a[u])
+        return state
+
+    def scheme_after(self) -> dict:
+        """The scheme's state after the chunk (DEO_W's gate after its last iteration)."""
+        return {**self.scheme_state, "gate": self.n_buf[-1]}
+
+    def indicators(self, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last swap phase's :attr:`nrpt.roles.Iteration.pair_indicators` (a sweep: the
+        verdicts as 0/1 doubles, every pair listed), from its verdicts' array (a cast, as
+        ``decision.to(float64)``); the all-true ``listed`` is one tensor a chunk (read-only,
+        as every table an Iteration hands out)."""
+        if self.listed is None:
+            self.listed = torch.ones_like(active)
+            self.listed_a = self.listed.numpy()
+        self.A_a = self.d.astype(np.float64)
+        return torch.from_numpy(self.A_a), self.listed
+
+    def tables(self, schedule: torch.Tensor, step_size: torch.Tensor):
+        """The tables' NumPy views (made again only when an adaptor gave a new table)."""
+        st, sa, ht, ha = self._tables
+        if schedule is not st:
+            st, sa = schedule, schedule.numpy()
+        if step_size is not ht:
+            ht, ha = step_size, step_size.numpy()
+        self._tables = (st, sa, ht, ha)
+        return sa, ha
+
+    def swaps(self, u: int, state: ReplicaState, accept, nonfinite, schedule, b_pairs,
+              params: dict, uniforms, by_slot: bool, active: torch.Tensor):
+        """Iteration ``u``'s swap phase, as :func:`~nrpt.core.engine.sweep_exchange`'s (and
+        :func:`~nrpt.core.engine.slot_stats`'s where ``by_slot``): ``(replica_at, slot_of,
+        decision, accepted, prob, accept by slot, nonfinite by slot)``."""
+        take, raf = _NUMPY.take, self.raf  # (the replicas at the slots during the moves)
+        v_at = self.e_a[u]  # (the energies at the slots)
+        take(state.v.numpy(), raf, None, v_at, "clip")
+        if by_slot:
+            a = take(accept.numpy(), raf, None, None, "clip")
+            if self.n_explore > 1:
+                a = a / self.n_explore
+            accept = torch.from_numpy(a)
+            nonfinite = torch.from_numpy(take(nonfinite.numpy(), raf, None, None, "clip"))
+        got = None if self.decide_host is None else self.decide_host(v_at[:, :-1],
+                                                                     v_at[:, 1:], params)
+        if got is not None:  # (the rule on the arrays: no context, no tensor slices)
+            d = got[0]
+            decision, prob = torch.from_numpy(d), torch.from_numpy(got[1])
+        else:
+            e = self.e_buf[u]  # (a rule without decide_host)
+            b_lo, b_hi = (schedule[:, :-1], schedule[:, 1:]) if b_pairs is None else b_pairs
+            decision, prob = self.rule.decide(SwapContext(
+                b_lo=b_lo, b_hi=b_hi, v_lo=e[:, :-1], v_hi=e[:, 1:], uniform_or_draw=uniforms,
+                iteration=0, lo=self.lo, hi=self.hi, params=params))
+            d = decision.numpy()
+        acc = self.acc_a[u]  # (decision & active: both boolean)
+        np.logical_and(d, active.numpy() if self.act_a is None else self.act_a[u], out=acc)
+        verdict = self.v_a[u]
+        verdict[:, 1:self.P] = acc
+        src = _NUMPY.source(verdict, self.matrix)  # (the flat permutation, _source_matrix)
+        self.raf = raf = take(raf, src, None, self.raf_a[u], "clip")
+        self.sof = sof = take(src, self.sof, None, self.sof_a[u], "clip")
+        np.subtract(raf, self.off_a, out=self.ra_a[u])
+        np.subtract(sof, self.off_a, out=self.so_a[u])
+        self.d = d
+        return (self.ra_t[u], self.so_t[u], decision, self.acc_t[u], prob, accept,
+                nonfinite)
 
 
 def _explorer(engine: PTEngine):
@@ -362,17 +500,44 @@ class Fused:
         eng.scheme_state.update(carry["scheme"])
         eng.k += int(iterations)
 
-    def _body(self, U: int):
+    def _body(self, U: int, eager: bool = False):
         """The chunk as a function ``(carry, inputs) -> (carry, stacked per-iteration
         outputs)`` of tensors only (what ``torch.compile`` traces): ``U`` times the engine's
-        iteration, composed from the roles' block forms."""
+        iteration, composed from the roles' block forms.
+
+        ``eager`` (a chunk that is not traced, run in inference mode as the loop runs it:
+        every tensor has a NumPy view), float64 on the CPU, up to
+        :data:`NUMPY_SWAPS_MAX` replicas, a scheme whose masks depend on no state
+        (:func:`block_active`): the swap phase's bookkeeping runs on NumPy views of per-chunk
+        buffers, as in :meth:`_lean_body` (its :data:`_NUMPY` ops; the rule and the adaptors
+        are called as in :func:`~nrpt.core.engine.sweep_exchange`): the slot maps also kept
+        flat (row ``r``'s entries offset by ``r P``), the schedule and step sizes at the slots,
+        the energies at the slots and the explorer's statistics by slot by one ``take`` each,
+        the executed swaps as the padded verdicts' integer product with
+        :func:`_source_matrix`'s matrix, the new maps by a ``take`` each; the verdicts, masks
+        and maps of the chunk are its output buffers (no stacks).  A rule with
+        ``decide_host`` (the deterministic rule's, where its class defines ``decide``) decides
+        on the arrays (no context, no tensor slices), DEO_W's gate (window > 1, the scheme's
+        own forms) opens and closes on arrays, the iteration's pair indicators and their views
+        come from the verdicts' array (:mod:`nrpt.adapt.sa` shares the views), and the
+        adaptors of :mod:`nrpt.adapt.sa` get their gains as floats (the same doubles).
+        Integer indexing, logical ops and a cast: the same numbers as the tensors' ops
+        (``tests/test_host_swaps.py`` checks each chunk against the traced form's bit for
+        bit; ``tests/test_fused.py`` the chunks against the plain loop)."""
         eng, explorer, online = self.engine, self.explorer, list(self.online)
         density, rule, scheme, P = eng.density, eng.rule, eng.scheme, eng.P
-        n_explore = eng.n_explore
+        n_explore, R, dev = eng.n_explore, eng.R, eng.device
         pairs = adjacent_pairs(eng.R, P, eng.device)
         lo, hi = pairs[0], pairs[1]
         with torch.inference_mode(False):  # (a constant of the chunk: an ordinary tensor)
             ids = torch.arange(P, device=eng.device).expand(eng.R, P)
+        host = eager and dev.type == "cpu" and eng.dtype is torch.float64 \
+            and R * P <= NUMPY_SWAPS_MAX
+        if host:
+            with torch.inference_mode(False):  # (constants of the chunk: ordinary tensors)
+                off = torch.arange(0, R * P, P, device=dev).view(R, 1)  # (row r from r P)
+                matrix, pads = _source_matrix(R, P)
+            off_a, pads_a = off.numpy(), pads.numpy()
         has_ref, watched = eng.path.has_reference, list(eng.watched)
         # Per-block work where no adaptor reads the iteration: the per-slot explorer
         # statistics gathered once per chunk, and on small states the watched positions too
@@ -388,7 +553,16 @@ class Fused:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
             (``draws``, ``uniforms``, ``gains``: the chunk's inputs split by iteration)."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
-            b, h = c["schedule"].gather(1, c["slot_of"]), c["step_size"].gather(1, c["slot_of"])
+            sw = c.get("host")
+            take = _NUMPY.take
+            if sw is not None:  # (the slots' tables by a take each, into the chunk's buffers)
+                sched_a, steps_a = sw.tables(c["schedule"], c["step_size"])
+                take(sched_a, sw.sof, None, sw.b_a[u], "clip")
+                take(steps_a, sw.sof, None, sw.h_a[u], "clip")
+                b, h = sw.b_t[u], sw.h_t[u]
+            else:
+                sched_g, steps_g = c["schedule"], c["step_size"]
+                b, h = sched_g.gather(1, c["slot_of"]), steps_g.gather(1, c["slot_of"])
             m = slot_metric(c["metric"], c["slot_of"]) if "metric" in c else None
             noise = ReplayNoise([d[u] for d in draws])
             state, accept, nonfinite = explore(explorer, state, b, h, density, noise, n_explore,
@@ -396,14 +570,25 @@ class Fused:
             explored_at = c["replica_at"]
             if has_ref:
                 state = refresh_top(state, c["slot_of"], _fresh(inp["ref"], u), P - 1)
-            active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
-            # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
-            # iteration number would make every chunk a graph of its own)
             params = dict(c["params"])
-            replica_at, slot_of, decision, accepted, prob = sweep_exchange(
-                rule, state.v, c["replica_at"], c["schedule"], params, active,
-                _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids,
-                c.get("b_pairs"), c["slot_of"])
+            if sw is not None:
+                if sw.active is not None:
+                    active, sch = sw.active[u], c["scheme"]
+                elif sw.gate is not None:
+                    active, sch = sw.gate_phase(u), None
+                else:
+                    active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
+                replica_at, slot_of, decision, accepted, prob, by_slot, nonfinite = sw.swaps(
+                    u, state, accept, nonfinite, c["schedule"], c.get("b_pairs"), params,
+                    _no_uniforms if uniforms is None else uniforms[u], not late_stats, active)
+            else:
+                active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
+                # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
+                # iteration number would make every chunk a graph of its own)
+                replica_at, slot_of, decision, accepted, prob = sweep_exchange(
+                    rule, state.v, c["replica_at"], c["schedule"], params, active,
+                    _no_uniforms if uniforms is None else uniforms[u], 0, lo, hi, ids,
+                    c.get("b_pairs"), c["slot_of"])
             schedule, step_size = c["schedule"], c["step_size"]
             out = {"v": state.v, "base": state.base, "slot_of": slot_of,
                    "replica_at": replica_at, "schedule": c["schedule"],
@@ -412,7 +597,8 @@ class Fused:
             if late_stats:  # (gathered per chunk, in body)
                 out["accept"], out["nonfinite"] = accept, nonfinite
             else:
-                by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
+                if sw is None:
+                    by_slot, nonfinite = slot_stats(accept, nonfinite, explored_at, n_explore)
                 out["accept"], out["nonfinite"] = by_slot, nonfinite
                 it = Iteration(k=0, state=state, slot_of=slot_of, replica_at=replica_at,
                                schedule=c["schedule"], step_size=c["step_size"], params=params,
@@ -420,6 +606,10 @@ class Fused:
                                decisions=[PhaseDecision(lo, hi, active, decision, accepted,
                                                         prob)],
                                has_reference=has_ref)
+                if sw is not None and c["schedule"].dtype is torch.float64:
+                    it._cache["pair_indicators"] = sw.indicators(active)
+                    # (their views, as nrpt.adapt.sa shares them: every pair listed)
+                    it._cache["pair_indicators_np"] = (sw.A_a, sw.listed_a, P > 1)
                 for j, a in enumerate(online):  # (k is not read: the gain comes in)
                     upd = a.observe_block(it, gains[j][u])
                     schedule = upd.schedule if upd.schedule is not None else schedule
@@ -432,15 +622,24 @@ class Fused:
                 out["slot_x"] = _at_slots(state.x, replica_at.index_select(1, watched_t))
             new = {"x": state.x, "v": state.v, "base": state.base, "extras": state.extras,
                    **({"b_pairs": c["b_pairs"]} if "b_pairs" in c else {}),
+                   **({"host": sw} if sw is not None else {}),
                    "replica_at": replica_at, "slot_of": slot_of, "schedule": schedule,
                    "step_size": step_size, "params": params,
-                   "scheme": scheme.block_after(sch, accepted),
+                   "scheme": sw.gate_after(u, c["scheme"]) if sch is None else
+                   scheme.block_after(sch, accepted),
                    **({"metric": c["metric"]} if "metric" in c else {})}
             return new, out
 
         def body(carry, inp):
             outs = []
             first_at = carry["replica_at"]
+            sw = None
+            if host and torch.is_inference_mode_enabled():  # (the loop's: no tensor of the
+                # chunk is in autograd, so every one has a NumPy view)
+                sw = _HostSwaps(rule, n_explore, U, R, P, carry,
+                                block_active(scheme, pairs, inp["scheme"], U), off_a, pads_a,
+                                matrix, lo, hi, scheme, inp["scheme"], pairs)
+                carry = {**carry, "host": sw}
             if late_stats:  # (no adaptor: the schedule is the chunk's own; its pairs' sides)
                 sch = carry["schedule"]
                 carry = {**carry, "b_pairs": (sch[:, :-1], sch[:, 1:])}
@@ -449,12 +648,22 @@ class Fused:
             uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
             # (each adaptor's gains split once: a tuple index a step, not a tensor index)
             gains = [g.unbind(0) for g in inp["gains"].unbind(0)] if "gains" in inp else None
+            if sw is not None and gains is not None:  # (float64: the same doubles as floats,
+                # for the adaptors whose observe_block takes a float: no .item() a step)
+                gains = [inp["gains"][j].tolist() if _takes_floats(a) else g
+                         for j, (a, g) in enumerate(zip(online, gains, strict=True))]
             for u in range(U):
                 carry, out = iteration(carry, inp, u, draws, uniforms, gains)
                 outs.append(out)
             stacked = {}
+            if sw is not None:  # (the chunk's buffers)
+                stacked.update(slot_of=sw.so_buf, replica_at=sw.ra_buf, accepted=sw.acc_buf,
+                               **({} if sw.active_all is None else {"active": sw.active_all}))
+                carry = {**carry, "slot_of": carry["slot_of"].clone(),
+                         "replica_at": carry["replica_at"].clone(),
+                         **({"scheme": sw.scheme_after()} if sw.gate is not None else {})}
             for n in outs[0]:
-                if n == "params":
+                if n == "params" or n in stacked:
                     continue
                 t0 = outs[0][n]
                 if all(o[n] is t0 for o in outs):  # (a table no adaptor changed)
@@ -464,6 +673,7 @@ class Fused:
             stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
                                  for n in outs[0]["params"]}
             carry.pop("b_pairs", None)
+            carry.pop("host", None)
             if late_stats:
                 _per_slot(stacked, first_at, n_explore)
             if late_x:
@@ -638,7 +848,7 @@ class Fused:
                compiled, None if metric is None else metric.dim())
         fn = self._fns.get(key)
         if fn is None:
-            fn = self._body(U)
+            fn = self._body(U, eager=not compiled)
             if not compiled and not self.online and type(self.engine.rule) is Metropolis \
                     and self._reads_uniforms:
                 fn = self._lean_body(U, fn)
@@ -790,6 +1000,15 @@ def _per_slot(stacked: dict, first_at: torch.Tensor, n_explore: int) -> None:
     at = torch.cat([first_at[None], stacked["replica_at"][:-1]])
     stacked["accept"], stacked["nonfinite"] = slot_stats(
         stacked["accept"], stacked["nonfinite"].long(), at, n_explore)
+
+
+def _takes_floats(adaptor) -> bool:
+    """Whether the adaptor's ``observe_block`` is one documented to take its number as a
+    float as well as a 0-d tensor (the protocol's; :mod:`nrpt.adapt.sa`'s)."""
+    from nrpt.adapt.sa import CorrectionAdaptor, LearningRateAdaptor
+
+    return type(adaptor).observe_block in (CorrectionAdaptor.observe_block,
+                                           LearningRateAdaptor.observe_block)
 
 
 def _no_uniforms():

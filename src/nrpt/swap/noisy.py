@@ -96,16 +96,27 @@ class Deterministic(Rule):
 
     def decide(self, ctx: SwapContext):
         C = ctx.params["C"] if "C" in ctx.params else self.correction
-        if host_float64(ctx.v_hi, ctx.v_lo) and (isinstance(C, float) or host_float64(C)):
-            # NumPy views (a small NumPy op costs a third to a half of a small torch op): the
-            # same IEEE sum and comparisons, bit for bit (tests/test_sa_host.py)
-            hi, lo = ctx.v_hi.numpy(), ctx.v_lo.numpy()
-            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-                d = (hi + (C if isinstance(C, float) else C.numpy()) < lo) & np.isfinite(hi) \
-                    & np.isfinite(lo)
-            return torch.from_numpy(d), torch.from_numpy(d.astype(lo.dtype))
+        if host_float64(ctx.v_hi, ctx.v_lo):
+            got = self.decide_host(ctx.v_lo.numpy(), ctx.v_hi.numpy(), ctx.params)
+            if got is not None:
+                return torch.from_numpy(got[0]), torch.from_numpy(got[1])
         decision = (ctx.v_hi + C < ctx.v_lo) & torch.isfinite(ctx.v_hi) & torch.isfinite(ctx.v_lo)
         return decision, decision.to(ctx.v_lo.dtype)
+
+    def decide_host(self, lo: np.ndarray, hi: np.ndarray, params: dict):
+        """:meth:`decide` on float64 NumPy arrays of the energies ``v_lo`` and ``v_hi``
+        (views of tensors' memory), as arrays ``(decision, prob)``; ``None`` where ``C`` is
+        not a float or a float64 CPU tensor (then :meth:`decide`'s torch ops).  A small NumPy
+        op costs a third to a half of a small torch op: the same IEEE sum and comparisons, bit
+        for bit (tests/test_sa_host.py).  The eager fused chunk calls it directly
+        (``nrpt.core.fused``)."""
+        C = params["C"] if "C" in params else self.correction
+        if not (isinstance(C, float) or host_float64(C)):
+            return None
+        with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+            d = (hi + (C if isinstance(C, float) else C.numpy()) < lo) & np.isfinite(hi) \
+                & np.isfinite(lo)
+        return d, d.astype(lo.dtype)
 
     def describe(self):
         return {"rule": self.name, "initial_correction": self.correction}

@@ -1,0 +1,138 @@
+"""The eager chunk's swap bookkeeping on NumPy views (``Fused._body(U, eager=True)``: float64 on
+the CPU, online adaptors allowed, any scheme) gives every number of the traced form's chunk
+(``Fused._body(U)``, the tensors' gathers, ``sweep_exchange``) bit for bit: each chunk of a run
+is computed both ways from the same carry and inputs and every output and carried tensor
+compared with ``torch.equal`` (dtype and shape too).  Negative control: the host form fed the
+next iteration's explorer draws differs in the same comparison.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nrpt.core import fused as fused_mod
+from nrpt.core.loop import execute
+from nrpt.run.build import build
+from nrpt.run.config import RunConfig
+from nrpt.run.sgpt import HEADLINE
+
+CASES = {
+    # the headline: SGD, the deterministic rule, C and the learning rates adapted online,
+    # DEO_W's gate (a state: the masks per iteration)
+    "headline": dict(HEADLINE, chains=6, systems=2),
+    # DEO (block_active: every mask per chunk), the adaptors; chunks too large to gather the
+    # watched positions per chunk (U R P dim > BLOCK_GATHER)
+    "deterministic-deo-u64": dict(HEADLINE, chains=17, systems=8, scheme="deo", fuse=64),
+    # no adaptor (the explorer's statistics by slot per chunk), not Metropolis: no lean form
+    "deterministic-no-adapt": dict(HEADLINE, chains=4, systems=2, adapt=False),
+    # a geometric path (the reference slot refreshed), SEO, two explorer steps an iteration
+    "rwmh-seo-reference-n2": dict(target="geometric-bimodal", chains=5, systems=2,
+                                  explorer="rwmh", scheme="seo", n_explore=2),
+    # a dense preconditioner per slot after the first round (gathered by the slot map)
+    "mala-deo-dense-metric": dict(target="twenty-five-modes", chains=5, systems=2,
+                                  explorer="mala", scheme="deo", precondition="dense",
+                                  rounds=7),
+}
+
+
+def _flat(tree, prefix=""):
+    """``{path: tensor}`` of a nested dict / tuple / ReplicaState of tensors."""
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, tuple | list):
+        items = enumerate(tree)
+    else:  # a ReplicaState
+        items = vars(tree).items()
+    out = {}
+    for k, v in items:
+        out.update(_flat(v, f"{prefix}/{k}"))
+    return out
+
+
+def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple[int, list]:
+    """Run ``cfg`` fused, every chunk by the eager (host) body and by the traced form's body
+    (the host one's result taken); returns (chunks compared, the keys that differed)."""
+    run = build(RunConfig.from_dict({}, defaults=dict(cfg, iterations=iterations,
+                                                      figures=False,
+                                                      fuse=cfg.get("fuse", True))))
+    f = run.fused
+    assert f is not None
+    f._lean_body = lambda U, plain: plain  # (the lean form is tests/test_lean_chunk.py's)
+    made = {"host": 0, "gate": 0}
+    real = fused_mod._HostSwaps
+
+    class Counting(real):
+        def __init__(self, *a, **kw):
+            made["host"] += 1
+            super().__init__(*a, **kw)
+            made["gate"] += self.gate is not None
+
+    fused_mod._HostSwaps = Counting
+    seen = {"chunks": 0, "differ": []}
+
+    def both(U, compiled):
+        host, plain = f._body(U, eager=True), f._body(U)
+
+        def run_both(carry, inp):
+            host_inp = inp
+            if shift_draws:
+                host_inp = dict(inp, draws=[d.roll(1, 0) for d in inp["draws"]])
+            new, out = host(carry, host_inp)
+            new_p, out_p = plain(carry, inp)
+            a, b = _flat((new, out)), _flat((new_p, out_p))
+            assert a.keys() == b.keys()
+            seen["chunks"] += 1
+            seen["differ"] += [k for k in a if not (a[k].dtype == b[k].dtype and
+                                                    a[k].shape == b[k].shape and
+                                                    torch.equal(a[k], b[k]))]
+            return new, out
+
+        return run_both
+
+    f._function = both
+    try:
+        execute(run)
+    finally:
+        fused_mod._HostSwaps = real
+    assert made["host"] > 0, "the host bookkeeping was not used"
+    assert made["gate"] > 0 or cfg.get("scheme") != "deo-w", "DEO_W's gate was not on arrays"
+    return seen["chunks"], seen["differ"]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_host_swaps_are_the_traced_chunk(name):
+    chunks, differ = _checked_run(CASES[name], 400 if name.endswith("u64") else 150)
+    assert chunks >= 3
+    assert differ == [], differ
+
+
+def test_host_swaps_comparison_has_power():
+    # the host body fed the next iteration's draws: its energies and swaps differ
+    _, differ = _checked_run(CASES["headline"], 100, shift_draws=True)
+    assert any("decision" in k or "accepted" in k for k in differ), differ
+    assert any(k.endswith("/v") for k in differ), differ
+
+
+def test_host_swaps_only_where_they_apply(monkeypatch):
+    # float64 CPU chunks up to NUMPY_SWAPS_MAX replicas, eager only
+    made = []
+    real = fused_mod._HostSwaps
+    monkeypatch.setattr(fused_mod, "_HostSwaps",
+                        lambda *a, **kw: made.append(True) or real(*a, **kw))
+    run = build(RunConfig.from_dict({}, defaults=dict(CASES["headline"], iterations=16,
+                                                      figures=False, fuse=True)))
+    execute(run)
+    made.clear()
+    f, k = run.fused, run.engine.k
+    with torch.inference_mode():
+        f._body(8)(f._carry(), f._inputs(k, 8))
+        assert not made
+        f._body(8, eager=True)(f._carry(), f._inputs(k, 8))
+        assert made
+        made.clear()
+        monkeypatch.setattr(fused_mod, "NUMPY_SWAPS_MAX", 11)  # (2 systems x 6 chains = 12)
+        f._body(8, eager=True)(f._carry(), f._inputs(k, 8))
+        assert not made
