@@ -537,6 +537,7 @@ class Fused:
             with torch.inference_mode(False):  # (constants of the chunk: ordinary tensors)
                 off = torch.arange(0, R * P, P, device=dev).view(R, 1)  # (row r from r P)
                 matrix, pads = _source_matrix(R, P)
+                matrix = matrix[0]  # (one flat map here: the doubled space's first half)
             off_a, pads_a = off.numpy(), pads.numpy()
         has_ref, watched = eng.path.has_reference, list(eng.watched)
         # Per-block work where no adaptor reads the iteration: the per-slot explorer
