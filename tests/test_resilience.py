@@ -23,6 +23,7 @@ import pytest
 
 import nrpt
 from nrpt.core import loop
+from nrpt.core.fused import AUTO_MAX
 from nrpt.recorders.draws import Draws
 from nrpt.run import folder as runfolder
 from nrpt.run.api import run_config
@@ -183,7 +184,7 @@ def test_signal_inside_the_explorer_stops_between_iterations_and_resumes_exactly
 
 def test_a_signal_inside_a_fused_chunk_stops_at_its_end_and_resumes_exactly(full, at,
                                                                              tmp_path):
-    """The default eager chunks (fuse = "auto": up to 64 iterations on this small state): a
+    """The default eager chunks (fuse = "auto": up to fused.AUTO_MAX = 128 iterations on this small state): a
     signal inside the explorer lets its chunk finish; the run stops at its end (or between the
     plain steps around a checkpoint), and the resumed run -- chunks again -- equals the plain
     uninterrupted run bit for bit."""
@@ -192,7 +193,7 @@ def test_a_signal_inside_a_fused_chunk_stops_at_its_end_and_resumes_exactly(full
     k = part.summary["n_iterations"]
     assert part.summary["interrupted"] and part.summary["fused"]["chunks"] > 0
     U = part.summary["fused"]["chunk"]
-    assert U == 64 and 95 <= k <= 101 + U and k % 8 == 0, k  # the end of the signal's chunk
+    assert U == AUTO_MAX and 95 <= k <= 101 + U and k % 8 == 0, k  # the end of the signal's chunk
     resumed = nrpt.resume(tmp_path / "cut", target=Kicker())
     assert resumed.summary["fused"]["chunks"] > 0
     assert_same_run(resumed, full)
