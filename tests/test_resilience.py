@@ -184,10 +184,10 @@ def test_signal_inside_the_explorer_stops_between_iterations_and_resumes_exactly
 
 def test_a_signal_inside_a_fused_chunk_stops_at_its_end_and_resumes_exactly(full, at,
                                                                              tmp_path):
-    """The default eager chunks (fuse = "auto": up to fused.AUTO_MAX = 128 iterations on this small state): a
-    signal inside the explorer lets its chunk finish; the run stops at its end (or between the
-    plain steps around a checkpoint), and the resumed run -- chunks again -- equals the plain
-    uninterrupted run bit for bit."""
+    """The default eager chunks (fuse = "auto": up to fused.AUTO_MAX = 128 iterations on this
+    small state): a signal inside the explorer lets its chunk finish; the run stops at its
+    end (or between the plain steps around a checkpoint), and the resumed run -- chunks again
+    -- equals the plain uninterrupted run bit for bit."""
     opts = {**OPTS, "fuse": "auto"}
     part = nrpt.sample(Kicker([at(101, 2)]), out=str(tmp_path / "cut"), **opts)
     k = part.summary["n_iterations"]
