@@ -190,11 +190,12 @@ class _HostSwaps:
         # opened at a window's start (|), the masks (parity & gate), the gate closed on the
         # pairs that swapped (& ~accepted), each into a [U, R, P-1] buffer
         cls = type(scheme)
-        self.gate = None
+        self.gate: Any = None
         if active is None and cls.block_phase is DEOW.block_phase and \
                 cls.block_after is DEOW.block_after and scheme.window > 1:
             gate = carry["scheme"]["gate"]
             if gate.dtype is torch.bool and tuple(gate.shape) == (R, P - 1):
+                assert inputs is not None  # (the chunk's scheme inputs: DEO_W's block_inputs)
                 with torch.inference_mode(False):
                     g_buf, a_buf, n_buf = (torch.empty(U, R, P - 1, dtype=torch.bool)
                                            for _ in range(3))
@@ -554,7 +555,7 @@ class Fused:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
             (``draws``, ``uniforms``, ``gains``: the chunk's inputs split by iteration)."""
             state = ReplicaState(c["x"], c["v"], c["base"], c["extras"])
-            sw = c.get("host")
+            sw: Any = c.get("host")
             take = _NUMPY.take
             if sw is not None:  # (the slots' tables by a take each, into the chunk's buffers)
                 sched_a, steps_a = sw.tables(c["schedule"], c["step_size"])
