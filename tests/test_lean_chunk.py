@@ -136,6 +136,14 @@ def test_lean_chunk_ops_namespace(monkeypatch):
     monkeypatch.setattr(fused_mod, "NUMPY_SWAPS_MAX", 17)  # (3 systems x 6 chains = 18)
     _checked_run(CASES["rwmh-deo"], 20)
     assert not seen
+    # ... and on states of at most NUMPY_STATE_MAX numbers (R P dim: 18 x 2 = 36 here)
+    monkeypatch.setattr(fused_mod, "NUMPY_SWAPS_MAX", 4096)
+    monkeypatch.setattr(fused_mod, "NUMPY_STATE_MAX", 35)
+    _checked_run(CASES["rwmh-deo"], 20)
+    assert not seen
+    monkeypatch.setattr(fused_mod, "NUMPY_STATE_MAX", 36)
+    _checked_run(CASES["rwmh-deo"], 20)
+    assert seen
 
 
 def test_lean_chunk_comparison_has_power(ops):

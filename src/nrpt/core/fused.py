@@ -75,9 +75,20 @@ AUTO_ELEMENTS = 1 << 16
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
 #: watched slots' positions once, from its stacked states, rather than every iteration
 BLOCK_GATHER = 1 << 14
-#: on the CPU, a lean chunk (:meth:`Fused._lean_body`) of at most this many replicas (``R P``)
-#: keeps its swap bookkeeping on NumPy views of its tensors
+#: on the CPU, an eager chunk of at most this many replicas (``R P``) keeps its swap
+#: bookkeeping on NumPy views of its tensors (:func:`_host_swaps`)
 NUMPY_SWAPS_MAX = 4096
+#: ... and of states of at most this many numbers together (``R P dim``): on large states the
+#: bookkeeping's few microseconds are nothing beside the step, and the NumPy path measured
+#: 2-3.5 % slower at d = 10^4 (RWMH, P = 16; docs/benchmarks.md, stop 37), cause not found
+NUMPY_STATE_MAX = 1 << 16
+
+
+def _host_swaps(device: torch.device, R: int, P: int, dim: int) -> bool:
+    """Whether an eager chunk's swap bookkeeping runs on NumPy views (:data:`_NUMPY`): on
+    the CPU, up to :data:`NUMPY_SWAPS_MAX` replicas and :data:`NUMPY_STATE_MAX` numbers."""
+    return device.type == "cpu" and R * P <= NUMPY_SWAPS_MAX and \
+        R * P * dim <= NUMPY_STATE_MAX
 
 
 class _Ops(NamedTuple):
@@ -507,8 +518,8 @@ class Fused:
         iteration, composed from the roles' block forms.
 
         ``eager`` (a chunk that is not traced, run in inference mode as the loop runs it:
-        every tensor has a NumPy view), float64 on the CPU, up to
-        :data:`NUMPY_SWAPS_MAX` replicas, a scheme whose masks depend on no state
+        every tensor has a NumPy view), float64 on the CPU, a small state (:func:`_host_swaps`),
+        a scheme whose masks depend on no state
         (:func:`block_active`): the swap phase's bookkeeping runs on NumPy views of per-chunk
         buffers, as in :meth:`_lean_body` (its :data:`_NUMPY` ops; the rule and the adaptors
         are called as in :func:`~nrpt.core.engine.sweep_exchange`): the slot maps also kept
@@ -532,8 +543,7 @@ class Fused:
         lo, hi = pairs[0], pairs[1]
         with torch.inference_mode(False):  # (a constant of the chunk: an ordinary tensor)
             ids = torch.arange(P, device=eng.device).expand(eng.R, P)
-        host = eager and dev.type == "cpu" and eng.dtype is torch.float64 \
-            and R * P <= NUMPY_SWAPS_MAX
+        host = eager and eng.dtype is torch.float64 and _host_swaps(dev, R, P, eng.dim)
         if host:
             with torch.inference_mode(False):  # (constants of the chunk: ordinary tensors)
                 off = torch.arange(0, R * P, P, device=dev).view(R, 1)  # (row r from r P)
@@ -702,7 +712,7 @@ class Fused:
         indexing in the loop).  The slot maps are kept flat (row ``r``'s entries offset by
         ``r P``, once per chunk) so that every gather is one ``take``, each written into a
         per-chunk buffer (fresh each chunk: no step keeps a buffer that is written again).
-        On the CPU up to :data:`NUMPY_SWAPS_MAX` replicas these ops run on NumPy views of the
+        On the CPU on small states (:func:`_host_swaps`) these ops run on NumPy views of the
         buffers (:data:`_NUMPY`: a small NumPy op costs a third to a half of a torch op), else
         on the tensors (:data:`_TORCH`); the same indexing, IEEE subtractions, products and
         comparisons either way.  The rule's verdicts and probabilities of all pairs, the masks
@@ -717,7 +727,7 @@ class Fused:
         density, scheme, P, R, n_explore = eng.density, eng.scheme, eng.P, eng.R, eng.n_explore
         dev, dt = eng.device, eng.dtype
         pairs = adjacent_pairs(R, P, dev)
-        xp = _NUMPY if dev.type == "cpu" and R * P <= NUMPY_SWAPS_MAX else _TORCH
+        xp = _NUMPY if _host_swaps(dev, R, P, eng.dim) else _TORCH
         arr = xp.array
         with torch.inference_mode(False):  # (constants of the chunk: ordinary tensors)
             # (flat: row r from r P; the step sizes' half of the doubled index space from R P)
