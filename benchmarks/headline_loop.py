@@ -82,6 +82,29 @@ def child(src: str, K: int, i: int, seed: int, fuse: int = 0) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _ratios(tree: str, r: dict, a: str, b: str, what: str) -> None:
+    """Print a tree's medians of ``nrpt_{clock}`` and ``numpy_{clock}`` (named ``a``, ``b``)
+    and the median [range] of their per-pair ratio (``what``), wall and CPU."""
+    med = statistics.median
+    for clock in ("wall", "cpu"):
+        ratio = [x / y for x, y in zip(r[f"nrpt_{clock}"], r[f"numpy_{clock}"], strict=True)]
+        print(f"  {tree}  {clock:4s}: {a} {med(r[f'nrpt_{clock}']):7.3f} s, {b} "
+              f"{med(r[f'numpy_{clock}']):6.3f} s; {what} {med(ratio):.2f} "
+              f"[{min(ratio):.2f}-{max(ratio):.2f}]")
+
+
+def _between(got: dict, what: str) -> None:
+    """With two trees: print the per-pair ratio of nrpt's times, second tree / first."""
+    if len(got) != 2:
+        return
+    med = statistics.median
+    a, b = got.values()
+    for clock in ("wall", "cpu"):
+        r = [y / x for x, y in zip(a[f"nrpt_{clock}"], b[f"nrpt_{clock}"], strict=True)]
+        print(f"  {what}, second / first tree, {clock}: {med(r):.3f} "
+              f"[{min(r):.3f}-{max(r):.3f}]")
+
+
 def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool) -> None:
     """The whole processes, ``nrpt run`` against the NumPy script (see ``--whole``)."""
     import tempfile
@@ -120,19 +143,10 @@ def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool) -
           f"interleaved pairs a tree, one thread, bytecode {'on' if byte_compile else 'off'}; "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     for t, r in got.items():
-        for clock in ("wall", "cpu"):
-            ratio = [a / b for a, b in zip(r[f"nrpt_{clock}"], r[f"numpy_{clock}"], strict=True)]
-            print(f"  {t}  {clock:4s}: nrpt run {med(r[f'nrpt_{clock}']):7.3f} s, NumPy script "
-                  f"{med(r[f'numpy_{clock}']):6.3f} s; ratio {med(ratio):.2f} "
-                  f"[{min(ratio):.2f}-{max(ratio):.2f}]")
+        _ratios(t, r, "nrpt run", "NumPy script", "ratio")
         print(f"  {t}  nrpt's loop (wall_time_s) {med(r['nrpt_loop']):.3f} s of its "
               f"{med(r['nrpt_wall']):.3f} s wall")
-    if len(got) == 2:
-        a, b = got.values()
-        for clock in ("wall", "cpu"):
-            r = [y / x for x, y in zip(a[f"nrpt_{clock}"], b[f"nrpt_{clock}"], strict=True)]
-            print(f"  nrpt run, second / first tree, {clock}: {med(r):.3f} "
-                  f"[{min(r):.3f}-{max(r):.3f}]")
+    _between(got, "nrpt run")
 
 
 def main(argv=None) -> None:
@@ -159,7 +173,6 @@ def main(argv=None) -> None:
     if (args.fuse > 0) != args.compile or args.fuse < 0:
         ap.error(f"--fuse N (N >= 1) and --compile go together; got --fuse {args.fuse}"
                  f"{' --compile' if args.compile else ''}")
-    med = statistics.median
     trees = args.trees[:2]
     got: dict[str, dict[str, list]] = {t: {} for t in trees}
     if args.fuse:  # (each tree's saved chunk built, or found, before any timing)
@@ -180,17 +193,8 @@ def main(argv=None) -> None:
     print(f"headline loop, {what}, {args.iterations} iterations, {args.pairs} interleaved "
           f"pairs a tree, one thread; load average {os.getloadavg()[0]:.2f} at the end")
     for t, r in got.items():
-        for clock in ("wall", "cpu"):
-            ratio = [a / b for a, b in zip(r[f"nrpt_{clock}"], r[f"numpy_{clock}"], strict=True)]
-            print(f"  {t}  {clock:4s}: nrpt {med(r[f'nrpt_{clock}']):7.3f} s, NumPy "
-                  f"{med(r[f'numpy_{clock}']):6.3f} s; nrpt / NumPy {med(ratio):.2f} "
-                  f"[{min(ratio):.2f}-{max(ratio):.2f}]")
-    if len(got) == 2:
-        a, b = got.values()
-        for clock in ("wall", "cpu"):
-            r = [y / x for x, y in zip(a[f"nrpt_{clock}"], b[f"nrpt_{clock}"], strict=True)]
-            print(f"  nrpt loop, second / first tree, {clock}: {med(r):.3f} "
-                  f"[{min(r):.3f}-{max(r):.3f}]")
+        _ratios(t, r, "nrpt", "NumPy", "nrpt / NumPy")
+    _between(got, "nrpt loop")
 
 
 if __name__ == "__main__":

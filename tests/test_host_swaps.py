@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_lean_chunk import _tally  # (a chunk's outputs compared bit for bit)
 
 from nrpt.core import fused as fused_mod
 from nrpt.core.loop import execute
@@ -34,22 +35,6 @@ CASES = {
                                   explorer="mala", scheme="deo", precondition="dense",
                                   rounds=7),
 }
-
-
-def _flat(tree, prefix=""):
-    """``{path: tensor}`` of a nested dict / tuple / ReplicaState of tensors."""
-    if isinstance(tree, torch.Tensor):
-        return {prefix: tree}
-    if isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, tuple | list):
-        items = enumerate(tree)
-    else:  # a ReplicaState
-        items = vars(tree).items()
-    out = {}
-    for k, v in items:
-        out.update(_flat(v, f"{prefix}/{k}"))
-    return out
 
 
 def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple[int, list]:
@@ -81,13 +66,7 @@ def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple
             if shift_draws:
                 host_inp = dict(inp, draws=[d.roll(1, 0) for d in inp["draws"]])
             new, out = host(carry, host_inp)
-            new_p, out_p = plain(carry, inp)
-            a, b = _flat((new, out)), _flat((new_p, out_p))
-            assert a.keys() == b.keys()
-            seen["chunks"] += 1
-            seen["differ"] += [k for k in a if not (a[k].dtype == b[k].dtype and
-                                                    a[k].shape == b[k].shape and
-                                                    torch.equal(a[k], b[k]))]
+            _tally(seen, (new, out), plain(carry, inp))
             return new, out
 
         return run_both

@@ -57,6 +57,17 @@ def _flat(tree, prefix=""):
     return out
 
 
+def _tally(seen: dict, got, want) -> None:
+    """Count a chunk in ``seen["chunks"]`` and add to ``seen["differ"]`` the paths where the
+    chunk's ``got`` (carry, outputs) and ``want`` differ in dtype, shape or any bit."""
+    a, b = _flat(got), _flat(want)
+    assert a.keys() == b.keys()
+    seen["chunks"] += 1
+    seen["differ"] += [k for k in a if not (a[k].dtype == b[k].dtype and
+                                            a[k].shape == b[k].shape and
+                                            torch.equal(a[k], b[k]))]
+
+
 @pytest.fixture(params=["numpy", "torch"])
 def ops(request, monkeypatch):
     """The lean chunk's swap bookkeeping on NumPy views (the default here) or on tensors."""
@@ -94,13 +105,7 @@ def _checked_run(cfg: dict, iterations: int, shift_uniforms: bool = False) -> tu
             if shift_uniforms:
                 lean_inp = dict(inp, uniforms=inp["uniforms"].roll(1, 0))
             new, out = fn(carry, lean_inp)
-            new_p, out_p = plain(carry, inp)
-            a, b = _flat((new, out)), _flat((new_p, out_p))
-            assert a.keys() == b.keys()
-            seen["chunks"] += 1
-            seen["differ"] += [k for k in a if not (a[k].dtype == b[k].dtype and
-                                                    a[k].shape == b[k].shape and
-                                                    torch.equal(a[k], b[k]))]
+            _tally(seen, (new, out), plain(carry, inp))
             return new, out
 
         return run_both
