@@ -860,7 +860,7 @@ def test_the_per_epoch_swap_counts_summed_in_numpy_equal_torchs(monkeypatch):
 
     train, test = _toy()
     fast = fit(_mlp(), train, test, **{**OPTS, "swap_rate": 0.5})
-    monkeypatch.setattr(recorders, "_on_host", lambda t: False)
+    monkeypatch.setattr(recorders, "viewable", lambda *ts, dtypes=None: False)
     plain = fit(_mlp(), train, test, **{**OPTS, "swap_rate": 0.5})
     def timeless(s):
         return {k: v for k, v in s.items() if not k.endswith("time_s")}
@@ -869,7 +869,7 @@ def test_the_per_epoch_swap_counts_summed_in_numpy_equal_torchs(monkeypatch):
     assert any((row["swap_rate"] or 0) > 0 for row in fast.metrics)
     em = recorders.EpochMetrics.__new__(recorders.EpochMetrics)
     em._acc, em._rows, em.rows = torch.zeros(4, 1, 2), None, []
-    monkeypatch.setattr(recorders, "_on_host", lambda t: True)
+    monkeypatch.setattr(recorders, "viewable", lambda *ts, dtypes=None: True)
 
     class It:
         attempted_indicators = (torch.tensor([[1.0, 0.0]]), torch.tensor([[True, False]]))

@@ -41,7 +41,7 @@ def _iteration(g, R, P, params, step_size, sweep=True):
 def _run(adaptor, its, gains, host, monkeypatch):
     with monkeypatch.context() as m:
         if not host:
-            m.setattr(sa, "_host", lambda *ts: False)
+            m.setattr(sa, "viewable", lambda *ts: False)
         return [adaptor.observe_block(it, g) for it, g in zip(its, gains, strict=True)]
 
 
@@ -58,7 +58,7 @@ def test_sa_adaptors_numpy_path_equals_torch_path(pairs, sweep, monkeypatch):
     gains[::3] = [float(t) for t in gains[::3]]
     lr = sa.LearningRateAdaptor(0.4, pairs=pairs)
     corr = sa.CorrectionAdaptor(0.4, pairs=pairs)
-    assert sa._host(C, gains[1]) and not sa._host(C.float())
+    assert sa.viewable(C, gains[1]) and not sa.viewable(C.float())
     for ad, field in ((lr, "step_size"), (corr, "C")):
         host = _run(ad, its, gains, True, monkeypatch)
         plain = _run(ad, its, gains, False, monkeypatch)
@@ -125,7 +125,7 @@ def test_correction_numpy_path_with_unlisted_pairs(monkeypatch):
 # ------------------------------------------------------------------ rule, target, oracle, step
 def _off(monkeypatch, *modules):
     for m in modules:
-        monkeypatch.setattr(m, "host_float64", lambda *ts: False)
+        monkeypatch.setattr(m, "viewable", lambda *ts: False)
 
 
 def _bits_equal(a, b):
@@ -196,8 +196,8 @@ def test_noisy_oracle_and_sgd_step_numpy_path_equal_torch_path(monkeypatch):
     in torch: every output, the non-finite guard's included."""
     from nrpt.energy import estimators
     from nrpt.explorers import Noise, ReplicaState, sgmcmc
+    from nrpt.host import viewable
     from nrpt.targets import twenty_five_modes as tfm
-    from nrpt.targets._util import host_float64
 
     R, P = 2, 8
     target = tfm.TwentyFiveModes(penalty=True)
@@ -222,7 +222,7 @@ def test_noisy_oracle_and_sgd_step_numpy_path_equal_torch_path(monkeypatch):
             return outs
 
     host, plain = steps(True), steps(False)
-    assert host_float64(x) and not host_float64(x.float())
+    assert viewable(x) and not viewable(x.float())
     assert all(_bits_equal(a, c) for a, c in zip(host, plain, strict=True))
     assert bool(plain[-1].any())  # the guard fired
     # negative control: a change of 1e-9 relative in one learning rate shows
@@ -246,7 +246,7 @@ def test_headline_run_numpy_paths_equal_torch_paths(monkeypatch):
         with monkeypatch.context() as m:
             if not host:
                 _off(m, estimators, sgmcmc, tfm, noisy)
-                m.setattr(sa, "_host", lambda *ts: False)
+                m.setattr(sa, "viewable", lambda *ts: False)
             r = build(RunConfig.from_dict({"iterations": 300, "seed": 2}, defaults=HEADLINE))
             execute(r)
             eng = r.engine

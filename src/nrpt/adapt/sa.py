@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from nrpt.diagnostics import theory
+from nrpt.host import viewable
 from nrpt.roles import AdaptorBase, Iteration, Update
 from nrpt.swap.noisy import LADDER_UPDATES
-from nrpt.targets._util import host_float64
 
 __all__ = ["SAStepSize", "CorrectionAdaptor", "LearningRateAdaptor", "VarianceTracker",
            "window_from_swap_rate", "check_swap_rate", "check_ladder", "LADDER_UPDATES"]
@@ -96,25 +96,13 @@ def _indicators_host(it: Iteration, pairs: str):
     adaptor); ``None`` where they are not float64 CPU tensors (then the torch ops)."""
     def make():
         A, listed = _indicators(it, pairs)
-        if not _host(A) or listed.device.type != "cpu":
+        if not viewable(A) or listed.device.type != "cpu":
             return None
         listed = listed.numpy()
         return A.numpy(), listed, bool(listed.shape[1]) and bool(listed.all())
 
     key = "pair_indicators_np" if pairs == "all" else "attempted_indicators_np"
     return it._once(key, make) if hasattr(it, "_once") else make()
-
-
-def _host(*ts) -> bool:
-    """Whether the adaptors' small ``[R, P]`` arithmetic runs on NumPy views of these tensors
-    (the same memory, no copy): float64 CPU tensors outside a compiled graph and out of
-    autograd.  A small NumPy op costs a third to a half of a small torch op on the CPU, and
-    the numbers are the same bit for bit: every operation is one IEEE addition, subtraction,
-    multiplication, division or comparison of float64 values, the sums add 0/1 indicators
-    (integers: exact in any order), and the one transcendental, ``exp``, is still torch's, on a
-    tensor of the same shape and layout (torch's vectorized ``exp`` may round values
-    differently from another library's).  ``tests/test_sa_host.py`` checks both paths equal."""
-    return host_float64(*ts)
 
 
 def _exp_np(a: np.ndarray) -> np.ndarray:
@@ -151,7 +139,7 @@ class CorrectionAdaptor(AdaptorBase):
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         C = it.params["C"]
-        host = _indicators_host(it, self.pairs) if _host(C) else None
+        host = _indicators_host(it, self.pairs) if viewable(C) else None
         if host is not None:  # (NumPy on the same memory: _host says why the numbers are the
             # same)
             A, listed, every = host
@@ -220,7 +208,7 @@ class LearningRateAdaptor(AdaptorBase):
         new ladders (rows whose update would break the order are returned unchanged)."""
         if eta.shape[1] < 3:
             return eta
-        if _host(eta, A):
+        if viewable(eta, A):
             return torch.from_numpy(_update_np(eta.numpy(), A.numpy(), listed.numpy(), S,
                                                _gain(gamma)))
         H = (A - S) * listed  # unlisted pairs: no update
@@ -238,7 +226,7 @@ class LearningRateAdaptor(AdaptorBase):
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         eta = it.step_size
-        if self.ladder == "paper" and eta.shape[1] >= 3 and _host(eta):
+        if self.ladder == "paper" and eta.shape[1] >= 3 and viewable(eta):
             host = _indicators_host(it, self.pairs)
             if host is not None:  # (update's NumPy path on the shared views)
                 return Update(step_size=torch.from_numpy(_update_np(

@@ -28,6 +28,7 @@ import torch
 from nrpt import rng
 from nrpt.deep.replicas import FunctionalNet
 from nrpt.energy.estimators import EnergyEstimator, Estimate
+from nrpt.host import viewable
 
 #: the dtypes whose scalar arithmetic NumPy makes as torch does (IEEE binary32 / binary64;
 #: a Python number taken as the array's dtype, NumPy >= 2's rule): NetworkEnergy._scalars
@@ -41,8 +42,7 @@ def _numpy_exact(*ts: torch.Tensor) -> bool:
     """Whether the small arithmetic on ``ts`` can be made in NumPy bit for bit: CPU tensors
     of one dtype of :data:`_NUMPY_EXACT`, outside autograd, NumPy 2's scalar rule."""
     dt = ts[0].dtype
-    return (_NUMPY2 and dt in _NUMPY_EXACT and all(
-        t.device.type == "cpu" and t.dtype == dt and not t.requires_grad for t in ts))
+    return _NUMPY2 and dt in _NUMPY_EXACT and viewable(*ts, dtypes=(dt,))
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

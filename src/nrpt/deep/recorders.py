@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from nrpt.deep.replicas import FunctionalNet
+from nrpt.host import viewable
 from nrpt.recorders.draws import index_dtype
 from nrpt.recorders.pending import PendingRows
 from nrpt.recorders.stats import json_ready
@@ -139,7 +140,7 @@ class EpochMetrics(RecorderBase):
         if self._acc is None:
             self._acc = torch.zeros(4, *A.shape, dtype=A.dtype, device=A.device)
         if self._rows is None:  # (views of _acc's rows, taken once: no indexing per iteration)
-            self._rows = (tuple(self._acc.numpy()) if _on_host(self._acc)
+            self._rows = (tuple(self._acc.numpy()) if viewable(self._acc, dtypes=None)
                           else self._acc.unbind(0))
         if type(self._rows[0]) is np.ndarray:  # (CPU: NumPy views, a third of a torch op's
             for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):  # cost;
@@ -202,11 +203,6 @@ class EpochMetrics(RecorderBase):
     def load_state_dict(self, sd):
         self.rows = json.loads(sd["rows"])
         self._acc, self._rows = sd["acc"], None
-
-
-def _on_host(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a CPU tensor NumPy can view (not one autograd tracks)."""
-    return t.device.type == "cpu" and not t.requires_grad
 
 
 def _line(row: dict[str, Any], columns) -> str:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from nrpt import rng
-from nrpt.targets._util import host_float64
+from nrpt.host import viewable
 from nrpt.targets.protocol import capabilities, optional_value
 
 __all__ = ["make_estimator", "Estimate", "EnergyEstimator", "ExactEnergy", "NoisyOracle",
@@ -178,7 +178,7 @@ class NoisyOracle(EnergyEstimator):
             return _flat(self.target.energy, x)
 
     def __call__(self, x, key, extras, need_grad=True):
-        if need_grad and self._numpy and host_float64(x) and x.is_contiguous():
+        if need_grad and self._numpy and viewable(x) and x.is_contiguous():
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
                 u, g, var = self.numpy_gradients(x.numpy(), key)
             return Estimate(torch.from_numpy(u), torch.from_numpy(g), torch.from_numpy(var))

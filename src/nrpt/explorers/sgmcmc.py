@@ -34,6 +34,7 @@ import torch
 
 from nrpt.energy.estimators import EnergyEstimator, ExactEnergy
 from nrpt.explorers.base import ExploreInfo, Explorer, Noise, ReplicaState
+from nrpt.host import viewable
 from nrpt.options import (
     Option,
     check_numbers,
@@ -44,7 +45,6 @@ from nrpt.options import (
     parse_floats,
     parse_int,
 )
-from nrpt.targets._util import host_float64
 
 __all__ = ["SGExplorer", "SGLD", "SGD", "SGHMC", "MomentumSGD", "PSGLD", "PSGD", "Cyclical",
            "cyclical_factor"]
@@ -189,7 +189,7 @@ class SGExplorer(Explorer):
         """Whether :meth:`step` runs on NumPy views (:meth:`_step_np`): SGLD's move (the
         method of :class:`SGLD` and :class:`SGD`) without a domain, on float64 CPU tensors out
         of autograd and outside a compiled graph."""
-        return type(self).move is SGLD.move and self.domain is None and host_float64(*ts)
+        return type(self).move is SGLD.move and self.domain is None and viewable(*ts)
 
     def _step_np(self, state, b, step_size, est, noise, sub, extras):
         """:meth:`step` on NumPy views of the same memory (a small NumPy op costs a third to a

@@ -32,6 +32,7 @@ import math
 import numpy as np
 import torch
 
+from nrpt.host import viewable
 from nrpt.recorders.stats import per_system
 from nrpt.roles import IterationBlock, RecorderBase
 
@@ -443,8 +444,7 @@ class SteppingStone(RecorderBase):
         b = block.schedule  # [U, R, P]
         v = block.slot_energies
         streams = [self.forward, self.reverse, self.bridge_num, self.bridge_den]
-        if v.device.type == "cpu" and v.dtype == b.dtype == torch.float64 and not (
-                v.requires_grad or b.requires_grad):
+        if viewable(b, v):
             add_many_together(streams, torch.from_numpy(_terms_numpy(b.numpy(), v.numpy())))
             return
         db = b[..., :-1] - b[..., 1:]

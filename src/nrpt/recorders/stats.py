@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from nrpt.diagnostics import RoundTripTracker
+from nrpt.host import viewable
 from nrpt.recorders.pending import PendingRows
 from nrpt.roles import BLOCK, Iteration, IterationBlock, RecorderBase
 from nrpt.swap.schemes import is_sweep
@@ -357,7 +358,7 @@ class SlotSpread(RecorderBase):
         # float64 on the CPU: the merges on NumPy views (a small NumPy op costs a third to a
         # half of a torch op; IEEE sums, differences, squares and products by the same Python
         # floats, in the same order: the same numbers)
-        host = rows.device.type == "cpu" and rows.dtype == torch.float64
+        host = viewable(rows)
         if host:
             mean, m2 = mean.numpy(), m2.numpy()
             n, mean_a, m2_a = self._n, self._mean.numpy(), self._m2.numpy()

@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from nrpt.host import viewable
 from nrpt.options import (
     Option,
     boolean,
@@ -35,7 +36,6 @@ from nrpt.options import (
     parse_int,
 )
 from nrpt.swap.rules import Rule, SwapContext
-from nrpt.targets._util import host_float64
 
 #: how :class:`nrpt.adapt.sa.LearningRateAdaptor` moves the ladder: ``"paper"`` (Eq. 11/12 as
 #: written) or ``"log-gaps"`` (Eq. 10 on the gaps of ``log eta``, renormalized to the fixed end
@@ -96,7 +96,7 @@ class Deterministic(Rule):
 
     def decide(self, ctx: SwapContext):
         C = ctx.params["C"] if "C" in ctx.params else self.correction
-        if host_float64(ctx.v_hi, ctx.v_lo):
+        if viewable(ctx.v_hi, ctx.v_lo):
             got = self.decide_host(ctx.v_lo.numpy(), ctx.v_hi.numpy(), ctx.params)
             if got is not None:
                 return torch.from_numpy(got[0]), torch.from_numpy(got[1])
@@ -111,7 +111,7 @@ class Deterministic(Rule):
         for bit (tests/test_sa_host.py).  The eager fused chunk calls it directly
         (``nrpt.core.fused``)."""
         C = params["C"] if "C" in params else self.correction
-        if not (isinstance(C, float) or host_float64(C)):
+        if not (isinstance(C, float) or viewable(C)):
             return None
         with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
             d = (hi + (C if isinstance(C, float) else C.numpy()) < lo) & np.isfinite(hi) \

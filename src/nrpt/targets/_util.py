@@ -43,17 +43,6 @@ def check_states(x: torch.Tensor, dim: int, who: str) -> None:
         raise ValueError(f"{who} expects x of shape [n, {dim}]; got {list(x.shape)}")
 
 
-def host_float64(*ts: torch.Tensor) -> bool:
-    """Whether the tensors ``ts`` are float64 CPU tensors out of autograd, outside a compiled
-    graph: ones a kernel may work on as NumPy views of their memory (the same numbers where it
-    keeps to IEEE arithmetic and torch's transcendental kernels; a small NumPy op costs a
-    third to a half of a small torch op on the CPU)."""
-    for t in ts:
-        if t.dtype is not torch.float64 or not t.is_cpu or t.requires_grad:
-            return False
-    return not torch.compiler.is_compiling()
-
-
 def to_like_input(values: torch.Tensor, t):
     """Return ``values`` in the kind of container ``t`` came in (tensor, ndarray or float)."""
     if isinstance(t, torch.Tensor):

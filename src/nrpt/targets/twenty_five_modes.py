@@ -10,7 +10,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from nrpt.targets._util import check_generator, check_states, host_float64
+from nrpt.host import viewable
+from nrpt.targets._util import check_generator, check_states
 
 __all__ = ["TwentyFiveModes"]
 
@@ -101,7 +102,7 @@ class TwentyFiveModes:
         """``(U(x) [n], ∇U(x) [n, 2])`` in one pass (the stochastic-gradient oracles call this
         every step; energy and gradient share the trigonometry)."""
         check_states(x, 2, "TwentyFiveModes.energy_and_grad")
-        if host_float64(x) and x.is_contiguous():
+        if viewable(x) and x.is_contiguous():
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
                 u, g = self.energy_and_grad_numpy(x.numpy())
             return torch.from_numpy(u), torch.from_numpy(g)
