@@ -27,6 +27,11 @@ CASES = {
     "deterministic-deo-u64": dict(HEADLINE, chains=17, systems=8, scheme="deo", fuse=64),
     # no adaptor (the explorer's statistics by slot per chunk), not Metropolis: no lean form
     "deterministic-no-adapt": dict(HEADLINE, chains=4, systems=2, adapt=False),
+    # DEO (block_active) on arrays wholly (the host iteration: the scheme's block_after)
+    "deterministic-deo": dict(HEADLINE, chains=5, systems=2, scheme="deo"),
+    # learning rates so large that some replica's step is not finite in every iteration:
+    # the host iteration's fallback (the step's where) and statistics by slot
+    "headline-nonfinite": dict(HEADLINE, chains=5, systems=2, lr_max=1e160),
     # a geometric path (the reference slot refreshed), SEO, two explorer steps an iteration
     "rwmh-seo-reference-n2": dict(target="geometric-bimodal", chains=5, systems=2,
                                   explorer="rwmh", scheme="seo", n_explore=2),
@@ -35,6 +40,9 @@ CASES = {
                                   explorer="mala", scheme="deo", precondition="dense",
                                   rounds=7),
 }
+#: the cases whose chunks run as the host iteration (Fused._body's host_chunk: every role has
+#: an array form, the watched positions gathered per chunk)
+ARRAYS = {"headline", "deterministic-no-adapt", "deterministic-deo", "headline-nonfinite"}
 
 
 def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple[int, list]:
@@ -48,12 +56,14 @@ def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple
     f._lean_body = lambda U, plain: plain  # (the lean form is tests/test_lean_chunk.py's)
     made = {"host": 0, "gate": 0}
     real = fused_mod._HostSwaps
+    instances: list = []
 
     class Counting(real):
         def __init__(self, *a, **kw):
             made["host"] += 1
             super().__init__(*a, **kw)
             made["gate"] += self.gate is not None
+            instances.append(self)
 
     fused_mod._HostSwaps = Counting
     seen = {"chunks": 0, "differ": []}
@@ -78,19 +88,22 @@ def _checked_run(cfg: dict, iterations: int, shift_draws: bool = False) -> tuple
         fused_mod._HostSwaps = real
     assert made["host"] > 0, "the host bookkeeping was not used"
     assert made["gate"] > 0 or cfg.get("scheme") != "deo-w", "DEO_W's gate was not on arrays"
-    return seen["chunks"], seen["differ"]
+    seen["arrays"] = sum(sw.arrays for sw in instances)
+    return seen["chunks"], seen["differ"], seen["arrays"]
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_host_swaps_are_the_traced_chunk(name):
-    chunks, differ = _checked_run(CASES[name], 400 if name.endswith("u64") else 150)
+    chunks, differ, arrays = _checked_run(CASES[name], 400 if name.endswith("u64") else 150)
     assert chunks >= 3
     assert differ == [], differ
+    assert (arrays > 0) == (name in ARRAYS), arrays
 
 
 def test_host_swaps_comparison_has_power():
     # the host body fed the next iteration's draws: its energies and swaps differ
-    _, differ = _checked_run(CASES["headline"], 100, shift_draws=True)
+    _, differ, arrays = _checked_run(CASES["headline"], 100, shift_draws=True)
+    assert arrays
     assert any("decision" in k or "accepted" in k for k in differ), differ
     assert any(k.endswith("/v") for k in differ), differ
 

@@ -142,21 +142,34 @@ class CorrectionAdaptor(AdaptorBase):
         host = _indicators_host(it, self.pairs) if viewable(C) else None
         if host is not None:  # (NumPy on the same memory: _host says why the numbers are the
             # same)
-            A, listed, every = host
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-                total = A.sum(1, keepdims=True)
-                if every:  # (every pair listed: n = P - 1)
-                    step = total / listed.shape[1] - self.S
-                else:
-                    n = listed.sum(1, keepdims=True)
-                    step = total / np.maximum(n, 1) - self.S
-                    step[n == 0] = 0.0  # (torch.where's zeros)
-                return Update(params={"C": torch.from_numpy(C.numpy() + _gain(gain) * step)})
+                return Update(params={"C": torch.from_numpy(self.observe_arrays(
+                    C.numpy(), *host, _gain(gain)))})
         A, listed = _indicators(it, self.pairs)
         n = listed.sum(1, keepdim=True)
         mean = A.sum(1, keepdim=True) / n.clamp_min(1)
         step = torch.where(n > 0, mean - self.S, torch.zeros_like(mean))
         return Update(params={"C": C + gain * step})
+
+
+    def host_table(self) -> str | None:
+        """The table this adaptor's :meth:`observe_arrays` updates (``"C"``, a rule parameter)
+        where it has that form (``pairs = "all"``), else ``None``."""
+        return "C" if self.pairs == "all" else None
+
+    def observe_arrays(self, C: np.ndarray, A: np.ndarray, listed: np.ndarray, every: bool,
+                       gain: float) -> np.ndarray:
+        """:meth:`observe_block`'s new ``C`` on NumPy arrays: the buffer ``C[R, 1]``, the
+        indicators ``A`` with the pairs ``listed`` (``every``: all listed) and the gain as a
+        float (NumPy's floating-point warnings are the caller's to silence)."""
+        total = A.sum(1, keepdims=True)
+        if every:  # (every pair listed: n = P - 1)
+            step = total / listed.shape[1] - self.S
+        else:
+            n = listed.sum(1, keepdims=True)
+            step = total / np.maximum(n, 1) - self.S
+            step[n == 0] = 0.0  # (torch.where's zeros)
+        return C + gain * step
 
 
 def check_ladder_update(value) -> str:
@@ -222,6 +235,18 @@ class LearningRateAdaptor(AdaptorBase):
         return self.observe_block(it, self.gamma(it.k))
 
     block_inputs = CorrectionAdaptor.block_inputs
+
+    def host_table(self) -> str | None:
+        """The table :meth:`observe_arrays` updates (``"step_size"``) where this adaptor has
+        that form (``ladder = "paper"``, ``pairs = "all"``), else ``None``."""
+        return "step_size" if self.ladder == "paper" and self.pairs == "all" else None
+
+    def observe_arrays(self, eta: np.ndarray, A: np.ndarray, listed: np.ndarray, every: bool,
+                       gain: float) -> np.ndarray:
+        """:meth:`observe_block`'s new learning rates on NumPy arrays (``eta[R, P]``, the
+        indicators as :meth:`CorrectionAdaptor.observe_arrays`'); ``eta`` itself when ``P <
+        3``."""
+        return _update_np(eta, A, listed, self.S, gain) if eta.shape[1] >= 3 else eta
 
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""

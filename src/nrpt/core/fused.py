@@ -51,6 +51,8 @@ from nrpt.explorers.compiled import (
     make_draw,
     why_failed,
 )
+from nrpt.explorers.sgmcmc import finite_np
+from nrpt.host import viewable
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from nrpt.swap.rules import Metropolis, SwapContext
@@ -176,7 +178,11 @@ class _HostSwaps:
         owner = next((c for c in type(rule).__mro__ if "decide" in vars(c)), None)
         self.decide_host = rule.decide_host if owner is not None and \
             "decide_host" in vars(owner) else None
+        #: ... and its core on arrays of the parameters (the host iteration, Fused._body)
+        self.decide_arrays = rule.decide_arrays if self.decide_host is not None and \
+            "decide_arrays" in vars(owner) else None
         self.listed: torch.Tensor | None = None  # (every pair listed: one tensor a chunk)
+        self.arrays = False  # (whether the chunk ran as Fused._body's host iteration)
         self.lo, self.hi = lo, hi
         f64, long = torch.float64, torch.long
         with torch.inference_mode(False):  # (the loop's tensors are made outside it too)
@@ -222,10 +228,14 @@ class _HostSwaps:
 
     def gate_phase(self, u: int) -> torch.Tensor:
         """DEOW.block_phase's mask of iteration ``u`` (window > 1), on arrays."""
+        return torch.from_numpy(self.gate_phase_a(u))
+
+    def gate_phase_a(self, u: int) -> np.ndarray:
+        """:meth:`gate_phase`'s array (a view of the chunk's masks)."""
         g = self.g_a[u]
         np.logical_or(self.gate, self.open_u[u], out=g)
-        return torch.from_numpy(np.logical_and(self.odd_a if self.odd_u[u] else self.even_a,
-                                               g, out=self.a_a[u]))
+        return np.logical_and(self.odd_a if self.odd_u[u] else self.even_a, g,
+                              out=self.a_a[u])
 
     def gate_after(self, u: int, state: dict) -> dict:
         """DEOW.block_after after iteration ``u``'s swaps, on arrays (``state``: the carried
@@ -285,18 +295,25 @@ class _HostSwaps:
                 b_lo=b_lo, b_hi=b_hi, v_lo=e[:, :-1], v_hi=e[:, 1:], uniform_or_draw=uniforms,
                 iteration=0, lo=self.lo, hi=self.hi, params=params))
             d = decision.numpy()
-        acc = self.acc_a[u]  # (decision & active: both boolean)
-        np.logical_and(d, active.numpy() if self.act_a is None else self.act_a[u], out=acc)
-        verdict = self.v_a[u]
-        verdict[:, 1:self.P] = acc
-        src = _NUMPY.source(verdict, self.matrix)  # (the flat permutation, _source_matrix)
-        self.raf = raf = take(raf, src, None, self.raf_a[u], "clip")
-        self.sof = sof = take(src, self.sof, None, self.sof_a[u], "clip")
-        np.subtract(raf, self.off_a, out=self.ra_a[u])
-        np.subtract(sof, self.off_a, out=self.so_a[u])
+        self.exchange(u, d, active.numpy() if self.act_a is None else self.act_a[u])
         self.d = d
         return (self.ra_t[u], self.so_t[u], decision, self.acc_t[u], prob, accept,
                 nonfinite)
+
+    def exchange(self, u: int, d: np.ndarray, active: np.ndarray) -> None:
+        """Iteration ``u``'s swaps of the pairs whose verdict ``d`` holds and that are
+        ``active`` (both boolean arrays): the executed swaps, the flat maps after them and
+        their row-relative forms, into the chunk's buffers."""
+        take = _NUMPY.take
+        acc = self.acc_a[u]  # (decision & active: both boolean)
+        np.logical_and(d, active, out=acc)
+        verdict = self.v_a[u]
+        verdict[:, 1:self.P] = acc
+        src = _NUMPY.source(verdict, self.matrix)  # (the flat permutation, _source_matrix)
+        self.raf = raf = take(self.raf, src, None, self.raf_a[u], "clip")
+        self.sof = sof = take(src, self.sof, None, self.sof_a[u], "clip")
+        np.subtract(raf, self.off_a, out=self.ra_a[u])
+        np.subtract(sof, self.off_a, out=self.so_a[u])
 
 
 def _explorer(engine: PTEngine):
@@ -560,6 +577,125 @@ class Fused:
         if watched:
             with torch.inference_mode(False):
                 watched_t = torch.tensor(watched, device=eng.device)
+        # the host iteration (host_chunk) where every role of the iteration has an array form
+        host_est = explorer.host_estimator(density) if host and hasattr(
+            explorer, "host_estimator") else None
+        tables = [a.host_table() if hasattr(a, "host_table") else None for a in online]
+        arrays = host_est is not None and n_explore == 1 and not has_ref and \
+            eng.metric is None and None not in tables and not (watched and not late_x)
+
+        def host_chunk(carry: dict, inp: dict, sw: _HostSwaps):
+            """The chunk's ``U`` iterations wholly on NumPy arrays, the state kept as arrays
+            from the first iteration to the last (no tensor between the roles): the
+            explorer's move (``move_np``) and its estimator's ``numpy_gradients``, the
+            finiteness check, the swaps (the rule's ``decide_arrays``, :meth:`_HostSwaps.
+            exchange`), the adaptors' ``observe_arrays`` on the indicators and the gains as
+            floats; the per-iteration tables collected and stacked once.  The roles' own
+            array forms, called in :meth:`iteration`'s order on the same numbers: its outputs
+            bit for bit (``tests/test_host_swaps.py``); a replica whose step is not finite
+            keeps its old state through :meth:`ReplicaState.where`, as the step's."""
+            sw.arrays = True
+            ex = dict(carry["extras"])
+            x, g, v, base = (carry["x"].numpy(), ex["sg_grad"].numpy(), carry["v"].numpy(),
+                             carry["base"].numpy())
+            var = ex["energy_var"].numpy() if "energy_var" in ex else None
+            sched, steps0 = carry["schedule"].numpy(), carry["step_size"].numpy()
+            steps = steps0
+            pa = {n: t.numpy() for n, t in carry["params"].items()}
+            pa0 = dict(pa)
+            rows = [(a, t, inp["gains"][j].tolist()) for j, (a, t)
+                    in enumerate(zip(online, tables, strict=True))]
+            listed = np.ones((R, P - 1), dtype=bool)
+            every = P > 1
+            ones, zeros = np.ones((R, P)), np.zeros((R, P), dtype=np.int64)
+            zero_base = np.zeros((R, P))
+            draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            move, grads, decide, exchange = (explorer.move_np, host_est.numpy_gradients,
+                                             sw.decide_arrays, sw.exchange)
+            gate, sch = sw.gate is not None, carry["scheme"]
+            take, sof_t = _NUMPY.take, None
+            v_l, base_l, x_l, d_l, p_l, a_l, n_l, s_l = ([] for _ in range(8))
+            par_l = {n: [] for n in pa}
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                for u in range(U):
+                    sof_t = sw.sof
+                    b_u, h_u = take(sched, sof_t, None, sw.b_a[u], "clip"), \
+                        take(steps, sof_t, None, sw.h_a[u], "clip")
+                    noise = ReplayNoise([d[u] for d in draws])
+                    x_new = move(x, g, h_u[..., None], b_u, noise, 0)
+                    u_new, g_new, var_new = grads(x_new, noise.key(0, 1))
+                    ok = finite_np(u_new, x_new, g_new)
+                    if ok.all():
+                        x, v, g, var, base = x_new, u_new, g_new, var_new, zero_base
+                        acc_u, nf_u = ones, zeros
+                    else:  # (the step's where, on tensors: rare)
+                        now = {**ex, "sg_grad": torch.from_numpy(g),
+                               **({} if var is None else {"energy_var": torch.from_numpy(var)})}
+                        new_ex = {**now, "sg_grad": torch.from_numpy(g_new),
+                                  "energy_var": torch.from_numpy(var_new)}
+                        old = ReplicaState(torch.from_numpy(x), torch.from_numpy(v),
+                                           torch.from_numpy(base),
+                                           {k: now.get(k, t) for k, t in new_ex.items()})
+                        st = old.where(torch.from_numpy(ok), ReplicaState(
+                            torch.from_numpy(x_new), torch.from_numpy(u_new),
+                            torch.from_numpy(np.zeros(u_new.shape)), new_ex))
+                        x, v, base = st.x.numpy(), st.v.numpy(), st.base.numpy()
+                        ex = dict(st.extras)
+                        g, var = ex["sg_grad"].numpy(), ex["energy_var"].numpy()
+                        acc_u, nf_u = ok.astype(np.float64), (~ok).astype(np.int64)
+                        if not late_stats:  # (by slot: the replicas at the slots before)
+                            acc_u = take(acc_u, sw.raf, None, None, "clip")
+                            nf_u = take(nf_u, sw.raf, None, None, "clip")
+                    v_at = take(v, sw.raf, None, sw.e_a[u], "clip")  # (energies at the slots)
+                    d = decide(v_at[:, :-1], v_at[:, 1:], pa)
+                    exchange(u, d, sw.gate_phase_a(u) if gate else sw.act_a[u])
+                    if gate:
+                        sw.gate_after(u, sch)
+                    else:
+                        sch = scheme.block_after(sch, sw.acc_t[u])
+                    prob = d.astype(np.float64)  # (also the pair indicators: every pair listed)
+                    new_steps = steps
+                    for a, table, gl in rows:  # (the rule's parameters live, the steps as begun)
+                        if table == "step_size":
+                            new_steps = a.observe_arrays(steps, prob, listed, every, gl[u])
+                        else:
+                            pa[table] = a.observe_arrays(pa[table], prob, listed, every, gl[u])
+                    v_l.append(v)
+                    base_l.append(base)
+                    d_l.append(d)
+                    p_l.append(prob)
+                    a_l.append(acc_u)
+                    n_l.append(nf_u)
+                    s_l.append(steps)
+                    for n, lst in par_l.items():
+                        lst.append(pa[n])
+                    if late_x:
+                        x_l.append(x)
+                    steps = new_steps
+            fr = torch.from_numpy
+            stacked = {"slot_of": sw.so_buf, "replica_at": sw.ra_buf, "accepted": sw.acc_buf,
+                       "active": sw.active_all, "v": fr(np.stack(v_l)),
+                       "base": fr(np.stack(base_l)), "decision": fr(np.stack(d_l)),
+                       "prob": fr(np.stack(p_l)), "accept": fr(np.stack(a_l)),
+                       "nonfinite": fr(np.stack(n_l)),
+                       "schedule": carry["schedule"].expand(U, *carry["schedule"].shape),
+                       "step_size": carry["step_size"].expand(U, *steps0.shape)
+                       if all(t is steps0 for t in s_l) else fr(np.stack(s_l)),
+                       "params": {n: fr(np.stack(lst)) for n, lst in par_l.items()}}
+            if late_x:
+                stacked["x"] = fr(np.stack(x_l))
+            ex["sg_grad"] = fr(g)
+            if var is not None:
+                ex["energy_var"] = fr(var)
+            new = {"x": fr(x), "v": fr(v), "base": fr(base.copy() if base is zero_base
+                                                       else base), "extras": ex,
+                   "replica_at": sw.ra_t[-1].clone(), "slot_of": sw.so_t[-1].clone(),
+                   "schedule": carry["schedule"],
+                   "step_size": carry["step_size"] if steps is steps0 else fr(steps),
+                   "params": {n: carry["params"][n] if pa[n] is pa0[n] else fr(pa[n])
+                              for n in pa},
+                   "scheme": sw.scheme_after() if gate else sch}
+            return new, stacked
 
         def iteration(c: dict, inp: dict, u: int, draws, uniforms, gains) -> tuple[dict, dict]:
             """Iteration ``u`` of the chunk: the carry ``c`` after it, plus its outputs
@@ -664,26 +800,37 @@ class Fused:
                 # for the adaptors whose observe_block takes a float: no .item() a step)
                 gains = [inp["gains"][j].tolist() if _takes_floats(a) else g
                          for j, (a, g) in enumerate(zip(online, gains, strict=True))]
-            for u in range(U):
-                carry, out = iteration(carry, inp, u, draws, uniforms, gains)
-                outs.append(out)
-            stacked = {}
-            if sw is not None:  # (the chunk's buffers)
-                stacked.update(slot_of=sw.so_buf, replica_at=sw.ra_buf, accepted=sw.acc_buf,
-                               **({} if sw.active_all is None else {"active": sw.active_all}))
-                carry = {**carry, "slot_of": carry["slot_of"].clone(),
-                         "replica_at": carry["replica_at"].clone(),
-                         **({"scheme": sw.scheme_after()} if sw.gate is not None else {})}
-            for n in outs[0]:
-                if n == "params" or n in stacked:
-                    continue
-                t0 = outs[0][n]
-                if all(o[n] is t0 for o in outs):  # (a table no adaptor changed)
-                    stacked[n] = t0.expand(U, *t0.shape)
-                else:
-                    stacked[n] = torch.stack([o[n] for o in outs])
-            stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
-                                 for n in outs[0]["params"]}
+            ex = carry["extras"]
+            if sw is not None and arrays and sw.decide_arrays is not None and \
+                    sw.active_all is not None and "sg_grad" in ex and \
+                    all(k in ex for k in host_est.extras_keys) and \
+                    viewable(carry["x"], carry["v"], carry["base"], ex["sg_grad"],
+                             carry["schedule"], carry["step_size"], *carry["params"].values()) \
+                    and all(t in carry["params"] for t in tables if t != "step_size"):
+                carry, stacked = host_chunk(carry, inp, sw)
+            else:
+                outs = []
+                for u in range(U):
+                    carry, out = iteration(carry, inp, u, draws, uniforms, gains)
+                    outs.append(out)
+                stacked = {}
+                if sw is not None:  # (the chunk's buffers)
+                    stacked.update(slot_of=sw.so_buf, replica_at=sw.ra_buf,
+                                   accepted=sw.acc_buf, **({} if sw.active_all is None else
+                                                           {"active": sw.active_all}))
+                    carry = {**carry, "slot_of": carry["slot_of"].clone(),
+                             "replica_at": carry["replica_at"].clone(),
+                             **({"scheme": sw.scheme_after()} if sw.gate is not None else {})}
+                for n in outs[0]:
+                    if n == "params" or n in stacked:
+                        continue
+                    t0 = outs[0][n]
+                    if all(o[n] is t0 for o in outs):  # (a table no adaptor changed)
+                        stacked[n] = t0.expand(U, *t0.shape)
+                    else:
+                        stacked[n] = torch.stack([o[n] for o in outs])
+                stacked["params"] = {n: torch.stack([o["params"][n] for o in outs])
+                                     for n in outs[0]["params"]}
             carry.pop("b_pairs", None)
             carry.pop("host", None)
             if late_stats:

@@ -121,6 +121,10 @@ class EnergyEstimator:
         none).  :class:`nrpt.explorers.sgmcmc.SGLD`'s CPU step calls it."""
         return None
 
+    def has_numpy_gradients(self) -> bool:
+        """Whether :meth:`numpy_gradients` gives arrays (not ``None``) for float64 states."""
+        return False
+
     def __call__(self, x, key, extras, need_grad=True) -> Estimate:  # pragma: no cover
         raise NotImplementedError
 
@@ -191,6 +195,9 @@ class NoisyOracle(EnergyEstimator):
         if g is not None:
             g = g + g_sd[..., None] * z[..., 1:]
         return Estimate(u, g, (e_sd * e_sd).expand_as(u).clone())
+
+    def has_numpy_gradients(self) -> bool:
+        return self._numpy
 
     def numpy_gradients(self, x, key):
         """Where the target has ``energy_and_grad_numpy`` and the sds are numbers: its closed

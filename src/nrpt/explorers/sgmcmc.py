@@ -191,6 +191,26 @@ class SGExplorer(Explorer):
         of autograd and outside a compiled graph."""
         return type(self).move is SGLD.move and self.domain is None and viewable(*ts)
 
+    def host_estimator(self, density) -> EnergyEstimator | None:
+        """The estimator where a step may run wholly on NumPy arrays (:meth:`move_np`, the
+        estimator's ``numpy_gradients``, :func:`finite_np`: the eager fused chunk's host
+        iteration, ``nrpt.core.fused``): SGLD's move without a domain and an estimator with
+        its NumPy path; else ``None``."""
+        if type(self).move is not SGLD.move or self.domain is not None:
+            return None
+        est = self._estimator(density)
+        return est if est.has_numpy_gradients() else None
+
+    def move_np(self, x, g, eta, bn, noise, sub):
+        """SGLD's move on float64 arrays: ``x - eta g`` plus ``sqrt(2 eta / b) xi`` (``eta``
+        ``[R, P, 1]``, ``bn`` ``[R, P]``; no noise drawn where every slot is cold, as
+        :func:`_all_cold`).  NumPy's floating-point warnings are the caller's to silence."""
+        x_new = x - eta * g
+        if not (type(noise) is Noise and np.isinf(bn).all()):  # (_all_cold, on the view)
+            xi = noise.normal(sub, (x.shape[-1],), torch.float64).numpy()
+            x_new = x_new + np.sqrt(2.0 * eta * (1.0 / bn)[..., None]) * xi
+        return x_new
+
     def _step_np(self, state, b, step_size, est, noise, sub, extras):
         """:meth:`step` on NumPy views of the same memory (a small NumPy op costs a third to a
         half of a small torch op on the CPU), op for op the same IEEE arithmetic: ``1 / b`` is
@@ -198,12 +218,9 @@ class SGExplorer(Explorer):
         entries are one addition in any order (longer ones are torch's own sums).  The same
         numbers bit for bit (``tests/test_sa_host.py``)."""
         with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-            x, bn = state.x.numpy(), b.numpy()
-            eta = step_size.numpy()[..., None]
-            x_new = x - eta * extras["sg_grad"].numpy()
-            if not (type(noise) is Noise and np.isinf(bn).all()):  # (_all_cold, on the view)
-                xi = noise.normal(sub, (x.shape[-1],), state.x.dtype).numpy()
-                x_new = x_new + np.sqrt(2.0 * eta * (1.0 / bn)[..., None]) * xi
+            x = state.x.numpy()
+            x_new = self.move_np(x, extras["sg_grad"].numpy(), step_size.numpy()[..., None],
+                                 b.numpy(), noise, sub)
             xt = torch.from_numpy(x_new)
             parts = est.numpy_gradients(x_new, noise.key(sub, 1))
             if parts is None:  # (the estimator's own call, on tensors)
@@ -217,9 +234,7 @@ class SGExplorer(Explorer):
             extras["sg_grad"] = gt
             if var is not None:
                 extras["energy_var"] = var
-            short = x.shape[-1] <= 2
-            ok = np.isfinite(u + (x_new.sum(-1) if short else xt.sum(-1).numpy())
-                             + (g.sum(-1) if short else gt.sum(-1).numpy()))
+            ok = finite_np(u, x_new, g)
         new = ReplicaState(xt, ut, torch.from_numpy(np.zeros(u.shape)), extras)
         okt = torch.from_numpy(ok)
         if not ok.all():
@@ -228,6 +243,16 @@ class SGExplorer(Explorer):
             new = old.where(okt, new)
         return new, ExploreInfo(torch.from_numpy(ok.astype(u.dtype)), okt,
                                 torch.from_numpy(~ok))
+
+
+def finite_np(u: np.ndarray, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Whether each replica's energy ``u``, position ``x`` and gradient ``g`` are finite, as
+    :meth:`SGExplorer.step`'s ``isfinite(u + x.sum(-1) + g.sum(-1))`` (sums of one or two
+    entries: one addition in any order, NumPy's; longer ones torch's own sums)."""
+    if x.shape[-1] <= 2:
+        return np.isfinite(u + x.sum(-1) + g.sum(-1))
+    return np.isfinite(u + torch.from_numpy(x).sum(-1).numpy()
+                       + torch.from_numpy(g).sum(-1).numpy())
 
 
 def _all_cold(b: torch.Tensor, noise) -> bool:

@@ -114,9 +114,16 @@ class Deterministic(Rule):
         if not (isinstance(C, float) or viewable(C)):
             return None
         with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-            d = (hi + (C if isinstance(C, float) else C.numpy()) < lo) & np.isfinite(hi) \
-                & np.isfinite(lo)
+            d = self.decide_arrays(lo, hi, {"C": C if isinstance(C, float) else C.numpy()})
         return d, d.astype(lo.dtype)
+
+    def decide_arrays(self, lo: np.ndarray, hi: np.ndarray, params: dict) -> np.ndarray:
+        """The verdicts ``hi + C < lo`` of finite energies on arrays (``params``: the rule's
+        parameters as arrays, ``C`` an ``[R, 1]`` array or a float; without ``C`` the initial
+        correction; NumPy's floating-point warnings are the caller's to silence): the core of
+        :meth:`decide_host`, which the eager fused chunk's host iteration calls."""
+        C = params["C"] if "C" in params else self.correction
+        return (hi + C < lo) & np.isfinite(hi) & np.isfinite(lo)
 
     def describe(self):
         return {"rule": self.name, "initial_correction": self.correction}
