@@ -136,6 +136,9 @@ class CorrectionAdaptor(AdaptorBase):
         """The step sizes of iterations ``k0 .. k0 + U - 1`` (the block form's input)."""
         return [self.gamma(k) for k in range(k0, k0 + U)]
 
+    #: observe_block takes its gain as a float too (nrpt.core.fused hands floats)
+    float_gains = True
+
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
         C = it.params["C"]
@@ -222,8 +225,9 @@ class LearningRateAdaptor(AdaptorBase):
         if eta.shape[1] < 3:
             return eta
         if viewable(eta, A):
-            return torch.from_numpy(_update_np(eta.numpy(), A.numpy(), listed.numpy(), S,
-                                               _gain(gamma)))
+            with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                return torch.from_numpy(_update_np(eta.numpy(), A.numpy(), listed.numpy(), S,
+                                                   _gain(gamma)))
         H = (A - S) * listed  # unlisted pairs: no update
         grown = eta.diff(dim=1) * torch.exp(gamma * H)  # gaps stay > 0 (ladder kept ordered)
         new = eta.clone()
@@ -246,7 +250,10 @@ class LearningRateAdaptor(AdaptorBase):
         """:meth:`observe_block`'s new learning rates on NumPy arrays (``eta[R, P]``, the
         indicators as :meth:`CorrectionAdaptor.observe_arrays`'); ``eta`` itself when ``P <
         3``."""
-        return _update_np(eta, A, listed, self.S, gain) if eta.shape[1] >= 3 else eta
+        return _update_np(eta, A, listed, self.S, gain, every) if eta.shape[1] >= 3 else eta
+
+    #: observe_block takes its gain as a float too (nrpt.core.fused hands floats)
+    float_gains = True
 
     def observe_block(self, it, gain) -> Update:
         """:meth:`observe` with the step size ``gain`` given (a float or a 0-d tensor)."""
@@ -254,8 +261,9 @@ class LearningRateAdaptor(AdaptorBase):
         if self.ladder == "paper" and eta.shape[1] >= 3 and viewable(eta):
             host = _indicators_host(it, self.pairs)
             if host is not None:  # (update's NumPy path on the shared views)
-                return Update(step_size=torch.from_numpy(_update_np(
-                    eta.numpy(), host[0], host[1], self.S, _gain(gain))))
+                with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
+                    return Update(step_size=torch.from_numpy(self.observe_arrays(
+                        eta.numpy(), *host, _gain(gain))))
         A, listed = _indicators(it, self.pairs)
         step = self.update if self.ladder == "paper" else self.update_log_gaps
         return Update(step_size=step(eta, A, listed, self.S, gain))
@@ -266,22 +274,24 @@ def _gain(gain) -> float:
     return gain.item() if isinstance(gain, torch.Tensor) else float(gain)
 
 
-def _update_np(eta: np.ndarray, A: np.ndarray, listed: np.ndarray, S: float, gamma
-               ) -> np.ndarray:
+def _update_np(eta: np.ndarray, A: np.ndarray, listed: np.ndarray, S: float, gamma,
+               every: bool = False) -> np.ndarray:
     """:meth:`LearningRateAdaptor.update` on NumPy arrays, op for op (``diff`` as the slices'
     difference, which it is; ``exp`` by torch's kernel).  Two steps are written otherwise with
     the same outcome: the order check ``b - a > 0`` as ``b > a`` (the same truth for every pair
     of doubles: with gradual underflow ``b - a`` is 0 only where ``b == a``, and a NaN fails
-    both), and ``where(ordered, new, eta)`` as the refused rows copied back (none, mostly)."""
-    with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-        H = (A - S) * listed
-        grown = (eta[:, 1:] - eta[:, :-1]) * _exp_np(gamma * H)
-        new = eta.copy()
-        new[:, 1:-1] = 0.5 * (eta[:, :-2] + eta[:, 2:] + grown[:, :-1] - grown[:, 1:])
-        ordered = (new[:, 1:] > new[:, :-1]).all(1)
-        if not ordered.all():
-            new[~ordered] = eta[~ordered]
-        return new
+    both), and ``where(ordered, new, eta)`` as the refused rows copied back (none, mostly);
+    ``every`` (every pair listed) skips the product by ``listed``'s ones.  NumPy's
+    floating-point warnings are the caller's to silence."""
+    H = A - S if every else (A - S) * listed  # (every pair listed: times 1, the same)
+    grown = (eta[:, 1:] - eta[:, :-1]) * _exp_np(gamma * H)
+    new = eta.copy()
+    new[:, 1:-1] = 0.5 * (eta[:, :-2] + eta[:, 2:] + grown[:, :-1] - grown[:, 1:])
+    up = new[:, 1:] > new[:, :-1]
+    if not up.all():  # (some row not increasing: it keeps its ladder)
+        ordered = up.all(1)
+        new[~ordered] = eta[~ordered]
+    return new
 
 
 class VarianceTracker(AdaptorBase):

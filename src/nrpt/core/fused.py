@@ -23,6 +23,7 @@ without ``observe`` or with ``observe_block``; any recorders.  :func:`why_not` s
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import warnings
@@ -195,12 +196,10 @@ class _HostSwaps:
             self.acc_a = (t.numpy() for t in (b_buf, h_buf, e_buf, v_buf, raf_buf, sof_buf,
                                               ra_buf, so_buf, acc_buf))
         self.v_a[...] = pads_a  # (a broadcast copy: the verdicts' row constants)
-        self.b_t, self.h_t, self.e_buf = b_buf.unbind(0), h_buf.unbind(0), e_buf
-        self.ra_t, self.so_t, self.acc_t = ra_buf.unbind(0), so_buf.unbind(0), acc_buf.unbind(0)
+        self.b_buf, self.h_buf, self.e_buf = b_buf, h_buf, e_buf
         self.ra_buf, self.so_buf, self.acc_buf = ra_buf, so_buf, acc_buf
         # (every iteration's mask where it depends on no state, block_active; else per step)
-        self.active_all = active
-        self.active = None if active is None else active.unbind(0)
+        self.active_all = self.block_masks = active
         self.act_a = None if active is None else active.numpy()
         # DEO_W's gate (window > 1: the masks read the swaps made) on arrays, where the scheme
         # is DEO_W's own (block_phase and block_after not overridden): per iteration the gate
@@ -226,6 +225,33 @@ class _HostSwaps:
         self.sof = np.add(carry["slot_of"].numpy(), off_a)
         self._tables: tuple = (None, None, None, None)
 
+    # each iteration's tensors of the buffers, made where the tensor iteration reads them
+    # (one unbind a buffer and chunk; the host iteration reads the arrays)
+    @functools.cached_property
+    def b_t(self) -> tuple:
+        return self.b_buf.unbind(0)
+
+    @functools.cached_property
+    def h_t(self) -> tuple:
+        return self.h_buf.unbind(0)
+
+    @functools.cached_property
+    def ra_t(self) -> tuple:
+        return self.ra_buf.unbind(0)
+
+    @functools.cached_property
+    def so_t(self) -> tuple:
+        return self.so_buf.unbind(0)
+
+    @functools.cached_property
+    def acc_t(self) -> tuple:
+        return self.acc_buf.unbind(0)
+
+    @functools.cached_property
+    def active(self) -> tuple | None:
+        """Every iteration's mask where they depend on no state (block_active), else None."""
+        return None if self.block_masks is None else self.block_masks.unbind(0)
+
     def gate_phase(self, u: int) -> torch.Tensor:
         """DEOW.block_phase's mask of iteration ``u`` (window > 1), on arrays."""
         return torch.from_numpy(self.gate_phase_a(u))
@@ -248,16 +274,18 @@ class _HostSwaps:
         """The scheme's state after the chunk (DEO_W's gate after its last iteration)."""
         return {**self.scheme_state, "gate": self.n_buf[-1]}
 
-    def indicators(self, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last swap phase's :attr:`nrpt.roles.Iteration.pair_indicators` (a sweep: the
-        verdicts as 0/1 doubles, every pair listed), from its verdicts' array (a cast, as
-        ``decision.to(float64)``); the all-true ``listed`` is one tensor a chunk (read-only,
-        as every table an Iteration hands out)."""
+    def indicators(self, d: np.ndarray, active: torch.Tensor) -> tuple:
+        """A swap phase's :attr:`nrpt.roles.Iteration.pair_indicators` (a sweep: the
+        verdicts as 0/1 doubles, every pair listed) from its verdicts' array ``d`` (a cast,
+        as ``decision.to(float64)``), and their NumPy views as :mod:`nrpt.adapt.sa` shares
+        them: ``((A, listed), (A's array, listed's, every pair listed))``; the all-true
+        ``listed`` is one tensor a chunk (read-only, as every table an Iteration hands
+        out)."""
         if self.listed is None:
             self.listed = torch.ones_like(active)
             self.listed_a = self.listed.numpy()
-        self.A_a = self.d.astype(np.float64)
-        return torch.from_numpy(self.A_a), self.listed
+        A = d.astype(np.float64)
+        return (torch.from_numpy(A), self.listed), (A, self.listed_a, self.P > 1)
 
     def tables(self, schedule: torch.Tensor, step_size: torch.Tensor):
         """The tables' NumPy views (made again only when an adaptor gave a new table)."""
@@ -273,7 +301,7 @@ class _HostSwaps:
               params: dict, uniforms, by_slot: bool, active: torch.Tensor):
         """Iteration ``u``'s swap phase, as :func:`~nrpt.core.engine.sweep_exchange`'s (and
         :func:`~nrpt.core.engine.slot_stats`'s where ``by_slot``): ``(replica_at, slot_of,
-        decision, accepted, prob, accept by slot, nonfinite by slot)``."""
+        decision, accepted, prob, accept by slot, nonfinite by slot, the verdicts' array)``."""
         take, raf = _NUMPY.take, self.raf  # (the replicas at the slots during the moves)
         v_at = self.e_a[u]  # (the energies at the slots)
         take(state.v.numpy(), raf, None, v_at, "clip")
@@ -296,24 +324,24 @@ class _HostSwaps:
                 iteration=0, lo=self.lo, hi=self.hi, params=params))
             d = decision.numpy()
         self.exchange(u, d, active.numpy() if self.act_a is None else self.act_a[u])
-        self.d = d
+        np.subtract(self.raf, self.off_a, out=self.ra_a[u])  # (the maps by row, this step's)
+        np.subtract(self.sof, self.off_a, out=self.so_a[u])
         return (self.ra_t[u], self.so_t[u], decision, self.acc_t[u], prob, accept,
-                nonfinite)
+                nonfinite, d)
 
     def exchange(self, u: int, d: np.ndarray, active: np.ndarray) -> None:
         """Iteration ``u``'s swaps of the pairs whose verdict ``d`` holds and that are
-        ``active`` (both boolean arrays): the executed swaps, the flat maps after them and
-        their row-relative forms, into the chunk's buffers."""
+        ``active`` (both boolean arrays): the executed swaps and the flat maps after them,
+        into the chunk's buffers (their row-relative forms: the caller's, per step or per
+        chunk)."""
         take = _NUMPY.take
         acc = self.acc_a[u]  # (decision & active: both boolean)
         np.logical_and(d, active, out=acc)
         verdict = self.v_a[u]
         verdict[:, 1:self.P] = acc
         src = _NUMPY.source(verdict, self.matrix)  # (the flat permutation, _source_matrix)
-        self.raf = raf = take(self.raf, src, None, self.raf_a[u], "clip")
-        self.sof = sof = take(src, self.sof, None, self.sof_a[u], "clip")
-        np.subtract(raf, self.off_a, out=self.ra_a[u])
-        np.subtract(sof, self.off_a, out=self.so_a[u])
+        self.raf = take(self.raf, src, None, self.raf_a[u], "clip")
+        self.sof = take(src, self.sof, None, self.sof_a[u], "clip")
 
 
 def _explorer(engine: PTEngine):
@@ -609,19 +637,20 @@ class Fused:
             every = P > 1
             ones, zeros = np.ones((R, P)), np.zeros((R, P), dtype=np.int64)
             zero_base = np.zeros((R, P))
+            # (every iteration's draws in the order the steps take them, one cursor: checked
+            # at the end)
             draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            noise = ReplayNoise([t for ts in zip(*draws, strict=True) for t in ts])
             move, grads, decide, exchange = (explorer.move_np, host_est.numpy_gradients,
                                              sw.decide_arrays, sw.exchange)
             gate, sch = sw.gate is not None, carry["scheme"]
             take, sof_t = _NUMPY.take, None
-            v_l, base_l, x_l, d_l, p_l, a_l, n_l, s_l = ([] for _ in range(8))
-            par_l = {n: [] for n in pa}
+            rows_u = []  # (each iteration's tables, stacked once)
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
                 for u in range(U):
                     sof_t = sw.sof
                     b_u, h_u = take(sched, sof_t, None, sw.b_a[u], "clip"), \
                         take(steps, sof_t, None, sw.h_a[u], "clip")
-                    noise = ReplayNoise([d[u] for d in draws])
                     x_new = move(x, g, h_u[..., None], b_u, noise, 0)
                     u_new, g_new, var_new = grads(x_new, noise.key(0, 1))
                     ok = finite_np(u_new, x_new, g_new)
@@ -652,7 +681,7 @@ class Fused:
                     if gate:
                         sw.gate_after(u, sch)
                     else:
-                        sch = scheme.block_after(sch, sw.acc_t[u])
+                        sch = scheme.block_after(sch, torch.from_numpy(sw.acc_a[u]))
                     prob = d.astype(np.float64)  # (also the pair indicators: every pair listed)
                     new_steps = steps
                     for a, table, gl in rows:  # (the rule's parameters live, the steps as begun)
@@ -660,19 +689,15 @@ class Fused:
                             new_steps = a.observe_arrays(steps, prob, listed, every, gl[u])
                         else:
                             pa[table] = a.observe_arrays(pa[table], prob, listed, every, gl[u])
-                    v_l.append(v)
-                    base_l.append(base)
-                    d_l.append(d)
-                    p_l.append(prob)
-                    a_l.append(acc_u)
-                    n_l.append(nf_u)
-                    s_l.append(steps)
-                    for n, lst in par_l.items():
-                        lst.append(pa[n])
-                    if late_x:
-                        x_l.append(x)
+                    rows_u.append((v, base, d, prob, acc_u, nf_u, steps, x, *pa.values()))
                     steps = new_steps
+            if noise.i != len(noise.draws):
+                raise RuntimeError(f"the chunk's steps took {noise.i} of its {len(noise.draws)} "
+                                   f"draws")
+            np.subtract(sw.raf_a, off_a, out=sw.ra_a)  # (the maps by row, every step's)
+            np.subtract(sw.sof_a, off_a, out=sw.so_a)
             fr = torch.from_numpy
+            v_l, base_l, d_l, p_l, a_l, n_l, s_l, x_l, *par_l = zip(*rows_u, strict=True)
             stacked = {"slot_of": sw.so_buf, "replica_at": sw.ra_buf, "accepted": sw.acc_buf,
                        "active": sw.active_all, "v": fr(np.stack(v_l)),
                        "base": fr(np.stack(base_l)), "decision": fr(np.stack(d_l)),
@@ -681,7 +706,8 @@ class Fused:
                        "schedule": carry["schedule"].expand(U, *carry["schedule"].shape),
                        "step_size": carry["step_size"].expand(U, *steps0.shape)
                        if all(t is steps0 for t in s_l) else fr(np.stack(s_l)),
-                       "params": {n: fr(np.stack(lst)) for n, lst in par_l.items()}}
+                       "params": {n: fr(np.stack(lst)) for n, lst in zip(pa, par_l,
+                                                                         strict=True)}}
             if late_x:
                 stacked["x"] = fr(np.stack(x_l))
             ex["sg_grad"] = fr(g)
@@ -689,7 +715,7 @@ class Fused:
                 ex["energy_var"] = fr(var)
             new = {"x": fr(x), "v": fr(v), "base": fr(base.copy() if base is zero_base
                                                        else base), "extras": ex,
-                   "replica_at": sw.ra_t[-1].clone(), "slot_of": sw.so_t[-1].clone(),
+                   "replica_at": sw.ra_buf[-1].clone(), "slot_of": sw.so_buf[-1].clone(),
                    "schedule": carry["schedule"],
                    "step_size": carry["step_size"] if steps is steps0 else fr(steps),
                    "params": {n: carry["params"][n] if pa[n] is pa0[n] else fr(pa[n])
@@ -726,9 +752,10 @@ class Fused:
                     active, sch = sw.gate_phase(u), None
                 else:
                     active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
-                replica_at, slot_of, decision, accepted, prob, by_slot, nonfinite = sw.swaps(
-                    u, state, accept, nonfinite, c["schedule"], c.get("b_pairs"), params,
-                    _no_uniforms if uniforms is None else uniforms[u], not late_stats, active)
+                replica_at, slot_of, decision, accepted, prob, by_slot, nonfinite, verdicts = \
+                    sw.swaps(u, state, accept, nonfinite, c["schedule"], c.get("b_pairs"),
+                             params, _no_uniforms if uniforms is None else uniforms[u],
+                             not late_stats, active)
             else:
                 active, sch = scheme.block_phase(pairs, inp["scheme"], u, c["scheme"])
                 # (SwapContext.iteration is 0 here: none of RULES reads it, and a Python
@@ -755,9 +782,8 @@ class Fused:
                                                         prob)],
                                has_reference=has_ref)
                 if sw is not None and c["schedule"].dtype is torch.float64:
-                    it._cache["pair_indicators"] = sw.indicators(active)
-                    # (their views, as nrpt.adapt.sa shares them: every pair listed)
-                    it._cache["pair_indicators_np"] = (sw.A_a, sw.listed_a, P > 1)
+                    it._cache["pair_indicators"], it._cache["pair_indicators_np"] = \
+                        sw.indicators(verdicts, active)
                 for j, a in enumerate(online):  # (k is not read: the gain comes in)
                     upd = a.observe_block(it, gains[j][u])
                     schedule = upd.schedule if upd.schedule is not None else schedule
@@ -791,15 +817,6 @@ class Fused:
             if late_stats:  # (no adaptor: the schedule is the chunk's own; its pairs' sides)
                 sch = carry["schedule"]
                 carry = {**carry, "b_pairs": (sch[:, :-1], sch[:, 1:])}
-            # (one op a draw, not one a step; a list: already one tensor an iteration)
-            draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
-            uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
-            # (each adaptor's gains split once: a tuple index a step, not a tensor index)
-            gains = [g.unbind(0) for g in inp["gains"].unbind(0)] if "gains" in inp else None
-            if sw is not None and gains is not None:  # (float64: the same doubles as floats,
-                # for the adaptors whose observe_block takes a float: no .item() a step)
-                gains = [inp["gains"][j].tolist() if _takes_floats(a) else g
-                         for j, (a, g) in enumerate(zip(online, gains, strict=True))]
             ex = carry["extras"]
             if sw is not None and arrays and sw.decide_arrays is not None and \
                     sw.active_all is not None and "sg_grad" in ex and \
@@ -807,8 +824,17 @@ class Fused:
                     viewable(carry["x"], carry["v"], carry["base"], ex["sg_grad"],
                              carry["schedule"], carry["step_size"], *carry["params"].values()) \
                     and all(t in carry["params"] for t in tables if t != "step_size"):
-                carry, stacked = host_chunk(carry, inp, sw)
+                carry, stacked = host_chunk(carry, inp, sw)  # (its own splits of the inputs)
             else:
+                # (one op a draw, not one a step; a list: already one tensor an iteration)
+                draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+                uniforms = inp["uniforms"].unbind(0) if "uniforms" in inp else None
+                # (each adaptor's gains split once: a tuple index a step, not a tensor index)
+                gains = [g.unbind(0) for g in inp["gains"].unbind(0)] if "gains" in inp else None
+                if sw is not None and gains is not None:  # (float64: the same doubles as floats,
+                    # for the adaptors whose observe_block takes a float: no .item() a step)
+                    gains = [inp["gains"][j].tolist() if _takes_floats(a) else g
+                             for j, (a, g) in enumerate(zip(online, gains, strict=True))]
                 outs = []
                 for u in range(U):
                     carry, out = iteration(carry, inp, u, draws, uniforms, gains)
@@ -1162,12 +1188,11 @@ def _per_slot(stacked: dict, first_at: torch.Tensor, n_explore: int) -> None:
 
 
 def _takes_floats(adaptor) -> bool:
-    """Whether the adaptor's ``observe_block`` is one documented to take its number as a
-    float as well as a 0-d tensor (the protocol's; :mod:`nrpt.adapt.sa`'s)."""
-    from nrpt.adapt.sa import CorrectionAdaptor, LearningRateAdaptor
-
-    return type(adaptor).observe_block in (CorrectionAdaptor.observe_block,
-                                           LearningRateAdaptor.observe_block)
+    """Whether the adaptor's ``observe_block`` takes its gain as a float as well as a 0-d
+    tensor: the class that defines it says so (``float_gains = True`` beside it; a subclass
+    that overrides ``observe_block`` says so again or not)."""
+    owner = next((c for c in type(adaptor).__mro__ if "observe_block" in vars(c)), None)
+    return owner is not None and vars(owner).get("float_gains", False) is True
 
 
 def _no_uniforms():

@@ -249,7 +249,9 @@ def finite_np(u: np.ndarray, x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Whether each replica's energy ``u``, position ``x`` and gradient ``g`` are finite, as
     :meth:`SGExplorer.step`'s ``isfinite(u + x.sum(-1) + g.sum(-1))`` (sums of one or two
     entries: one addition in any order, NumPy's; longer ones torch's own sums)."""
-    if x.shape[-1] <= 2:
+    if x.shape[-1] == 2:  # (the sums of two entries: one addition, without a reduction)
+        return np.isfinite(u + (x[..., 0] + x[..., 1]) + (g[..., 0] + g[..., 1]))
+    if x.shape[-1] == 1:
         return np.isfinite(u + x.sum(-1) + g.sum(-1))
     return np.isfinite(u + torch.from_numpy(x).sum(-1).numpy()
                        + torch.from_numpy(g).sum(-1).numpy())

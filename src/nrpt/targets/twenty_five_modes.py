@@ -129,8 +129,9 @@ class TwentyFiveModes:
         row stays its own NaN (the first operand's).  NumPy's floating-point warnings are the
         caller's to silence (``np.errstate``; torch gives none)."""
         ang = torch.from_numpy(2.0 * math.pi * x)
-        r2 = (x * x).sum(1)
-        u = 0.2 * r2 - 2.0 * torch.cos(ang).numpy().sum(1)
+        xx, cos = x * x, torch.cos(ang).numpy()
+        r2 = xx[:, 0] + xx[:, 1]  # (the sums of two entries: one addition)
+        u = 0.2 * r2 - 2.0 * (cos[:, 0] + cos[:, 1])
         g = 0.4 * x + (4.0 * math.pi) * torch.sin(ang).numpy()
         if self.penalty:
             over = r2 > _R2_PENALTY
