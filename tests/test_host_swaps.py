@@ -32,6 +32,8 @@ CASES = {
     # learning rates so large that some replica's step is not finite in every iteration:
     # the host iteration's fallback (the step's where) and statistics by slot
     "headline-nonfinite": dict(HEADLINE, chains=5, systems=2, lr_max=1e160),
+    # an adaptor without an array form (the log-gaps ladder update): the tensor iteration
+    "headline-log-gaps": dict(HEADLINE, chains=5, systems=2, ladder_update="log-gaps"),
     # a geometric path (the reference slot refreshed), SEO, two explorer steps an iteration
     "rwmh-seo-reference-n2": dict(target="geometric-bimodal", chains=5, systems=2,
                                   explorer="rwmh", scheme="seo", n_explore=2),

@@ -638,19 +638,19 @@ class Fused:
             ones, zeros = np.ones((R, P)), np.zeros((R, P), dtype=np.int64)
             zero_base = np.zeros((R, P))
             # (every iteration's draws in the order the steps take them, one cursor: checked
-            # at the end)
-            draws = [d if isinstance(d, list) else d.unbind(0) for d in inp["draws"]]
+            # at the end; as arrays, which the array forms take as they are)
+            draws = [d if isinstance(d, list) else list(d.numpy()) for d in inp["draws"]]
             noise = ReplayNoise([t for ts in zip(*draws, strict=True) for t in ts])
             move, grads, decide, exchange = (explorer.move_np, host_est.numpy_gradients,
                                              sw.decide_arrays, sw.exchange)
             gate, sch = sw.gate is not None, carry["scheme"]
-            take, sof_t = _NUMPY.take, None
+            take, b_a, h_a, e_a = _NUMPY.take, sw.b_a, sw.h_a, sw.e_a
             rows_u = []  # (each iteration's tables, stacked once)
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
                 for u in range(U):
-                    sof_t = sw.sof
-                    b_u, h_u = take(sched, sof_t, None, sw.b_a[u], "clip"), \
-                        take(steps, sof_t, None, sw.h_a[u], "clip")
+                    sof, raf = sw.sof, sw.raf  # (the flat maps before the swaps)
+                    b_u, h_u = take(sched, sof, None, b_a[u], "clip"), \
+                        take(steps, sof, None, h_a[u], "clip")
                     x_new = move(x, g, h_u[..., None], b_u, noise, 0)
                     u_new, g_new, var_new = grads(x_new, noise.key(0, 1))
                     ok = finite_np(u_new, x_new, g_new)
@@ -673,9 +673,9 @@ class Fused:
                         g, var = ex["sg_grad"].numpy(), ex["energy_var"].numpy()
                         acc_u, nf_u = ok.astype(np.float64), (~ok).astype(np.int64)
                         if not late_stats:  # (by slot: the replicas at the slots before)
-                            acc_u = take(acc_u, sw.raf, None, None, "clip")
-                            nf_u = take(nf_u, sw.raf, None, None, "clip")
-                    v_at = take(v, sw.raf, None, sw.e_a[u], "clip")  # (energies at the slots)
+                            acc_u = take(acc_u, raf, None, None, "clip")
+                            nf_u = take(nf_u, raf, None, None, "clip")
+                    v_at = take(v, raf, None, e_a[u], "clip")  # (the energies at the slots)
                     d = decide(v_at[:, :-1], v_at[:, 1:], pa)
                     exchange(u, d, sw.gate_phase_a(u) if gate else sw.act_a[u])
                     if gate:

@@ -203,12 +203,14 @@ class NoisyOracle(EnergyEstimator):
         """Where the target has ``energy_and_grad_numpy`` and the sds are numbers: its closed
         form and the noise on NumPy arrays (a small NumPy op costs a third to a half of a small
         torch op), the same IEEE products and sums as :meth:`__call__`'s torch path, bit for
-        bit (``tests/test_sa_host.py``); else ``None``."""
+        bit (``tests/test_sa_host.py``); else ``None``.  The key's draw may be a NumPy array
+        (the eager fused chunk's host iteration replays its draws as arrays)."""
         if not self._numpy:
             return None
         lead, dim = x.shape[:-1], x.shape[-1]
         z = rng.as_key(key).normal((*lead, 1 + dim), SG_STREAMS.ORACLE_ENERGY,
-                                   dtype=torch.float64).numpy()
+                                   dtype=torch.float64)
+        z = z if type(z) is np.ndarray else z.numpy()  # (a replayed array as it is)
         u, g = self._exact._numpy(x.reshape(-1, dim))
         e_sd = self.energy_sd
         return (u.reshape(lead) + e_sd * z[..., 0], g.reshape(x.shape) + self.grad_sd * z[..., 1:],

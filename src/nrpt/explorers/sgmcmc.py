@@ -204,10 +204,12 @@ class SGExplorer(Explorer):
     def move_np(self, x, g, eta, bn, noise, sub):
         """SGLD's move on float64 arrays: ``x - eta g`` plus ``sqrt(2 eta / b) xi`` (``eta``
         ``[R, P, 1]``, ``bn`` ``[R, P]``; no noise drawn where every slot is cold, as
-        :func:`_all_cold`).  NumPy's floating-point warnings are the caller's to silence."""
+        :func:`_all_cold`; the noise may replay NumPy arrays).  NumPy's floating-point warnings
+        are the caller's to silence."""
         x_new = x - eta * g
         if not (type(noise) is Noise and np.isinf(bn).all()):  # (_all_cold, on the view)
-            xi = noise.normal(sub, (x.shape[-1],), torch.float64).numpy()
+            xi = noise.normal(sub, (x.shape[-1],), torch.float64)
+            xi = xi if type(xi) is np.ndarray else xi.numpy()  # (a replayed array as it is)
             x_new = x_new + np.sqrt(2.0 * eta * (1.0 / bn)[..., None]) * xi
         return x_new
 
