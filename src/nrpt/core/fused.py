@@ -577,7 +577,11 @@ class Fused:
         on the arrays (no context, no tensor slices), DEO_W's gate (window > 1, the scheme's
         own forms) opens and closes on arrays, the iteration's pair indicators and their views
         come from the verdicts' array (:mod:`nrpt.adapt.sa` shares the views), and the
-        adaptors of :mod:`nrpt.adapt.sa` get their gains as floats (the same doubles).
+        adaptors of :mod:`nrpt.adapt.sa` get their gains as floats (the same doubles).  Where
+        every role has an array form (``host_chunk``: SGLD/SGD with a NumPy estimator, a rule
+        with ``decide_arrays``, adaptors with ``observe_arrays``, one explorer step, no
+        reference slot, no metric, the watched positions gathered per chunk) the whole chunk
+        runs on arrays, its state never a tensor between the roles.
         Integer indexing, logical ops and a cast: the same numbers as the tensors' ops
         (``tests/test_host_swaps.py`` checks each chunk against the traced form's bit for
         bit; ``tests/test_fused.py`` the chunks against the plain loop)."""
@@ -661,7 +665,8 @@ class Fused:
                         now = {**ex, "sg_grad": torch.from_numpy(g),
                                **({} if var is None else {"energy_var": torch.from_numpy(var)})}
                         new_ex = {**now, "sg_grad": torch.from_numpy(g_new),
-                                  "energy_var": torch.from_numpy(var_new)}
+                                  **({} if var_new is None else
+                                     {"energy_var": torch.from_numpy(var_new)})}
                         old = ReplicaState(torch.from_numpy(x), torch.from_numpy(v),
                                            torch.from_numpy(base),
                                            {k: now.get(k, t) for k, t in new_ex.items()})
@@ -670,7 +675,8 @@ class Fused:
                             torch.from_numpy(np.zeros(u_new.shape)), new_ex))
                         x, v, base = st.x.numpy(), st.v.numpy(), st.base.numpy()
                         ex = dict(st.extras)
-                        g, var = ex["sg_grad"].numpy(), ex["energy_var"].numpy()
+                        g = ex["sg_grad"].numpy()
+                        var = ex["energy_var"].numpy() if "energy_var" in ex else None
                         acc_u, nf_u = ok.astype(np.float64), (~ok).astype(np.int64)
                         if not late_stats:  # (by slot: the replicas at the slots before)
                             acc_u = take(acc_u, raf, None, None, "clip")
