@@ -32,6 +32,7 @@ from nrpt.core.loop import Interrupt, Plan, Run, execute
 from nrpt.deep.config import AVERAGES, DeepConfig
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.methods import BUILDERS, METHODS, Context, Method, Setup, make_engine
+from nrpt.deep.metrics import all_finite
 from nrpt.deep.placement import Placement
 from nrpt.deep.recorders import BMARecorder, EpochMetrics, IndexRecorder, SWAGRecorder
 from nrpt.deep.replicas import FunctionalNet, choose_strategy
@@ -67,7 +68,7 @@ def _check_data(name: str, data, classes: int | None = None, finite: bool = True
     if int(y.min()) < 0 or (classes is not None and int(y.max()) >= classes):
         raise ValueError(f"{name}: labels must be in [0, {classes}); got min {int(y.min())}, "
                          f"max {int(y.max())}")
-    if finite and not torch.isfinite(X.float()).all():  # (finite=False: checked already)
+    if finite and not all_finite(X.float()):  # (finite=False: checked already)
         raise ValueError(f"{name}: X holds NaN or inf")
     return X, y
 
