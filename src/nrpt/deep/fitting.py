@@ -32,6 +32,7 @@ from nrpt.core.loop import Interrupt, Plan, Run, execute
 from nrpt.deep.config import AVERAGES, DeepConfig
 from nrpt.deep.energy import NetworkEnergy, NetworkTarget
 from nrpt.deep.methods import BUILDERS, METHODS, Context, Method, Setup, make_engine
+from nrpt.deep.metrics import all_finite
 from nrpt.deep.placement import Placement
 from nrpt.deep.recorders import BMARecorder, EpochMetrics, IndexRecorder, SWAGRecorder
 from nrpt.deep.replicas import FunctionalNet, choose_strategy
@@ -50,7 +51,8 @@ KIND = "deep"
 
 
 # ---------------------------------------------------------------------------------- data checks
-def _check_data(name: str, data, classes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_data(name: str, data, classes: int | None = None, finite: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     if not (isinstance(data, tuple | list) and len(data) == 2):
         raise ValueError(f"{name} must be a pair (X, y) of tensors")
     X, y = (torch.as_tensor(t) for t in data)
@@ -66,7 +68,7 @@ def _check_data(name: str, data, classes: int | None = None) -> tuple[torch.Tens
     if int(y.min()) < 0 or (classes is not None and int(y.max()) >= classes):
         raise ValueError(f"{name}: labels must be in [0, {classes}); got min {int(y.min())}, "
                          f"max {int(y.max())}")
-    if not torch.isfinite(X.float()).all():
+    if finite and not all_finite(X.float()):  # (finite=False: checked already)
         raise ValueError(f"{name}: X holds NaN or inf")
     return X, y
 
@@ -459,7 +461,7 @@ def _prepare(cfg, model, train, test, classes, augment, comm=None) -> _Job:
     n_classes = _classes_of(net, Xtr[:2].to(dev, dtype))
     if classes is not None and classes > n_classes:
         raise ValueError(f"classes ({classes}) is larger than the model's {n_classes} outputs")
-    Xtr, ytr = _check_data("train", (Xtr, ytr), n_classes)
+    Xtr, ytr = _check_data("train", (Xtr, ytr), n_classes, finite=False)
     Xte, yte = _check_data("test", test, n_classes)
     return _assemble(cfg, model, net, (Xtr, ytr, Xte, yte), augment, comm, classes=n_classes)
 
