@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nrpt.host import viewable
+
 __all__ = ["PROB_FLOOR", "BMA", "evaluate", "reliability"]
 
 PROB_FLOOR = 1e-12
@@ -24,7 +26,7 @@ def all_finite(t: Tensor) -> bool:
     """``bool(torch.isfinite(t).all())``; a float32 / float64 CPU tensor out of autograd is
     read through its NumPy view (the same answer at a tenth to a twentieth of the cost on a
     dataset: 12 against 220 us on the digits' training X)."""
-    if t.dtype in (torch.float32, torch.float64) and t.is_cpu and not t.requires_grad:
+    if viewable(t, dtypes=(torch.float32, torch.float64)):
         return bool(np.isfinite(t.numpy()).all())
     return bool(torch.isfinite(t).all())
 

@@ -237,14 +237,15 @@ def _all_cold(b: torch.Tensor, noise) -> bool:
     it was traced), so there the draw is always made."""
     if type(noise) is not Noise or torch.compiler.is_compiling():
         return False
-    if b.is_cpu and not b.requires_grad:  # (a NumPy view: the same answer, half the calls)
+    if viewable(b, dtypes=None):  # (a NumPy view: the same answer, half the calls)
         return bool(np.isinf(b.numpy()).all())
     return bool(torch.isinf(b).all())
 
 
 def _all_true(ok: torch.Tensor) -> bool:
-    """``bool(ok.all())`` of a boolean tensor; on the CPU read from its NumPy view."""
-    return bool(ok.numpy().all()) if ok.is_cpu else bool(ok.all())
+    """``bool(ok.all())`` of a boolean tensor; read from its NumPy view where
+    :func:`nrpt.host.viewable` allows."""
+    return bool(ok.numpy().all()) if viewable(ok, dtypes=(torch.bool,)) else bool(ok.all())
 
 
 def _plus_noise(t: torch.Tensor, scale, xi: torch.Tensor | None):
