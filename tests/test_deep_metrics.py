@@ -200,3 +200,18 @@ def test_all_finite_matches_torch():
                 assert all_finite(view) == bool(torch.isfinite(view).all())
     assert not all_finite(torch.tensor([1.0, float("nan")], requires_grad=True))
     assert all_finite(torch.ones(3, requires_grad=True))
+
+
+def test_all_finite_reads_no_numpy_view_in_a_graph_being_compiled(monkeypatch):
+    """``all_finite`` takes its NumPy view only where :func:`nrpt.host.viewable` allows: in a
+    graph being compiled it answers through torch (negative control: outside one it reads the
+    view)."""
+    from nrpt.deep import metrics
+
+    reads = []
+    real = torch.Tensor.numpy
+    monkeypatch.setattr(torch.Tensor, "numpy", lambda t, *a, **k: reads.append(1) or real(t))
+    t = torch.tensor([1.0, float("inf")])
+    assert not metrics.all_finite(t) and reads == [1]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not metrics.all_finite(t) and metrics.all_finite(torch.ones(2)) and reads == [1]
