@@ -68,14 +68,18 @@ def _bins(conf: Tensor, bins: int) -> tuple[Tensor, Tensor]:
     return idx.clamp_(0, bins - 1), edges
 
 
-def _bin_stats(probs: Tensor, y: Tensor, bins: int):
+def _bin_stats(probs: Tensor, y: Tensor, bins: int, counts: bool = True):
+    """``(edges, count, conf_sum, acc_sum, correct)`` per bin (``counts=False``: ``count`` is
+    ``None``, not made: the ECE needs only the sums)."""
     conf, pred = probs.max(dim=1)
     correct = (pred == y).to(torch.float64)
     idx, edges = _bins(conf, bins)
-    count = torch.zeros(bins, dtype=torch.float64, device=probs.device)
-    count.index_add_(0, idx, torch.ones_like(conf))
-    conf_sum = torch.zeros_like(count).index_add_(0, idx, conf)
-    acc_sum = torch.zeros_like(count).index_add_(0, idx, correct)
+    count = None
+    if counts:
+        count = torch.zeros(bins, dtype=torch.float64, device=probs.device)
+        count.index_add_(0, idx, torch.ones_like(conf))
+    conf_sum = torch.zeros(bins, dtype=torch.float64, device=probs.device).index_add_(0, idx, conf)
+    acc_sum = torch.zeros_like(conf_sum).index_add_(0, idx, correct)
     return edges, count, conf_sum, acc_sum, correct
 
 
@@ -88,7 +92,7 @@ def evaluate(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
     (``mean_i Σ_c (p_ic - 1[c = y_i])²``)."""
     p, y = _check(probs, y)
     n = p.shape[0]
-    _, count, conf_sum, acc_sum, correct = _bin_stats(p, y, bins)
+    _, _, conf_sum, acc_sum, correct = _bin_stats(p, y, bins, counts=False)
     ece = (acc_sum - conf_sum).abs().sum() / n        # Σ_b (n_b/n) |acc_b - conf_b|
     p_true = p.gather(1, y[:, None]).squeeze(1)
     nll = -p_true.clamp(min=PROB_FLOOR).log()
