@@ -269,8 +269,8 @@ def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
     """The replicas are reset in the net's own copy of the model (no deep copy per fit): its
     parameters and buffers (BatchNorm's integer count included) are the same tensors with the
     same values afterwards, also when a layer's reset fails midway; a module whose reset
-    replaces a parameter gets its own tensor back.  Negative control: the reset does change
-    them while it runs."""
+    replaces a parameter gets its own tensor back, one whose reset adds a buffer loses it.
+    Negative control: the reset does change them while it runs."""
     class Replacing(nn.Linear):
         def reset_parameters(self):
             super().reset_parameters()
@@ -279,7 +279,8 @@ def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
     class Failing(nn.Module):
         fail = False
 
-        def reset_parameters(self):
+        def reset_parameters(self):  # (and one that registers a buffer of its own)
+            self.register_buffer("added", torch.ones(1))
             if self.fail:
                 raise RuntimeError("reset failed")
 
@@ -309,6 +310,7 @@ def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
         except RuntimeError:
             assert fail
         after = dict([*held.named_parameters(), *held.named_buffers()])
+        assert set(after) == {n for n, _, _ in before}  # (no buffer "3.added")
         for n, t, value in before:
             assert after[n] is t and torch.equal(t, value), n
 

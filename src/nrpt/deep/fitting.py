@@ -189,8 +189,10 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
         # the layers reset are the net's own copy of the model (no deep copy of the model per
         # fit: ~0.5 ms of a small model's set-up), given back its tensors and values after
         m = net.module
-        kept = [(store, attr, store[attr], store[attr].detach().clone())
-                for store, attr in _stores(m)]
+        stores = [(store, dict(store)) for mod in m.modules()
+                  for store in (mod._parameters, mod._buffers)]
+        values = [(t, t.detach().clone()) for _, slots in stores for t in slots.values()
+                  if t is not None]
         try:
             for r in range(1, n):
                 net.assign(m, theta0, buf0)
@@ -198,19 +200,14 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
                 t, b = net.pack(m)
                 thetas.append(t)
                 bufs.append(b)
-        finally:
+        finally:  # (the slots as they were, a tensor a reset replaced or added included)
+            for store, slots in stores:
+                store.clear()
+                store.update(slots)
             with torch.no_grad():
-                for store, attr, t, value in kept:
-                    store[attr] = t
+                for t, value in values:
                     t.copy_(value)
     return torch.stack(thetas), torch.stack(bufs)
-
-
-def _stores(m: nn.Module) -> list[tuple[dict, str]]:
-    """``(store, name)`` of every parameter and buffer slot of ``m`` and its submodules."""
-    return [(store, attr) for mod in m.modules()
-            for store in (mod._parameters, mod._buffers) for attr, t in store.items()
-            if t is not None]
 
 
 def _reset(m: nn.Module, device: torch.device, key: int) -> None:
