@@ -252,6 +252,12 @@ def test_bad_input_is_refused_by_name():
         fit(model, (X, y + 5), (X, y))
     with pytest.raises(ValueError, match="X has 60 rows"):
         fit(model, (X, y[:10]), (X, y))
+    bad = X.clone()
+    bad[7, 2] = float("nan")  # (the training X is checked once, before its labels' range)
+    with pytest.raises(ValueError, match="train: X holds NaN or inf"):
+        fit(model, (bad, y), (X, y))
+    with pytest.raises(ValueError, match="test: X holds NaN or inf"):
+        fit(model, (X, y), (bad, y))
     with pytest.raises(ValueError, match="batch_size"):
         fit(model, (X, y), (X, y), batch_size=500)
     with pytest.raises(ValueError, match="average"):

@@ -184,3 +184,34 @@ def test_bins_must_be_positive_and_zero_probability_is_clamped():
     m = evaluate(torch.tensor([[1.0, 0.0]], dtype=F64), torch.tensor([1]))
     assert m["nll_sum"] == pytest.approx(-math.log(PROB_FLOOR))
     assert m["ece"] == 1.0 and m["brier"] == 2.0
+
+
+def test_all_finite_matches_torch():
+    """The NumPy-view finiteness check answers what ``torch.isfinite(t).all()`` does."""
+    from nrpt.deep.metrics import all_finite
+
+    base = torch.arange(12.0).reshape(3, 4)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for bad in (None, float("nan"), float("inf"), -float("inf")):
+            t = base.to(dtype)
+            if bad is not None:
+                t[1, 2] = bad
+            for view in (t, t[:, ::2], t.t()):
+                assert all_finite(view) == bool(torch.isfinite(view).all())
+    assert not all_finite(torch.tensor([1.0, float("nan")], requires_grad=True))
+    assert all_finite(torch.ones(3, requires_grad=True))
+
+
+def test_all_finite_reads_no_numpy_view_in_a_graph_being_compiled(monkeypatch):
+    """``all_finite`` takes its NumPy view only where :func:`nrpt.host.viewable` allows: in a
+    graph being compiled it answers through torch (negative control: outside one it reads the
+    view)."""
+    from nrpt.deep import metrics
+
+    reads = []
+    real = torch.Tensor.numpy
+    monkeypatch.setattr(torch.Tensor, "numpy", lambda t, *a, **k: reads.append(1) or real(t))
+    t = torch.tensor([1.0, float("inf")])
+    assert not metrics.all_finite(t) and reads == [1]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not metrics.all_finite(t) and metrics.all_finite(torch.ones(2)) and reads == [1]

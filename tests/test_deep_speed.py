@@ -265,6 +265,56 @@ def test_the_initial_replicas_are_those_of_one_copy_per_replica_bit_for_bit():
     assert not torch.equal(theta, fresh_copies(4, 7, restore=False)[0])
 
 
+def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
+    """The replicas are reset in the net's own copy of the model (no deep copy per fit): its
+    parameters and buffers (BatchNorm's integer count included) are the same tensors with the
+    same values afterwards, also when a layer's reset fails midway; a module whose reset
+    replaces a parameter gets its own tensor back, one whose reset adds a buffer loses it.
+    Negative control: the reset does change them while it runs."""
+    class Replacing(nn.Linear):
+        def reset_parameters(self):
+            super().reset_parameters()
+            self.bias = nn.Parameter(torch.rand(self.out_features) + 3.0)
+
+    class Failing(nn.Module):
+        fail = False
+
+        def reset_parameters(self):  # (and one that registers a buffer of its own)
+            self.register_buffer("added", torch.ones(1))
+            if self.fail:
+                raise RuntimeError("reset failed")
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(_Scaled(), nn.BatchNorm1d(3), Replacing(3, 2), Failing())
+    model[1].num_batches_tracked.fill_(5)
+    net = FunctionalNet(model)
+    held = net.module
+    before = [(n, t, t.detach().clone()) for n, t in
+              [*held.named_parameters(), *held.named_buffers()]]
+    first = {n: value for n, _, value in before}
+    seen = []
+    plain_pack = net.pack
+
+    def pack(m=None):
+        seen.append(m is held and not torch.equal(held[2].bias, first["2.bias"]))
+        return plain_pack(m)
+
+    net.pack = pack
+    fitting._initial_replicas(net, model, 3, seed=1)
+    assert seen[0] is False and seen[1:] == [True, True]  # (reset values while it runs)
+    for fail in (False, True):
+        held[3].fail = fail
+        try:
+            fitting._initial_replicas(net, model, 3, seed=1)
+        except RuntimeError:
+            assert fail
+        after = dict([*held.named_parameters(), *held.named_buffers()])
+        assert set(after) == {n for n, _, _ in before}  # (no buffer "3.added")
+        for n, t, value in before:
+            assert after[n] is t and torch.equal(t, value), n
+
+
 def test_the_data_is_hashed_only_for_a_run_folder(monkeypatch, tmp_path):
     """sha256 of the data and the model is what run.json keeps: a fit without a folder (one
     process) takes none (fails on the old code, which hashed them in every fit); with one, the

@@ -125,7 +125,7 @@ def test_correction_numpy_path_with_unlisted_pairs(monkeypatch):
 # ------------------------------------------------------------------ rule, target, oracle, step
 def _off(monkeypatch, *modules):
     for m in modules:
-        monkeypatch.setattr(m, "viewable", lambda *ts: False)
+        monkeypatch.setattr(m, "viewable", lambda *ts, **kw: False)
 
 
 def _bits_equal(a, b):

@@ -257,3 +257,21 @@ def test_cyclical_schedule_and_wrapper():
 def test_bad_explorer_options(bad):
     with pytest.raises(ValueError):
         SGHMC(**bad)
+
+
+def test_host_booleans_match_torch():
+    """The step's two host reads (every slot cold; every replica finite) on NumPy views give
+    what torch's ``.all()`` gives, including the edge cases."""
+    from nrpt.explorers.base import Noise
+    from nrpt.explorers.sgmcmc import _all_cold, _all_true
+
+    inf = float("inf")
+    noise = Noise(0, 0, 1, 2, "cpu")
+    for vals in ([inf, inf], [inf, 1.0], [1.0, 2.0], [inf], [-inf, inf], [float("nan"), inf]):
+        for dtype in (torch.float32, torch.float64):
+            b = torch.tensor([vals], dtype=dtype)
+            assert _all_cold(b, noise) == bool(torch.isinf(b).all())
+    assert _all_cold(torch.full((1, 2), inf)[:, ::2], noise)  # (a strided view)
+    for vals in ([True, True], [True, False], [False], []):
+        ok = torch.tensor(vals, dtype=torch.bool)
+        assert _all_true(ok) == bool(ok.all())

@@ -178,7 +178,7 @@ class SGExplorer(Explorer):
         # inf / nan anywhere in a replica's position, energy or gradient makes this sum non-finite
         ok = torch.isfinite(e1.u + x_new.sum(-1) + e1.grad.sum(-1))
         new = ReplicaState(x_new, e1.u, torch.zeros_like(e1.u), extras)
-        if torch.compiler.is_compiling() or not bool(ok.all()):  # (no host sync in a graph)
+        if torch.compiler.is_compiling() or not _all_true(ok):  # (no host sync in a graph)
             old = ReplicaState(state.x, state.v, state.base,
                                {key: state.extras.get(key, val) for key, val in extras.items()})
             new = old.where(ok, new)
@@ -264,8 +264,17 @@ def _all_cold(b: torch.Tensor, noise) -> bool:
     noise.  Only for the engine's own :class:`nrpt.explorers.Noise` outside a compiled graph:
     :mod:`nrpt.explorers.compiled` replays recorded draws by position (and a graph draws as
     it was traced), so there the draw is always made."""
-    return (type(noise) is Noise and not torch.compiler.is_compiling()
-            and bool(torch.isinf(b).all()))
+    if type(noise) is not Noise or torch.compiler.is_compiling():
+        return False
+    if viewable(b, dtypes=None):  # (a NumPy view: the same answer, half the calls)
+        return bool(np.isinf(b.numpy()).all())
+    return bool(torch.isinf(b).all())
+
+
+def _all_true(ok: torch.Tensor) -> bool:
+    """``bool(ok.all())`` of a boolean tensor; read from its NumPy view where
+    :func:`nrpt.host.viewable` allows."""
+    return bool(ok.numpy().all()) if viewable(ok, dtypes=(torch.bool,)) else bool(ok.all())
 
 
 def _plus_noise(t: torch.Tensor, scale, xi: torch.Tensor | None):
