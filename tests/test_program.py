@@ -109,3 +109,22 @@ def test_the_trace_checkpoints_stacked_and_resumes_exactly(tmp_path):
     t.load_state_dict({**old, "table": [torch.zeros(1, 3), torch.zeros(1, 4)]})
     assert isinstance(t.state_dict()["table"], list)
     assert isinstance(new_form.state_dict()["table"], torch.Tensor)
+
+
+def test_the_outputs_freeze_stays_in_the_program_only(monkeypatch):
+    import gc
+
+    from nrpt.run import api
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    monkeypatch.setattr(api, "_PROGRAM", True)
+    try:
+        with api._heap_frozen():
+            pass
+        assert gc.get_freeze_count() > 0  # the program keeps what it froze
+    finally:
+        gc.unfreeze()
+    monkeypatch.setattr(api, "_PROGRAM", False)  # negative control: a caller gets it back
+    with api._heap_frozen():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
