@@ -5,30 +5,43 @@ state that moves between slots; swaps exchange slots, never states.  Read :mod:`
 first (the contracts), then docs/architecture.md.
 """
 
-from nrpt import diagnostics, rng, roles
-from nrpt.core.engine import PTEngine
-from nrpt.core.loop import Plan, Segment, execute
-from nrpt.explorers import HMC, MALA, RWMH
-from nrpt.explorers.slice import SliceSampler
-from nrpt.paths.ladders import GeometricPath, TemperatureLadder, make_path
-from nrpt.report.health import SamplingWarning
-from nrpt.run import registry
-from nrpt.run.api import Result, resume, run_config, sample
-from nrpt.run.build import build
-from nrpt.run.config import RunConfig
-from nrpt.run.registry import make_explorer, make_rule, make_scheme
-from nrpt.swap import (
-    ADJ,
-    APE,
-    DEO,
-    DEOW,
-    SEO,
-    AlwaysAccept,
-    FixedRate,
-    Metropolis,
-    NoSwap,
-)
-from nrpt.targets.protocol import TargetError, load_target, validate_target
+import gc as _gc
+
+# The imports below (torch's above all: ~1300 modules) make a few hundred thousand objects that live
+# until exit; with the cyclic collector on, its full passes walk the growing heap again and again
+# while they load (~0.1 s CPU of the ~1.1 s; docs/benchmarks.md, stop 38 lane proc2).  It is off for
+# the imports only, and back on after them (left off if the importer had turned it off).
+_collecting = _gc.isenabled()
+_gc.disable()
+try:
+    from nrpt import diagnostics, rng, roles
+    from nrpt.core.engine import PTEngine
+    from nrpt.core.loop import Plan, Segment, execute
+    from nrpt.explorers import HMC, MALA, RWMH
+    from nrpt.explorers.slice import SliceSampler
+    from nrpt.paths.ladders import GeometricPath, TemperatureLadder, make_path
+    from nrpt.report.health import SamplingWarning
+    from nrpt.run import registry
+    from nrpt.run.api import Result, resume, run_config, sample
+    from nrpt.run.build import build
+    from nrpt.run.config import RunConfig
+    from nrpt.run.registry import make_explorer, make_rule, make_scheme
+    from nrpt.swap import (
+        ADJ,
+        APE,
+        DEO,
+        DEOW,
+        SEO,
+        AlwaysAccept,
+        FixedRate,
+        Metropolis,
+        NoSwap,
+    )
+    from nrpt.targets.protocol import TargetError, load_target, validate_target
+finally:
+    if _collecting:
+        _gc.enable()
+    del _collecting
 
 __version__ = "0.2.0"
 

@@ -1,7 +1,7 @@
-"""``python -m nrpt ...``: the command line (:mod:`nrpt.run.cli`)."""
+"""``python -m nrpt ...``: the command line (:func:`nrpt.run.cli.entry`)."""
 
 import sys
 
-from nrpt.run.cli import main
+from nrpt.run.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -500,6 +500,14 @@ def _chan_merge_cov(n_a: int, mean_a: torch.Tensor, c2_a: torch.Tensor, group: t
     return c2_a + c2_b + delta[..., :, None] * delta[..., None, :] * (n_a * n_b / (n_a + n_b))
 
 
+def _stacked(records: list[torch.Tensor]) -> list[torch.Tensor] | torch.Tensor:
+    """``records`` as one tensor (``torch.stack``), or as the list itself when empty or when
+    their shapes differ (a ladder that grew or shrank)."""
+    if not records or any(r.shape != records[0].shape for r in records):
+        return list(records)
+    return torch.stack(records)
+
+
 class Trace(RecorderBase):
     """Every ``every`` iterations: the iteration, the rule's ``C`` (if it has one), the per-slot
     ``values`` being adapted (the learning rates for stochastic-gradient runs, else the
@@ -591,11 +599,14 @@ class Trace(RecorderBase):
         return {"indicator_rate": per_system(rate, rate.shape[0])}
 
     def state_dict(self) -> dict:
-        return {"k": list(self.k), "C": list(self.C), "table": list(self.table),
-                "rate": list(self.rate), "sum": self._sum, "n": self._n,
+        # each record list as one stacked tensor (a checkpoint stores every tensor as a file of
+        # its own: a headline run's 3000 small ones were ~0.3 s CPU of its six checkpoints)
+        return {"k": list(self.k), "C": _stacked(self.C), "table": _stacked(self.table),
+                "rate": _stacked(self.rate), "sum": self._sum, "n": self._n,
                 "total_sum": self.total_sum, "total_n": self.total_n}
 
     def load_state_dict(self, sd: dict) -> None:
+        # (a stacked tensor gives its rows; a list: a checkpoint from before the stacking)
         self.k, self.C = list(sd["k"]), list(sd["C"])
         self.table, self.rate = list(sd["table"]), list(sd["rate"])
         self._sum, self._n = sd["sum"], sd["n"]

@@ -464,6 +464,11 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
                           "row_map": row_map})
 
 
+#: whether this process is the program ``nrpt`` (:func:`nrpt.run.cli.entry`), which ends with its
+#: run: then what :func:`_heap_frozen` freezes stays frozen (nothing to hand back to a caller)
+_PROGRAM = False
+
+
 @contextlib.contextmanager
 def _heap_frozen():
     """The objects alive on entry (torch's modules, the run's) left out of the garbage
@@ -473,7 +478,13 @@ def _heap_frozen():
     objects are still collected as usual (a figure's arrays are freed before the next is
     drawn); garbage among the frozen ones waits for the first full pass after exit.  Left
     alone when the collector is off or the caller froze objects of its own (``unfreeze``
-    would release those too).  Yields a function that freezes what was made since."""
+    would release those too); in the program ``nrpt`` (``_PROGRAM``), which froze its imports
+    itself and ends after the run, the objects are frozen and stay so.  Yields a function that
+    freezes what was made since."""
+    if gc.isenabled() and _PROGRAM:
+        gc.freeze()
+        yield gc.freeze
+        return
     if not gc.isenabled() or gc.get_freeze_count():
         yield lambda: None
         return

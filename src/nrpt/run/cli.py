@@ -174,6 +174,29 @@ def _launch(args, argv: list[str]) -> int | None:
     return distributed.launch(n, rest)
 
 
+def entry() -> int:
+    """The program ``nrpt`` (``python -m nrpt`` and the console script): :func:`main` on
+    ``sys.argv``, in a process that ends with it, whose heap is treated as such.  The objects
+    the imports made (torch's modules, functions and tables: a few hundred thousand, alive until
+    exit) are frozen out of the cyclic collector's passes (``gc.freeze``), as are the run's own
+    objects when its outputs are written (:func:`nrpt.run.api._heap_frozen`), and the whole heap
+    again at exit, before the interpreter's last passes, which otherwise walk it all (~0.3 s
+    CPU of a headline run; docs/benchmarks.md, stop 38 lane proc2).  The objects are still freed
+    as their references go; only cycles among frozen ones wait for the exit, where memory is
+    handed back whole (no run output depends on a finalizer: each file is closed where it is
+    written)."""
+    import atexit
+    import gc
+
+    from nrpt.run import api
+
+    api._PROGRAM = True
+    if gc.isenabled():
+        gc.freeze()
+        atexit.register(gc.freeze)  # (run before the handlers registered earlier: torch's)
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
