@@ -37,8 +37,8 @@ def _pixels(data: bytes) -> np.ndarray:
 
 @pytest.mark.parametrize("height, transparent", [(3.3, False), (2.0, False), (2.0, True)])
 def test_png_writer_stores_the_pixels_savefig_draws(height, transparent):
-    # 495 / 300 rows: blocks of 64 and a rest; an opaque figure is stored as RGB (its alpha is
-    # 255 everywhere), one with a transparent ground as RGBA
+    # an opaque figure is stored as RGB (its alpha is 255 everywhere), one with a transparent
+    # ground as RGBA
     fig = _busy_figure(height)
     if transparent:
         fig.patch.set_alpha(0.0)
@@ -190,3 +190,84 @@ def test_the_default_figures_label_their_linear_axes_at_round_steps_sparsely():
     fig.axes[0].xaxis.set_major_locator(AutoLocator())
     plots.png_bytes(fig, dpi=40)
     assert len(_shown(fig.axes[0].xaxis)) == 9
+
+
+def test_the_in_view_locator_draws_the_same_ticks_with_fewer_tick_objects():
+    # matplotlib makes a tick (two lines, a grid line, two labels) for each location its locator
+    # gives, a step beyond the view on each side included, and draws those in view: _few() gives
+    # only those, the picture the same
+    from matplotlib.ticker import MaxNLocator
+
+    rng = np.random.default_rng(1)
+    grid = (np.linspace(-4.4, 4.4, 81), np.linspace(-4.4, 4.4, 81), np.full((80, 80), 1 / 6400))
+
+    class Exact:
+        def density_grid(self):
+            return grid
+
+    def draw(plain: bool):
+        fig = plots.density(rng.normal(size=(500, 2)), Exact())
+        if plain:  # (the same steps, every location kept)
+            for ax in fig.axes:
+                for axis in (ax.xaxis, ax.yaxis):
+                    if isinstance(axis.get_major_locator(), plots._InView):
+                        axis.set_major_locator(MaxNLocator(nbins=plots._NBINS,
+                                                           steps=[1, 2, 2.5, 5, 10]))
+        data = plots.png_bytes(fig, dpi=40)
+        return data, sum(len(a.xaxis.majorTicks) + len(a.yaxis.majorTicks) for a in fig.axes)
+
+    rng = np.random.default_rng(1)
+    ours, n_ours = draw(False)
+    rng = np.random.default_rng(1)
+    plain, n_plain = draw(True)
+    assert ours == plain  # the same pixels
+    assert n_ours < n_plain  # negative control: the plain locator makes the ticks out of view
+    assert all(isinstance(a.xaxis.get_major_locator(), plots._InView) for a in
+               plots.density(rng.normal(size=(50, 2)), Exact()).axes[:3])
+
+_SET_DOCS = """
+import io, sys
+from nrpt.report._matplotlib import without_set_docs
+applied = without_set_docs() if sys.argv[1] == "lean" else False
+import numpy as np
+from matplotlib.lines import Line2D
+from nrpt.report import figures as plots
+line = Line2D([0, 1], [0, 1])
+line.set(lw=3, color="r")
+try:
+    line.set(nonsense=1)
+except AttributeError as err:
+    message = str(err)
+fig = plots.index_process(np.argsort(np.random.default_rng(0).random((400, 6)), axis=1))
+sys.stdout.write(repr((applied, Line2D.set.__doc__ is None, Line2D.set.__qualname__,
+                       line.get_linewidth(), line.get_color(), message,
+                       without_set_docs(), plots.png_bytes(fig, dpi=40))))
+"""
+
+
+def test_matplotlib_without_set_docs_draws_the_same():
+    # the program nrpt skips the help text matplotlib writes for each artist class's set() (a
+    # third of its import): set() accepts, does and reports the same, the figures are the same
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import nrpt
+
+    env = dict(os.environ, PYTHONPATH=str(Path(nrpt.__file__).resolve().parents[1]),
+               OMP_NUM_THREADS="1")
+    got = {}
+    for mode in ("lean", "plain"):
+        r = subprocess.run([sys.executable, "-c", _SET_DOCS, mode], env=env,
+                           capture_output=True, text=True, encoding="latin-1", timeout=300)
+        assert r.returncode == 0, r.stderr
+        got[mode] = ast.literal_eval(r.stdout)
+    lean, plain = got["lean"], got["plain"]
+    assert lean[0] is True and lean[1] is True  # applied: no generated docstring
+    assert plain[0] is False and plain[1] is False  # negative control: matplotlib's own
+    assert lean[2:6] == plain[2:6] == ("Line2D.set", 3.0, "r", lean[5])
+    assert "nonsense" in lean[5]
+    assert lean[6] is False and plain[6] is False  # too late once matplotlib.figure is loaded
+    assert lean[7] == plain[7]  # the same PNG bytes

@@ -74,6 +74,11 @@ def test_python_m_nrpt_writes_what_main_writes(tmp_path):
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (prog, here))
     assert {k: v for k, v in sa.items() if k not in VOLATILE} == \
         {k: v for k, v in sb.items() if k not in VOLATILE}
+    # the figures too, byte for byte (the program imports matplotlib without its help text)
+    pngs = [n for n in names if n.endswith(".png")]
+    assert len(pngs) >= 3
+    for name in pngs:
+        assert (prog / name).read_bytes() == (here / name).read_bytes(), name
 
 
 def test_the_trace_checkpoints_stacked_and_resumes_exactly(tmp_path):

@@ -71,22 +71,21 @@ def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
         fig.set_canvas(canvas)
         fig.set_dpi(old_dpi)
     h, w = rgba.shape[:2]
-    c = 3 if int(rgba[:, :, 3].min()) == 255 else 4  # opaque (every figure's white ground): RGB
-    pixels = rgba[:, :, :c]
-    deflate = zlib.compressobj(1)
-    parts = []
-    block = np.empty((64, 1 + c * w), dtype=np.uint8)  # 64 rows at a time: small buffers
-    block[:, 0] = 2  # filter type "Up" (the row above the first is zeros)
-    up = block[:, 1:].reshape(64, w, c)
-    for i in range(0, h, 64):
-        n = min(64, h - i)
-        if i == 0:
-            up[0] = pixels[0]
-        else:
-            np.subtract(pixels[i], pixels[i - 1], out=up[0])
-        np.subtract(pixels[i + 1:i + n], pixels[i:i + n - 1], out=up[1:n])  # (mod 256)
-        parts.append(deflate.compress(block[:n].tobytes()))
-    parts.append(deflate.flush())
+    alpha = np.frombuffer(b"\0\0\0\xff", dtype=np.uint32)[0]  # (a pixel's 4th byte, any byte order)
+    opaque = bool(((rgba.view(np.uint32) & alpha) == alpha).all())  # (whole pixels: 5x faster)
+    c = 3 if opaque else 4  # opaque (every figure's white ground): RGB
+    if c == 3:  # each pixel's first 3 bytes, copied as one 3-byte item (numpy copies a
+        # [h, w, 3] slice of uint8 byte by byte: 4x slower)
+        rgb = np.dtype({"names": ["rgb"], "formats": ["V3"], "offsets": [0], "itemsize": 4})
+        pixels = np.ascontiguousarray(rgba.view(rgb)["rgb"]).view(np.uint8).reshape(h, 3 * w)
+    else:
+        pixels = rgba.reshape(h, 4 * w)
+    rows = np.empty((h, 1 + c * w), dtype=np.uint8)
+    rows[:, 0] = 2  # filter type "Up" (the row above the first is zeros)
+    rows[0, 1:] = pixels[0]
+    np.subtract(pixels[1:], pixels[:-1], out=rows[1:, 1:])  # (mod 256; contiguous rows)
+    del rgba, pixels
+    idat = zlib.compress(rows, 1)
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + \
@@ -97,7 +96,7 @@ def png_bytes(fig: Figure, dpi: int = _DPI) -> bytes:
                      chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2 if c == 3 else 6, 0,
                                                 0, 0)),
                      chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
-                     chunk(b"IDAT", b"".join(parts)),
+                     chunk(b"IDAT", idat),
                      chunk(b"IEND", b"")])
 
 
@@ -269,10 +268,23 @@ def _plain_log_labels(axis) -> None:
 _NBINS = 5
 
 
+class _InView(MaxNLocator):
+    """:class:`MaxNLocator` giving only the ticks inside the axis' view (with matplotlib's own
+    tolerance, widened): it gives a step more on each side, and matplotlib makes a tick -- two
+    lines, a grid line, two labels -- for every location and then draws only those in view
+    (the axes' ticks were a seventh of drawing the run's figures).  The same ticks are drawn."""
+
+    def __call__(self):
+        locs = super().__call__()
+        lo, hi = sorted(self.axis.get_view_interval())
+        tol = 1e-6 * (hi - lo)
+        return locs[(locs >= lo - tol) & (locs <= hi + tol)]
+
+
 def _few(nbins: int = _NBINS) -> MaxNLocator:
     """A locator of at most ``nbins`` intervals at matplotlib's own round steps (1, 2, 2.5, 5
-    times a power of ten, as its default locator)."""
-    return MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10])
+    times a power of ten, as its default locator), the ticks in view only."""
+    return _InView(nbins=nbins, steps=[1, 2, 2.5, 5, 10])
 
 
 def _few_ticks(*axes) -> None:

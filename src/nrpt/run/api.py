@@ -539,6 +539,10 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"
     clock.lap("posterior")  # (with the rounds' tables and adaptation.npz)
     if cfg.figures and run.engine.k > 0:
+        if _PROGRAM:  # (a process that ends after the run: no help text for matplotlib's set)
+            from nrpt.report._matplotlib import without_set_docs
+
+            without_set_docs()
         from nrpt.report import figures  # noqa: F401  (matplotlib, imported first: then
         freeze_more()  # its modules are left out of the collector's passes too)
         with warnings.catch_warnings():
