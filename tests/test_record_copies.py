@@ -108,6 +108,8 @@ def test_welford_on_a_strided_view_is_var_mean_of_the_copy():
     want_var, want_mean = torch.var_mean(view.contiguous(), 0, correction=0)
     assert torch.equal(var, want_var) and torch.equal(mean, want_mean)
     assert not torch.equal(var, torch.var_mean(x[:, :, :1], 0, correction=0)[0])  # control
+    graph = view.clone().requires_grad_()  # (a state still in a graph: its values, no graph)
+    assert all(torch.equal(a, b) for a, b in zip(_welford(graph), (var, mean), strict=True))
 
 
 def test_watched_x_view_is_the_copy_and_shares_memory():

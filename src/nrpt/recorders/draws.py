@@ -8,9 +8,9 @@ the host once per chunk.  The maps are forced to disk (``msync``) only by :meth:
 (each checkpoint, the close): a crash of the process loses no written row (they are in the
 page cache), and a checkpoint's rows are on disk before the checkpoint is.  The checkpoint is
 written right after a flush and holds the sha256 of every :data:`BLOCK_BYTES` block of valid
-rows; a resumption checks each file (present, header length,
-shape, dtype, hashes) before mapping it, refuses a damaged or foreign file, and grows it back.
-:meth:`Draws.close` cuts the files to their valid rows.
+rows; a resumption checks each file (present, header length, shape, dtype, hashes) before
+mapping it, refuses a damaged or foreign file, and grows it back.  :meth:`Draws.close` cuts
+the files to their valid rows.
 
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 

@@ -457,6 +457,7 @@ def _welford(group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.var_mean(group, 0, correction=0)`` as torch's CPU kernel computes it (Welford's
     update per row, in row order, no fused multiply-add), by elementwise ops over the rows:
     the same numbers (``tests/test_record_block.py`` checks them bit for bit)."""
+    group = group.detach()  # (statistics of recorded values: no graph, and out= needs none)
     mean = torch.zeros_like(group[0], memory_format=torch.contiguous_format)
     m2, delta, t = torch.zeros_like(mean), torch.empty_like(mean), torch.empty_like(mean)
     for k in range(group.shape[0]):  # (in place: the same IEEE operations, no allocation)
