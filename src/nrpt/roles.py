@@ -597,11 +597,16 @@ class IterationBlock:
         """``V`` of the replica at each slot, ``[U, R, P]``."""
         return self.v.gather(2, self.replica_at)
 
-    def watched_x(self, slots: Sequence[int]) -> torch.Tensor:
-        """Positions ``[U, R, S, dim]`` at ``slots`` (all of them watched slots)."""
+    def watched_x(self, slots: Sequence[int], view: bool = False) -> torch.Tensor:
+        """Positions ``[U, R, S, dim]`` at ``slots`` (all of them watched slots): :attr:`slot_x`
+        itself where they are all the watched slots in order, else a copy (contiguous), or
+        with ``view`` a view of it where they are consecutive watched slots (for readers that
+        copy the rows or reduce them elementwise: the layout does not change their numbers)."""
         pos = [self.watched.index(int(s)) for s in slots]
         if pos == list(range(len(self.watched))):
             return self.slot_x
+        if view and pos and pos == list(range(pos[0], pos[0] + len(pos))):
+            return self.slot_x[:, :, pos[0]:pos[0] + len(pos)]
         return self.slot_x[:, :, pos]
 
     def iteration(self, u: int) -> Iteration:

@@ -974,6 +974,11 @@ class Fused:
                 sos, ras = (so_t, *so2_buf[:, 0].unbind(0)), ra_buf.unbind(0)
             take, put, mul, lt, source = xp.take, xp.put, xp.mul, xp.lt, xp.source
             rows = []
+            # (the watched positions gathered each iteration into the chunk's own buffer, rows
+            # of [R S, dim]: one copy, no stack)
+            sx_buf = torch.empty(U, R, len(watched), eng.dim, dtype=dt, device=dev) \
+                if ra_each else None
+            sx_rows = sx_buf.flatten(1, 2).unbind(0) if ra_each else None
             # (each iteration's views made by the iteration over the buffers, not by indexing)
             its = zip(bh_a, bh_buf[:, 0].unbind(0), bh_buf[:, 1].unbind(0), e_a,
                       e_a[:, :, 1:], e_a[:, :, :-1], lr_a, open_u, v_a, v_a[:, :, 1:P], so2_a,
@@ -999,15 +1004,19 @@ class Fused:
                     so = so_u
                     if ra_each:
                         put(ra_a[u], so, ids_a, "clip")
+                        torch.index_select(state.x.detach().flatten(0, 1), 0,
+                                           ras[u].index_select(1, watched_t).flatten(),
+                                           out=sx_rows[u])
                     rows.append((state.v, state.base, accept, nonfinite, state.x if late_x else
-                                 state.x.flatten(0, 1)[ras[u].index_select(1, watched_t)]
-                                 if watched else None))
+                                 None))
             if noise.i != len(noise.draws):
                 raise RuntimeError(f"the chunk's steps took {noise.i} of its {len(noise.draws)} "
                                    f"draws")
             names = ("v", "base", "accept", "nonfinite", "x" if late_x else "slot_x")
             st = {n: torch.stack(ts) for n, ts in zip(names, zip(*rows, strict=True), strict=True)
-                  if watched or n != names[-1]}
+                  if late_x or n != names[-1]}
+            if ra_each:
+                st["slot_x"] = sx_buf
             replica_at = torch.empty(U, R, P, dtype=torch.long, device=dev)
             put(arr(replica_at), so_a + u_off, rep_ids, "clip")
             st["slot_of"], st["replica_at"] = xp.tensor(so_a - off_a), replica_at

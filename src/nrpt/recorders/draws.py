@@ -1,12 +1,16 @@
 """The ``draws`` recorder: target-slot draws, their energies and the index process, streamed.
 
-Records go to a small device buffer copied to the host once per chunk, into NumPy arrays
-preallocated for the whole run: in memory, or ``.npy`` memory maps in the run folder
-(``posix_fallocate``d; never opened through a symbolic link; written pages released after
-each flush).  The checkpoint is written right after a flush and holds the sha256 of every
-:data:`BLOCK_BYTES` block of valid rows; a resumption checks each file (present, header length,
-shape, dtype, hashes) before mapping it, refuses a damaged or foreign file, and grows it back.
-:meth:`Draws.close` cuts the files to their valid rows.
+Records go into NumPy arrays preallocated for the whole run: in memory, or ``.npy`` memory
+maps in the run folder (``posix_fallocate``d; never opened through a symbolic link; written
+pages released every ``chunk`` rows).  A fused block on the CPU is copied straight in; rows on
+an accelerator (or recorded one iteration at a time) wait in a small device buffer copied to
+the host once per chunk.  The maps are forced to disk (``msync``) only by :meth:`Draws.flush`
+(each checkpoint, the close): a crash of the process loses no written row (they are in the
+page cache), and a checkpoint's rows are on disk before the checkpoint is.  The checkpoint is
+written right after a flush and holds the sha256 of every :data:`BLOCK_BYTES` block of valid
+rows; a resumption checks each file (present, header length, shape, dtype, hashes) before
+mapping it, refuses a damaged or foreign file, and grows it back.  :meth:`Draws.close` cuts
+the files to their valid rows.
 
 Layouts (``R`` systems, ``P`` slots, ``K`` iterations, ``n = K // thin`` draws):
 
@@ -306,6 +310,7 @@ class Draws(RecorderBase):
         # index rows [n, R, P], draws [n, R, (P,) dim] and energies [n, R, (P)] per entry
         self._buf_i: list[torch.Tensor] = []
         self._buf_rows = 0
+        self._unsynced = 0  # rows written into the arrays since the last _settle
         self._next_draw = 0
         self._next_row = 0
 
@@ -358,26 +363,45 @@ class Draws(RecorderBase):
             self._buf_x.append(x.detach().clone()[None])
             self._buf_v.append(v.detach().clone()[None])
         if self._buf_rows >= self.chunk:
-            self.flush()
+            self._drain()
+            self._settle(sync=False)
 
     def record_block(self, block: IterationBlock) -> None:
         """Record ``U`` iterations at once: the block's index rows, and its draws (the
         iterations ``k`` with ``(k + 1) % thin == 0``: one strided slice) copied out of the
-        block; the files end as with ``U`` calls of :meth:`record`."""
+        block; the files end as with ``U`` calls of :meth:`record`.  A block on the CPU is
+        copied straight into the record arrays (one copy, no buffer: :meth:`_write`); one on
+        an accelerator is buffered on its device and copied to the host once per ``chunk``
+        rows."""
         if not self.store:
             return
-        self._buffer(block.slot_of.to(index_torch_dtype(self.P), copy=True))
         first = (self.thin - (block.k0 + 1) % self.thin) % self.thin
+        x = v = None
         if first < block.U:
-            x = block.watched_x(self.reads_slots)[first::self.thin]  # [D, R, S, dim]
+            x = block.watched_x(self.reads_slots, view=True)[first::self.thin]  # [D, R, S, dim]
             v = block.slot_energies[first::self.thin]  # [D, R, P]
             if self.slots == "target":
                 x, v = x[:, :, 0], v[:, :, 0]
-            # copies: the buffers must not hold views of the block
+        if self._direct(block.slot_of):
+            self._drain()  # (rows that record() buffered come first)
+            self._write(block.slot_of.detach().numpy(), None if x is None else (
+                x.detach().numpy(), v.detach().numpy()))
+            self._unsynced += block.U
+            if self._unsynced >= self.chunk:
+                self._settle(sync=False)
+            return
+        self._buffer(block.slot_of.to(index_torch_dtype(self.P), copy=True))
+        if x is not None:  # copies: the buffers must not hold views of the block
             self._buf_x.append(x.detach().clone())
             self._buf_v.append(v.detach().clone())
         if self._buf_rows >= self.chunk:
-            self.flush()
+            self._drain()
+            self._settle(sync=False)
+
+    def _direct(self, t: torch.Tensor) -> bool:
+        """Whether a block with tensors like ``t`` is copied straight into the record arrays
+        (on the CPU, the arrays open) rather than buffered."""
+        return t.device.type == "cpu" and self.index is not None
 
     def _buffer(self, rows: torch.Tensor) -> None:
         """Hold index rows ``[n, R, P]`` (:func:`index_dtype`) until the next flush."""
@@ -523,33 +547,60 @@ class Draws(RecorderBase):
         self._views()
 
     def flush(self) -> None:
+        """Every recorded row into the record arrays, and a run folder's files forced to disk
+        (``msync``): the checkpoint (:meth:`state_dict`) and :meth:`close` call it, so a
+        checkpoint never describes rows that an operating-system crash could lose.  Between
+        them rows go into the memory maps (the page cache) without a sync: a crash of the
+        process loses none of them, and a resumption rewrites any after its checkpoint."""
+        self._drain()
+        self._settle(sync=True)
+
+    def _drain(self) -> None:
+        """The buffered rows (:meth:`record`, or blocks off the CPU) into the record arrays."""
         if self._buf_i:
             rows = torch.cat(self._buf_i).cpu().numpy()
-            self._dirty["index"] = min(self._dirty.get("index", self._next_row), self._next_row)
-            self.index[self._next_row:self._next_row + len(rows)] = rows
-            self._next_row += len(rows)
+            xv = None
+            if self._buf_x:
+                xv = (torch.cat(self._buf_x).cpu().numpy(), torch.cat(self._buf_v).cpu().numpy())
+            self._write(rows, xv)
+            self._unsynced += len(rows)
             self._buf_i.clear()
-            self._buf_rows = 0
-        if self._buf_x:
-            xs = torch.cat(self._buf_x).movedim(0, 1).cpu().numpy()  # [R, c, (P,) dim]
-            vs = torch.cat(self._buf_v).movedim(0, 1).cpu().numpy()
-            c = xs.shape[1]
-            for name in ("samples", "energies"):
-                self._dirty[name] = min(self._dirty.get(name, self._next_draw), self._next_draw)
-            self._s[:, self._next_draw:self._next_draw + c] = xs
-            self._e[:, self._next_draw:self._next_draw + c] = vs
-            self._next_draw += c
             self._buf_x.clear()
             self._buf_v.clear()
+            self._buf_rows = 0
+
+    def _write(self, rows: np.ndarray, xv: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Index rows ``[n, R, P]`` and draws ``[c, R, (P,) dim]`` with their energies
+        ``[c, R, (P)]`` (``xv``, or None) into the record arrays at the next free rows (NumPy
+        assignments: each value copied once, cast to the record's dtype)."""
+        n = len(rows)
+        self._dirty["index"] = min(self._dirty.get("index", self._next_row), self._next_row)
+        self.index[self._next_row:self._next_row + n] = rows
+        self._next_row += n
+        if xv is not None:
+            xs, vs = xv
+            c = xs.shape[0]
+            for name in ("samples", "energies"):
+                self._dirty[name] = min(self._dirty.get(name, self._next_draw), self._next_draw)
+            self._s[:, self._next_draw:self._next_draw + c] = xs.swapaxes(0, 1)
+            self._e[:, self._next_draw:self._next_draw + c] = vs.swapaxes(0, 1)
+            self._next_draw += c
+
+    def _settle(self, sync: bool) -> None:
+        """A run folder's record maps: forced to disk (``sync``: ``msync``), and their written
+        pages released from the resident set (:func:`_release`; a dirty page of a shared map
+        stays in the page cache, written back by the kernel)."""
+        self._unsynced = 0
         for name, arr in (("samples", self.samples), ("energies", self.energies),
                           ("index", self.index)):
             if isinstance(arr, np.memmap):
-                try:
-                    arr.flush()
-                except OSError as err:  # (msync: an I/O error of the file system) name it
-                    if err.filename is None and self._paths is not None:
-                        err.filename = str(self._paths[name][0])
-                    raise
+                if sync:
+                    try:
+                        arr.flush()
+                    except OSError as err:  # (msync: an I/O error of the file system) name it
+                        if err.filename is None and self._paths is not None:
+                            err.filename = str(self._paths[name][0])
+                        raise
                 _release(arr)
 
     def arrays(self, first: int, done: int) -> dict[str, np.ndarray]:

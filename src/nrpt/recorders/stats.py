@@ -311,7 +311,9 @@ class SlotSpread(RecorderBase):
             self._m2 = torch.zeros_like(self._mean)
             self._c2 = (torch.zeros((*self.shape, self.shape[-1]), dtype=self.dtype,
                                     device=self.device) if self.with_cov else None)
-            self._rows: list[torch.Tensor] = []  # the partial group, [R, S, dim] each
+            # the partial group: its first ``_k`` rows of ``_part [GROUP, R, S, dim]`` (copies,
+            # allocated once: no view of a caller's block is kept)
+            self._k, self._part = 0, None
 
     def record(self, it: Iteration) -> None:
         self._take(it.slot_x(self.slots).to(self.dtype)[None])
@@ -319,13 +321,13 @@ class SlotSpread(RecorderBase):
     def record_block(self, block: IterationBlock) -> None:
         """``U`` iterations at once: the same groups and merges as ``U`` calls of
         :meth:`record`."""
-        self._take(block.watched_x(self.slots).to(self.dtype))
+        self._take(block.watched_x(self.slots, view=True).to(self.dtype))
 
     def _take(self, x: torch.Tensor) -> None:
         """Rows ``x[m, R, S, dim]``, in iteration order."""
         G, i, m = self.GROUP, 0, x.shape[0]
         while i < m:
-            if not self._rows and m - i >= G:  # whole groups inside x
+            if not self._k and m - i >= G:  # whole groups inside x (views: no copy)
                 whole = (m - i) // G
                 if whole > 1 and not self.with_cov and x[0].numel() < WELFORD_ROWS:
                     self._merge_groups(x[i:i + whole * G])
@@ -334,12 +336,20 @@ class SlotSpread(RecorderBase):
                     whole = 1
                 i += whole * G
                 continue
-            take = min(G - len(self._rows), m - i)
-            self._rows.extend(x[i + j] for j in range(take))
+            take = min(G - self._k, m - i)
+            self._pending()[self._k:self._k + take] = x[i:i + take]
+            self._k += take
             i += take
-            if len(self._rows) == G:
-                self._merge(torch.stack(self._rows))
-                self._rows = []
+            if self._k == G:
+                self._merge(self._part)  # (its statistics are new tensors: the buffer is free)
+                self._k = 0
+
+    def _pending(self) -> torch.Tensor:
+        """The partial group's buffer ``[GROUP, R, S, dim]``."""
+        if self._part is None:
+            self._part = torch.empty((self.GROUP, *self.shape), dtype=self.dtype,
+                                     device=self.device)
+        return self._part
 
     def _merge(self, group: torch.Tensor) -> None:
         if self.with_cov:
@@ -374,25 +384,25 @@ class SlotSpread(RecorderBase):
 
     def _stats(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """``(n, mean, m2)`` of every row so far (the partial group merged, not stored)."""
-        if not self._rows:
+        if not self._k:
             return self._n, self._mean, self._m2
-        return _chan_merge(self._n, self._mean, self._m2, torch.stack(self._rows))
+        return _chan_merge(self._n, self._mean, self._m2, self._part[:self._k])
 
     def moments(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """``(n, mean [R, S, dim], co-moment [R, S, dim, dim])`` of every row since the reset
         (``covariance`` recorders only; the co-moment is ``sum (x - mean)(x - mean)^T``)."""
         if not self.with_cov:
             raise ValueError("this spread recorder keeps no covariance (covariance=False)")
-        if not self._rows:
+        if not self._k:
             return self._n, self._mean, self._c2
-        group = torch.stack(self._rows)
+        group = self._part[:self._k]
         c2 = _chan_merge_cov(self._n, self._mean, self._c2, group)
         return self._n + group.shape[0], _chan_merge(self._n, self._mean, self._m2, group)[1], c2
 
     @property
     def n(self) -> int:
         """Rows recorded since the reset."""
-        return self._n + len(self._rows)
+        return self._n + self._k
 
     @property
     def mean(self) -> torch.Tensor:
@@ -421,7 +431,7 @@ class SlotSpread(RecorderBase):
         self.start_segment(True)
 
     def state_dict(self) -> dict:
-        rows = (torch.stack(self._rows) if self._rows
+        rows = (self._part[:self._k].clone() if self._k
                 else torch.zeros((0, *self.shape), dtype=self.dtype, device=self.device))
         return {"n": self._n, "mean": self._mean, "m2": self._m2, "rows": rows,
                 **({"c2": self._c2} if self.with_cov else {})}
@@ -431,7 +441,9 @@ class SlotSpread(RecorderBase):
         if self.with_cov:
             self._c2 = sd["c2"]
         rows = sd.get("rows")  # (checkpoints before the grouping: none pending)
-        self._rows = [] if rows is None else list(rows.unbind(0))
+        self._k = 0 if rows is None else int(rows.shape[0])
+        if self._k:
+            self._pending()[:self._k] = rows
 
 
 #: a group whose rows hold at least this many float64 numbers (on the CPU) takes its variance
@@ -445,29 +457,30 @@ def _welford(group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.var_mean(group, 0, correction=0)`` as torch's CPU kernel computes it (Welford's
     update per row, in row order, no fused multiply-add), by elementwise ops over the rows:
     the same numbers (``tests/test_record_block.py`` checks them bit for bit)."""
-    mean = torch.zeros_like(group[0])
-    m2 = torch.zeros_like(mean)
-    for k in range(group.shape[0]):
+    group = group.detach()  # (statistics of recorded values: no graph, and out= needs none)
+    mean = torch.zeros_like(group[0], memory_format=torch.contiguous_format)
+    m2, delta, t = torch.zeros_like(mean), torch.empty_like(mean), torch.empty_like(mean)
+    for k in range(group.shape[0]):  # (in place: the same IEEE operations, no allocation)
         x = group[k]
-        delta = x - mean
-        mean = mean + delta / float(k + 1)
-        m2 = m2 + delta * (x - mean)
-    return m2 / group.shape[0], mean
+        torch.sub(x, mean, out=delta)
+        mean.add_(torch.div(delta, float(k + 1), out=t))  # mean + delta / (k + 1)
+        m2.add_(torch.sub(x, mean, out=t).mul_(delta))  # m2 + (x - mean) delta
+    return m2.div_(group.shape[0]), mean
 
 
 def _var_mean(group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.var_mean(group, 0, correction=0)``; by :func:`_welford` for long float64 rows on
-    the CPU (:data:`WELFORD_ROWS`)."""
+    the CPU (:data:`WELFORD_ROWS`: elementwise, so any memory layout gives its numbers; torch's
+    reduction gets contiguous rows, one layout and so one rounding however they were built)."""
     if group.dtype == torch.float64 and group.device.type == "cpu" and \
             group[0].numel() >= WELFORD_ROWS:
         return _welford(group)
-    return torch.var_mean(group, 0, correction=0)
+    return torch.var_mean(group.contiguous(), 0, correction=0)
 
 
 def _chan_merge(n_a: int, mean_a: torch.Tensor, m2_a: torch.Tensor, group: torch.Tensor):
     """``(n, mean, m2)`` of ``n_a`` rows summarized by ``(mean_a, m2_a)`` and the rows of
     ``group[m, ...]`` (Chan, Golub and LeVeque's pairwise update)."""
-    group = group.contiguous()  # (one memory layout, so one rounding, however it was built)
     n_b = group.shape[0]
     var_b, mean_b = _var_mean(group)
     return _chan_combine(n_a, mean_a, m2_a, n_b, mean_b, var_b * n_b)
