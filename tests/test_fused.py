@@ -384,10 +384,12 @@ def test_auto_chunk_length_follows_the_state_size():
 
     assert auto_unroll(E(1, 16, 2)) == 128
     assert auto_unroll(E(32, 8, 2)) == 128  # mix25: 512 numbers a step
-    assert auto_unroll(E(32, 8, 4)) == 64
-    assert auto_unroll(E(1, 16, 128)) == 32
-    assert auto_unroll(E(1, 16, 10_000)) == 8
-    for size in (1, 100, 1000, 1024, 1025, 5000, 10**6):
+    assert auto_unroll(E(32, 8, 4)) == 128
+    assert auto_unroll(E(1, 16, 128)) == 128
+    assert auto_unroll(E(1, 16, 1000)) == 128  # 2^21 numbers a kind
+    assert auto_unroll(E(1, 16, 10_000)) == 16  # 2.6e6 numbers a kind
+    assert auto_unroll(E(1, 16, 10**5)) == 8  # past the bound: the shortest chunk
+    for size in (1, 100, 1000, 1024, 1025, 5000, 2**15, 2**15 + 1, 10**6):
         U = auto_unroll(E(1, 1, size))
         assert 8 <= U <= 128 and (U == 8 or U * size <= AUTO_ELEMENTS)
 

@@ -72,9 +72,13 @@ _ISOLATE: dict[str, Any] = ({"isolate_recompiles": True}
 #: rules a chunk may call (pure functions of the context, no host syncs)
 RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 #: ``fuse = "auto"``'s eager chunks: up to this many iterations, while the chunk's draws of one
-#: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`)
+#: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`): at most
+#: 32 MiB of float64 a kind, whatever the state's size (chunks of 8 beyond ``R P dim = 2^19``).
+#: 2^16 until stop 38 held chunks at 8 from ``R P dim > 2^13``, where each chunk's fixed work
+#: (its set-up, log Z's and the swap statistics' block terms) was 0.2-0.3 of a d = 10^3 step
+#: (docs/benchmarks.md, "Chunk lengths for mid-size states (stop 38)")
 AUTO_MAX = 128
-AUTO_ELEMENTS = 1 << 16
+AUTO_ELEMENTS = 1 << 22
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
 #: watched slots' positions once, from its stacked states, rather than every iteration
 BLOCK_GATHER = 1 << 14
@@ -389,9 +393,9 @@ def auto(run, compile: bool = False) -> bool:
 def auto_unroll(engine) -> int:
     """The chunk length of ``fuse = "auto"``'s eager chunks: the largest power of two in
     ``[UNROLL, AUTO_MAX]`` whose chunk draws at most :data:`AUTO_ELEMENTS` numbers of a kind
-    (128 for small states, ``R P dim <= 512``: the per-chunk work of the inputs, the chunk's
-    set-up and outputs and the recorders' block forms is spread over more iterations; 8 from
-    ``R P dim > 1024``).  Eager chunks of any length give
+    (128 for states of ``R P dim <= 2^15`` numbers: the per-chunk work of the inputs, the
+    chunk's set-up and outputs and the recorders' block forms is spread over more iterations;
+    16 at ``R P dim = 16 x 10^4``; 8 from ``R P dim > 2^18``).  Eager chunks of any length give
     the plain loop's numbers, so this changes no draw."""
     U, size = UNROLL, engine.R * engine.P * engine.dim
     while U * 2 <= AUTO_MAX and U * 2 * size <= AUTO_ELEMENTS:
