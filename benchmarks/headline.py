@@ -152,9 +152,12 @@ def child_env() -> dict:
 
 
 def nrpt_command() -> list[str]:
-    """``nrpt`` (the console script beside this interpreter), else ``python -m nrpt``."""
-    script = Path(sys.executable).with_name("nrpt")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "nrpt"]
+    """``python -m nrpt``: the program as the tree on ``PYTHONPATH`` defines it (its
+    ``__main__``, :func:`nrpt.run.cli.entry` since stop 38).  Not the console script beside the
+    interpreter: in a development environment it was written by an older install and may call
+    another function than the tree's own (``main`` before stop 38), or one a compared tree
+    lacks."""
+    return [sys.executable, "-m", "nrpt"]
 
 
 #: a minimal launcher: fork, exec the command, report its wall time and rusage.  The command's
