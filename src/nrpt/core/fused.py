@@ -649,9 +649,13 @@ class Fused:
             # at the end; as arrays, which the array forms take as they are)
             draws = [d if isinstance(d, list) else list(d.numpy()) for d in inp["draws"]]
             noise = ReplayNoise([t for ts in zip(*draws, strict=True) for t in ts])
+            # (the caller took this path only with these: an estimator's, the rule's array
+            # forms and, without DEO_W's gate, every iteration's masks)
+            assert host_est is not None and sw.decide_arrays is not None
             move, grads, decide, exchange = (explorer.move_np, host_est.numpy_gradients,
                                              sw.decide_arrays, sw.exchange)
-            gate, sch = sw.gate is not None, carry["scheme"]
+            gate, sch, masks = sw.gate is not None, carry["scheme"], sw.act_a
+            assert gate or masks is not None
             take, b_a, h_a, e_a = _NUMPY.take, sw.b_a, sw.h_a, sw.e_a
             rows_u = []  # (each iteration's tables, stacked once)
             with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
@@ -687,7 +691,7 @@ class Fused:
                             nf_u = take(nf_u, raf, None, None, "clip")
                     v_at = take(v, raf, None, e_a[u], "clip")  # (the energies at the slots)
                     d = decide(v_at[:, :-1], v_at[:, 1:], pa)
-                    exchange(u, d, sw.gate_phase_a(u) if gate else sw.act_a[u])
+                    exchange(u, d, sw.gate_phase_a(u) if gate else masks[u])  # type: ignore[index]
                     if gate:
                         sw.gate_after(u, sch)
                     else:
