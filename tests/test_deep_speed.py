@@ -269,7 +269,8 @@ def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
     """The replicas are reset in the net's own copy of the model (no deep copy per fit): its
     parameters and buffers (BatchNorm's integer count included) are the same tensors with the
     same values afterwards, also when a layer's reset fails midway; a module whose reset
-    replaces a parameter gets its own tensor back, one whose reset adds a buffer loses it.
+    replaces a parameter or a submodule gets its own back, one whose reset adds a buffer loses
+    it.
     Negative control: the reset does change them while it runs."""
     class Replacing(nn.Linear):
         def reset_parameters(self):
@@ -284,12 +285,25 @@ def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
             if self.fail:
                 raise RuntimeError("reset failed")
 
+    class Swapping(nn.Module):  # a reset that replaces a submodule
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.inner(x)
+
+        def reset_parameters(self):
+            self.inner = nn.Linear(2, 2)
+
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = nn.Sequential(_Scaled(), nn.BatchNorm1d(3), Replacing(3, 2), Failing())
+        model = nn.Sequential(_Scaled(), nn.BatchNorm1d(3), Replacing(3, 2), Failing(),
+                              Swapping())
     model[1].num_batches_tracked.fill_(5)
     net = FunctionalNet(model)
     held = net.module
+    inner = held[4].inner
     before = [(n, t, t.detach().clone()) for n, t in
               [*held.named_parameters(), *held.named_buffers()]]
     first = {n: value for n, _, value in before}
@@ -311,6 +325,7 @@ def test_the_initial_replicas_leave_the_nets_copy_of_the_model_as_it_was():
             assert fail
         after = dict([*held.named_parameters(), *held.named_buffers()])
         assert set(after) == {n for n, _, _ in before}  # (no buffer "3.added")
+        assert held[4].inner is inner  # (the submodule a reset replaced, given back)
         for n, t, value in before:
             assert after[n] is t and torch.equal(t, value), n
 

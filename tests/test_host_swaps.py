@@ -8,6 +8,8 @@ next iteration's explorer draws differs in the same comparison.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_lean_chunk import _tally  # (a chunk's outputs compared bit for bit)
@@ -130,3 +132,73 @@ def test_host_swaps_only_where_they_apply(monkeypatch):
         monkeypatch.setattr(fused_mod, "NUMPY_SWAPS_MAX", 11)  # (2 systems x 6 chains = 12)
         f._body(8, eager=True)(f._carry(), f._inputs(k, 8))
         assert not made
+
+
+def _subclassed_run(fuse, swap_class) -> tuple:
+    """The headline (6 chains, 2 systems, 96 iterations) with ``swap_class(obj)`` giving each
+    adaptor, the rule and the explorer a subclass of its own (or None: as built); the final
+    positions, C and learning rates."""
+    run = build(RunConfig.from_dict({}, defaults=dict(CASES["headline"], iterations=96,
+                                                      figures=False, fuse=fuse)))
+    for obj in (*run.adaptors, run.engine.rule, run.engine.explorer):
+        cls = swap_class(obj)
+        if cls is not None:
+            obj.__class__ = cls
+    execute(run)
+    eng = run.engine
+    return eng.state.x.clone(), {n: t.clone() for n, t in eng.params.items()}, \
+        eng.step_size.clone()
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys() and all(
+        torch.equal(a[1][n], b[1][n]) for n in a[1]) and torch.equal(a[2], b[2])
+
+
+def test_subclass_overrides_are_called_on_every_path():
+    # A user's subclass of an adaptor, the rule or the explorer that overrides the method the
+    # plain loop calls must be run as it is by the fused chunks too (fuse true / auto), not
+    # stood in for by the parent's array forms (own_forms): each run equals the plain loop.
+    from nrpt.adapt.sa import CorrectionAdaptor, LearningRateAdaptor
+    from nrpt.explorers.sgmcmc import SGD
+    from nrpt.roles import Update
+    from nrpt.swap.noisy import Deterministic
+
+    class FrozenC(CorrectionAdaptor):  # C never adapted
+        def observe(self, it):
+            return Update()
+
+        def observe_block(self, it, gain):
+            return Update()
+
+    class FixedRates(LearningRateAdaptor):  # the learning rates never adapted
+        def observe(self, it):
+            return Update()
+
+        def observe_block(self, it, gain):
+            return Update()
+
+    class Stricter(Deterministic):  # a swap needs a margin of 0.5 more
+        def decide(self, ctx):
+            return super().decide(dataclasses.replace(ctx, params={**ctx.params,
+                                                       "C": ctx.params["C"] + 0.5}))
+
+    def sub(base):
+        class Shrunk(base):  # every proposal's move at 0.9 of the parent's
+            def step(self, state, b, step_size, density, noise, sub=0):
+                return super().step(state, b, step_size * 0.9, density, noise, sub)
+        return Shrunk
+
+    stock = _subclassed_run(False, lambda obj: None)
+    # one role subclassed at a time (together, the rule's own decide would switch the host
+    # iteration off and hide what the others do)
+    for parent, child in ((CorrectionAdaptor, FrozenC), (LearningRateAdaptor, FixedRates),
+                          (Deterministic, Stricter), (SGD, sub(SGD))):
+
+        def own(obj, parent=parent, child=child):
+            return child if type(obj) is parent else None
+
+        plain = _subclassed_run(False, own)
+        assert not _same(plain, stock), child  # (the subclass changes the run: power)
+        for fuse in (True, "auto"):
+            assert _same(_subclassed_run(fuse, own), plain), (child, fuse)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["viewable"]
+__all__ = ["viewable", "own_forms"]
 
 
 def viewable(*ts: torch.Tensor, dtypes: tuple | None = (torch.float64,)) -> bool:
@@ -26,3 +26,16 @@ def viewable(*ts: torch.Tensor, dtypes: tuple | None = (torch.float64,)) -> bool
         if not t.is_cpu or t.requires_grad or (dtypes is not None and t.dtype not in dtypes):
             return False
     return not torch.compiler.is_compiling()
+
+
+def own_forms(obj, name: str, *forms: str) -> bool:
+    """Whether the class that gives ``obj`` its method ``name`` (the first in its MRO to define
+    it) also defines every one of ``forms`` itself -- and so is also what gives ``obj`` each of
+    them.  A role's faster form (``decide_arrays`` beside ``decide``, ``observe_arrays`` beside
+    ``observe_block``) may stand in for the method only then: a subclass that overrides the
+    method (or one form but not another) inherits forms that compute its parent's numbers,
+    not its own, and gets the method called as it is."""
+    mro = type(obj).__mro__
+    owner = next((c for c in mro if name in vars(c)), None)
+    return owner is not None and all(
+        next((c for c in mro if f in vars(c)), None) is owner for f in forms)

@@ -53,7 +53,7 @@ from nrpt.explorers.compiled import (
     why_failed,
 )
 from nrpt.explorers.sgmcmc import finite_np
-from nrpt.host import viewable
+from nrpt.host import own_forms, viewable
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
 from nrpt.swap.rules import Metropolis, SwapContext
@@ -180,12 +180,12 @@ class _HostSwaps:
             matrix, off_a
         #: the rule's decisions on NumPy arrays, where the class that defines its ``decide``
         #: gives them (Deterministic.decide_host; a subclass's own decide is called as is)
-        owner = next((c for c in type(rule).__mro__ if "decide" in vars(c)), None)
-        self.decide_host = rule.decide_host if owner is not None and \
-            "decide_host" in vars(owner) else None
-        #: ... and its core on arrays of the parameters (the host iteration, Fused._body)
-        self.decide_arrays = rule.decide_arrays if self.decide_host is not None and \
-            "decide_arrays" in vars(owner) else None
+        self.decide_host = rule.decide_host if own_forms(rule, "decide", "decide_host") \
+            else None
+        #: ... and its core on arrays of the parameters (the host iteration, Fused._body),
+        #: where the same class gives it too
+        self.decide_arrays = rule.decide_arrays if own_forms(
+            rule, "decide", "decide_host", "decide_arrays") else None
         self.listed: torch.Tensor | None = None  # (every pair listed: one tensor a chunk)
         self.arrays = False  # (whether the chunk ran as Fused._body's host iteration)
         self.lo, self.hi = lo, hi
@@ -616,7 +616,10 @@ class Fused:
         # the host iteration (host_chunk) where every role of the iteration has an array form
         host_est = explorer.host_estimator(density) if host and hasattr(
             explorer, "host_estimator") else None
-        tables = [a.host_table() if hasattr(a, "host_table") else None for a in online]
+        # (an adaptor's array form only where the class that defines its observe_block and
+        # observe gives it: a subclass's own observe_block is called as it is)
+        tables = [a.host_table() if own_forms(a, "observe_block", "observe", "host_table",
+                                              "observe_arrays") else None for a in online]
         arrays = host_est is not None and n_explore == 1 and not has_ref and \
             eng.metric is None and None not in tables and not (watched and not late_x)
 

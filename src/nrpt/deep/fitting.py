@@ -190,8 +190,9 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
         # fit: ~0.5 ms of a small model's set-up), given back its tensors and values after
         m = net.module
         stores = [(store, dict(store)) for mod in m.modules()
-                  for store in (mod._parameters, mod._buffers)]
-        values = [(t, t.detach().clone()) for _, slots in stores for t in slots.values()
+                  for store in (mod._parameters, mod._buffers, mod._modules)]
+        values = [(t, t.detach().clone()) for mod in m.modules()
+                  for store in (mod._parameters, mod._buffers) for t in store.values()
                   if t is not None]
         try:
             for r in range(1, n):
@@ -200,7 +201,8 @@ def _initial_replicas(net: FunctionalNet, model: nn.Module, n: int, seed: int):
                 t, b = net.pack(m)
                 thetas.append(t)
                 bufs.append(b)
-        finally:  # (the slots as they were, a tensor a reset replaced or added included)
+        finally:  # (the slots as they were, a tensor or submodule a reset replaced or
+            # added included; plain attributes a custom reset sets are its own)
             for store, slots in stores:
                 store.clear()
                 store.update(slots)

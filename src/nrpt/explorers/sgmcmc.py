@@ -195,8 +195,11 @@ class SGExplorer(Explorer):
         """The estimator where a step may run wholly on NumPy arrays (:meth:`move_np`, the
         estimator's ``numpy_gradients``, :func:`finite_np`: the eager fused chunk's host
         iteration, ``nrpt.core.fused``): SGLD's move without a domain and an estimator with
-        its NumPy path; else ``None``."""
-        if type(self).move is not SGLD.move or self.domain is not None:
+        its NumPy path; else ``None``.  A subclass that overrides the step or either move is
+        run by its own step (``None``)."""
+        cls = type(self)
+        if cls.move is not SGLD.move or cls.step is not SGExplorer.step or \
+                cls.move_np is not SGExplorer.move_np or self.domain is not None:
             return None
         est = self._estimator(density)
         return est if est.has_numpy_gradients() else None

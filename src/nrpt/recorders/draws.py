@@ -39,8 +39,9 @@ __all__ = ["Draws"]
 
 
 def _release(arr: np.memmap) -> None:
-    """Drop the written pages of a file map from this process's resident set (they were just
-    written back; the page cache keeps them): a long run's memory stays flat."""
+    """Drop the written pages of a file map from this process's resident set: a long run's
+    memory stays flat.  The page cache keeps them (a shared file map: dirty pages are not
+    discarded), written back by the kernel or by the next :meth:`Draws.flush`'s msync."""
     mm = getattr(arr, "_mmap", None)
     shared = getattr(arr, "mode", None) in ("r+", "w+")  # never a private (copy-on-write) map
     if mm is not None and shared and hasattr(mmap, "MADV_DONTNEED"):
