@@ -167,6 +167,23 @@ def _source_matrix(R: int, P: int) -> tuple[np.ndarray, torch.Tensor]:
     return m, pads
 
 
+class _Rows:
+    """A buffer attribute's per-iteration tensors (``buf.unbind(0)``), made on the first read
+    and kept on the instance (a cached property named by the buffer)."""
+
+    def __init__(self, buf: str):
+        self.buf = buf
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None) -> Any:
+        if obj is None:
+            return self
+        rows = obj.__dict__[self.name] = getattr(obj, self.buf).unbind(0)
+        return rows
+
+
 class _HostSwaps:
     """One eager chunk's swap bookkeeping on NumPy views of its buffers (:meth:`Fused._body`
     with ``eager``): the slot maps kept flat as well, one ``take`` a gather, the permutation as
@@ -231,25 +248,11 @@ class _HostSwaps:
 
     # each iteration's tensors of the buffers, made where the tensor iteration reads them
     # (one unbind a buffer and chunk; the host iteration reads the arrays)
-    @functools.cached_property
-    def b_t(self) -> tuple:
-        return self.b_buf.unbind(0)
-
-    @functools.cached_property
-    def h_t(self) -> tuple:
-        return self.h_buf.unbind(0)
-
-    @functools.cached_property
-    def ra_t(self) -> tuple:
-        return self.ra_buf.unbind(0)
-
-    @functools.cached_property
-    def so_t(self) -> tuple:
-        return self.so_buf.unbind(0)
-
-    @functools.cached_property
-    def acc_t(self) -> tuple:
-        return self.acc_buf.unbind(0)
+    b_t = _Rows("b_buf")
+    h_t = _Rows("h_buf")
+    ra_t = _Rows("ra_buf")
+    so_t = _Rows("so_buf")
+    acc_t = _Rows("acc_buf")
 
     @functools.cached_property
     def active(self) -> tuple | None:
