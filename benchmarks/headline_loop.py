@@ -149,12 +149,20 @@ def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool) -
     _between(got, "nrpt run")
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def paired_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a headline benchmark that times two source trees side by side:
+    --trees (default: this checkout's), --pairs, --iterations, --seed (also
+    benchmarks/process_phases.py)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--trees", nargs="+", default=[str(HERE.parent / "src")])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def main(argv=None) -> None:
+    ap = paired_parser(__doc__)
     ap.add_argument("--fuse", type=int, default=0,
                     help="nrpt's side with fuse = N (a chunk length >= 1) and compile = true; "
                          "needs --compile")

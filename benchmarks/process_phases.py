@@ -18,7 +18,6 @@ of the second tree's fixed part to the first's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -84,12 +83,10 @@ def one(tree: str, K: int, seed: int, tmp: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trees", nargs="+", default=[str(HERE.parent / "src")])
-    ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--iterations", type=int, default=20000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    from headline_loop import paired_parser
+
+    args = paired_parser(__doc__).parse_args(argv)
     trees = args.trees[:2]
     for t in trees:  # (as an install would: bytecode written once, not in the timed runs)
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(t) / "nrpt")],
