@@ -102,7 +102,7 @@ def _indicators_host(it: Iteration, pairs: str):
         return A.numpy(), listed, bool(listed.shape[1]) and bool(listed.all())
 
     key = "pair_indicators_np" if pairs == "all" else "attempted_indicators_np"
-    return it._once(key, make) if hasattr(it, "_once") else make()
+    return it._once(key, make)
 
 
 def _exp_np(a: np.ndarray) -> np.ndarray:

@@ -52,7 +52,7 @@ from nrpt.explorers.compiled import (
     make_draw,
     why_failed,
 )
-from nrpt.explorers.sgmcmc import finite_np
+from nrpt.explorers.sgmcmc import finite_np, keep_failed
 from nrpt.host import own_forms, viewable
 from nrpt.rng import Stream, block_length, iteration_uniform
 from nrpt.roles import BLOCK, AdaptorBase, Iteration, IterationBlock, PhaseDecision
@@ -74,9 +74,9 @@ RULES = ("metropolis", "deterministic", "always", "fixed-rate")
 #: ``fuse = "auto"``'s eager chunks: up to this many iterations, while the chunk's draws of one
 #: kind (``U R P dim`` numbers) stay within :data:`AUTO_ELEMENTS` (:func:`auto_unroll`): at most
 #: 32 MiB of float64 a kind, whatever the state's size (chunks of 8 beyond ``R P dim = 2^19``).
-#: 2^16 until stop 38 held chunks at 8 from ``R P dim > 2^13``, where each chunk's fixed work
-#: (its set-up, log Z's and the swap statistics' block terms) was 0.2-0.3 of a d = 10^3 step
-#: (docs/benchmarks.md, "Chunk lengths for mid-size states (stop 38)")
+#: 2^16 until stop 38 held chunks at 8 from ``R P dim > 2^13``: at d = 10^3 x 16 replicas
+#: chunks of 128 instead of 8 took a RWMH iteration from 674 to 559 us (docs/benchmarks.md,
+#: "Chunk lengths for mid-size states (stop 38)")
 AUTO_MAX = 128
 AUTO_ELEMENTS = 1 << 22
 #: a chunk whose states hold at most this many numbers together (``U R P dim``) gathers the
@@ -681,12 +681,12 @@ class Fused:
                         new_ex = {**now, "sg_grad": torch.from_numpy(g_new),
                                   **({} if var_new is None else
                                      {"energy_var": torch.from_numpy(var_new)})}
-                        old = ReplicaState(torch.from_numpy(x), torch.from_numpy(v),
-                                           torch.from_numpy(base),
-                                           {k: now.get(k, t) for k, t in new_ex.items()})
-                        st = old.where(torch.from_numpy(ok), ReplicaState(
-                            torch.from_numpy(x_new), torch.from_numpy(u_new),
-                            torch.from_numpy(np.zeros(u_new.shape)), new_ex))
+                        st = keep_failed(
+                            ReplicaState(torch.from_numpy(x), torch.from_numpy(v),
+                                         torch.from_numpy(base), now),
+                            torch.from_numpy(ok),
+                            ReplicaState(torch.from_numpy(x_new), torch.from_numpy(u_new),
+                                         torch.from_numpy(np.zeros(u_new.shape)), new_ex))
                         x, v, base = st.x.numpy(), st.v.numpy(), st.base.numpy()
                         ex = dict(st.extras)
                         g = ex["sg_grad"].numpy()
@@ -1191,8 +1191,7 @@ def block_active(scheme: Scheme, pairs: tuple, inputs: dict, U: int) -> torch.Te
     """Every iteration's mask of the pairs that may swap ``[U, R, P-1]`` from the scheme's
     block inputs, where the scheme's ``block_active`` gives it (its masks depend on no state)
     and comes from the class that defines its ``block_phase``; else ``None``."""
-    owner = next((c for c in type(scheme).__mro__ if "block_phase" in vars(c)), None)
-    if owner is None or "block_active" not in vars(owner):
+    if not own_forms(scheme, "block_phase", "block_active"):
         return None
     return scheme.block_active(pairs, inputs, U)
 
@@ -1220,8 +1219,7 @@ def _takes_floats(adaptor) -> bool:
     """Whether the adaptor's ``observe_block`` takes its gain as a float as well as a 0-d
     tensor: the class that defines it says so (``float_gains = True`` beside it; a subclass
     that overrides ``observe_block`` says so again or not)."""
-    owner = next((c for c in type(adaptor).__mro__ if "observe_block" in vars(c)), None)
-    return owner is not None and vars(owner).get("float_gains", False) is True
+    return own_forms(adaptor, "observe_block", "float_gains") and adaptor.float_gains is True
 
 
 def _no_uniforms():

@@ -142,12 +142,9 @@ class EpochMetrics(RecorderBase):
         if self._rows is None:  # (views of _acc's rows, taken once: no indexing per iteration)
             self._rows = (tuple(self._acc.numpy()) if viewable(self._acc, dtypes=None)
                           else self._acc.unbind(0))
-        if type(self._rows[0]) is np.ndarray:  # (CPU: NumPy views, a third of a torch op's
-            for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):  # cost;
-                acc += add.numpy()  # sums of 0/1 verdicts: exact either way)
-        else:
-            for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):
-                acc += add
+        host = type(self._rows[0]) is np.ndarray  # (CPU: NumPy views, a third of a torch op's
+        for acc, add in zip(self._rows, (A, attempted, V, listed), strict=True):  # cost; sums
+            acc += add.numpy() if host else add  # of 0/1 verdicts: exact either way)
         if (it.k + 1) % self.every:
             return
         row: dict[str, Any] = {"iteration": it.k + 1}

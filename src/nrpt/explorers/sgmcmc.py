@@ -100,6 +100,15 @@ MOMENTUM = Option("momentum", number(0.0, high=1.0), default=0.9, section="explo
                   parse=parse_float, help="momentum of sghmc / msgd (1 - friction)")
 
 
+def keep_failed(state: ReplicaState, ok: torch.Tensor, new: ReplicaState) -> ReplicaState:
+    """``new`` where ``ok``, else the replica's old state (its extras where it had them, the
+    new ones it did not have yet): a step whose position, energy or gradient is not finite
+    is refused."""
+    old = ReplicaState(state.x, state.v, state.base,
+                       {key: state.extras.get(key, val) for key, val in new.extras.items()})
+    return old.where(ok, new)
+
+
 class SGExplorer(Explorer):
     """Base class: the energy/gradient oracle, caching, reflection and bookkeeping.
 
@@ -179,9 +188,7 @@ class SGExplorer(Explorer):
         ok = torch.isfinite(e1.u + x_new.sum(-1) + e1.grad.sum(-1))
         new = ReplicaState(x_new, e1.u, torch.zeros_like(e1.u), extras)
         if torch.compiler.is_compiling() or not _all_true(ok):  # (no host sync in a graph)
-            old = ReplicaState(state.x, state.v, state.base,
-                               {key: state.extras.get(key, val) for key, val in extras.items()})
-            new = old.where(ok, new)
+            new = keep_failed(state, ok, new)
         # (the 0/1 acceptance as e1.u's dtype: what ones_like(e1.u) * ok gave, one op fewer)
         return new, ExploreInfo(ok.to(e1.u.dtype), ok, ~ok)
 
@@ -243,9 +250,7 @@ class SGExplorer(Explorer):
         new = ReplicaState(xt, ut, torch.from_numpy(np.zeros(u.shape)), extras)
         okt = torch.from_numpy(ok)
         if not ok.all():
-            old = ReplicaState(state.x, state.v, state.base,
-                               {key: state.extras.get(key, val) for key, val in extras.items()})
-            new = old.where(okt, new)
+            new = keep_failed(state, okt, new)
         return new, ExploreInfo(torch.from_numpy(ok.astype(u.dtype)), okt,
                                 torch.from_numpy(~ok))
 

@@ -363,9 +363,7 @@ class Draws(RecorderBase):
                 v = it.slot_energies
             self._buf_x.append(x.detach().clone()[None])
             self._buf_v.append(v.detach().clone()[None])
-        if self._buf_rows >= self.chunk:
-            self._drain()
-            self._settle(sync=False)
+        self._roll()
 
     def record_block(self, block: IterationBlock) -> None:
         """Record ``U`` iterations at once: the block's index rows, and its draws (the
@@ -388,15 +386,20 @@ class Draws(RecorderBase):
             self._write(block.slot_of.detach().numpy(), None if x is None else (
                 x.detach().numpy(), v.detach().numpy()))
             self._unsynced += block.U
-            if self._unsynced >= self.chunk:
-                self._settle(sync=False)
+            self._roll()
             return
         self._buffer(block.slot_of.to(index_torch_dtype(self.P), copy=True))
         if x is not None:  # copies: the buffers must not hold views of the block
             self._buf_x.append(x.detach().clone())
             self._buf_v.append(v.detach().clone())
+        self._roll()
+
+    def _roll(self) -> None:
+        """Every ``chunk`` rows: the buffered ones into the record arrays, and the written
+        pages released (no sync: :meth:`flush` forces them to disk)."""
         if self._buf_rows >= self.chunk:
             self._drain()
+        if self._unsynced >= self.chunk:
             self._settle(sync=False)
 
     def _direct(self, t: torch.Tensor) -> bool:

@@ -95,11 +95,11 @@ class Deterministic(Rule):
         return {"C": torch.full((R, 1), self.correction, dtype=dtype)}
 
     def decide(self, ctx: SwapContext):
-        C = ctx.params["C"] if "C" in ctx.params else self.correction
         if viewable(ctx.v_hi, ctx.v_lo):
             got = self.decide_host(ctx.v_lo.numpy(), ctx.v_hi.numpy(), ctx.params)
             if got is not None:
                 return torch.from_numpy(got[0]), torch.from_numpy(got[1])
+        C = ctx.params.get("C", self.correction)
         decision = (ctx.v_hi + C < ctx.v_lo) & torch.isfinite(ctx.v_hi) & torch.isfinite(ctx.v_lo)
         return decision, decision.to(ctx.v_lo.dtype)
 
@@ -110,11 +110,11 @@ class Deterministic(Rule):
         op costs a third to a half of a small torch op: the same IEEE sum and comparisons, bit
         for bit (tests/test_sa_host.py).  The eager fused chunk calls it directly
         (``nrpt.core.fused``)."""
-        C = params["C"] if "C" in params else self.correction
+        C = params.get("C", self.correction)
         if not (isinstance(C, float) or viewable(C)):
             return None
         with np.errstate(all="ignore"):  # (torch does not warn of overflow either)
-            d = self.decide_arrays(lo, hi, {"C": C if isinstance(C, float) else C.numpy()})
+            d = _verdicts(lo, hi, C if isinstance(C, float) else C.numpy())
         return d, d.astype(lo.dtype)
 
     def decide_arrays(self, lo: np.ndarray, hi: np.ndarray, params: dict) -> np.ndarray:
@@ -122,8 +122,12 @@ class Deterministic(Rule):
         parameters as arrays, ``C`` an ``[R, 1]`` array or a float; without ``C`` the initial
         correction; NumPy's floating-point warnings are the caller's to silence): the core of
         :meth:`decide_host`, which the eager fused chunk's host iteration calls."""
-        C = params["C"] if "C" in params else self.correction
-        return (hi + C < lo) & np.isfinite(hi) & np.isfinite(lo)
+        return _verdicts(lo, hi, params.get("C", self.correction))
+
+
+def _verdicts(lo: np.ndarray, hi: np.ndarray, C) -> np.ndarray:
+    """The deterministic rule's verdicts on arrays: ``hi + C < lo``, both energies finite."""
+    return (hi + C < lo) & np.isfinite(hi) & np.isfinite(lo)
 
     def describe(self):
         return {"rule": self.name, "initial_correction": self.correction}
