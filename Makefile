@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/nrpt run --out runs/default
+	OMP_NUM_THREADS=1 $(VENV)/bin/nrpt run --out runs/default --figures true --overwrite
 
 # two workers (one per core of the project machines), whole files per worker: the suite is
 # single-threaded tiny-tensor code, so this halves its wall time (`pytest tests/x.py` stays serial)

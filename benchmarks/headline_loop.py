@@ -1,7 +1,7 @@
 """The headline loop against its NumPy yardstick, paired: ``make bench-headline-loop``.
 
     python benchmarks/headline_loop.py [--trees A/src B/src] [--pairs 5] [--iterations 20000]
-                                       [--fuse N --compile] [--whole]
+                                       [--fuse N --compile] [--whole [--figures true|false|all]]
 
 Issue 24's goal "headline loop <= 2x the minimal NumPy implementation without compilation",
 measured alone (``benchmarks/headline.py`` times it among the compiled kinds and the whole
@@ -25,7 +25,8 @@ no compilation, only the saved library's load (milliseconds).
 
 ``--whole``: issue 24's third headline goal, "whole process <= 3x the whole NumPy script":
 instead of the loops, the whole ``python -m nrpt run --out TMP --no-progress --overwrite``
-(imports, build, loop, checkpoints, summary, posterior file, figures) against the whole
+(imports, build, loop, checkpoints, summary, posterior file; figures with ``--figures
+true``, the default before stop 39) against the whole
 ``python benchmarks/headline_numpy.py --out TMP`` (imports, run, statistics, records), each a
 fresh process started by ``headline.launch`` (wall from the fork to the exit, CPU = the child's
 user + system time), alternating in order pair by pair.  nrpt's sources and this folder are
@@ -105,7 +106,8 @@ def _between(got: dict, what: str) -> None:
               f"[{min(r):.3f}-{max(r):.3f}]")
 
 
-def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool) -> None:
+def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool,
+          figures: str | None = None) -> None:
     """The whole processes, ``nrpt run`` against the NumPy script (see ``--whole``)."""
     import tempfile
 
@@ -130,6 +132,8 @@ def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool) -
                           str(K), "--seed", str(seed + i), "--out", str(tmp / "numpy")]
                 if K != 20000:
                     nrpt_cmd += ["--iterations", str(K)]
+                if figures is not None:
+                    nrpt_cmd += ["--figures", figures]
                 for kind in (("numpy", "nrpt") if i % 2 == 0 else ("nrpt", "numpy")):
                     r = hl.launch(np_cmd if kind == "numpy" else nrpt_cmd, env, tmp)
                     if r["rc"] != 0:
@@ -140,7 +144,8 @@ def whole(trees: list[str], pairs: int, K: int, seed: int, byte_compile: bool) -
                         summary = json.loads((tmp / "run" / "summary.json").read_text())
                         got[t].setdefault("nrpt_loop", []).append(summary["wall_time_s"])
     print(f"headline whole process: nrpt run / NumPy script, {K} iterations, {pairs} "
-          f"interleaved pairs a tree, one thread, bytecode {'on' if byte_compile else 'off'}; "
+          f"interleaved pairs a tree, one thread, bytecode {'on' if byte_compile else 'off'}, "
+          f"figures {figures or 'the default'}; "
           f"load average {os.getloadavg()[0]:.2f} at the end")
     for t, r in got.items():
         _ratios(t, r, "nrpt run", "NumPy script", "ratio")
@@ -158,6 +163,9 @@ def paired_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--figures", default=None, choices=["true", "false", "all"],
+                    help="nrpt run's --figures in the whole processes (default: none given, "
+                         "the program's own default: false from stop 39 on, true before)")
     return ap
 
 
@@ -176,7 +184,8 @@ def main(argv=None) -> None:
     if args.whole:
         if args.fuse:
             ap.error("--whole times the default nrpt run; it takes no --fuse / --compile")
-        whole(args.trees[:2], args.pairs, args.iterations, args.seed, not args.no_byte_compile)
+        whole(args.trees[:2], args.pairs, args.iterations, args.seed, not args.no_byte_compile,
+              args.figures)
         return
     if (args.fuse > 0) != args.compile or args.fuse < 0:
         ap.error(f"--fuse N (N >= 1) and --compile go together; got --fuse {args.fuse}"

@@ -1,9 +1,11 @@
 """Where the headline ``nrpt run`` process spends its CPU outside the loop, tree against tree.
 
     python benchmarks/process_phases.py [--trees A/src B/src] [--pairs 5] [--iterations 20000]
+        [--figures true|false|all]
 
-Each tree runs ``nrpt run --out TMP --no-progress --overwrite`` (the default headline, figures
-on) in fresh processes, alternating A, B, B, A, ... (one torch thread, ``OMP_NUM_THREADS=1``).
+Each tree runs ``nrpt run --out TMP --no-progress --overwrite`` (the default headline; its
+figures with ``--figures true``, the default before stop 39) in fresh processes, alternating
+A, B, B, A, ... (one torch thread, ``OMP_NUM_THREADS=1``).
 The process is the program as ``python -m nrpt`` starts it (``nrpt.run.cli.entry`` where the
 tree has it, else ``main``), with a few functions wrapped to read ``time.process_time`` around
 them: ``imports`` (``import nrpt`` and the command line's modules, torch's among them),
@@ -58,7 +60,7 @@ sys.exit(code)
 """
 
 
-def one(tree: str, K: int, seed: int, tmp: Path) -> dict:
+def one(tree: str, K: int, seed: int, tmp: Path, figures: str | None = None) -> dict:
     sys.path.insert(0, str(HERE))
     import headline as hl
 
@@ -68,6 +70,8 @@ def one(tree: str, K: int, seed: int, tmp: Path) -> dict:
            "--overwrite", "--seed", str(seed)]
     if K != 20000:
         cmd += ["--iterations", str(K)]
+    if figures is not None:
+        cmd += ["--figures", figures]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=tree)
     r = hl.launch(cmd, env, tmp)
     if r["rc"] != 0:
@@ -95,11 +99,11 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="nrpt-phases-") as tmpdir:
         for i in range(args.pairs):
             for t in (trees if i % 2 == 0 else trees[::-1]):
-                got[t].append(one(t, args.iterations, args.seed + i, Path(tmpdir)))
+                got[t].append(one(t, args.iterations, args.seed + i, Path(tmpdir), args.figures))
     med = statistics.median
     print(f"nrpt run (headline, {args.iterations} iterations): CPU seconds by phase, medians of "
           f"{args.pairs} processes a tree, interleaved, one thread; load average "
-          f"{os.getloadavg()[0]:.2f} at the end")
+          f"{os.getloadavg()[0]:.2f} at the end; figures {args.figures or 'the default'}")
     keys = ["whole", "loop", "fixed", "imports", "checkpoints", "outputs", "other",
             "start + exit"]
     print("  " + " " * 28 + "".join(f"{k:>13s}" for k in keys))

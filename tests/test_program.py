@@ -55,7 +55,7 @@ def test_the_program_freezes_its_heap_and_main_does_not():
 
 
 def test_python_m_nrpt_writes_what_main_writes(tmp_path):
-    args = ["run", "--iterations", "400", "--seed", "4", "--no-progress"]
+    args = ["run", "--iterations", "400", "--seed", "4", "--no-progress", "--figures", "true"]
     r = subprocess.run([sys.executable, "-m", "nrpt", *args, "--out", str(tmp_path / "prog")],
                        env=dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1"),
                        capture_output=True, text=True, timeout=300)

@@ -42,7 +42,7 @@ def test_round_lengths_double():
 def test_run_folder_contract_summary_and_arviz_export(tmp_path):
     out = tmp_path / "run"
     res = nrpt.sample("geometric-gaussian-path", target_options=SMALL, rounds=6, chains=6,
-                      systems=2, explorer="slice", seed=3, out=str(out))
+                      systems=2, explorer="slice", seed=3, out=str(out), figures=True)
     assert isinstance(res, nrpt.Result) and len(res.rows) == 6
     assert [row["iterations"] for row in res.rows] == round_lengths(6)
     K = sum(round_lengths(6))

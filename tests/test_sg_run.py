@@ -43,11 +43,17 @@ def test_headline_adapts_c_and_learning_rates_toward_the_swap_rate():
     assert s["round_trips_a5"] > 0
 
 
-def test_nrpt_run_defaults_to_the_headline_and_writes_figures(tmp_path, capsys):
+def test_nrpt_run_defaults_to_the_headline_and_nrpt_figures_draws_its_figures(tmp_path,
+                                                                               capsys):
     out = tmp_path / "run"
     code = main(["run", "--iterations", "300", "--out", str(out), "--no-progress"])
     stdout = capsys.readouterr().out
     assert code == 0 and "correction C" in stdout and "learning rates" in stdout
+    # figures are drawn on request: the run says how, and draws none itself
+    assert f"`nrpt figures {out}` draws them" in stdout
+    assert not list(out.glob("*.png"))
+    assert main(["figures", str(out)]) == 0
+    assert "3 figures in" in capsys.readouterr().out
     s = json.loads((out / "summary.json").read_text())
     assert s["window"] == 8 and s["chains"] == 16 and s["explorer"] == "sgd"
     # the summary names the target as configured: the spec and its options

@@ -22,7 +22,7 @@ try:
     from nrpt.paths.ladders import GeometricPath, TemperatureLadder, make_path
     from nrpt.report.health import SamplingWarning
     from nrpt.run import registry
-    from nrpt.run.api import Result, resume, run_config, sample
+    from nrpt.run.api import Result, figures, resume, run_config, sample
     from nrpt.run.build import build
     from nrpt.run.config import RunConfig
     from nrpt.run.registry import make_explorer, make_rule, make_scheme
@@ -61,7 +61,7 @@ def sample_adaptive(target="geometric-gaussian-path", *, rounds: int = 10, **opt
     return sample(target, rounds=rounds, **options)
 
 
-__all__ = ["sample", "resume", "run_config", "sample_adaptive", "Result", "RunConfig",
+__all__ = ["sample", "resume", "figures", "run_config", "sample_adaptive", "Result", "RunConfig",
            "PTEngine", "build", "Plan", "Segment", "execute", "diagnostics", "registry", "rng",
            "roles", "testing", "RWMH", "MALA", "HMC", "SliceSampler", "make_explorer",
            "GeometricPath", "TemperatureLadder", "make_path", "ADJ", "APE", "DEO", "DEOW", "SEO",

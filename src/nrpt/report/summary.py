@@ -831,4 +831,7 @@ def _note_lines(s: dict) -> list[str]:
         lines.append("  (interrupted: results cover the iterations completed)")
     if s.get("out"):
         lines.append(f"  results in      {s['out']}")
+        if "figures" not in s and not s.get("interrupted") and s.get("n_iterations"):
+            lines.append(f"  figures         not drawn (figures = false); `nrpt figures "
+                         f"{s['out']}` draws them")
     return lines

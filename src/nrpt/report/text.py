@@ -69,9 +69,10 @@ def write_figures(out: Path, *, run, summary: dict, samples: np.ndarray, index: 
     """Write the figures of :mod:`nrpt.report.figures` that apply to the run into ``out``; returns
     their file names (``density.png``, ``index_process.png``, ``swap_acceptance.png``,
     ``adaptation.png``, and for adaptive runs ``local_barrier.png``, ``schedules.png``; with
-    ``which="all"`` also ``trace.png`` and ``rank.png``, which ``which=True`` -- a run's
-    default, ``figures = true`` -- leaves out: a third of the figures' cost for what the
-    summary's ESS and R-hat already say).
+    ``which="all"`` also ``trace.png`` and ``rank.png``, which ``which=True`` --
+    ``figures = true`` -- leaves out: a third of the figures' cost for what the summary's ESS
+    and R-hat already say).  A run draws them at its end only with ``figures = true`` / ``all``;
+    :func:`nrpt.figures` draws the same files later from its folder.
 
     ``which=True`` also leaves out ``swap_acceptance.png`` where ``adaptation.png`` is drawn
     (stochastic-approximation runs): its last panel draws every pair's swap rate over the

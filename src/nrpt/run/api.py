@@ -32,7 +32,7 @@ from nrpt.run.config import RunConfig
 from nrpt.swap import Rule
 from nrpt.targets.protocol import capabilities, optional_value
 
-__all__ = ["sample", "resume", "run_config", "Result"]
+__all__ = ["sample", "resume", "figures", "run_config", "Result"]
 
 
 @dataclass
@@ -430,6 +430,29 @@ def _given_objects(parts: dict | None, ck: dict | None, out: Path | None) -> lis
 
 
 def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Result:
+    arrays, row_map = _run_arrays(run, outcome)
+    samples = np.asarray(arrays["samples"])
+    with _heap_frozen() as freeze_more:
+        clock = _Clock()
+        summary = build_summary(run, cfg, outcome, samples)
+        clock.lap("summary")
+        if out is not None:
+            _write_outputs(out, run, cfg, outcome, summary, arrays, clock, freeze_more)
+            # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc,
+            # the figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
+            summary["outputs_s"] = clock.laps
+            _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
+    return Result(samples=samples, energies=np.asarray(arrays["energies"]),
+                  index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
+                  rows=outcome.rows, engine=run.engine, recorders=run.recorders,
+                  export={"first": int(arrays["first"]),
+                          "thin": run.recorders["draws"].thin, "row_map": row_map})
+
+
+def _run_arrays(run: Run, outcome: Outcome):
+    """The run's record arrays (``samples``, ``energies``: its sampling segments'; ``index``:
+    the whole run's; ``first``: the iteration the draws start from) and its row map (engine
+    rows that are not the user's own systems, or None)."""
     draws = run.recorders["draws"]
     k = run.engine.k
     first, last = min(run.plan.sample_start, k), k
@@ -446,22 +469,7 @@ def _finish(run: Run, cfg: RunConfig, outcome: Outcome, out: Path | None) -> Res
     row_map = run.facts.get("row_map")  # engine rows that are not the user's own systems
     if row_map is not None:  # (samples.npy keeps every engine row)
         arrays = row_map.chains(arrays)
-    samples = np.asarray(arrays["samples"])
-    with _heap_frozen() as freeze_more:
-        clock = _Clock()
-        summary = build_summary(run, cfg, outcome, samples)
-        clock.lap("summary")
-        if out is not None:
-            _write_outputs(out, run, cfg, outcome, summary, arrays, clock, freeze_more)
-            # what the outputs cost (wall and CPU seconds each): the summary, posterior.nc,
-            # the figures (docs/benchmarks.md, "Outputs"; volatile, like wall_time_s)
-            summary["outputs_s"] = clock.laps
-            _atomic_text(json.dumps(summary, indent=2) + "\n", out / "summary.json")
-    return Result(samples=samples, energies=np.asarray(arrays["energies"]),
-                  index=np.asarray(arrays["index"]), summary=summary, config=cfg, out=out,
-                  rows=outcome.rows, engine=run.engine, recorders=run.recorders,
-                  export={"first": int(arrays["first"]), "thin": draws.thin,
-                          "row_map": row_map})
+    return arrays, row_map
 
 
 #: whether this process is the program ``nrpt`` (:func:`nrpt.run.cli.entry`), which ends with its
@@ -539,18 +547,26 @@ def _write_outputs(out: Path, run: Run, cfg, outcome: Outcome, summary: dict, ar
             summary["inference_data_error"] = f"{type(err).__name__}: {err}"
     clock.lap("posterior")  # (with the rounds' tables and adaptation.npz)
     if cfg.figures and run.engine.k > 0:
-        if _PROGRAM:  # (a process that ends after the run: no help text for matplotlib's set)
-            from nrpt.report._matplotlib import without_set_docs
-
-            without_set_docs()
-        from nrpt.report import figures  # noqa: F401  (matplotlib, imported first: then
-        freeze_more()  # its modules are left out of the collector's passes too)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # matplotlib font / layout chatter
-            summary["figures"] = report.write_figures(
-                out, run=run, summary=summary, samples=samples,
-                index=np.asarray(arrays["index"]), rows=outcome.rows, which=cfg.figures)
+        _draw_figures(out, run, cfg.figures, outcome, summary, arrays, freeze_more)
         clock.lap("figures")
+
+
+def _draw_figures(out: Path, run: Run, which: bool | str, outcome: Outcome, summary: dict,
+                  arrays, freeze_more=lambda: None) -> list[str]:
+    """Write the run's figures into ``out`` (:func:`nrpt.report.text.write_figures`), list them
+    in ``summary["figures"]`` (a figure that failed: ``summary["figure_errors"]``)."""
+    if _PROGRAM:  # (a process that ends after the run: no help text for matplotlib's set)
+        from nrpt.report._matplotlib import without_set_docs
+
+        without_set_docs()
+    from nrpt.report import figures  # noqa: F401  (matplotlib, imported first: then
+    freeze_more()  # its modules are left out of the collector's passes too)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # matplotlib font / layout chatter
+        summary["figures"] = report.write_figures(
+            out, run=run, summary=summary, samples=np.asarray(arrays["samples"]),
+            index=np.asarray(arrays["index"]), rows=outcome.rows, which=which)
+    return summary["figures"]
 
 
 def _disk_full(err: BaseException) -> bool:
@@ -765,3 +781,66 @@ def resume(out: str | os.PathLike, *, progress: bool | None = None, target=None,
         return _run(cfg, stop, target=target, parts=parts, progress=_progress(progress) and lead,
                     callback=callback, resume_from=out, record=record, comm=comm,
                     threads=threads)
+
+
+def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, rule=None,
+            explorer=None, scheme=None, adaptors=(), recorders=()) -> list[str]:
+    """Draw the figures of the finished run in folder ``out``, after the fact: the files a run
+    with ``figures = which`` draws at its end (:func:`nrpt.report.text.write_figures`), byte for
+    byte, from the run's last checkpoint and record files; returns their names and lists them
+    in the folder's ``summary.json``.  Nothing else in the folder changes.
+
+    ``which``: ``True`` (the main figures) or ``"all"`` (with the trace and rank plots).  A run
+    does not draw its figures unless told (``figures = false`` is the default: matplotlib's
+    import and drawing cost more than the outputs of a short run together); this draws them
+    when wanted.  Refuses (``ValueError``) a run that has not finished (``nrpt resume`` it
+    first), and everything :func:`resume` refuses: another run's checkpoint, a changed target
+    file, a target whose fingerprint is not the run's.  ``target`` and the component objects:
+    as :func:`resume`."""
+    out = Path(out)
+    if which is not True and not (isinstance(which, str) and which == "all"):
+        raise ValueError(f"which must be true or all; got {which!r}")
+    parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
+             "recorders": list(recorders)}
+    if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
+        raise FileNotFoundError(f"{out} has no config.toml/{rf.CHECKPOINT}: not a run folder "
+                                f"(`nrpt run --out DIR` makes one)")
+    with _guard(out) as stop:
+        record = rf.read_run_record(out)
+        cfg = _resumed_config(out, record, None)
+        ck, _used, chash, record, target, _spec = _prepare(cfg, target, out, False, record)
+        objects = _given_objects(parts, ck, out)
+        run = build(cfg, target=target, out=out, resume=True, comm=None,
+                    burn_in=_pinned_burn_in(ck), chains=grown_chains(ck), **parts)
+        if record is not None:
+            rf.check_fingerprint(record, run.facts["target_fingerprint"], out)
+        if int(ck["segment"]) < len(run.plan.segments):
+            done = (ck.get("header") or {}).get("iteration")
+            raise ValueError(f"{out}: the run has not finished (segment {int(ck['segment']) + 1} "
+                             f"of {len(run.plan.segments)}, {run.plan.total} iterations in all"
+                             f"{'' if done is None else f'; checkpoint at iteration {done}'}): "
+                             f"`nrpt resume {out}` finishes it, then draw its figures")
+        outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, resume=ck,
+                          header=_header(cfg, run, chash, record, objects), stop=stop)
+        arrays, _ = _run_arrays(run, outcome)
+        summary = build_summary(run, cfg, outcome, np.asarray(arrays["samples"]))
+        names = _draw_figures(out, run, which, outcome, summary, arrays) \
+            if run.engine.k > 0 else []
+        _note_figures(out / "summary.json", summary)
+    return names
+
+
+def _note_figures(path: Path, summary: dict) -> None:
+    """The figures just drawn (and any that failed) named in the run's ``summary.json``; a
+    missing or unreadable file is left as it is."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(saved, dict):
+        return
+    saved["figures"] = summary.get("figures", [])
+    saved.pop("figure_errors", None)
+    if summary.get("figure_errors"):
+        saved["figure_errors"] = summary["figure_errors"]
+    _atomic_text(json.dumps(saved, indent=2) + "\n", path)

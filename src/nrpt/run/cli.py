@@ -1,4 +1,5 @@
-"""Command line: ``nrpt run`` (flags or a TOML config), ``nrpt resume DIR``, ``nrpt list``.
+"""Command line: ``nrpt run`` (flags or a TOML config), ``nrpt resume DIR``, ``nrpt figures
+DIR``, ``nrpt list``.
 Flags mirror :class:`nrpt.run.config.RunConfig` (and override ``--config FILE``).  Exit
 status: 0 done, 2 a user error (``nrpt: error: ...``), 130 interrupted (checkpointed)."""
 
@@ -96,6 +97,15 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--threads", default=None, metavar="N|auto", help=threads_help)
     res.add_argument("--nproc", type=_INT, default=None, metavar="N",
                      help="resume on N local processes (any N: checkpoints hold every replica)")
+    fig = sub.add_parser("figures", help="draw the figures of a finished run from its folder "
+                                         "(a run draws none unless --figures true/all)")
+    fig.add_argument("out")
+    fig.add_argument("--all", action="store_true",
+                     help="also the trace and rank plots and the index process's zoom "
+                          "(what --figures all draws)")
+    fig.add_argument("--target", default=None, metavar="PATH",
+                     help="the run's target file when it is not at the path config.toml names "
+                          "(as for resume)")
     from nrpt.deep.cli import add_parser as add_deep
 
     add_deep(sub)
@@ -298,6 +308,19 @@ def _main(args, argv: list[str]) -> int:
             from nrpt.deep.cli import run as run_deep
 
             return run_deep(args)
+        if args.command == "figures":
+            from nrpt.deep.cli import is_deep_run
+
+            if is_deep_run(args.out):
+                raise ValueError(f"{args.out} is a `nrpt deep` run folder, which has its "
+                                 f"figures already (`nrpt deep` draws them at its end)")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SamplingWarning)
+                names = api.figures(args.out, which="all" if args.all else True,
+                                    target=args.target)
+            print(f"{len(names)} figure{'s' if len(names) != 1 else ''} in {args.out}: "
+                  f"{', '.join(names) or 'none (the run has no iterations)'}")
+            return 0
         if args.command == "resume":
             from nrpt.deep.cli import is_deep_run, resume_command
 

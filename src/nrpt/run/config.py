@@ -337,12 +337,13 @@ CENTRAL: tuple[Option, ...] = (
             help="record every thin-th target-slot draw"),
     _output("checkpoint_every", integer(1), default=5000, parse=parse_int,
             help="write a checkpoint every this many iterations"),
-    _output("figures", _figures, default=True, parse=_parse_figures,
-            help="with --out: write the figures: true (the main ones: index process, swap "
-                 "acceptance, density of 1-/2-D targets, adaptation, local barrier; swap "
-                 "acceptance not beside the adaptation, whose last panel draws the pairs' swap "
-                 "rates), all (with those, the index process's zoom on its last iterations "
-                 "and the trace and rank plots too) or false"),
+    _output("figures", _figures, default=False, parse=_parse_figures,
+            help="with --out: draw the figures at the run's end: false (default: none; "
+                 "`nrpt figures DIR` draws them later, byte for byte the same), true (the "
+                 "main ones: index process, swap acceptance, density of 1-/2-D targets, "
+                 "adaptation, local barrier; swap acceptance not beside the adaptation, whose "
+                 "last panel draws the pairs' swap rates) or all (with those, the index "
+                 "process's zoom on its last iterations and the trace and rank plots too)"),
 )
 
 
