@@ -12,7 +12,8 @@ session, round-robin (the order rotates every repeat), ``--reps`` repeats of:
                      timed apart); the default configuration, so eager chunks of 8 iterations
                      (``fuse = "auto"``) since issue 10's third session, the plain loop before;
 (c) ``nrpt run``     the whole process ``nrpt run --out TMP --no-progress --overwrite`` (start to
-                     exit: imports, build, loop, checkpoints, summary, posterior.nc, figures);
+                     exit: imports, build, loop, checkpoints, summary, posterior.nc; the
+                     figures too before stop 39, when a run drew them by default);
 (d) ``numpy script`` the whole process ``python benchmarks/headline_numpy.py --out TMP`` (imports,
                      run, statistics, its records saved as .npy).
 

@@ -1,7 +1,8 @@
 """What the outputs of the headline ``nrpt run`` cost (``make bench-outputs``).
 
 Runs the whole process ``nrpt run --out TMP --no-progress --overwrite`` (the headline,
-:data:`nrpt.run.sgpt.HEADLINE`, figures on) ``--reps`` times and reads from each run's
+:data:`nrpt.run.sgpt.HEADLINE`; figures only with ``--figures true|all``: from stop 39 on
+a run draws none by default) ``--reps`` times and reads from each run's
 ``summary.json`` the seconds its outputs took (``outputs_s``: the summary, then posterior.nc with
 the other array files, then the figures; wall and CPU each), against the whole process (wall
 from fork to exit, CPU = user + system of the child from ``os.wait4``).  With ``--trees A/src
@@ -63,7 +64,9 @@ def main(argv=None) -> None:
                     help="one or two checkouts' src (default: this one), interleaved")
     ap.add_argument("--against", type=Path, default=None,
                     help="another checkout's src: --trees AGAINST THIS/src")
-    ap.add_argument("--figures", default=None, help="--figures for every tree's runs")
+    ap.add_argument("--figures", default=None,
+                    help="--figures for every tree's runs (default: none given, each tree's "
+                         "own default: false from stop 39 on, true before)")
     args = ap.parse_args(argv)
     trees = args.trees or ([args.against, SRC] if args.against is not None else [SRC])
     if len(trees) > 2:
