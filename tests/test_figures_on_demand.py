@@ -82,3 +82,49 @@ def test_figures_refuses_an_unfinished_run_a_non_folder_and_a_bad_which(tmp_path
     for bad in (False, "some", 1.5):
         with pytest.raises(ValueError, match="which must be true or all"):
             nrpt.figures(cut, which=bad)
+
+
+def test_figures_refuses_an_extension_that_stopped_before_its_first_checkpoint(tmp_path):
+    # `resume --iterations N` writes the new budget first; an extension that fails before its
+    # first checkpoint leaves a finished run's checkpoint beside a larger budget, which the
+    # loop would go on with: drawing must refuse and touch nothing
+    out = tmp_path / "run"
+    nrpt.sample("gaussian", chains=4, iterations=300, seed=1, out=str(out), progress=False)
+
+    def boom(engine):
+        if engine.k >= 256:
+            raise RuntimeError("the target failed")
+
+    with pytest.raises(RuntimeError, match="the target failed"):
+        nrpt.resume(out, iterations=20000, callback=boom, progress=False)
+    before = _digests(out)
+    with pytest.raises(ValueError, match=r"iteration 300 of the 20000 .*`nrpt resume"):
+        nrpt.figures(out)
+    assert _digests(out) == before
+
+
+def test_figures_of_an_adaptive_multi_system_run_and_all_match_the_runs_own(tmp_path, capsys):
+    opts = dict(target_options={"dim": 2}, rounds=4, chains=5, systems=2, explorer="slice",
+                seed=3, progress=False)
+    now, later = tmp_path / "now", tmp_path / "later"
+    nrpt.sample("geometric-gaussian-path", out=str(now), figures="all", **opts)
+    nrpt.sample("geometric-gaussian-path", out=str(later), **opts)
+    assert main(["figures", str(later), "--all"]) == 0
+    capsys.readouterr()
+    drawn = sorted(p.name for p in now.glob("*.png"))
+    assert {"local_barrier.png", "schedules.png", "trace.png", "rank.png"} <= set(drawn)
+    assert sorted(p.name for p in later.glob("*.png")) == drawn
+    for name in drawn:
+        assert (later / name).read_bytes() == (now / name).read_bytes(), name
+    # the main figures drawn again: the trace and rank plots stay listed while they exist
+    main_names = nrpt.figures(later)
+    listed = json.loads((later / "summary.json").read_text())["figures"]
+    assert listed[:len(main_names)] == main_names and {"trace.png", "rank.png"} <= set(listed)
+
+
+def test_figures_refuses_a_deep_run_folder(tmp_path):
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "cli.json").write_text("{}")
+    with pytest.raises(ValueError, match="nrpt deep"):
+        nrpt.figures(deep)

@@ -180,10 +180,10 @@ def test_trace_and_rank_plots_are_written_with_the_other_figures(sgd_run, tmp_pa
 
 def test_a_runs_default_figures_leave_out_the_trace_and_rank_plots(sgd_run, tmp_path,
                                                                    monkeypatch):
-    # figures = true (the default) writes the main figures; "all" adds trace.png and rank.png,
-    # for a stochastic-approximation run swap_acceptance.png (adaptation.png's last panel
-    # draws every pair's swap rate; the report prints the per-pair acceptance) and the index
-    # process's zoom on its last iterations
+    # figures = true (what `nrpt figures DIR` draws) writes the main figures; "all" adds
+    # trace.png and rank.png, for a stochastic-approximation run swap_acceptance.png
+    # (adaptation.png's last panel draws every pair's swap rate; the report prints the
+    # per-pair acceptance) and the index process's zoom on its last iterations
     from nrpt.report import figures as plots
 
     zooms = []

@@ -6,6 +6,7 @@ health findings (:mod:`nrpt.report.health`, also emitted as warnings)."""
 from __future__ import annotations
 
 import math
+import shlex
 import warnings
 from typing import Any
 
@@ -833,5 +834,5 @@ def _note_lines(s: dict) -> list[str]:
         lines.append(f"  results in      {s['out']}")
         if "figures" not in s and not s.get("interrupted") and s.get("n_iterations"):
             lines.append(f"  figures         not drawn (figures = false); `nrpt figures "
-                         f"{s['out']}` draws them")
+                         f"{shlex.quote(str(s['out']))}` draws them")
     return lines

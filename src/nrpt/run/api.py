@@ -25,6 +25,7 @@ from nrpt.core import sharding as distributed
 from nrpt.core.engine import PTEngine
 from nrpt.core.loop import Interrupt, Outcome, Run, execute
 from nrpt.report import text as report
+from nrpt.report.health import SamplingWarning
 from nrpt.report.summary import build_summary, format_summary
 from nrpt.run import folder as rf
 from nrpt.run.build import build, grown_chains
@@ -802,44 +803,63 @@ def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, ru
         raise ValueError(f"which must be true or all; got {which!r}")
     parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
              "recorders": list(recorders)}
+    if rf.run_kind(out) == "deep" or (out / "cli.json").is_file():
+        raise ValueError(f"{out} is a `nrpt deep` run folder, which has its figures already "
+                         f"(`nrpt deep` draws them at its end)")
     if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
         raise FileNotFoundError(f"{out} has no config.toml/{rf.CHECKPOINT}: not a run folder "
                                 f"(`nrpt run --out DIR` makes one)")
-    with _guard(out) as stop:
-        record = rf.read_run_record(out)
-        cfg = _resumed_config(out, record, None)
-        ck, _used, chash, record, target, _spec = _prepare(cfg, target, out, False, record)
-        objects = _given_objects(parts, ck, out)
-        run = build(cfg, target=target, out=out, resume=True, comm=None,
-                    burn_in=_pinned_burn_in(ck), chains=grown_chains(ck), **parts)
-        if record is not None:
-            rf.check_fingerprint(record, run.facts["target_fingerprint"], out)
-        if int(ck["segment"]) < len(run.plan.segments):
-            done = (ck.get("header") or {}).get("iteration")
-            raise ValueError(f"{out}: the run has not finished (segment {int(ck['segment']) + 1} "
-                             f"of {len(run.plan.segments)}, {run.plan.total} iterations in all"
-                             f"{'' if done is None else f'; checkpoint at iteration {done}'}): "
+    # the folder's lock only: no iteration runs here, so Ctrl-C stops the command at once (a
+    # figure is written whole or not at all)
+    with rf.RunLock(out), warnings.catch_warnings():
+        warnings.simplefilter("ignore", SamplingWarning)  # (the run's summary said them)
+        try:
+            record = rf.read_run_record(out)
+            cfg = _resumed_config(out, record, None)
+            ck, _used, chash, record, target, _spec = _prepare(cfg, target, out, False, record)
+            objects = _given_objects(parts, ck, out)
+            run = build(cfg, target=target, out=out, resume=True, comm=None,
+                        burn_in=_pinned_burn_in(ck), chains=grown_chains(ck), **parts)
+            if record is not None:
+                rf.check_fingerprint(record, run.facts["target_fingerprint"], out)
+        except ValueError as err:  # (the checks resume makes, worded for this command)
+            raise ValueError(f"cannot draw the figures of {out}: " + str(err).replace(
+                "`nrpt resume ", "`nrpt figures ").replace("nrpt.resume(", "nrpt.figures(")
+                .replace("resume(target=", "figures(target=")) from None
+        k = int(ck["engine"]["k"])
+        if int(ck["segment"]) < len(run.plan.segments) or k != run.plan.total:
+            # (an interrupted run, or an extension -- `resume --iterations N` -- that stopped
+            # before its first checkpoint: execute would go on with it)
+            raise ValueError(f"{out}: the run has not finished (its last checkpoint is at "
+                             f"iteration {k} of the {run.plan.total} its settings ask for): "
                              f"`nrpt resume {out}` finishes it, then draw its figures")
         outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, resume=ck,
-                          header=_header(cfg, run, chash, record, objects), stop=stop)
+                          header=_header(cfg, run, chash, record, objects))
+        if run.engine.k != k:  # (nothing may run here: the checks above make sure)
+            raise RuntimeError(f"{out}: drawing the figures moved the run from iteration {k} "
+                               f"to {run.engine.k}")
         arrays, _ = _run_arrays(run, outcome)
         summary = build_summary(run, cfg, outcome, np.asarray(arrays["samples"]))
-        names = _draw_figures(out, run, which, outcome, summary, arrays) \
-            if run.engine.k > 0 else []
+        names = _draw_figures(out, run, which, outcome, summary, arrays) if k > 0 else []
         _note_figures(out / "summary.json", summary)
     return names
 
 
 def _note_figures(path: Path, summary: dict) -> None:
-    """The figures just drawn (and any that failed) named in the run's ``summary.json``; a
-    missing or unreadable file is left as it is."""
+    """The figures just drawn (and any that failed) named in the run's ``summary.json``, after
+    them those it named before that are still in the folder; a missing or unreadable file is
+    left as it is."""
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if not isinstance(saved, dict):
         return
-    saved["figures"] = summary.get("figures", [])
+    drawn = list(summary.get("figures", []))
+    # figures drawn earlier (e.g. "all"'s trace and rank plots) stay listed while they exist
+    kept = [n for n in saved.get("figures") or [] if isinstance(n, str) and n not in drawn
+            and Path(n).name == n and (path.parent / n).is_file()]
+    saved["figures"] = drawn + kept
     saved.pop("figure_errors", None)
     if summary.get("figure_errors"):
         saved["figure_errors"] = summary["figure_errors"]

@@ -309,15 +309,8 @@ def _main(args, argv: list[str]) -> int:
 
             return run_deep(args)
         if args.command == "figures":
-            from nrpt.deep.cli import is_deep_run
-
-            if is_deep_run(args.out):
-                raise ValueError(f"{args.out} is a `nrpt deep` run folder, which has its "
-                                 f"figures already (`nrpt deep` draws them at its end)")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", SamplingWarning)
-                names = api.figures(args.out, which="all" if args.all else True,
-                                    target=args.target)
+            names = api.figures(args.out, which="all" if args.all else True,
+                                target=args.target)
             print(f"{len(names)} figure{'s' if len(names) != 1 else ''} in {args.out}: "
                   f"{', '.join(names) or 'none (the run has no iterations)'}")
             return 0
