@@ -84,6 +84,39 @@ def test_the_loops_one_backward_pass_equals_one_per_replica_bit_for_bit(make):
     assert not torch.equal(got[1], other[1])
 
 
+@pytest.mark.parametrize("make", [_bn_net, lambda: nn.Sequential(
+    nn.Flatten(), nn.Linear(72, 16), nn.ReLU(), nn.Linear(16, 3))])
+def test_the_loops_kept_leaves_give_the_numbers_of_leaves_made_anew(make, monkeypatch):
+    """The loop's leaves kept from call to call (views of the net's own buffer, ``theta``
+    copied in) give the losses, gradients and buffers of leaves made anew each call (views of
+    ``theta``: a state above KEPT_LEAVES_MAX), bit for bit, call after call at new states, a
+    new replica count and a new dtype (the buffer made again).  Negative control: the
+    gradient at the first state is not the one at the second (what leaves left holding the
+    first state's values would give)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = FunctionalNet(make())
+        fresh = FunctionalNet(make())
+    calls = []
+    for P, shift, dtype in ((4, 0.0, torch.float32), (4, 0.3, torch.float32),
+                            (2, -0.2, torch.float32), (3, 0.1, torch.float64)):
+        if dtype != net.dtype:
+            net, fresh = (FunctionalNet(make().to(dtype)) for _ in range(2))
+        theta, buf, x, y = _batch(net, P=P, dtype=dtype)
+        theta = theta + shift
+        monkeypatch.setattr(replicas, "KEPT_LEAVES_MAX", 1 << 22)
+        got = net.loss_and_grad(theta, buf, x, y, "loop")
+        assert net._kept[0] == (P, dtype, theta.device)
+        assert torch.equal(net._kept[1], theta)  # (this call's values, copied in)
+        monkeypatch.setattr(replicas, "KEPT_LEAVES_MAX", -1)
+        ref = fresh.loss_and_grad(theta, buf, x, y, "loop")
+        assert fresh._kept is None
+        for a, b in zip(got, ref, strict=True):
+            assert torch.equal(a, b)
+        calls.append(got[1])
+    assert not torch.equal(calls[0], calls[1])
+
+
 @pytest.mark.parametrize("strategy", ["loop", "vmap"])
 def test_evaluations_leave_eval_mode_and_training_steps_set_train_mode(strategy):
     """logits leaves the module in eval mode (one tree walk per run of evaluations); the next

@@ -54,6 +54,12 @@ STRATEGY_CACHE_ENV = "NRPT_DEEP_STRATEGY_CACHE"
 #: entries the cache keeps (the most recent)
 STRATEGY_CACHE_SIZE = 64
 
+#: the ``loop`` strategy keeps its autograd leaves from call to call (views of one buffer of
+#: its own that each call copies ``theta`` into: :meth:`FunctionalNet._leaves`) for states of
+#: up to this many numbers (``replicas x dim``); larger ones take views of ``theta`` itself
+#: (no second copy of every replica's parameters)
+KEPT_LEAVES_MAX = 1 << 22
+
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 #: layers that draw random numbers in training mode (then each call is seeded from its key)
 _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -139,6 +145,8 @@ class FunctionalNet:
         self.precision, self.memory_format = "float32", "contiguous"
         self._cast_hooks: list = []
         self._training: bool | None = None  # the module's mode as _mode last set it
+        # the loop strategy's kept leaves: ((replicas, dtype, device), buffer, leaves)
+        self._kept: tuple | None = None
 
     def _mode(self, training: bool) -> None:
         """The held module in train (``True``) or eval mode.  Its mode is set here only (the
@@ -436,29 +444,23 @@ class FunctionalNet:
         losses: each replica's graph receives the seed 1 it would receive alone, so every
         gradient is the one a backward pass per replica gives, bit for bit (tested), for one
         call into the autograd engine instead of ``n``.  The leaves are each replica's
-        parameters themselves (views of ``theta``, detached), as a plain training loop's are:
-        their gradients are written once, into the ``[n, dim]`` result, instead of being
-        concatenated per replica by the backward pass of a split of one flat leaf and then
-        stacked (the same numbers, copied once instead of twice).  The views are made per
-        parameter for all replicas at once (a column block of ``theta`` unbound into its
-        ``n`` rows: three calls per parameter instead of three per parameter and replica) and
-        the gradients flattened into the result by one call."""
+        parameters themselves, holding ``theta``'s values (:meth:`_leaves`), as a plain
+        training loop's are: their gradients are written once, into the ``[n, dim]`` result,
+        instead of being concatenated per replica by the backward pass of a split of one flat
+        leaf and then stacked (the same numbers, copied once instead of twice), by one
+        call."""
         n = theta.shape[0]
-        names = self.names
-        flat = theta.detach()
-        # per parameter: its [n, *shape] block of theta, unbound into the n replicas' leaves
-        per_param = [c.view(n, *s).unbind(0) for c, s in
-                     zip(flat.split(self.numels, dim=1), self.shapes, strict=True)]
+        names, k = self.names, len(self.names)
+        leaves = self._leaves(theta)
         none = not self.buffer_names and not self.int_buffers
-        out_l, leaves, out_b = [], [], []
+        out_l, out_b = [], []
         with torch.enable_grad():
             total = None
             for i in range(n):
-                mine = [p[i].requires_grad_(True) for p in per_param]
+                mine = leaves[i * k:(i + 1) * k]
                 t, (losses, new) = self._one(None, buf[i], x[i], y[i],
                                              dict(zip(names, mine, strict=True)), none)
                 total = t if total is None else total + t
-                leaves.extend(mine)
                 out_l.append(losses)
                 if not none:
                     out_b.append(new.detach())
@@ -468,6 +470,33 @@ class FunctionalNet:
         # (replica-major, parameters in order: the rows of [n, dim], copied once)
         g = _flatten(grads).view(n, self.dim)
         return torch.stack(out_l), g, (buf if none else torch.stack(out_b))
+
+    def _leaves(self, theta: torch.Tensor) -> list[torch.Tensor]:
+        """The ``loop`` strategy's autograd leaves for ``theta[n, dim]``: each replica's
+        parameters (replica-major, parameters in order) holding ``theta``'s values.  Up to
+        :data:`KEPT_LEAVES_MAX` numbers they are kept from call to call: views of one buffer
+        of this net's own, made once per replica count, dtype and device, that each call
+        copies ``theta`` into (one copy); a leaf made anew for every parameter and call costs
+        its view and autograd's bookkeeping of a new leaf (~45 us of a ~1.8 ms forward and
+        backward of four digits MLPs, more than the copy).  Larger states: views of ``theta``
+        itself, made per parameter for all replicas at once (a column block of ``theta``
+        unbound into its ``n`` rows).  The same values either way, so the same numbers."""
+        n = theta.shape[0]
+        if theta.numel() > KEPT_LEAVES_MAX:
+            return self._views(theta.detach(), n)
+        key = (n, theta.dtype, theta.device)
+        if self._kept is None or self._kept[0] != key:
+            held = torch.empty(n, self.dim, dtype=theta.dtype, device=theta.device)
+            self._kept = (key, held, self._views(held, n))
+        with torch.no_grad():
+            self._kept[1].copy_(theta)
+        return self._kept[2]
+
+    def _views(self, flat: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """Leaves of each replica's parameters as views of ``flat[n, dim]`` (replica-major)."""
+        per_param = [c.view(n, *s).unbind(0) for c, s in
+                     zip(flat.split(self.numels, dim=1), self.shapes, strict=True)]
+        return [p[i].requires_grad_(True) for i in range(n) for p in per_param]
 
     def _batched(self, strategy: str):
         if strategy not in self._fns:
