@@ -145,7 +145,8 @@ class FunctionalNet:
         self.precision, self.memory_format = "float32", "contiguous"
         self._cast_hooks: list = []
         self._training: bool | None = None  # the module's mode as _mode last set it
-        # the loop strategy's kept leaves: ((replicas, dtype, device), buffer, leaves)
+        # the loop strategy's kept leaves: ((replicas, dtype, device), buffer, (leaves, by
+        # name per replica))
         self._kept: tuple | None = None
 
     def _mode(self, training: bool) -> None:
@@ -440,57 +441,64 @@ class FunctionalNet:
             return losses, g, new
 
     def _loop(self, theta, buf, x, y):
-        """Each replica's forward pass, then ONE backward pass of the sum of their summed
-        losses: each replica's graph receives the seed 1 it would receive alone, so every
-        gradient is the one a backward pass per replica gives, bit for bit (tested), for one
-        call into the autograd engine instead of ``n``.  The leaves are each replica's
-        parameters themselves, holding ``theta``'s values (:meth:`_leaves`), as a plain
-        training loop's are: their gradients are written once, into the ``[n, dim]`` result,
-        instead of being concatenated per replica by the backward pass of a split of one flat
-        leaf and then stacked (the same numbers, copied once instead of twice), by one
-        call."""
+        """Each replica's forward pass, then ONE backward pass from all their summed losses
+        (the outputs of one ``autograd.grad`` call): each replica's graph receives the seed 1
+        it would receive alone, so every gradient is the one a backward pass per replica
+        gives, bit for bit (tested), for one call into the autograd engine instead of ``n``.
+        The leaves are each replica's parameters themselves, holding ``theta``'s values
+        (:meth:`_leaves`), as a plain training loop's are: their gradients are written once,
+        into the ``[n, dim]`` result, instead of being concatenated per replica by the
+        backward pass of a split of one flat leaf and then stacked (the same numbers, copied
+        once instead of twice), by one call."""
         n = theta.shape[0]
-        names, k = self.names, len(self.names)
-        leaves = self._leaves(theta)
+        leaves, named = self._leaves(theta)
         none = not self.buffer_names and not self.int_buffers
-        out_l, out_b = [], []
+        xs, ys = x.unbind(0), y.unbind(0)
+        bufs = None if none else buf.unbind(0)
+        out_l, out_b, totals = [], [], []
         with torch.enable_grad():
-            total = None
             for i in range(n):
-                mine = leaves[i * k:(i + 1) * k]
-                t, (losses, new) = self._one(None, buf[i], x[i], y[i],
-                                             dict(zip(names, mine, strict=True)), none)
-                total = t if total is None else total + t
+                t, (losses, new) = self._one(None, buf if none else bufs[i], xs[i], ys[i],
+                                             named[i], none)
+                totals.append(t)
                 out_l.append(losses)
                 if not none:
                     out_b.append(new.detach())
-            # (a parameter the loss does not reach: zeros, as the split's backward gave)
-            grads = torch.autograd.grad(total, leaves, allow_unused=True,
+            # (the replicas' totals as the outputs, each seeded with 1: what the backward
+            # pass of their sum hands each, without the sum's nodes; a parameter the loss
+            # does not reach: zeros, as the split's backward gave)
+            grads = torch.autograd.grad(totals, leaves, allow_unused=True,
                                         materialize_grads=True)
         # (replica-major, parameters in order: the rows of [n, dim], copied once)
         g = _flatten(grads).view(n, self.dim)
         return torch.stack(out_l), g, (buf if none else torch.stack(out_b))
 
-    def _leaves(self, theta: torch.Tensor) -> list[torch.Tensor]:
+    def _leaves(self, theta: torch.Tensor) -> tuple[list[torch.Tensor], list[dict]]:
         """The ``loop`` strategy's autograd leaves for ``theta[n, dim]``: each replica's
-        parameters (replica-major, parameters in order) holding ``theta``'s values.  Up to
-        :data:`KEPT_LEAVES_MAX` numbers they are kept from call to call: views of one buffer
-        of this net's own, made once per replica count, dtype and device, that each call
-        copies ``theta`` into (one copy); a leaf made anew for every parameter and call costs
-        its view and autograd's bookkeeping of a new leaf (~45 us of a ~1.8 ms forward and
-        backward of four digits MLPs, more than the copy).  Larger states: views of ``theta``
-        itself, made per parameter for all replicas at once (a column block of ``theta``
-        unbound into its ``n`` rows).  The same values either way, so the same numbers."""
+        parameters (replica-major, parameters in order) holding ``theta``'s values, and each
+        replica's as a dict by name.  Up to :data:`KEPT_LEAVES_MAX` numbers they are kept
+        from call to call: views of one buffer of this net's own, made once per replica count,
+        dtype and device, that each call copies ``theta`` into (one copy); a leaf made anew
+        for every parameter and call costs its view and autograd's bookkeeping of a new leaf
+        (~45 us of a ~1.8 ms forward and backward of four digits MLPs, more than the copy).
+        Larger states: views of ``theta`` itself, made per parameter for all replicas at once
+        (a column block of ``theta`` unbound into its ``n`` rows).  The same values either
+        way, so the same numbers."""
         n = theta.shape[0]
         if theta.numel() > KEPT_LEAVES_MAX:
-            return self._views(theta.detach(), n)
+            return self._named(self._views(theta.detach(), n), n)
         key = (n, theta.dtype, theta.device)
         if self._kept is None or self._kept[0] != key:
             held = torch.empty(n, self.dim, dtype=theta.dtype, device=theta.device)
-            self._kept = (key, held, self._views(held, n))
+            self._kept = (key, held, self._named(self._views(held, n), n))
         with torch.no_grad():
             self._kept[1].copy_(theta)
         return self._kept[2]
+
+    def _named(self, leaves: list[torch.Tensor], n: int) -> tuple[list, list[dict]]:
+        k = len(self.names)
+        return leaves, [dict(zip(self.names, leaves[i * k:(i + 1) * k], strict=True))
+                        for i in range(n)]
 
     def _views(self, flat: torch.Tensor, n: int) -> list[torch.Tensor]:
         """Leaves of each replica's parameters as views of ``flat[n, dim]`` (replica-major)."""
