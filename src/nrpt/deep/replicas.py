@@ -489,8 +489,9 @@ class FunctionalNet:
             return self._named(self._views(theta.detach(), n), n)
         key = (n, theta.dtype, theta.device)
         if self._kept is None or self._kept[0] != key:
-            held = torch.empty(n, self.dim, dtype=theta.dtype, device=theta.device)
-            self._kept = (key, held, self._named(self._views(held, n), n))
+            with torch.inference_mode(False):  # (kept beyond this call: never inference tensors)
+                held = torch.empty(n, self.dim, dtype=theta.dtype, device=theta.device)
+                self._kept = (key, held, self._named(self._views(held, n), n))
         with torch.no_grad():
             self._kept[1].copy_(theta)
         return self._kept[2]
