@@ -221,6 +221,7 @@ OPTS = dict(method="deo-star", chains=3, epochs=4, seed=3, batch_size=12, lr_min
 def test_no_full_data_energy_is_computed_and_the_run_is_the_one_that_computed_it(monkeypatch):
     train, test = _toy()
     fast = fit(_mlp(), train, test, **OPTS)
+    assert fast.net._kept is None  # (the result keeps the net, not its training buffer)
     plain_make = methods.make_engine
 
     def full_start(target, explorer, temps, *args, **kwargs):

@@ -128,3 +128,15 @@ def test_figures_refuses_a_deep_run_folder(tmp_path):
     (deep / "cli.json").write_text("{}")
     with pytest.raises(ValueError, match="nrpt deep"):
         nrpt.figures(deep)
+
+
+def test_figures_keeps_resumes_own_advice_where_it_does_not_apply(tmp_path):
+    # an edited budget: the way out is to restore config.toml or extend with `nrpt resume`
+    # (nrpt figures takes no --iterations), so that advice is left as resume words it
+    out = tmp_path / "run"
+    nrpt.sample("gaussian", chains=4, iterations=200, seed=1, out=str(out), progress=False)
+    cfg = out / "config.toml"
+    cfg.write_text(cfg.read_text().replace("iterations = 200", "iterations = 300"))
+    with pytest.raises(ValueError, match=r"cannot draw the figures of .*`nrpt resume .* "
+                                         r"--iterations N`"):
+        nrpt.figures(out)

@@ -765,6 +765,7 @@ def _main(job: _Job, theta0, buf0, t0: float) -> DeepResult:
         average, store = recorders["bma"].bma, recorders["bma"].store
     summary = _summary(job, method, average, recorders, eng, facts, outcome,
                        time.perf_counter() - t0)
+    job.net.drop_kept()  # (the result keeps the net for evaluations, not its training buffer)
     res = DeepResult(summary=summary, config=cfg, metrics=recorders["epochs"].rows,
                      index=recorders["index"].array() if "index" in recorders else None,
                      trace=recorders["trace"].arrays() if "trace" in recorders else {},

@@ -496,6 +496,12 @@ class FunctionalNet:
             self._kept[1].copy_(theta)
         return self._kept[2]
 
+    def drop_kept(self) -> None:
+        """Give back the ``loop`` strategy's kept leaves and their buffer (:meth:`_leaves`; up
+        to :data:`KEPT_LEAVES_MAX` numbers): a fit's end, where the net lives on in its result
+        for evaluations only.  A later training call makes them again."""
+        self._kept = None
+
     def _named(self, leaves: list[torch.Tensor], n: int) -> tuple[list, list[dict]]:
         k = len(self.names)
         return leaves, [dict(zip(self.names, leaves[i * k:(i + 1) * k], strict=True))

@@ -13,6 +13,7 @@ import errno
 import gc
 import json
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -823,9 +824,11 @@ def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, ru
             if record is not None:
                 rf.check_fingerprint(record, run.facts["target_fingerprint"], out)
         except ValueError as err:  # (the checks resume makes, worded for this command)
-            raise ValueError(f"cannot draw the figures of {out}: " + str(err).replace(
-                "`nrpt resume ", "`nrpt figures ").replace("nrpt.resume(", "nrpt.figures(")
-                .replace("resume(target=", "figures(target=")) from None
+            # (only the hints this command takes too: --target PATH and the objects)
+            text = re.sub(r"`nrpt resume (\S+) --target", r"`nrpt figures \1 --target", str(err))
+            text = text.replace("nrpt.resume(", "nrpt.figures(").replace(
+                "resume(target=", "figures(target=")
+            raise ValueError(f"cannot draw the figures of {out}: {text}") from None
         k = int(ck["engine"]["k"])
         if int(ck["segment"]) < len(run.plan.segments) or k != run.plan.total:
             # (an interrupted run, or an extension -- `resume --iterations N` -- that stopped
@@ -833,8 +836,11 @@ def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, ru
             raise ValueError(f"{out}: the run has not finished (its last checkpoint is at "
                              f"iteration {k} of the {run.plan.total} its settings ask for): "
                              f"`nrpt resume {out}` finishes it, then draw its figures")
-        outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, resume=ck,
-                          header=_header(cfg, run, chash, record, objects))
+        with Interrupt() as stop:  # (no iteration runs to read a signal: it is raised here)
+            outcome = execute(run, out=out, checkpoint_every=cfg.checkpoint_every, resume=ck,
+                              header=_header(cfg, run, chash, record, objects), stop=stop)
+        if stop.flag:
+            raise KeyboardInterrupt
         if run.engine.k != k:  # (nothing may run here: the checks above make sure)
             raise RuntimeError(f"{out}: drawing the figures moved the run from iteration {k} "
                                f"to {run.engine.k}")
