@@ -142,6 +142,24 @@ def test_a_target_path_given_to_resume_must_be_the_runs_file(tmp_path, evil, hel
     assert np.array_equal(again.samples, full.samples)
 
 
+def test_figures_of_a_moved_file_target_name_their_own_command(tmp_path, helper, monkeypatch,
+                                                                capsys):
+    """`nrpt figures` checks the target file as a resumption does, its hints naming itself:
+    `nrpt figures DIR --target PATH` (not resume, which would run the budget on)."""
+    home, name = helper
+    monkeypatch.chdir(home)
+    out = tmp_path / "run"
+    nrpt.sample("model.py:TARGET", out=str(out), **OPTS)
+    moved = tmp_path / "moved"
+    shutil.move(home, moved)
+    monkeypatch.syspath_prepend(str(moved))
+    with pytest.raises(ValueError, match=r"cannot draw the figures .*does not exist.*"
+                                         r"`nrpt figures \S+ --target PATH` \(figures\(target"):
+        nrpt.figures(out)
+    assert main(["figures", str(out), "--target", str(moved / "model.py")]) == 0
+    assert "figures in" in capsys.readouterr().out and list(out.glob("*.png"))
+
+
 # ------------------------------------------------------------------ item 7: imported modules
 def test_an_edited_module_imported_by_the_target_file_is_refused(tmp_path, helper,
                                                                 monkeypatch):

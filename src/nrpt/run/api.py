@@ -13,7 +13,6 @@ import errno
 import gc
 import json
 import os
-import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -257,9 +256,10 @@ def _follow(cfg: RunConfig, stop: Interrupt, comm, *, target, parts, callback,
 
 
 def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
-             record: dict | None):
+             record: dict | None, command: str = "resume"):
     """The folder checks of a run or a resumption: ``(checkpoint, its path, config hash,
-    run record, target, target file spec)``."""
+    run record, target, target file spec)``; ``command``: the one a resumption's hints name
+    (``resume``, or ``figures`` drawing a finished run)."""
     from nrpt.targets.protocol import import_file_target, load_target
     out = Path(cfg.out) if cfg.out else None
     ck = used = spec = None
@@ -271,7 +271,7 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
         ck, used = rf.read_checkpoint(resume_from)
         rf.check_checkpoint(ck, used, record, cfg, chash)
         if record is not None:
-            target, spec = _resume_target(cfg, record, target, resume_from)
+            target, spec = _resume_target(cfg, record, target, resume_from, command)
         elif isinstance(target, (str, os.PathLike)):
             raise ValueError(f"target={os.fspath(target)!r}: {resume_from} has no run.json to "
                              f"check a target file against; resume it without target=")
@@ -294,7 +294,7 @@ def _prepare(cfg: RunConfig, target, resume_from: Path | None, overwrite: bool,
     return ck, used, chash, record, target, spec
 
 
-def _resume_target(cfg: RunConfig, record: dict, target, out: Path):
+def _resume_target(cfg: RunConfig, record: dict, target, out: Path, command: str = "resume"):
     """The target of a resumption and its file spec: the object given (``target=``), else the
     target ``config.toml`` names -- a file only after :func:`nrpt.run.folder.check_target_file`
     matched it (and the modules it imports) to ``run.json``'s record, from the path config.toml
@@ -312,7 +312,7 @@ def _resume_target(cfg: RunConfig, record: dict, target, out: Path):
 
         if is_stan_spec(cfg.target):  # before compiling: a changed program or data is refused
             rf.check_stan_files(record, cfg.target, opts, out)
-        spec = rf.check_target_file(record, cfg.target, out, given)
+        spec = rf.check_target_file(record, cfg.target, out, given, command)
         if spec is not None:
             target, modules = import_file_target(spec, **opts)
             rf.check_target_modules(record, modules, spec.rpartition(":")[0])
@@ -419,15 +419,17 @@ def _records(cfg: RunConfig, run: Run, out: Path | None, ck, record, chash, resu
     return record, chash
 
 
-def _given_objects(parts: dict | None, ck: dict | None, out: Path | None) -> list[str]:
-    """The roles given as objects.  A run built with component objects is resumed only with
-    objects given again (its folder's names alone would build other components: a silently
-    different run)."""
+def _given_objects(parts: dict | None, ck: dict | None, out: Path | None,
+                   command: str = "resume") -> list[str]:
+    """The roles given as objects.  A run built with component objects is resumed (or drawn:
+    ``command = "figures"``) only with objects given again (its folder's names alone would
+    build other components: a silently different run)."""
     given = sorted(k for k, v in (parts or {}).items() if v)
     made = ((ck or {}).get("header") or {}).get("objects") or []
     if made and not given:
-        raise ValueError(f"{out} was run with {', '.join(made)} given as objects: resume it with "
-                         f"the same objects, nrpt.resume({str(out)!r}, {made[0]}=...)")
+        how = "resume it" if command == "resume" else "draw its figures"
+        raise ValueError(f"{out} was run with {', '.join(made)} given as objects: {how} with "
+                         f"the same objects, nrpt.{command}({str(out)!r}, {made[0]}=...)")
     return given
 
 
@@ -804,7 +806,9 @@ def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, ru
         raise ValueError(f"which must be true or all; got {which!r}")
     parts = {"rule": rule, "explorer": explorer, "scheme": scheme, "adaptors": list(adaptors),
              "recorders": list(recorders)}
-    if rf.run_kind(out) == "deep" or (out / "cli.json").is_file():
+    from nrpt.deep.cli import is_deep_run
+
+    if is_deep_run(out):
         raise ValueError(f"{out} is a `nrpt deep` run folder, which has its figures already "
                          f"(`nrpt deep` draws them at its end)")
     if not (out / "config.toml").exists() or not rf.checkpoint_exists(out):
@@ -817,18 +821,16 @@ def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, ru
         try:
             record = rf.read_run_record(out)
             cfg = _resumed_config(out, record, None)
-            ck, _used, chash, record, target, _spec = _prepare(cfg, target, out, False, record)
-            objects = _given_objects(parts, ck, out)
+            # (the checks of a resumption, their hints naming this command)
+            ck, _used, chash, record, target, _spec = _prepare(cfg, target, out, False, record,
+                                                               command="figures")
+            objects = _given_objects(parts, ck, out, "figures")
             run = build(cfg, target=target, out=out, resume=True, comm=None,
                         burn_in=_pinned_burn_in(ck), chains=grown_chains(ck), **parts)
             if record is not None:
                 rf.check_fingerprint(record, run.facts["target_fingerprint"], out)
-        except ValueError as err:  # (the checks resume makes, worded for this command)
-            # (only the hints this command takes too: --target PATH and the objects)
-            text = re.sub(r"`nrpt resume (\S+) --target", r"`nrpt figures \1 --target", str(err))
-            text = text.replace("nrpt.resume(", "nrpt.figures(").replace(
-                "resume(target=", "figures(target=")
-            raise ValueError(f"cannot draw the figures of {out}: {text}") from None
+        except ValueError as err:
+            raise ValueError(f"cannot draw the figures of {out}: {err}") from None
         k = int(ck["engine"]["k"])
         if int(ck["segment"]) < len(run.plan.segments) or k != run.plan.total:
             # (an interrupted run, or an extension -- `resume --iterations N` -- that stopped
@@ -841,9 +843,6 @@ def figures(out: str | os.PathLike, *, which: bool | str = True, target=None, ru
                               header=_header(cfg, run, chash, record, objects), stop=stop)
         if stop.flag:
             raise KeyboardInterrupt
-        if run.engine.k != k:  # (nothing may run here: the checks above make sure)
-            raise RuntimeError(f"{out}: drawing the figures moved the run from iteration {k} "
-                               f"to {run.engine.k}")
         arrays, _ = _run_arrays(run, outcome)
         summary = build_summary(run, cfg, outcome, np.asarray(arrays["samples"]))
         names = _draw_figures(out, run, which, outcome, summary, arrays) if k > 0 else []

@@ -287,11 +287,13 @@ def _tampered(out: Path, what: str) -> ValueError:
 
 
 def check_target_file(record: dict[str, Any], spec: str, out: Path,
-                      given: str | os.PathLike | None = None) -> str | None:
+                      given: str | os.PathLike | None = None,
+                      command: str = "resume") -> str | None:
     """For a ``file.py:NAME`` target, the absolute spec to load after checking the file (and its
     local modules) against the sha256s in ``record`` (``run.json``); None for other targets.
     The file is ``spec``'s (relative to the current directory) or ``given`` (a path, or
-    ``path:NAME`` with the run's NAME)."""
+    ``path:NAME`` with the run's NAME).  ``command``: what the hints tell to run again
+    (``resume`` or ``figures``, which both take ``--target PATH``)."""
     from nrpt.targets.protocol import file_spec, is_stan_spec
 
     tgt = record.get("target") or {}
@@ -318,7 +320,7 @@ def check_target_file(record: dict[str, Any], spec: str, out: Path,
                          f"nothing to check it against; start a new run")
     path, attr = parsed
     if given is None:
-        path = _configured_file(tgt, spec, path, out)
+        path = _configured_file(tgt, spec, path, out, command)
     else:
         path = _given_file(os.fspath(given), spec, attr)
     sha, _ = sha256_file(path)
@@ -336,17 +338,18 @@ def _check_spec_recorded(tgt: dict[str, Any], spec: str, out: Path) -> None:
         raise _tampered(out, f"config.toml names {spec!r}, run.json records {tgt.get('spec')!r}")
 
 
-_RESUME_HINT = ("resume from the directory the run started in, or name the file with "
-                "`nrpt resume {out} --target PATH` (resume(target=PATH)); it must be the file "
-                "the run started with")
+_TARGET_HINT = ("run `nrpt {command}` from the directory the run started in, or name the file "
+                "with `nrpt {command} {out} --target PATH` ({command}(target=PATH)); it must be "
+                "the file the run started with")
 
 
-def _configured_file(tgt: dict[str, Any], spec: str, path: Path, out: Path) -> Path:
+def _configured_file(tgt: dict[str, Any], spec: str, path: Path, out: Path,
+                     command: str) -> Path:
     """The file ``config.toml``'s ``spec`` names, resolved from the current directory; it must
     be where ``run.json`` says the run started with it."""
     _check_spec_recorded(tgt, spec, out)
     path = path.expanduser()
-    hint = _RESUME_HINT.format(out=out)
+    hint = _TARGET_HINT.format(out=out, command=command)
     if not path.is_file():
         was = (f" (it was {tgt.get('path')} when the run started)"
                if tgt.get("path") and tgt.get("path") != str(path.absolute()) else "")
