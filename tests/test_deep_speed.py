@@ -381,36 +381,52 @@ def test_the_data_is_hashed_only_for_a_run_folder(monkeypatch, tmp_path):
     assert record["data"]["train"] == plain_digest(*train)
 
 
-def test_the_engines_start_is_one_forward_pass_read_by_the_ladder_and_the_noise_sd(monkeypatch):
-    """The ladder's first energies and the correction gain's noise sd read one forward pass
-    (fails on the old code: two passes, with two keys), and the run is the one where each
-    reader makes its own.  Negative control: the memo serves no other tensor or key."""
+def test_the_engines_start_is_one_pass_read_by_the_ladder_the_noise_sd_and_the_first_step(
+        monkeypatch):
+    """The ladder's first energies, the correction gain's noise sd and the explorer's first
+    move read one pass at the start (key START, with its gradient): a fit of K iterations
+    makes K + 1 estimates, all with gradients, and its first move is made with the gradient
+    the estimator gives at the start replicas with START's batch, bit for bit.  Negative
+    control: without the hand-over (``start_with`` a no-op) the fit makes K + 2 estimates
+    and its first move's gradient is another batch's."""
     from nrpt import rng
     from nrpt.deep.energy import NetworkEnergy
+    from nrpt.explorers.sgmcmc import SGHMC, SGExplorer
 
     train, test = _toy()
     opts = dict(OPTS, pretrain_epochs=0, epochs=1)
-    forward_only = []
-    plain_call = NetworkEnergy.__call__
+    calls, moves = [], []
+    plain_call, plain_move = NetworkEnergy.__call__, SGHMC.move
 
     def counting(self, x, key, extras, need_grad=True):
-        if not need_grad:
-            forward_only.append(tuple(key))
+        calls.append((tuple(key)[:2], need_grad))
         return plain_call(self, x, key, extras, need_grad)
 
+    def first_move(self, x, g, eta, tau, extras, xi):
+        if not moves:
+            moves.append((x.clone(), g.clone(), self.estimator))
+        return plain_move(self, x, g, eta, tau, extras, xi)
+
+    def at_start(x, est):  # the estimator's gradient at x with START's batch
+        key = rng.Key((OPTS["seed"], methods.START))
+        return est(x, key, est.init_extras(x, key), need_grad=True).grad
+
     monkeypatch.setattr(NetworkEnergy, "__call__", counting)
+    monkeypatch.setattr(SGHMC, "move", first_move)
     shared = fit(_mlp(), train, test, **opts)
-    assert forward_only == [(OPTS["seed"], methods.START)]
+    iters = shared.summary["iterations"]
+    assert len(calls) == iters + 1 and all(grad for _, grad in calls)
+    assert calls[0][0] == (OPTS["seed"], methods.START)
+    x0, g0, est = moves[0]
+    assert torch.equal(g0, at_start(x0, est))
 
-    def alone(self, x, key):  # each reader its own pass
-        return self.estimator(x, key, self.estimator.init_extras(x, key), need_grad=False)
-
-    monkeypatch.setattr(methods.MinibatchLadder, "start_estimate", alone)
-    forward_only.clear()
+    monkeypatch.setattr(SGExplorer, "start_with", lambda self, state, estimate: state)
+    calls.clear(), moves.clear()
     own = fit(_mlp(), train, test, **opts)
-    assert len(forward_only) == 2
-    assert torch.equal(own.models, shared.models)
-    assert own.summary["energy_noise_sd"] == shared.summary["energy_noise_sd"]
+    assert len(calls) == iters + 2
+    x0, g0, est = moves[0]
+    assert not torch.equal(g0, at_start(x0, est))
+    assert not torch.equal(own.models, shared.models)
     monkeypatch.undo()
     ladder = methods.MinibatchLadder([0.0, 0.0], NetworkEnergy(NetworkTarget(
         FunctionalNet(_mlp()), *train), 12), seed=1)
@@ -784,10 +800,18 @@ def test_the_loops_parameter_leaves_give_zeros_for_a_parameter_the_loss_does_not
     assert not torch.equal(net.loss_and_grad(moved, buf, x, y, "loop")[1][1], grad[1])
 
 
-def test_the_energys_gradient_and_the_momentum_step_are_the_out_of_place_formulas():
-    """The minibatch gradient (scaled in place) and the momentum SGD move (the step taken from
-    the new momentum in place) equal the formulas written out of place, bit for bit; the
-    inputs are left as they were.  Negative control: a term scaled by 1 + 2^-20 is told apart."""
+def _within_rounding(got: torch.Tensor, exact: torch.Tensor, size: torch.Tensor) -> bool:
+    """Whether float32 ``got`` is ``exact`` (float64) to the rounding of a sum of terms whose
+    magnitudes add to ``size``: within 2^-23 * size, one float32 ulp of the terms, elementwise
+    (a fused multiply-add rounds once, the two-step formula twice: both are within it)."""
+    return bool(((got.double() - exact).abs() <= 2.0 ** -23 * size).all())
+
+
+def test_the_energys_gradient_and_the_momentum_step_are_their_formulas_to_rounding():
+    """The minibatch gradient (scaled in place, the weight decay added by one fused pass) and
+    the momentum SGD move (the step taken from the new momentum by one addcmul_) are their
+    formulas, made exactly in float64, to one float32 rounding of their terms; the inputs are
+    left as they were.  Negative control: a term scaled by 1 + 2^-20 (8 ulps) is told apart."""
     from nrpt import rng
     from nrpt.deep.energy import NetworkEnergy
 
@@ -808,21 +832,24 @@ def test_the_energys_gradient_and_the_momentum_step_are_the_out_of_place_formula
     losses, gr, _ = net.loss_and_grad(x[0], extras["bn"][0], train[0][idx], train[1][idx],
                                       "loop")
     scale = target.n_data / 12
-    want = scale * gr + target.n_data * target.weight_decay * x[0]
-    assert torch.equal(got.grad[0], want) and torch.equal(x, kept)
+    data = scale * gr  # (the in-place scaling: a float32 product, rounded once)
+    decay = torch.tensor(target.n_data * target.weight_decay).float().double() * x[0].double()
+    size = data.double().abs() + decay.abs()
+    assert _within_rounding(got.grad[0], data.double() + decay, size) and torch.equal(x, kept)
     # (negative control: the data term scaled by 1 + 2^-20 is told apart)
-    other = scale * (1.0 + 2.0 ** -20) * gr + target.n_data * target.weight_decay * x[0]
-    assert not torch.equal(got.grad[0], other)
+    assert not _within_rounding(got.grad[0], (1.0 + 2.0 ** -20) * data.double() + decay, size)
     # the momentum move
     ex = MomentumSGD(momentum=0.9)
     m = torch.randn(1, 3, net.dim, generator=g)
     eta = torch.tensor([0.01, 0.02, 0.04]).reshape(1, 3, 1)
     m_kept = m.clone()
     x_new, out = ex.move(x, got.grad, eta, torch.zeros_like(eta), {"momentum": m}, None)
-    ref_m = 0.9 * m - eta * got.grad
-    assert torch.equal(out["momentum"], ref_m) and torch.equal(x_new, x + ref_m)
-    assert torch.equal(m, m_kept)
-    assert not torch.equal(out["momentum"], 0.9 * m - (1.0 + 2.0 ** -20) * eta * got.grad)
+    kept_m = (0.9 * m).double()  # (momentum * m: a float32 product, rounded once)
+    step = eta.double() * got.grad.double()
+    size_m = kept_m.abs() + step.abs()
+    assert _within_rounding(out["momentum"], kept_m - step, size_m)
+    assert torch.equal(x_new, x + out["momentum"]) and torch.equal(m, m_kept)
+    assert not _within_rounding(out["momentum"], kept_m - (1.0 + 2.0 ** -20) * step, size_m)
     # a float64 step size against float32 rows promotes as the formula does (out of place)
     eta64 = eta.double()
     _, out64 = ex.move(x, got.grad, eta64, torch.zeros_like(eta64), {"momentum": m}, None)

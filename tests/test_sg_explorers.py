@@ -275,3 +275,40 @@ def test_host_booleans_match_torch():
     for vals in ([True, True], [True, False], [False], []):
         ok = torch.tensor(vals, dtype=torch.bool)
         assert _all_true(ok) == bool(ok.all())
+
+
+def _sghmc_covariance(A: np.ndarray, eta: float, mu: float, temperature: float = 1.0):
+    """The exact stationary covariance of x under SGHMC's move on the energy x^T A x / 2
+    (``m' = mu m - eta A x + sqrt(2 (1 - mu) eta T) xi``, ``x' = x + m'``): a linear chain,
+    so the solution of the discrete Lyapunov equation ``S = F S F^T + Q`` in ``(x, m)``."""
+    d = A.shape[0]
+    eye = np.eye(d)
+    F = np.block([[eye - eta * A, mu * eye], [-eta * A, mu * eye]])
+    Q = 2.0 * (1.0 - mu) * eta * temperature * np.block([[eye, eye], [eye, eye]])
+    n = 2 * d
+    S = np.linalg.solve(np.eye(n * n) - np.kron(F, F), Q.reshape(-1)).reshape(n, n)
+    return S[:d, :d]
+
+
+def test_sghmc_samples_its_exact_stationary_gaussian_and_near_the_target():
+    """SGHMC (one addcmul_ per move) in law: on a 2-D Gaussian its chains' mean and covariance
+    are the exact stationary ones of the linear chain within 4 standard errors over 256
+    independent chains, and that covariance is the target's to its O(eta) bias.  Negative
+    control: the same check rejects a chain at temperature 1.3."""
+    target = FastGaussian(MEAN, COV)
+    eta, mu, chains = 0.01, 0.9, 256
+    A = np.linalg.inv(COV.numpy())
+    cov_eta = _sghmc_covariance(A, eta, mu)
+    bias = np.abs(cov_eta - COV.numpy())
+    assert bias.max() < 0.06
+
+    def moments(temperature):
+        samples = run_chains(target, SGHMC(momentum=mu), chains=chains, iterations=2000,
+                             step_size=eta, seed=3, burn_in=500, temperature=temperature)[0]
+        return chain_moments(samples, chains)
+
+    (mean, mean_se), (cov, cov_se) = moments(1.0)
+    assert (np.abs(mean - MEAN.numpy()) < 4 * mean_se).all()
+    assert (np.abs(cov - cov_eta) < 4 * cov_se).all()
+    (_, _), (cov_hot, se_hot) = moments(1.3)
+    assert not (np.abs(cov_hot - cov_eta) < 4 * se_hot).all()

@@ -171,7 +171,8 @@ class NetworkTarget:
         for xs, ys in zip(self.x.split(self.eval_chunk), self.y.split(self.eval_chunk),
                           strict=True):
             xb, yb = xs.expand(n, *xs.shape), ys.expand(n, *ys.shape)
-            losses, _, _ = self.net.loss_and_grad(theta, buf, xb, yb, self.strategy)
+            losses, _, _ = self.net.loss_and_grad(theta, buf, xb, yb, self.strategy,
+                                                  need_grad=False)
             total += losses.double().sum(-1)
         return (total + self.prior_energy(theta).double()).to(theta.dtype)
 
@@ -238,10 +239,12 @@ class NetworkEnergy(EnergyEstimator):
                                            need_grad=need_grad)
         u, var = self._scalars(losses, (theta * theta).sum(-1))
         if need_grad:
-            # (g is this call's own tensor: scaled in place, the same numbers as
-            # scale * g + N * wd * theta)
+            # (g is this call's own tensor: scaled in place, then N * wd * theta added by
+            # one pass without a temporary: add_'s alpha, which torch's vectorized kernels
+            # take as a fused multiply-add, so it rounds once where scale * g + (N * wd) *
+            # theta would round twice)
             grad = _as(g.mul_(self.n_data / self.batch_size).add_(
-                t.n_data * t.weight_decay * theta).reshape(shape), x.dtype)
+                theta, alpha=t.n_data * t.weight_decay).reshape(shape), x.dtype)
         else:
             grad = None
         return Estimate(_as(u.reshape(lead), x.dtype), grad, _as(var.reshape(lead), x.dtype),

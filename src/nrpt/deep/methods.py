@@ -110,12 +110,16 @@ class MinibatchLadder(NoiseLadder):
     full-data energy: every later energy is such an estimate, the first explorer step replaces
     these before anything reads them (only their finiteness is checked), and the full-data pass
     cost an epoch of forward and backward passes per engine (two per run: pretraining and the
-    main run).  The pass is :data:`START`'s, kept (:meth:`start_estimate`) for the one other
-    reader of the start, the noise sd of :func:`_tempered`."""
+    main run).  The pass is :data:`START`'s, kept (:meth:`start_estimate`) for the other
+    readers of the start: the noise sd of :func:`_tempered`, and with ``gradient`` (the pass
+    then makes the gradient too) the explorer's first step (:func:`make_engine`), which moves
+    with it instead of making a forward and backward pass of its own on another batch."""
 
-    def __init__(self, temperatures, estimator, seed: int, min_slots: int = 1):
+    def __init__(self, temperatures, estimator, seed: int, min_slots: int = 1,
+                 gradient: bool = False):
         super().__init__(temperatures, min_slots=min_slots)
         self.estimator, self.seed = estimator, int(seed)
+        self.gradient = bool(gradient)
         self.block = None  # several processes: this process's block (keys by global replica)
         self._start = None  # (x, key, block, estimate) of the last start_estimate
 
@@ -128,9 +132,15 @@ class MinibatchLadder(NoiseLadder):
         if hit is not None and hit[0] is x and tuple(hit[1]) == tuple(key) and hit[2] == where:
             return hit[3]
         est = self.estimator
-        out = est(x, key, est.init_extras(x, key), need_grad=False)
+        out = est(x, key, est.init_extras(x, key), need_grad=self.gradient)
         self._start = (x, key, where, out)
         return out
+
+    def kept_start(self, x):
+        """The estimate of the last start pass if it was made at ``x`` (this tensor), kept for
+        :meth:`start_estimate`'s next reader; else ``None``."""
+        hit = self._start
+        return hit[3] if hit is not None and hit[0] is x else None
 
     def components(self, target, x):
         v = self.start_estimate(x, rng.Key((self.seed, START), self.block)).u.to(x.dtype)
@@ -150,19 +160,26 @@ def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtyp
     P = len(temps)
     bn0 = bn0.reshape(P, -1)
     estimator = getattr(explorer, "inner", explorer).estimator
-    ladder = MinibatchLadder(temps, estimator, seed)
+    # the start pass makes the gradient too, and the explorer's first step moves with it
+    # (SGExplorer.start_with): one forward and backward pass of the replicas fewer per engine
+    ladder = MinibatchLadder(temps, estimator, seed, gradient=True)
     if comm is None:
         target.initial_buffers = bn0
-        return PTEngine(target, ladder, explorer, scheme, rule,
-                        step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
-                        initial_states=x0.reshape(1, P, -1))
-    from nrpt.core.sharding import ShardedEngine
+        eng = PTEngine(target, ladder, explorer, scheme, rule,
+                       step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
+                       initial_states=x0.reshape(1, P, -1))
+    else:
+        from nrpt.core.sharding import ShardedEngine
 
-    target.initial_buffers = comm.block(P).take(bn0[None])[0]  # this block's replicas
-    ladder.block = comm.block(P)
-    return ShardedEngine(target, ladder, explorer, scheme, rule,
-                         step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
-                         initial_states=x0.reshape(1, P, -1), comm=comm)
+        target.initial_buffers = comm.block(P).take(bn0[None])[0]  # this block's replicas
+        ladder.block = comm.block(P)
+        eng = ShardedEngine(target, ladder, explorer, scheme, rule,
+                            step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
+                            initial_states=x0.reshape(1, P, -1), comm=comm)
+    start = ladder.kept_start(eng.state.x)  # (the engine's start: the ladder's pass at x)
+    if start is not None and start.grad is not None:
+        eng.state = explorer.start_with(eng.state, start)
+    return eng
 
 
 # ------------------------------------------------------------------------------ their options

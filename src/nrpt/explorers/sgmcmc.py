@@ -138,6 +138,18 @@ class SGExplorer(Explorer):
             raise ValueError(f"lr_max ({cfg.lr_max}) must be larger than lr_min "
                              f"({cfg.lr_min})")
 
+    def start_with(self, state: ReplicaState, estimate) -> ReplicaState:
+        """``state`` holding ``estimate`` (an :class:`nrpt.energy.estimators.Estimate` at
+        ``state.x``, made with its gradient from the estimator's :meth:`init_extras`) as the
+        gradient at the start: the first :meth:`step` moves with it (and the estimator's
+        extras it brings) instead of making its own estimate there, one gradient evaluation
+        fewer per engine, where the caller has made that estimate anyway (``nrpt.deep``'s
+        start pass, :class:`nrpt.deep.methods.MinibatchLadder`)."""
+        if estimate.grad is None or estimate.grad.shape != state.x.shape:
+            raise ValueError("start_with needs an estimate with the gradient at state.x")
+        return state.replace(extras={**state.extras, **estimate.extras,
+                                     "sg_grad": estimate.grad})
+
     def _estimator(self, density) -> EnergyEstimator:
         if self.estimator is None:
             self.estimator = ExactEnergy(density.target)
@@ -331,13 +343,15 @@ class SGHMC(SGExplorer):
         if m is None:
             m = torch.zeros_like(x)
         a = 1.0 - self.momentum
-        # momentum * m is a new tensor: eta * g is taken from it in place where that gives
-        # what momentum * m - eta * g gives (same dtype and shape: no promotion, no
-        # broadcast), without a third temporary of the state's size
-        kept, step = self.momentum * m, eta * g
-        same = kept.dtype == step.dtype and kept.shape == step.shape
-        m = _plus_noise(kept.sub_(step) if same else kept - step,
-                        lambda: 2.0 * a * eta * tau, xi)
+        # momentum * m is a new tensor: eta * g is taken from it in place by one addcmul_
+        # (a pass over g that reads eta broadcast, no temporary of the state's size) where
+        # the result has kept's shape and dtype (no promotion, no broadcast of m); else the
+        # plain expression
+        kept = self.momentum * m
+        if kept.dtype == g.dtype == eta.dtype and kept.shape == g.shape:
+            m = _plus_noise(kept.addcmul_(eta, g, value=-1.0), lambda: 2.0 * a * eta * tau, xi)
+        else:
+            m = _plus_noise(kept - eta * g, lambda: 2.0 * a * eta * tau, xi)
         return x + m, {**extras, "momentum": m}
 
     def after_reflection(self, x, x_new, extras):
@@ -416,6 +430,9 @@ class Cyclical(Explorer):
         self.inner, self.cycles, self.iterations = inner, int(cycles), int(iterations)
         self.sampling_fraction = float(sampling_fraction)
         self.name = "cyc" + inner.name
+
+    def start_with(self, state, estimate):
+        return self.inner.start_with(state, estimate)
 
     def in_sampling_stage(self, k: int) -> bool:
         L = math.ceil(self.iterations / self.cycles)
