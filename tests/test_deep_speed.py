@@ -800,6 +800,80 @@ def test_the_loops_parameter_leaves_give_zeros_for_a_parameter_the_loss_does_not
     assert not torch.equal(net.loss_and_grad(moved, buf, x, y, "loop")[1][1], grad[1])
 
 
+@pytest.mark.parametrize("method", ["deo", "ensemble", "cyclical", "swag"])
+def test_every_engine_of_every_method_makes_one_start_pass_and_hands_its_gradient_over(
+        monkeypatch, method):
+    """With pretraining (two engines) and a BatchNorm net, each engine's start is one pass
+    with the gradient at START, and no explorer step makes an estimate beyond its move's: a
+    fit makes (explorer steps) + (engines) estimates.  The memo keeps no gradient after the
+    hand-over.  (Negative control: the deo-star test above, without the hand-over.)"""
+    from nrpt.deep.energy import NetworkEnergy
+    from nrpt.explorers.sgmcmc import SGExplorer
+
+    train, test = _toy()
+    calls, ladders, steps = [], [], []
+    plain_call, plain_init = NetworkEnergy.__call__, methods.MinibatchLadder.__init__
+    plain_step = SGExplorer.step
+
+    def counting(self, x, key, extras, need_grad=True):
+        calls.append((tuple(key)[1], need_grad))
+        return plain_call(self, x, key, extras, need_grad)
+
+    def init(self, *a, **k):
+        plain_init(self, *a, **k)
+        ladders.append(self)
+
+    def step(self, *a, **k):
+        steps.append(1)
+        return plain_step(self, *a, **k)
+
+    monkeypatch.setattr(NetworkEnergy, "__call__", counting)
+    monkeypatch.setattr(methods.MinibatchLadder, "__init__", init)
+    monkeypatch.setattr(SGExplorer, "step", step)
+    opts = dict(OPTS, method=method, pretrain_epochs=1, epochs=2)
+    if method != "deo":
+        opts.pop("swap_rate"), opts.pop("lr_min")
+    fit(_mlp(), train, test, **opts)
+    assert len(ladders) == 2  # pretraining and the main run
+    starts = [c for c in calls if c[0] == methods.START]
+    assert len(starts) == 2 and all(grad for _, grad in calls)
+    assert len(calls) == len(steps) + 2
+    assert all(lad._start is None or lad._start[3].grad is None for lad in ladders)
+
+
+@pytest.mark.compile
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # raised inside torch's compiler
+def test_a_compiled_fit_traces_its_start_pass_as_its_training_steps(monkeypatch, tmp_path):
+    """strategy="compile": the start pass (made under the engine's no_grad, with its gradient)
+    runs with autograd on, as every training step, so the compiled step is traced once.
+    Negative control: the pass made in the caller's no_grad (the mistake this guards against)
+    makes Dynamo trace it a second time (a grad-mode guard fails)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("NRPT_COMPILE_CACHE", str(tmp_path / "cache"))
+    train, test = _toy()
+    opts = dict(OPTS, method="ensemble", pretrain_epochs=0, epochs=1, strategy="compile")
+    opts.pop("swap_rate"), opts.pop("lr_min")
+
+    def graphs():
+        torch._dynamo.reset()
+        counters.clear()
+        fit(_mlp(), train, test, **opts)
+        return counters["stats"]["unique_graphs"]
+
+    assert graphs() == 1
+    plain = methods.MinibatchLadder.start_estimate
+
+    def under_no_grad(self, x, key):
+        with torch.no_grad():
+            est = self.estimator
+            return est(x, key, est.init_extras(x, key), need_grad=self.gradient)
+
+    monkeypatch.setattr(methods.MinibatchLadder, "start_estimate", under_no_grad)
+    assert graphs() == 2
+    monkeypatch.setattr(methods.MinibatchLadder, "start_estimate", plain)
+
+
 def _within_rounding(got: torch.Tensor, exact: torch.Tensor, size: torch.Tensor) -> bool:
     """Whether float32 ``got`` is ``exact`` (float64) to the rounding of a sum of terms whose
     magnitudes add to ``size``: within 2^-23 * size, one float32 ulp of the terms, elementwise

@@ -240,9 +240,8 @@ class NetworkEnergy(EnergyEstimator):
         u, var = self._scalars(losses, (theta * theta).sum(-1))
         if need_grad:
             # (g is this call's own tensor: scaled in place, then N * wd * theta added by
-            # one pass without a temporary: add_'s alpha, which torch's vectorized kernels
-            # take as a fused multiply-add, so it rounds once where scale * g + (N * wd) *
-            # theta would round twice)
+            # one pass without a temporary: add_'s alpha, rounded once where torch's kernel
+            # fuses the multiply-add (vectorized CPU bodies with FMA, CUDA), twice elsewhere)
             grad = _as(g.mul_(self.n_data / self.batch_size).add_(
                 theta, alpha=t.n_data * t.weight_decay).reshape(shape), x.dtype)
         else:

@@ -5,6 +5,8 @@ a builder takes a run's :class:`Context` and returns the :class:`Setup` of its m
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -98,17 +100,19 @@ def method(name: str, **flags) -> Callable:
     return register
 
 
-#: the key tag of the one-batch forward pass at an engine's start: the ladder's first energies
-#: (:class:`MinibatchLadder`) and the tempered methods' energy noise sd (:func:`_tempered`) both
-#: read it, so a run makes it once
+#: the key tag of the one-batch pass at an engine's start (forward and backward): the ladder's
+#: first energies (:class:`MinibatchLadder`), the explorer's first move (its gradient,
+#: :func:`make_engine`) and the tempered methods' energy noise sd (:func:`_tempered`) all read
+#: it, so an engine makes it once
 START = 0x5CA1E
 
 
 class MinibatchLadder(NoiseLadder):
     """:class:`NoiseLadder` whose energies of states not yet explored (the engine's start) are
-    the minibatch estimate ``Ũ_B`` of one keyed batch (a forward pass, no gradient), not the
-    full-data energy: every later energy is such an estimate, the first explorer step replaces
-    these before anything reads them (only their finiteness is checked), and the full-data pass
+    the minibatch estimate ``Ũ_B`` of one keyed batch (a forward pass; with ``gradient`` its
+    backward pass too), not the full-data energy: every later energy is such an estimate, the
+    first explorer step replaces these before anything reads them (only their finiteness is
+    checked), and the full-data pass
     cost an epoch of forward and backward passes per engine (two per run: pretraining and the
     main run).  The pass is :data:`START`'s, kept (:meth:`start_estimate`) for the other
     readers of the start: the noise sd of :func:`_tempered`, and with ``gradient`` (the pass
@@ -124,15 +128,19 @@ class MinibatchLadder(NoiseLadder):
         self._start = None  # (x, key, block, estimate) of the last start_estimate
 
     def start_estimate(self, x, key):
-        """The estimator's forward pass (no gradient, the starting BatchNorm statistics) at
-        ``x`` with ``key``: the one made for the same tensor ``x`` and key, if the last call
-        made it (then forgotten), else a new one."""
+        """The estimator's pass (the starting BatchNorm statistics; the gradient too with
+        ``gradient``) at ``x`` with ``key``: the one made for the same tensor ``x`` and key, if
+        the last call made it (then forgotten), else a new one.  With ``gradient`` it is made
+        with autograd on whatever the caller's grad mode (the engine evaluates its start under
+        ``no_grad``): a compiled strategy then traces it as it traces every training step, and
+        compiles once, not twice."""
         hit, self._start = self._start, None
         where = _block(key)
         if hit is not None and hit[0] is x and tuple(hit[1]) == tuple(key) and hit[2] == where:
             return hit[3]
         est = self.estimator
-        out = est(x, key, est.init_extras(x, key), need_grad=self.gradient)
+        with torch.enable_grad() if self.gradient else contextlib.nullcontext():
+            out = est(x, key, est.init_extras(x, key), need_grad=self.gradient)
         self._start = (x, key, where, out)
         return out
 
@@ -141,6 +149,14 @@ class MinibatchLadder(NoiseLadder):
         :meth:`start_estimate`'s next reader; else ``None``."""
         hit = self._start
         return hit[3] if hit is not None and hit[0] is x else None
+
+    def drop_start_gradient(self) -> None:
+        """Keep the last start pass without its gradient (handed to the explorer, which holds
+        it; later readers take the energies and variances): a ``[P, dim]`` tensor less held for
+        the engine's life where no later reader comes."""
+        if self._start is not None and self._start[3].grad is not None:
+            x, key, where, out = self._start
+            self._start = (x, key, where, dataclasses.replace(out, grad=None))
 
     def components(self, target, x):
         v = self.start_estimate(x, rng.Key((self.seed, START), self.block)).u.to(x.dtype)
@@ -179,6 +195,7 @@ def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtyp
     start = ladder.kept_start(eng.state.x)  # (the engine's start: the ladder's pass at x)
     if start is not None and start.grad is not None:
         eng.state = explorer.start_with(eng.state, start)
+        ladder.drop_start_gradient()
     return eng
 
 

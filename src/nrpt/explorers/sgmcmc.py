@@ -345,10 +345,12 @@ class SGHMC(SGExplorer):
         a = 1.0 - self.momentum
         # momentum * m is a new tensor: eta * g is taken from it in place by one addcmul_
         # (a pass over g that reads eta broadcast, no temporary of the state's size) where
-        # the result has kept's shape and dtype (no promotion, no broadcast of m); else the
-        # plain expression
+        # the result has kept's shape and dtype (no promotion, no broadcast beyond kept's
+        # shape); else the plain expression.  addcmul_ rounds once where torch's kernel fuses
+        # the multiply-add (vectorized CPU bodies with FMA, CUDA), twice elsewhere
         kept = self.momentum * m
-        if kept.dtype == g.dtype == eta.dtype and kept.shape == g.shape:
+        if kept.dtype == g.dtype == eta.dtype and \
+                torch.broadcast_shapes(eta.shape, g.shape, kept.shape) == kept.shape:
             m = _plus_noise(kept.addcmul_(eta, g, value=-1.0), lambda: 2.0 * a * eta * tau, xi)
         else:
             m = _plus_noise(kept - eta * g, lambda: 2.0 * a * eta * tau, xi)
