@@ -312,3 +312,21 @@ def test_sghmc_samples_its_exact_stationary_gaussian_and_near_the_target():
     assert (np.abs(cov - cov_eta) < 4 * cov_se).all()
     (_, _), (cov_hot, se_hot) = moments(1.3)
     assert not (np.abs(cov_hot - cov_eta) < 4 * se_hot).all()
+
+
+def test_sghmc_move_with_a_step_size_that_broadcasts_beyond_the_state_is_the_formula():
+    """The in-place addcmul_ is taken only where the step size broadcasts into the state's
+    shape; a wider step size (here [2, 1, 3, 1] against [1, 3, 5]) gets the plain formula's
+    broadcast result instead of an error.  Negative control: the state's own shape takes the
+    in-place form and equals the same formula to rounding."""
+    g = torch.Generator().manual_seed(0)
+    x, grad, m = (torch.randn(1, 3, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    move = SGHMC(momentum=0.5).move
+    wide = torch.tensor([0.1, 0.2]).double().reshape(2, 1, 1, 1).expand(2, 1, 3, 1)
+    x_new, out = move(x, grad, wide, torch.zeros_like(wide), {"momentum": m}, None)
+    want = 0.5 * m - wide * grad
+    assert out["momentum"].shape == (2, 1, 3, 5)
+    assert torch.equal(out["momentum"], want) and torch.equal(x_new, x + want)
+    eta = torch.full((1, 3, 1), 0.1, dtype=torch.float64)
+    _, own = move(x, grad, eta, torch.zeros_like(eta), {"momentum": m}, None)
+    torch.testing.assert_close(own["momentum"], 0.5 * m - eta * grad, rtol=1e-15, atol=1e-15)

@@ -297,6 +297,14 @@ def _all_true(ok: torch.Tensor) -> bool:
     return bool(ok.numpy().all()) if viewable(ok, dtypes=(torch.bool,)) else bool(ok.all())
 
 
+def _within_shape(small: torch.Size, shape: torch.Size) -> bool:
+    """Whether ``small`` broadcasts to ``shape`` without growing it (each of its trailing
+    sizes 1 or ``shape``'s): what ``torch.broadcast_shapes(small, shape) == shape`` says, at a
+    tenth of its cost (that is Python too, ~25 us: this runs every step)."""
+    return len(small) <= len(shape) and all(
+        a == 1 or a == b for a, b in zip(reversed(small), reversed(shape), strict=False))
+
+
 def _plus_noise(t: torch.Tensor, scale, xi: torch.Tensor | None):
     """``t + sqrt(scale()) * xi``, or ``t`` itself when no noise was drawn (every slot cold:
     the term is 0, and this skips its arithmetic, the scale's included: ``scale`` is a
@@ -349,8 +357,8 @@ class SGHMC(SGExplorer):
         # shape); else the plain expression.  addcmul_ rounds once where torch's kernel fuses
         # the multiply-add (vectorized CPU bodies with FMA, CUDA), twice elsewhere
         kept = self.momentum * m
-        if kept.dtype == g.dtype == eta.dtype and \
-                torch.broadcast_shapes(eta.shape, g.shape, kept.shape) == kept.shape:
+        if kept.dtype == g.dtype == eta.dtype and kept.shape == g.shape and \
+                _within_shape(eta.shape, kept.shape):
             m = _plus_noise(kept.addcmul_(eta, g, value=-1.0), lambda: 2.0 * a * eta * tau, xi)
         else:
             m = _plus_noise(kept - eta * g, lambda: 2.0 * a * eta * tau, xi)
