@@ -185,8 +185,8 @@ def run_one(tool: str, args, seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------ report
-FIELDS = ("wall_s", "loop_s", "steady_s", "startup_s", "process_s", "cpu_per_wall",
-          "process_cpu_per_wall",
+FIELDS = ("wall_s", "loop_s", "steady_s", "startup_s", "process_s", "process_cpu_s",
+          "cpu_per_wall", "process_cpu_per_wall",
           "modes_visited", "max_freq_error",
           "round_trips_per_iter", "swap_acceptance", "log_z", "log_z_error")
 
@@ -263,7 +263,8 @@ def ratios(runs: list[dict], summary: dict, field: str = "wall_s",
     per-repetition ratios (runs of one repetition are back to back).  ``field``: ``wall_s``
     (the whole ``nrpt.sample`` call: build, loop, summary), ``steady_s`` (the loop's cost past
     its first 256 iterations, scaled to the run), both against TFP's timed run (after its
-    compilation); or ``process_s`` against TFP's ``process_s`` (whole processes: interpreter,
+    compilation); or ``process_s`` (``process_cpu_s``) against TFP's (whole processes, wall (CPU
+    time of the process and its children): interpreter,
     imports, warm-up or compilation, the timed run)."""
     out = {}
     base = summary.get("tfp-even-odd", {}).get(base_field)
@@ -352,12 +353,14 @@ def main(argv=None) -> None:
     rat = ratios(runs, summary)
     rat_steady = ratios(runs, summary, "steady_s")
     rat_process = ratios(runs, summary, "process_s", "process_s")
+    rat_process_cpu = ratios(runs, summary, "process_cpu_s", "process_cpu_s")
     print()
     print(table(summary, unavailable, tools))
     print()
     for label, rr, base in (("whole nrpt.sample call", rat, "timed run"),
                             ("steady loop", rat_steady, "timed run"),
-                            ("whole process", rat_process, "whole process")):
+                            ("whole process", rat_process, "whole process"),
+                            ("whole process CPU", rat_process_cpu, "whole process CPU")):
         for v, r in rr.items():
             if v in active and "tfp-even-odd" in active:
                 print(f"{v} {label} / tfp-even-odd {base}: "
@@ -394,7 +397,8 @@ def main(argv=None) -> None:
         "unavailable": unavailable, "threads": ONE_THREAD,
         "summary": summary, "ratios_vs_tfp_even_odd": rat,
         "steady_ratios_vs_tfp_even_odd": rat_steady,
-        "process_ratios_vs_tfp_even_odd": rat_process, "runs": runs,
+        "process_ratios_vs_tfp_even_odd": rat_process,
+        "process_cpu_ratios_vs_tfp_even_odd": rat_process_cpu, "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.out}")
