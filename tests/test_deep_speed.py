@@ -806,7 +806,8 @@ def test_every_engine_of_every_method_makes_one_start_pass_and_hands_its_gradien
     """With pretraining (two engines) and a BatchNorm net, each engine's start is one pass
     with the gradient at START, and no explorer step makes an estimate beyond its move's: a
     fit makes (explorer steps) + (engines) estimates.  The memo keeps no gradient after the
-    hand-over.  (Negative control: the deo-star test above, without the hand-over.)"""
+    hand-over, nor the start state once the engine has moved on.  (Negative control: the
+    deo-star test above, without the hand-over.)"""
     from nrpt.deep.energy import NetworkEnergy
     from nrpt.explorers.sgmcmc import SGExplorer
 
@@ -839,6 +840,8 @@ def test_every_engine_of_every_method_makes_one_start_pass_and_hands_its_gradien
     assert len(starts) == 2 and all(grad for _, grad in calls)
     assert len(calls) == len(steps) + 2
     assert all(lad._start is None or lad._start[3].grad is None for lad in ladders)
+    # (nor the start state, once the engine has moved on from it)
+    assert all(lad._start is None or lad._start[0]() is None for lad in ladders)
 
 
 @pytest.mark.compile

@@ -314,11 +314,29 @@ def test_sghmc_samples_its_exact_stationary_gaussian_and_near_the_target():
     assert not (np.abs(cov_hot - cov_eta) < 4 * se_hot).all()
 
 
-def test_sghmc_move_with_a_step_size_that_broadcasts_beyond_the_state_is_the_formula():
+def test_sghmc_move_with_a_step_size_that_broadcasts_beyond_the_state_is_the_formula(
+        monkeypatch):
     """The in-place addcmul_ is taken only where the step size broadcasts into the state's
     shape; a wider step size (here [2, 1, 3, 1] against [1, 3, 5]) gets the plain formula's
-    broadcast result instead of an error.  Negative control: the state's own shape takes the
-    in-place form and equals the same formula to rounding."""
+    broadcast result instead of an error, and no addcmul_.  Negative control: the state's own
+    shape takes the in-place form (one addcmul_) and equals the same formula to rounding."""
+    from nrpt.explorers.sgmcmc import _within_shape
+
+    fused = []
+    plain_addcmul_ = torch.Tensor.addcmul_
+
+    def counting(self, *a, **k):
+        fused.append(1)
+        return plain_addcmul_(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "addcmul_", counting)
+    for small, shape in [((1, 3, 1), (1, 3, 5)), ((3, 1), (1, 3, 5)), ((), (2,)),
+                         ((2, 1, 3, 1), (1, 3, 5)), ((1, 3, 5), (1, 3, 1)), ((0,), (1,))]:
+        try:
+            want = torch.broadcast_shapes(small, shape) == torch.Size(shape)
+        except RuntimeError:
+            want = False
+        assert _within_shape(torch.Size(small), torch.Size(shape)) == want
     g = torch.Generator().manual_seed(0)
     x, grad, m = (torch.randn(1, 3, 5, generator=g, dtype=torch.float64) for _ in range(3))
     move = SGHMC(momentum=0.5).move
@@ -327,6 +345,8 @@ def test_sghmc_move_with_a_step_size_that_broadcasts_beyond_the_state_is_the_for
     want = 0.5 * m - wide * grad
     assert out["momentum"].shape == (2, 1, 3, 5)
     assert torch.equal(out["momentum"], want) and torch.equal(x_new, x + want)
+    assert fused == []
     eta = torch.full((1, 3, 1), 0.1, dtype=torch.float64)
     _, own = move(x, grad, eta, torch.zeros_like(eta), {"momentum": m}, None)
+    assert fused == [1]
     torch.testing.assert_close(own["momentum"], 0.5 * m - eta * grad, rtol=1e-15, atol=1e-15)

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,7 +126,9 @@ class MinibatchLadder(NoiseLadder):
         self.estimator, self.seed = estimator, int(seed)
         self.gradient = bool(gradient)
         self.block = None  # several processes: this process's block (keys by global replica)
-        self._start = None  # (x, key, block, estimate) of the last start_estimate
+        # (a weak reference to x, key, block, estimate) of the last start_estimate: the memo
+        # does not keep the start state alive once the engine has moved on from it
+        self._start = None
 
     def start_estimate(self, x, key):
         """The estimator's pass (the starting BatchNorm statistics; the gradient too with
@@ -136,19 +139,20 @@ class MinibatchLadder(NoiseLadder):
         compiles once, not twice."""
         hit, self._start = self._start, None
         where = _block(key)
-        if hit is not None and hit[0] is x and tuple(hit[1]) == tuple(key) and hit[2] == where:
+        if hit is not None and hit[0]() is x and tuple(hit[1]) == tuple(key) and \
+                hit[2] == where:
             return hit[3]
         est = self.estimator
         with torch.enable_grad() if self.gradient else contextlib.nullcontext():
             out = est(x, key, est.init_extras(x, key), need_grad=self.gradient)
-        self._start = (x, key, where, out)
+        self._start = (weakref.ref(x), key, where, out)
         return out
 
     def kept_start(self, x):
         """The estimate of the last start pass if it was made at ``x`` (this tensor), kept for
         :meth:`start_estimate`'s next reader; else ``None``."""
         hit = self._start
-        return hit[3] if hit is not None and hit[0] is x else None
+        return hit[3] if hit is not None and hit[0]() is x else None
 
     def drop_start_gradient(self) -> None:
         """Keep the last start pass without its gradient (handed to the explorer, which holds
