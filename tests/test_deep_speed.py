@@ -1083,3 +1083,18 @@ def test_the_per_epoch_swap_counts_summed_in_numpy_equal_torchs(monkeypatch):
     em.record(It())
     assert torch.equal(em.state_dict()["acc"][:, 0], torch.tensor(
         [[2.0, 0.0], [2.0, 0.0], [2.0, 2.0], [2.0, 2.0]]))
+
+
+def test_fit_inside_a_callers_inference_mode_trains_as_outside():
+    """fit trains with autograd whatever the caller's mode: inside torch.inference_mode(),
+    with the model and data made there too (inference tensors), it gives the fit made outside,
+    bit for bit (before, the start pass failed: "element 0 of tensors does not require
+    grad").  The caller's mode is left as it was."""
+    train, test = _toy()
+    outside = fit(_mlp(), train, test, **OPTS)
+    with torch.inference_mode():
+        tr, te = _toy()
+        inside = fit(_mlp(), tr, te, **OPTS)
+        assert torch.is_inference_mode_enabled()
+    assert torch.equal(inside.models, outside.models)
+    assert inside.summary["iterations"] == outside.summary["iterations"]

@@ -263,6 +263,7 @@ def folder_lock(out: str | Path | None):
             del _HELD[key]
 
 
+@torch.inference_mode(False)  # (training needs autograd, whatever the caller's mode)
 def fit(model: nn.Module, train, test, *, method: str = "deo-star", chains: int = 4,
         epochs: float = 10.0, seed: int = 0, out: str | Path | None = None,
         progress: bool = False, augment=None, classes: int | None = None, resume: bool = False,
