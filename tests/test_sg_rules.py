@@ -512,3 +512,16 @@ def test_adaptors_on_attempted_pairs_count_only_the_pairs_allowed_to_swap():
     assert torch.equal(eta_att, want)
     with pytest.raises(ValueError, match="pairs must be one of"):
         sa.CorrectionAdaptor(S, pairs="some")
+
+
+def test_every_rule_class_describes_itself_with_its_own_settings():
+    """Each swap rule's ``describe`` is its class's own (a method left outside its class by an
+    edit -- as Deterministic's was, under a module function -- falls back to the base's and
+    silently drops the settings): the rule's name, and the deterministic rule's correction."""
+    from nrpt.swap import Deterministic
+    from nrpt.swap.rules import Rule
+
+    d = Deterministic(0.5)
+    assert d.describe() == {"rule": "deterministic", "initial_correction": 0.5}
+    assert "describe" in vars(Deterministic)
+    assert Deterministic.describe is not Rule.describe

@@ -148,19 +148,17 @@ class MinibatchLadder(NoiseLadder):
         self._start = (weakref.ref(x), key, where, out)
         return out
 
-    def kept_start(self, x):
-        """The estimate of the last start pass if it was made at ``x`` (this tensor), kept for
-        :meth:`start_estimate`'s next reader; else ``None``."""
+    def hand_over(self, x):
+        """The last start pass's estimate, with its gradient, if it was made at ``x`` (this
+        tensor) with one: for the explorer's first move (:func:`make_engine`), which then holds
+        the gradient; the memo keeps the estimate without it for :meth:`start_estimate`'s next
+        reader (energies and variances: a ``[P, dim]`` tensor less held for the engine's life
+        where no such reader comes).  Else ``None``."""
         hit = self._start
-        return hit[3] if hit is not None and hit[0]() is x else None
-
-    def drop_start_gradient(self) -> None:
-        """Keep the last start pass without its gradient (handed to the explorer, which holds
-        it; later readers take the energies and variances): a ``[P, dim]`` tensor less held for
-        the engine's life where no later reader comes."""
-        if self._start is not None and self._start[3].grad is not None:
-            x, key, where, out = self._start
-            self._start = (x, key, where, dataclasses.replace(out, grad=None))
+        if hit is None or hit[0]() is not x or hit[3].grad is None:
+            return None
+        self._start = (*hit[:3], dataclasses.replace(hit[3], grad=None))
+        return hit[3]
 
     def components(self, target, x):
         v = self.start_estimate(x, rng.Key((self.seed, START), self.block)).u.to(x.dtype)
@@ -196,10 +194,9 @@ def make_engine(target, explorer, temps, step, scheme, rule, seed, x0, bn0, dtyp
         eng = ShardedEngine(target, ladder, explorer, scheme, rule,
                             step_size=step, systems=1, seed=seed, dtype=dtype, device=device,
                             initial_states=x0.reshape(1, P, -1), comm=comm)
-    start = ladder.kept_start(eng.state.x)  # (the engine's start: the ladder's pass at x)
-    if start is not None and start.grad is not None:
+    start = ladder.hand_over(eng.state.x)  # (the engine's start: the ladder's pass at x)
+    if start is not None:
         eng.state = explorer.start_with(eng.state, start)
-        ladder.drop_start_gradient()
     return eng
 
 

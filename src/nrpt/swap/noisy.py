@@ -124,13 +124,13 @@ class Deterministic(Rule):
         :meth:`decide_host`, which the eager fused chunk's host iteration calls."""
         return _verdicts(lo, hi, params.get("C", self.correction))
 
+    def describe(self):
+        return {"rule": self.name, "initial_correction": self.correction}
+
 
 def _verdicts(lo: np.ndarray, hi: np.ndarray, C) -> np.ndarray:
     """The deterministic rule's verdicts on arrays: ``hi + C < lo``, both energies finite."""
     return (hi + C < lo) & np.isfinite(hi) & np.isfinite(lo)
-
-    def describe(self):
-        return {"rule": self.name, "initial_correction": self.correction}
 
 
 class BiasCorrected(Rule):
